@@ -1,0 +1,1 @@
+"""nanoqwen_format"""

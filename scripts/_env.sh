@@ -1,0 +1,24 @@
+# Sourced by demo.sh and test.sh: make (once) and activate the project's virtual environment in .venv/.
+# Set NANOQWEN_VENV to use another folder.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${NANOQWEN_VENV:-$root/.venv}"
+if [ ! -x "$venv/bin/python" ]; then
+  echo "[nanoqwen] creating virtual environment in $venv" >&2
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+fi
+# shellcheck disable=SC1091
+source "$venv/bin/activate"
+stamp="$venv/.nanoqwen-installed-$1"
+if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
+  if [ "$1" = test ]; then
+    # torch is a test-only dependency (reference models); 2.13.0 has a CPU build that installs quickly.
+    python -c "import torch" 2>/dev/null || pip install -q "torch==2.13.0"
+    pip install -q -e "$root[test]"
+  else
+    pip install -q -e "$root"
+  fi
+  touch "$stamp"
+fi
+cd "$root"
