@@ -1,0 +1,201 @@
+"""Text in and out: the tokenizer, chat template and stop ids embedded in a .nanoqwen file.
+
+* encode/decode through `tokenizers.Tokenizer.from_str(<TOKENIZER_JSON blob>)`;
+* `StreamDecoder`: incremental detokenization that never emits half a UTF-8 character;
+* `apply_chat_template`: jinja2 rendering exactly as Hugging Face transformers does it
+  (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, loopcontrols, its `tojson`, `raise_exception`,
+  `strftime_now`; bos/eos/pad/unk tokens from the TOKENIZER_CONFIG blob as template variables);
+* `stop_token_ids`: eos ids from the GENERATION_CONFIG blob plus the header's eos_token_id.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Iterable, Sequence
+
+__all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "ChatTemplateError"]
+
+
+class TokenizerError(ValueError):
+    """The file has no usable tokenizer, or input could not be tokenized."""
+
+
+class ChatTemplateError(ValueError):
+    """No chat template in the file, bad messages, or the template raised (raise_exception / jinja error)."""
+
+
+_SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+def _token_text(v: Any) -> str | None:
+    """tokenizer_config.json stores special tokens as "text" or {"content": "text", ...} (AddedToken)."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, dict) and isinstance(v.get("content"), str):
+        return v["content"]
+    return None
+
+
+def _compile_template(source: str):
+    """The jinja environment transformers' `_cached_compile_jinja_template` builds (minus its generation-mask
+    extension, which only matters for assistant masks)."""
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # transformers overrides jinja's tojson (which HTML-escapes) with plain json.dumps
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        return datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env.from_string(source)
+
+
+class Tokenizer:
+    """Tokenizer of one model. Build with `Tokenizer.from_file(nanoqwen_file)` or `Tokenizer(json_str, ...)`."""
+
+    def __init__(self, tokenizer_json: str, *, chat_template: str | None = None,
+                 tokenizer_config: dict | None = None, generation_config: dict | None = None,
+                 header_eos_token_id: int = -1):
+        from tokenizers import Tokenizer as _HFTok
+        try:
+            self._tok = _HFTok.from_str(tokenizer_json)
+        except Exception as e:  # tokenizers raises a bare Exception on bad json
+            raise TokenizerError(f"TOKENIZER_JSON blob could not be loaded: {e}") from None
+        self.tokenizer_config = dict(tokenizer_config or {})
+        self.generation_config = dict(generation_config or {})
+        tmpl = chat_template if chat_template is not None else self.tokenizer_config.get("chat_template")
+        if isinstance(tmpl, list):  # HF allows a list of named templates; use "default"
+            named = {t.get("name"): t.get("template") for t in tmpl if isinstance(t, dict)}
+            tmpl = named.get("default")
+        self.chat_template: str | None = tmpl if isinstance(tmpl, str) and tmpl else None
+        self._compiled = None
+        self.special_tokens: dict[str, str] = {}
+        for k in _SPECIAL_TOKEN_KEYS:
+            t = _token_text(self.tokenizer_config.get(k))
+            if t is not None:
+                self.special_tokens[k] = t
+        stops: list[int] = []
+        eos = self.generation_config.get("eos_token_id")
+        for v in (eos if isinstance(eos, list) else [eos]):
+            if isinstance(v, int) and v >= 0 and v not in stops:
+                stops.append(v)
+        if header_eos_token_id >= 0 and header_eos_token_id not in stops:
+            stops.append(header_eos_token_id)
+        if not stops and "eos_token" in self.special_tokens:
+            t = self._tok.token_to_id(self.special_tokens["eos_token"])
+            if t is not None:
+                stops.append(int(t))
+        #: ids that end generation by default (generation_config eos ids, then the header's eos id)
+        self.stop_token_ids: tuple[int, ...] = tuple(stops)
+
+    @classmethod
+    def from_file(cls, f) -> "Tokenizer":
+        """f: an open nanoqwen_format.NanoqwenFile."""
+        from nanoqwen_format import BlobKind
+        tj = f.blob_text(BlobKind.TOKENIZER_JSON)
+        if tj is None:
+            raise TokenizerError("the file has no TOKENIZER_JSON blob: text input/output is unavailable "
+                                 "(token ids still work)")
+        tcfg = f.blob_json(BlobKind.TOKENIZER_CONFIG)
+        gcfg = f.blob_json(BlobKind.GENERATION_CONFIG)
+        tmpl = f.blob_text(BlobKind.CHAT_TEMPLATE)
+        return cls(tj, chat_template=tmpl, tokenizer_config=tcfg if isinstance(tcfg, dict) else None,
+                   generation_config=gcfg if isinstance(gcfg, dict) else None,
+                   header_eos_token_id=int(f.config.eos_token_id))
+
+    # -- ids <-> text ----------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Text → ids, without adding special tokens (as HF's apply_chat_template and plain prompts here)."""
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode() needs str, got {type(text).__name__}")
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def stream_decoder(self, skip_special_tokens: bool = True) -> "StreamDecoder":
+        return StreamDecoder(self, skip_special_tokens)
+
+    # -- chat ------------------------------------------------------------------------------------------
+    def apply_chat_template(self, messages: Iterable[dict], add_generation_prompt: bool = True,
+                            **template_kwargs) -> str:
+        """Render messages to the prompt text the way transformers' `apply_chat_template(tokenize=False)` does."""
+        import jinja2
+        if self.chat_template is None:
+            raise ChatTemplateError("the file has no chat template (CHAT_TEMPLATE blob or tokenizer_config "
+                                    "chat_template): use a plain prompt instead")
+        msgs = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict):
+                raise ChatTemplateError(f"message {i} must be a dict with 'role' and 'content', got "
+                                        f"{type(m).__name__}")
+            if "role" not in m:
+                raise ChatTemplateError(f"message {i} has no 'role'")
+            # transformers drops keys whose value is None before rendering
+            msgs.append({k: v for k, v in m.items() if v is not None})
+        if not msgs:
+            raise ChatTemplateError("cannot apply the chat template to an empty conversation")
+        if self._compiled is None:
+            try:
+                self._compiled = _compile_template(self.chat_template)
+            except jinja2.exceptions.TemplateError as e:
+                raise ChatTemplateError(f"chat template does not compile: {e}") from None
+        kw = {**self.special_tokens, **template_kwargs}
+        try:
+            return self._compiled.render(messages=msgs, tools=kw.pop("tools", None),
+                                         documents=kw.pop("documents", None),
+                                         add_generation_prompt=add_generation_prompt, **kw)
+        except jinja2.exceptions.TemplateError as e:
+            raise ChatTemplateError(f"chat template raised: {e}") from None
+
+
+class StreamDecoder:
+    """Incremental detokenization. `push(ids) -> str` returns only newly completed text; `flush() -> str` the rest.
+
+    Method (as in TGI/vLLM): decode ids[prefix:] and ids[prefix:read]; the difference is new text, unless it
+    ends in U+FFFD (an incomplete UTF-8 sequence from byte-level tokens) — then it is held back until later
+    ids complete it. Decoding from a recent `prefix` (not from 0) keeps each push O(window), and decoding with
+    one token of left context keeps SentencePiece-style leading-space handling right.
+    """
+
+    def __init__(self, tok: Tokenizer, skip_special_tokens: bool = True):
+        self.tok = tok
+        self.skip = skip_special_tokens
+        self.ids: list[int] = []
+        self.prefix = 0
+        self.read = 0
+
+    def push(self, ids: Iterable[int]) -> str:
+        self.ids.extend(int(i) for i in ids)
+        prev = self.tok.decode(self.ids[self.prefix:self.read], self.skip)
+        new = self.tok.decode(self.ids[self.prefix:], self.skip)
+        if len(new) > len(prev) and not new.endswith("\ufffd"):
+            delta = new[len(prev):]
+            self.prefix, self.read = self.read, len(self.ids)
+            return delta
+        return ""
+
+    def flush(self) -> str:
+        """Everything not yet returned (an incomplete trailing character comes out as U+FFFD)."""
+        prev = self.tok.decode(self.ids[self.prefix:self.read], self.skip)
+        new = self.tok.decode(self.ids[self.prefix:], self.skip)
+        self.prefix = self.read = len(self.ids)
+        return new[len(prev):] if len(new) > len(prev) else ""
