@@ -1,0 +1,244 @@
+"""Streaming writer: NanoqwenWriter (spec §Writing). Holds at most one tensor; header + directory are written
+last (seek to 0) with every CRC; temp file beside the target, fsync, os.replace. Any exception or
+KeyboardInterrupt inside the `with` removes the temp file and leaves nothing at the target path."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+from typing import Iterable, List, Optional, Sequence
+
+import numpy as np
+
+from .config import ModelConfig, pack_config
+from .constants import (BLOB_KIND_ENCODING, FORMAT_VERSION, MAGIC, MAX_BLOBS, MAX_HEADER_SIZE, MAX_TENSORS,
+                        TENSOR_NAME_SIZE, BlobEncoding, BlobKind, DType, align128)
+from .crc import crc32c
+from .errors import (BadBlobEncoding, BadTensorName, DuplicateName, HeaderTooLarge, WriterUsageError)
+from .header import RawHeader, header_crc, pack_blob_entry, pack_header, pack_tensor_entry
+from .tensors import TensorSpec
+from .validate import check_names_against_config, check_tensor_meta, decode_name, expected_header_size
+
+_NP_DTYPE = {DType.F32: np.dtype("<f4"), DType.F16: np.dtype("<f2"), DType.BF16: np.dtype("<u2")}
+_CHUNK = 64 * 1024 * 1024  # bytes per write() of a large tensor (bounds the transient copy)
+
+
+class NanoqwenWriter:
+    """with NanoqwenWriter(path, config, tensor_specs, blob_kinds) as w:
+           w.write_tensor(name, array)      # plain dtypes, in tensor_specs order (bf16 as uint16 bits)
+           w.write_int4(name, qweight_u32 (N, K//8), scales_f16 (N, K//g))
+           w.write_blob(kind, data)         # after all tensors, in blob_kinds order
+    Everything the spec can check up front (config, names, shapes, dtypes, group sizes) is checked here."""
+
+    def __init__(self, path, config: ModelConfig, tensor_specs: Sequence[TensorSpec],
+                 blob_kinds: Iterable = ()):
+        self.path = os.fspath(path)
+        self.config = config
+        self._config_block = pack_config(config)          # validates the config (ConfigMismatch)
+        self.specs: List[TensorSpec] = list(tensor_specs)
+        self.blob_kinds: List[BlobKind] = [BlobKind(int(k)) for k in blob_kinds]
+        if len(self.specs) > MAX_TENSORS:
+            raise HeaderTooLarge(f"n_tensors: expected <= {MAX_TENSORS}, found {len(self.specs)}")
+        if len(self.blob_kinds) > MAX_BLOBS:
+            raise HeaderTooLarge(f"n_blobs: expected <= {MAX_BLOBS}, found {len(self.blob_kinds)}")
+        self.header_size = expected_header_size(len(self.specs), len(self.blob_kinds))
+        if self.header_size > MAX_HEADER_SIZE:
+            raise HeaderTooLarge(f"header_size: expected <= {MAX_HEADER_SIZE}, found {self.header_size}")
+        self.data_offset = align128(self.header_size)
+        self._nbytes: List[int] = []
+        seen = set()
+        for i, s in enumerate(self.specs):
+            raw = s.name.encode("ascii", errors="replace") if isinstance(s.name, str) else b""
+            if len(raw) >= TENSOR_NAME_SIZE:
+                raise BadTensorName(f"tensor spec {i}: name expected <= 63 ASCII bytes, found {len(raw)}")
+            decode_name(raw.ljust(TENSOR_NAME_SIZE, b"\0"), f"tensor spec {i}")
+            if not s.name.isascii():
+                raise BadTensorName(f"tensor spec {i}: name expected ASCII, found {s.name!r}")
+            if s.name in seen:
+                raise DuplicateName(f"tensor {s.name!r}: expected a unique name, found a duplicate spec")
+            seen.add(s.name)
+            self._nbytes.append(check_tensor_meta(s.name, int(s.dtype), s.layout_id, s.group_size, s.shape))
+        check_names_against_config(((s.name, s.shape) for s in self.specs), config)
+        if len(set(self.blob_kinds)) != len(self.blob_kinds):
+            raise DuplicateName(f"blob_kinds: expected each kind once, found {[k.name for k in self.blob_kinds]}")
+        self._entries: List[bytes] = []        # packed TensorEntry / BlobEntry, in order
+        self._blob_entries: List[bytes] = []
+        self._next_tensor = 0
+        self._next_blob = 0
+        self._pos = self.data_offset           # where the next item starts (already aligned)
+        self._end = self.data_offset           # end of the last item written
+        self._fh = None
+        self._tmp: Optional[str] = None
+        self._done = False
+
+    # ---- lifetime -------------------------------------------------------------------------------------------
+    def __enter__(self) -> "NanoqwenWriter":
+        d, base = os.path.split(os.path.abspath(self.path))
+        self._tmp = os.path.join(d, f".{base}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fh = os.fdopen(fd, "wb")
+        self._fh.write(bytes(self.data_offset))   # placeholder header + directory + padding, rewritten at commit
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            try:
+                self._commit()
+            except BaseException:
+                self._abort()
+                raise
+        else:
+            self._abort()
+        return False
+
+    def _abort(self) -> None:
+        if self._fh is not None:
+            try:
+                self._fh.close()
+            except OSError:
+                pass
+            self._fh = None
+        if self._tmp is not None:
+            try:
+                os.unlink(self._tmp)
+            except FileNotFoundError:
+                pass
+            self._tmp = None
+
+    def _commit(self) -> None:
+        if self._next_tensor != len(self.specs):
+            missing = self.specs[self._next_tensor].name
+            raise WriterUsageError(f"writer closed early: expected {len(self.specs)} tensors, found "
+                                   f"{self._next_tensor} written (next: {missing!r})")
+        if self._next_blob != len(self.blob_kinds):
+            raise WriterUsageError(f"writer closed early: expected {len(self.blob_kinds)} blobs, found "
+                                   f"{self._next_blob} written (next: {self.blob_kinds[self._next_blob].name})")
+        file_size = self._end   # the last item's end: no trailing padding
+        hdr = RawHeader(MAGIC, FORMAT_VERSION, self.header_size, file_size, self.data_offset, len(self.specs),
+                        len(self.blob_kinds), 0, 0)
+        directory = b"".join(self._entries) + b"".join(self._blob_entries)
+        head = pack_header(hdr, self._config_block) + directory
+        assert len(head) == self.header_size
+        hdr = dataclasses.replace(hdr, header_crc32c=header_crc(head))
+        head = pack_header(hdr, self._config_block) + directory
+        self._fh.seek(0)
+        self._fh.write(head)
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+        self._fh = None
+        os.replace(self._tmp, self.path)
+        self._tmp = None
+        try:  # make the rename durable
+            dfd = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass
+        self._done = True
+
+    # ---- items ----------------------------------------------------------------------------------------------
+    def _require_open(self):
+        if self._fh is None:
+            raise WriterUsageError("writer is not open: use it as `with NanoqwenWriter(...) as w:`")
+
+    def _next_spec(self, name: str) -> TensorSpec:
+        self._require_open()
+        if self._next_tensor >= len(self.specs):
+            raise WriterUsageError(f"tensor {name!r}: all {len(self.specs)} tensors already written")
+        spec = self.specs[self._next_tensor]
+        if name != spec.name:
+            raise WriterUsageError(f"tensor {name!r}: expected the next tensor in tensor_specs order, "
+                                   f"{spec.name!r}")
+        return spec
+
+    def _begin_item(self) -> None:
+        """Zero padding from the end of the previous item to align128 of it; the next item starts there."""
+        self._pos = align128(self._end)
+        if self._pos > self._end:
+            self._fh.write(bytes(self._pos - self._end))
+            self._end = self._pos
+
+    def _write_bytes(self, arr: np.ndarray, crc: int) -> int:
+        """Write a C-contiguous array's bytes in chunks; returns the running CRC32C."""
+        flat = arr.reshape(-1).view(np.uint8)
+        for start in range(0, flat.size, _CHUNK):
+            chunk = flat[start:start + _CHUNK]
+            self._fh.write(chunk.data)
+            crc = crc32c(chunk.data, crc)
+        self._end += flat.size
+        return crc
+
+    def _finish_tensor(self, spec: TensorSpec, nbytes: int, crc: int) -> None:
+        assert self._end - self._pos == nbytes, (spec.name, self._end - self._pos, nbytes)
+        self._entries.append(pack_tensor_entry(spec.name, int(spec.dtype), spec.layout_id, spec.group_size,
+                                               spec.shape, self._pos, nbytes, crc))
+        self._next_tensor += 1
+
+    @staticmethod
+    def _as_le(arr, want: np.dtype, shape, what: str) -> np.ndarray:
+        a = np.asarray(arr)
+        if a.dtype.kind != want.kind or a.dtype.itemsize != want.itemsize:
+            raise WriterUsageError(f"{what}: dtype expected {want}, found {a.dtype}")
+        if tuple(a.shape) != tuple(shape):
+            raise WriterUsageError(f"{what}: shape expected {tuple(shape)}, found {tuple(a.shape)}")
+        return np.ascontiguousarray(a, dtype=want)
+
+    def write_tensor(self, name: str, array) -> None:
+        """A plain-dtype tensor: F32 float32, F16 float16, BF16 uint16 (the raw bf16 bits)."""
+        spec = self._next_spec(name)
+        if spec.dtype == DType.INT4G:
+            raise WriterUsageError(f"tensor {name!r}: dtype INT4G, expected write_int4(), found write_tensor()")
+        a = self._as_le(array, _NP_DTYPE[spec.dtype], spec.shape, f"tensor {name!r}")
+        nbytes = self._nbytes[self._next_tensor]
+        self._begin_item()
+        crc = self._write_bytes(a, 0)
+        self._finish_tensor(spec, nbytes, crc)
+
+    def write_int4(self, name: str, qweight, scales) -> None:
+        """An INT4G layout-1 tensor: qweight uint32 (N, K//8), scales float16 (N, K//g) (spec §INT4 layout 1)."""
+        spec = self._next_spec(name)
+        if spec.dtype != DType.INT4G:
+            raise WriterUsageError(f"tensor {name!r}: dtype {spec.dtype.name}, expected write_tensor(), "
+                                   f"found write_int4()")
+        n, k = spec.shape
+        q = self._as_le(qweight, np.dtype("<u4"), (n, k // 8), f"tensor {name!r} qweight")
+        s = self._as_le(scales, np.dtype("<f2"), (n, k // spec.group_size), f"tensor {name!r} scales")
+        self._begin_item()
+        crc = self._write_bytes(q, 0)
+        pad = align128(n * k // 2) - n * k // 2
+        if pad:
+            zeros = bytes(pad)
+            self._fh.write(zeros)
+            crc = crc32c(zeros, crc)
+            self._end += pad
+        crc = self._write_bytes(s, crc)
+        self._finish_tensor(spec, self._nbytes[self._next_tensor], crc)
+
+    def write_blob(self, kind, data: bytes) -> None:
+        """A metadata blob, after all tensors, in blob_kinds order. JSON kinds must be valid UTF-8 JSON,
+        text kinds valid UTF-8."""
+        self._require_open()
+        kind = BlobKind(int(kind))
+        if self._next_tensor != len(self.specs):
+            raise WriterUsageError(f"blob {kind.name}: expected after all tensors, found "
+                                   f"{len(self.specs) - self._next_tensor} tensors still unwritten")
+        if self._next_blob >= len(self.blob_kinds) or self.blob_kinds[self._next_blob] != kind:
+            want = self.blob_kinds[self._next_blob].name if self._next_blob < len(self.blob_kinds) else "none"
+            raise WriterUsageError(f"blob {kind.name}: expected the next blob in blob_kinds order, {want}")
+        data = bytes(data)
+        enc = BLOB_KIND_ENCODING[kind]
+        try:
+            text = data.decode("utf-8")
+            if enc == BlobEncoding.JSON_UTF8:
+                json.loads(text)
+        except ValueError as e:
+            raise BadBlobEncoding(f"blob {kind.name}: expected {enc.name}, found invalid data: {e}") from None
+        self._begin_item()
+        self._fh.write(data)
+        self._end += len(data)
+        self._blob_entries.append(pack_blob_entry(int(kind), int(enc), self._pos, len(data), crc32c(data)))
+        self._next_blob += 1

@@ -1,0 +1,186 @@
+"""Round trip of every dtype (incl. int4g g32/g64/g128), blobs, config fields, and interrupted writes."""
+import os
+
+import numpy as np
+import pytest
+
+from nanoqwen_format import (BlobKind, DType, ModelConfig, NanoqwenFormatError, NanoqwenWriter, TensorSpec,
+                             dequantize_int4_reference, expected_tensors, int4_nbytes, open_file)
+from nanoqwen_format import errors as E
+
+from format_helpers import TINY, make_random_file, mixed_dtypes, random_payload, specs_for, write_file
+
+
+@pytest.mark.parametrize("dtype", [DType.F32, DType.F16, DType.BF16])
+def test_roundtrip_plain_dtype(tmp_path, dtype):
+    path = tmp_path / "m.nanoqwen"
+    specs, payloads = make_random_file(path, dtype_for=lambda n, s: (dtype, 0), seed=int(dtype))
+    with open_file(path) as f:
+        assert f.config == TINY.canonical()
+        assert list(f.tensors) == [s.name for s in specs]
+        for s in specs:
+            a = f.array(s.name)
+            assert a.shape == s.shape and not a.flags.writeable
+            np.testing.assert_array_equal(a, payloads[s.name])
+            want32 = payloads[s.name]
+            if dtype == DType.BF16:
+                want32 = (want32.astype(np.uint32) << 16).view(np.float32)
+            np.testing.assert_array_equal(f.float32(s.name), want32.astype(np.float32))
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_roundtrip_int4(tmp_path, group_size):
+    cfg = ModelConfig(**{**TINY.to_dict(), "hidden_size": 128, "head_dim": 32, "intermediate_size": 256})
+    path = tmp_path / "m.nanoqwen"
+    specs, payloads = make_random_file(
+        path, cfg=cfg, seed=group_size,
+        dtype_for=lambda n, s: (DType.INT4G, group_size) if "proj.weight" in n else (DType.F16, 0))
+    with open_file(path) as f:
+        for s in specs:
+            t = f.tensors[s.name]
+            if s.dtype != DType.INT4G:
+                continue
+            n, k = s.shape
+            assert (t.group_size, t.layout_id, t.nbytes) == (group_size, 1, int4_nbytes(n, k, group_size))
+            q, sc = f.int4(s.name)
+            np.testing.assert_array_equal(q, payloads[s.name][0])
+            np.testing.assert_array_equal(sc, payloads[s.name][1])
+            np.testing.assert_array_equal(f.float32(s.name), dequantize_int4_reference(*payloads[s.name], group_size))
+            assert f.array(s.name).shape == (t.nbytes,)
+
+
+def test_roundtrip_mixed_blobs_and_layout(tmp_path):
+    path = tmp_path / "m.nanoqwen"
+    blobs = {BlobKind.TOKENIZER_JSON: b'{"x": [1, 2]}', BlobKind.CHAT_TEMPLATE: "héllo {{ x }}".encode(),
+             BlobKind.GENERATION_CONFIG: b'{"temperature": 0.7}', BlobKind.PROVENANCE: b'{"repo": "r"}',
+             BlobKind.TOKENIZER_CONFIG: b"{}"}
+    specs, payloads = make_random_file(path, blobs=blobs)
+    size = os.path.getsize(path)
+    with open_file(path) as f:
+        assert f.file_size == size and f.version == 1
+        assert f.blob_json(BlobKind.TOKENIZER_JSON) == {"x": [1, 2]}
+        assert f.blob_text(BlobKind.CHAT_TEMPLATE) == "héllo {{ x }}"
+        assert f.blob_json(BlobKind.GENERATION_CONFIG) == {"temperature": 0.7}
+        assert f.blob(BlobKind.PROVENANCE) == b'{"repo": "r"}'
+        assert f.blob_kinds == tuple(blobs)
+        offsets = [t.offset for t in f.tensors.values()]
+        assert all(o % 128 == 0 for o in offsets) and offsets == sorted(offsets)
+        f.verify_checksums()
+
+
+def test_no_blobs_file_ends_at_last_tensor(tmp_path):
+    path = tmp_path / "m.nanoqwen"
+    make_random_file(path, blobs={})
+    with open_file(path) as f:
+        last = list(f.tensors.values())[-1]
+        assert f.file_size == last.offset + last.nbytes == os.path.getsize(path)
+        assert f.blob(BlobKind.TOKENIZER_JSON) is None and f.blob_json(BlobKind.PROVENANCE) is None
+
+
+def test_config_roundtrip_all_fields(tmp_path):
+    cfg = ModelConfig(arch="llama", n_layers=1, hidden_size=64, intermediate_size=160, n_heads=2, n_kv_heads=1,
+                      head_dim=48, vocab_rows=70, max_positions=4096, rope_theta=500000.0, rope_scaling_type="yarn",
+                      rope_scaling_factor=4.0, rope_original_max_positions=1024, rms_norm_eps=1e-5,
+                      tied_embeddings=True, qkv_bias=False, bos_token_id=0, eos_token_id=69, pad_token_id=-1)
+    path = tmp_path / "m.nanoqwen"
+    make_random_file(path, cfg=cfg, dtype_for=lambda n, s: (DType.F32, 0))
+    with open_file(path) as f:
+        assert f.config == cfg.canonical()
+        assert f.config.rope_theta == 500000.0 and f.config.rope_scaling_type == "yarn"
+        assert f.config.rms_norm_eps == pytest.approx(1e-5, rel=1e-7)  # stored as f32: ~6e-8 relative rounding
+        assert "lm_head.weight" not in f.tensors
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("exc", [Boom, KeyboardInterrupt])
+@pytest.mark.parametrize("after", [0, 3])
+def test_interrupted_write_leaves_nothing(tmp_path, exc, after):
+    path = tmp_path / "m.nanoqwen"
+    rng = np.random.default_rng(1)
+    specs = specs_for(TINY, mixed_dtypes)
+    with pytest.raises(exc):
+        with NanoqwenWriter(path, TINY, specs, [BlobKind.TOKENIZER_JSON]) as w:
+            for s in specs[:after]:
+                p = random_payload(s, rng)
+                w.write_int4(s.name, *p) if s.dtype == DType.INT4G else w.write_tensor(s.name, p)
+            raise exc()
+    assert os.listdir(tmp_path) == []
+
+
+def test_incomplete_write_raises_and_leaves_nothing(tmp_path):
+    path = tmp_path / "m.nanoqwen"
+    specs = specs_for(TINY)
+    with pytest.raises(E.WriterUsageError, match="expected .* tensors"):
+        with NanoqwenWriter(path, TINY, specs, []) as w:
+            w.write_tensor(specs[0].name, random_payload(specs[0], np.random.default_rng(0)))
+    assert os.listdir(tmp_path) == []
+
+
+def test_existing_target_untouched_on_failure(tmp_path):
+    path = tmp_path / "m.nanoqwen"
+    path.write_bytes(b"old contents")
+    with pytest.raises(Boom):
+        with NanoqwenWriter(path, TINY, specs_for(TINY), []):
+            raise Boom()
+    assert path.read_bytes() == b"old contents" and os.listdir(tmp_path) == ["m.nanoqwen"]
+
+
+def test_writer_rejects_bad_usage(tmp_path):
+    rng = np.random.default_rng(2)
+    specs = specs_for(TINY, mixed_dtypes)
+    path = tmp_path / "m.nanoqwen"
+    with pytest.raises(E.WriterUsageError, match="next tensor"):
+        with NanoqwenWriter(path, TINY, specs, []) as w:
+            w.write_tensor(specs[1].name, random_payload(specs[1], rng))
+    with pytest.raises(E.WriterUsageError, match="dtype expected"):
+        with NanoqwenWriter(path, TINY, specs, []) as w:
+            w.write_tensor(specs[0].name, np.ones(specs[0].shape, np.float32))   # bf16 spec wants uint16
+    with pytest.raises(E.WriterUsageError, match="shape expected"):
+        with NanoqwenWriter(path, TINY, specs, []) as w:
+            w.write_tensor(specs[0].name, np.ones((3, 3), np.uint16))
+    with pytest.raises(E.MissingTensor):
+        NanoqwenWriter(path, TINY, specs[:-1], [])
+    with pytest.raises(E.UnknownTensorName):
+        NanoqwenWriter(path, TINY, specs + [TensorSpec("extra.weight", DType.F16, (3,))], [])
+    with pytest.raises(E.ConfigMismatch):
+        NanoqwenWriter(path, TINY, [TensorSpec(s.name, s.dtype, (1,) + s.shape[1:], s.group_size) if i == 0 else s
+                                     for i, s in enumerate(specs)], [])
+    with pytest.raises(E.DuplicateName):
+        NanoqwenWriter(path, TINY, specs, [BlobKind.PROVENANCE, BlobKind.PROVENANCE])
+    with pytest.raises(E.BadBlobEncoding):
+        with NanoqwenWriter(path, TINY, specs_for(TINY), [BlobKind.GENERATION_CONFIG]) as w:
+            for s in specs_for(TINY):
+                w.write_tensor(s.name, random_payload(s, rng))
+            w.write_blob(BlobKind.GENERATION_CONFIG, b"{not json")
+    assert os.listdir(tmp_path) == []
+
+
+def test_expected_tensors_names_and_shapes():
+    names = expected_tensors(TINY)
+    assert names["model.embed_tokens.weight"] == (80, 64)
+    assert names["model.layers.1.self_attn.q_proj.weight"] == (64, 64)
+    assert names["model.layers.1.self_attn.k_proj.weight"] == (32, 64)
+    assert names["model.layers.0.self_attn.v_proj.bias"] == (32,)
+    assert names["model.layers.0.self_attn.o_proj.weight"] == (64, 64)
+    assert names["model.layers.0.mlp.gate_proj.weight"] == (96, 64)
+    assert names["model.layers.0.mlp.down_proj.weight"] == (64, 96)
+    assert names["lm_head.weight"] == (80, 64)
+    assert len(names) == 1 + 2 * 12 + 2
+    tied = ModelConfig(**{**TINY.to_dict(), "tied_embeddings": True, "qkv_bias": False})
+    assert "lm_head.weight" not in expected_tensors(tied) and len(expected_tensors(tied)) == 1 + 2 * 9 + 1
+
+
+def test_int4_nbytes_rule():
+    assert int4_nbytes(64, 64, 32) == 2048 + 64 * 2 * 2
+    assert int4_nbytes(3, 32, 32) == 128 + 3 * 2        # 48 qweight bytes padded to 128
+    assert int4_nbytes(5, 256, 128) == 640 + 5 * 2 * 2
+
+
+def test_errors_are_format_errors():
+    for name in dir(E):
+        obj = getattr(E, name)
+        if isinstance(obj, type) and issubclass(obj, Exception) and obj is not NanoqwenFormatError:
+            assert issubclass(obj, NanoqwenFormatError), name
