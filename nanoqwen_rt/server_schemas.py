@@ -1,0 +1,278 @@
+"""Request parsing and validation for the OpenAI-compatible server, and OpenAI-style error bodies.
+
+Everything a client can send is checked here, before any engine work is queued: a bad request becomes an
+`ApiError` (4xx, OpenAI error body), never an exception from deep inside the engine. Parsing is pure (no I/O,
+no engine), so it is unit-testable on its own; the one engine-dependent check (prompt + max_tokens against the
+context length) is `check_context`, called by the server once the prompt is tokenized.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# OpenAI allows at most 4 stop sequences; we keep the same limit so clients behave identically everywhere.
+MAX_STOP_SEQUENCES = 4
+# OpenAI's documented default for /v1/completions when max_tokens is absent.
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+# OpenAI's documented ranges.
+TEMPERATURE_RANGE = (0.0, 2.0)
+# Seeds are passed to numpy/CUDA RNGs as unsigned 64-bit values.
+SEED_RANGE = (0, 2**64 - 1)
+
+ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+class ApiError(Exception):
+    """An error answered to the client as `{"error": {"message", "type", "param", "code"}}` with `status`."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_param(param: str, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+@dataclass
+class SamplingParams:
+    """Generation settings shared by both endpoints (names follow the Engine API)."""
+    max_tokens: int | None          # None: as many as the context allows (chat default)
+    temperature: float = 1.0        # OpenAI default; 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0                  # extension (vLLM-style); 0 disables
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False        # extension (vLLM-style): do not stop on the model's end-of-sequence ids
+
+    def engine_kwargs(self, max_new_tokens: int) -> dict:
+        return dict(max_new_tokens=max_new_tokens, temperature=self.temperature, top_k=self.top_k,
+                    top_p=self.top_p, seed=self.seed, stop=list(self.stop) or None,
+                    stop_token_ids=[] if self.ignore_eos else None)
+
+
+@dataclass
+class CompletionRequest:
+    prompt: str
+    params: SamplingParams
+    stream: bool
+    include_usage: bool              # stream_options.include_usage
+
+
+@dataclass
+class ChatRequest:
+    messages: list[dict]             # [{"role": str, "content": str}], content flattened to text
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+
+
+# ---------------------------------------------------------------- field checkers
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _opt_number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not _is_number(v):
+        raise bad_param(name, f"'{name}' must be a number, got {v!r}", code="invalid_type")
+    if not lo <= v <= hi:
+        raise bad_param(name, f"'{name}' must be between {lo} and {hi}, got {v!r}")
+    return float(v)
+
+
+def _opt_int(body: dict, name: str, lo: int, hi: int | None = None) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not _is_int(v):
+        raise bad_param(name, f"'{name}' must be an integer, got {v!r}", code="invalid_type")
+    if v < lo or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+        raise bad_param(name, f"'{name}' must be {rng}, got {v!r}")
+    return v
+
+
+def _opt_bool(body: dict, name: str, default: bool) -> bool:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad_param(name, f"'{name}' must be a boolean, got {v!r}", code="invalid_type")
+    return v
+
+
+def _stop(body: dict) -> list[str]:
+    v = body.get("stop")
+    if v is None:
+        return []
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise bad_param("stop", "'stop' must be a string or a list of strings", code="invalid_type")
+    if len(v) > MAX_STOP_SEQUENCES:
+        raise bad_param("stop", f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences, got {len(v)}")
+    if any(s == "" for s in v):
+        raise bad_param("stop", "'stop' sequences must not be empty")
+    return list(v)
+
+
+def _reject_unsupported(body: dict) -> None:
+    """Fail closed on parameters that would change the answer's meaning if silently ignored."""
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise bad_param("n", "only n=1 is supported (one sequence generates at a time)", code="unsupported_value")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != 1:
+        raise bad_param("best_of", "only best_of=1 is supported", code="unsupported_value")
+    for name in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions", "logit_bias"):
+        v = body.get(name)
+        if v not in (None, False, 0, [], {}, ""):
+            raise bad_param(name, f"'{name}' is not supported by this server", code="unsupported_parameter")
+    for name in ("presence_penalty", "frequency_penalty"):
+        v = body.get(name)
+        if v not in (None, 0, 0.0):
+            raise bad_param(name, f"'{name}' is not supported by this server (only 0)",
+                            code="unsupported_parameter")
+
+
+def _check_model(body: dict, model_name: str) -> None:
+    m = body.get("model")
+    if m is None:
+        raise bad_param("model", "'model' is required", code="missing_required_parameter")
+    if not isinstance(m, str):
+        raise bad_param("model", "'model' must be a string", code="invalid_type")
+    if m != model_name:
+        raise ApiError(404, f"The model '{m}' does not exist; this server serves '{model_name}'",
+                       param="model", code="model_not_found")
+
+
+def _sampling(body: dict, default_max_tokens: int | None) -> SamplingParams:
+    max_tokens = _opt_int(body, "max_tokens", 1)
+    mct = _opt_int(body, "max_completion_tokens", 1)       # the newer chat name for the same limit
+    if max_tokens is not None and mct is not None and max_tokens != mct:
+        raise bad_param("max_completion_tokens", "'max_tokens' and 'max_completion_tokens' disagree")
+    max_tokens = max_tokens if max_tokens is not None else mct
+    seed = _opt_int(body, "seed", SEED_RANGE[0], SEED_RANGE[1])
+    top_k = _opt_int(body, "top_k", 0)
+    top_p = _opt_number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0.0:
+        raise bad_param("top_p", "'top_p' must be > 0 (use temperature=0 for greedy decoding)")
+    return SamplingParams(
+        max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
+        temperature=_opt_number(body, "temperature", 1.0, *TEMPERATURE_RANGE),
+        top_p=top_p,
+        top_k=top_k or 0,
+        seed=seed,
+        stop=_stop(body),
+        ignore_eos=_opt_bool(body, "ignore_eos", False),
+    )
+
+
+def _stream_flags(body: dict) -> tuple[bool, bool]:
+    stream = _opt_bool(body, "stream", False)
+    opts = body.get("stream_options")
+    include_usage = False
+    if opts is not None:
+        if not isinstance(opts, dict):
+            raise bad_param("stream_options", "'stream_options' must be an object", code="invalid_type")
+        if not stream:
+            raise bad_param("stream_options", "'stream_options' is only allowed when 'stream' is true")
+        include_usage = _opt_bool(opts, "include_usage", False)
+    return stream, include_usage
+
+
+def _require_object(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+# ---------------------------------------------------------------- endpoints
+
+
+def parse_completion(body: Any, model_name: str) -> CompletionRequest:
+    """Validate a /v1/completions body. The prompt is a string or a list holding exactly one string."""
+    body = _require_object(body)
+    _check_model(body, model_name)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if prompt is None:
+        raise bad_param("prompt", "'prompt' is required", code="missing_required_parameter")
+    if not isinstance(prompt, str):
+        raise bad_param("prompt", "'prompt' must be a string (or a list of exactly one string)",
+                        code="invalid_type")
+    _reject_unsupported(body)
+    stream, include_usage = _stream_flags(body)
+    return CompletionRequest(prompt, _sampling(body, DEFAULT_COMPLETION_MAX_TOKENS), stream, include_usage)
+
+
+def _message_text(content: Any, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):          # [{"type": "text", "text": "..."}]: text parts only
+        parts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise bad_param(f"messages[{i}].content", "only text content parts are supported",
+                                code="unsupported_value")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad_param(f"messages[{i}].content", "message content must be a string or a list of text parts",
+                    code="invalid_type")
+
+
+def parse_chat(body: Any, model_name: str) -> ChatRequest:
+    """Validate a /v1/chat/completions body; message contents are flattened to plain text."""
+    body = _require_object(body)
+    _check_model(body, model_name)
+    msgs = body.get("messages")
+    if msgs is None:
+        raise bad_param("messages", "'messages' is required", code="missing_required_parameter")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad_param("messages", "'messages' must be a non-empty list", code="invalid_type")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise bad_param(f"messages[{i}]", "each message must be an object", code="invalid_type")
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad_param(f"messages[{i}].role", f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
+        out.append({"role": "system" if role == "developer" else role,
+                    "content": _message_text(m.get("content"), i)})
+    _reject_unsupported(body)
+    stream, include_usage = _stream_flags(body)
+    return ChatRequest(out, _sampling(body, None), stream, include_usage)
+
+
+def check_context(prompt_tokens: int, max_tokens: int | None, context_length: int, prompt_param: str) -> int:
+    """Return the number of new tokens to generate, or raise a 400 if the request does not fit the context."""
+    if prompt_tokens >= context_length:
+        raise ApiError(400, f"the prompt has {prompt_tokens} tokens; this model's context is {context_length} "
+                            f"tokens, so at most {context_length - 1} fit with room for one new token",
+                       param=prompt_param, code="context_length_exceeded")
+    if max_tokens is None:
+        return context_length - prompt_tokens
+    if prompt_tokens + max_tokens > context_length:
+        raise ApiError(400, f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = "
+                            f"{prompt_tokens + max_tokens} exceeds this model's context of {context_length} tokens",
+                       param="max_tokens", code="context_length_exceeded")
+    return max_tokens
