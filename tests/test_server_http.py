@@ -1,0 +1,323 @@
+"""Unit tests of the server's HTTP layer (validation, error bodies, queue, metrics exposition) against a small
+FAKE engine, in process (starlette TestClient). The real engine + real server process + openai client are in
+tests/test_server.py; this file only pins behaviour that does not depend on the model.
+"""
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from starlette.testclient import TestClient
+
+from nanoqwen_rt.server import create_app
+from nanoqwen_rt.server_metrics import Histogram, Registry, ServerMetrics
+from nanoqwen_rt.server_schemas import ApiError, check_context, parse_chat, parse_completion
+
+MODEL = "fake-model"
+CONTEXT = 64
+
+
+@dataclass
+class _Chunk:
+    text: str
+    token_ids: list
+    finish_reason: str | None = None
+
+
+class _FakeTokenizer:
+    """One token per whitespace-separated word (enough to count and to template)."""
+    chat_template = "fake"
+
+    def encode(self, text):
+        return [len(w) for w in text.split()]
+
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        return " ".join(f"<{m['role']}> {m['content']}" for m in messages) + (" <assistant>" if add_generation_prompt
+                                                                               else "")
+
+
+class FakeEngine:
+    """Yields words 'w0 w1 ...'; `gate` (when set) makes every token wait for a permit, so tests can hold a
+    generation open without sleeping."""
+    device = "fake"
+    max_context = CONTEXT
+
+    def __init__(self):
+        self.tokenizer = _FakeTokenizer()
+        self.gate: threading.Semaphore | None = None
+        self.started = threading.Event()
+        self.calls: list[dict] = []
+
+    def generate(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, stop_token_ids):
+        self.calls.append(dict(prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                               top_p=top_p, seed=seed, stop=stop, stop_token_ids=stop_token_ids))
+
+        def gen():
+            self.started.set()
+            for i in range(max_new_tokens):
+                if self.gate is not None:
+                    self.gate.acquire()
+                word = f" w{i}"
+                if stop and any(s in word for s in stop):
+                    yield _Chunk("", [i], "stop")
+                    return
+                yield _Chunk(word, [i], "length" if i + 1 == max_new_tokens else None)
+        return gen()
+
+
+@pytest.fixture
+def fake():
+    return FakeEngine()
+
+
+@pytest.fixture
+def client(fake):
+    app = create_app(fake, model_name=MODEL, queue_size=2)
+    with TestClient(app) as c:
+        yield c
+
+
+def _err(resp, status, code=None, param=None):
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"]
+    if code is not None:
+        assert body["error"]["code"] == code
+    if param is not None:
+        assert body["error"]["param"] == param
+    return body["error"]
+
+
+# ------------------------------------------------------------------ happy paths
+
+
+def test_completion_body_and_usage(client, fake):
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "a bb ccc", "max_tokens": 3,
+                                             "temperature": 0})
+    assert r.status_code == 200, r.text
+    b = r.json()
+    assert b["object"] == "text_completion" and b["model"] == MODEL
+    assert b["choices"][0]["text"] == " w0 w1 w2"
+    assert b["choices"][0]["finish_reason"] == "length"
+    assert b["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+    assert fake.calls[-1]["max_new_tokens"] == 3 and fake.calls[-1]["temperature"] == 0.0
+
+
+def test_chat_renders_template_and_streams(client, fake):
+    with client.stream("POST", "/v1/chat/completions",
+                       json={"model": MODEL, "messages": [{"role": "user", "content": "hi there"}],
+                             "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        assert r.status_code == 200
+        data = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == " w0 w1"
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 2
+    rendered = fake.tokenizer.apply_chat_template([{"role": "user", "content": "hi there"}])
+    assert fake.calls[-1]["prompt"] == rendered
+    assert chunks[-1]["usage"]["prompt_tokens"] == len(fake.tokenizer.encode(rendered))
+
+
+def test_chat_default_max_tokens_fills_context(client, fake):
+    r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200
+    n_prompt = r.json()["usage"]["prompt_tokens"]
+    assert fake.calls[-1]["max_new_tokens"] == CONTEXT - n_prompt
+
+
+def test_stop_and_ignore_eos_are_passed(client, fake):
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "p", "max_tokens": 8, "stop": ["w3"],
+                                             "ignore_eos": True})
+    assert r.json()["choices"][0]["text"] == " w0 w1 w2"
+    assert r.json()["choices"][0]["finish_reason"] == "stop"
+    assert fake.calls[-1]["stop"] == ["w3"] and fake.calls[-1]["stop_token_ids"] == []
+
+
+def test_models_health_metrics(client):
+    assert client.get("/v1/models").json()["data"][0]["id"] == MODEL
+    assert client.get(f"/v1/models/{MODEL}").json()["id"] == MODEL
+    _err(client.get("/v1/models/other"), 404, "model_not_found")
+    h = client.get("/health").json()
+    assert h["status"] == "ok" and h["device"] == "fake"
+    client.post("/v1/completions", json={"model": MODEL, "prompt": "p", "max_tokens": 2})
+    m = client.get("/metrics")
+    assert m.headers["content-type"].startswith("text/plain")
+    assert 'nanoqwen_requests_total{endpoint="/v1/completions",status="200"} 1' in m.text
+    assert "nanoqwen_completion_tokens_total 2" in m.text
+    assert "nanoqwen_time_to_first_token_seconds_count 1" in m.text
+    assert "nanoqwen_time_per_output_token_seconds_count 1" in m.text
+
+
+# ------------------------------------------------------------------ 4xx
+
+
+@pytest.mark.parametrize("payload,status,code,param", [
+    ({"model": "nope", "prompt": "p"}, 404, "model_not_found", "model"),
+    ({"prompt": "p"}, 400, "missing_required_parameter", "model"),
+    ({"model": MODEL}, 400, "missing_required_parameter", "prompt"),
+    ({"model": MODEL, "prompt": 5}, 400, "invalid_type", "prompt"),
+    ({"model": MODEL, "prompt": "p", "temperature": -0.5}, 400, "invalid_value", "temperature"),
+    ({"model": MODEL, "prompt": "p", "temperature": "hot"}, 400, "invalid_type", "temperature"),
+    ({"model": MODEL, "prompt": "p", "top_p": 0}, 400, "invalid_value", "top_p"),
+    ({"model": MODEL, "prompt": "p", "top_p": 1.5}, 400, "invalid_value", "top_p"),
+    ({"model": MODEL, "prompt": "p", "max_tokens": 0}, 400, "invalid_value", "max_tokens"),
+    ({"model": MODEL, "prompt": "p", "max_tokens": 2.5}, 400, "invalid_type", "max_tokens"),
+    ({"model": MODEL, "prompt": "p", "max_tokens": True}, 400, "invalid_type", "max_tokens"),
+    ({"model": MODEL, "prompt": "p", "seed": -1}, 400, "invalid_value", "seed"),
+    ({"model": MODEL, "prompt": "p", "stop": ["a", "b", "c", "d", "e"]}, 400, "invalid_value", "stop"),
+    ({"model": MODEL, "prompt": "p", "stop": [""]}, 400, "invalid_value", "stop"),
+    ({"model": MODEL, "prompt": "p", "stop": 3}, 400, "invalid_type", "stop"),
+    ({"model": MODEL, "prompt": "p", "n": 2}, 400, "unsupported_value", "n"),
+    ({"model": MODEL, "prompt": "p", "logprobs": 3}, 400, "unsupported_parameter", "logprobs"),
+    ({"model": MODEL, "prompt": "p", "stream": "yes"}, 400, "invalid_type", "stream"),
+    ({"model": MODEL, "prompt": "p", "stream_options": {"include_usage": True}}, 400, "invalid_value",
+     "stream_options"),
+    ({"model": MODEL, "prompt": "p " * CONTEXT}, 400, "context_length_exceeded", "prompt"),
+    ({"model": MODEL, "prompt": "p " * 10, "max_tokens": CONTEXT - 9}, 400, "context_length_exceeded",
+     "max_tokens"),
+    ({"model": MODEL, "prompt": "   "}, 400, "invalid_value", "prompt"),
+])
+def test_completion_4xx(client, fake, payload, status, code, param):
+    _err(client.post("/v1/completions", json=payload), status, code, param)
+    assert fake.calls == []                  # nothing reached the engine
+
+
+@pytest.mark.parametrize("payload,code,param", [
+    ({"model": MODEL}, "missing_required_parameter", "messages"),
+    ({"model": MODEL, "messages": []}, "invalid_type", "messages"),
+    ({"model": MODEL, "messages": ["hi"]}, "invalid_type", "messages[0]"),
+    ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "invalid_value", "messages[0].role"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": 3}]}, "invalid_type", "messages[0].content"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "unsupported_value",
+     "messages[0].content"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x " * CONTEXT}]}, "context_length_exceeded",
+     "messages"),
+])
+def test_chat_4xx(client, fake, payload, code, param):
+    _err(client.post("/v1/chat/completions", json=payload), 400, code, param)
+    assert fake.calls == []
+
+
+def test_malformed_json_and_wrong_body_type(client):
+    _err(client.post("/v1/completions", content=b'{"model": ', headers={"content-type": "application/json"}),
+         400, "invalid_json")
+    _err(client.post("/v1/chat/completions", content=b"\xff\xfe", headers={"content-type": "application/json"}),
+         400, "invalid_json")
+    _err(client.post("/v1/completions", json=[1, 2]), 400, "invalid_json")
+
+
+def test_unknown_route_and_method(client):
+    _err(client.get("/v1/nothing"), 404)
+    _err(client.get("/v1/completions"), 405)
+
+
+def test_api_key(fake):
+    app = create_app(fake, model_name=MODEL, api_key="s3cret")
+    with TestClient(app) as c:
+        _err(c.get("/v1/models"), 401, "invalid_api_key")
+        _err(c.get("/v1/models", headers={"Authorization": "Bearer wrong"}), 401, "invalid_api_key")
+        assert c.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert c.get("/health").status_code == 200          # liveness stays open for probes
+
+
+# ------------------------------------------------------------------ queue
+
+
+def test_queue_full_gets_429_and_all_others_complete(fake):
+    """queue_size=2: one running (held by the gate) + 2 waiting; the 4th is refused with 429 + Retry-After."""
+    fake.gate = threading.Semaphore(0)
+    app = create_app(fake, model_name=MODEL, queue_size=2)
+    results: dict[int, object] = {}
+    with TestClient(app) as c:
+        def post(i):
+            results[i] = c.post("/v1/completions", json={"model": MODEL, "prompt": f"p{i}", "max_tokens": 2})
+
+        threads = [threading.Thread(target=post, args=(0,))]
+        threads[0].start()
+        assert fake.started.wait(30)                        # request 0 is generating (blocked on the gate)
+        for i in (1, 2):
+            threads.append(threading.Thread(target=post, args=(i,)))
+            threads[-1].start()
+        srv = app.state.server
+        for _ in range(3000):                               # wait (bounded) until both are queued
+            if srv.worker.depth == 2:
+                break
+            threading.Event().wait(0.01)
+        assert srv.worker.depth == 2
+        r = c.post("/v1/completions", json={"model": MODEL, "prompt": "late", "max_tokens": 2})
+        _err(r, 429, "queue_full")
+        assert r.headers["retry-after"].isdigit()
+        for _ in range(3 * 2):
+            fake.gate.release()
+        for t in threads:
+            t.join(60)
+        assert all(results[i].status_code == 200 for i in range(3))
+        # FIFO: the engine saw the prompts in arrival order
+        assert [call["prompt"] for call in fake.calls] == ["p0", "p1", "p2"]
+        assert "nanoqwen_queue_rejected_total 1" in c.get("/metrics").text
+
+
+# ------------------------------------------------------------------ pure parts
+
+
+def test_check_context_boundaries():
+    assert check_context(10, 54, 64, "prompt") == 54           # exactly fills the context
+    assert check_context(10, None, 64, "messages") == 54
+    with pytest.raises(ApiError):
+        check_context(10, 55, 64, "prompt")
+    with pytest.raises(ApiError):
+        check_context(64, None, 64, "prompt")
+
+
+def test_parse_defaults_follow_openai():
+    c = parse_completion({"model": "m", "prompt": ["only one"]}, "m")
+    assert c.prompt == "only one" and c.params.max_tokens == 16 and c.params.temperature == 1.0
+    ch = parse_chat({"model": "m", "messages": [{"role": "developer", "content": [{"type": "text", "text": "a"},
+                                                                                  {"type": "text", "text": "b"}]}]},
+                    "m")
+    assert ch.messages == [{"role": "system", "content": "ab"}] and ch.params.max_tokens is None
+
+
+def test_histogram_exposition_matches_numpy_reference():
+    """Cumulative bucket counts and the sum, against numpy on fresh random latencies."""
+    rng = np.random.default_rng()
+    bounds = np.sort(rng.uniform(0.001, 1.0, size=7))
+    values = rng.exponential(0.2, size=500)
+    reg = Registry()
+    h = Histogram(reg, "x_seconds", "test", tuple(bounds))
+    for v in values:
+        h.observe(float(v))
+    text = reg.render()
+    got = {m.group(1): int(m.group(2)) for m in re.finditer(r'x_seconds_bucket\{le="([^"]+)"\} (\d+)', text)}
+    for b in bounds:
+        assert got[repr(float(b))] == int(np.sum(values <= b))
+    assert got["+Inf"] == values.size
+    s = float(re.search(r"x_seconds_sum (\S+)", text).group(1))
+    # the sum is accumulated in float64 in a different order than numpy's pairwise sum: 1e-9 relative
+    assert s == pytest.approx(float(values.sum()), rel=1e-9)
+
+
+def test_metrics_text_is_well_formed():
+    m = ServerMetrics()
+    m.requests.inc(endpoint='/x"y', status="200")
+    m.ttft.observe(0.3)
+    lines = m.render().splitlines()
+    names = set()
+    for line in lines:
+        if line.startswith("# TYPE"):
+            _, _, name, kind = line.split()
+            assert kind in ("counter", "gauge", "histogram")
+            names.add(name)
+        elif not line.startswith("#"):
+            assert re.fullmatch(r'[a-z_]+(\{.*\})? \S+', line), line
+    assert {"nanoqwen_requests_total", "nanoqwen_queue_depth", "nanoqwen_time_to_first_token_seconds"} <= names
+    assert 'endpoint="/x\\"y"' in "\n".join(lines)
