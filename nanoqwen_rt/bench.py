@@ -1,0 +1,364 @@
+"""`nanoqwen bench FILE`: bandwidth ceilings, load / TTFT / decode of an Engine, bytes per token, MBU, and the
+torch peers (nanoqwen_rt.bench_peers) in the same process.
+
+    result = run_bench("model.nanoqwen", prompt_tokens=512, new_tokens=128, peers=True)   # -> dict (JSON-able)
+    print(format_table(result))
+
+Everything GPU-side is timed with CUDA events (or host clocks after a synchronising call), after a warm-up,
+as the median of several repeats; buffers are several times the 60 MB L2 of an H200 so no number is a cache
+number. torch is needed for the bandwidth and peer measurements (it is imported lazily: the rest of nanoqwen
+does not depend on it); the decode measurement needs only the Engine.
+
+Definitions (the table and RESULTS.md use them):
+* copy_GBps: device-to-device copy, bytes read + bytes written / time.
+* read_GBps: read-only stream (a reduction over >= 4 GiB), bytes read / time: the decode ceiling, since decode
+  reads weights and writes almost nothing.
+* bytes_per_token: every tensor of the file read once per decode step (all linear weights incl. their int4
+  scales, norms, biases, lm_head) + one embedding row + the fp16 K and V of every cached position, at the mean
+  context of the measured decode steps.
+* mbu: bytes_per_token / (ms_per_token) / read_GBps;  mbu_vs_copy: the same over copy_GBps.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Mapping
+
+import numpy as np
+
+__all__ = ["BenchError", "QWEN25_CODER_7B", "KV_BYTES_PER_ELEMENT", "gemv_shapes", "bytes_per_token",
+           "measure_copy_bandwidth", "measure_engine", "run_bench", "format_table", "main"]
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot run here (no torch / no CUDA / bad arguments); the message says which."""
+
+
+#: Qwen2.5-Coder-7B(-Instruct) hyper-parameters, as nanoqwen_format.ModelConfig keyword arguments. The one place
+#: the 7B shape is written down (bench/make_7b_file.py and bench/peers.py use it).
+QWEN25_CODER_7B = dict(
+    arch="qwen2", n_layers=28, hidden_size=3584, intermediate_size=18944, n_heads=28, n_kv_heads=4, head_dim=128,
+    vocab_rows=152064, max_positions=32768, rope_theta=1_000_000.0, rope_scaling_type="none",
+    rope_scaling_factor=1.0, rope_original_max_positions=0, rms_norm_eps=1e-6, tied_embeddings=False,
+    qkv_bias=True, bos_token_id=151643, eos_token_id=151645, pad_token_id=151643)
+
+#: the paged KV cache holds fp16 K and V (csrc, issue 5)
+KV_BYTES_PER_ELEMENT = 2
+
+#: default size of each bandwidth buffer: 4 GiB, ~70x the H200's 60 MB L2
+BANDWIDTH_BYTES = 4 << 30
+
+
+# -- shapes and bytes ----------------------------------------------------------------------------------------
+def gemv_shapes(cfg) -> list[tuple[str, int, int]]:
+    """The 7 per-layer linear shapes (name, N=out_features, K=in_features) of a Qwen2/Llama config."""
+    q_out = cfg.n_heads * cfg.head_dim
+    kv_out = cfg.n_kv_heads * cfg.head_dim
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    return [("q_proj", q_out, h), ("k_proj", kv_out, h), ("v_proj", kv_out, h), ("o_proj", h, q_out),
+            ("gate_proj", i, h), ("up_proj", i, h), ("down_proj", h, i)]
+
+
+EMBED_NAME = "model.embed_tokens.weight"
+
+
+def bytes_per_token(tensor_nbytes: Mapping[str, int], cfg, context: float) -> dict:
+    """Bytes one decode step reads from device memory, from the file's tensor sizes.
+
+    tensor_nbytes: {name: nbytes} of every tensor of the file. context: number of cached positions the step's
+    attention reads (K and V of each, every layer, fp16). Every tensor is read once, except the embedding
+    matrix, of which one row is read — unless the embeddings are tied, when it is also the lm_head and read whole.
+    Returns {"weights", "embed_row", "kv", "total"} in bytes (ints; kv rounded).
+    """
+    if EMBED_NAME not in tensor_nbytes:
+        raise BenchError(f"the file has no {EMBED_NAME}")
+    if context < 0:
+        raise BenchError(f"context must be >= 0, got {context}")
+    emb = int(tensor_nbytes[EMBED_NAME])
+    weights = sum(int(n) for name, n in tensor_nbytes.items() if name != EMBED_NAME)
+    if cfg.tied_embeddings:
+        weights += emb
+        embed_row = 0
+    else:
+        embed_row = emb // cfg.vocab_rows
+    kv_per_position = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * KV_BYTES_PER_ELEMENT   # K and V
+    kv = int(round(kv_per_position * context))
+    return {"weights": weights, "embed_row": embed_row, "kv": kv, "total": weights + embed_row + kv}
+
+
+def mean_decode_context(prompt_tokens: int, new_tokens: int) -> float:
+    """Mean number of positions attended by the decode steps measured after a prompt of prompt_tokens.
+
+    Token t (t = 1..new_tokens) is decoded at position prompt_tokens + t - 1 and attends to prompt_tokens + t
+    positions (itself included); the mean over t is prompt_tokens + (new_tokens + 1) / 2.
+    """
+    return prompt_tokens + (new_tokens + 1) / 2
+
+
+# -- timing helpers --------------------------------------------------------------------------------------
+def _torch_cuda():
+    """torch with a usable CUDA device, or BenchError."""
+    try:
+        import torch
+    except ImportError:
+        raise BenchError("torch is not installed: the bandwidth and peer measurements need it") from None
+    if not torch.cuda.is_available():
+        raise BenchError("torch sees no CUDA device")
+    return torch
+
+
+def time_cuda_ms(fn: Callable[[], object], reps: int = 20, warmup: int = 3) -> list[float]:
+    """Run fn warmup times, then time each of reps runs with a pair of CUDA events. Returns ms per run."""
+    torch = _torch_cuda()
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends):
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def _summary(ms: list[float]) -> dict:
+    return {"median_ms": statistics.median(ms), "min_ms": min(ms), "max_ms": max(ms), "n": len(ms)}
+
+
+def gpu_name() -> str:
+    try:
+        torch = _torch_cuda()
+        return torch.cuda.get_device_name(0)
+    except BenchError:
+        return "unknown"
+
+
+# -- bandwidth ceilings ------------------------------------------------------------------------------------
+def measure_copy_bandwidth(nbytes: int = BANDWIDTH_BYTES, reps: int = 20) -> dict:
+    """Device-to-device copy and read-only stream bandwidths, GB/s (1e9 bytes/s), on buffers of nbytes.
+
+    copy_GBps counts bytes read + bytes written. read_GBps is the best of two read-only reductions
+    (torch.sum over float32, torch.amax over float16) — bytes read / time. Data are random (never zeros).
+    """
+    torch = _torch_cuda()
+    n32 = nbytes // 4
+    src = torch.randn(n32, dtype=torch.float32, device="cuda")            # (n32,) f32, nbytes
+    dst = torch.empty_like(src)
+    copy_ms = time_cuda_ms(lambda: dst.copy_(src), reps)
+    if not torch.equal(dst[:1 << 20], src[:1 << 20]):
+        raise BenchError("device copy produced wrong data")
+    del dst
+    sum_ms = time_cuda_ms(lambda: torch.sum(src), reps)
+    h = src.view(torch.float16)                                            # (2*n32,) f16 view, same bytes
+    amax_ms = time_cuda_ms(lambda: torch.amax(h), reps)
+    ref = float(src[: 1 << 20].double().sum())                             # sanity: the reduction is real
+    got = float(torch.sum(src[: 1 << 20]))
+    if not np.isfinite(got) or abs(got - ref) > 1e-3 * (1 + abs(ref)) + 1e-2:  # f32 sum of 1M N(0,1): |err|<<1e-2
+        raise BenchError(f"torch.sum check failed: {got} vs {ref}")
+    del src, h
+    torch.cuda.empty_cache()
+    b = float(n32 * 4)
+    copy = 2 * b / (statistics.median(copy_ms) * 1e-3) / 1e9
+    rsum = b / (statistics.median(sum_ms) * 1e-3) / 1e9
+    ramax = b / (statistics.median(amax_ms) * 1e-3) / 1e9
+    return {"nbytes": int(b), "copy_GBps": copy, "read_sum_f32_GBps": rsum, "read_amax_f16_GBps": ramax,
+            "read_GBps": max(rsum, ramax), "copy_ms": _summary(copy_ms), "sum_ms": _summary(sum_ms),
+            "amax_ms": _summary(amax_ms)}
+
+
+# -- the engine ----------------------------------------------------------------------------------------------
+def _warm_page_cache(path: str, chunk: int = 64 << 20) -> float:
+    """Read the whole file once (so the load is timed from the page cache, as the target says). Seconds."""
+    t = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(chunk)
+        while f.readinto(buf):
+            pass
+    return time.perf_counter() - t
+
+
+def measure_engine(path: str, prompt_tokens: int = 512, new_tokens: int = 128, repeats: int = 3,
+                   device: str = "cuda", seed: int = 0) -> dict:
+    """Load time, TTFT and decode speed of Engine(path, device) on a prompt of prompt_tokens random ids.
+
+    load_s: Engine construction with checksums off, file in the page cache (open_verify_s: open_file with
+    checksums on, separately). Each repeat runs backend.generate_ids greedily for new_tokens + 1 tokens with no
+    stop ids: ttft = call → first token; ms_per_token = (last token - first token) / new_tokens. One warm-up
+    generation first (graph capture etc.). Medians over repeats; `deterministic` = every repeat produced the
+    same greedy tokens.
+    """
+    from nanoqwen_format import open_file
+
+    from .engine import Engine
+    from .sampling import SamplingParams
+
+    if prompt_tokens < 1 or new_tokens < 1 or repeats < 1:
+        raise BenchError("prompt_tokens, new_tokens and repeats must be >= 1")
+    out: dict = {"path": os.path.abspath(path), "file_size": os.path.getsize(path)}
+    out["page_cache_read_s"] = _warm_page_cache(path)
+    t = time.perf_counter()
+    with open_file(path, verify_checksums=True) as f:
+        out["open_verify_s"] = time.perf_counter() - t
+        cfg = f.config
+        nbytes = {name: info.nbytes for name, info in f.tensors.items()}
+    max_context = prompt_tokens + new_tokens + 1
+    if max_context > cfg.max_positions:
+        raise BenchError(f"prompt_tokens + new_tokens + 1 = {max_context} exceeds max_positions {cfg.max_positions}")
+    t = time.perf_counter()
+    eng = Engine(path, device=device, max_context=max_context, verify_checksums=False)
+    out["load_s"] = time.perf_counter() - t
+    try:
+        be = eng.backend
+        out["backend"] = be.describe()
+        rng = np.random.default_rng(seed)
+        # ids below Qwen2's first special id (151643) on a Qwen vocabulary; eos is no stop here (stop ids = ())
+        hi = min(cfg.vocab_rows, 151643)
+        ids = rng.integers(0, hi, size=prompt_tokens, dtype=np.int64).astype(np.int32)   # (prompt_tokens,)
+        greedy = SamplingParams(temperature=0.0)
+        list(be.generate_ids(ids[: min(16, prompt_tokens)], greedy, 4, ()))             # warm-up
+        list(be.generate_ids(ids, greedy, 8, ()))
+        ttfts, per_tok, token_runs = [], [], []
+        for _ in range(repeats):
+            toks, stamps = [], []
+            t0 = time.perf_counter()
+            for tok in be.generate_ids(ids, greedy, new_tokens + 1, ()):
+                stamps.append(time.perf_counter())
+                toks.append(int(tok))
+            if len(toks) != new_tokens + 1:
+                raise BenchError(f"generate_ids yielded {len(toks)} tokens, expected {new_tokens + 1}")
+            ttfts.append(stamps[0] - t0)
+            per_tok.append((stamps[-1] - stamps[0]) / new_tokens)
+            token_runs.append(toks)
+        ms = statistics.median(per_tok) * 1e3
+        out.update({
+            "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "repeats": repeats,
+            "ttft_ms": statistics.median(ttfts) * 1e3, "ttft_ms_all": [x * 1e3 for x in ttfts],
+            "ms_per_token": ms, "ms_per_token_all": [x * 1e3 for x in per_tok],
+            "tokens_per_s": 1e3 / ms, "deterministic": all(r == token_runs[0] for r in token_runs),
+            "first_tokens": token_runs[0][:8]})
+    finally:
+        eng.close()
+    ctx = mean_decode_context(prompt_tokens, new_tokens)
+    out["mean_context"] = ctx
+    out["bytes_per_token"] = bytes_per_token(nbytes, cfg, ctx)
+    out["config"] = cfg.to_dict()
+    return out
+
+
+# -- everything ------------------------------------------------------------------------------------------
+def _git_commit() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        r = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                           timeout=5)
+        return r.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def run_bench(path, prompt_tokens: int = 512, new_tokens: int = 128, peers: bool = True,
+              device: str = "cuda", repeats: int = 3) -> dict:
+    """The whole `nanoqwen bench FILE` measurement as a JSON-able dict (see the module docstring).
+
+    Order: bandwidth ceilings, torch peers on the file's shapes (their memory freed), then the Engine.
+    """
+    from nanoqwen_format import open_file
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise BenchError(f"no such file: {path}")
+    res: dict = {"gpu": gpu_name(), "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+                 "commit": _git_commit()}
+    res["bandwidth"] = measure_copy_bandwidth()
+    if peers:
+        from .bench_peers import run_peers
+        with open_file(path, verify_checksums=False) as f:
+            cfg = f.config
+        res["peers"] = run_peers(cfg)
+    eng = measure_engine(path, prompt_tokens, new_tokens, repeats=repeats, device=device)
+    bw = res["bandwidth"]
+    bpt = eng["bytes_per_token"]["total"]
+    s = eng["ms_per_token"] * 1e-3
+    eng["achieved_GBps"] = bpt / s / 1e9
+    eng["mbu"] = bpt / s / (bw["read_GBps"] * 1e9)
+    eng["mbu_vs_copy"] = bpt / s / (bw["copy_GBps"] * 1e9)
+    eng["floor_ms_per_token"] = bpt / (bw["read_GBps"] * 1e9) * 1e3
+    res["engine"] = eng
+    return res
+
+
+def format_table(result: Mapping) -> str:
+    """A short human table of a run_bench (or a peers-only) result."""
+    rows: list[tuple[str, str]] = []
+    rows.append(("GPU", f"{result.get('gpu', '?')}  ({result.get('date_utc', '?')}, commit {result.get('commit', '?')})"))
+    bw = result.get("bandwidth")
+    if bw:
+        rows.append(("copy bandwidth (read+write)", f"{bw['copy_GBps']:.0f} GB/s"))
+        rows.append(("read-only bandwidth", f"{bw['read_GBps']:.0f} GB/s  (sum f32 {bw['read_sum_f32_GBps']:.0f}, "
+                                            f"amax f16 {bw['read_amax_f16_GBps']:.0f})"))
+    eng = result.get("engine")
+    if eng:
+        b = eng["bytes_per_token"]
+        rows += [
+            ("file", f"{eng['path']}  ({eng['file_size'] / 1e9:.2f} GB, backend {eng.get('backend', '?')})"),
+            ("load (page cache -> GPU)", f"{eng['load_s'] * 1e3:.0f} ms  (open+verify CRCs {eng['open_verify_s'] * 1e3:.0f} ms)"),
+            (f"TTFT ({eng['prompt_tokens']}-token prompt)", f"{eng['ttft_ms']:.1f} ms"),
+            (f"decode ({eng['new_tokens']} greedy tokens)", f"{eng['ms_per_token']:.3f} ms/token = "
+                                                           f"{eng['tokens_per_s']:.1f} tokens/s"),
+            ("bytes read per token", f"{b['total'] / 1e9:.3f} GB  (weights {b['weights'] / 1e9:.3f}, "
+                                     f"KV {b['kv'] / 1e6:.1f} MB at context {eng['mean_context']:.1f})"),
+        ]
+        if "mbu" in eng:
+            rows.append(("MBU (vs read-only / vs copy)", f"{eng['mbu'] * 100:.1f}% / {eng['mbu_vs_copy'] * 100:.1f}%  "
+                                                         f"(floor {eng['floor_ms_per_token']:.3f} ms/token)"))
+        rows.append(("greedy tokens identical across repeats", str(eng["deterministic"])))
+    peers = result.get("peers")
+    if peers:
+        for key, label in (("torch_int4", "torch int4 chain (_weight_int4pack_mm, int4 lm_head)"),
+                           ("torch_int4_f16_lm_head", "torch int4 chain, fp16 lm_head"),
+                           ("cublas_fp16", "cuBLAS fp16 chain (F.linear)")):
+            p = peers.get(key)
+            if p:
+                rows.append((label, f"{p['median_ms']:.3f} ms  ({p['GBps']:.0f} GB/s over {p['bytes'] / 1e9:.2f} GB, "
+                                    f"{p['n_gemv']} GEMVs, CUDA graph)"))
+        if "int4_check_rel_err" in peers:
+            rows.append(("torch int4 check vs dequantized fp32", f"rel err {peers['int4_check_rel_err']:.2e}"))
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m nanoqwen_rt.bench FILE [--json OUT] [--prompt-tokens N] [--new-tokens N] [--no-peers]."""
+    ap = argparse.ArgumentParser(prog="nanoqwen-bench", description=__doc__.splitlines()[0])
+    ap.add_argument("file")
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--json", help="also write the result dict here")
+    a = ap.parse_args(argv)
+    try:
+        res = run_bench(a.file, a.prompt_tokens, a.new_tokens, peers=not a.no_peers, device=a.device,
+                        repeats=a.repeats)
+    except BenchError as e:
+        print(f"nanoqwen bench: {e}", file=sys.stderr)
+        return 2
+    if a.json:
+        tmp = a.json + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(res, fh, indent=1)
+        os.replace(tmp, a.json)
+    print(format_table(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
