@@ -24,9 +24,11 @@ class UnsupportedRope(ValueError):
 
 
 def _base_pow(theta: float, dim: int) -> np.ndarray:
-    """float32 theta ** (arange(0, dim, 2) / dim), as torch: exponent in float32, result float32."""
+    """float32 theta ** (arange(0, dim, 2) / dim): exponent in float32 as torch computes it, the power in float64
+    rounded once to float32 (matches torch's float32 pow bit for bit on all but ~1 in 300 elements, where it is
+    1 ulp off; numpy's own float32 pow is off on ~10%)."""
     expo = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
-    return np.power(np.float32(theta), expo, dtype=np.float32)
+    return (np.float64(theta) ** expo.astype(np.float64)).astype(np.float32)
 
 
 def rope_parameters(cfg) -> tuple[np.ndarray, float]:
