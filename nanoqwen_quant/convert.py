@@ -1,0 +1,242 @@
+"""nanoqwen-convert: Hugging Face checkpoint (dir or hub id) → .nanoqwen file.
+
+Defaults: q/k/v/o/gate/up/down → int4 g128 rtn (layout 1); embeddings, norms, biases, lm_head → f16.
+Streams one tensor at a time, int4 tensors in row blocks (peak RSS ≈ the largest f16 tensor + one block).
+The output is written to a temp file beside OUT and renamed on success (NanoqwenWriter), so an error or Ctrl-C
+leaves nothing at OUT.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+
+from nanoqwen_format import BlobKind, DType, NanoqwenFormatError, NanoqwenWriter, TensorSpec, expected_tensors
+
+from .hf import Checkpoint, ConvertError, load_checkpoint
+from .quantize import QuantizationError, can_quantize, check_shape, quantize
+
+INT4_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+GROUP_SIZES = (64, 128)                     # what the CLI offers (the format also allows 32 and 256)
+BLOCK_ELEMS = 8 * 1024 * 1024               # float32 elements per row block (32 MiB) read + quantized at once
+F16_MAX = 65504.0
+
+
+def converter_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("nanoqwen")
+    except Exception:  # pragma: no cover - running from a source tree without install
+        return "0+unknown"
+
+
+def is_int4_linear(name: str) -> bool:
+    parts = name.split(".")
+    return len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in INT4_LINEARS
+
+
+def plan_tensors(ckpt: Checkpoint, *, quant: str, group_size: int, lm_head: str, fallback_f16: bool
+                 ) -> list[TensorSpec]:
+    """TensorSpec per tensor, in expected_tensors order. Shapes that int4 cannot hold raise ConvertError, or
+    stay f16 with fallback_f16."""
+    specs = []
+    for name, shape in expected_tensors(ckpt.config).items():
+        want_int4 = quant == "int4" and (is_int4_linear(name) or (name == "lm_head.weight" and lm_head == "int4"))
+        if want_int4 and not can_quantize(shape, group_size):
+            if not fallback_f16:
+                try:
+                    check_shape(shape, group_size, name)
+                except QuantizationError as e:
+                    raise ConvertError(f"{e}; use --group-size 64 or --fallback-f16") from None
+            want_int4 = False
+        if want_int4:
+            specs.append(TensorSpec(name, DType.INT4G, shape, group_size=group_size))
+        else:
+            specs.append(TensorSpec(name, DType.F16, shape))
+    return specs
+
+
+def _rows_per_block(shape: tuple[int, ...]) -> int:
+    per_row = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+    return max(1, BLOCK_ELEMS // max(per_row, 1))
+
+
+def _to_f16(block: np.ndarray, name: str) -> np.ndarray:
+    big = np.abs(block) > F16_MAX
+    if big.any() or not np.isfinite(block).all():
+        raise ConvertError(f"tensor {name!r}: values outside the float16 range (max |w| = "
+                           f"{float(np.nanmax(np.abs(block))):.6g}) or non-finite; cannot store as f16")
+    return block.astype(np.float16)
+
+
+def _blobs(ckpt: Checkpoint, provenance: dict) -> list[tuple[BlobKind, bytes]]:
+    out = []
+    tok = ckpt.extras.get("tokenizer.json")
+    if tok is not None:
+        data = tok.read_bytes()
+        try:
+            json.loads(data)
+        except ValueError as e:
+            raise ConvertError(f"{tok}: not valid JSON ({e})") from None
+        out.append((BlobKind.TOKENIZER_JSON, data))
+    tcfg_path = ckpt.extras.get("tokenizer_config.json")
+    if tcfg_path is not None:
+        try:
+            tcfg = json.loads(tcfg_path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ConvertError(f"{tcfg_path}: not valid JSON ({e})") from None
+        tmpl = tcfg.get("chat_template") if isinstance(tcfg, dict) else None
+        if isinstance(tmpl, list):   # named templates: [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in tmpl if isinstance(t, dict)}
+            tmpl = named.get("default")
+        if tmpl is None and (ckpt.dir / "chat_template.jinja").exists():
+            tmpl = (ckpt.dir / "chat_template.jinja").read_text(encoding="utf-8")
+        if isinstance(tmpl, str):
+            out.append((BlobKind.CHAT_TEMPLATE, tmpl.encode("utf-8")))
+    gen = ckpt.extras.get("generation_config.json")
+    if gen is not None:
+        out.append((BlobKind.GENERATION_CONFIG, gen.read_bytes()))
+    out.append((BlobKind.PROVENANCE, json.dumps(provenance, indent=1, sort_keys=True).encode()))
+    if tcfg_path is not None:
+        out.append((BlobKind.TOKENIZER_CONFIG, tcfg_path.read_bytes()))
+    return out
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm import tqdm
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="convert", dynamic_ncols=True,
+                disable=not (enabled and sys.stderr.isatty()), file=sys.stderr)
+
+
+def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, mode: str = "rtn",
+                       lm_head: str = "fp16", revision: str | None = None, progress: bool = False,
+                       fallback_f16: bool = False) -> Path:
+    """Convert a Hugging Face checkpoint (local dir or hub repo id) to a .nanoqwen file at `out`; returns out.
+    Raises ConvertError (one-line message) for anything the user must fix."""
+    if quant not in ("int4", "none"):
+        raise ConvertError(f"quant: expected 'int4' or 'none', found {quant!r}")
+    if mode not in ("rtn", "mse"):
+        raise ConvertError(f"mode: expected 'rtn' or 'mse', found {mode!r}")
+    if lm_head not in ("fp16", "int4"):
+        raise ConvertError(f"lm_head: expected 'fp16' or 'int4', found {lm_head!r}")
+    if quant == "int4" and group_size not in GROUP_SIZES:
+        raise ConvertError(f"group_size: expected one of {GROUP_SIZES}, found {group_size!r}")
+    out = Path(out)
+    if out.is_dir():
+        raise ConvertError(f"output {str(out)!r} is a directory; give a file name such as model.nanoqwen")
+    if not out.parent.exists():
+        raise ConvertError(f"output directory {str(out.parent)!r} does not exist")
+    ckpt = load_checkpoint(src, revision)
+    specs = plan_tensors(ckpt, quant=quant, group_size=group_size, lm_head=lm_head, fallback_f16=fallback_f16)
+    n_int4 = sum(s.dtype == DType.INT4G for s in specs)
+    provenance = {
+        "source": ckpt.source.source,
+        "source_is_hub": ckpt.source.is_hub,
+        "revision": ckpt.source.revision,
+        "commit": ckpt.source.commit,
+        "converter": "nanoqwen-convert",
+        "converter_version": converter_version(),
+        "quantizer": {"quant": quant, "group_size": group_size if n_int4 else None, "mode": mode if n_int4 else None,
+                      "lm_head": "int4" if any(s.name == "lm_head.weight" and s.dtype == DType.INT4G for s in specs)
+                      else "fp16", "fallback_f16": [s.name for s in specs if s.dtype == DType.F16
+                                                    and is_int4_linear(s.name)] if quant == "int4" else []},
+        "source_dtypes": sorted({t.dtype for t in ckpt.tensors.values()}),
+        "architecture": (ckpt.hf_config.get("architectures") or [ckpt.config.arch])[0],
+        "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+    }
+    blobs = _blobs(ckpt, provenance)
+    bar = _progress(ckpt.source_nbytes, progress)
+    try:
+        with NanoqwenWriter(out, ckpt.config, specs, [k for k, _ in blobs]) as w:
+            for spec in specs:
+                _convert_tensor(ckpt, spec, w, mode, bar)
+            for kind, data in blobs:
+                w.write_blob(kind, data)
+    except NanoqwenFormatError as e:
+        raise ConvertError(f"writing {out}: {e}") from None
+    except QuantizationError as e:
+        raise ConvertError(str(e)) from None
+    except OSError as e:
+        raise ConvertError(f"writing {out}: {e.strerror or e}") from None
+    finally:
+        bar.close()
+    return out
+
+
+def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode: str, bar) -> None:
+    """Read one source tensor in row blocks and write it as spec says."""
+    t = ckpt.tensors[spec.name]
+    rows = t.shape[0]
+    step = _rows_per_block(t.shape)
+    if spec.dtype == DType.INT4G:
+        n, k = spec.shape
+        g = spec.group_size
+        qweight = np.empty((n, k // 8), np.uint32)       # (N, K/8) packed codes
+        scales = np.empty((n, k // g), np.float16)        # (N, K/g)
+        for a in range(0, rows, step):
+            b = min(rows, a + step)
+            block = ckpt.read_rows(spec.name, a, b)
+            try:
+                quantize(block, g, mode, out=(qweight[a:b], scales[a:b]))
+            except QuantizationError as e:
+                raise QuantizationError(f"tensor {spec.name!r} rows {a}..{b}: {e}") from None
+            bar.update((b - a) * t.row_bytes)
+        w.write_int4(spec.name, qweight, scales)
+    else:
+        arr = np.empty(spec.shape, np.float16)
+        for a in range(0, rows, step):
+            b = min(rows, a + step)
+            arr[a:b] = _to_f16(ckpt.read_rows(spec.name, a, b), spec.name)
+            bar.update((b - a) * t.row_bytes)
+        w.write_tensor(spec.name, arr)
+
+
+def fail(msg: str, code: int = 2) -> None:
+    click.echo(f"nanoqwen-convert: error: {msg}", err=True)
+    sys.exit(code)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("src")
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
+              help="output .nanoqwen file (written atomically)")
+@click.option("--quant", type=click.Choice(["int4", "none"]), default="int4", show_default=True,
+              help="int4: linear layers in INT4; none: f16 everywhere")
+@click.option("--group-size", type=click.Choice([str(g) for g in GROUP_SIZES]), default="128", show_default=True)
+@click.option("--mode", type=click.Choice(["rtn", "mse"]), default="rtn", show_default=True,
+              help="rtn: absmax scale; mse: per-group clipping search (slower, lower error)")
+@click.option("--lm-head", type=click.Choice(["fp16", "int4"]), default="fp16", show_default=True)
+@click.option("--revision", default=None, help="hub revision (branch, tag or commit) when SRC is a repo id")
+@click.option("--fallback-f16", is_flag=True, help="store linears whose shape int4 cannot hold as f16 "
+              "instead of refusing")
+@click.option("--threads", type=int, default=None, help="quantizer threads (default: all cores)")
+@click.option("-q", "--quiet", is_flag=True, help="no progress bar or summary")
+def main(src, out, quant, group_size, mode, lm_head, revision, fallback_f16, threads, quiet):
+    """Convert a Hugging Face Qwen2/Llama checkpoint SRC (directory or hub repo id) to OUT.nanoqwen."""
+    import time
+    from .quantize import set_threads
+    t0 = time.perf_counter()
+    try:
+        set_threads(threads)
+        path = convert_checkpoint(src, out, quant=quant, group_size=int(group_size), mode=mode, lm_head=lm_head,
+                                  revision=revision, progress=not quiet, fallback_f16=fallback_f16)
+    except KeyboardInterrupt:
+        fail("interrupted; no output written", 130)
+    except ConvertError as e:
+        fail(str(e))
+    except MemoryError:
+        fail("out of memory")
+    except Exception as e:  # a bug: still one line, but say so
+        fail(f"internal error: {type(e).__name__}: {e}".splitlines()[0], 3)
+    if not quiet:
+        size = os.path.getsize(path)
+        click.echo(f"wrote {path} ({size / 2**20:.1f} MiB) in {time.perf_counter() - t0:.1f} s", err=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
