@@ -198,9 +198,9 @@ def model_config_from_hf(cfg: dict, gen_cfg: dict | None = None) -> ModelConfig:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
         raise ConvertError(f"config.json: rms_norm_eps must be a positive number, found {eps!r}")
     gen_cfg = gen_cfg or {}
-    bos = _token_id(cfg.get("bos_token_id", gen_cfg.get("bos_token_id")), "bos_token_id", vocab)
-    eos = _token_id(cfg.get("eos_token_id", gen_cfg.get("eos_token_id")), "eos_token_id", vocab)
-    pad = _token_id(cfg.get("pad_token_id", gen_cfg.get("pad_token_id")), "pad_token_id", vocab)
+    ids = {k: cfg.get(k) if cfg.get(k) is not None else gen_cfg.get(k)     # config.json first, then generation
+           for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    bos, eos, pad = (_token_id(ids[k], k, vocab) for k in ("bos_token_id", "eos_token_id", "pad_token_id"))
     tied = cfg.get("tie_word_embeddings", False)
     if not isinstance(tied, bool):
         raise ConvertError(f"config.json: tie_word_embeddings must be true or false, found {tied!r}")

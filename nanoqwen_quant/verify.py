@@ -1,0 +1,268 @@
+"""nanoqwen-verify FILE [--source SRC] [--json]: structure, checksums and (with --source) quantization error.
+
+Exit status: 0 valid (and, with --source, every tensor within its thresholds); 1 invalid file or a threshold
+exceeded; 2 usage problems (FILE missing, SOURCE unreadable).
+
+Thresholds (per tensor, against the source weights converted to float32):
+* f16 tensors. Element bound: |w - w'| <= 2^-11 |w| + 2^-25 (f16 round-to-nearest: half an ulp of an 11-bit
+  significand for normal values, half the subnormal quantum 2^-24 below 2^-14). SNR >= 60 dB: the relative error
+  bound alone gives >= 66 dB (10 log10(2^22)); 6 dB margin for values in the subnormal range.
+* int4 tensors. Element bound, from the file's own scale s of the element's group:
+  |w - w'| <= max(s/2, |w| - 7s) * (1 + 2^-16) + 2^-40 — rounding error at most half a step, plus the clipping
+  error above the largest code (mse clips at r*amax, r >= 0.6); the slack covers the float32 division before
+  rint. s == 0 is only legal for a group whose amax/7 rounds to f16 zero (|w| < 2^-25 * 7 / 0.6 < 4e-7).
+  SNR >= INT4_MIN_SNR_DB = 15 dB: absmax/7 rounding noise s^2/12 on Gaussian groups of 128 gives
+  10 log10(12 * 49 / E[amax/sigma]^2) ~= 18.5 dB (measured 18.6 dB g128 and 19.6 dB g64, bench/RESULTS.md);
+  15 dB leaves 3.5 dB for the heavier tails of trained weights (a group crest factor of 4.3 instead of 2.9).
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import click
+import numpy as np
+
+from nanoqwen_format import BlobKind, DType, NanoqwenFormatError, open_file
+
+from .hf import ConvertError, load_checkpoint
+from .quantize import QMAX, dequantize
+
+F16_MIN_SNR_DB = 60.0
+INT4_MIN_SNR_DB = 15.0
+F16_REL_BOUND = 2.0 ** -11                 # half an ulp of f16's 11-bit significand, relative
+F16_ABS_BOUND = 2.0 ** -25                 # half the f16 subnormal quantum
+INT4_BOUND_SLACK_REL = 2.0 ** -16          # float32 division before rint: |w/s| <= 7.5 times 2^-24 << 2^-16 of s/2
+INT4_BOUND_SLACK_ABS = 2.0 ** -40
+INT4_ZERO_SCALE_MAX_ABS = 2.0 ** -25 * 7 / 0.6   # largest |w| whose group scale may round to f16 zero
+BLOCK_ELEMS = 8 * 1024 * 1024              # elements compared per block
+
+THRESHOLDS = {
+    "f16": {"min_snr_db": F16_MIN_SNR_DB, "element_bound": "|w-w'| <= 2^-11|w| + 2^-25"},
+    "int4g": {"min_snr_db": INT4_MIN_SNR_DB,
+              "element_bound": "|w-w'| <= max(s/2, |w|-7s)(1+2^-16) + 2^-40; s == 0 only if |w| < 4e-7"},
+}
+
+
+@dataclass
+class TensorReport:
+    name: str
+    dtype: str
+    shape: list
+    group_size: int
+    rel_rmse: float
+    max_abs_err: float
+    snr_db: float
+    bound_violations: int
+    min_snr_db: float
+    ok: bool
+
+
+def _kind(name: str) -> str:
+    parts = name.split(".")
+    if name == "model.embed_tokens.weight":
+        return "embed"
+    if name == "lm_head.weight":
+        return "lm_head"
+    if name == "model.norm.weight" or parts[-2].endswith("layernorm"):
+        return "norm"
+    if parts[-1] == "bias":
+        return parts[-2] + ".bias"
+    return parts[-2]
+
+
+def _compare_tensor(f, ckpt, name: str) -> TensorReport:
+    info = f.tensors[name]
+    shape = info.shape
+    rows = shape[0]
+    per_row = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+    step = max(1, BLOCK_ELEMS // per_row)
+    sig = err2 = 0.0
+    max_abs = 0.0
+    violations = 0
+    for a in range(0, rows, step):
+        b = min(rows, a + step)
+        ref = ckpt.read_rows(name, a, b)                                         # float32 (rows, ...)
+        if info.dtype == DType.INT4G:
+            q, s = f.int4(name)
+            g = info.group_size
+            got = dequantize(q[a:b], s[a:b], g)                                    # float32 (rows, K)
+            s_full = np.repeat(s[a:b].astype(np.float64), g, axis=1)              # (rows, K)
+            aw = np.abs(ref.astype(np.float64))
+            bound = np.maximum(s_full / 2, aw - QMAX * s_full) * (1 + INT4_BOUND_SLACK_REL) + INT4_BOUND_SLACK_ABS
+            bound = np.where(s_full == 0, INT4_ZERO_SCALE_MAX_ABS, bound)
+        else:
+            got = f.float32(name)[a:b]
+            aw = np.abs(ref.astype(np.float64))
+            bound = aw * F16_REL_BOUND + F16_ABS_BOUND
+        e = np.abs(ref.astype(np.float64) - got.astype(np.float64))
+        violations += int(np.count_nonzero(~(e <= bound)))                       # NaN counts as a violation
+        sig += float(np.sum(ref.astype(np.float64) ** 2))
+        err2 += float(np.sum(e * e))
+        max_abs = max(max_abs, float(e.max()) if e.size else 0.0)
+    n = max(1, rows * per_row)
+    rel = math.sqrt(err2 / sig) if sig > 0 else (0.0 if err2 == 0 else math.inf)
+    snr = math.inf if err2 == 0 else (10 * math.log10(sig / err2) if sig > 0 else -math.inf)
+    min_snr = INT4_MIN_SNR_DB if info.dtype == DType.INT4G else F16_MIN_SNR_DB
+    ok = violations == 0 and snr >= min_snr and math.isfinite(math.sqrt(err2 / n))
+    return TensorReport(name=name, dtype=info.dtype.name.lower(), shape=list(shape), group_size=info.group_size,
+                        rel_rmse=rel, max_abs_err=max_abs, snr_db=snr, bound_violations=violations,
+                        min_snr_db=min_snr, ok=ok)
+
+
+def _check_tokenizer(f) -> dict:
+    tj = f.blob(BlobKind.TOKENIZER_JSON)
+    if tj is None:
+        return {"present": False, "ok": True}
+    try:
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_str(tj.decode("utf-8"))
+    except Exception as e:
+        return {"present": True, "ok": False, "error": f"tokenizer.json does not load: {e}".splitlines()[0]}
+    n = tok.get_vocab_size(with_added_tokens=True)
+    ok = n <= f.config.vocab_rows
+    out = {"present": True, "ok": ok, "vocab_size": n}
+    if not ok:
+        out["error"] = f"tokenizer has {n} tokens, more than the {f.config.vocab_rows} embedding rows"
+    return out
+
+
+def verify_file(path, source=None, revision=None) -> dict:
+    """Build the report dict (what --json prints). Raises ConvertError for an unreadable source, OSError for a
+    missing file."""
+    report: dict = {"file": str(path), "valid": False, "error": None, "source": None, "ok": False}
+    try:
+        f = open_file(path, verify_checksums=True)
+    except NanoqwenFormatError as e:
+        report["error"] = f"{type(e).__name__}: {e}"
+        return report
+    with f:
+        report.update(valid=True, version=f.version, file_size=f.file_size, config=f.config.to_dict(),
+                      n_tensors=len(f.tensors), checksums="ok",
+                      blobs=[BlobKind(k).name.lower() for k in f.blob_kinds],
+                      dtypes={d: sum(1 for t in f.tensors.values() if t.dtype.name.lower() == d)
+                              for d in sorted({t.dtype.name.lower() for t in f.tensors.values()})})
+        report["provenance"] = f.blob_json(BlobKind.PROVENANCE)
+        report["tokenizer"] = _check_tokenizer(f)
+        ok = report["tokenizer"]["ok"]
+        if source is not None:
+            ckpt = load_checkpoint(source, revision)
+            report["source"] = str(source)
+            report["thresholds"] = THRESHOLDS
+            src_cfg = ckpt.config.canonical()
+            report["config_matches_source"] = src_cfg == f.config
+            if not report["config_matches_source"]:
+                diff = {k: [v, getattr(src_cfg, k)] for k, v in f.config.to_dict().items()
+                        if getattr(src_cfg, k) != v}
+                report["config_diff"] = diff      # field: [file, source]
+                ok = False
+            else:
+                tensors = [_compare_tensor(f, ckpt, name) for name in f.tensors]
+                report["tensors"] = [asdict(t) for t in tensors]
+                report["summary"] = _summary(tensors)
+                ok = ok and all(t.ok for t in tensors)
+        report["ok"] = bool(ok)
+    return report
+
+
+def _summary(tensors: list[TensorReport]) -> list[dict]:
+    groups: dict[tuple[str, str], list[TensorReport]] = {}
+    for t in tensors:
+        groups.setdefault((_kind(t.name), t.dtype), []).append(t)
+    out = []
+    for (kind, dtype), ts in groups.items():
+        worst = min(ts, key=lambda t: t.snr_db)
+        out.append({"kind": kind, "dtype": dtype, "count": len(ts), "min_snr_db": worst.snr_db,
+                    "mean_snr_db": float(np.mean(fin)) if (fin := [t.snr_db for t in ts if math.isfinite(t.snr_db)])
+                    else math.inf,
+                    "max_rel_rmse": max(t.rel_rmse for t in ts), "max_abs_err": max(t.max_abs_err for t in ts),
+                    "worst": worst.name, "ok": all(t.ok for t in ts)})
+    return out
+
+
+def _fmt_db(x: float) -> str:
+    return "exact" if x == math.inf else f"{x:.2f}"
+
+
+def print_report(r: dict) -> None:
+    echo = click.echo
+    if not r["valid"]:
+        echo(f"INVALID {r['file']}: {r['error']}")
+        return
+    c = r["config"]
+    echo(f"{r['file']}: valid nanoqwen v{r['version']}, {r['file_size'] / 2**20:.1f} MiB, {r['n_tensors']} tensors "
+         f"({', '.join(f'{n} {d}' for d, n in r['dtypes'].items())}), checksums ok")
+    echo(f"  {c['arch']}: {c['n_layers']} layers, hidden {c['hidden_size']}, heads {c['n_heads']}/{c['n_kv_heads']}"
+         f" x {c['head_dim']}, vocab rows {c['vocab_rows']}, tied={c['tied_embeddings']}")
+    echo(f"  blobs: {', '.join(r['blobs']) or 'none'}")
+    tk = r["tokenizer"]
+    if tk["present"]:
+        echo(f"  tokenizer: {'ok' if tk['ok'] else 'BAD'} ({tk.get('vocab_size', '?')} tokens)"
+             + (f" - {tk['error']}" if tk.get("error") else ""))
+    if r.get("source") is not None:
+        echo(f"  source: {r['source']}")
+        if not r["config_matches_source"]:
+            echo(f"  CONFIG MISMATCH (file vs source): {r['config_diff']}")
+        else:
+            echo(f"  {'kind':<16} {'dtype':<6} {'n':>4} {'min SNR dB':>10} {'mean SNR':>9} {'max relRMSE':>11} "
+                 f"{'max |err|':>10}  status")
+            for s in r["summary"]:
+                echo(f"  {s['kind']:<16} {s['dtype']:<6} {s['count']:>4} {_fmt_db(s['min_snr_db']):>10} "
+                     f"{_fmt_db(s['mean_snr_db']):>9} {s['max_rel_rmse']:>11.4g} {s['max_abs_err']:>10.4g}  "
+                     f"{'ok' if s['ok'] else 'FAIL'}")
+            for t in r["tensors"]:
+                if not t["ok"]:
+                    echo(f"  FAIL {t['name']}: SNR {_fmt_db(t['snr_db'])} dB (min {t['min_snr_db']}), "
+                         f"{t['bound_violations']} elements over the bound")
+            echo(f"  thresholds: f16 SNR >= {F16_MIN_SNR_DB} dB, int4 SNR >= {INT4_MIN_SNR_DB} dB, "
+                 f"per-element bounds (see nanoqwen-verify --help)")
+    echo("OK" if r["ok"] else "FAILED")
+
+
+def _finite(o):
+    """JSON has no inf: encode non-finite floats as the strings 'inf' / '-inf' / 'nan'."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return str(o)
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [_finite(v) for v in o]
+    return o
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]}, help=__doc__)
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--source", default=None, help="the Hugging Face checkpoint (dir or hub id) FILE was made from")
+@click.option("--revision", default=None, help="hub revision of --source")
+@click.option("--json", "as_json", is_flag=True, help="print the report as JSON on stdout (no table)")
+def main(file, source, revision, as_json):
+    try:
+        if not Path(file).exists():
+            raise FileNotFoundError(file)
+        report = verify_file(file, source, revision)
+    except FileNotFoundError:
+        click.echo(f"nanoqwen-verify: error: {file}: no such file", err=True)
+        sys.exit(2)
+    except ConvertError as e:
+        click.echo(f"nanoqwen-verify: error: source: {e}", err=True)
+        sys.exit(2)
+    except OSError as e:
+        click.echo(f"nanoqwen-verify: error: {file}: {e.strerror or e}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        click.echo("nanoqwen-verify: interrupted", err=True)
+        sys.exit(130)
+    if as_json:
+        click.echo(json.dumps(_finite(report), indent=1, allow_nan=False))
+    else:
+        print_report(report)
+    if not report["valid"]:
+        click.echo(f"nanoqwen-verify: invalid file: {report['error']}", err=True)
+    sys.exit(0 if report["ok"] else 1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
