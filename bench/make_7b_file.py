@@ -47,7 +47,7 @@ SCALE_JITTER = 0.2               # sigma of the per-group log-normal factor on t
 LOGIT_STD = 3.0                  # std of lm_head logits for a unit-rms final hidden state
 NORM_WEIGHT_STD = 0.1            # RMSNorm weights 1 + this * z
 BIAS_STD = 0.1                   # q/k/v biases
-CHUNK_BYTES = 32 << 20           # target output bytes of one generation job
+CHUNK_BYTES = 8 << 20            # target output bytes of one generation job (its temporaries stay in the heap)
 
 # -- tokenizer / template -------------------------------------------------------------------------------------
 QWEN2_SPLIT_REGEX = (
@@ -214,6 +214,7 @@ class Plan:
             "bias": (BIAS_STD * z).astype(np.float16),
             "jitter": np.exp(SCALE_JITTER * z - SCALE_JITTER ** 2 / 2).astype(np.float32),   # mean-square 1
         }
+        self._free: dict[tuple, list] = {}
         self._f16_linear_tables: dict[int, np.ndarray] = {}
         for s in self.specs:
             if s.dtype == DType.F16 and s.name.endswith("_proj.weight"):
@@ -235,8 +236,17 @@ class Plan:
         from nanoqwen_format import tensor_nbytes
         return sum(tensor_nbytes(s.dtype, s.shape, s.group_size) for s in self.specs)
 
-    # each job fills rows [r0, r1) of the tensor's output arrays
+    # output buffers are recycled (layers repeat shapes): fresh GB-sized arrays cost more in page faults than
+    # their generation
     def alloc(self, spec: TensorSpec):
+        key = (spec.dtype, spec.shape, spec.group_size)
+        free = self._free.setdefault(key, [])
+        return free.pop() if free else self._new(spec)
+
+    def release(self, spec: TensorSpec, out) -> None:
+        self._free.setdefault((spec.dtype, spec.shape, spec.group_size), []).append(out)
+
+    def _new(self, spec: TensorSpec):
         if spec.dtype == DType.INT4G:
             n, k = spec.shape
             return (np.empty((n, k // 8), dtype=np.uint32),                  # qweight (N, K/8)
@@ -264,7 +274,8 @@ class Plan:
         (a,) = out
         flat_rows = a.reshape(a.shape[0], -1) if a.ndim > 1 else a.reshape(1, -1)
         if a.ndim == 1:       # small 1-D tensors: one job
-            np.take(table, _u16(rng, a.shape[0]), out=a, mode="wrap")   # indices < 65536: wrap never applies; skips the bounds check
+            # indices < 65536 = len(table): "wrap" never applies, it only skips the slow bounds-checking path
+            np.take(table, _u16(rng, a.shape[0]), out=a, mode="wrap")
             return
         m = (r1 - r0) * flat_rows.shape[1]
         np.take(table, _u16(rng, m), out=flat_rows[r0:r1].reshape(-1), mode="wrap")
@@ -321,7 +332,7 @@ def make_file(out_path: str, cfg: ModelConfig, quant: str = "int4", group_size: 
                 w.write_tensor(spec.name, out[0])
             if bar is not None:
                 bar.update(sum(a.nbytes for a in out))
-            del out
+            plan.release(spec, out)
         for kind, data in blobs:
             w.write_blob(kind, data)
     if bar is not None:
@@ -345,6 +356,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--verify", action="store_true", help="reopen the file with checksum verification, timed")
     a = ap.parse_args(argv)
     try:
         stats = make_file(a.out, qwen7b_config(a.layers), a.quant, a.group_size, a.seed, a.threads,
@@ -356,6 +368,16 @@ def main(argv=None) -> int:
         print(f"wrote {stats['path']}: {stats['bytes'] / 1e9:.3f} GB in {stats['seconds']:.1f} s "
               f"({stats['threads']} threads, {stats['waiting_for_generation_seconds']:.1f} s waiting for "
               f"generation, tokenizer {stats['tokenizer_seconds']:.1f} s)")
+    if a.verify:
+        from nanoqwen_format import open_file
+        t = time.perf_counter()
+        try:
+            with open_file(a.out, verify_checksums=True) as f:
+                n = len(f.tensors)
+        except NanoqwenFormatError as e:
+            print(f"make_7b_file: verification failed: {e}", file=sys.stderr)
+            return 1
+        print(f"verified {n} tensors + blobs (open + CRC32C) in {time.perf_counter() - t:.2f} s")
     return 0
 
 
