@@ -69,8 +69,8 @@ def check_tensor_meta(name: str, dtype: int, layout_id: int, group_size: int, sh
                            f"found {group_size}")
     nbytes = tensor_nbytes(dtype, tuple(shape), group_size)
     if nbytes >= U64_LIMIT:
-        raise SizeOverflow(f"tensor {name!r}: shape {tuple(shape)} x {DType(dtype).name} needs {nbytes} bytes, "
-                           f"expected < 2^64")
+        raise SizeOverflow(f"tensor {name!r}: byte length of shape {tuple(shape)} x {DType(dtype).name} "
+                           f"expected < 2^64, found {nbytes}")
     return nbytes
 
 
@@ -108,7 +108,7 @@ def _check_zero(buf, start: int, end: int, what: str) -> None:
 def _place_item(buf, what: str, offset: int, nbytes: int, expected_offset: int, file_size: int) -> int:
     """Placement rules for one data item; returns its end."""
     if offset + nbytes >= U64_LIMIT:
-        raise SizeOverflow(f"{what}: offset {offset} + nbytes {nbytes} expected < 2^64")
+        raise SizeOverflow(f"{what}: offset + nbytes expected < 2^64, found {offset} + {nbytes} = {offset + nbytes}")
     if offset % 128 != 0:
         raise MisalignedOffset(f"{what}: offset expected a multiple of 128, found {offset} (remainder {offset % 128})")
     if offset < expected_offset:
@@ -119,7 +119,7 @@ def _place_item(buf, what: str, offset: int, nbytes: int, expected_offset: int, 
                          f"found {offset}, leaving a hole")
     end = offset + nbytes
     if end > file_size:
-        raise OffsetOutOfRange(f"{what}: ends at {end}, expected <= file_size {file_size}")
+        raise OffsetOutOfRange(f"{what}: end (offset + nbytes) expected <= file_size {file_size}, found {end}")
     return end
 
 
@@ -179,7 +179,7 @@ def parse_file(buf, file_len: int, verify_checksums: bool):
     if h.data_offset > want_do:
         raise HoleInData(f"data_offset: expected align128(header_size) = {want_do}, found {h.data_offset}")
     if h.data_offset > h.file_size:
-        raise OffsetOutOfRange(f"data_offset: {h.data_offset} expected <= file_size {h.file_size}")
+        raise OffsetOutOfRange(f"data_offset: expected <= file_size {h.file_size}, found {h.data_offset}")
     _check_zero(buf, h.header_size, h.data_offset, "padding after the directory")
     # 6. tensor entries
     tensors: Dict[str, TensorInfo] = {}

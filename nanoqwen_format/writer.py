@@ -143,16 +143,18 @@ class NanoqwenWriter:
     # ---- items ----------------------------------------------------------------------------------------------
     def _require_open(self):
         if self._fh is None:
-            raise WriterUsageError("writer is not open: use it as `with NanoqwenWriter(...) as w:`")
+            raise WriterUsageError("writer: expected an open writer (`with NanoqwenWriter(...) as w:`), found it "
+                                   "not open or already closed")
 
     def _next_spec(self, name: str) -> TensorSpec:
         self._require_open()
         if self._next_tensor >= len(self.specs):
-            raise WriterUsageError(f"tensor {name!r}: all {len(self.specs)} tensors already written")
+            raise WriterUsageError(f"tensor {name!r}: expected no more tensors, found all {len(self.specs)} "
+                                   f"already written")
         spec = self.specs[self._next_tensor]
         if name != spec.name:
-            raise WriterUsageError(f"tensor {name!r}: expected the next tensor in tensor_specs order, "
-                                   f"{spec.name!r}")
+            raise WriterUsageError(f"tensor name: expected the next tensor in tensor_specs order, {spec.name!r}, "
+                                   f"found {name!r}")
         return spec
 
     def _begin_item(self) -> None:
@@ -228,7 +230,8 @@ class NanoqwenWriter:
                                    f"{len(self.specs) - self._next_tensor} tensors still unwritten")
         if self._next_blob >= len(self.blob_kinds) or self.blob_kinds[self._next_blob] != kind:
             want = self.blob_kinds[self._next_blob].name if self._next_blob < len(self.blob_kinds) else "none"
-            raise WriterUsageError(f"blob {kind.name}: expected the next blob in blob_kinds order, {want}")
+            raise WriterUsageError(f"blob kind: expected the next blob in blob_kinds order, {want}, "
+                                   f"found {kind.name}")
         data = bytes(data)
         enc = BLOB_KIND_ENCODING[kind]
         try:
