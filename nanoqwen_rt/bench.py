@@ -254,20 +254,26 @@ def measure_engine(path: str, prompt_tokens: int = 512, new_tokens: int = 128, r
 
 # -- everything ------------------------------------------------------------------------------------------
 def _git_commit() -> str:
+    """Short HEAD of the checkout this module lives in; else $NANOQWEN_COMMIT (a copy without .git); else
+    "unknown"."""
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         r = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                            timeout=5)
-        return r.stdout.strip() or "unknown"
+        if r.returncode == 0 and r.stdout.strip():
+            return r.stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        pass
+    return os.environ.get("NANOQWEN_COMMIT", "unknown")
 
 
 def run_bench(path, prompt_tokens: int = 512, new_tokens: int = 128, peers: bool = True,
-              device: str = "cuda", repeats: int = 3) -> dict:
+              device: str = "auto", repeats: int = 3) -> dict:
     """The whole `nanoqwen bench FILE` measurement as a JSON-able dict (see the module docstring).
 
-    Order: bandwidth ceilings, torch peers on the file's shapes (their memory freed), then the Engine.
+    Order: bandwidth ceilings, torch peers on the file's shapes (their memory freed), then the Engine. Without
+    torch/CUDA the ceilings and peers are skipped (the reason is under "skipped") and no MBU is computed; the
+    Engine part still runs on whatever backend `device` selects.
     """
     from nanoqwen_format import open_file
 
@@ -275,21 +281,27 @@ def run_bench(path, prompt_tokens: int = 512, new_tokens: int = 128, peers: bool
     if not os.path.isfile(path):
         raise BenchError(f"no such file: {path}")
     res: dict = {"gpu": gpu_name(), "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-                 "commit": _git_commit()}
-    res["bandwidth"] = measure_copy_bandwidth()
-    if peers:
+                 "commit": _git_commit(), "skipped": {}}
+    try:
+        res["bandwidth"] = measure_copy_bandwidth()
+    except BenchError as e:
+        res["skipped"]["bandwidth"] = str(e)
+    if peers and "bandwidth" in res:
         from .bench_peers import run_peers
         with open_file(path, verify_checksums=False) as f:
             cfg = f.config
         res["peers"] = run_peers(cfg)
+    elif peers:
+        res["skipped"]["peers"] = res["skipped"]["bandwidth"]
     eng = measure_engine(path, prompt_tokens, new_tokens, repeats=repeats, device=device)
-    bw = res["bandwidth"]
     bpt = eng["bytes_per_token"]["total"]
     s = eng["ms_per_token"] * 1e-3
     eng["achieved_GBps"] = bpt / s / 1e9
-    eng["mbu"] = bpt / s / (bw["read_GBps"] * 1e9)
-    eng["mbu_vs_copy"] = bpt / s / (bw["copy_GBps"] * 1e9)
-    eng["floor_ms_per_token"] = bpt / (bw["read_GBps"] * 1e9) * 1e3
+    bw = res.get("bandwidth")
+    if bw:
+        eng["mbu"] = bpt / s / (bw["read_GBps"] * 1e9)
+        eng["mbu_vs_copy"] = bpt / s / (bw["copy_GBps"] * 1e9)
+        eng["floor_ms_per_token"] = bpt / (bw["read_GBps"] * 1e9) * 1e3
     res["engine"] = eng
     return res
 
@@ -308,7 +320,7 @@ def format_table(result: Mapping) -> str:
         b = eng["bytes_per_token"]
         rows += [
             ("file", f"{eng['path']}  ({eng['file_size'] / 1e9:.2f} GB, backend {eng.get('backend', '?')})"),
-            ("load (page cache -> GPU)", f"{eng['load_s'] * 1e3:.0f} ms  (open+verify CRCs {eng['open_verify_s'] * 1e3:.0f} ms)"),
+            ("load (page cache -> device)", f"{eng['load_s'] * 1e3:.0f} ms  (open+verify CRCs {eng['open_verify_s'] * 1e3:.0f} ms)"),
             (f"TTFT ({eng['prompt_tokens']}-token prompt)", f"{eng['ttft_ms']:.1f} ms"),
             (f"decode ({eng['new_tokens']} greedy tokens)", f"{eng['ms_per_token']:.3f} ms/token = "
                                                            f"{eng['tokens_per_s']:.1f} tokens/s"),
@@ -330,6 +342,8 @@ def format_table(result: Mapping) -> str:
                                     f"{p['n_gemv']} GEMVs, CUDA graph)"))
         if "int4_check_rel_err" in peers:
             rows.append(("torch int4 check vs dequantized fp32", f"rel err {peers['int4_check_rel_err']:.2e}"))
+    for what, why in (result.get("skipped") or {}).items():
+        rows.append((f"{what}: skipped", why))
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
 
@@ -342,13 +356,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     ap.add_argument("--json", help="also write the result dict here")
     a = ap.parse_args(argv)
+    from nanoqwen_format import NanoqwenFormatError
+
+    from .engine import EngineError
     try:
         res = run_bench(a.file, a.prompt_tokens, a.new_tokens, peers=not a.no_peers, device=a.device,
                         repeats=a.repeats)
-    except BenchError as e:
+    except (BenchError, EngineError, NanoqwenFormatError) as e:
         print(f"nanoqwen bench: {e}", file=sys.stderr)
         return 2
     if a.json:

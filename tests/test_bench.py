@@ -269,3 +269,15 @@ def test_gpu_bandwidth_and_peers_are_sane():
     res = bench_peers.run_peers(cfg, reps=3)
     for k in ("torch_int4", "torch_int4_f16_lm_head", "cublas_fp16"):
         assert res[k]["median_ms"] > 0 and res[k]["n_gemv"] == 8
+
+
+def test_measure_engine_on_the_cpu_backend(tiny_file):
+    """The decode/TTFT/load measurement end to end on the CPU backend (the CUDA one is measured on the GPU)."""
+    r = bench.measure_engine(tiny_file, prompt_tokens=8, new_tokens=3, repeats=2, device="cpu")
+    assert r["deterministic"] is True and len(r["ms_per_token_all"]) == 2
+    assert r["ttft_ms"] > 0 and r["ms_per_token"] > 0 and r["load_s"] > 0
+    assert r["mean_context"] == 8 + (3 + 1) / 2
+    assert r["bytes_per_token"]["total"] == _hand_count(_tiny_cfg(), 128, 0) + \
+        round(r["mean_context"] * _tiny_cfg().n_layers * 2 * 128 * 2)
+    table = bench.format_table({"engine": r})
+    assert "TTFT (8-token prompt)" in table and "decode (3 greedy tokens)" in table
