@@ -309,7 +309,8 @@ def run_bench(path, prompt_tokens: int = 512, new_tokens: int = 128, peers: bool
 def format_table(result: Mapping) -> str:
     """A short human table of a run_bench (or a peers-only) result."""
     rows: list[tuple[str, str]] = []
-    rows.append(("GPU", f"{result.get('gpu', '?')}  ({result.get('date_utc', '?')}, commit {result.get('commit', '?')})"))
+    rows.append(("GPU", f"{result.get('gpu', '?')}  ({result.get('date_utc', '?')}, "
+                        f"commit {result.get('commit', '?')})"))
     bw = result.get("bandwidth")
     if bw:
         rows.append(("copy bandwidth (read+write)", f"{bw['copy_GBps']:.0f} GB/s"))
@@ -320,7 +321,8 @@ def format_table(result: Mapping) -> str:
         b = eng["bytes_per_token"]
         rows += [
             ("file", f"{eng['path']}  ({eng['file_size'] / 1e9:.2f} GB, backend {eng.get('backend', '?')})"),
-            ("load (page cache -> device)", f"{eng['load_s'] * 1e3:.0f} ms  (open+verify CRCs {eng['open_verify_s'] * 1e3:.0f} ms)"),
+            ("load (page cache -> device)", f"{eng['load_s'] * 1e3:.0f} ms  "
+                                            f"(open+verify CRCs {eng['open_verify_s'] * 1e3:.0f} ms)"),
             (f"TTFT ({eng['prompt_tokens']}-token prompt)", f"{eng['ttft_ms']:.1f} ms"),
             (f"decode ({eng['new_tokens']} greedy tokens)", f"{eng['ms_per_token']:.3f} ms/token = "
                                                            f"{eng['tokens_per_s']:.1f} tokens/s"),

@@ -168,7 +168,8 @@ def test_bad_arguments_exit_with_one_line(tmp_path, capsys):
 # -- tokenizer: the built tokenizer.json vs a slow, obvious byte-level BPE -------------------------------
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable char map (as in the original encoder.py)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+          + list(range(ord("®"), ord("ÿ") + 1)))
     cs = bs[:]
     n = 0
     for b in range(256):
