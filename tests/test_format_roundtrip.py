@@ -184,3 +184,27 @@ def test_errors_are_format_errors():
         obj = getattr(E, name)
         if isinstance(obj, type) and issubclass(obj, Exception) and obj is not NanoqwenFormatError:
             assert issubclass(obj, NanoqwenFormatError), name
+
+
+def test_writer_streams_one_tensor_at_a_time(tmp_path):
+    """Peak traced memory while writing ~10 MB of tensors stays near one tensor (the writer keeps none)."""
+    import tracemalloc
+    cfg = ModelConfig(arch="qwen2", n_layers=4, hidden_size=256, intermediate_size=512, n_heads=4, n_kv_heads=2,
+                      head_dim=64, vocab_rows=512, max_positions=64, rope_theta=1e4, qkv_bias=True)
+    specs = specs_for(cfg, lambda n, s: (DType.F32, 0))
+    biggest = max(int(np.prod(s.shape)) * 4 for s in specs)             # 512 KiB (embed / lm_head / mlp)
+    total = sum(int(np.prod(s.shape)) * 4 for s in specs)
+    assert total > 15 * biggest
+    rng = np.random.default_rng(4)
+    tracemalloc.start()
+    try:
+        with NanoqwenWriter(tmp_path / "m.nanoqwen", cfg, specs, []) as w:
+            for s in specs:
+                w.write_tensor(s.name, rng.standard_normal(s.shape, dtype=np.float32))  # made, written, dropped
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # one payload alive at a time (+ one transient copy at most) and 256 KiB of interpreter slack
+    assert peak < 2 * biggest + 256 * 1024, (peak, biggest, total)
+    with open_file(tmp_path / "m.nanoqwen") as f:
+        assert len(f.tensors) == len(specs)
