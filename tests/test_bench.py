@@ -282,3 +282,15 @@ def test_measure_engine_on_the_cpu_backend(tiny_file):
         round(r["mean_context"] * _tiny_cfg().n_layers * 2 * 128 * 2)
     table = bench.format_table({"engine": r})
     assert "TTFT (8-token prompt)" in table and "decode (3 greedy tokens)" in table
+
+
+def test_fp16_variant_has_unit_scale_linears(tmp_path):
+    p = str(tmp_path / "f16.nanoqwen")
+    cfg = _tiny_cfg(n_layers=1)
+    _mk().make_file(p, cfg, quant="none", seed=3, threads=2, progress=False)
+    with open_file(p) as f:
+        assert all(t.dtype == DType.F16 for t in f.tensors.values())
+        w = f.float32("model.layers.0.mlp.up_proj.weight")                    # (N, K)
+        # N(0, 1/K) weights, N*K = 131072 samples: K*var(w) is 1 within ~0.4% (1 sigma); the mean's sigma is
+        # 1/16/sqrt(131072) = 1.7e-4
+        assert abs(w.var() * w.shape[1] - 1.0) < 0.03 and abs(w.mean()) < 1e-3
