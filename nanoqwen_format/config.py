@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import math
+import numbers
 import struct
 from dataclasses import asdict, dataclass
+
+import numpy as np
 
 from .constants import (ARCH_NAMES, CONFIG_FLAG_QKV_BIAS, CONFIG_FLAG_TIED, CONFIG_FLAGS_KNOWN, CONFIG_SIZE,
                         ROPE_SCALING_NAMES, Arch, RopeScaling)
@@ -58,6 +61,23 @@ class ModelConfig:
         return cls(**d)
 
 
+def _is_int(v) -> bool:
+    """Python or numpy integer, not bool."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _fits_f32(x) -> bool:
+    """True if x is finite and stays finite when rounded to binary32."""
+    try:
+        return math.isfinite(x) and math.isfinite(struct.unpack("<f", struct.pack("<f", float(x)))[0])
+    except (OverflowError, TypeError, ValueError):
+        return False
+
+
 def _f32(x: float) -> float:
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
@@ -72,7 +92,7 @@ def validate_config(c: ModelConfig) -> None:
     for field in ("n_layers", "hidden_size", "intermediate_size", "n_heads", "n_kv_heads", "head_dim",
                   "vocab_rows", "max_positions"):
         v = getattr(c, field)
-        if isinstance(v, bool) or not isinstance(v, int) or not (1 <= v <= _U32_MAX):
+        if not _is_int(v) or not (1 <= v <= _U32_MAX):
             bad(field, "an integer in 1..2^32-1", v)
     if c.n_heads % c.n_kv_heads != 0:
         bad("n_kv_heads", f"a divisor of n_heads={c.n_heads}", c.n_kv_heads)
@@ -80,14 +100,14 @@ def validate_config(c: ModelConfig) -> None:
         bad("head_dim", "an even number (rotary pairs)", c.head_dim)
     if c.arch == "qwen2" and c.head_dim * c.n_heads != c.hidden_size:
         bad("head_dim", f"hidden_size/n_heads = {c.hidden_size}/{c.n_heads} for qwen2", c.head_dim)
-    if not (isinstance(c.rope_theta, (int, float)) and math.isfinite(c.rope_theta) and c.rope_theta > 0):
+    if not (_is_real(c.rope_theta) and math.isfinite(c.rope_theta) and c.rope_theta > 0):
         bad("rope_theta", "a finite number > 0", c.rope_theta)
     if c.rope_scaling_type not in _ROPE_BY_NAME:
         bad("rope_scaling_type", "'none', 'linear' or 'yarn'", c.rope_scaling_type)
     f = c.rope_scaling_factor
-    if not (isinstance(f, (int, float)) and math.isfinite(f)):
-        bad("rope_scaling_factor", "a finite number", f)
-    if not (isinstance(c.rope_original_max_positions, int) and 0 <= c.rope_original_max_positions <= _U32_MAX):
+    if not (_is_real(f) and _fits_f32(f)):
+        bad("rope_scaling_factor", "a number finite in binary32", f)
+    if not (_is_int(c.rope_original_max_positions) and 0 <= c.rope_original_max_positions <= _U32_MAX):
         bad("rope_original_max_positions", "an integer in 0..2^32-1", c.rope_original_max_positions)
     if c.rope_scaling_type == "none":
         if f != 1.0:
@@ -103,14 +123,14 @@ def validate_config(c: ModelConfig) -> None:
         if c.rope_original_max_positions < 1:
             bad("rope_original_max_positions", ">= 1 for yarn", c.rope_original_max_positions)
     eps = c.rms_norm_eps
-    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0 and _f32(eps) > 0):
-        bad("rms_norm_eps", "a finite number > 0 (also after rounding to f32)", eps)
+    if not (_is_real(eps) and _fits_f32(eps) and eps > 0 and _f32(eps) > 0):
+        bad("rms_norm_eps", "a number > 0, finite and > 0 in binary32", eps)
     for field in ("tied_embeddings", "qkv_bias"):
         if not isinstance(getattr(c, field), bool):
             bad(field, "a bool", getattr(c, field))
     for field in ("bos_token_id", "eos_token_id", "pad_token_id"):
         v = getattr(c, field)
-        if isinstance(v, bool) or not isinstance(v, int) or not (v == -1 or 0 <= v < c.vocab_rows):
+        if not _is_int(v) or not (v == -1 or 0 <= v < c.vocab_rows):
             bad(field, f"-1 or an id in 0..vocab_rows-1={c.vocab_rows - 1}", v)
 
 
@@ -119,10 +139,10 @@ def pack_config(c: ModelConfig) -> bytes:
     validate_config(c)
     flags = (CONFIG_FLAG_TIED if c.tied_embeddings else 0) | (CONFIG_FLAG_QKV_BIAS if c.qkv_bias else 0)
     used = _CONFIG_STRUCT.pack(
-        int(_ARCH_BY_NAME[c.arch]), c.n_layers, c.hidden_size, c.intermediate_size, c.n_heads, c.n_kv_heads,
-        c.head_dim, c.vocab_rows, c.max_positions, flags, float(c.rope_theta),
-        int(_ROPE_BY_NAME[c.rope_scaling_type]), float(c.rope_scaling_factor), c.rope_original_max_positions,
-        float(c.rms_norm_eps), c.bos_token_id, c.eos_token_id, c.pad_token_id)
+        int(_ARCH_BY_NAME[c.arch]), int(c.n_layers), int(c.hidden_size), int(c.intermediate_size), int(c.n_heads),
+        int(c.n_kv_heads), int(c.head_dim), int(c.vocab_rows), int(c.max_positions), flags, float(c.rope_theta),
+        int(_ROPE_BY_NAME[c.rope_scaling_type]), float(c.rope_scaling_factor), int(c.rope_original_max_positions),
+        float(c.rms_norm_eps), int(c.bos_token_id), int(c.eos_token_id), int(c.pad_token_id))
     return used + bytes(CONFIG_SIZE - len(used))
 
 

@@ -91,3 +91,14 @@ class Mutator:
 
     def bytes(self) -> bytes:
         return bytes(self.b)
+
+
+def header_only_file(n_tensors: int = 1) -> bytes:
+    """A file that ends right after its directory (all-zero entries): header_size = 256 + 136*n_tensors,
+    file_size = header_size, data_offset = align128(header_size), valid config and header CRC."""
+    hs = 256 + 136 * n_tensors
+    b = bytearray(hs)
+    struct.pack_into("<8sIIQQIIII", b, 0, b"NANOQWEN", 1, hs, hs, (hs + 127) // 128 * 128, n_tensors, 0, 0, 0)
+    struct.pack_into("<10IdIfIf3i", b, 48, 1, 1, 32, 64, 2, 1, 16, 40, 64, 0, 1e6, 0, 1.0, 0, 1e-6, -1, -1, -1)
+    struct.pack_into("<I", b, 40, crc32c.crc32c(bytes(b)))
+    return bytes(b)

@@ -7,7 +7,7 @@ import pytest
 from nanoqwen_format import BlobKind, DType, ModelConfig, open_file
 from nanoqwen_format import errors as E
 
-from format_corrupt import Mutator
+from format_corrupt import Mutator, header_only_file
 from format_helpers import make_random_file
 
 # vocab_rows 81: lm_head int4g (81, 64) g32 has qweight 2592 B + 96 B zero padding before its scales;
@@ -109,6 +109,7 @@ def _cases():
         "data_offset")
     add("data-offset-hole", lambda b: M(b).header("data_offset", 4224).fix_crc().bytes(), E.HoleInData,
         "data_offset")
+    add("data-offset-beyond-file", lambda b: header_only_file(1), E.OffsetOutOfRange, "data_offset")
     add("padding-after-directory", lambda b: M(b).byte(4060, 1).bytes(), E.NonZeroPadding, "directory")
     # --- tensor entries (rules 17-28)
     add("name-non-ascii", lambda b: M(b).tensor(0, "name", b"model.embed\xc3\xa9").fix_crc().bytes(),

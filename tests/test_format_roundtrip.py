@@ -208,3 +208,27 @@ def test_writer_streams_one_tensor_at_a_time(tmp_path):
     assert peak < 2 * biggest + 256 * 1024, (peak, biggest, total)
     with open_file(tmp_path / "m.nanoqwen") as f:
         assert len(f.tensors) == len(specs)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("arch", "gpt2"), ("n_layers", 0), ("n_layers", 2**32), ("hidden_size", 1.5), ("n_heads", True),
+    ("n_kv_heads", 3), ("head_dim", 17), ("rope_theta", 0.0), ("rope_theta", float("inf")),
+    ("rope_scaling_type", "dynamic"), ("rope_scaling_factor", 2.0), ("rms_norm_eps", 1e300),
+    ("rms_norm_eps", 1e-50), ("rms_norm_eps", -1e-6), ("eos_token_id", 80), ("bos_token_id", -5),
+    ("tied_embeddings", 1)])
+def test_writer_rejects_invalid_config(tmp_path, field, value):
+    cfg = ModelConfig(**{**TINY.to_dict(), field: value})
+    with pytest.raises(E.ConfigMismatch, match=field):
+        NanoqwenWriter(tmp_path / "m.nanoqwen", cfg, specs_for(TINY), [])
+    assert os.listdir(tmp_path) == []
+
+
+def test_config_accepts_numpy_ints_and_int_floats(tmp_path):
+    cfg = ModelConfig(**{**TINY.to_dict(), "n_layers": np.int64(2), "hidden_size": np.uint32(64),
+                         "rope_theta": 10000, "rope_scaling_type": "yarn", "rope_scaling_factor": 4,
+                         "rope_original_max_positions": np.int32(32)})
+    path = tmp_path / "m.nanoqwen"
+    make_random_file(path, cfg=cfg, dtype_for=lambda n, s: (DType.F16, 0))
+    with open_file(path) as f:
+        assert f.config == cfg.canonical()
+        assert f.config.rope_scaling_factor == 4.0 and isinstance(f.config.n_layers, int)
