@@ -106,6 +106,10 @@ class ChecksumMismatch(NanoqwenFormatError):
     """A CRC32C over the header, a tensor or a blob differs from the stored one."""
 
 
+class BadScale(NanoqwenFormatError):
+    """An int4g scale is negative (sign bit set), infinite or NaN (checked with the item checksums)."""
+
+
 class NonZeroReserved(NanoqwenFormatError):
     """A reserved field, unknown flag bit or unused shape slot is not zero."""
 

@@ -145,10 +145,10 @@ class NanoqwenFile:
 
     # ---- checks ---------------------------------------------------------------------------------------------
     def verify_checksums(self) -> None:
-        """CRC32C of every tensor and blob; raises ChecksumMismatch naming the first bad one."""
-        buf = self._buf()
-        with memoryview(buf) as mv:
-            verify_items(mv, self.tensors, self._blobs)
+        """CRC32C of every tensor and blob (ChecksumMismatch naming the first bad one), then the int4g scale rule
+        (BadScale)."""
+        self._buf()  # raises if closed
+        verify_items(self._mv, self.tensors, self._blobs)
 
 
 def open_file(path, verify_checksums: bool = True) -> NanoqwenFile:

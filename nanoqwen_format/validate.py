@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Optional, Tuple
 
+import numpy as np
+
 from .config import ModelConfig, unpack_config
 from .constants import (BLOB_ENTRY_SIZE, BLOB_KIND_ENCODING, CONFIG_OFFSET, CONFIG_SIZE, FILE_HEADER_SIZE,
                         FORMAT_VERSION, INT4_GROUP_SIZES, LAYOUT_INT4_ROWMAJOR_K8, LAYOUT_NONE, MAGIC, MAX_BLOBS,
                         MAX_HEADER_SIZE, MAX_NDIM, MAX_TENSORS, TENSOR_ENTRY_SIZE, TENSOR_NAME_SIZE, BlobEncoding,
                         BlobKind, DType, align128)
 from .crc import crc32c
-from .errors import (BadBlobEncoding, BadGroupSize, BadMagic, BadShape, BadTensorName, ByteLengthMismatch,
+from .errors import (BadBlobEncoding, BadGroupSize, BadMagic, BadScale, BadShape, BadTensorName, ByteLengthMismatch,
                      ChecksumMismatch, ConfigMismatch, DuplicateName, HeaderSizeMismatch, HeaderTooLarge,
                      HeaderTooShort, HoleInData, MisalignedOffset, MissingTensor, NonZeroPadding, NonZeroReserved,
                      OffsetOutOfRange, OverlappingTensors, SizeOverflow, TrailingBytes, TruncatedFile,
@@ -248,7 +250,8 @@ def parse_file(buf, file_len: int, verify_checksums: bool):
 
 
 def verify_items(buf, tensors: Dict[str, TensorInfo], blobs) -> None:
-    """CRC32C of every tensor then every blob; raises ChecksumMismatch naming the first bad one."""
+    """CRC32C of every tensor then every blob (ChecksumMismatch naming the first bad one), then the int4g scale
+    rule (BadScale): every scale's f16 sign bit is clear and its exponent is not all ones."""
     for t in tensors.values():
         got = crc32c(buf[t.offset:t.offset + t.nbytes])
         if got != t.crc32c:
@@ -259,3 +262,20 @@ def verify_items(buf, tensors: Dict[str, TensorInfo], blobs) -> None:
         if got != crc:
             raise ChecksumMismatch(f"blob {kind.name}: crc32c expected {crc:#010x} (stored), found {got:#010x} "
                                    f"(computed)")
+    for t in tensors.values():
+        if t.dtype == DType.INT4G:
+            check_int4_scales(buf, t)
+
+
+def check_int4_scales(buf, t: TensorInfo) -> None:
+    """Spec §9.2: int4g scales are finite and >= +0 (f16 bits: sign clear, exponent != 0x1F)."""
+    n, k = t.shape
+    count = n * (k // t.group_size)
+    bits = np.frombuffer(buf, dtype="<u2", count=count, offset=t.offset + align128(n * k // 2))  # (N*K/g,)
+    bad = np.flatnonzero((bits & 0x8000) | ((bits & 0x7C00) == 0x7C00))
+    if bad.size:
+        i = int(bad[0])
+        value = float(np.array([bits[i]], dtype=np.uint16).view(np.float16)[0])
+        raise BadScale(f"tensor {t.name!r}: scale [{i // (k // t.group_size)}][{i % (k // t.group_size)}] "
+                       f"expected finite and >= 0, found {value} (f16 bits {int(bits[i]):#06x}; "
+                       f"{bad.size} bad scales)")

@@ -185,7 +185,20 @@ def _cases():
         .bytes(), E.ChecksumMismatch, QP)
     add("blob-data-crc", lambda b: M(b).byte(Mutator(b["raw"]).get_blob(0, "offset") + 2, ord("x")).bytes(),
         E.ChecksumMismatch, "TOKENIZER_JSON")
+    # --- int4g scales (rule 39), tensor CRC re-computed so that only the scale rule fails
+    for bits, label in ((0x7C00, "inf"), (0x7E00, "nan"), (0xBC00, "negative"), (0x8000, "minus-zero")):
+        add(f"scale-{label}", lambda b, v=bits: _set_scale(b, QP, 3, v), E.BadScale, QP)
     return c
+
+
+def _set_scale(b, name, index, bits):
+    """Overwrite scale number `index` of int4g tensor `name` with f16 `bits`, fix its CRC and the header CRC."""
+    t = b["info"][name]
+    n, k = t.shape
+    pos = t.offset + (n * k // 2 + 127) // 128 * 128 + 2 * index
+    m = Mutator(b["raw"])
+    m.b[pos:pos + 2] = bits.to_bytes(2, "little")
+    return m.fix_item_crc("tensor", b["idx"][name]).bytes()
 
 
 @pytest.mark.parametrize("mutate,err,sub", _cases())
