@@ -1,0 +1,327 @@
+"""The real server: `python -m nanoqwen_rt.cli serve` in a subprocess on a free 127.0.0.1 port, CPU backend, the
+test model (tests/test_server_model.py), driven by the official `openai` client; the 4xx cases with raw HTTP.
+
+Expected texts are never hard-coded: every answer is compared with `Engine.generate` / `Engine.chat` on the same
+file in this process (same CPU backend, same sampler, so greedy and seeded outputs must match exactly).
+Waits are bounded by HANG_GUARD_S (a hung server fails the test instead of blocking CI); no test asserts speed.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from nanoqwen_rt import Engine
+from test_server_model import build_model_file
+
+MODEL = "test-model"
+KEY = "test-key-123"
+QUEUE_SIZE = 2
+# Upper bound on any single wait (server start incl. numba cache load, one long generation); a hang guard only.
+HANG_GUARD_S = 180.0
+PROMPT = "def fibonacci(n):"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return build_model_file(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def engine(model_path):
+    eng = Engine(model_path, device="cpu")
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def server(model_path, tmp_path_factory):
+    """Base URL of a running server; the process is always terminated by the finalizer."""
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nanoqwen_rt.cli", "serve", model_path, "--host", "127.0.0.1", "--port", str(port),
+         "--device", "cpu", "--queue-size", str(QUEUE_SIZE), "--api-key", KEY, "--model-name", MODEL,
+         "--log-level", "warning"],
+        stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + HANG_GUARD_S
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
+            try:
+                if httpx.get(base + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server not healthy after {HANG_GUARD_S} s:\n{log_path.read_text()}")
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    assert proc.returncode in (0, -15), log_path.read_text()       # clean shutdown on SIGTERM
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key=KEY, max_retries=0, timeout=HANG_GUARD_S)
+
+
+def _ref(engine, prompt=None, messages=None, **kw):
+    """(text, completion tokens, finish_reason) from the in-process Engine: the oracle for the server."""
+    it = engine.chat(messages, **kw) if messages is not None else engine.generate(prompt, **kw)
+    chunks = list(it)
+    return "".join(c.text for c in chunks), sum(len(c.token_ids) for c in chunks), chunks[-1].finish_reason
+
+
+def _metric(server, name) -> float:
+    text = httpx.get(server + "/metrics", timeout=30).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+# ------------------------------------------------------------------ openai client: happy paths
+
+
+def test_models_and_health(client, server, engine):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    h = httpx.get(server + "/health", timeout=30).json()
+    assert h["status"] == "ok" and h["device"] == "cpu" and h["queue_size"] == QUEUE_SIZE
+
+
+def test_greedy_completion_equals_engine(client, engine):
+    text, n_tok, finish = _ref(engine, PROMPT, max_new_tokens=24, temperature=0.0)
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0)
+    assert r.choices[0].text == text
+    assert r.choices[0].finish_reason == finish
+    assert r.usage.prompt_tokens == len(engine.tokenizer.encode(PROMPT))
+    assert r.usage.completion_tokens == n_tok
+    assert r.usage.total_tokens == r.usage.prompt_tokens + n_tok
+
+
+def test_streaming_completion_equals_engine(client, engine):
+    text, n_tok, finish = _ref(engine, PROMPT, max_new_tokens=24, temperature=0.0)
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == finish
+    assert chunks[-1].usage.completion_tokens == n_tok
+    assert chunks[-1].usage.prompt_tokens == len(engine.tokenizer.encode(PROMPT))
+
+
+def test_chat_greedy_equals_engine_chat(client, engine):
+    msgs = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "sort a list"}]
+    text, n_tok, finish = _ref(engine, messages=msgs, max_new_tokens=20, temperature=0.0)
+    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=20, temperature=0)
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == text
+    assert r.choices[0].finish_reason == finish
+    rendered = engine.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+    assert r.usage.prompt_tokens == len(engine.tokenizer.encode(rendered))
+    assert r.usage.completion_tokens == n_tok
+
+    chunks = list(client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=20, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == finish
+    assert chunks[-1].usage.completion_tokens == n_tok
+
+
+def test_stop_sequences(client, engine):
+    full, _, _ = _ref(engine, PROMPT, max_new_tokens=32, temperature=0.0, stop_token_ids=[])
+    assert len(full) >= 8, f"the reference text is too short to cut: {full!r}"
+    stop = full[len(full) // 2: len(full) // 2 + 2]
+    expected = full[:full.find(stop)]
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=32, temperature=0, stop=[stop],
+                                  extra_body={"ignore_eos": True})
+    assert r.choices[0].text == expected
+    assert r.choices[0].finish_reason == "stop"
+    streamed = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=32, temperature=0, stop=stop,
+                                              stream=True, extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in streamed) == expected
+    assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+def test_max_tokens_and_usage(client, engine):
+    for n in (1, 5):
+        r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=n, temperature=0,
+                                      extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == n
+        assert r.choices[0].finish_reason == "length"
+        assert r.choices[0].text == _ref(engine, PROMPT, max_new_tokens=n, temperature=0.0, stop_token_ids=[])[0]
+
+
+def test_seeded_sampling_equals_engine(client, engine):
+    kw = dict(temperature=0.9, top_p=0.8)
+    text, _, _ = _ref(engine, PROMPT, max_new_tokens=16, seed=1234, stop_token_ids=[], **kw)
+    answers = [client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, seed=1234,
+                                         extra_body={"ignore_eos": True, "top_k": 0}, **kw).choices[0].text
+               for _ in range(2)]
+    assert answers == [text, text]
+
+
+# ------------------------------------------------------------------ raw HTTP: 4xx
+
+
+def _post(server, path, body=None, *, raw=None, key=KEY):
+    headers = {"content-type": "application/json"}
+    if key is not None:
+        headers["authorization"] = f"Bearer {key}"
+    content = raw if raw is not None else json.dumps(body).encode()
+    return httpx.post(server + path, content=content, headers=headers, timeout=HANG_GUARD_S)
+
+
+def _assert_error(r, status, code):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["code"] == code, err
+
+
+def test_4xx_cases(server, engine):
+    ctx = engine.max_context
+    cases = [
+        ("/v1/completions", None, b"{not json", 400, "invalid_json"),
+        ("/v1/chat/completions", None, b'{"model": "test-model", "messages": [', 400, "invalid_json"),
+        ("/v1/completions", {"model": "gpt-4", "prompt": "x"}, None, 404, "model_not_found"),
+        ("/v1/chat/completions", {"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, None, 404,
+         "model_not_found"),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "temperature": -1}, None, 400, "invalid_value"),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "top_p": 2}, None, 400, "invalid_value"),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, None, 400, "invalid_value"),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": "ten"}, None, 400, "invalid_type"),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 3}, None, 400, "unsupported_value"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": "hi"}, None, 400, "invalid_type"),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": ctx}, None, 400,
+         "context_length_exceeded"),
+        ("/v1/completions", {"model": MODEL, "prompt": "x " * (2 * ctx)}, None, 400, "context_length_exceeded"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "y " * (2 * ctx)}]},
+         None, 400, "context_length_exceeded"),
+    ]
+    for path, body, raw, status, code in cases:
+        _assert_error(_post(server, path, body, raw=raw), status, code)
+    _assert_error(_post(server, "/v1/completions", {"model": MODEL, "prompt": "x"}, key=None), 401,
+                  "invalid_api_key")
+    _assert_error(_post(server, "/v1/completions", {"model": MODEL, "prompt": "x"}, key="wrong"), 401,
+                  "invalid_api_key")
+    assert httpx.get(server + "/health", timeout=30).status_code == 200          # still up
+    assert _metric(server, "nanoqwen_requests_running") == 0                     # nothing reached the engine
+
+
+def test_openai_client_raises_typed_errors(client):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="x", temperature=5)
+    assert e.value.body["code"] == "invalid_value"
+    bad = openai.OpenAI(base_url=client.base_url, api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+# ------------------------------------------------------------------ queue, disconnect
+
+
+def _start_blocker(server, engine):
+    """A streaming request that generates until the context is full (eos ignored): it occupies the engine for
+    the whole test unless cancelled. Returns (client, response, line iterator, token budget) after its first
+    token arrived. The caller keeps the iterator alive: a garbage-collected httpx line iterator closes the stream,
+    which the server rightly treats as a disconnect."""
+    n_prompt = len(engine.tokenizer.encode(PROMPT))
+    budget = engine.max_context - n_prompt
+    http = httpx.Client(timeout=HANG_GUARD_S)
+    req = http.build_request("POST", server + "/v1/completions", headers={"authorization": f"Bearer {KEY}"},
+                             json={"model": MODEL, "prompt": PROMPT, "max_tokens": budget, "temperature": 0,
+                                   "stream": True, "ignore_eos": True})
+    resp = http.send(req, stream=True)
+    assert resp.status_code == 200
+    lines = resp.iter_lines()
+    for line in lines:
+        if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["text"]:
+            break
+    return http, resp, lines, budget
+
+
+def _wait_for(cond, what):
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
+        time.sleep(0.05)
+
+
+def test_disconnect_mid_stream_frees_engine(server, client, engine):
+    cancelled0 = _metric(server, "nanoqwen_generations_cancelled_total")
+    tokens0 = _metric(server, "nanoqwen_completion_tokens_total")
+    http, resp, lines, budget = _start_blocker(server, engine)
+    resp.close()                              # the client goes away mid-stream
+    http.close()
+    _wait_for(lambda: _metric(server, "nanoqwen_generations_cancelled_total") == cancelled0 + 1,
+              "the server to cancel the abandoned generation")
+    _wait_for(lambda: _metric(server, "nanoqwen_requests_running") == 0, "the engine to be free")
+    # it stopped early: far fewer tokens than the request's budget were generated
+    assert _metric(server, "nanoqwen_completion_tokens_total") - tokens0 < budget
+    # and the next request is served normally
+    text, _, _ = _ref(engine, PROMPT, max_new_tokens=8, temperature=0.0)
+    assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0).choices[0].text == text
+
+
+def test_burst_larger_than_queue(server, client, engine):
+    """While one request generates, 2 + QUEUE_SIZE more arrive: QUEUE_SIZE wait and complete, the rest get 429."""
+    burst = QUEUE_SIZE + 3
+    expected, _, _ = _ref(engine, PROMPT, max_new_tokens=6, temperature=0.0)
+    http, resp, lines, _ = _start_blocker(server, engine)
+    results: list = [None] * burst
+
+    def call(i):
+        try:
+            results[i] = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0)
+        except openai.RateLimitError as e:
+            results[i] = e
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(burst)]
+    for t in threads:
+        t.start()
+    rejected = lambda: sum(isinstance(r, openai.RateLimitError) for r in results)     # noqa: E731
+    depth = lambda: httpx.get(server + "/health", timeout=30).json()["queue_depth"]    # noqa: E731
+    _wait_for(lambda: rejected() + depth() == burst,
+              lambda: f"every burst request to be queued or refused: {results}, queue depth {depth()}")
+    resp.close()                               # release the engine: the queued requests run now
+    http.close()
+    for t in threads:
+        t.join(HANG_GUARD_S)
+    assert not any(t.is_alive() for t in threads)
+    ok = [r for r in results if not isinstance(r, openai.RateLimitError)]
+    assert len(ok) == QUEUE_SIZE and rejected() == burst - QUEUE_SIZE
+    assert all(r.choices[0].text == expected for r in ok)
+    err = next(r for r in results if isinstance(r, openai.RateLimitError))
+    assert err.status_code == 429 and err.response.headers["retry-after"].isdigit()
+    assert err.body["code"] == "queue_full"
+    # the server stays up and serves the next request
+    assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0).choices[0].text \
+        == expected

@@ -1,0 +1,54 @@
+"""The model file the CLI and server tests run on, built once per test session, plus a check of that file.
+
+Source, first available:
+  1. `NANOQWEN_TEST_MODEL` = a path to an existing .nanoqwen file (to run these tests against another model);
+  2. the embedded default model `models/tiny-py/` (HF format), converted to INT4 with `convert_checkpoint`;
+  3. a tiny random checkpoint from `tests/synth.py`, converted the same way (before models/tiny-py exists).
+The server/CLI tests then compare the server against `Engine.generate` on this same file.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_PY = REPO / "models" / "tiny-py"
+
+_lock = threading.Lock()
+_built: dict[str, str] = {}
+
+
+def build_model_file(tmp_dir: Path) -> str:
+    """Path of the test model (.nanoqwen), converted into `tmp_dir` on first use; cached for the session."""
+    with _lock:
+        if "path" in _built:
+            return _built["path"]
+        env = os.environ.get("NANOQWEN_TEST_MODEL")
+        if env:
+            _built["path"] = env
+            return env
+        from nanoqwen_quant.convert import convert_checkpoint
+        tmp_dir = Path(tmp_dir)
+        if (TINY_PY / "config.json").is_file():
+            src = TINY_PY
+        else:
+            from synth import make_checkpoint
+            # head_dim 64, K = 128 / 256: every linear takes INT4 group 128; context 1024 like tiny-py.
+            src = make_checkpoint(tmp_dir / "synth-src", hidden=128, intermediate=256, n_layers=2, n_heads=2,
+                                  n_kv_heads=1, vocab=320, tied=True, max_positions=1024, seed=7)
+        out = tmp_dir / "test-model.int4.nanoqwen"
+        convert_checkpoint(src, out, quant="int4")
+        _built["path"] = str(out)
+        return str(out)
+
+
+def test_model_file_is_usable_for_cli_and_server(tmp_path_factory):
+    """The file the CLI/server tests use opens as an Engine with a tokenizer and a chat template."""
+    from nanoqwen_rt import Engine
+    path = build_model_file(tmp_path_factory.mktemp("model"))
+    with Engine(path, device="cpu") as eng:
+        assert eng.tokenizer is not None and eng.tokenizer.chat_template is not None
+        assert eng.tokenizer.stop_token_ids, "the chat tests rely on the file's eos ids"
+        ids = eng.tokenizer.encode("def fibonacci(n):")
+        assert len(ids) > 1 and eng.tokenizer.decode(ids) == "def fibonacci(n):"
