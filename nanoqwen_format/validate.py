@@ -2,22 +2,21 @@
 (the parts it can check before writing). Never allocates more than the header (<= file size, <= 16 MiB)."""
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, Optional, Tuple
 
 import numpy as np
 
 from .config import ModelConfig, unpack_config
 from .constants import (BLOB_ENTRY_SIZE, BLOB_KIND_ENCODING, CONFIG_OFFSET, CONFIG_SIZE, FILE_HEADER_SIZE,
                         FORMAT_VERSION, INT4_GROUP_SIZES, LAYOUT_INT4_ROWMAJOR_K8, LAYOUT_NONE, MAGIC, MAX_BLOBS,
-                        MAX_HEADER_SIZE, MAX_NDIM, MAX_TENSORS, TENSOR_ENTRY_SIZE, TENSOR_NAME_SIZE, BlobEncoding,
-                        BlobKind, DType, align128)
+                        MAX_HEADER_SIZE, MAX_NDIM, MAX_TENSORS, TENSOR_ENTRY_SIZE, BlobKind, DType, align128)
 from .crc import crc32c
 from .errors import (BadBlobEncoding, BadGroupSize, BadMagic, BadScale, BadShape, BadTensorName, ByteLengthMismatch,
                      ChecksumMismatch, ConfigMismatch, DuplicateName, HeaderSizeMismatch, HeaderTooLarge,
                      HeaderTooShort, HoleInData, MisalignedOffset, MissingTensor, NonZeroPadding, NonZeroReserved,
                      OffsetOutOfRange, OverlappingTensors, SizeOverflow, TrailingBytes, TruncatedFile,
                      UnknownBlobKind, UnknownDType, UnknownLayout, UnknownTensorName, UnsupportedVersion)
-from .header import (HEADER_RESERVED_START, RawHeader, header_crc, unpack_blob_entry, unpack_header_prefix,
+from .header import (HEADER_RESERVED_START, header_crc, unpack_blob_entry, unpack_header_prefix,
                      unpack_tensor_entry)
 from .tensors import TensorInfo, expected_tensors, tensor_nbytes
 

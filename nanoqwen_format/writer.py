@@ -15,7 +15,7 @@ from .config import ModelConfig, pack_config
 from .constants import (BLOB_KIND_ENCODING, FORMAT_VERSION, MAGIC, MAX_BLOBS, MAX_HEADER_SIZE, MAX_TENSORS,
                         TENSOR_NAME_SIZE, BlobEncoding, BlobKind, DType, align128)
 from .crc import crc32c
-from .errors import (BadBlobEncoding, BadTensorName, DuplicateName, HeaderTooLarge, WriterUsageError)
+from .errors import BadBlobEncoding, BadTensorName, DuplicateName, HeaderTooLarge, WriterUsageError
 from .header import RawHeader, header_crc, pack_blob_entry, pack_header, pack_tensor_entry
 from .tensors import TensorSpec
 from .validate import check_names_against_config, check_tensor_meta, decode_name, expected_header_size

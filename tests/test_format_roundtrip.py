@@ -8,7 +8,7 @@ from nanoqwen_format import (BlobKind, DType, ModelConfig, NanoqwenFormatError, 
                              dequantize_int4_reference, expected_tensors, int4_nbytes, open_file)
 from nanoqwen_format import errors as E
 
-from format_helpers import TINY, make_random_file, mixed_dtypes, random_payload, specs_for, write_file
+from format_helpers import TINY, make_random_file, mixed_dtypes, random_payload, specs_for
 
 
 @pytest.mark.parametrize("dtype", [DType.F32, DType.F16, DType.BF16])
