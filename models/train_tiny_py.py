@@ -1,0 +1,429 @@
+#!/usr/bin/env python3
+"""Train the embedded default model `models/tiny-py/` from scratch, reproducibly, on CPU.
+
+    python models/train_tiny_py.py --out models/tiny-py
+
+What it does (every step is deterministic given --seed and the running interpreter's standard library):
+
+1. Data: every `.py` file of this interpreter's standard library (`sysconfig.get_paths()["stdlib"]`), excluding any
+   path with a `test`, `tests`, `idlelib` or `site-packages` component and files over 200 KB, sorted by relative path.
+   A file is held out when the first 8 bytes of sha256(relative path) mod 10000 < HELDOUT_PER_10K (about 5 %).
+2. Tokenizer: byte-level BPE (Qwen2's pre-tokenizer split regex + ByteLevel, ByteLevel decoder, no normalizer so
+   every string round-trips exactly), vocab 4096 including the 3 special tokens, trained on the training files only.
+3. Chat examples: top-level functions (≤ 1500 chars) of a fixed ~1 in 2 subset of training files are wrapped in a
+   ChatML exchange ("Write a Python function named X." → its source, then <|im_end|>), so that `chat` answers with
+   code and stops. They are mixed into the training stream; the held-out loss is on plain held-out files only.
+4. Model: Qwen2ForCausalLM, hidden 256, 4 layers, 4 query heads / 2 KV heads (head_dim 64), MLP 768, tied
+   embeddings, rope_theta 1e4, qkv bias; trained with AdamW + linear warmup + cosine decay on random 256-token
+   windows of the training stream, `torch.set_num_threads(2)`, deterministic algorithms.
+5. Saved in float16 (see --help of nothing: FP16 keeps 3 more mantissa bits than bf16 and every weight of this model
+   is far inside fp16 range, which the script checks), with tokenizer files, a ChatML chat template,
+   generation_config.json, heldout_files.txt and training_info.json (Python version, sizes, losses).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import math
+import os
+import platform
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+# Limit every thread pool before numpy / torch / tokenizers start theirs (2-core shared machine).
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("MKL_NUM_THREADS", "2")
+os.environ.setdefault("RAYON_NUM_THREADS", "2")
+# Sleep, don't spin, at OpenMP barriers: on a shared 2-core machine spinning threads made a step 3-8x slower.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+# ---- data selection --------------------------------------------------------------------------------------------
+EXCLUDED_DIRS = frozenset({"test", "tests", "idlelib", "site-packages", "__pycache__"})
+MAX_FILE_BYTES = 200 * 1024
+HELDOUT_PER_10K = 500  # 5 % of files, chosen by hash of the relative path
+
+# ---- tokenizer -------------------------------------------------------------------------------------------------
+VOCAB_SIZE = 4096
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2
+EOT, IM_START, IM_END = SPECIAL_TOKENS
+# Qwen2's pre-tokenizer split pattern (from Qwen2.5's tokenizer.json): digits one by one, newline runs kept whole.
+QWEN2_SPLIT_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Qwen2-Instruct's ChatML template (the non-tool part of Qwen2.5's), default system prompt included.
+DEFAULT_SYSTEM = "You are a helpful assistant."
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\n" + DEFAULT_SYSTEM + "<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+CHAT_EXAMPLE_PER_10K_FILES = 5000  # ~1 in 2 training files contribute their functions as chat examples
+CHAT_EXAMPLE_MAX_CHARS = 1500
+
+# ---- model -----------------------------------------------------------------------------------------------------
+MODEL_CONFIG = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=256,
+    intermediate_size=768,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+    initializer_range=0.02,
+    use_sliding_window=False,
+    attention_dropout=0.0,
+)
+SAVE_DTYPE = torch.float16
+
+# ---- training defaults ------------------------------------------------------------------------------------------
+DEFAULTS = dict(seed=1234, steps=500, batch_size=16, context=256, lr=3e-3, min_lr_ratio=0.1, warmup=30,
+                weight_decay=0.1, grad_clip=1.0, eval_every=100, eval_windows=64, threads=2)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"]).resolve()
+
+
+def is_heldout(rel: str) -> bool:
+    h = int.from_bytes(hashlib.sha256(rel.encode("utf-8")).digest()[:8], "little")
+    return h % 10000 < HELDOUT_PER_10K
+
+
+def wants_chat_examples(rel: str) -> bool:
+    h = int.from_bytes(hashlib.sha256(("chat:" + rel).encode("utf-8")).digest()[:8], "little")
+    return h % 10000 < CHAT_EXAMPLE_PER_10K_FILES
+
+
+def list_stdlib_files(root: Path) -> list[str]:
+    """Relative posix paths of the selected stdlib `.py` files, sorted."""
+    out = []
+    for p in root.rglob("*.py"):
+        rel = p.relative_to(root)
+        if any(part in EXCLUDED_DIRS for part in rel.parts[:-1]):
+            continue
+        if not p.is_file() or p.stat().st_size > MAX_FILE_BYTES:
+            continue
+        out.append(rel.as_posix())
+    return sorted(out)
+
+
+def read_text(root: Path, rel: str) -> str | None:
+    try:
+        return (root / rel).read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError):
+        return None
+
+
+def chat_examples(text: str) -> list[str]:
+    """ChatML documents built from the top-level functions of one source file."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return []
+    docs = []
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):
+            continue
+        src = ast.get_source_segment(text, node)
+        if not src or len(src) > CHAT_EXAMPLE_MAX_CHARS:
+            continue
+        docs.append(
+            f"{IM_START}system\n{DEFAULT_SYSTEM}{IM_END}\n"
+            f"{IM_START}user\nWrite a Python function named {node.name}.{IM_END}\n"
+            f"{IM_START}assistant\n{src}{IM_END}\n"
+        )
+    return docs
+
+
+def train_tokenizer(texts: list[str]):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False, trim_offsets=False),
+    ])
+    tok.decoder = decoders.ByteLevel(add_prefix_space=False, use_regex=False, trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    assert tok.get_vocab_size() == VOCAB_SIZE, tok.get_vocab_size()
+    for i, s in enumerate(SPECIAL_TOKENS):
+        assert tok.token_to_id(s) == i, (s, tok.token_to_id(s))
+    return tok
+
+
+def cosine_lr(step: int, a) -> float:
+    if step < a.warmup:
+        return a.lr * (step + 1) / a.warmup
+    t = (step - a.warmup) / max(1, a.steps - a.warmup)
+    return a.lr * (a.min_lr_ratio + (1 - a.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+@torch.no_grad()
+def heldout_loss(model, stream: torch.Tensor, context: int, max_windows: int | None) -> tuple[float, int]:
+    """Mean next-token NLL (nats/token) over consecutive windows of `context` predicted tokens.
+
+    Window i holds tokens [i*context, (i+1)*context + 1): every token after the first is predicted exactly once.
+    """
+    model.eval()
+    n_windows = (len(stream) - 1) // context
+    if max_windows is not None:
+        n_windows = min(n_windows, max_windows)
+    total, count = 0.0, 0
+    bs = 16
+    for w0 in range(0, n_windows, bs):
+        ws = range(w0, min(n_windows, w0 + bs))
+        x = torch.stack([stream[i * context:(i + 1) * context + 1] for i in ws])  # (b, context + 1)
+        logits = model(input_ids=x[:, :-1]).logits.float()  # (b, context, vocab)
+        nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1), reduction="sum")
+        total += nll.item()
+        count += x[:, 1:].numel()
+    model.train()
+    return total / count, count
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name + ".")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def finalize_files(ckpt: Path) -> None:
+    """Make the saved files readable by every consumer; idempotent.
+
+    transformers ≥ 5 writes rope theta only inside `rope_parameters` and the dtype as `dtype`; readers written for
+    transformers 4.x (and simple converters) look for top-level `rope_theta` / `torch_dtype`, so both spellings are
+    stored (transformers 5 loads the file unchanged). The temp dir is created 0700, so permissions are widened.
+    """
+    cfg_path = ckpt / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["rope_theta"] = MODEL_CONFIG["rope_theta"]
+    cfg["torch_dtype"] = str(SAVE_DTYPE).replace("torch.", "")
+    atomic_write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    os.chmod(ckpt, 0o755)
+    for f in ckpt.iterdir():
+        os.chmod(f, 0o644)
+
+
+def save_checkpoint(model, tok, out: Path, info: dict, heldout: list[str]) -> None:
+    """Write the HF checkpoint into a temp dir beside `out`, then swap it in."""
+    from transformers import GenerationConfig, PreTrainedTokenizerFast
+
+    out = out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix="." + out.name + ".tmp"))
+
+    half = model.to(SAVE_DTYPE)
+    max_abs = max(p.detach().abs().max().item() for p in half.parameters())
+    assert math.isfinite(max_abs) and max_abs < 6e4, f"weights leave fp16 range: {max_abs}"
+    half.config.dtype = SAVE_DTYPE  # transformers ≥ 5 ("torch_dtype" before)
+    half.save_pretrained(tmp, safe_serialization=True)
+    model.float()
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOT, pad_token=EOT, bos_token=None, unk_token=None,
+        additional_special_tokens=[IM_START, IM_END], model_max_length=MODEL_CONFIG["max_position_embeddings"],
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(tmp)
+    # Ask for the Qwen2 class where this transformers can load it from our files (the brief's rule).
+    cfg_path = tmp / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["tokenizer_class"] = "Qwen2Tokenizer"
+    cfg["chat_template"] = CHAT_TEMPLATE
+    cfg["add_bos_token"] = False
+    cfg["add_prefix_space"] = False
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+    try:
+        from transformers import AutoTokenizer
+
+        t2 = AutoTokenizer.from_pretrained(tmp)
+        ok = t2.encode("def f(x):\n    return x") == tok.encode("def f(x):\n    return x").ids
+        assert ok, "Qwen2Tokenizer encodes differently"
+    except Exception as e:  # fall back to the generic fast class
+        log(f"Qwen2Tokenizer does not load our files ({e!r}); using PreTrainedTokenizerFast")
+        cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+        cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+    info["tokenizer_class"] = cfg["tokenizer_class"]
+
+    gen = GenerationConfig(
+        bos_token_id=tok.token_to_id(EOT),
+        eos_token_id=[tok.token_to_id(EOT), tok.token_to_id(IM_END)],
+        pad_token_id=tok.token_to_id(EOT),
+        do_sample=False,
+        max_new_tokens=128,
+    )
+    gen.save_pretrained(tmp)
+    (tmp / "heldout_files.txt").write_text("".join(r + "\n" for r in heldout), encoding="utf-8")
+    (tmp / "training_info.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    finalize_files(tmp)
+
+    if out.exists():
+        old = Path(tempfile.mkdtemp(dir=out.parent, prefix="." + out.name + ".old"))
+        os.replace(out, old / "x")
+        os.replace(tmp, out)
+        import shutil
+
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "tiny-py")
+    for k, v in DEFAULTS.items():
+        ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=v)
+    ap.add_argument("--probe-seconds", type=float, default=0.0,
+                    help="measure training steps/s for this many seconds, print it, and exit (nothing saved)")
+    a = ap.parse_args(argv)
+
+    t_start = time.time()
+    torch.manual_seed(a.seed)
+    torch.set_num_threads(a.threads)
+    torch.use_deterministic_algorithms(True)
+
+    root = stdlib_root()
+    files = list_stdlib_files(root)
+    train_files, heldout_files, train_texts, heldout_texts = [], [], [], []
+    for rel in files:
+        text = read_text(root, rel)
+        if text is None or not text.strip():
+            continue
+        (heldout_files if is_heldout(rel) else train_files).append(rel)
+        (heldout_texts if is_heldout(rel) else train_texts).append(text)
+    log(f"python {platform.python_version()} stdlib {root}: {len(train_files)} train files, "
+        f"{len(heldout_files)} held-out files, {sum(map(len, train_texts)) / 1e6:.1f} M train chars")
+
+    tok = train_tokenizer(train_texts)
+    log(f"tokenizer trained ({tok.get_vocab_size()} tokens)")
+
+    chat_docs = []
+    for rel, text in zip(train_files, train_texts):
+        if wants_chat_examples(rel):
+            chat_docs.extend(chat_examples(text))
+    # Interleave files and chat examples in a seeded order; every document ends with <|endoftext|>.
+    docs = [t + EOT for t in train_texts] + [d + EOT for d in chat_docs]
+    g = torch.Generator().manual_seed(a.seed)
+    order = torch.randperm(len(docs), generator=g).tolist()
+    enc = tok.encode_batch([docs[i] for i in order])
+    train_stream = torch.tensor([t for e in enc for t in e.ids], dtype=torch.long)  # (n_train_tokens,)
+    heldout_enc = tok.encode_batch([t + EOT for t in heldout_texts])
+    heldout_stream = torch.tensor([t for e in heldout_enc for t in e.ids], dtype=torch.long)  # (n_heldout_tokens,)
+    log(f"{len(chat_docs)} chat examples; train tokens {len(train_stream):,}, held-out tokens {len(heldout_stream):,}"
+        f" ({sum(map(len, heldout_texts)) / len(heldout_stream):.2f} chars/token)")
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(**MODEL_CONFIG, bos_token_id=tok.token_to_id(EOT), eos_token_id=tok.token_to_id(EOT),
+                         pad_token_id=tok.token_to_id(EOT))
+    config._attn_implementation = "sdpa"
+    model = Qwen2ForCausalLM(config)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: {n_params:,} parameters (tied embeddings counted once)")
+
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+
+    n_starts = len(train_stream) - a.context - 1
+    model.train()
+    t0 = time.time()
+    history = []
+    steps = a.steps
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, a)
+        starts = torch.randint(0, n_starts, (a.batch_size,), generator=g)
+        x = torch.stack([train_stream[s:s + a.context + 1] for s in starts.tolist()])  # (batch, context + 1)
+        logits = model(input_ids=x[:, :-1]).logits  # (batch, context, vocab)
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
+        opt.step()
+        if a.probe_seconds and time.time() - t0 > a.probe_seconds:
+            sps = (step + 1) / (time.time() - t0)
+            log(f"probe: {step + 1} steps in {time.time() - t0:.1f} s = {sps:.3f} steps/s; loss {loss.item():.3f}; "
+                f"setup took {t0 - t_start:.1f} s")
+            return 0
+        if step % 10 == 0:
+            log(f"step {step}/{steps} loss {loss.item():.4f} lr {cosine_lr(step, a):.2e} "
+                f"{(step + 1) / (time.time() - t0):.3f} steps/s")
+        if (step + 1) % a.eval_every == 0 and step + 1 < steps:
+            hl, _ = heldout_loss(model, heldout_stream, a.context, a.eval_windows)
+            history.append({"step": step + 1, "train_loss": loss.item(), "heldout_loss_subset": hl})
+            log(f"step {step + 1}: held-out loss (first {a.eval_windows} windows) {hl:.4f}")
+    train_seconds = time.time() - t0
+
+    hl32, n_tok = heldout_loss(model, heldout_stream, a.context, None)
+    log(f"final held-out loss fp32: {hl32:.4f} nats/token (ppl {math.exp(hl32):.2f}) over {n_tok:,} tokens")
+    model16 = Qwen2ForCausalLM(config)
+    model16.load_state_dict(model.state_dict())
+    model16.to(SAVE_DTYPE).float()  # round-trip through the saved dtype
+    hl16, _ = heldout_loss(model16, heldout_stream, a.context, None)
+    log(f"final held-out loss after fp16 rounding: {hl16:.4f} nats/token (ppl {math.exp(hl16):.2f})")
+
+    info = {
+        "python_version": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "stdlib_root": str(root),
+        "n_train_files": len(train_files),
+        "n_heldout_files": len(heldout_files),
+        "n_chat_examples": len(chat_docs),
+        "n_train_tokens": len(train_stream),
+        "n_heldout_tokens_scored": n_tok,
+        "n_parameters": n_params,
+        "save_dtype": str(SAVE_DTYPE).replace("torch.", ""),
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k not in ("out",)},
+        "train_seconds": round(train_seconds, 1),
+        "tokens_seen": steps * a.batch_size * a.context,
+        "final_train_loss": loss.item(),
+        "heldout_loss_fp32": hl32,
+        "heldout_ppl_fp32": math.exp(hl32),
+        "heldout_loss_saved_dtype": hl16,
+        "heldout_ppl_saved_dtype": math.exp(hl16),
+        "heldout_eval": f"consecutive {a.context}-token windows over the held-out files, each followed by "
+                        f"<|endoftext|>, concatenated in heldout_files.txt order; every token after the first "
+                        f"predicted once",
+        "history": history,
+        "torch_version": torch.__version__,
+    }
+    save_checkpoint(model16, tok, a.out, info, heldout_files)
+    log(f"saved {a.out} ({sum(f.stat().st_size for f in a.out.iterdir()) / 1e6:.2f} MB); "
+        f"total {time.time() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
