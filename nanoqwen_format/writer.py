@@ -15,7 +15,7 @@ from .config import ModelConfig, pack_config
 from .constants import (BLOB_KIND_ENCODING, FORMAT_VERSION, MAGIC, MAX_BLOBS, MAX_HEADER_SIZE, MAX_TENSORS,
                         TENSOR_NAME_SIZE, BlobEncoding, BlobKind, DType, align128)
 from .crc import crc32c
-from .errors import BadBlobEncoding, BadTensorName, DuplicateName, HeaderTooLarge, WriterUsageError
+from .errors import BadBlobEncoding, BadScale, BadTensorName, DuplicateName, HeaderTooLarge, WriterUsageError
 from .header import RawHeader, header_crc, pack_blob_entry, pack_header, pack_tensor_entry
 from .tensors import TensorSpec
 from .validate import check_names_against_config, check_tensor_meta, decode_name, expected_header_size
@@ -209,6 +209,12 @@ class NanoqwenWriter:
         n, k = spec.shape
         q = self._as_le(qweight, np.dtype("<u4"), (n, k // 8), f"tensor {name!r} qweight")
         s = self._as_le(scales, np.dtype("<f2"), (n, k // spec.group_size), f"tensor {name!r} scales")
+        bits = s.view(np.uint16)                        # spec §9.2: finite and >= +0, else the reader rejects it
+        bad = np.flatnonzero((bits & 0x8000) | ((bits & 0x7C00) == 0x7C00))
+        if bad.size:
+            i = int(bad[0])
+            raise BadScale(f"tensor {name!r}: scale (flat index {i}) expected finite and >= 0, found "
+                           f"{float(s.reshape(-1)[i])} ({bad.size} bad scales)")
         self._begin_item()
         crc = self._write_bytes(q, 0)
         pad = align128(n * k // 2) - n * k // 2

@@ -232,3 +232,19 @@ def test_config_accepts_numpy_ints_and_int_floats(tmp_path):
     with open_file(path) as f:
         assert f.config == cfg.canonical()
         assert f.config.rope_scaling_factor == 4.0 and isinstance(f.config.n_layers, int)
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan, -0.5, -0.0])
+def test_writer_rejects_bad_int4_scales(tmp_path, bad):
+    rng = np.random.default_rng(6)
+    specs = specs_for(TINY, mixed_dtypes)
+    with pytest.raises(E.BadScale):
+        with NanoqwenWriter(tmp_path / "m.nanoqwen", TINY, specs, []) as w:
+            for s in specs:
+                p = random_payload(s, rng)
+                if s.dtype == DType.INT4G:
+                    p[1][1, 0] = bad
+                    w.write_int4(s.name, *p)
+                else:
+                    w.write_tensor(s.name, p)
+    assert os.listdir(tmp_path) == []
