@@ -272,12 +272,12 @@ def info(file, as_json, no_verify):
               help="Greedy tokens decoded per repeat.")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--no-peers", is_flag=True, help="Skip the torch int4 / cuBLAS fp16 comparison chains.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the full result dict to this JSON file.")
-def bench(file, prompt_tokens, new_tokens, repeats, no_peers, json_out):
-    """Benchmark FILE on the GPU: bandwidth ceilings, load time, TTFT, decode tokens/s, MBU, torch peers.
-
-    Needs the CUDA build (libnanoqwen) and torch with CUDA.
+def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out):
+    """Benchmark FILE: load time, TTFT, decode tokens/s and bytes per token of the Engine; with CUDA also the
+    bandwidth ceilings, MBU and the torch int4 / cuBLAS fp16 peers (skipped, with the reason, without CUDA).
     """
     try:
         from .bench import BenchError, format_table, run_bench
@@ -286,7 +286,7 @@ def bench(file, prompt_tokens, new_tokens, repeats, no_peers, json_out):
         sys.exit(2)
     _require_file(file)
     try:
-        result = run_bench(file, prompt_tokens, new_tokens, peers=not no_peers, repeats=repeats)
+        result = run_bench(file, prompt_tokens, new_tokens, peers=not no_peers, device=device, repeats=repeats)
     except BenchError as e:
         click.echo(f"nanoqwen bench: error: {_flat(e)}", err=True)
         sys.exit(2)

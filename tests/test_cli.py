@@ -1,0 +1,304 @@
+"""`nanoqwen` CLI on the real Engine (CPU backend, the test model of tests/test_server_model.py).
+
+Outputs are compared with Engine.generate / Engine.chat on the same file (never hard-coded). Most cases run
+in process with click's CliRunner (the engine's numba kernels stay warm); the ones that need a real process
+(stdout/stderr of `python -m nanoqwen_rt.cli`, a real SIGINT) use subprocess.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import nanoqwen_rt.cli as cli
+from nanoqwen_format import open_file
+from nanoqwen_rt import Engine
+from test_server_model import build_model_file
+
+PROMPT = "def fibonacci(n):"
+HANG_GUARD_S = 180.0       # upper bound on one subprocess (hang guard, not a speed requirement)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return build_model_file(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def engine(model_path):
+    eng = Engine(model_path, device="cpu")
+    yield eng
+    eng.close()
+
+
+def _ref(engine, prompt=None, messages=None, **kw):
+    it = engine.chat(messages, **kw) if messages is not None else engine.generate(prompt, **kw)
+    return "".join(c.text for c in it)
+
+
+def _invoke(*args, input=None):
+    return CliRunner().invoke(cli.main, list(args), input=input, catch_exceptions=False)
+
+
+def _subprocess(*args, input=None):
+    return subprocess.run([sys.executable, "-m", "nanoqwen_rt.cli", *args], input=input, capture_output=True,
+                          text=True, timeout=HANG_GUARD_S)
+
+
+def _one_line_error(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, f"expected one error line, got:\n{stderr}"
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+# ------------------------------------------------------------------ run
+
+
+def test_run_subprocess_greedy_equals_engine_and_prints_stats(model_path, engine):
+    """The quick-start command: streams the completion to stdout, device/TTFT/tokens/s on stderr."""
+    p = _subprocess("run", model_path, "-p", PROMPT, "--max-new-tokens", "24", "--device", "cpu")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == _ref(engine, PROMPT, max_new_tokens=24, temperature=0.0) + "\n"
+    stats = p.stderr.strip().splitlines()[-1]
+    assert "device=cpu" in stats and "TTFT=" in stats and "tokens/s" in stats
+    n_prompt = len(engine.tokenizer.encode(PROMPT))
+    assert f"prompt={n_prompt} tokens" in stats
+    assert "Traceback" not in p.stderr
+
+
+def test_run_prompt_from_stdin(model_path, engine):
+    r = _invoke("run", model_path, "-p", "-", "-n", "12", "--device", "cpu", input=PROMPT)
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == _ref(engine, PROMPT, max_new_tokens=12, temperature=0.0) + "\n"
+
+
+def test_run_chat_flag_uses_chat_template(model_path, engine):
+    r = _invoke("run", model_path, "--chat", "--system", "Be brief.", "-p", "sort a list", "-n", "12",
+                "--device", "cpu")
+    assert r.exit_code == 0, r.stderr
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "sort a list"}]
+    assert r.stdout == _ref(engine, messages=msgs, max_new_tokens=12, temperature=0.0) + "\n"
+
+
+def test_run_stop_and_seeded_sampling(model_path, engine):
+    full = _ref(engine, PROMPT, max_new_tokens=24, temperature=0.0)
+    assert len(full) >= 6, full
+    stop = full[len(full) // 2: len(full) // 2 + 2]
+    r = _invoke("run", model_path, "-p", PROMPT, "-n", "24", "--stop", stop, "--stop", "\x00never", "--device",
+                "cpu")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == full[:full.find(stop)] + "\n"
+    assert "finish=stop" in r.stderr
+
+    args = ["--temperature", "0.9", "--top-k", "40", "--top-p", "0.8", "--seed", "77"]
+    r = _invoke("run", model_path, "-p", PROMPT, "-n", "16", "--device", "cpu", *args)
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == _ref(engine, PROMPT, max_new_tokens=16, temperature=0.9, top_k=40, top_p=0.8, seed=77) + "\n"
+
+
+# ------------------------------------------------------------------ info
+
+
+def test_info_json_matches_reader(model_path):
+    r = _invoke("info", model_path, "--json")
+    assert r.exit_code == 0, r.stderr
+    d = json.loads(r.stdout)
+    with open_file(model_path) as f:
+        assert d["config"] == f.config.to_dict()
+        assert d["file_size"] == os.path.getsize(model_path)
+        assert {t["name"]: (tuple(t["shape"]), t["nbytes"]) for t in d["tensors"]} == \
+            {n: (tuple(t.shape), t.nbytes) for n, t in f.tensors.items()}
+        assert d["parameters"] == sum(int(np.prod(t.shape)) for t in f.tensors.values())
+        assert sum(a["nbytes"] for a in d["by_dtype"].values()) == sum(t.nbytes for t in f.tensors.values())
+        assert {b["kind"] for b in d["blobs"]} == {k.name.lower() for k in f.blob_kinds}
+    assert d["checksums"] == "verified"
+    assert isinstance(d["provenance"], dict) and d["provenance"]
+
+
+def test_info_text_lists_everything(model_path):
+    r = _invoke("info", model_path)
+    assert r.exit_code == 0, r.stderr
+    with open_file(model_path) as f:
+        for name in f.tensors:
+            assert name in r.stdout
+        assert f"hidden_size" in r.stdout and str(f.config.hidden_size) in r.stdout
+    assert "provenance:" in r.stdout and "int4g" in r.stdout
+
+
+# ------------------------------------------------------------------ bad input: one line, non-zero, no traceback
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory, model_path):
+    d = tmp_path_factory.mktemp("bad")
+    (d / "notes.txt").write_text("this is not a model\n" * 20)
+    raw = open(model_path, "rb").read()
+    (d / "truncated.nanoqwen").write_bytes(raw[: len(raw) // 2])
+    return d
+
+
+@pytest.mark.parametrize("case", ["missing", "directory", "text", "truncated"])
+def test_bad_model_files(case, bad_files, model_path):
+    path = {"missing": str(bad_files / "nope.nanoqwen"), "directory": str(bad_files),
+            "text": str(bad_files / "notes.txt"), "truncated": str(bad_files / "truncated.nanoqwen")}[case]
+    for args in (["run", path, "-p", "x"], ["info", path], ["chat", path], ["serve", path, "--port", "1"]):
+        r = _invoke(*args)
+        assert r.exit_code == 1, (args, r.stderr)
+        line = _one_line_error(r.stderr)
+        assert path in line
+        assert r.stdout == ""
+
+
+@pytest.mark.parametrize("flags", [
+    ["--temperature", "-1"], ["--top-p", "0"], ["--top-p", "1.5"], ["--max-new-tokens", "0"], ["--top-k", "-2"],
+    ["--device", "tpu"], ["--seed", "-3"], ["--stop", ""], ["--max-context", "0"], ["--no-such-flag"],
+    ["--system", "s"],
+])
+def test_bad_flag_values(flags, model_path):
+    r = _invoke("run", model_path, "-p", "x", *flags)
+    assert r.exit_code == 2, r.stderr
+    assert "error" in _one_line_error(r.stderr)
+
+
+def test_bad_serve_flags(model_path):
+    for flags in (["--port", "70000"], ["--queue-size", "0"], ["--api-key", " "]):
+        r = _invoke("serve", model_path, *flags)
+        assert r.exit_code == 2, r.stderr
+        _one_line_error(r.stderr)
+
+
+def test_prompt_longer_than_context(model_path):
+    r = _invoke("run", model_path, "-p", "x " * 40, "--max-context", "8", "--device", "cpu")
+    assert r.exit_code == 1
+    assert "context" in _one_line_error(r.stderr)
+    r = _invoke("run", model_path, "-p", "", "--device", "cpu")
+    assert r.exit_code == 1
+    assert "empty" in _one_line_error(r.stderr)
+
+
+def test_bad_input_in_a_real_process_has_no_traceback(bad_files):
+    p = _subprocess("run", str(bad_files / "notes.txt"), "-p", "x")
+    assert p.returncode == 1
+    assert "not a valid .nanoqwen" in _one_line_error(p.stderr)
+
+
+def test_bench_on_cpu_small(model_path, tmp_path):
+    """bench runs the Engine part on the CPU (GPU ceilings/peers are skipped there) and writes its JSON."""
+    out = tmp_path / "bench.json"
+    r = _invoke("bench", model_path, "--no-peers", "--device", "cpu", "--prompt-tokens", "8", "--new-tokens", "4",
+                "--repeats", "1", "--json", str(out))
+    assert r.exit_code == 0, r.stderr
+    assert "TTFT" in r.stdout
+    d = json.loads(out.read_text())
+    assert d["engine"]["prompt_tokens"] == 8 and d["engine"]["new_tokens"] == 4
+    assert d["engine"]["deterministic"] is True
+    r = _invoke("bench", model_path, "--no-peers", "--device", "cpu", "--prompt-tokens", "100000")
+    assert r.exit_code == 2
+    assert "max_positions" in _one_line_error(r.stderr)
+
+
+# ------------------------------------------------------------------ chat
+
+
+def _answers(stdout: str) -> list[str]:
+    """The assistant answers in a chat transcript ('you> ' prompts and 'assistant> ' prefixes on stdout)."""
+    return [re.sub(r"\n(you> )*$", "", part) for part in stdout.split("assistant> ")[1:]]
+
+
+def test_chat_multi_turn_and_reset(model_path, engine):
+    kw = dict(max_new_tokens=10, temperature=0.0)
+    script = "hello\nwrite a loop\n/reset\nhello\n/exit\n"
+    p = _subprocess("chat", model_path, "-n", "10", "--device", "cpu", input=script)
+    assert p.returncode == 0, p.stderr
+    a = _answers(p.stdout)
+    assert len(a) == 3
+    u1, u2 = {"role": "user", "content": "hello"}, {"role": "user", "content": "write a loop"}
+    assert a[0] == _ref(engine, messages=[u1], **kw)
+    assert a[1] == _ref(engine, messages=[u1, {"role": "assistant", "content": a[0]}, u2], **kw)
+    assert a[2] == a[0]                                    # /reset: the same first turn again
+    assert "conversation cleared" in p.stderr
+
+
+class _InterruptFirstAnswer:
+    """The real Engine, except that the first generate() raises KeyboardInterrupt after two chunks: what
+    Ctrl-C does to the CLI at that moment, made deterministic."""
+
+    def __init__(self, eng):
+        self._eng = eng
+        self.calls = 0
+
+    def __getattr__(self, name):
+        return getattr(self._eng, name)
+
+    def generate(self, *a, **kw):
+        self.calls += 1
+        it = self._eng.generate(*a, **kw)
+        if self.calls > 1:
+            return it
+
+        def interrupted():
+            for i, chunk in enumerate(it):
+                if i == 2:
+                    it.close()
+                    raise KeyboardInterrupt
+                yield chunk
+        return interrupted()
+
+
+def test_chat_ctrl_c_stops_the_answer_not_the_program(model_path, engine, monkeypatch):
+    wrapped = {}
+
+    def load(path, device, max_context):
+        wrapped["e"] = _InterruptFirstAnswer(Engine(path, device="cpu"))
+        return wrapped["e"]
+    monkeypatch.setattr(cli, "load_engine", load)
+    r = _invoke("chat", model_path, "-n", "10", input="hello\nagain\n/exit\n")
+    assert r.exit_code == 0, r.stderr
+    a = _answers(r.stdout)
+    assert len(a) == 2 and a[0].endswith(" [stopped]")
+    partial = a[0][: -len(" [stopped]")]
+    first_two = "".join(c.text for c, _ in zip(engine.chat([{"role": "user", "content": "hello"}],
+                                                           max_new_tokens=10, temperature=0.0), range(2)))
+    assert partial == first_two
+    history = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": partial},
+               {"role": "user", "content": "again"}]
+    assert a[1] == _ref(engine, messages=history, max_new_tokens=10, temperature=0.0)
+
+
+def test_chat_sigint_at_the_prompt_keeps_running(model_path):
+    """A real SIGINT while chat waits for input: a hint, then the next command still works."""
+    proc = subprocess.Popen([sys.executable, "-m", "nanoqwen_rt.cli", "chat", model_path, "--device", "cpu"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = bytearray()
+
+    def pump():
+        while chunk := proc.stdout.read1(4096):
+            out.extend(chunk)
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + HANG_GUARD_S
+        while b"you> " not in out:
+            assert proc.poll() is None and time.monotonic() < deadline, "chat did not show its prompt"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        while out.count(b"you> ") < 2:                     # it prompts again instead of exiting
+            assert proc.poll() is None and time.monotonic() < deadline, "chat exited on SIGINT"
+            time.sleep(0.05)
+        _, err = proc.communicate(b"/exit\n", timeout=HANG_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    assert b"Ctrl-C" in err and b"Traceback" not in err
