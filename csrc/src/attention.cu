@@ -1,0 +1,240 @@
+// Paged-KV attention (decode and prefill share it) + RoPE/KV-cache write.
+//
+// Grid (n_kv, n_split, M): block (h, s, t) serves query token t (position *pos0 + t) for the G = n_heads/n_kv
+// query heads of KV head h, over keys [s*kps, min((s+1)*kps, pos+1)): the G heads share one read of K and V.
+// kps = max(keys_per_split, ceil32((pos+1)/n_split)) is computed from the position at run time, so every split
+// has work at any context length and one captured graph serves all positions.
+// 4 warps; each warp takes tiles of 32 keys (lane = key for the scores, lane = dims for the V sum), keeping an
+// online softmax (log2 domain) per head. Blocks write a partial (m, l, o[D]) per head; the last block of
+// (t, h) to finish (atomic counter) merges the splits and writes the f16 output, then re-arms the counter.
+// Decode (write_kv): the block whose key range holds the current position first writes rope(k), v there.
+#include "kernels.h"
+#include "device_util.cuh"
+#include <math_constants.h>
+
+namespace nq {
+namespace {
+
+constexpr int kAttnWarps = 4, kAttnThreads = kAttnWarps * 32, kMaxG = 8;
+
+__device__ __forceinline__ size_t kv_index(const AttnArgs& a, int key, int h, int D) {
+  const int page = a.page_table[key / kPage];
+  return (((size_t)page * a.n_kv + h) * kPage + (key % kPage)) * (size_t)D;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
+  constexpr int DPL = D / 32;  // dims per lane in the V accumulation
+  __shared__ __align__(16) float qs[kMaxG][D];
+  __shared__ float wm[kAttnWarps][kMaxG], wl[kAttnWarps][kMaxG];
+  __shared__ float wo[kAttnWarps][kMaxG][D];
+  __shared__ int s_last;
+
+  const int h = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
+  const int G = a.n_heads / a.n_kv;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int pos = *a.pos0 + t;
+  const int n_keys = pos + 1;
+  // keys per split: at least keys_per_split, and large enough that n_split splits cover the n_keys keys
+  const int kps = max(a.keys_per_split, ((n_keys + a.n_split - 1) / a.n_split + 31) / 32 * 32);
+  const int k0 = split * kps;
+  const int k1 = min(n_keys, k0 + kps);
+  const float* qkv = a.qkv + (size_t)t * a.qkv_stride;
+  const float2* rope = a.rope + (size_t)pos * (D / 2);
+
+  if (k0 < k1) {
+    if (a.write_kv && pos >= k0 && pos < k1) {
+      const float* kin = qkv + a.n_heads * D + h * D;
+      const float* vin = qkv + (a.n_heads + a.n_kv) * D + h * D;
+      const size_t idx = kv_index(a, pos, h, D);
+      for (int i = tid; i < D / 2; i += kAttnThreads) {
+        const float2 cs = rope[i];
+        const float x0 = kin[i], x1 = kin[i + D / 2];
+        a.kv.k[idx + i] = __float2half_rn(x0 * cs.x - x1 * cs.y);
+        a.kv.k[idx + i + D / 2] = __float2half_rn(x1 * cs.x + x0 * cs.y);
+        a.kv.v[idx + i] = __float2half_rn(vin[i]);
+        a.kv.v[idx + i + D / 2] = __float2half_rn(vin[i + D / 2]);
+      }
+    }
+    // roped q of the G heads, scaled by log2(e)/sqrt(D) so scores are in the log2 domain
+    const float qscale = 1.4426950408889634f * rsqrtf((float)D);
+    for (int i = tid; i < G * (D / 2); i += kAttnThreads) {
+      const int g = i / (D / 2), d = i % (D / 2);
+      const float* qin = qkv + (h * G + g) * D;
+      const float2 cs = rope[d];
+      const float x0 = qin[d], x1 = qin[d + D / 2];
+      qs[g][d] = (x0 * cs.x - x1 * cs.y) * qscale;
+      qs[g][d + D / 2] = (x1 * cs.x + x0 * cs.y) * qscale;
+    }
+    __syncthreads();  // q staged; the KV write above is visible to the whole block
+
+    float m[kMaxG], l[kMaxG], o[kMaxG][DPL];
+#pragma unroll
+    for (int g = 0; g < kMaxG; g++) {
+      m[g] = -CUDART_INF_F;
+      l[g] = 0.f;
+#pragma unroll
+      for (int e = 0; e < DPL; e++) o[g][e] = 0.f;
+    }
+    for (int kb = k0 + warp * 32; kb < k1; kb += kAttnWarps * 32) {
+      const int key = kb + lane;
+      const bool valid = key < k1;
+      float s[kMaxG];
+#pragma unroll
+      for (int g = 0; g < kMaxG; g++) s[g] = 0.f;
+      if (valid) {
+        const uint4* kr = reinterpret_cast<const uint4*>(a.kv.k + kv_index(a, key, h, D));
+#pragma unroll 4
+        for (int c = 0; c < D / 8; c++) {
+          const uint4 kv = kr[c];
+          const float2 k01 = __half22float2(u32_as_h2(kv.x)), k23 = __half22float2(u32_as_h2(kv.y));
+          const float2 k45 = __half22float2(u32_as_h2(kv.z)), k67 = __half22float2(u32_as_h2(kv.w));
+#pragma unroll
+          for (int g = 0; g < kMaxG; g++) {
+            if (g < G) {
+              const float4 qa = *reinterpret_cast<const float4*>(&qs[g][c * 8]);
+              const float4 qb = *reinterpret_cast<const float4*>(&qs[g][c * 8 + 4]);
+              s[g] += qa.x * k01.x + qa.y * k01.y + qa.z * k23.x + qa.w * k23.y +
+                      qb.x * k45.x + qb.y * k45.y + qb.z * k67.x + qb.w * k67.y;
+            }
+          }
+        }
+      }
+      float p[kMaxG];
+#pragma unroll
+      for (int g = 0; g < kMaxG; g++) {
+        if (g < G) {
+          const float mt = warp_max(valid ? s[g] : -CUDART_INF_F);
+          const float mn = fmaxf(m[g], mt);
+          const float corr = exp2f(m[g] - mn);
+          p[g] = valid ? exp2f(s[g] - mn) : 0.f;
+          l[g] = l[g] * corr + warp_sum(p[g]);
+          m[g] = mn;
+#pragma unroll
+          for (int e = 0; e < DPL; e++) o[g][e] *= corr;
+        } else {
+          p[g] = 0.f;
+        }
+      }
+      const int nvalid = min(32, k1 - kb);
+      for (int j = 0; j < nvalid; j++) {
+        const __half* vr = a.kv.v + kv_index(a, kb + j, h, D) + lane * DPL;
+        float vf[DPL];
+        if (DPL == 4) {
+          const uint2 vv = *reinterpret_cast<const uint2*>(vr);
+          const float2 a01 = __half22float2(u32_as_h2(vv.x)), a23 = __half22float2(u32_as_h2(vv.y));
+          vf[0] = a01.x; vf[1] = a01.y; vf[2 % DPL] = a23.x; vf[3 % DPL] = a23.y;
+        } else {
+          const float2 a01 = __half22float2(*reinterpret_cast<const __half2*>(vr));
+          vf[0] = a01.x; vf[1 % DPL] = a01.y;
+        }
+#pragma unroll
+        for (int g = 0; g < kMaxG; g++) {
+          if (g < G) {
+            const float pj = __shfl_sync(0xffffffffu, p[g], j);
+#pragma unroll
+            for (int e = 0; e < DPL; e++) o[g][e] = fmaf(pj, vf[e], o[g][e]);
+          }
+        }
+      }
+    }
+    // merge the warps
+#pragma unroll
+    for (int g = 0; g < kMaxG; g++) {
+      if (g < G) {
+        if (lane == 0) { wm[warp][g] = m[g]; wl[warp][g] = l[g]; }
+#pragma unroll
+        for (int e = 0; e < DPL; e++) wo[warp][g][lane * DPL + e] = o[g][e];
+      }
+    }
+    __syncthreads();
+    for (int i = tid; i < G * D; i += kAttnThreads) {
+      const int g = i / D, d = i % D;
+      float mm = -CUDART_INF_F;
+#pragma unroll
+      for (int w = 0; w < kAttnWarps; w++) mm = fmaxf(mm, wm[w][g]);
+      float ll = 0.f, oo = 0.f;
+#pragma unroll
+      for (int w = 0; w < kAttnWarps; w++) {
+        const float f = exp2f(wm[w][g] - mm);  // warps without keys have m = -inf -> 0
+        ll += wl[w][g] * f;
+        oo += wo[w][g][d] * f;
+      }
+      const size_t ph = ((size_t)t * a.n_heads + h * G + g) * a.n_split + split;
+      a.part_o[ph * D + d] = oo;
+      if (d == 0) { a.part_ml[ph * 2] = mm; a.part_ml[ph * 2 + 1] = ll; }
+    }
+  }
+  // last block of (t, h) merges the splits
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const int prev = atomicAdd(&a.counters[t * a.n_kv + h], 1);
+    s_last = prev == (int)gridDim.y - 1;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  const int n_used = (n_keys + kps - 1) / kps;
+  for (int i = tid; i < G * D; i += kAttnThreads) {
+    const int g = i / D, d = i % D;
+    const size_t base = ((size_t)t * a.n_heads + h * G + g) * a.n_split;
+    float mm = -CUDART_INF_F;
+    for (int sp = 0; sp < n_used; sp++) mm = fmaxf(mm, __ldcg(a.part_ml + (base + sp) * 2));
+    float ll = 0.f, oo = 0.f;
+    for (int sp = 0; sp < n_used; sp++) {
+      const float f = exp2f(__ldcg(a.part_ml + (base + sp) * 2) - mm);
+      ll += __ldcg(a.part_ml + (base + sp) * 2 + 1) * f;
+      oo += __ldcg(a.part_o + (base + sp) * D + d) * f;
+    }
+    a.out[(size_t)t * a.n_heads * D + (h * G + g) * D + d] = __float2half_rn(oo / ll);
+  }
+  if (tid == 0) a.counters[t * a.n_kv + h] = 0;
+}
+
+template <int D>
+__global__ void rope_kv_kernel(const float* qkv, int qkv_stride, const int* pos0, KvLayer kv, const int* page_table,
+                               const float2* rope, int n_heads, int n_kv) {
+  const int t = blockIdx.x, h = blockIdx.y;
+  const int pos = *pos0 + t;
+  const float* kin = qkv + (size_t)t * qkv_stride + n_heads * D + h * D;
+  const float* vin = qkv + (size_t)t * qkv_stride + (n_heads + n_kv) * D + h * D;
+  const int page = page_table[pos / kPage];
+  const size_t idx = (((size_t)page * n_kv + h) * kPage + pos % kPage) * D;
+  const float2* r = rope + (size_t)pos * (D / 2);
+  for (int i = threadIdx.x; i < D / 2; i += blockDim.x) {
+    const float2 cs = r[i];
+    const float x0 = kin[i], x1 = kin[i + D / 2];
+    kv.k[idx + i] = __float2half_rn(x0 * cs.x - x1 * cs.y);
+    kv.k[idx + i + D / 2] = __float2half_rn(x1 * cs.x + x0 * cs.y);
+    kv.v[idx + i] = __float2half_rn(vin[i]);
+    kv.v[idx + i + D / 2] = __float2half_rn(vin[i + D / 2]);
+  }
+}
+
+}  // namespace
+
+int attention(const AttnArgs& a, cudaStream_t st) {
+  if (a.n_kv <= 0 || a.n_heads % a.n_kv || a.n_heads / a.n_kv > kMaxG)
+    return fail(NQ_E_UNSUPPORTED, "attention: n_heads %d / n_kv %d (at most %d query heads per KV head)", a.n_heads, a.n_kv, kMaxG);
+  if (a.keys_per_split <= 0 || a.keys_per_split % 32)
+    return fail(NQ_E_INVALID_ARG, "attention: keys_per_split %d", a.keys_per_split);
+  dim3 grid(a.n_kv, a.n_split, a.M);
+  if (a.D == 128) attn_kernel<128><<<grid, kAttnThreads, 0, st>>>(a);
+  else if (a.D == 64) attn_kernel<64><<<grid, kAttnThreads, 0, st>>>(a);
+  else return fail(NQ_E_UNSUPPORTED, "attention: head_dim %d (64 or 128)", a.D);
+  NQ_LAUNCH_CHECK("attn_kernel");
+  return NQ_OK;
+}
+
+int rope_kv_write(const float* qkv, int qkv_stride, int M, const int* pos0, KvLayer kv, const int* page_table,
+                  const float2* rope, int n_heads, int n_kv, int D, cudaStream_t st) {
+  dim3 grid(M, n_kv);
+  if (D == 128) rope_kv_kernel<128><<<grid, 64, 0, st>>>(qkv, qkv_stride, pos0, kv, page_table, rope, n_heads, n_kv);
+  else if (D == 64) rope_kv_kernel<64><<<grid, 32, 0, st>>>(qkv, qkv_stride, pos0, kv, page_table, rope, n_heads, n_kv);
+  else return fail(NQ_E_UNSUPPORTED, "rope_kv_write: head_dim %d", D);
+  NQ_LAUNCH_CHECK("rope_kv_kernel");
+  return NQ_OK;
+}
+
+}  // namespace nq

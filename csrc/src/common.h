@@ -1,0 +1,40 @@
+// Error plumbing shared by every translation unit: a thread-local message and CUDA-checking macros.
+#pragma once
+#include <cuda_runtime.h>
+#include <cstdio>
+#include <cstdarg>
+#include <string>
+#include "nanoqwen.h"
+
+namespace nq {
+
+// Sets the thread-local last-error message and returns `code` (so: `return fail(NQ_E_IO, "...")`).
+int fail(int code, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+const char* last_error();
+
+}  // namespace nq
+
+// Evaluate a CUDA runtime call; on error record "<what>: <cuda message>" and return NQ_E_CUDA.
+#define NQ_CUDA(call)                                                                                   \
+  do {                                                                                                  \
+    cudaError_t nq_err_ = (call);                                                                       \
+    if (nq_err_ != cudaSuccess)                                                                         \
+      return ::nq::fail(NQ_E_CUDA, "%s failed at %s:%d: %s", #call, __FILE__, __LINE__,                 \
+                        cudaGetErrorString(nq_err_));                                                   \
+  } while (0)
+
+// After a kernel launch: check the launch error.
+#define NQ_LAUNCH_CHECK(name)                                                                           \
+  do {                                                                                                  \
+    cudaError_t nq_err_ = cudaGetLastError();                                                           \
+    if (nq_err_ != cudaSuccess)                                                                         \
+      return ::nq::fail(NQ_E_CUDA, "launch of %s failed at %s:%d: %s", name, __FILE__, __LINE__,        \
+                        cudaGetErrorString(nq_err_));                                                   \
+  } while (0)
+
+// Propagate a nonzero status.
+#define NQ_TRY(expr)            \
+  do {                          \
+    int nq_rc_ = (expr);        \
+    if (nq_rc_ != NQ_OK) return nq_rc_; \
+  } while (0)

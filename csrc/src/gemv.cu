@@ -1,0 +1,336 @@
+// Batch-1 GEMV for decode: y = W @ x, one warp per output row, weights streamed once with 16-byte loads.
+//
+// INT4 (layout 1, docs/architecture.md): lane l of a warp loads 16 bytes = one "unit" of 32 values (4 words)
+// at unit index m = c*32 + l of the row, so a warp reads 512 contiguous bytes per step; kUnroll steps are
+// issued before any is used. Word j of a unit holds values k = 32m + 8j .. +7 with nibble i -> k = PERM[i];
+// (w >> 4s) & 0x000F000F gives the pair (2s, 2s+1), OR 0x6400 makes f16 1024+u, minus 1032 gives exact u-8.
+// Products and 4-deep partial sums are f16x2 (HFMA2), everything above that is f32.
+// The input x (K) is staged in shared memory as f16 (RMSNorm fused: computed by every block from the f32
+// residual stream). For INT4 the 16-byte x units are stored transposed, unit p = 4m + j at j*(K/32) + m, so the
+// 32 lanes of a warp read 32 consecutive 16-byte units (no bank conflicts).
+// Variant 1 (dp4a): x quantised per 32-value unit to int8 (scale amax/127), packed in nibble order.
+#include "kernels.h"
+#include "device_util.cuh"
+
+namespace nq {
+namespace {
+
+constexpr int kWarps = 8, kThreads = kWarps * 32, kUnroll = 4;
+constexpr int kMaxDynSmem = 160 * 1024;
+
+// ---- prologue: x into shared memory -------------------------------------------------------------------------
+// Returns through `xs` (f16 units) K/8 uint4; layout per WT (see file comment).
+template <int WT>
+__device__ void stage_x_f16(const GemvArgs& a, int K, uint4* xs, float* red) {
+  const int nunits = K >> 3;
+  float inv = 1.f;
+  const bool norm = a.x_f16 == nullptr && a.norm_w != nullptr;
+  if (norm) {
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < (K >> 2); i += blockDim.x) {
+      const float4 v = reinterpret_cast<const float4*>(a.x_f32)[i];
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    ss = block_sum(ss, red);
+    inv = rsqrtf(ss / (float)K + a.eps);
+  }
+  for (int p = threadIdx.x; p < nunits; p += blockDim.x) {
+    uint4 u;
+    if (a.x_f16) {
+      u = reinterpret_cast<const uint4*>(a.x_f16)[p];
+    } else {
+      const float4 v0 = reinterpret_cast<const float4*>(a.x_f32)[2 * p];
+      const float4 v1 = reinterpret_cast<const float4*>(a.x_f32)[2 * p + 1];
+      float f[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+      if (norm) {
+        const float4 w0 = reinterpret_cast<const float4*>(a.norm_w)[2 * p];
+        const float4 w1 = reinterpret_cast<const float4*>(a.norm_w)[2 * p + 1];
+        const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+        for (int e = 0; e < 8; e++) f[e] = f[e] * inv * w[e];
+      }
+      u.x = h2_as_u32(__floats2half2_rn(f[0], f[1]));
+      u.y = h2_as_u32(__floats2half2_rn(f[2], f[3]));
+      u.z = h2_as_u32(__floats2half2_rn(f[4], f[5]));
+      u.w = h2_as_u32(__floats2half2_rn(f[6], f[7]));
+    }
+    const int dst = (WT == WT_INT4) ? (p & 3) * (K >> 5) + (p >> 2) : p;
+    xs[dst] = u;
+  }
+  __syncthreads();
+}
+
+// dp4a staging: per 32-value unit m: int2 xq[j][m] (j = word 0..3: .x = bytes for the low nibbles (k offsets
+// 0,4,1,5), .y = high nibbles (2,6,3,7)), float sx[m] (scale), int xsum[m] (sum of the int8 values).
+__device__ void stage_x_i8(const GemvArgs& a, int K, int2* xq, float* sx, int* xsum, float* red) {
+  const int nunits = K >> 5;
+  float inv = 1.f;
+  const bool norm = a.x_f16 == nullptr && a.norm_w != nullptr;
+  if (norm) {
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < (K >> 2); i += blockDim.x) {
+      const float4 v = reinterpret_cast<const float4*>(a.x_f32)[i];
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    ss = block_sum(ss, red);
+    inv = rsqrtf(ss / (float)K + a.eps);
+  }
+  for (int m = threadIdx.x; m < nunits; m += blockDim.x) {
+    float f[32];
+#pragma unroll
+    for (int e = 0; e < 32; e++) {
+      const int k = 32 * m + e;
+      float v = a.x_f16 ? __half2float(a.x_f16[k]) : a.x_f32[k];
+      if (norm) v = v * inv * a.norm_w[k];
+      f[e] = v;
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int e = 0; e < 32; e++) amax = fmaxf(amax, fabsf(f[e]));
+    const float s = amax / 127.f;
+    const float r = amax > 0.f ? 127.f / amax : 0.f;
+    int q[32];
+    int sum = 0;
+#pragma unroll
+    for (int e = 0; e < 32; e++) {
+      q[e] = __float2int_rn(f[e] * r);
+      sum += q[e];
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int* b = q + 8 * j;
+      const int lo = (b[0] & 0xff) | ((b[4] & 0xff) << 8) | ((b[1] & 0xff) << 16) | ((b[5] & 0xff) << 24);
+      const int hi = (b[2] & 0xff) | ((b[6] & 0xff) << 8) | ((b[3] & 0xff) << 16) | ((b[7] & 0xff) << 24);
+      xq[j * nunits + m] = make_int2(lo, hi);
+    }
+    sx[m] = s;
+    xsum[m] = sum;
+  }
+  __syncthreads();
+}
+
+// ---- row dot products (whole warp; result valid in every lane) ------------------------------------------------
+__device__ __forceinline__ float unit_dot_f16(const uint4 w, const uint4* xs, int xstride, int m) {
+  const __half2 magic = __half2half2(__ushort_as_half((unsigned short)0x6408));  // 1032 = 1024 + 8
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+  float part = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const uint4 xv = xs[j * xstride + m];
+    const uint32_t q = ws[j];
+    const __half2 q01 = __hsub2(u32_as_h2((q & 0x000F000Fu) | 0x64006400u), magic);
+    const __half2 q23 = __hsub2(u32_as_h2(((q >> 4) & 0x000F000Fu) | 0x64006400u), magic);
+    const __half2 q45 = __hsub2(u32_as_h2(((q >> 8) & 0x000F000Fu) | 0x64006400u), magic);
+    const __half2 q67 = __hsub2(u32_as_h2(((q >> 12) & 0x000F000Fu) | 0x64006400u), magic);
+    __half2 p = __hmul2(q01, u32_as_h2(xv.x));
+    p = __hfma2(q23, u32_as_h2(xv.y), p);
+    p = __hfma2(q45, u32_as_h2(xv.z), p);
+    p = __hfma2(q67, u32_as_h2(xv.w), p);
+    const float2 pf = __half22float2(p);
+    part += pf.x + pf.y;
+  }
+  return part;
+}
+
+__device__ __forceinline__ float unit_dot_i8(const uint4 w, const int2* xq, int nunits, int m) {
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+  int acc = 0;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const int2 xv = xq[j * nunits + m];
+    acc = __dp4a((int)(ws[j] & 0x0F0F0F0Fu), xv.x, acc);
+    acc = __dp4a((int)((ws[j] >> 4) & 0x0F0F0F0Fu), xv.y, acc);
+  }
+  return (float)acc;
+}
+
+template <bool DP4A>
+__device__ float row_dot_int4(const LinW& W, int row, const void* smem, int lane) {
+  const int K = W.K, nunits = K >> 5;
+  const uint4* wrow = reinterpret_cast<const uint4*>(W.w) + (size_t)row * nunits;
+  const __half* srow = W.scales + (size_t)row * (K / W.group);
+  const int gshift = __ffs(W.group >> 5) - 1;  // units per group = group/32 (power of two)
+  const uint4* xs = static_cast<const uint4*>(smem);
+  const int2* xq = static_cast<const int2*>(smem);
+  const float* sx = reinterpret_cast<const float*>(xq + 4 * nunits);
+  const int* xsum = reinterpret_cast<const int*>(sx + nunits);
+  float acc = 0.f;
+  for (int base = 0; base < nunits; base += 32 * kUnroll) {
+    uint4 wv[kUnroll];
+    __half sc[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; u++) {
+      const int m = base + u * 32 + lane;
+      if (m < nunits) {
+        wv[u] = ld_stream16(wrow + m);
+        sc[u] = srow[m >> gshift];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; u++) {
+      const int m = base + u * 32 + lane;
+      if (m < nunits) {
+        if (DP4A) {
+          const float d = unit_dot_i8(wv[u], xq, nunits, m) - 8.f * (float)xsum[m];
+          acc = fmaf(__half2float(sc[u]) * sx[m], d, acc);
+        } else {
+          acc = fmaf(__half2float(sc[u]), unit_dot_f16(wv[u], xs, nunits, m), acc);
+        }
+      }
+    }
+  }
+  return warp_sum(acc);
+}
+
+template <int WT>
+__device__ float row_dot_dense(const LinW& W, int row, const uint4* xs, int lane) {
+  const int K = W.K, nunits = K >> 3;
+  const uint4* wrow = reinterpret_cast<const uint4*>(W.w) + (size_t)row * nunits;
+  float acc = 0.f;
+  for (int base = 0; base < nunits; base += 32 * kUnroll) {
+    uint4 wv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; u++) {
+      const int m = base + u * 32 + lane;
+      if (m < nunits) wv[u] = ld_stream16(wrow + m);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; u++) {
+      const int m = base + u * 32 + lane;
+      if (m < nunits) {
+        const uint4 xv = xs[m];
+        const uint32_t ww[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
+        const uint32_t xx[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          const float2 xf = __half22float2(u32_as_h2(xx[j]));
+          float2 wf;
+          if (WT == WT_F16) {
+            wf = __half22float2(u32_as_h2(ww[j]));
+          } else {
+            wf.x = bf16_bits_to_float(ww[j] & 0xffffu);
+            wf.y = bf16_bits_to_float(ww[j] >> 16);
+          }
+          acc = fmaf(wf.x, xf.x, acc);
+          acc = fmaf(wf.y, xf.y, acc);
+        }
+      }
+    }
+  }
+  return warp_sum(acc);
+}
+
+template <int WT, bool DP4A>
+__device__ __forceinline__ float row_dot(const LinW& W, int row, const void* smem, int lane) {
+  if constexpr (WT == WT_INT4) return row_dot_int4<DP4A>(W, row, smem, lane);
+  else return row_dot_dense<WT>(W, row, static_cast<const uint4*>(smem), lane);
+}
+
+template <int WT, int MODE, bool DP4A>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, int total_rows) {
+  extern __shared__ uint4 smem[];
+  __shared__ float red[32];
+  const int K = a.seg[0].K;
+  if (DP4A) {
+    const int nunits = K >> 5;
+    int2* xq = reinterpret_cast<int2*>(smem);
+    float* sx = reinterpret_cast<float*>(xq + 4 * nunits);
+    int* xsum = reinterpret_cast<int*>(sx + nunits);
+    stage_x_i8(a, K, xq, sx, xsum, red);
+  } else {
+    stage_x_f16<WT>(a, K, smem, red);
+  }
+  const int lane = threadIdx.x & 31;
+  const int r = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  if (r >= total_rows) return;
+  // which segment holds row r (segments are concatenated in order)
+  const int n0 = a.seg[0].N, n1 = a.nseg > 1 ? a.seg[1].N : 0;
+  int s = 0, row = r;
+  if (a.nseg > 1 && r >= n0) { s = 1; row = r - n0; }
+  if (a.nseg > 2 && r >= n0 + n1) { s = 2; row = r - n0 - n1; }
+  const LinW W = s == 0 ? a.seg[0] : (s == 1 ? a.seg[1] : a.seg[2]);
+  const float* bias = s == 0 ? a.bias[0] : (s == 1 ? a.bias[1] : a.bias[2]);
+  const float y = row_dot<WT, DP4A>(W, row, smem, lane);
+  if (MODE == GEMV_SWIGLU) {
+    const float u = row_dot<WT, DP4A>(a.up, row, smem, lane);
+    if (lane == 0) {
+      const float silu = y / (1.f + __expf(-y));
+      a.out_f16[r] = __float2half_rn(silu * u);
+    }
+  } else if (lane == 0) {
+    const float b = bias ? bias[row] : 0.f;
+    if (MODE == GEMV_ADD) a.out_f32[r] += y + b;
+    else a.out_f32[r] = y + b;
+  }
+}
+
+template <int WT, int MODE, bool DP4A>
+int launch(const GemvArgs& a, int rows, size_t smem, cudaStream_t st) {
+  const int grid = (rows + kWarps - 1) / kWarps;
+  gemv_kernel<WT, MODE, DP4A><<<grid, kThreads, smem, st>>>(a, rows);
+  NQ_LAUNCH_CHECK("gemv_kernel");
+  return NQ_OK;
+}
+
+template <int WT, bool DP4A>
+int dispatch_mode(const GemvArgs& a, int rows, size_t smem, cudaStream_t st) {
+  switch (a.mode) {
+    case GEMV_STORE: return launch<WT, GEMV_STORE, DP4A>(a, rows, smem, st);
+    case GEMV_ADD: return launch<WT, GEMV_ADD, DP4A>(a, rows, smem, st);
+    case GEMV_SWIGLU: return launch<WT, GEMV_SWIGLU, DP4A>(a, rows, smem, st);
+  }
+  return fail(NQ_E_INVALID_ARG, "gemv: unknown mode %d", a.mode);
+}
+
+template <int WT, bool DP4A>
+cudaError_t raise_limits() {
+  cudaError_t e;
+  if ((e = cudaFuncSetAttribute(gemv_kernel<WT, GEMV_STORE, DP4A>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynSmem))) return e;
+  if ((e = cudaFuncSetAttribute(gemv_kernel<WT, GEMV_ADD, DP4A>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynSmem))) return e;
+  return cudaFuncSetAttribute(gemv_kernel<WT, GEMV_SWIGLU, DP4A>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynSmem);
+}
+
+}  // namespace
+
+int gemv_prepare() {
+  NQ_CUDA((raise_limits<WT_INT4, false>()));
+  NQ_CUDA((raise_limits<WT_INT4, true>()));
+  NQ_CUDA((raise_limits<WT_F16, false>()));
+  NQ_CUDA((raise_limits<WT_BF16, false>()));
+  return NQ_OK;
+}
+
+int gemv(const GemvArgs& a, cudaStream_t st) {
+  const LinW& w0 = a.seg[0];
+  const int K = w0.K;
+  if (a.nseg < 1 || a.nseg > 3) return fail(NQ_E_INVALID_ARG, "gemv: nseg %d", a.nseg);
+  if (K <= 0 || K % 32 != 0) return fail(NQ_E_INVALID_ARG, "gemv: K=%d must be a positive multiple of 32", K);
+  int rows = 0;
+  for (int s = 0; s < a.nseg; s++) {
+    if (a.seg[s].K != K || a.seg[s].type != w0.type)
+      return fail(NQ_E_INVALID_ARG, "gemv: segments differ in K or weight type");
+    rows += a.seg[s].N;
+  }
+  if (a.mode == GEMV_SWIGLU && (a.nseg != 1 || a.up.K != K || a.up.N != w0.N || a.up.type != w0.type))
+    return fail(NQ_E_INVALID_ARG, "gemv: SWIGLU needs one gate segment and an up weight of the same shape");
+  if (w0.type == WT_INT4) {
+    const int g = w0.group;
+    if (!(g == 32 || g == 64 || g == 128 || g == 256) || K % g)
+      return fail(NQ_E_INVALID_ARG, "gemv: group %d with K=%d", g, K);
+    if (a.variant == 1) {
+      const size_t smem = (size_t)(K / 32) * (32 + 8);
+      if (smem > (size_t)kMaxDynSmem) return fail(NQ_E_UNSUPPORTED, "gemv: K=%d too large", K);
+      return dispatch_mode<WT_INT4, true>(a, rows, smem, st);
+    }
+    const size_t smem = (size_t)K * 2;
+    if (smem > (size_t)kMaxDynSmem) return fail(NQ_E_UNSUPPORTED, "gemv: K=%d too large", K);
+    return dispatch_mode<WT_INT4, false>(a, rows, smem, st);
+  }
+  const size_t smem = (size_t)K * 2;
+  if (smem > (size_t)kMaxDynSmem) return fail(NQ_E_UNSUPPORTED, "gemv: K=%d too large", K);
+  if (w0.type == WT_F16) return dispatch_mode<WT_F16, false>(a, rows, smem, st);
+  if (w0.type == WT_BF16) return dispatch_mode<WT_BF16, false>(a, rows, smem, st);
+  return fail(NQ_E_UNSUPPORTED, "gemv: weight type %d", w0.type);
+}
+
+}  // namespace nq

@@ -1,0 +1,100 @@
+// Device kernels' host-side launchers. Each returns NQ_OK or NQ_E_CUDA (launch checked), and enqueues on `st`.
+#pragma once
+#include <cuda_fp16.h>
+#include <cstdint>
+#include "common.h"
+
+namespace nq {
+
+enum WeightType : int { WT_INT4 = 3, WT_F16 = 1, WT_BF16 = 2 };  // values equal the file's dtype ids
+
+// One linear layer's weight on the device, y = W @ x with W (N, K).
+struct LinW {
+  const uint8_t* w = nullptr;       // int4: qweight uint32 (N, K/8) layout 1; dense: (N, K) f16/bf16 bits
+  const __half* scales = nullptr;   // int4 only: f16 (N, K/group)
+  int N = 0, K = 0, group = 0, type = 0;
+};
+
+enum GemvMode : int {
+  GEMV_STORE = 0,   // out_f32[r] = y + bias
+  GEMV_ADD = 1,     // out_f32[r] += y + bias   (residual add)
+  GEMV_SWIGLU = 2,  // out_f16[r] = silu(gate_r . x) * (up_r . x)   (seg[0] = gate, up = up)
+};
+
+struct GemvArgs {
+  LinW seg[3];               // rows of the segments are concatenated: output row r of seg s = row_off[s] + i
+  int nseg = 1;
+  const float* bias[3] = {nullptr, nullptr, nullptr};  // f32 (seg N) each, or null
+  LinW up;                   // SWIGLU only
+  // input: x_f16 (K) as is, or x_f32 (K) optionally RMS-normalised with norm_w (K) f32 and eps
+  const __half* x_f16 = nullptr;
+  const float* x_f32 = nullptr;
+  const float* norm_w = nullptr;
+  float eps = 1e-6f;
+  float* out_f32 = nullptr;
+  __half* out_f16 = nullptr;
+  int mode = GEMV_STORE;
+  int variant = 0;           // int4 only: 0 = f16 unpack (lop3 magic), 1 = int8 activations + dp4a
+};
+
+int gemv(const GemvArgs& a, cudaStream_t st);
+int gemv_prepare();  // raise dynamic shared-memory limits once per process
+
+// Batched (prefill) pieces ---------------------------------------------------------------------------------
+// C[M, N] (+)= A[M, K] (f16, row stride lda) @ W^T ; accumulate f32; epilogue: bias (f32 N) and/or residual
+// add into C. C row stride ldc. Tensor cores (wmma m16n16k16).
+int gemm(const LinW& W, const __half* A, int lda, int M, float* C, int ldc, const float* bias, bool add,
+         cudaStream_t st);
+// Y[M, K] f16 = rmsnorm(X[M, K] f32) * w
+int rmsnorm_rows(const float* X, const float* w, int M, int K, float eps, __half* Y, cudaStream_t st);
+// H[M, I] f16 = silu(G) * U
+int swiglu_rows(const float* G, const float* U, int M, int I, __half* H, cudaStream_t st);
+// X[M, H] f32 = embedding rows of tokens (embed dtype f32/f16/bf16)
+int embed_rows(const void* table, int dtype, const int32_t* tokens, int M, int H, float* X, cudaStream_t st);
+
+// KV cache geometry ------------------------------------------------------------------------------------------
+constexpr int kPage = 16;  // tokens per KV page
+struct KvLayer {
+  __half* k;               // [n_phys_pages][n_kv][kPage][D]
+  __half* v;
+};
+
+struct AttnArgs {
+  const float* qkv;        // [M][qkv_stride] f32: q (n_heads*D), k (n_kv*D), v (n_kv*D), bias already added
+  int qkv_stride;
+  int M;                   // query tokens (1 for decode)
+  const int* pos0;         // device: position of query token 0 (token t is at *pos0 + t)
+  KvLayer kv;
+  const int* page_table;   // device [max_pages] logical page -> physical page
+  const float2* rope;      // [max_ctx][D/2] (cos, sin)
+  int n_heads, n_kv, D;
+  int keys_per_split;      // minimum keys per split (multiple of 32); grown at run time to cover pos+1 keys
+  int n_split;             // grid size along splits
+  bool write_kv;           // decode: the block owning pos writes rope(k), v into the cache first
+  float* part_o;           // [M][n_heads][n_split][D]
+  float* part_ml;          // [M][n_heads][n_split][2]
+  int* counters;           // [M][n_kv], zero before, left zero after
+  __half* out;             // [M][n_heads*D]
+};
+int attention(const AttnArgs& a, cudaStream_t st);
+// Prefill: rope(k) and v of M tokens into the cache at *pos0 .. *pos0+M-1.
+int rope_kv_write(const float* qkv, int qkv_stride, int M, const int* pos0, KvLayer kv, const int* page_table,
+                  const float2* rope, int n_heads, int n_kv, int D, cudaStream_t st);
+
+// Decode step helpers -----------------------------------------------------------------------------------------
+// x[H] f32 = embed[token] where token = *d_token
+int embed_token(const void* table, int dtype, const int32_t* d_token, int H, float* x, cudaStream_t st);
+// *pos += n
+int advance_pos(int* pos, int n, cudaStream_t st);
+
+struct SampleArgs {
+  const float* logits; int V;
+  const nq_sampling* params;     // device: temperature, top_k, top_p, seed (read at run time, so one graph
+                                 // serves any sampling settings)
+  unsigned long long* counter;   // device: draws so far (incremented)
+  int32_t* token_out;            // device: sampled token
+  int32_t* host_ring; int ring_size;  // mapped host ring (may be null): ring[(*counter) % ring_size] = token
+};
+int sample(const SampleArgs& a, cudaStream_t st);
+
+}  // namespace nq

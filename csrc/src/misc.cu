@@ -1,0 +1,239 @@
+// Small kernels: embedding lookups, row RMSNorm / SwiGLU for prefill, position advance, device sampler.
+#include "kernels.h"
+#include "device_util.cuh"
+#include <math_constants.h>
+#include <climits>
+
+namespace nq {
+namespace {
+
+__device__ __forceinline__ float load_elem(const void* table, int dtype, size_t i) {
+  if (dtype == 1) return __half2float(static_cast<const __half*>(table)[i]);
+  if (dtype == 2) return bf16_bits_to_float(static_cast<const uint16_t*>(table)[i]);
+  return static_cast<const float*>(table)[i];
+}
+
+__global__ void embed_token_kernel(const void* table, int dtype, const int32_t* d_token, int H, float* x) {
+  const size_t row = (size_t)(*d_token) * H;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x)
+    x[i] = load_elem(table, dtype, row + i);
+}
+
+__global__ void embed_rows_kernel(const void* table, int dtype, const int32_t* tokens, int H, float* X) {
+  const size_t row = (size_t)tokens[blockIdx.x] * H;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) X[(size_t)blockIdx.x * H + i] = load_elem(table, dtype, row + i);
+}
+
+__global__ void rmsnorm_rows_kernel(const float* X, const float* w, int K, float eps, __half* Y) {
+  __shared__ float red[32];
+  const float* x = X + (size_t)blockIdx.x * K;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < K; i += blockDim.x) ss += x[i] * x[i];
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss / (float)K + eps);
+  for (int i = threadIdx.x; i < K; i += blockDim.x) Y[(size_t)blockIdx.x * K + i] = __float2half_rn(x[i] * inv * w[i]);
+}
+
+__global__ void swiglu_rows_kernel(const float* G, const float* U, size_t n, __half* H) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const float g = G[i];
+    H[i] = __float2half_rn(g / (1.f + __expf(-g)) * U[i]);
+  }
+}
+
+__global__ void advance_pos_kernel(int* pos, int n) { *pos += n; }
+
+// ---- sampler -------------------------------------------------------------------------------------------------
+constexpr int kSampleThreads = 1024;
+
+// monotone map float -> uint32 (larger float -> larger key)
+__device__ __forceinline__ uint32_t fkey(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ unsigned long long splitmix64(unsigned long long z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+__global__ void __launch_bounds__(kSampleThreads) sample_kernel(const SampleArgs a) {
+  __shared__ float red[32];
+  __shared__ float s_val[32];
+  __shared__ int s_idx[32];
+  __shared__ int s_tok;
+  __shared__ float s_scan[kSampleThreads];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const float* L = a.logits;
+  const int V = a.V;
+  const float temperature = a.params->temperature, top_p = a.params->top_p;
+  const int top_k = a.params->top_k;
+  const unsigned long long seed = a.params->seed;
+  // 1. argmax, lowest index on ties (NaN never wins)
+  float best = -CUDART_INF_F;
+  int bi = INT_MAX;
+  for (int i = tid; i < V; i += kSampleThreads) {
+    const float v = L[i];
+    if (v > best) { best = v; bi = i; }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+  }
+  if (lane == 0) { s_val[warp] = best; s_idx[warp] = bi; }
+  __syncthreads();
+  if (warp == 0) {
+    best = s_val[lane]; bi = s_idx[lane];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    }
+    if (lane == 0) s_tok = bi == INT_MAX ? 0 : bi;
+  }
+  __syncthreads();
+  float m_all;
+  {
+    // the max value itself
+    float v = -CUDART_INF_F;
+    for (int i = tid; i < V; i += kSampleThreads) v = fmaxf(v, L[i]);
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < 32 ? red[lane] : -CUDART_INF_F;
+    m_all = warp_max(v);
+  }
+  if (temperature > 0.f) {
+    const float invT = 1.f / temperature;
+    // 2. top-k threshold: largest key t with count(key >= t) >= k
+    uint32_t thr = 0;
+    if (top_k > 0 && top_k < V) {
+      uint32_t ans = 0;
+      for (int bit = 31; bit >= 0; bit--) {
+        const uint32_t cand = ans | (1u << bit);
+        float c = 0.f;
+        for (int i = tid; i < V; i += kSampleThreads) c += fkey(L[i]) >= cand ? 1.f : 0.f;
+        c = block_sum(c, red);
+        if (c >= (float)top_k) ans = cand;
+      }
+      thr = ans;
+    }
+    // 3. top-p threshold over the kept set: largest t >= thr with mass(key >= t) >= top_p * mass(key >= thr)
+    auto mass = [&](uint32_t t) {
+      float s = 0.f;
+      for (int i = tid; i < V; i += kSampleThreads) {
+        const float v = L[i];
+        if (fkey(v) >= t) s += exp2f((v - m_all) * invT * 1.4426950408889634f);
+      }
+      return block_sum(s, red);
+    };
+    if (top_p < 1.f) {
+      const float target = top_p * mass(thr);
+      unsigned long long lo = thr, hi = 0x100000000ull;
+      while (hi - lo > 1) {
+        const unsigned long long mid = (lo + hi) >> 1;
+        if (mass((uint32_t)mid) >= target) lo = mid; else hi = mid;
+      }
+      thr = (uint32_t)lo;
+    }
+    // 4. inverse-CDF draw in index order over the kept set
+    const int chunk = (V + kSampleThreads - 1) / kSampleThreads;
+    const int i0 = min(V, tid * chunk), i1 = min(V, i0 + chunk);
+    float local = 0.f;
+    int last_kept = -1;
+    for (int i = i0; i < i1; i++) {
+      const float v = L[i];
+      if (fkey(v) >= thr) { local += exp2f((v - m_all) * invT * 1.4426950408889634f); last_kept = i; }
+    }
+    s_scan[tid] = local;
+    __syncthreads();
+    // inclusive scan (Hillis-Steele) over 1024 partial sums
+    for (int off = 1; off < kSampleThreads; off <<= 1) {
+      const float add = tid >= off ? s_scan[tid - off] : 0.f;
+      __syncthreads();
+      s_scan[tid] += add;
+      __syncthreads();
+    }
+    const float total = s_scan[kSampleThreads - 1];
+    // last kept index overall (fallback when round-off puts the draw at the very end)
+    int lk = last_kept;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) lk = max(lk, __shfl_xor_sync(0xffffffffu, lk, o));
+    __syncthreads();
+    if (lane == 0) s_idx[warp] = lk;
+    __syncthreads();
+    if (tid == 0) {
+      int m = -1;
+      for (int w = 0; w < kSampleThreads / 32; w++) m = max(m, s_idx[w]);
+      s_tok = m;
+    }
+    __syncthreads();
+    const unsigned long long c = *a.counter;
+    const double u = (double)(splitmix64(seed * 0x9E3779B97F4A7C15ull + c) >> 11) * (1.0 / 9007199254740992.0);
+    const float target = (float)(u * (double)total);
+    const float excl = tid > 0 ? s_scan[tid - 1] : 0.f;  // exact partition: [excl, s_scan[tid])
+    if (local > 0.f && excl <= target && target < s_scan[tid]) {
+      float run = excl;
+      int found = last_kept;
+      for (int i = i0; i < i1; i++) {
+        const float v = L[i];
+        if (fkey(v) >= thr) {
+          run += exp2f((v - m_all) * invT * 1.4426950408889634f);
+          if (run > target) { found = i; break; }
+        }
+      }
+      s_tok = found;
+    }
+    __syncthreads();
+  }
+  if (tid == 0) {
+    const unsigned long long c = *a.counter;
+    const int tok = s_tok;
+    *a.token_out = tok;
+    if (a.host_ring) a.host_ring[c % (unsigned long long)a.ring_size] = tok;
+    *a.counter = c + 1;
+  }
+}
+
+}  // namespace
+
+int embed_token(const void* table, int dtype, const int32_t* d_token, int H, float* x, cudaStream_t st) {
+  embed_token_kernel<<<(H + 255) / 256, 256, 0, st>>>(table, dtype, d_token, H, x);
+  NQ_LAUNCH_CHECK("embed_token_kernel");
+  return NQ_OK;
+}
+int embed_rows(const void* table, int dtype, const int32_t* tokens, int M, int H, float* X, cudaStream_t st) {
+  embed_rows_kernel<<<M, 256, 0, st>>>(table, dtype, tokens, H, X);
+  NQ_LAUNCH_CHECK("embed_rows_kernel");
+  return NQ_OK;
+}
+int rmsnorm_rows(const float* X, const float* w, int M, int K, float eps, __half* Y, cudaStream_t st) {
+  rmsnorm_rows_kernel<<<M, 256, 0, st>>>(X, w, K, eps, Y);
+  NQ_LAUNCH_CHECK("rmsnorm_rows_kernel");
+  return NQ_OK;
+}
+int swiglu_rows(const float* G, const float* U, int M, int I, __half* H, cudaStream_t st) {
+  const size_t n = (size_t)M * I;
+  const int grid = (int)std::min<size_t>((n + 255) / 256, 4096);
+  swiglu_rows_kernel<<<grid, 256, 0, st>>>(G, U, n, H);
+  NQ_LAUNCH_CHECK("swiglu_rows_kernel");
+  return NQ_OK;
+}
+int advance_pos(int* pos, int n, cudaStream_t st) {
+  advance_pos_kernel<<<1, 1, 0, st>>>(pos, n);
+  NQ_LAUNCH_CHECK("advance_pos_kernel");
+  return NQ_OK;
+}
+int sample(const SampleArgs& a, cudaStream_t st) {
+  sample_kernel<<<1, kSampleThreads, 0, st>>>(a);
+  NQ_LAUNCH_CHECK("sample_kernel");
+  return NQ_OK;
+}
+
+}  // namespace nq

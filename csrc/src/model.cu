@@ -1,0 +1,232 @@
+// Loader: validate (model_file.cpp), check the shapes this backend runs, one cudaMalloc for all tensor data,
+// filled by 4 reader threads: pread from the file (page cache) into double-buffered pinned staging, then
+// cudaMemcpyAsync on the thread's own stream. Device pointer of a tensor = dev + (offset - data_offset).
+#include "model.h"
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unistd.h>
+
+namespace nq {
+
+Model::~Model() {
+  if (dev) cudaFree(dev);
+  if (aux) cudaFree(aux);
+  delete file;
+}
+
+namespace {
+
+constexpr size_t kChunk = 32ull << 20;  // bytes per staging buffer
+constexpr int kReaders = 4;
+
+int upload(const ModelFile& f, uint8_t* dev, uint64_t total) {
+  std::atomic<uint64_t> next{0};
+  std::atomic<int> status{NQ_OK};
+  std::mutex msg_mu;
+  std::string msg;
+  auto worker = [&]() {
+    auto set_err = [&](int code, const std::string& m) {
+      int expected = NQ_OK;
+      if (status.compare_exchange_strong(expected, code)) {
+        std::lock_guard<std::mutex> g(msg_mu);
+        msg = m;
+      }
+    };
+    void* buf[2] = {nullptr, nullptr};
+    cudaEvent_t ev[2] = {nullptr, nullptr};
+    cudaStream_t st = nullptr;
+    cudaError_t e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    for (int i = 0; i < 2 && e == cudaSuccess; i++) {
+      e = cudaHostAlloc(&buf[i], kChunk, cudaHostAllocDefault);
+      if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming);
+    }
+    if (e != cudaSuccess) set_err(NQ_E_CUDA, std::string("loader staging setup: ") + cudaGetErrorString(e));
+    int it = 0;
+    while (status.load() == NQ_OK) {
+      const uint64_t off = next.fetch_add(kChunk);
+      if (off >= total) break;
+      const size_t len = (size_t)std::min<uint64_t>(kChunk, total - off);
+      const int b = it++ & 1;
+      if ((e = cudaEventSynchronize(ev[b])) != cudaSuccess) { set_err(NQ_E_CUDA, std::string("loader: ") + cudaGetErrorString(e)); break; }
+      size_t got = 0;
+      while (got < len) {
+        const ssize_t r = pread(f.fd, static_cast<char*>(buf[b]) + got, len - got, (off_t)(f.data_offset + off + got));
+        if (r <= 0) break;
+        got += (size_t)r;
+      }
+      if (got != len) { set_err(NQ_E_IO, "loader: short read from the model file"); break; }
+      if ((e = cudaMemcpyAsync(dev + off, buf[b], len, cudaMemcpyHostToDevice, st)) != cudaSuccess ||
+          (e = cudaEventRecord(ev[b], st)) != cudaSuccess) {
+        set_err(NQ_E_CUDA, std::string("loader copy: ") + cudaGetErrorString(e));
+        break;
+      }
+    }
+    if (st) cudaStreamSynchronize(st);
+    for (int i = 0; i < 2; i++) {
+      if (ev[i]) cudaEventDestroy(ev[i]);
+      if (buf[i]) cudaFreeHost(buf[i]);
+    }
+    if (st) cudaStreamDestroy(st);
+  };
+  std::vector<std::thread> th;
+  for (int i = 0; i < kReaders; i++) th.emplace_back(worker);
+  for (auto& t : th) t.join();
+  if (status.load() != NQ_OK) return fail(status.load(), "%s", msg.c_str());
+  return NQ_OK;
+}
+
+float bf16_to_f32(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+float f16_to_f32(uint16_t h) {
+  const uint32_t s = (h >> 15) & 1, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  float f;
+  if (e == 0) f = std::ldexp((float)m, -24);
+  else if (e == 31) f = m ? NAN : INFINITY;
+  else f = std::ldexp((float)(m | 0x400), (int)e - 25);
+  return s ? -f : f;
+}
+
+struct Builder {
+  Model& M;
+  const ModelFile& f;
+  std::vector<float> aux_host;
+  std::vector<std::pair<const float**, size_t>> aux_fix;  // pointer to patch, index into aux
+
+  const TensorInfo* need(const std::string& name, int& rc) {
+    const TensorInfo* t = f.find(name);
+    if (!t && rc == NQ_OK) rc = fail(NQ_E_FORMAT, "MissingTensor: %s", name.c_str());
+    return t;
+  }
+  // 1-D tensor of length n -> f32 in aux (converted on the host)
+  void vec(const std::string& name, uint64_t n, const float** dst, int& rc) {
+    const TensorInfo* t = need(name, rc);
+    if (!t) return;
+    if (t->ndim != 1 || t->shape[0] != n || t->dtype == DT_INT4G) {
+      if (rc == NQ_OK) rc = fail(NQ_E_FORMAT, "ConfigMismatch: %s: expected a 1-D tensor of %llu, found ndim %u shape[0] %llu dtype %u", name.c_str(), (unsigned long long)n, t->ndim, (unsigned long long)t->shape[0], t->dtype);
+      return;
+    }
+    const size_t at = aux_host.size();
+    const uint8_t* p = f.map + t->offset;
+    for (uint64_t i = 0; i < n; i++) {
+      float v;
+      if (t->dtype == DT_F32) std::memcpy(&v, p + 4 * i, 4);
+      else {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        v = t->dtype == DT_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+      }
+      aux_host.push_back(v);
+    }
+    while (aux_host.size() % 4) aux_host.push_back(0.f);  // keep every vector 16-byte aligned
+    aux_fix.push_back({dst, at});
+  }
+  void lin(const std::string& name, uint64_t N, uint64_t K, LinW* w, int& rc) {
+    const TensorInfo* t = need(name, rc);
+    if (!t) return;
+    if (t->ndim != 2 || t->shape[0] != N || t->shape[1] != K) {
+      if (rc == NQ_OK) rc = fail(NQ_E_FORMAT, "ConfigMismatch: %s: expected shape (%llu, %llu), found (%llu, %llu)", name.c_str(), (unsigned long long)N, (unsigned long long)K, (unsigned long long)t->shape[0], (unsigned long long)t->shape[1]);
+      return;
+    }
+    if (t->dtype == DT_F32) {
+      if (rc == NQ_OK) rc = fail(NQ_E_UNSUPPORTED, "%s: f32 linear weights are not supported by the CUDA backend (use int4 or f16/bf16)", name.c_str());
+      return;
+    }
+    w->w = M.dev + (t->offset - f.data_offset);
+    w->N = (int)N;
+    w->K = (int)K;
+    w->type = (int)t->dtype;
+    if (t->dtype == DT_INT4G) {
+      w->group = (int)t->group_size;
+      w->scales = reinterpret_cast<const __half*>(M.dev + (t->offset - f.data_offset) + align128(N * K / 2));
+    }
+  }
+};
+
+}  // namespace
+
+int load_model(const char* path, bool verify, Model** out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ModelFile* f = nullptr;
+  NQ_TRY(open_model_file(path, verify, &f));
+  Model* M = new Model();
+  M->file = f;
+  M->cfg = f->cfg;
+  const nq_config& c = f->cfg;
+  auto bail = [&](int rc) { delete M; return rc; };
+  if (c.head_dim != 64 && c.head_dim != 128) return bail(fail(NQ_E_UNSUPPORTED, "head_dim %d: the CUDA backend runs 64 or 128", c.head_dim));
+  if (c.rope_scaling_type == 2) return bail(fail(NQ_E_UNSUPPORTED, "yarn rope scaling is not supported by the CUDA backend"));
+  if (c.hidden_size % 64 || c.intermediate_size % 64 || (c.n_heads * c.head_dim) % 64)
+    return bail(fail(NQ_E_UNSUPPORTED, "hidden_size %d, intermediate_size %d and n_heads*head_dim must be multiples of 64", c.hidden_size, c.intermediate_size));
+  if (c.n_heads / c.n_kv_heads > 8) return bail(fail(NQ_E_UNSUPPORTED, "more than 8 query heads per KV head"));
+  int dev_count = 0;
+  if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) return bail(fail(NQ_E_NO_DEVICE, "no CUDA device"));
+  NQ_TRY(gemv_prepare());
+
+  M->dev_bytes = f->tensors_end - f->data_offset;
+  {
+    cudaError_t e = cudaMalloc(&M->dev, M->dev_bytes);
+    if (e != cudaSuccess) return bail(fail(NQ_E_CUDA, "cudaMalloc(%llu bytes) for the weights: %s", (unsigned long long)M->dev_bytes, cudaGetErrorString(e)));
+  }
+  const uint64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+  const uint64_t NQd = c.n_heads * D, NKV = c.n_kv_heads * D;
+  Builder b{*M, *f, {}, {}};
+  int rc = NQ_OK;
+  M->layers.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; l++) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    Layer& L = M->layers[l];
+    b.lin(p + "self_attn.q_proj.weight", NQd, H, &L.q, rc);
+    b.lin(p + "self_attn.k_proj.weight", NKV, H, &L.k, rc);
+    b.lin(p + "self_attn.v_proj.weight", NKV, H, &L.v, rc);
+    b.lin(p + "self_attn.o_proj.weight", H, NQd, &L.o, rc);
+    b.lin(p + "mlp.gate_proj.weight", I, H, &L.gate, rc);
+    b.lin(p + "mlp.up_proj.weight", I, H, &L.up, rc);
+    b.lin(p + "mlp.down_proj.weight", H, I, &L.down, rc);
+    b.vec(p + "input_layernorm.weight", H, &L.ln1, rc);
+    b.vec(p + "post_attention_layernorm.weight", H, &L.ln2, rc);
+    if (c.qkv_bias) {
+      b.vec(p + "self_attn.q_proj.bias", NQd, &L.bq, rc);
+      b.vec(p + "self_attn.k_proj.bias", NKV, &L.bk, rc);
+      b.vec(p + "self_attn.v_proj.bias", NKV, &L.bv, rc);
+    }
+    if (rc == NQ_OK && (L.q.type != L.k.type || L.q.type != L.v.type || L.q.group != L.k.group || L.q.group != L.v.group))
+      rc = fail(NQ_E_UNSUPPORTED, "layer %d: q/k/v weights differ in dtype or group size", l);
+    if (rc == NQ_OK && (L.gate.type != L.up.type || L.gate.group != L.up.group))
+      rc = fail(NQ_E_UNSUPPORTED, "layer %d: gate/up weights differ in dtype or group size", l);
+  }
+  b.vec("model.norm.weight", H, &M->final_norm, rc);
+  const TensorInfo* emb = b.need("model.embed_tokens.weight", rc);
+  if (emb) {
+    if (emb->ndim != 2 || emb->shape[0] != (uint64_t)c.vocab_rows || emb->shape[1] != H || emb->dtype == DT_INT4G) {
+      if (rc == NQ_OK) rc = fail(NQ_E_FORMAT, "ConfigMismatch: model.embed_tokens.weight: expected plain (%d, %llu)", c.vocab_rows, (unsigned long long)H);
+    } else {
+      M->embed = M->dev + (emb->offset - f->data_offset);
+      M->embed_dtype = (int)emb->dtype;
+    }
+  }
+  if (c.tied_embeddings) b.lin("model.embed_tokens.weight", c.vocab_rows, H, &M->lm_head, rc);
+  else b.lin("lm_head.weight", c.vocab_rows, H, &M->lm_head, rc);
+  if (rc != NQ_OK) return bail(rc);
+
+  const int urc = upload(*f, M->dev, M->dev_bytes);
+  if (urc != NQ_OK) return bail(urc);
+  {
+    cudaError_t e = cudaMalloc(&M->aux, std::max<size_t>(4, b.aux_host.size() * 4));
+    if (e == cudaSuccess) e = cudaMemcpy(M->aux, b.aux_host.data(), b.aux_host.size() * 4, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) return bail(fail(NQ_E_CUDA, "aux upload: %s", cudaGetErrorString(e)));
+  }
+  for (auto& fx : b.aux_fix) *fx.first = M->aux + fx.second;
+  M->load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  *out = M;
+  return NQ_OK;
+}
+
+}  // namespace nq

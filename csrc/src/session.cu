@@ -1,0 +1,362 @@
+// Session: buffers, the decode forward pass (captured once as a CUDA graph), the batched prefill pass, and
+// generation with the device sampler. Per layer, decode runs 5 kernels:
+//   qkv GEMV (input RMSNorm fused, bias) -> attention (rope + KV write fused, split-K, merge in the last block)
+//   -> o_proj GEMV (+= residual) -> gate/up GEMV (RMSNorm fused, SwiGLU epilogue) -> down GEMV (+= residual)
+// then the lm_head GEMV (final RMSNorm fused) and pos += 1. Everything reads position/token from device memory.
+#include "session.h"
+#include <cmath>
+#include <cstring>
+
+namespace nq {
+
+Session::~Session() {
+  if (st) cudaStreamSynchronize(st);
+  if (graph_exec) cudaGraphExecDestroy(graph_exec);
+  if (graph) cudaGraphDestroy(graph);
+  if (step_exec) cudaGraphExecDestroy(step_exec);
+  if (step_graph) cudaGraphDestroy(step_graph);
+  void* dev[] = {d_pos, d_token, d_counter, d_samp, d_page_table, d_rope, kv_base, x, qkv, att, hmlp, logits, part_o,
+                 part_ml, counters, d_tokens, X, Xn, QKV, ATT, G, U, HM};
+  for (void* p : dev)
+    if (p) cudaFree(p);
+  if (h_tokens) cudaFreeHost(h_tokens);
+  if (h_ring) cudaFreeHost(h_ring);
+  if (st) cudaStreamDestroy(st);
+}
+
+int check_sampling(const nq_sampling* sp) {
+  if (!sp) return NQ_OK;
+  if (!std::isfinite(sp->temperature) || sp->temperature < 0.f)
+    return fail(NQ_E_INVALID_ARG, "temperature must be a finite number >= 0, got %g", sp->temperature);
+  if (sp->top_k < 0) return fail(NQ_E_INVALID_ARG, "top_k must be >= 0, got %d", sp->top_k);
+  if (!(sp->top_p > 0.f && sp->top_p <= 1.f)) return fail(NQ_E_INVALID_ARG, "top_p must be in (0, 1], got %g", sp->top_p);
+  return NQ_OK;
+}
+
+namespace {
+
+template <class T>
+int dalloc(T** p, size_t n, const char* what) {
+  cudaError_t e = cudaMalloc(reinterpret_cast<void**>(p), std::max<size_t>(n, 1) * sizeof(T));
+  if (e != cudaSuccess) return fail(NQ_E_CUDA, "cudaMalloc for %s (%zu bytes): %s", what, n * sizeof(T), cudaGetErrorString(e));
+  return NQ_OK;
+}
+
+// HF rotary embedding: inv_freq = 1 / theta^(2i/D) in float32, angle = float32(pos * inv_freq) (linear scaling
+// divides inv_freq by the factor), cos/sin of that float32 angle.
+std::vector<float2> rope_table(const nq_config& c, int max_ctx) {
+  const int D = c.head_dim, half = D / 2;
+  std::vector<float> inv(half);
+  for (int i = 0; i < half; i++) {
+    const float ex = (float)(2 * i) / (float)D;                       // float32 exponent, as torch
+    inv[i] = 1.0f / (float)std::pow(c.rope_theta, (double)ex);         // power rounded once to float32
+    if (c.rope_scaling_type == 1 && c.rope_scaling_factor > 0.f) inv[i] /= c.rope_scaling_factor;
+  }
+  std::vector<float2> t((size_t)max_ctx * half);
+  for (int p = 0; p < max_ctx; p++)
+    for (int i = 0; i < half; i++) {
+      const float ang = (float)p * inv[i];
+      t[(size_t)p * half + i] = make_float2((float)std::cos((double)ang), (float)std::sin((double)ang));
+    }
+  return t;
+}
+
+}  // namespace
+
+int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) {
+  const nq_config& c = m->cfg;
+  if (max_ctx <= 0 || max_ctx > c.max_positions)
+    return fail(NQ_E_INVALID_ARG, "max_context %d out of range [1, %d]", max_ctx, c.max_positions);
+  NQ_TRY(check_sampling(sp));
+  Session* s = new Session();
+  s->m = m;
+  s->max_ctx = max_ctx;
+  if (sp) s->samp = *sp;
+  auto bail = [&](int rc) { delete s; return rc; };
+  const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_rows;
+  const int Nq = c.n_heads * D, Nkv = c.n_kv_heads * D, Nqkv = Nq + 2 * Nkv;
+  s->max_pages = (max_ctx + kPage - 1) / kPage;
+  s->prefill_chunk = std::min(512, max_ctx);
+  const int C = s->prefill_chunk;
+  // decode: ~256 attention blocks in all at long contexts, at least 64 keys each; prefill: up to 16 splits
+  s->kps_decode = 64;
+  s->nsplit_decode = std::max(1, std::min(256 / c.n_kv_heads, (max_ctx + 63) / 64));
+  s->kps_prefill = 128;
+  s->nsplit_prefill = std::max(1, std::min(16, (max_ctx + 127) / 128));
+  int rc = NQ_OK;
+  {
+    cudaError_t e = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking);
+    if (e != cudaSuccess) return bail(fail(NQ_E_CUDA, "cudaStreamCreate: %s", cudaGetErrorString(e)));
+  }
+  const size_t kv_elems = (size_t)s->max_pages * c.n_kv_heads * kPage * D;  // per layer, per K or V
+  const int nsplit_max = std::max(s->nsplit_decode, s->nsplit_prefill);
+  if ((rc = dalloc(&s->d_pos, 1, "pos")) || (rc = dalloc(&s->d_token, 1, "token")) ||
+      (rc = dalloc(&s->d_counter, 1, "counter")) || (rc = dalloc(&s->d_samp, 1, "sampling")) || (rc = dalloc(&s->d_page_table, s->max_pages, "page table")) ||
+      (rc = dalloc(&s->d_rope, (size_t)max_ctx * (D / 2), "rope table")) ||
+      (rc = dalloc(&s->kv_base, kv_elems * 2 * c.n_layers, "KV cache")) || (rc = dalloc(&s->x, H, "x")) ||
+      (rc = dalloc(&s->qkv, Nqkv, "qkv")) || (rc = dalloc(&s->att, Nq, "att")) || (rc = dalloc(&s->hmlp, I, "hmlp")) ||
+      (rc = dalloc(&s->logits, V, "logits")) ||
+      (rc = dalloc(&s->part_o, (size_t)C * c.n_heads * nsplit_max * D, "attention partials")) ||
+      (rc = dalloc(&s->part_ml, (size_t)C * c.n_heads * nsplit_max * 2, "attention partials")) ||
+      (rc = dalloc(&s->counters, (size_t)C * c.n_kv_heads, "attention counters")) ||
+      (rc = dalloc(&s->d_tokens, C, "prefill tokens")) || (rc = dalloc(&s->X, (size_t)C * H, "X")) ||
+      (rc = dalloc(&s->Xn, (size_t)C * std::max(std::max(H, I), Nq), "Xn")) ||
+      (rc = dalloc(&s->QKV, (size_t)C * Nqkv, "QKV")) || (rc = dalloc(&s->ATT, (size_t)C * Nq, "ATT")) ||
+      (rc = dalloc(&s->G, (size_t)C * I, "G")) || (rc = dalloc(&s->U, (size_t)C * I, "U")) ||
+      (rc = dalloc(&s->HM, (size_t)C * I, "HM")))
+    return bail(rc);
+  {
+    cudaError_t e = cudaHostAlloc(&s->h_tokens, C * sizeof(int32_t), cudaHostAllocDefault);
+    if (e == cudaSuccess) e = cudaHostAlloc(&s->h_ring, s->ring * sizeof(int32_t), cudaHostAllocMapped);
+    if (e == cudaSuccess) e = cudaHostGetDevicePointer(&s->d_ring, s->h_ring, 0);
+    if (e != cudaSuccess) return bail(fail(NQ_E_CUDA, "pinned host buffers: %s", cudaGetErrorString(e)));
+  }
+  s->kv.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; l++) {
+    s->kv[l].k = s->kv_base + (size_t)l * 2 * kv_elems;
+    s->kv[l].v = s->kv[l].k + kv_elems;
+  }
+  std::vector<int> pt(s->max_pages);
+  for (int i = 0; i < s->max_pages; i++) pt[i] = i;
+  const std::vector<float2> rope = rope_table(c, max_ctx);
+  auto fail_cuda = [&](cudaError_t e, const char* what) { return bail(fail(NQ_E_CUDA, "%s: %s", what, cudaGetErrorString(e))); };
+  cudaError_t e;
+  if ((e = cudaMemcpy(s->d_page_table, pt.data(), pt.size() * 4, cudaMemcpyHostToDevice))) return fail_cuda(e, "page table upload");
+  if ((e = cudaMemcpy(s->d_rope, rope.data(), rope.size() * sizeof(float2), cudaMemcpyHostToDevice))) return fail_cuda(e, "rope upload");
+  if ((e = cudaMemset(s->counters, 0, (size_t)C * c.n_kv_heads * 4))) return fail_cuda(e, "counters");
+  if ((e = cudaMemset(s->d_pos, 0, 4)) || (e = cudaMemset(s->d_token, 0, 4)) || (e = cudaMemset(s->d_counter, 0, 8)))
+    return fail_cuda(e, "state init");
+  if ((e = cudaMemcpy(s->d_samp, &s->samp, sizeof(nq_sampling), cudaMemcpyHostToDevice))) return fail_cuda(e, "sampling upload");
+  // capture the decode graph and the decode+sample graph
+  for (int which = 0; which < 2; which++) {
+    if ((e = cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal))) return fail_cuda(e, "begin capture");
+    int r2 = enqueue_decode(s);
+    if (r2 == NQ_OK && which == 1) r2 = enqueue_sample(s);
+    cudaGraph_t g = nullptr;
+    e = cudaStreamEndCapture(s->st, &g);
+    if (r2 != NQ_OK) { if (g) cudaGraphDestroy(g); return bail(r2); }
+    if (e) return fail_cuda(e, "end capture");
+    cudaGraphExec_t ex = nullptr;
+    if ((e = cudaGraphInstantiate(&ex, g, 0))) { cudaGraphDestroy(g); return fail_cuda(e, "graph instantiate"); }
+    if (which == 0) { s->graph = g; s->graph_exec = ex; } else { s->step_graph = g; s->step_exec = ex; }
+  }
+  if ((e = cudaStreamSynchronize(s->st))) return fail_cuda(e, "session init");
+  *out = s;
+  return NQ_OK;
+}
+
+int enqueue_decode(Session* s) {
+  const Model& m = *s->m;
+  const nq_config& c = m.cfg;
+  const int H = c.hidden_size, D = c.head_dim, Nq = c.n_heads * D;
+  cudaStream_t st = s->st;
+  NQ_TRY(embed_token(m.embed, m.embed_dtype, s->d_token, H, s->x, st));
+  for (int l = 0; l < c.n_layers; l++) {
+    const Layer& L = m.layers[l];
+    GemvArgs qa;
+    qa.seg[0] = L.q; qa.seg[1] = L.k; qa.seg[2] = L.v; qa.nseg = 3;
+    qa.bias[0] = L.bq; qa.bias[1] = L.bk; qa.bias[2] = L.bv;
+    qa.x_f32 = s->x; qa.norm_w = L.ln1; qa.eps = c.rms_norm_eps;
+    qa.out_f32 = s->qkv; qa.mode = GEMV_STORE;
+    NQ_TRY(gemv(qa, st));
+    AttnArgs aa;
+    aa.qkv = s->qkv; aa.qkv_stride = Nq + 2 * c.n_kv_heads * D; aa.M = 1; aa.pos0 = s->d_pos;
+    aa.kv = s->kv[l]; aa.page_table = s->d_page_table; aa.rope = s->d_rope;
+    aa.n_heads = c.n_heads; aa.n_kv = c.n_kv_heads; aa.D = D;
+    aa.keys_per_split = s->kps_decode; aa.n_split = s->nsplit_decode; aa.write_kv = true;
+    aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters; aa.out = s->att;
+    NQ_TRY(attention(aa, st));
+    GemvArgs oa;
+    oa.seg[0] = L.o; oa.x_f16 = s->att; oa.out_f32 = s->x; oa.mode = GEMV_ADD;
+    NQ_TRY(gemv(oa, st));
+    GemvArgs ga;
+    ga.seg[0] = L.gate; ga.up = L.up; ga.x_f32 = s->x; ga.norm_w = L.ln2; ga.eps = c.rms_norm_eps;
+    ga.out_f16 = s->hmlp; ga.mode = GEMV_SWIGLU;
+    NQ_TRY(gemv(ga, st));
+    GemvArgs da;
+    da.seg[0] = L.down; da.x_f16 = s->hmlp; da.out_f32 = s->x; da.mode = GEMV_ADD;
+    NQ_TRY(gemv(da, st));
+  }
+  GemvArgs la;
+  la.seg[0] = m.lm_head; la.x_f32 = s->x; la.norm_w = m.final_norm; la.eps = c.rms_norm_eps;
+  la.out_f32 = s->logits; la.mode = GEMV_STORE;
+  NQ_TRY(gemv(la, st));
+  return advance_pos(s->d_pos, 1, st);
+}
+
+int enqueue_sample(Session* s) {
+  SampleArgs a;
+  a.logits = s->logits; a.V = s->m->cfg.vocab_rows;
+  a.params = s->d_samp;
+  a.counter = s->d_counter; a.token_out = s->d_token; a.host_ring = s->d_ring; a.ring_size = s->ring;
+  return sample(a, s->st);
+}
+
+int session_set_sampling(Session* s, const nq_sampling* sp) {
+  NQ_TRY(check_sampling(sp));
+  s->samp = sp ? *sp : nq_sampling{0.f, 0, 1.f, 0};
+  NQ_CUDA(cudaStreamSynchronize(s->st));
+  NQ_CUDA(cudaMemcpy(s->d_samp, &s->samp, sizeof(nq_sampling), cudaMemcpyHostToDevice));
+  // a new seed starts a new random stream
+  NQ_CUDA(cudaMemset(s->d_counter, 0, 8));
+  return NQ_OK;
+}
+
+int session_reset(Session* s) {
+  s->pos = 0;
+  s->have_logits = false;
+  NQ_CUDA(cudaMemsetAsync(s->d_pos, 0, 4, s->st));
+  NQ_CUDA(cudaStreamSynchronize(s->st));
+  return NQ_OK;
+}
+
+// Batched pass over n tokens (chunks of prefill_chunk). logits_all: n*V floats (host) or null.
+int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all) {
+  const Model& m = *s->m;
+  const nq_config& c = m.cfg;
+  if (n <= 0) return fail(NQ_E_INVALID_ARG, "prefill: no tokens");
+  for (int i = 0; i < n; i++)
+    if (tokens[i] < 0 || tokens[i] >= c.vocab_rows)
+      return fail(NQ_E_INVALID_ARG, "token id %d at index %d out of range [0, %d)", tokens[i], i, c.vocab_rows);
+  if ((long)s->pos + n > s->max_ctx)
+    return fail(NQ_E_CONTEXT_FULL, "context full: position %d + %d tokens > max_context %d", s->pos, n, s->max_ctx);
+  const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_rows;
+  const int Nq = c.n_heads * D, Nkv = c.n_kv_heads * D, Nqkv = Nq + 2 * Nkv;
+  const float eps = c.rms_norm_eps;
+  cudaStream_t st = s->st;
+  float* logits_dev = nullptr;
+  if (logits_all) NQ_TRY(dalloc(&logits_dev, (size_t)s->prefill_chunk * V, "logits_all"));
+  int rc = NQ_OK;
+  for (int done = 0; done < n && rc == NQ_OK; ) {
+    const int M = std::min(s->prefill_chunk, n - done);
+    NQ_CUDA(cudaStreamSynchronize(st));  // h_tokens is reused
+    std::memcpy(s->h_tokens, tokens + done, M * sizeof(int32_t));
+    auto run = [&]() -> int {
+      NQ_CUDA(cudaMemcpyAsync(s->d_tokens, s->h_tokens, M * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+      NQ_TRY(embed_rows(m.embed, m.embed_dtype, s->d_tokens, M, H, s->X, st));
+      for (int l = 0; l < c.n_layers; l++) {
+        const Layer& L = m.layers[l];
+        NQ_TRY(rmsnorm_rows(s->X, L.ln1, M, H, eps, s->Xn, st));
+        NQ_TRY(gemm(L.q, s->Xn, H, M, s->QKV, Nqkv, L.bq, false, st));
+        NQ_TRY(gemm(L.k, s->Xn, H, M, s->QKV + Nq, Nqkv, L.bk, false, st));
+        NQ_TRY(gemm(L.v, s->Xn, H, M, s->QKV + Nq + Nkv, Nqkv, L.bv, false, st));
+        NQ_TRY(rope_kv_write(s->QKV, Nqkv, M, s->d_pos, s->kv[l], s->d_page_table, s->d_rope, c.n_heads,
+                             c.n_kv_heads, D, st));
+        AttnArgs aa;
+        aa.qkv = s->QKV; aa.qkv_stride = Nqkv; aa.M = M; aa.pos0 = s->d_pos;
+        aa.kv = s->kv[l]; aa.page_table = s->d_page_table; aa.rope = s->d_rope;
+        aa.n_heads = c.n_heads; aa.n_kv = c.n_kv_heads; aa.D = D;
+        aa.keys_per_split = s->kps_prefill; aa.n_split = s->nsplit_prefill; aa.write_kv = false;
+        aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters; aa.out = s->ATT;
+        NQ_TRY(attention(aa, st));
+        NQ_TRY(gemm(L.o, s->ATT, Nq, M, s->X, H, nullptr, true, st));
+        NQ_TRY(rmsnorm_rows(s->X, L.ln2, M, H, eps, s->Xn, st));
+        NQ_TRY(gemm(L.gate, s->Xn, H, M, s->G, I, nullptr, false, st));
+        NQ_TRY(gemm(L.up, s->Xn, H, M, s->U, I, nullptr, false, st));
+        NQ_TRY(swiglu_rows(s->G, s->U, M, I, s->HM, st));
+        NQ_TRY(gemm(L.down, s->HM, I, M, s->X, H, nullptr, true, st));
+      }
+      if (logits_dev) {
+        NQ_TRY(rmsnorm_rows(s->X, m.final_norm, M, H, eps, s->Xn, st));
+        NQ_TRY(gemm(m.lm_head, s->Xn, H, M, logits_dev, V, nullptr, false, st));
+        NQ_CUDA(cudaMemcpyAsync(logits_all + (size_t)done * V, logits_dev, (size_t)M * V * sizeof(float),
+                                cudaMemcpyDeviceToHost, st));
+      }
+      if (done + M == n) {  // logits of the last token through the decode lm_head GEMV
+        NQ_CUDA(cudaMemcpyAsync(s->x, s->X + (size_t)(M - 1) * H, H * sizeof(float), cudaMemcpyDeviceToDevice, st));
+        GemvArgs la;
+        la.seg[0] = m.lm_head; la.x_f32 = s->x; la.norm_w = m.final_norm; la.eps = eps;
+        la.out_f32 = s->logits; la.mode = GEMV_STORE;
+        NQ_TRY(gemv(la, st));
+      }
+      NQ_TRY(advance_pos(s->d_pos, M, st));
+      return NQ_OK;
+    };
+    rc = run();
+    if (rc == NQ_OK) { s->pos += M; done += M; }
+  }
+  cudaError_t e = cudaStreamSynchronize(st);
+  if (logits_dev) cudaFree(logits_dev);
+  if (rc != NQ_OK) return rc;
+  if (e != cudaSuccess) return fail(NQ_E_CUDA, "prefill: %s", cudaGetErrorString(e));
+  s->have_logits = true;
+  return NQ_OK;
+}
+
+int session_decode(Session* s, int32_t token) {
+  if (token < 0 || token >= s->m->cfg.vocab_rows)
+    return fail(NQ_E_INVALID_ARG, "token id %d out of range [0, %d)", token, s->m->cfg.vocab_rows);
+  if (s->pos + 1 > s->max_ctx)
+    return fail(NQ_E_CONTEXT_FULL, "context full: position %d + 1 token > max_context %d", s->pos, s->max_ctx);
+  NQ_CUDA(cudaStreamSynchronize(s->st));
+  s->h_tokens[0] = token;
+  NQ_CUDA(cudaMemcpyAsync(s->d_token, s->h_tokens, 4, cudaMemcpyHostToDevice, s->st));
+  NQ_CUDA(cudaGraphLaunch(s->graph_exec, s->st));
+  NQ_CUDA(cudaStreamSynchronize(s->st));
+  s->pos += 1;
+  s->have_logits = true;
+  return NQ_OK;
+}
+
+// Sample from the current logits, then (while more tokens are wanted) decode + sample in one graph per token.
+// Graph launches run ahead of the host by up to `ring - 1` tokens; after a stop the device position is set
+// back to the host's count (cache entries past it are ignored: they are overwritten by later tokens).
+int session_generate(Session* s, int max_new, const int32_t* stop, int n_stop, nq_token_callback cb, void* user,
+                     int32_t* out, int32_t* n_out) {
+  *n_out = 0;
+  if (max_new < 0) return fail(NQ_E_INVALID_ARG, "max_new %d < 0", max_new);
+  if (max_new == 0) return NQ_OK;
+  if (!s->have_logits) return fail(NQ_E_INVALID_ARG, "generate: no logits yet (prefill first)");
+  cudaStream_t st = s->st;
+  const int start_pos = s->pos;
+  // how many tokens can be produced: each produced token except the last is decoded (needs a free slot)
+  // (Backend contract: generation ends when prompt + generated reaches max_context)
+  const int max_tokens = std::min(max_new, s->max_ctx - start_pos);
+  if (max_tokens <= 0) return fail(NQ_E_CONTEXT_FULL, "context full at position %d", start_pos);
+  std::vector<cudaEvent_t> ev(s->ring, nullptr);
+  for (auto& e : ev) NQ_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  auto destroy = [&]() { for (auto& e : ev) if (e) cudaEventDestroy(e); };
+  unsigned long long counter0 = 0;
+  NQ_CUDA(cudaMemcpy(&counter0, s->d_counter, 8, cudaMemcpyDeviceToHost));
+  const int lookahead = std::min(8, s->ring - 1);
+  int launched = 0;  // tokens whose producing launch is enqueued
+  auto launch_one = [&](int i) -> int {
+    cudaError_t e = i == 0 ? cudaSuccess : cudaGraphLaunch(s->step_exec, st);
+    if (e == cudaSuccess && i == 0) { int r = enqueue_sample(s); if (r) return r; }
+    if (e == cudaSuccess) e = cudaEventRecord(ev[(counter0 + i) % s->ring], st);
+    if (e != cudaSuccess) return fail(NQ_E_CUDA, "generate launch: %s", cudaGetErrorString(e));
+    return NQ_OK;
+  };
+  int rc = NQ_OK, produced = 0;
+  while (produced < max_tokens && rc == NQ_OK) {
+    while (launched < max_tokens && launched < produced + lookahead && rc == NQ_OK) rc = launch_one(launched++);
+    if (rc != NQ_OK) break;
+    const int slot = (int)((counter0 + produced) % s->ring);
+    cudaError_t e = cudaEventSynchronize(ev[slot]);
+    if (e != cudaSuccess) { rc = fail(NQ_E_CUDA, "generate: %s", cudaGetErrorString(e)); break; }
+    const int32_t tok = reinterpret_cast<volatile int32_t*>(s->h_ring)[slot];
+    if (out) out[produced] = tok;
+    produced++;
+    bool stop_now = false;
+    for (int j = 0; j < n_stop; j++) if (stop[j] == tok) stop_now = true;
+    if (cb && cb(tok, user)) stop_now = true;
+    if (stop_now) break;
+  }
+  cudaError_t e = cudaStreamSynchronize(st);
+  destroy();
+  if (rc != NQ_OK) return rc;
+  if (e != cudaSuccess) return fail(NQ_E_CUDA, "generate: %s", cudaGetErrorString(e));
+  // tokens produced: p; decoded: p - 1 (the last produced token is never decoded)
+  const int decoded = produced - 1;
+  s->pos = start_pos + decoded;
+  // the device ran `launched - 1` decode steps and `launched` samples; put position and counter in step
+  const unsigned long long counter_now = counter0 + produced;
+  NQ_CUDA(cudaMemcpy(s->d_pos, &s->pos, 4, cudaMemcpyHostToDevice));
+  NQ_CUDA(cudaMemcpy(s->d_counter, &counter_now, 8, cudaMemcpyHostToDevice));
+  // logits now belong to a later step than pos when we over-ran; mark them stale unless exactly in step
+  s->have_logits = launched == produced;
+  *n_out = produced;
+  return NQ_OK;
+}
+
+}  // namespace nq

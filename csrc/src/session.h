@@ -1,0 +1,68 @@
+// One sequence on the device: KV cache, activations, the captured decode graph, the device sampler state.
+#pragma once
+#include "model.h"
+
+namespace nq {
+
+struct Session {
+  Model* m = nullptr;
+  int max_ctx = 0, max_pages = 0;
+  int pos = 0;                   // host mirror of *d_pos
+  bool have_logits = false;
+  nq_sampling samp{0.f, 0, 1.f, 0};
+  cudaStream_t st = nullptr;
+  // device state
+  int* d_pos = nullptr;          // position of the next token
+  int32_t* d_token = nullptr;    // token the decode graph embeds (written by the sampler or the host)
+  unsigned long long* d_counter = nullptr;  // sampler draws
+  nq_sampling* d_samp = nullptr;            // sampling settings the sampler reads
+  int* d_page_table = nullptr;   // [max_pages] logical -> physical page (identity: one sequence)
+  float2* d_rope = nullptr;      // [max_ctx][D/2] (cos, sin)
+  std::vector<KvLayer> kv;       // per layer
+  __half* kv_base = nullptr;
+  // decode activations
+  float* x = nullptr;            // [H] residual stream
+  float* qkv = nullptr;          // [Nq + 2 Nkv]
+  __half* att = nullptr;         // [n_heads * D]
+  __half* hmlp = nullptr;        // [I]
+  float* logits = nullptr;       // [V]
+  float* part_o = nullptr;       // attention partials (sized for prefill chunk)
+  float* part_ml = nullptr;
+  int* counters = nullptr;       // [prefill_chunk][n_kv]
+  int kps_decode = 128, nsplit_decode = 1, kps_prefill = 128, nsplit_prefill = 1;
+  // prefill activations, chunk of up to prefill_chunk tokens
+  int prefill_chunk = 512;
+  int32_t* d_tokens = nullptr;   // [prefill_chunk]
+  int32_t* h_tokens = nullptr;   // pinned staging [prefill_chunk]
+  float* X = nullptr;            // [chunk][H]
+  __half* Xn = nullptr;          // [chunk][max(H, I, Nq)]
+  float* QKV = nullptr;          // [chunk][Nq + 2 Nkv]
+  __half* ATT = nullptr;         // [chunk][Nq]
+  float* G = nullptr;            // [chunk][I]
+  float* U = nullptr;            // [chunk][I]
+  __half* HM = nullptr;          // [chunk][I]
+  // host-mapped token ring for generation
+  int32_t* h_ring = nullptr;
+  int32_t* d_ring = nullptr;
+  int ring = 64;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t graph_exec = nullptr;          // decode step: embed(d_token) .. logits, pos++
+  cudaGraphExec_t step_exec = nullptr;           // decode step then sample -> d_token
+  cudaGraph_t step_graph = nullptr;
+  ~Session();
+};
+
+int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out);
+int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all /* n*V or null */);
+int session_decode(Session* s, int32_t token);
+int session_generate(Session* s, int max_new, const int32_t* stop, int n_stop, nq_token_callback cb, void* user,
+                     int32_t* out, int32_t* n_out);
+int session_reset(Session* s);
+int check_sampling(const nq_sampling* sp);
+int session_set_sampling(Session* s, const nq_sampling* sp);
+
+// enqueue the decode forward pass (used for graph capture)
+int enqueue_decode(Session* s);
+int enqueue_sample(Session* s);
+
+}  // namespace nq

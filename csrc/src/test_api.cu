@@ -1,0 +1,226 @@
+// Kernel test entry points of the C ABI (nq_test_*, nq_bench_*): host arrays in, one kernel, host arrays out.
+// Used by tests/test_gpu_kernels.py to compare each kernel with a numpy reference.
+#include "kernels.h"
+#include "model_file.h"
+#include <vector>
+#include <cstring>
+
+using namespace nq;
+
+namespace {
+// RAII device buffer
+struct DBuf {
+  void* p = nullptr;
+  ~DBuf() { if (p) cudaFree(p); }
+  int alloc(size_t n) {
+    cudaError_t e = cudaMalloc(&p, std::max<size_t>(n, 16));
+    if (e != cudaSuccess) return fail(NQ_E_CUDA, "cudaMalloc(%zu): %s", n, cudaGetErrorString(e));
+    return NQ_OK;
+  }
+  int put(const void* h, size_t n) {
+    NQ_TRY(alloc(n));
+    NQ_CUDA(cudaMemcpy(p, h, n, cudaMemcpyHostToDevice));
+    return NQ_OK;
+  }
+  template <class T> T* as() const { return static_cast<T*>(p); }
+};
+
+// int4 weight (qweight + scales) placed like the file does: qweight, pad to 128, scales
+int put_int4(DBuf& b, const uint32_t* qw, const uint16_t* sc, int N, int K, int g, LinW* w) {
+  const size_t qbytes = (size_t)N * K / 2, off = align128(qbytes), sbytes = (size_t)N * (K / g) * 2;
+  NQ_TRY(b.alloc(off + sbytes));
+  NQ_CUDA(cudaMemcpy(b.p, qw, qbytes, cudaMemcpyHostToDevice));
+  NQ_CUDA(cudaMemcpy(static_cast<char*>(b.p) + off, sc, sbytes, cudaMemcpyHostToDevice));
+  w->w = b.as<uint8_t>();
+  w->scales = reinterpret_cast<const __half*>(static_cast<char*>(b.p) + off);
+  w->N = N; w->K = K; w->group = g; w->type = WT_INT4;
+  return NQ_OK;
+}
+
+int check_nk(int N, int K) {
+  if (N <= 0 || K <= 0 || K % 32) return fail(NQ_E_INVALID_ARG, "N=%d, K=%d: need N > 0 and K a positive multiple of 32", N, K);
+  return NQ_OK;
+}
+}  // namespace
+
+extern "C" {
+
+int nq_test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K, int32_t group,
+                      const float* x, const float* norm_w, float eps, int32_t variant, float* y) {
+  if (!qweight || !scales || !x || !y) return fail(NQ_E_INVALID_ARG, "nq_test_gemv_int4: NULL argument");
+  NQ_TRY(check_nk(N, K));
+  if (variant != 0 && variant != 1) return fail(NQ_E_INVALID_ARG, "variant %d", variant);
+  NQ_TRY(gemv_prepare());
+  DBuf w, dx, dn, dy;
+  GemvArgs a;
+  NQ_TRY(put_int4(w, qweight, scales, N, K, group, &a.seg[0]));
+  NQ_TRY(dx.put(x, (size_t)K * 4));
+  if (norm_w) NQ_TRY(dn.put(norm_w, (size_t)K * 4));
+  NQ_TRY(dy.alloc((size_t)N * 4));
+  NQ_CUDA(cudaMemset(dy.p, 0xff, (size_t)N * 4));  // poison: NaN
+  a.x_f32 = dx.as<float>(); a.norm_w = norm_w ? dn.as<float>() : nullptr; a.eps = eps;
+  a.out_f32 = dy.as<float>(); a.mode = GEMV_STORE; a.variant = variant;
+  NQ_TRY(gemv(a, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  NQ_CUDA(cudaMemcpy(y, dy.p, (size_t)N * 4, cudaMemcpyDeviceToHost));
+  return NQ_OK;
+}
+
+int nq_test_gemv_dense(const uint16_t* wbits, int32_t dtype, int32_t N, int32_t K, const float* x, float* y) {
+  if (!wbits || !x || !y) return fail(NQ_E_INVALID_ARG, "nq_test_gemv_dense: NULL argument");
+  NQ_TRY(check_nk(N, K));
+  if (dtype != WT_F16 && dtype != WT_BF16) return fail(NQ_E_INVALID_ARG, "dtype %d (1 = f16, 2 = bf16)", dtype);
+  NQ_TRY(gemv_prepare());
+  DBuf w, dx, dy;
+  GemvArgs a;
+  NQ_TRY(w.put(wbits, (size_t)N * K * 2));
+  a.seg[0].w = w.as<uint8_t>(); a.seg[0].N = N; a.seg[0].K = K; a.seg[0].type = dtype;
+  NQ_TRY(dx.put(x, (size_t)K * 4));
+  NQ_TRY(dy.alloc((size_t)N * 4));
+  NQ_CUDA(cudaMemset(dy.p, 0xff, (size_t)N * 4));
+  a.x_f32 = dx.as<float>(); a.out_f32 = dy.as<float>(); a.mode = GEMV_STORE;
+  NQ_TRY(gemv(a, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  NQ_CUDA(cudaMemcpy(y, dy.p, (size_t)N * 4, cudaMemcpyDeviceToHost));
+  return NQ_OK;
+}
+
+int nq_test_gemm_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K, int32_t group,
+                      const float* A, int32_t M, float* C) {
+  if (!qweight || !scales || !A || !C) return fail(NQ_E_INVALID_ARG, "nq_test_gemm_int4: NULL argument");
+  NQ_TRY(check_nk(N, K));
+  if (M <= 0) return fail(NQ_E_INVALID_ARG, "M=%d", M);
+  DBuf w, da, dc;
+  LinW W;
+  NQ_TRY(put_int4(w, qweight, scales, N, K, group, &W));
+  std::vector<__half> ah((size_t)M * K);
+  for (size_t i = 0; i < ah.size(); i++) ah[i] = __float2half_rn(A[i]);
+  NQ_TRY(da.put(ah.data(), ah.size() * 2));
+  NQ_TRY(dc.alloc((size_t)M * N * 4));
+  NQ_CUDA(cudaMemset(dc.p, 0xff, (size_t)M * N * 4));
+  NQ_TRY(gemm(W, da.as<__half>(), K, M, dc.as<float>(), N, nullptr, false, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  NQ_CUDA(cudaMemcpy(C, dc.p, (size_t)M * N * 4, cudaMemcpyDeviceToHost));
+  return NQ_OK;
+}
+
+int nq_bench_gemv_int4(int32_t N, int32_t K, int32_t group, int32_t variant, int32_t iters, float* ms) {
+  if (!ms || iters <= 0) return fail(NQ_E_INVALID_ARG, "nq_bench_gemv_int4: bad argument");
+  NQ_TRY(check_nk(N, K));
+  NQ_TRY(gemv_prepare());
+  // rotate over enough copies that the weights exceed the 60 MB L2 several times
+  const size_t qbytes = (size_t)N * K / 2, off = align128(qbytes), per = align128(off + (size_t)N * (K / group) * 2);
+  const int copies = (int)std::max<size_t>(2, (512ull << 20) / per + 1);
+  DBuf w, dx, dy;
+  NQ_TRY(w.alloc(per * copies));
+  {  // random bytes (codes and finite f16 scales): fill on host once, replicate
+    std::vector<uint8_t> h(per);
+    uint64_t st = 0x1234567ull;
+    for (size_t i = 0; i < off; i++) { st = st * 6364136223846793005ull + 1442695040888963407ull; h[i] = (uint8_t)(st >> 56); }
+    for (size_t i = off; i + 1 < per; i += 2) { h[i] = 0x00; h[i + 1] = 0x20; }  // scale 2^-7 ~ 0.0078
+    for (int c = 0; c < copies; c++) NQ_CUDA(cudaMemcpy(w.as<uint8_t>() + per * c, h.data(), per, cudaMemcpyHostToDevice));
+  }
+  std::vector<float> xh(K);
+  for (int i = 0; i < K; i++) xh[i] = (float)((i * 37) % 17) / 8.f - 1.f;
+  NQ_TRY(dx.put(xh.data(), (size_t)K * 4));
+  NQ_TRY(dy.alloc((size_t)N * 4));
+  std::vector<GemvArgs> args(copies);
+  for (int c = 0; c < copies; c++) {
+    GemvArgs& a = args[c];
+    a.seg[0].w = w.as<uint8_t>() + per * c;
+    a.seg[0].scales = reinterpret_cast<const __half*>(w.as<uint8_t>() + per * c + off);
+    a.seg[0].N = N; a.seg[0].K = K; a.seg[0].group = group; a.seg[0].type = WT_INT4;
+    a.x_f32 = dx.as<float>(); a.out_f32 = dy.as<float>(); a.mode = GEMV_STORE; a.variant = variant;
+  }
+  cudaEvent_t e0, e1;
+  NQ_CUDA(cudaEventCreate(&e0));
+  NQ_CUDA(cudaEventCreate(&e1));
+  for (int i = 0; i < 3; i++) NQ_TRY(gemv(args[i % copies], 0));
+  NQ_CUDA(cudaEventRecord(e0, 0));
+  for (int i = 0; i < iters; i++) NQ_TRY(gemv(args[i % copies], 0));
+  NQ_CUDA(cudaEventRecord(e1, 0));
+  NQ_CUDA(cudaEventSynchronize(e1));
+  float t = 0.f;
+  NQ_CUDA(cudaEventElapsedTime(&t, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  *ms = t / iters;
+  return NQ_OK;
+}
+
+int nq_test_sample(const float* logits, int32_t V, const nq_sampling* sp, uint64_t counter, int32_t* out) {
+  if (!logits || !sp || !out || V <= 0) return fail(NQ_E_INVALID_ARG, "nq_test_sample: bad argument");
+  DBuf dl, dp, dc, dt;
+  NQ_TRY(dl.put(logits, (size_t)V * 4));
+  NQ_TRY(dp.put(sp, sizeof(nq_sampling)));
+  unsigned long long c = counter;
+  NQ_TRY(dc.put(&c, 8));
+  NQ_TRY(dt.alloc(4));
+  NQ_CUDA(cudaMemset(dt.p, 0xff, 4));
+  SampleArgs a;
+  a.logits = dl.as<float>(); a.V = V; a.params = dp.as<nq_sampling>(); a.counter = dc.as<unsigned long long>();
+  a.token_out = dt.as<int32_t>(); a.host_ring = nullptr; a.ring_size = 1;
+  NQ_TRY(sample(a, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  NQ_CUDA(cudaMemcpy(out, dt.p, 4, cudaMemcpyDeviceToHost));
+  return NQ_OK;
+}
+
+int nq_test_attention(const float* q, const float* k, const float* v, int32_t n_heads, int32_t n_kv,
+                      int32_t head_dim, int32_t n_pos, int32_t keys_per_split, float* out) {
+  if (!q || !k || !v || !out || n_kv <= 0 || n_heads <= 0 || n_pos <= 0 || keys_per_split <= 0)
+    return fail(NQ_E_INVALID_ARG, "nq_test_attention: bad argument");
+  const int D = head_dim, pos = n_pos - 1;
+  // q/k/v are given already rotated: use a rope table of (cos, sin) = (1, 0) for every position.
+  // Cache: pages in REVERSED physical order to exercise the page table.
+  const int pages = (n_pos + kPage - 1) / kPage;
+  std::vector<int> pt(pages);
+  for (int i = 0; i < pages; i++) pt[i] = pages - 1 - i;
+  std::vector<__half> kc((size_t)pages * n_kv * kPage * D, __float2half(0.f)), vc(kc.size(), __float2half(0.f));
+  for (int j = 0; j < pos; j++)  // the last position is written by the kernel (write_kv)
+    for (int h = 0; h < n_kv; h++)
+      for (int d = 0; d < D; d++) {
+        const size_t idx = (((size_t)pt[j / kPage] * n_kv + h) * kPage + j % kPage) * D + d;
+        kc[idx] = __float2half_rn(k[((size_t)j * n_kv + h) * D + d]);
+        vc[idx] = __float2half_rn(v[((size_t)j * n_kv + h) * D + d]);
+      }
+  const int Nq = n_heads * D, Nkv = n_kv * D;
+  std::vector<float> qkv(Nq + 2 * Nkv);
+  std::memcpy(qkv.data(), q, Nq * 4);
+  std::memcpy(qkv.data() + Nq, k + (size_t)pos * Nkv, Nkv * 4);
+  std::memcpy(qkv.data() + Nq + Nkv, v + (size_t)pos * Nkv, Nkv * 4);
+  std::vector<float2> rope((size_t)n_pos * (D / 2), make_float2(1.f, 0.f));
+  const int n_split = (n_pos + keys_per_split - 1) / keys_per_split + 1;  // one spare split: must be ignored
+  DBuf dk, dv, dpt, dr, dq, dpos, dpo, dpm, dcnt, dout;
+  NQ_TRY(dk.put(kc.data(), kc.size() * 2));
+  NQ_TRY(dv.put(vc.data(), vc.size() * 2));
+  NQ_TRY(dpt.put(pt.data(), pt.size() * 4));
+  NQ_TRY(dr.put(rope.data(), rope.size() * sizeof(float2)));
+  NQ_TRY(dq.put(qkv.data(), qkv.size() * 4));
+  NQ_TRY(dpos.put(&pos, 4));
+  NQ_TRY(dpo.alloc((size_t)n_heads * n_split * D * 4));
+  NQ_TRY(dpm.alloc((size_t)n_heads * n_split * 2 * 4));
+  NQ_TRY(dcnt.alloc((size_t)n_kv * 4));
+  NQ_CUDA(cudaMemset(dcnt.p, 0, (size_t)n_kv * 4));
+  NQ_TRY(dout.alloc((size_t)Nq * 2));
+  NQ_CUDA(cudaMemset(dout.p, 0xff, (size_t)Nq * 2));
+  AttnArgs a;
+  a.qkv = dq.as<float>(); a.qkv_stride = Nq + 2 * Nkv; a.M = 1; a.pos0 = dpos.as<int>();
+  a.kv.k = dk.as<__half>(); a.kv.v = dv.as<__half>(); a.page_table = dpt.as<int>(); a.rope = dr.as<float2>();
+  a.n_heads = n_heads; a.n_kv = n_kv; a.D = D; a.keys_per_split = keys_per_split; a.n_split = n_split;
+  a.write_kv = true; a.part_o = dpo.as<float>(); a.part_ml = dpm.as<float>(); a.counters = dcnt.as<int>();
+  a.out = dout.as<__half>();
+  NQ_TRY(attention(a, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  std::vector<__half> oh(Nq);
+  NQ_CUDA(cudaMemcpy(oh.data(), dout.p, (size_t)Nq * 2, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < Nq; i++) out[i] = __half2float(oh[i]);
+  // the counters must be re-armed (zero) for the next launch
+  std::vector<int> cnt(n_kv);
+  NQ_CUDA(cudaMemcpy(cnt.data(), dcnt.p, (size_t)n_kv * 4, cudaMemcpyDeviceToHost));
+  for (int h = 0; h < n_kv; h++)
+    if (cnt[h] != 0) return fail(NQ_E_CUDA, "attention left counter %d at %d", h, cnt[h]);
+  return NQ_OK;
+}
+
+}  // extern "C"

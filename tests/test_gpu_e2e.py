@@ -1,0 +1,257 @@
+"""End to end on the GPU: CudaBackend vs the CPU backend (the oracle) on the same .nanoqwen files, generation
+semantics, and a 7B-shaped random model vs transformers' Qwen2ForCausalLM with the dequantised weights."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from synth import make_checkpoint  # noqa: E402  (tests/synth.py)
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+CTX = 160
+
+# name -> (make_checkpoint kwargs, convert kwargs)
+CASES = {
+    "qwen2-d64-int4g64": (dict(arch="qwen2", hidden=128, intermediate=256, n_layers=2, n_heads=2, n_kv_heads=1,
+                               vocab=384, seed=3), dict(quant="int4", group_size=64)),
+    "qwen2-d128-tied-int4g128": (dict(arch="qwen2", hidden=256, intermediate=512, n_layers=3, n_heads=2,
+                                      n_kv_heads=1, vocab=512, tied=True, seed=5), dict(quant="int4", group_size=128)),
+    "llama-d64-f16": (dict(arch="llama", hidden=256, intermediate=768, n_layers=2, n_heads=4, n_kv_heads=2,
+                           vocab=320, qkv_bias=False, seed=7), dict(quant="none")),
+    "qwen2-gqa7-int4-lmhead-int4": (dict(arch="qwen2", hidden=448, intermediate=384, n_layers=2, n_heads=7,
+                                         n_kv_heads=1, vocab=448, seed=9),
+                                    dict(quant="int4", group_size=64, lm_head="int4")),
+}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    from nanoqwen_quant.convert import convert_checkpoint
+    d = tmp_path_factory.mktemp("gpu_e2e")
+    out = {}
+    for name, (mk, cv) in CASES.items():
+        make_checkpoint(d / name, dtype="bf16", **mk)
+        out[name] = convert_checkpoint(d / name, d / f"{name}.nanoqwen", **cv)
+    return out
+
+
+def _backends(path, ctx=CTX):
+    from nanoqwen_rt.cpu_backend import CPUBackend
+    from nanoqwen_rt.cuda_backend import CudaBackend
+    # the CPU oracle with an f16 KV cache, as the GPU keeps it
+    return CudaBackend(path, max_context=ctx), CPUBackend(path, max_context=ctx, kv_dtype="f16")
+
+
+def _rel_rows(a, b):
+    a, b = np.atleast_2d(a).astype(np.float64), np.atleast_2d(b).astype(np.float64)
+    return np.linalg.norm(a - b, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+# GPU activations enter every GEMV as f16 (2^-12 relative) and int4 products use f16 partial sums; a few layers
+# of that gives ~1e-3 on the logits; 1e-2 leaves room without hiding a wrong kernel (those give O(1)).
+TOL = 1e-2
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_prefill_decode_logits_match_cpu(files, name):
+    gpu, cpu = _backends(files[name])
+    with gpu, cpu:
+        rng = np.random.default_rng()
+        V = gpu.config.vocab_rows
+        prompt = rng.integers(0, V, size=int(rng.integers(20, 90)), dtype=np.int32)
+        g, c = gpu.prefill(prompt), cpu.prefill(prompt)
+        assert np.isfinite(g).all() and g.shape == (V,)
+        assert _rel_rows(g, c).max() < TOL
+        for t in rng.integers(0, V, size=12):
+            g, c = gpu.decode(int(t)), cpu.decode(int(t))
+            assert _rel_rows(g, c).max() < TOL
+        assert gpu.position == cpu.position == prompt.shape[0] + 12
+        # a second prefill continues the sequence (chunked prompt)
+        more = rng.integers(0, V, size=9, dtype=np.int32)
+        assert _rel_rows(gpu.prefill(more), cpu.prefill(more)).max() < TOL
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_logits_all_matches_cpu_and_decode_path(files, name):
+    gpu, cpu = _backends(files[name])
+    with gpu, cpu:
+        rng = np.random.default_rng()
+        ids = rng.integers(0, gpu.config.vocab_rows, size=70, dtype=np.int32)
+        la = gpu.logits_all(ids)
+        assert la.shape == (70, gpu.config.vocab_rows) and np.isfinite(la).all()
+        assert _rel_rows(la, cpu.logits_all(ids)).max() < TOL
+        assert gpu.position == 70
+        gpu.reset()
+        step = np.stack([gpu.decode(int(t)) for t in ids])      # the graph (GEMV) path, token by token
+        assert _rel_rows(step, la).max() < TOL
+
+
+def test_long_prompt_in_chunks_matches_cpu(files):
+    path = files["qwen2-d64-int4g64"]
+    gpu, cpu = _backends(path, ctx=1200)
+    with gpu, cpu:
+        rng = np.random.default_rng()
+        ids = rng.integers(0, gpu.config.vocab_rows, size=1100, dtype=np.int32)   # > one 512-token chunk
+        assert _rel_rows(gpu.prefill(ids), cpu.prefill(ids)).max() < TOL
+        assert _rel_rows(gpu.decode(5), cpu.decode(5)).max() < TOL
+
+
+def _greedy_close(gpu_tokens, cpu_logits_fn, prompt):
+    """Every GPU greedy token is the CPU argmax, unless the CPU's top two logits are within 1e-3 (a near tie
+    that f16 rounding may legitimately flip): then stop comparing (the sequences diverge from there)."""
+    seq = list(prompt)
+    for i, t in enumerate(gpu_tokens):
+        lg = cpu_logits_fn(seq)
+        top2 = np.sort(lg)[-2:]
+        if top2[1] - top2[0] < 1e-3 * max(1.0, abs(top2[1])):
+            return i
+        assert t == int(np.argmax(lg)), f"step {i}: gpu {t}, cpu {int(np.argmax(lg))}"
+        seq.append(t)
+    return len(gpu_tokens)
+
+
+@pytest.mark.parametrize("name", ["qwen2-d64-int4g64", "qwen2-d128-tied-int4g128"])
+def test_greedy_generation_matches_cpu(files, name):
+    from nanoqwen_rt.sampling import SamplingParams
+    gpu, cpu = _backends(files[name])
+    with gpu, cpu:
+        prompt = np.arange(5, 25, dtype=np.int32)
+        toks = list(gpu.generate_ids(prompt, SamplingParams(temperature=0.0), 64))
+        assert len(toks) == 64
+        assert gpu.position == prompt.shape[0] + 63          # the last sampled id is never decoded
+        checked = _greedy_close(toks, lambda s: cpu.logits_all(np.array(s, dtype=np.int32))[-1], prompt)
+        assert checked >= 8
+
+
+def test_generate_stops_and_context(files):
+    from nanoqwen_rt.sampling import SamplingParams
+    gpu, _ = _backends(files["qwen2-d64-int4g64"], ctx=40)
+    with gpu:
+        prompt = np.arange(3, 13, dtype=np.int32)
+        free = list(gpu.generate_ids(prompt, SamplingParams(temperature=0.0), 20))
+        stop = free[5]
+        first = free.index(stop)
+        toks = list(gpu.generate_ids(prompt, SamplingParams(temperature=0.0), 20, stop_token_ids=[stop]))
+        assert toks == free[:first + 1] and gpu.position == 10 + first
+        # context: prompt 10 + generated reaches max_context 40 -> 30 tokens at most
+        toks = list(gpu.generate_ids(prompt, SamplingParams(temperature=0.0), 100))
+        assert len(toks) == 30 and toks[:20] == free
+        # early close of the generator, then reuse
+        it = gpu.generate_ids(prompt, SamplingParams(temperature=0.0), 20)
+        assert [next(it) for _ in range(3)] == free[:3]
+        it.close()
+        assert list(gpu.generate_ids(prompt, SamplingParams(temperature=0.0), 20)) == free
+
+
+def test_seeded_sampling_is_reproducible_and_in_range(files):
+    from nanoqwen_rt.sampling import SamplingParams
+    gpu, _ = _backends(files["qwen2-d128-tied-int4g128"])
+    with gpu:
+        prompt = np.arange(1, 30, dtype=np.int32)
+        p = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, seed=1234)
+        a = list(gpu.generate_ids(prompt, p, 40))
+        b = list(gpu.generate_ids(prompt, p, 40))
+        c = list(gpu.generate_ids(prompt, SamplingParams(temperature=0.9, top_k=40, top_p=0.95, seed=99), 40))
+        assert a == b and len(a) == 40 and a != c
+        assert all(0 <= t < gpu.config.vocab_rows for t in a)
+
+
+def test_errors_are_named(files):
+    from nanoqwen_rt.backend import ContextFull
+    from nanoqwen_rt.cuda_backend import CudaBackend
+    with CudaBackend(files["qwen2-d64-int4g64"], max_context=16) as gpu:
+        with pytest.raises(ContextFull):
+            gpu.prefill(np.zeros(17, dtype=np.int32))
+        with pytest.raises(ValueError):
+            gpu.decode(gpu.config.vocab_rows)
+        gpu.prefill(np.zeros(16, dtype=np.int32))
+        with pytest.raises(ContextFull):
+            gpu.decode(1)
+
+
+def test_c_loader_rejects_corrupt_files(files, tmp_path):
+    from nanoqwen_rt.backend import BackendError
+    from nanoqwen_rt.cuda_backend import CudaBackend
+    raw = bytearray(Path(files["qwen2-d64-int4g64"]).read_bytes())
+    bad = tmp_path / "bad.nanoqwen"
+    for off in (0, 8, 200, len(raw) - 1):
+        b = bytearray(raw)
+        b[off] ^= 0x5A
+        bad.write_bytes(bytes(b))
+        with pytest.raises(BackendError):
+            CudaBackend(bad, max_context=8)          # no file handle given: the C loader checks everything
+    bad.write_bytes(bytes(raw[: len(raw) // 2]))
+    with pytest.raises(BackendError):
+        CudaBackend(bad, max_context=8)
+
+
+# ---- the embedded model: 128 greedy tokens identical to the CPU backend ------------------------------------
+def _embedded_file(tmp_path_factory):
+    src = ROOT / "models" / "tiny-py"
+    if not (src / "config.json").exists():
+        pytest.skip("models/tiny-py is not committed yet")
+    from nanoqwen_quant.convert import convert_checkpoint
+    d = tmp_path_factory.mktemp("tiny")
+    return convert_checkpoint(src, d / "tiny-py.int4.nanoqwen", quant="int4")
+
+
+def test_embedded_model_greedy_128_identical(tmp_path_factory):
+    from nanoqwen_rt.sampling import SamplingParams
+    path = _embedded_file(tmp_path_factory)
+    gpu, cpu = _backends(path, ctx=256)
+    with gpu, cpu:
+        prompt = np.array([3, 10, 20, 30, 40, 50], dtype=np.int32) % gpu.config.vocab_rows
+        g = list(gpu.generate_ids(prompt, SamplingParams(temperature=0.0), 128))
+        c = list(cpu.generate_ids(prompt, SamplingParams(temperature=0.0), 128))
+        assert g == c
+
+
+# ---- 7B shapes vs transformers ----------------------------------------------------------------------------
+@pytest.mark.slow
+def test_7b_shaped_vs_transformers(tmp_path):
+    """A random Qwen2.5-7B-shaped file with 2 layers (full width, full vocab; layers reduced for time) made by
+    bench/make_7b_file.py; transformers' Qwen2ForCausalLM in float32 on the GPU with the dequantised weights."""
+    import subprocess
+    import sys
+
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from nanoqwen_format import open_file
+    from nanoqwen_rt.cuda_backend import CudaBackend
+
+    path = tmp_path / "q7b-2l.nanoqwen"
+    subprocess.run([sys.executable, str(ROOT / "bench" / "make_7b_file.py"), str(path), "--layers", "2", "--quiet"],
+                   check=True)
+    with open_file(path, verify_checksums=False) as f:
+        c = f.config
+        hf = Qwen2Config(vocab_size=c.vocab_rows, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                         num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
+                         num_key_value_heads=c.n_kv_heads, max_position_embeddings=c.max_positions,
+                         rope_theta=c.rope_theta, rms_norm_eps=c.rms_norm_eps, tie_word_embeddings=c.tied_embeddings)
+        hf._attn_implementation = "eager"
+        with torch.device("meta"):
+            model = Qwen2ForCausalLM(hf)
+        sd = {name: torch.from_numpy(f.float32(name)) for name in f.tensors}
+        model.load_state_dict(sd, assign=True, strict=True)
+        del sd
+    model = model.to("cuda", torch.float32).eval()
+    rng = np.random.default_rng()
+    ids = rng.integers(0, 151643, size=64, dtype=np.int64)
+    with torch.no_grad():
+        ref = model(torch.from_numpy(ids)[None].cuda()).logits[0].double().cpu().numpy()   # (64, vocab)
+    del model
+    torch.cuda.empty_cache()
+    with CudaBackend(path, max_context=128) as gpu:
+        la = gpu.logits_all(ids.astype(np.int32))
+        err = _rel_rows(la, ref)
+        assert err.max() < TOL, err.max()
+        gpu.reset()
+        last = gpu.prefill(ids[:-1].astype(np.int32))
+        assert _rel_rows(last, ref[-2]).max() < TOL
+        assert _rel_rows(gpu.decode(int(ids[-1])), ref[-1]).max() < TOL

@@ -1,0 +1,215 @@
+"""libnanoqwen kernels vs float64 numpy references, through the C ABI's nq_test_* entry points (GPU only).
+
+Every call draws fresh random inputs; the library poisons its outputs (NaN) before each kernel, so an
+unwritten element fails the finiteness check. Shapes sweep the linear layers of every Qwen2.5 size.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from nanoqwen_format.int4_layout import dequantize_int4_reference, pack_int4_reference
+
+pytestmark = pytest.mark.gpu
+
+PERM = np.array([0, 2, 4, 6, 1, 3, 5, 7])
+# (hidden, intermediate, n_heads, n_kv_heads) of Qwen2.5 0.5B .. 32B (head_dim 64 for 0.5B, else 128)
+QWEN25 = {"0.5B": (896, 4864, 14, 2), "1.5B": (1536, 8960, 12, 2), "3B": (2048, 11008, 16, 2),
+          "7B": (3584, 18944, 28, 4), "14B": (5120, 13824, 40, 8), "32B": (5120, 27648, 40, 8)}
+
+
+def _shapes():
+    out = []
+    for name, (h, i, nh, kv) in QWEN25.items():
+        d = h // nh
+        out += [(f"{name}-qkv", h + 2 * kv * d, h), (f"{name}-gate", i, h), (f"{name}-down", h, i)]
+    return out
+
+
+SHAPES = _shapes()
+
+
+@pytest.fixture(scope="module")
+def lib():
+    from nanoqwen_rt.cuda_backend import load_library
+    return load_library()
+
+
+def _check(lib, rc):
+    assert rc == 0, lib.nq_last_error().decode()
+
+
+def _f32p(a):
+    return a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+
+
+def pack_fast(u: np.ndarray) -> np.ndarray:
+    """Vectorised layout-1 packer (u (N, K) uint8 0..15 -> uint32 (N, K/8)); checked against the spec's
+    reference packer in test_pack_fast_matches_reference."""
+    N, K = u.shape
+    v = u.reshape(N, K // 8, 8)[:, :, PERM].astype(np.uint32)           # nibble i holds k = 8j + PERM[i]
+    return np.bitwise_or.reduce(v << (4 * np.arange(8, dtype=np.uint32)), axis=2).astype(np.uint32)
+
+
+def random_int4(rng, N, K, g):
+    u = rng.integers(0, 16, size=(N, K), dtype=np.uint8)                 # (N, K) codes
+    s = (rng.uniform(0.5, 1.5, size=(N, K // g)) / np.sqrt(21.5 * K)).astype(np.float16)  # (N, K/g)
+    s[rng.random(s.shape) < 0.1] *= -1                                   # some negative scales
+    return u, pack_fast(u), s
+
+
+def dequant(u, s, g):
+    N, K = u.shape
+    return (u.astype(np.float64) - 8.0) * np.repeat(s.astype(np.float64), g, axis=1)
+
+
+def test_pack_fast_matches_reference():
+    rng = np.random.default_rng(1)
+    u = rng.integers(0, 16, size=(6, 64), dtype=np.uint8)
+    q = pack_fast(u)
+    np.testing.assert_array_equal(q, pack_int4_reference(u))
+    s = rng.uniform(-1, 1, size=(6, 2)).astype(np.float16)
+    np.testing.assert_allclose(dequant(u, s, 32), dequantize_int4_reference(q, s, 32), rtol=0, atol=0)
+
+
+def rel_err(y, ref):
+    return float(np.linalg.norm(y.astype(np.float64) - ref) / np.linalg.norm(ref))
+
+
+@pytest.mark.parametrize("name,N,K", SHAPES, ids=[s[0] for s in SHAPES])
+@pytest.mark.parametrize("g", [128, 64])
+def test_gemv_int4_vs_numpy(lib, name, N, K, g):
+    rng = np.random.default_rng()
+    u, q, s = random_int4(rng, N, K, g)
+    x = rng.standard_normal(K).astype(np.float32) * 3.0
+    w_norm = (1.0 + 0.3 * rng.standard_normal(K)).astype(np.float32)
+    eps = 1e-6
+    xn = x.astype(np.float64) / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps) * w_norm
+    ref = dequant(u, s, g) @ xn
+    for variant, with_norm in ((0, True), (0, False), (1, True)):
+        y = np.empty(N, dtype=np.float32)
+        _check(lib, lib.nq_test_gemv_int4(q.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
+                                          s.view(np.uint16).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)),
+                                          N, K, g, _f32p(x), _f32p(w_norm) if with_norm else None, eps, variant,
+                                          _f32p(y)))
+        assert np.isfinite(y).all(), "unwritten (NaN-poisoned) outputs"
+        r = ref if with_norm else dequant(u, s, g) @ x.astype(np.float64)
+        err = rel_err(y, r)
+        # variant 0: x rounded to f16 (2^-12 relative) and f16 products with 4-deep f16 partial sums
+        # (~2^-12 each), everything else f32: ~5e-4 expected, 3e-3 allowed.
+        # variant 1: x quantised to int8 per 32 values (error up to amax/254 per element): ~4e-3 expected.
+        tol = 3e-3 if variant == 0 else 2e-2
+        assert err < tol, f"{name} g{g} variant {variant} norm {with_norm}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("dtype", [1, 2])
+@pytest.mark.parametrize("N,K", [(4864, 896), (1000, 3584), (152064 // 8, 3584)])
+def test_gemv_dense_vs_numpy(lib, dtype, N, K):
+    rng = np.random.default_rng()
+    w32 = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    if dtype == 1:
+        bits = w32.astype(np.float16).view(np.uint16)
+        w = bits.view(np.float16).astype(np.float64)
+    else:
+        bits = (w32.view(np.uint32) >> 16).astype(np.uint16)             # bf16 by truncation: exact bits given
+        w = (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    x = rng.standard_normal(K).astype(np.float32)
+    y = np.empty(N, dtype=np.float32)
+    _check(lib, lib.nq_test_gemv_dense(np.ascontiguousarray(bits).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)),
+                                       dtype, N, K, _f32p(x), _f32p(y)))
+    assert np.isfinite(y).all()
+    err = rel_err(y, w @ x.astype(np.float64))
+    assert err < 1e-3, f"relative error {err:.2e}"   # x rounded to f16 (2^-12), f32 products/sums
+
+
+@pytest.mark.parametrize("M", [1, 37, 64, 130])
+@pytest.mark.parametrize("N,K,g", [(896, 896, 64), (4864, 896, 128), (512, 3584, 128), (3584, 18944, 128)])
+def test_gemm_int4_vs_numpy(lib, M, N, K, g):
+    rng = np.random.default_rng()
+    u, q, s = random_int4(rng, N, K, g)
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    C = np.empty((M, N), dtype=np.float32)
+    _check(lib, lib.nq_test_gemm_int4(q.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
+                                      s.view(np.uint16).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)),
+                                      N, K, g, _f32p(A), M, _f32p(C)))
+    assert np.isfinite(C).all()
+    ref = A.astype(np.float64) @ dequant(u, s, g).T
+    err = rel_err(C, ref)
+    # A and the dequantised W each rounded to f16 (2^-12 relative each), f32 tensor-core accumulation
+    assert err < 2e-3, f"relative error {err:.2e}"
+
+
+def attention_ref(q, k, v, n_heads, n_kv, D):
+    """q (n_heads*D), k/v (n_pos, n_kv, D) -> (n_heads*D), float64, K/V rounded to f16 like the cache."""
+    G = n_heads // n_kv
+    k = k.astype(np.float16).astype(np.float64)
+    v = v.astype(np.float16).astype(np.float64)
+    out = np.empty((n_heads, D))
+    for h in range(n_heads):
+        kh = h // G
+        sc = k[:, kh, :] @ q[h * D:(h + 1) * D].astype(np.float64) / np.sqrt(D)
+        p = np.exp(sc - sc.max())
+        out[h] = (p / p.sum()) @ v[:, kh, :]
+    return out.reshape(-1)
+
+
+@pytest.mark.parametrize("n_heads,n_kv,D", [(14, 2, 64), (12, 2, 128), (28, 4, 128), (40, 8, 128), (8, 8, 64)])
+@pytest.mark.parametrize("n_pos,kps", [(1, 64), (17, 64), (300, 64), (1000, 128), (2050, 64)])
+def test_attention_vs_numpy(lib, n_heads, n_kv, D, n_pos, kps):
+    rng = np.random.default_rng()
+    q = (rng.standard_normal(n_heads * D) * 2).astype(np.float32)
+    k = rng.standard_normal((n_pos, n_kv, D)).astype(np.float32)
+    v = rng.standard_normal((n_pos, n_kv, D)).astype(np.float32)
+    out = np.empty(n_heads * D, dtype=np.float32)
+    _check(lib, lib.nq_test_attention(_f32p(q), _f32p(np.ascontiguousarray(k)), _f32p(np.ascontiguousarray(v)),
+                                      n_heads, n_kv, D, n_pos, kps, _f32p(out)))
+    assert np.isfinite(out).all()
+    err = rel_err(out, attention_ref(q, k, v, n_heads, n_kv, D))
+    # f16 K/V (in the reference too), f32 scores/softmax, output rounded to f16 (2^-12)
+    assert err < 2e-3, f"relative error {err:.2e}"
+
+
+def _sample(lib, logits, temperature, top_k, top_p, seed, counter):
+    from nanoqwen_rt.cuda_backend import NqSampling
+    sp = NqSampling(temperature, top_k, top_p, seed)
+    out = ctypes.c_int32(-1)
+    logits = np.ascontiguousarray(logits, dtype=np.float32)
+    _check(lib, lib.nq_test_sample(_f32p(logits), logits.shape[0], ctypes.byref(sp), counter, ctypes.byref(out)))
+    return out.value
+
+
+def test_sampler_greedy_is_argmax_lowest_index(lib):
+    rng = np.random.default_rng()
+    for V in (7, 1000, 152064):
+        x = rng.standard_normal(V).astype(np.float32)
+        assert _sample(lib, x, 0.0, 0, 1.0, 0, 0) == int(np.argmax(x))
+        i, j = sorted(rng.choice(V, 2, replace=False))
+        x[i] = x[j] = x.max() + 1.0                     # a tie: the lower index wins
+        assert _sample(lib, x, 0.0, 0, 1.0, 0, 0) == i
+
+
+def test_sampler_filters(lib):
+    rng = np.random.default_rng()
+    V = 152064
+    x = (rng.standard_normal(V) * 2).astype(np.float32)
+    top5 = set(np.argsort(-x)[:5].tolist())
+    for c in range(20):
+        assert _sample(lib, x, 1.0, 1, 1.0, 3, c) == int(np.argmax(x))      # top_k 1 = greedy
+        assert _sample(lib, x, 0.7, 5, 1.0, 3, c) in top5
+        assert _sample(lib, x, 1.0, 0, 1e-6, 3, c) == int(np.argmax(x))     # tiny top_p keeps one token
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 4, 1.0), (1.3, 0, 0.8), (1.0, 6, 0.9)])
+def test_sampler_distribution(lib, temperature, top_k, top_p):
+    from nanoqwen_rt.sampling import SamplingParams, sample_reference
+    rng = np.random.default_rng()
+    x = rng.standard_normal(10).astype(np.float32)
+    ref = sample_reference(x, SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p))
+    n = 4000
+    counts = np.bincount([_sample(lib, x, temperature, top_k, top_p, 11, c) for c in range(n)], minlength=10)
+    assert counts[ref == 0].sum() == 0, "sampled a filtered-out token"
+    # multinomial: each frequency within 5 standard deviations (+ 1e-3) of its probability
+    sd = np.sqrt(ref * (1 - ref) / n)
+    assert np.all(np.abs(counts / n - ref) <= 5 * sd + 1e-3), (counts / n, ref)

@@ -1,0 +1,122 @@
+"""CPU test (runs in CI, no GPU needed): csrc/ compiles with nvcc, libnanoqwen.so exports the C ABI, and the C
+loader applies the spec's validation rules (it parses and validates before it looks for a device, so on a
+machine without a GPU a valid file gets NQ_E_NO_DEVICE and a corrupt one NQ_E_FORMAT naming the rule).
+Skipped when nvcc is not on PATH (the package then runs on the CPU backend only)."""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from format_corrupt import Mutator  # noqa: E402  (tests/format_corrupt.py)
+
+ROOT = Path(__file__).resolve().parent.parent
+VECTORS = sorted((ROOT / "spec" / "vectors").glob("*.nanoqwen"))
+NQ_E_FORMAT, NQ_E_NO_DEVICE, NQ_E_IO = -3, -7, -2
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("cmake") is None,
+                                reason="nvcc/cmake not on PATH: the CUDA library is not built here")
+
+
+@pytest.fixture(scope="module")
+def libpath(tmp_path_factory):
+    """Build with scripts/build_native.sh into a private build dir (sm_90a + sm_80, as shipped)."""
+    out = tmp_path_factory.mktemp("native")
+    env = dict(os.environ, NANOQWEN_BUILD_DIR=str(out / "build"))
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "build_native.sh")], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    so = out / "build" / "libnanoqwen.so"
+    assert so.is_file()
+    return so
+
+
+def test_exports_every_abi_symbol(libpath):
+    from nanoqwen_rt.cuda_backend import EXPORTED_SYMBOLS
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(libpath)], capture_output=True, text=True, check=True)
+    exported = {line.split()[-1] for line in nm.stdout.splitlines() if " T " in line}
+    missing = set(EXPORTED_SYMBOLS) - exported
+    assert not missing, f"not exported: {sorted(missing)}"
+    # nothing but the C ABI leaks (C++ internals are hidden)
+    assert all(s.startswith("nq_") for s in exported), sorted(s for s in exported if not s.startswith("nq_"))
+    # the CUDA runtime is linked statically: no libcudart in the dynamic dependencies
+    ldd = subprocess.run(["ldd", str(libpath)], capture_output=True, text=True)
+    assert "libcudart" not in ldd.stdout
+
+
+def test_sm90a_and_sm80_code_present(libpath):
+    cuobjdump = shutil.which("cuobjdump")
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not on PATH")
+    r = subprocess.run([cuobjdump, "--list-elf", str(libpath)], capture_output=True, text=True, check=True)
+    assert "sm_90a" in r.stdout and "sm_80" in r.stdout, r.stdout
+
+
+@pytest.fixture(scope="module")
+def lib(libpath):
+    lib = ctypes.CDLL(str(libpath))
+    lib.nq_last_error.restype = ctypes.c_char_p
+    lib.nq_model_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
+    lib.nq_model_free.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def _open(lib, path, verify=1):
+    h = ctypes.c_void_p()
+    rc = lib.nq_model_open(str(path).encode(), verify, ctypes.byref(h))
+    if rc == 0:
+        lib.nq_model_free(h)
+    return rc, lib.nq_last_error().decode()
+
+
+def test_loads_without_gpu_and_reports_devices(lib):
+    assert lib.nq_abi_version() == 1
+    assert lib.nq_device_count() >= 0          # 0 here: no driver/GPU, and no abort
+
+
+@pytest.mark.parametrize("vec", VECTORS, ids=[v.name for v in VECTORS])
+def test_golden_vectors_pass_validation(lib, vec):
+    rc, msg = _open(lib, vec)
+    # the golden vectors are tiny (head_dim < 64 is refused as unsupported by the CUDA backend, after
+    # validation): any verdict but a format/IO error means every spec rule passed
+    assert rc not in (NQ_E_FORMAT, NQ_E_IO), msg
+
+
+def _mutations(raw: bytes):
+    m = Mutator
+    first_off = m(raw).get_tensor(0, "offset")
+    return {
+        "BadMagic": m(raw).header("magic", b"NANOQWEX").bytes(),
+        "UnsupportedVersion": m(raw).header("version", 2).fix_crc().bytes(),
+        "HeaderTooLarge": m(raw).header("n_tensors", 70000).fix_crc().bytes(),
+        "HeaderSizeMismatch": m(raw).header("header_size", m(raw).get_header("header_size") + 8).fix_crc().bytes(),
+        "ChecksumMismatch": m(raw).config("rope_theta", 123.0).bytes(),                   # header CRC not fixed
+        "TruncatedFile": raw[:-1],
+        "NonZeroReserved": m(raw).header("flags", 1).fix_crc().bytes(),
+        "ConfigMismatch": m(raw).config("n_kv_heads", 3).fix_crc().bytes(),
+        "UnknownDType": m(raw).tensor(0, "dtype", 9).fix_crc().bytes(),
+        "ByteLengthMismatch": m(raw).tensor(0, "nbytes", m(raw).get_tensor(0, "nbytes") + 2).fix_crc().bytes(),
+        "MisalignedOffset": m(raw).tensor(0, "offset", first_off + 8).fix_crc().bytes(),
+        "tensor ChecksumMismatch": m(raw).byte(first_off, raw[first_off] ^ 0xFF).bytes(),
+    }
+
+
+@pytest.mark.parametrize("rule", ["BadMagic", "UnsupportedVersion", "HeaderTooLarge", "HeaderSizeMismatch",
+                                  "ChecksumMismatch", "TruncatedFile", "NonZeroReserved", "ConfigMismatch",
+                                  "UnknownDType", "ByteLengthMismatch", "MisalignedOffset",
+                                  "tensor ChecksumMismatch"])
+def test_corrupt_files_are_rejected_by_name(lib, tmp_path, rule):
+    raw = VECTORS[0].read_bytes()
+    bad = tmp_path / "bad.nanoqwen"
+    bad.write_bytes(_mutations(raw)[rule])
+    rc, msg = _open(lib, bad)
+    assert rc == NQ_E_FORMAT, (rc, msg)
+    assert rule.split()[-1] in msg, msg
+
+
+def test_missing_file_is_io_error(lib, tmp_path):
+    rc, msg = _open(lib, tmp_path / "nope.nanoqwen")
+    assert rc == NQ_E_IO and "nope.nanoqwen" in msg
