@@ -49,16 +49,17 @@ class Linear:
             self.N, self.K = self.w.shape
         else:
             raise BackendError(f"{name}: dtype {self.dtype.name} is not supported for a linear weight")
+        self.kind = self.dtype.name                                # "INT4G" | "F16" | "BF16" | "F32" (hot path)
         self.bias = f.float32(bias).reshape(-1) if bias is not None else None   # f32 (N,)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
         T = x.shape[0]
-        if self.dtype.name == "F32":
+        if self.kind == "F32":
             y = x @ self.w.T
         else:
             y = np.full((T, self.N), np.nan, dtype=np.float32)     # (T, N) poisoned: every entry must be written
-            if self.dtype.name == "INT4G":
+            if self.kind == "INT4G":
                 matmul_int4(x, self.qweight, self.scale_bits, F16_LUT, self.group_size, y)
             else:
                 matmul_u16(x, self.bits, self.lut, y)

@@ -2,8 +2,13 @@
 import numpy as np
 import pytest
 
-from nanoqwen_rt.cpu_kernels import (BF16_LUT, F16_LUT, PERM, matmul_int4, matmul_int4_reference, matmul_u16,
+from nanoqwen_rt.cpu_kernels import (BF16_LUT, F16_LUT, PERM, _int4_parallel, _int4_serial, _u16_parallel,
+                                     _u16_serial, matmul_int4, matmul_int4_reference, matmul_u16,
                                      matmul_u16_reference, rows_u16)
+
+# every kernel has a serial and a parallel (prange) variant; the public wrapper picks by size: test all three
+INT4_IMPLS = {"serial": _int4_serial, "parallel": _int4_parallel, "wrapper": matmul_int4}
+U16_IMPLS = {"serial": _u16_serial, "parallel": _u16_parallel, "wrapper": matmul_u16}
 
 # float32 accumulation over K terms vs a float64 reference: the error grows ~ sqrt(K) * eps32 * sum|w*x|.
 # rtol/atol below leave a margin of ~10x over that for K ≤ 512 with unit-scale data.
@@ -29,15 +34,17 @@ def test_luts_exact():
     assert np.array_equal(BF16_LUT[fin], b[fin])
 
 
-@pytest.mark.parametrize("T,N,K,g", [(1, 48, 256, 128), (5, 33, 128, 64), (3, 17, 512, 32), (1, 7, 64, 64)])
-def test_matmul_int4_matches_reference(T, N, K, g):
+@pytest.mark.parametrize("impl", sorted(INT4_IMPLS))
+@pytest.mark.parametrize("T,N,K,g", [(1, 48, 256, 128), (5, 33, 128, 64), (3, 17, 512, 32), (1, 7, 64, 64),
+                                     (1, 130, 256, 32), (2, 130, 128, 128)])
+def test_matmul_int4_matches_reference(impl, T, N, K, g):
     rng = np.random.default_rng(T * 1000 + N + K + g)
     u = rng.integers(0, 16, size=(N, K), dtype=np.uint8)
     qw = _pack(u)
     scales = (rng.random((N, K // g)) * 0.1 + 0.01).astype(np.float16)
     x = rng.standard_normal((T, K)).astype(np.float32)
     out = np.full((T, N), np.nan, dtype=np.float32)
-    matmul_int4(x, qw, scales.view(np.uint16), F16_LUT, g, out)
+    INT4_IMPLS[impl](x, qw, scales.view(np.uint16), F16_LUT, g, out)
     ref = matmul_int4_reference(x, qw, scales, g)
     # reference built independently: dense dequant from u (not from the packed words)
     dense = np.repeat(scales.astype(np.float64), g, axis=1) * (u.astype(np.float64) - 8)
@@ -45,9 +52,10 @@ def test_matmul_int4_matches_reference(T, N, K, g):
     np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("impl", sorted(U16_IMPLS))
 @pytest.mark.parametrize("kind", ["f16", "bf16"])
-@pytest.mark.parametrize("T,N,K", [(1, 40, 96), (6, 19, 200)])
-def test_matmul_u16_matches_reference(kind, T, N, K):
+@pytest.mark.parametrize("T,N,K", [(1, 40, 96), (6, 19, 200), (1, 150, 64)])
+def test_matmul_u16_matches_reference(impl, kind, T, N, K):
     rng = np.random.default_rng(N + K + T)
     wf = rng.standard_normal((N, K)).astype(np.float32) * 0.1
     if kind == "f16":
@@ -58,7 +66,7 @@ def test_matmul_u16_matches_reference(kind, T, N, K):
         w, lut = bits, BF16_LUT
     x = rng.standard_normal((T, K)).astype(np.float32)
     out = np.full((T, N), np.nan, dtype=np.float32)
-    matmul_u16(x, bits, lut, out)
+    U16_IMPLS[impl](x, bits, lut, out)
     np.testing.assert_allclose(out, matmul_u16_reference(x, w), rtol=RTOL, atol=ATOL)
 
 
