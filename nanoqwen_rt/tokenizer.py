@@ -24,7 +24,8 @@ class ChatTemplateError(ValueError):
     """No chat template in the file, bad messages, or the template raised (raise_exception / jinja error)."""
 
 
-_SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+# the named special tokens transformers passes to chat templates (PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES)
+_SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
 def _token_text(v: Any) -> str | None:
