@@ -19,12 +19,13 @@ import numpy as np
 from nanoqwen_format import BlobKind, DType, NanoqwenFormatError, NanoqwenWriter, TensorSpec, expected_tensors
 
 from .hf import Checkpoint, ConvertError, load_checkpoint
+from .cast import to_f16_bits
 from .quantize import QuantizationError, can_quantize, check_shape, quantize
 
 INT4_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GROUP_SIZES = (64, 128)                     # what the CLI offers (the format also allows 32 and 256)
 BLOCK_ELEMS = 8 * 1024 * 1024               # float32 elements per row block (32 MiB) read + quantized at once
-F16_MAX = 65504.0
+BUFFER_REUSE_BYTES = 64 * 1024 * 1024      # keep f16 buffers this large for the next tensor of the same shape
 
 
 def converter_version() -> str:
@@ -66,12 +67,18 @@ def _rows_per_block(shape: tuple[int, ...]) -> int:
     return max(1, BLOCK_ELEMS // max(per_row, 1))
 
 
-def _to_f16(block: np.ndarray, name: str) -> np.ndarray:
-    big = np.abs(block) > F16_MAX
-    if big.any() or not np.isfinite(block).all():
-        raise ConvertError(f"tensor {name!r}: values outside the float16 range (max |w| = "
-                           f"{float(np.nanmax(np.abs(block))):.6g}) or non-finite; cannot store as f16")
-    return block.astype(np.float16)
+def _fill_f16(ckpt: Checkpoint, name: str, a: int, b: int, out_rows: np.ndarray) -> None:
+    """Rows [a, b) of a source tensor → out_rows float16 (b - a, ...), refusing values f16 cannot hold."""
+    t = ckpt.tensors[name]
+    raw = ckpt.read_raw_rows(name, a, b)
+    if t.dtype == "F16":
+        out_rows[...] = raw
+        bad = int(np.count_nonzero(~np.isfinite(raw)))
+    else:
+        _, bad = to_f16_bits(raw, out=out_rows.view(np.uint16))      # bf16 bits or float32 → f16, RNE
+    if bad:
+        raise ConvertError(f"tensor {name!r}: {bad} values are non-finite or outside the float16 range "
+                           f"(|w| >= 65520); cannot store as f16")
 
 
 def _blobs(ckpt: Checkpoint, provenance: dict) -> list[tuple[BlobKind, bytes]]:
@@ -153,8 +160,10 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
     bar = _progress(ckpt.source_nbytes, progress)
     try:
         with NanoqwenWriter(out, ckpt.config, specs, [k for k, _ in blobs]) as w:
+            bufs: dict = {}
             for spec in specs:
-                _convert_tensor(ckpt, spec, w, mode, bar)
+                _convert_tensor(ckpt, spec, w, mode, bar, bufs)
+            bufs.clear()
             for kind, data in blobs:
                 w.write_blob(kind, data)
     except NanoqwenFormatError as e:
@@ -168,8 +177,8 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
     return out
 
 
-def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode: str, bar) -> None:
-    """Read one source tensor in row blocks and write it as spec says."""
+def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode: str, bar, bufs: dict) -> None:
+    """Read one source tensor in row blocks and write it as spec says. bufs: reusable f16 buffers by shape."""
     t = ckpt.tensors[spec.name]
     rows = t.shape[0]
     step = _rows_per_block(t.shape)
@@ -188,12 +197,16 @@ def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode:
             bar.update((b - a) * t.row_bytes)
         w.write_int4(spec.name, qweight, scales)
     else:
-        arr = np.empty(spec.shape, np.float16)
+        arr = bufs.pop(spec.shape, None)                  # reuse the embed buffer for lm_head: fewer page faults
+        if arr is None:
+            arr = np.empty(spec.shape, np.float16)
         for a in range(0, rows, step):
             b = min(rows, a + step)
-            arr[a:b] = _to_f16(ckpt.read_rows(spec.name, a, b), spec.name)
+            _fill_f16(ckpt, spec.name, a, b, arr[a:b])
             bar.update((b - a) * t.row_bytes)
         w.write_tensor(spec.name, arr)
+        if arr.nbytes >= BUFFER_REUSE_BYTES:
+            bufs[spec.shape] = arr
 
 
 def fail(msg: str, code: int = 2) -> None:

@@ -21,6 +21,8 @@ import numpy as np
 from nanoqwen_format import ModelConfig, NanoqwenFormatError, expected_tensors
 from nanoqwen_format.config import validate_config
 
+from .cast import bf16_to_f32
+
 SUPPORTED_ARCHS = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
 MODEL_TYPES = {"qwen2": "qwen2", "llama": "llama"}
 SOURCE_DTYPES = {"BF16": (np.dtype("<u2"), 2), "F16": (np.dtype("<f2"), 2), "F32": (np.dtype("<f4"), 4)}
@@ -319,7 +321,7 @@ def discover_tensors(d: Path) -> dict[str, SourceTensor]:
 def to_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
     """Raw source values (uint16 bf16 bits / float16 / float32) → float32 (exact)."""
     if dtype == "BF16":
-        return (raw.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        return bf16_to_f32(raw)          # numba, parallel; == (raw.astype(uint32) << 16).view(float32)
     return raw.astype(np.float32, copy=False)
 
 
@@ -335,13 +337,14 @@ class Checkpoint:
     def dir(self) -> Path:
         return self.source.path
 
-    def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
-        """Rows [start, stop) of a tensor as float32 (a 1-D tensor: elements). Reads only those bytes."""
+    def read_raw_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) in the source dtype (uint16 bf16 bits / float16 / float32), shape (rows, ...).
+        Reads only those bytes."""
         t = self.tensors[name]
         dt, item = SOURCE_DTYPES[t.dtype]
-        inner = t.shape[1:] if len(t.shape) > 1 else ()
+        inner = tuple(t.shape[1:])
         per_row = int(np.prod(inner, dtype=np.int64)) if inner else 1
-        raw = np.empty((stop - start) * per_row, dtype=dt)
+        raw = np.empty((stop - start) * per_row, dtype=dt)          # (rows * per_row,)
         off = t.offset + start * per_row * item
         try:
             with open(t.file, "rb") as fh:
@@ -351,7 +354,11 @@ class Checkpoint:
             raise ConvertError(f"{t.file}: cannot read tensor {name!r}: {e}") from None
         if got != raw.nbytes:
             raise ConvertError(f"{t.file}: tensor {name!r} is truncated (read {got} of {raw.nbytes} bytes)")
-        return to_float32(raw, t.dtype).reshape((stop - start,) + tuple(inner))
+        return raw.reshape((stop - start,) + inner)
+
+    def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of a tensor as float32 (a 1-D tensor: elements)."""
+        return to_float32(self.read_raw_rows(name, start, stop), self.tensors[name].dtype)
 
     def read_f32(self, name: str) -> np.ndarray:
         t = self.tensors[name]
