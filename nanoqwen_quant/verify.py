@@ -12,7 +12,7 @@ Thresholds (per tensor, against the source weights converted to float32):
   error above the largest code (mse clips at r*amax, r >= 0.6); the slack covers the float32 division before
   rint. s == 0 is only legal for a group whose amax/7 rounds to f16 zero (|w| < 2^-25 * 7 / 0.6 < 4e-7).
   SNR >= INT4_MIN_SNR_DB = 15 dB: absmax/7 rounding noise s^2/12 on Gaussian groups of 128 gives
-  10 log10(12 * 49 / E[amax/sigma]^2) ~= 18.5 dB (measured 18.6 dB g128 and 19.6 dB g64, bench/RESULTS.md);
+  10 log10(12 * 49 / E[amax/sigma]^2) ~= 18.5 dB (measured 18.6 dB g128 and 19.4 dB g64, bench/RESULTS.md);
   15 dB leaves 3.5 dB for the heavier tails of trained weights (a group crest factor of 4.3 instead of 2.9).
 """
 from __future__ import annotations
