@@ -28,6 +28,7 @@ import numpy as np
 
 from nanoqwen_format import BlobKind, DType, NanoqwenFormatError, open_file
 
+from .cast import bf16_to_f32
 from .hf import ConvertError, load_checkpoint
 from .quantize import QMAX, dequantize
 
@@ -39,6 +40,11 @@ INT4_BOUND_SLACK_REL = 2.0 ** -16          # float32 division before rint: |w/s|
 INT4_BOUND_SLACK_ABS = 2.0 ** -40
 INT4_ZERO_SCALE_MAX_ABS = 2.0 ** -25 * 7 / 0.6   # largest |w| whose group scale may round to f16 zero
 BLOCK_ELEMS = 8 * 1024 * 1024              # elements compared per block
+# Files from other writers may hold bf16 / f32 tensors: bf16 keeps 8 significant bits (half-ulp 2^-8 relative,
+# SNR >= 10 log10(2^16) = 48 dB, threshold 45 dB); f32 must be exact when the source is bf16/f16/f32.
+PLAIN_BOUNDS = {DType.F16: (F16_REL_BOUND, F16_ABS_BOUND), DType.BF16: (2.0 ** -8, 2.0 ** -134),
+                DType.F32: (0.0, 0.0)}
+MIN_SNR_DB = {DType.F16: F16_MIN_SNR_DB, DType.BF16: 45.0, DType.F32: math.inf, DType.INT4G: INT4_MIN_SNR_DB}
 
 THRESHOLDS = {
     "f16": {"min_snr_db": F16_MIN_SNR_DB, "element_bound": "|w-w'| <= 2^-11|w| + 2^-25"},
@@ -95,9 +101,11 @@ def _compare_tensor(f, ckpt, name: str) -> TensorReport:
             bound = np.maximum(s_full / 2, aw - QMAX * s_full) * (1 + INT4_BOUND_SLACK_REL) + INT4_BOUND_SLACK_ABS
             bound = np.where(s_full == 0, INT4_ZERO_SCALE_MAX_ABS, bound)
         else:
-            got = f.float32(name)[a:b]
+            view = f.array(name)[a:b]                                              # zero-copy rows
+            got = bf16_to_f32(view) if info.dtype == DType.BF16 else view.astype(np.float32)
             aw = np.abs(ref.astype(np.float64))
-            bound = aw * F16_REL_BOUND + F16_ABS_BOUND
+            rel, ab = PLAIN_BOUNDS[info.dtype]
+            bound = aw * rel + ab
         e = np.abs(ref.astype(np.float64) - got.astype(np.float64))
         violations += int(np.count_nonzero(~(e <= bound)))                       # NaN counts as a violation
         sig += float(np.sum(ref.astype(np.float64) ** 2))
@@ -106,7 +114,7 @@ def _compare_tensor(f, ckpt, name: str) -> TensorReport:
     n = max(1, rows * per_row)
     rel = math.sqrt(err2 / sig) if sig > 0 else (0.0 if err2 == 0 else math.inf)
     snr = math.inf if err2 == 0 else (10 * math.log10(sig / err2) if sig > 0 else -math.inf)
-    min_snr = INT4_MIN_SNR_DB if info.dtype == DType.INT4G else F16_MIN_SNR_DB
+    min_snr = MIN_SNR_DB[info.dtype]
     ok = violations == 0 and snr >= min_snr and math.isfinite(math.sqrt(err2 / n))
     return TensorReport(name=name, dtype=info.dtype.name.lower(), shape=list(shape), group_size=info.group_size,
                         rel_rmse=rel, max_abs_err=max_abs, snr_db=snr, bound_violations=violations,

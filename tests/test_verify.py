@@ -127,3 +127,19 @@ def test_usage_errors_exit_2(converted, tmp_path):
     assert code == 2 and "no such file" in output
     code, output = _run(out, "--source", tmp_path / "no-such-dir")
     assert code == 2 and "source" in output
+
+
+@pytest.mark.parametrize("dtype, src_dtype", [(DType.F32, "f32"), (DType.BF16, "bf16")])
+def test_plain_dtype_files_from_other_writers(tmp_path, dtype, src_dtype):
+    """Files holding f32 / bf16 tensors (valid format, not what our converter writes) verify with their own bounds."""
+    from synth import f32_to_bf16_bits
+    src = make_checkpoint(tmp_path / "src", dtype=src_dtype, tokenizer=False, seed=6)
+    ck = load_checkpoint(src)
+    specs = [TensorSpec(n, dtype, s) for n, s in ((n, t.shape) for n, t in ck.tensors.items())]
+    path = tmp_path / "plain.nanoqwen"
+    with NanoqwenWriter(path, ck.config, specs, []) as w:
+        for spec in specs:
+            x = ck.read_f32(spec.name)
+            w.write_tensor(spec.name, x if dtype == DType.F32 else f32_to_bf16_bits(x))
+    code, output = _run(path, "--source", src)
+    assert code == 0, output
