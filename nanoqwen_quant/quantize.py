@@ -211,8 +211,12 @@ def _quantize_kernel(w, wbits, g, ratios, qweight, scales32, status):
                 break
             if n_ratios > 1:
                 best_sse = _group_sse(ws, best_s)
+                prev_s = best_s
                 for ri in range(1, n_ratios):
                     s = _round_to_f16((ratios[ri] * amax) / seven)
+                    if s == prev_s:                       # same f16 scale → same SSE → never strictly lower
+                        continue
+                    prev_s = s
                     sse = _group_sse(ws, s)
                     if sse < best_sse:                    # strict: ties keep the larger r
                         best_sse = sse
