@@ -307,6 +307,7 @@ def make_checkpoint(path, *, hidden: int = 256, intermediate: int = 512, n_layer
                     rope_theta: float = 1e6, dtype: str = "bf16", sharded: bool | int = False,
                     arch: str = "qwen2", seed: int = 0, tokenizer: bool = True, config_style: str = "hf4",
                     rope_scaling: dict | None = None, max_positions: int = 32768, rms_eps: float = 1e-6,
+                    head_dim: int | None = None,
                     tensor_fn: Callable[[str, tuple[int, ...]], np.ndarray] | None = None) -> Path:
     """Write a tiny HF-format checkpoint directory at `path` (created) and return it.
 
@@ -317,8 +318,10 @@ def make_checkpoint(path, *, hidden: int = 256, intermediate: int = 512, n_layer
     path.mkdir(parents=True, exist_ok=True)
     if dtype not in SAFETENSORS_DTYPE:
         raise ValueError(f"dtype {dtype!r} not one of {list(SAFETENSORS_DTYPE)}")
-    if hidden % n_heads or n_heads % n_kv_heads:
-        raise ValueError("hidden must divide by n_heads and n_heads by n_kv_heads")
+    if (hidden % n_heads and head_dim is None) or n_heads % n_kv_heads:
+        raise ValueError("hidden must divide by n_heads (unless head_dim is given) and n_heads by n_kv_heads")
+    if head_dim is not None and arch == "qwen2" and head_dim * n_heads != hidden:
+        raise ValueError("qwen2 requires head_dim = hidden / n_heads")
     if arch == "qwen2" and not qkv_bias:
         raise ValueError("qwen2 always has q/k/v biases")
     bos = eos = None
@@ -339,10 +342,10 @@ def make_checkpoint(path, *, hidden: int = 256, intermediate: int = 512, n_layer
     cfg = hf_config(arch=arch, hidden=hidden, intermediate=intermediate, n_layers=n_layers, n_heads=n_heads,
                     n_kv_heads=n_kv_heads, vocab=vocab, tied=tied, qkv_bias=qkv_bias, rope_theta=rope_theta,
                     dtype=dtype, bos=bos, eos=eos, max_positions=max_positions, rms_eps=rms_eps,
-                    rope_scaling=rope_scaling, config_style=config_style)
+                    rope_scaling=rope_scaling, config_style=config_style, head_dim=head_dim)
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     shapes = tensor_shapes(hidden=hidden, intermediate=intermediate, n_layers=n_layers, n_heads=n_heads,
-                           n_kv_heads=n_kv_heads, vocab=vocab, tied=tied, qkv_bias=qkv_bias)
+                           n_kv_heads=n_kv_heads, vocab=vocab, tied=tied, qkv_bias=qkv_bias, head_dim=head_dim)
     rng = np.random.default_rng(seed)
     fn = tensor_fn or (lambda nm, sh: random_tensor(nm, sh, rng))
     write_weights(path, shapes, dtype, fn, sharded)

@@ -14,6 +14,7 @@ CASES = [
     dict(tied=True, dtype="f16", sharded=True, config_style="hf5"),
     dict(arch="llama", qkv_bias=False, dtype="f32", n_heads=2, n_kv_heads=1),
     dict(hidden=448, n_heads=7, n_kv_heads=1, sharded=2),  # GQA 7:1, head_dim 64
+    dict(arch="llama", qkv_bias=False, n_heads=4, n_kv_heads=2, head_dim=128, tied=True),  # head_dim != H / heads
 ]
 
 
