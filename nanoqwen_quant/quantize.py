@@ -166,11 +166,12 @@ def _encode_group(ws, s, codes, qs):
             q = min(max(np.rint(ws[k] / s), np.float32(QMIN)), np.float32(QMAX))
             codes[k] = np.uint32(np.int32(q) + INT4_ZERO_CODE)
     for j in range(g // 8):
-        c = codes[8 * j:8 * j + 8]
+        b = 8 * j
         # nibble i holds value PERM[i] = (0, 2, 4, 6, 1, 3, 5, 7): value p sits at bit 4*INV_PERM[p]
-        qs[j] = (c[0] | (c[1] << np.uint32(16)) | (c[2] << np.uint32(4)) | (c[3] << np.uint32(20))
-                 | (c[4] << np.uint32(8)) | (c[5] << np.uint32(24)) | (c[6] << np.uint32(12))
-                 | (c[7] << np.uint32(28)))
+        qs[j] = (codes[b] | (codes[b + 1] << np.uint32(16)) | (codes[b + 2] << np.uint32(4))
+                 | (codes[b + 3] << np.uint32(20)) | (codes[b + 4] << np.uint32(8))
+                 | (codes[b + 5] << np.uint32(24)) | (codes[b + 6] << np.uint32(12))
+                 | (codes[b + 7] << np.uint32(28)))
 
 
 @njit(cache=True, inline="always")
