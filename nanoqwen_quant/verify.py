@@ -1,19 +1,22 @@
 """nanoqwen-verify FILE [--source SRC] [--json]: structure, checksums and (with --source) quantization error.
 
+\b
 Exit status: 0 valid (and, with --source, every tensor within its thresholds); 1 invalid file or a threshold
 exceeded; 2 usage problems (FILE missing, SOURCE unreadable).
 
+\b
 Thresholds (per tensor, against the source weights converted to float32):
 * f16 tensors. Element bound: |w - w'| <= 2^-11 |w| + 2^-25 (f16 round-to-nearest: half an ulp of an 11-bit
-  significand for normal values, half the subnormal quantum 2^-24 below 2^-14). SNR >= 60 dB: the relative error
-  bound alone gives >= 66 dB (10 log10(2^22)); 6 dB margin for values in the subnormal range.
+  significand for normal values, half the subnormal quantum 2^-24 below 2^-14). SNR >= 60 dB: the relative
+  error bound alone gives >= 66 dB (10 log10(2^22)); 6 dB margin for values in the subnormal range.
+  (bf16 tensors: 2^-8 |w|, SNR >= 45 dB; f32 tensors: exact.)
 * int4 tensors. Element bound, from the file's own scale s of the element's group:
-  |w - w'| <= max(s/2, |w| - 7s) * (1 + 2^-16) + 2^-40 — rounding error at most half a step, plus the clipping
-  error above the largest code (mse clips at r*amax, r >= 0.6); the slack covers the float32 division before
-  rint. s == 0 is only legal for a group whose amax/7 rounds to f16 zero (|w| < 2^-25 * 7 / 0.6 < 4e-7).
-  SNR >= INT4_MIN_SNR_DB = 15 dB: absmax/7 rounding noise s^2/12 on Gaussian groups of 128 gives
-  10 log10(12 * 49 / E[amax/sigma]^2) ~= 18.5 dB (measured 18.6 dB g128 and 19.4 dB g64, bench/RESULTS.md);
-  15 dB leaves 3.5 dB for the heavier tails of trained weights (a group crest factor of 4.3 instead of 2.9).
+  |w - w'| <= max(s/2, |w| - 7s) * (1 + 2^-16) + 2^-40: rounding error at most half a step, plus the
+  clipping error above the largest code (mse clips at r*amax, r >= 0.6); the slack covers the float32
+  division before rint. s == 0 is only legal where |w| < 2^-25 * 7 / 0.6 (< 4e-7).
+  SNR >= 15 dB: absmax/7 rounding noise s^2/12 on Gaussian groups of 128 gives
+  10 log10(12 * 49 / E[amax/sigma]^2) ~= 18.5 dB (measured 18.6 dB g128, 19.4 dB g64: bench/RESULTS.md);
+  15 dB leaves 3.5 dB for the heavier tails of trained weights (group crest factor 4.3 instead of 2.9).
 """
 from __future__ import annotations
 
