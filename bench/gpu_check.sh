@@ -2,26 +2,27 @@
 # One call on the GPU machine: load (or build) libnanoqwen, run the GPU tests, the kernel and end-to-end
 # benchmarks, compute-sanitizer; full logs under $OUT, a short table last.
 #   device: run(command="bash bench/gpu_check.sh [STEPS]", carry=[".whl", "nanoqwen_rt/lib"])
-# STEPS: comma list of tests,kbench,bench,sanitize,hf7b (default: all of them).
+# STEPS: comma list of tests,kbench,bench,nopdl,sanitize,hf7b (default: all of them).
 # Wheels for packages the image lacks (crc32c, ...) are read from .whl/ (README "Notes" of the device tool).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/nq_out}"; mkdir -p "$OUT"
-steps="${1:-tests,kbench,bench,sanitize,hf7b}"
+LOG=/tmp/nq_logs; rm -rf "$LOG"; mkdir -p "$LOG"   # full logs; packed into $OUT/logs.tgz at the end
+steps="${1:-tests,kbench,bench,nopdl,sanitize,hf7b}"
 has() { [[ ",$steps," == *",$1,"* ]]; }
-summary="$OUT/summary.txt"; : > "$summary"
+summary="$LOG/summary.txt"; : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
 export PYTHONUNBUFFERED=1 NANOQWEN_COMMIT="$(cat .commit 2>/dev/null || echo unknown)"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    > "$OUT/pip.log" 2>&1 || { note "pip install of .whl failed"; cat "$OUT/pip.log"; }
+    > "$LOG/pip.log" 2>&1 || { note "pip install of .whl failed"; cat "$LOG/pip.log"; }
 fi
 export PYTHONPATH="/tmp/site:$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-uname -r | tee -a "$OUT/gpu.txt"
-if ! python3 -c "from nanoqwen_rt import cuda_backend as c; import sys; sys.exit(0 if c.available() else 1)" 2>"$OUT/load.err"; then
-  note "carried libnanoqwen did not load ($(tail -1 "$OUT/load.err")): building here"
-  t0=$(date +%s); NANOQWEN_CUDA_ARCHS=90a JOBS=16 bash scripts/build_native.sh > "$OUT/build.log" 2>&1
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$LOG/gpu.txt"
+uname -r | tee -a "$LOG/gpu.txt"
+if ! python3 -c "from nanoqwen_rt import cuda_backend as c; import sys; sys.exit(0 if c.available() else 1)" 2>"$LOG/load.err"; then
+  note "carried libnanoqwen did not load ($(tail -1 "$LOG/load.err")): building here"
+  t0=$(date +%s); NANOQWEN_CUDA_ARCHS=90a JOBS=16 bash scripts/build_native.sh > "$LOG/build.log" 2>&1
   note "device build rc=$? in $(( $(date +%s) - t0 )) s"
 fi
 python3 -c "from nanoqwen_rt import cuda_backend as c; print('cuda_backend.available() =', c.available())" | tee -a "$summary"
@@ -29,35 +30,54 @@ python3 -c "from nanoqwen_rt import cuda_backend as c; print('cuda_backend.avail
 if has tests; then
   t0=$(date +%s)
   timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 -rfE \
-    tests/test_gpu_kernels.py tests/test_gpu_e2e.py -k "not 7b_shaped" > "$OUT/pytest_gpu.log" 2>&1
+    tests/test_gpu_kernels.py tests/test_gpu_e2e.py -k "not 7b_shaped" > "$LOG/pytest_gpu.log" 2>&1
   rc=$?
-  note "pytest -m gpu (kernels + e2e): rc=$rc in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/pytest_gpu.log")"
-  grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu.log" | head -25 | tee -a "$summary"
+  note "pytest -m gpu (kernels + e2e): rc=$rc in $(( $(date +%s) - t0 )) s: $(tail -1 "$LOG/pytest_gpu.log")"
+  grep -E "^(FAILED|ERROR)" "$LOG/pytest_gpu.log" | head -25 | tee -a "$summary"
 fi
 if has kbench; then
-  timeout 120 python3 bench/gpu_kernels_bench.py --json "$OUT/gemv_bench.json" > "$OUT/gemv_bench.log" 2>&1
-  note "gemv bench rc=$?"; grep -E "^7B|^32B|^0.5B" "$OUT/gemv_bench.log" | tee -a "$summary"
+  timeout 120 python3 bench/gpu_kernels_bench.py --json "$LOG/gemv_bench.json" > "$LOG/gemv_bench.log" 2>&1
+  note "gemv bench rc=$?"; grep -E "^7B|^32B|^0.5B" "$LOG/gemv_bench.log" | tee -a "$summary"
 fi
 if has bench; then
   t0=$(date +%s)
-  timeout 120 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > "$OUT/make7b.log" 2>&1
+  timeout 120 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > "$LOG/make7b.log" 2>&1
   note "make_7b_file rc=$? in $(( $(date +%s) - t0 )) s"
-  timeout 240 python3 -m nanoqwen_rt.bench /tmp/q7b.nanoqwen --no-peers --device cuda --json "$OUT/bench7b.json" \
-    > "$OUT/bench7b.log" 2>&1
-  note "bench 7B rc=$?"; tail -25 "$OUT/bench7b.log" | tee -a "$summary"
+  timeout 240 python3 -m nanoqwen_rt.bench /tmp/q7b.nanoqwen --no-peers --device cuda --json "$LOG/bench7b.json" \
+    > "$LOG/bench7b.log" 2>&1
+  note "bench 7B rc=$?"; tail -25 "$LOG/bench7b.log" | tee -a "$summary"
+fi
+if has nopdl; then
+  NANOQWEN_NO_PDL=1 timeout 200 python3 -m nanoqwen_rt.bench /tmp/q7b.nanoqwen --no-peers --device cuda --repeats 2 \
+    --json "$LOG/bench7b_nopdl.json" > "$LOG/bench7b_nopdl.log" 2>&1
+  note "bench 7B without PDL rc=$?: $(grep -E '^(TTFT|decode)' "$LOG/bench7b_nopdl.log" | tr -s ' ' | tr '\n' ';')"
 fi
 if has hf7b; then
   t0=$(date +%s)
   timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 280 -rfE tests/test_gpu_e2e.py \
-    -k 7b_shaped > "$OUT/pytest_hf7b.log" 2>&1
-  note "7B-shaped vs transformers: rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/pytest_hf7b.log")"
+    -k 7b_shaped > "$LOG/pytest_hf7b.log" 2>&1
+  note "7B-shaped vs transformers: rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 "$LOG/pytest_hf7b.log")"
 fi
 if has sanitize; then
+  python3 -c "
+import sys; sys.path.insert(0, 'tests')
+from synth import make_checkpoint
+from nanoqwen_quant.convert import convert_checkpoint
+make_checkpoint('/tmp/san_hf', dtype='bf16', n_layers=2, hidden=128, intermediate=256, n_heads=2, n_kv_heads=1, vocab=384, seed=4)
+convert_checkpoint('/tmp/san_hf', '/tmp/san.nanoqwen', quant='int4', group_size=64)" > "$LOG/sanitize_model.log" 2>&1
+  san_model=/tmp/san.nanoqwen
+  [ -f models/tiny-py/config.json ] && python3 -c "
+from nanoqwen_quant.convert import convert_checkpoint
+convert_checkpoint('models/tiny-py', '/tmp/tiny-py.nanoqwen', quant='int4')" >> "$LOG/sanitize_model.log" 2>&1 \
+    && san_model=/tmp/tiny-py.nanoqwen
+  note "sanitizer model: $san_model"
   for tool in memcheck racecheck synccheck; do
-    timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 bench/sanitize_tiny.py \
-      > "$OUT/sanitize_$tool.log" 2>&1
-    note "compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|not supported' "$OUT/sanitize_$tool.log" | head -2 | tr '\n' ' ')"
+    timeout 100 compute-sanitizer --tool $tool --error-exitcode 9 python3 bench/sanitize_tiny.py "$san_model" \
+      > "$LOG/sanitize_$tool.log" 2>&1
+    note "compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|not supported' "$LOG/sanitize_$tool.log" | head -2 | tr '\n' ' ')"
   done
 fi
+cp "$summary" "$LOG"/*.json "$OUT"/ 2>/dev/null
+tar czf "$OUT/logs.tgz" -C /tmp nq_logs
 echo "================ summary ================"
 cat "$summary"

@@ -177,9 +177,13 @@ def test_errors_are_named(files):
 def test_c_loader_rejects_corrupt_files(files, tmp_path):
     from nanoqwen_rt.backend import BackendError
     from nanoqwen_rt.cuda_backend import CudaBackend
-    raw = bytearray(Path(files["qwen2-d64-int4g64"]).read_bytes())
+    from nanoqwen_format import open_file
+    path = files["qwen2-d64-int4g64"]
+    raw = bytearray(Path(path).read_bytes())
+    with open_file(path, verify_checksums=False) as f:
+        data = min(t.offset for t in f.tensors.values())     # first byte of tensor data (CRC-checked by C)
     bad = tmp_path / "bad.nanoqwen"
-    for off in (0, 8, 200, len(raw) - 1):
+    for off in (0, 8, 200, data + 5):
         b = bytearray(raw)
         b[off] ^= 0x5A
         bad.write_bytes(bytes(b))

@@ -10,6 +10,7 @@
 // Decode (write_kv): the block whose key range holds the current position first writes rope(k), v there.
 #include "kernels.h"
 #include "device_util.cuh"
+#include "launch.h"
 #include <math_constants.h>
 
 namespace nq {
@@ -30,6 +31,8 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
   __shared__ float wo[kAttnWarps][kMaxG][D];
   __shared__ int s_last;
 
+  pdl_wait();  // position, qkv and the cache come from earlier kernels
+  pdl_trigger();
   const int h = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
   const int G = a.n_heads / a.n_kv;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -220,11 +223,9 @@ int attention(const AttnArgs& a, cudaStream_t st) {
   if (a.keys_per_split <= 0 || a.keys_per_split % 32)
     return fail(NQ_E_INVALID_ARG, "attention: keys_per_split %d", a.keys_per_split);
   dim3 grid(a.n_kv, a.n_split, a.M);
-  if (a.D == 128) attn_kernel<128><<<grid, kAttnThreads, 0, st>>>(a);
-  else if (a.D == 64) attn_kernel<64><<<grid, kAttnThreads, 0, st>>>(a);
-  else return fail(NQ_E_UNSUPPORTED, "attention: head_dim %d (64 or 128)", a.D);
-  NQ_LAUNCH_CHECK("attn_kernel");
-  return NQ_OK;
+  if (a.D == 128) return launch_pdl("attn_kernel", attn_kernel<128>, grid, dim3(kAttnThreads), 0, st, a);
+  if (a.D == 64) return launch_pdl("attn_kernel", attn_kernel<64>, grid, dim3(kAttnThreads), 0, st, a);
+  return fail(NQ_E_UNSUPPORTED, "attention: head_dim %d (64 or 128)", a.D);
 }
 
 int rope_kv_write(const float* qkv, int qkv_stride, int M, const int* pos0, KvLayer kv, const int* page_table,

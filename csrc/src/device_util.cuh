@@ -48,3 +48,21 @@ __device__ __forceinline__ uint32_t h2_as_u32(__half2 h) {
 __device__ __forceinline__ float bf16_bits_to_float(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
 
 }  // namespace nq
+
+namespace nq {
+// Programmatic dependent launch (sm_90+): a kernel launched with the PDL attribute may start while its
+// predecessor in the stream still runs; pdl_wait() blocks until the predecessor has completed and its memory
+// is visible. Every kernel calls pdl_wait() before touching data an earlier kernel wrote, then pdl_trigger()
+// lets the next kernel start its prologue. Both are no-ops before sm_90 and when launched without PDL.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+}  // namespace nq

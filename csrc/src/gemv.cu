@@ -11,6 +11,7 @@
 // Variant 1 (dp4a): x quantised per 32-value unit to int8 (scale amax/127), packed in nibble order.
 #include "kernels.h"
 #include "device_util.cuh"
+#include "launch.h"
 
 namespace nq {
 namespace {
@@ -109,6 +110,12 @@ __device__ void stage_x_i8(const GemvArgs& a, int K, int2* xq, float* sx, int* x
   __syncthreads();
 }
 
+struct RowRef {            // one weight row: its 16-byte units, its scales (int4), log2(units per group)
+  const uint4* w;
+  const __half* s;
+  int gshift;
+};
+
 // ---- row dot products (whole warp; result valid in every lane) ------------------------------------------------
 __device__ __forceinline__ float unit_dot_f16(const uint4 w, const uint4* xs, int xstride, int m) {
   const __half2 magic = __half2half2(__ushort_as_half((unsigned short)0x6408));  // 1032 = 1024 + 8
@@ -144,26 +151,34 @@ __device__ __forceinline__ float unit_dot_i8(const uint4 w, const int2* xq, int 
   return (float)acc;
 }
 
+// Two rows at once (W0 row0, and W1 row1 when has1): all their loads of one step are issued before any use.
 template <bool DP4A>
-__device__ float row_dot_int4(const LinW& W, int row, const void* smem, int lane) {
-  const int K = W.K, nunits = K >> 5;
-  const uint4* wrow = reinterpret_cast<const uint4*>(W.w) + (size_t)row * nunits;
-  const __half* srow = W.scales + (size_t)row * (K / W.group);
-  const int gshift = __ffs(W.group >> 5) - 1;  // units per group = group/32 (power of two)
+__device__ __forceinline__ void dot2_int4(const RowRef r0, const RowRef r1, bool has1, int K,
+                                          const void* smem, int lane, float& y0, float& y1) {
+  const int nunits = K >> 5;
+  const uint4* wr0 = r0.w;
+  const uint4* wr1 = r1.w;
+  const __half* sr0 = r0.s;
+  const __half* sr1 = r1.s;
+  const int gshift0 = r0.gshift, gshift1 = r1.gshift;  // units (32 values) per group = 2^gshift
   const uint4* xs = static_cast<const uint4*>(smem);
   const int2* xq = static_cast<const int2*>(smem);
   const float* sx = reinterpret_cast<const float*>(xq + 4 * nunits);
   const int* xsum = reinterpret_cast<const int*>(sx + nunits);
-  float acc = 0.f;
+  float acc0 = 0.f, acc1 = 0.f;
   for (int base = 0; base < nunits; base += 32 * kUnroll) {
-    uint4 wv[kUnroll];
-    __half sc[kUnroll];
+    uint4 w0[kUnroll], w1[kUnroll];
+    __half s0[kUnroll], s1[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; u++) {
       const int m = base + u * 32 + lane;
       if (m < nunits) {
-        wv[u] = ld_stream16(wrow + m);
-        sc[u] = srow[m >> gshift];
+        w0[u] = ld_stream16(wr0 + m);
+        s0[u] = sr0[m >> gshift0];
+        if (has1) {
+          w1[u] = ld_stream16(wr1 + m);
+          s1[u] = sr1[m >> gshift1];
+        }
       }
     }
 #pragma unroll
@@ -171,66 +186,135 @@ __device__ float row_dot_int4(const LinW& W, int row, const void* smem, int lane
       const int m = base + u * 32 + lane;
       if (m < nunits) {
         if (DP4A) {
-          const float d = unit_dot_i8(wv[u], xq, nunits, m) - 8.f * (float)xsum[m];
-          acc = fmaf(__half2float(sc[u]) * sx[m], d, acc);
+          const float xs8 = 8.f * (float)xsum[m];
+          acc0 = fmaf(__half2float(s0[u]) * sx[m], unit_dot_i8(w0[u], xq, nunits, m) - xs8, acc0);
+          if (has1) acc1 = fmaf(__half2float(s1[u]) * sx[m], unit_dot_i8(w1[u], xq, nunits, m) - xs8, acc1);
         } else {
-          acc = fmaf(__half2float(sc[u]), unit_dot_f16(wv[u], xs, nunits, m), acc);
+          acc0 = fmaf(__half2float(s0[u]), unit_dot_f16(w0[u], xs, nunits, m), acc0);
+          if (has1) acc1 = fmaf(__half2float(s1[u]), unit_dot_f16(w1[u], xs, nunits, m), acc1);
         }
       }
     }
   }
-  return warp_sum(acc);
+  y0 = warp_sum(acc0);
+  y1 = warp_sum(acc1);
 }
 
 template <int WT>
-__device__ float row_dot_dense(const LinW& W, int row, const uint4* xs, int lane) {
-  const int K = W.K, nunits = K >> 3;
-  const uint4* wrow = reinterpret_cast<const uint4*>(W.w) + (size_t)row * nunits;
+__device__ __forceinline__ float unit_dot_dense(const uint4 w, const uint4 xv) {
+  const uint32_t ww[4] = {w.x, w.y, w.z, w.w};
+  const uint32_t xx[4] = {xv.x, xv.y, xv.z, xv.w};
   float acc = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const float2 xf = __half22float2(u32_as_h2(xx[j]));
+    float2 wf;
+    if (WT == WT_F16) {
+      wf = __half22float2(u32_as_h2(ww[j]));
+    } else {
+      wf.x = bf16_bits_to_float(ww[j] & 0xffffu);
+      wf.y = bf16_bits_to_float(ww[j] >> 16);
+    }
+    acc = fmaf(wf.x, xf.x, acc);
+    acc = fmaf(wf.y, xf.y, acc);
+  }
+  return acc;
+}
+
+template <int WT>
+__device__ __forceinline__ void dot2_dense(const RowRef r0, const RowRef r1, bool has1, int K,
+                                           const uint4* xs, int lane, float& y0, float& y1) {
+  const int nunits = K >> 3;
+  const uint4* wr0 = r0.w;
+  const uint4* wr1 = r1.w;
+  float acc0 = 0.f, acc1 = 0.f;
   for (int base = 0; base < nunits; base += 32 * kUnroll) {
-    uint4 wv[kUnroll];
+    uint4 w0[kUnroll], w1[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; u++) {
       const int m = base + u * 32 + lane;
-      if (m < nunits) wv[u] = ld_stream16(wrow + m);
+      if (m < nunits) {
+        w0[u] = ld_stream16(wr0 + m);
+        if (has1) w1[u] = ld_stream16(wr1 + m);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; u++) {
       const int m = base + u * 32 + lane;
       if (m < nunits) {
         const uint4 xv = xs[m];
-        const uint32_t ww[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
-        const uint32_t xx[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-          const float2 xf = __half22float2(u32_as_h2(xx[j]));
-          float2 wf;
-          if (WT == WT_F16) {
-            wf = __half22float2(u32_as_h2(ww[j]));
-          } else {
-            wf.x = bf16_bits_to_float(ww[j] & 0xffffu);
-            wf.y = bf16_bits_to_float(ww[j] >> 16);
-          }
-          acc = fmaf(wf.x, xf.x, acc);
-          acc = fmaf(wf.y, xf.y, acc);
-        }
+        acc0 += unit_dot_dense<WT>(w0[u], xv);
+        if (has1) acc1 += unit_dot_dense<WT>(w1[u], xv);
       }
     }
   }
-  return warp_sum(acc);
+  y0 = warp_sum(acc0);
+  y1 = warp_sum(acc1);
 }
 
 template <int WT, bool DP4A>
-__device__ __forceinline__ float row_dot(const LinW& W, int row, const void* smem, int lane) {
-  if constexpr (WT == WT_INT4) return row_dot_int4<DP4A>(W, row, smem, lane);
-  else return row_dot_dense<WT>(W, row, static_cast<const uint4*>(smem), lane);
+__device__ __forceinline__ void dot2(const RowRef r0, const RowRef r1, bool has1, int K, const void* smem,
+                                     int lane, float& y0, float& y1) {
+  if constexpr (WT == WT_INT4) dot2_int4<DP4A>(r0, r1, has1, K, smem, lane, y0, y1);
+  else dot2_dense<WT>(r0, r1, has1, K, static_cast<const uint4*>(smem), lane, y0, y1);
 }
 
+template <int WT>
+__device__ __forceinline__ RowRef row_ref(const LinW& W, int row) {
+  RowRef r;
+  const int K = W.K;
+  if (WT == WT_INT4) {
+    r.w = reinterpret_cast<const uint4*>(W.w) + (size_t)row * (K >> 5);
+    r.s = W.scales + (size_t)row * (K / W.group);
+    r.gshift = __ffs(W.group >> 5) - 1;
+  } else {
+    r.w = reinterpret_cast<const uint4*>(W.w) + (size_t)row * (K >> 3);
+    r.s = nullptr;
+    r.gshift = 0;
+  }
+  return r;
+}
+
+// output row r -> (row reference, bias, row inside its segment)
+template <int WT>
+__device__ __forceinline__ RowRef locate(const GemvArgs& a, int r, const float*& bias, int& row) {
+  const int n0 = a.seg[0].N, n1 = a.nseg > 1 ? a.seg[1].N : 0;
+  if (a.nseg > 2 && r >= n0 + n1) { bias = a.bias[2]; row = r - n0 - n1; return row_ref<WT>(a.seg[2], row); }
+  if (a.nseg > 1 && r >= n0) { bias = a.bias[1]; row = r - n0; return row_ref<WT>(a.seg[1], row); }
+  bias = a.bias[0]; row = r;
+  return row_ref<WT>(a.seg[0], row);
+}
+
+template <int MODE>
+__device__ __forceinline__ void store_row(const GemvArgs& a, int r, float y, const float* bias, int row) {
+  const float b = bias ? bias[row] : 0.f;
+  if (MODE == GEMV_ADD) a.out_f32[r] += y + b;
+  else a.out_f32[r] = y + b;
+}
+
+// Persistent grid: each warp walks rows r, r + stride, ... (two per step: r and r + stride, or for SWIGLU the
+// gate and up rows of r), so x is staged once per block and every warp keeps 2 x kUnroll loads in flight.
 template <int WT, int MODE, bool DP4A>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, int total_rows) {
+__global__ void __launch_bounds__(kThreads, 3) gemv_kernel(const GemvArgs a, int total_rows) {
   extern __shared__ uint4 smem[];
   __shared__ float red[32];
   const int K = a.seg[0].K;
+  {  // weights do not depend on the previous kernel: start pulling this warp's first rows into L2 now
+    const int r = blockIdx.x * kWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r < total_rows) {
+      const float* b;
+      int row;
+      const RowRef q0 = MODE == GEMV_SWIGLU ? row_ref<WT>(a.seg[0], r) : locate<WT>(a, r, b, row);
+      const int nunits = WT == WT_INT4 ? (K >> 5) : (K >> 3);
+      for (int m = lane; m < nunits && m < 32 * kUnroll; m += 32) prefetch_l2(q0.w + m);
+      if (MODE == GEMV_SWIGLU) {
+        const RowRef q1 = row_ref<WT>(a.up, r);
+        for (int m = lane; m < nunits && m < 32 * kUnroll; m += 32) prefetch_l2(q1.w + m);
+      }
+    }
+  }
+  pdl_wait();     // x / out were written by the previous kernel
+  pdl_trigger();
   if (DP4A) {
     const int nunits = K >> 5;
     int2* xq = reinterpret_cast<int2*>(smem);
@@ -241,35 +325,42 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, int to
     stage_x_f16<WT>(a, K, smem, red);
   }
   const int lane = threadIdx.x & 31;
-  const int r = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  if (r >= total_rows) return;
-  // which segment holds row r (segments are concatenated in order)
-  const int n0 = a.seg[0].N, n1 = a.nseg > 1 ? a.seg[1].N : 0;
-  int s = 0, row = r;
-  if (a.nseg > 1 && r >= n0) { s = 1; row = r - n0; }
-  if (a.nseg > 2 && r >= n0 + n1) { s = 2; row = r - n0 - n1; }
-  const LinW W = s == 0 ? a.seg[0] : (s == 1 ? a.seg[1] : a.seg[2]);
-  const float* bias = s == 0 ? a.bias[0] : (s == 1 ? a.bias[1] : a.bias[2]);
-  const float y = row_dot<WT, DP4A>(W, row, smem, lane);
+  const int stride = gridDim.x * kWarps;
   if (MODE == GEMV_SWIGLU) {
-    const float u = row_dot<WT, DP4A>(a.up, row, smem, lane);
-    if (lane == 0) {
-      const float silu = y / (1.f + __expf(-y));
-      a.out_f16[r] = __float2half_rn(silu * u);
+    for (int r = blockIdx.x * kWarps + (threadIdx.x >> 5); r < total_rows; r += stride) {
+      float g, u;
+      dot2<WT, DP4A>(row_ref<WT>(a.seg[0], r), row_ref<WT>(a.up, r), true, K, smem, lane, g, u);
+      if (lane == 0) a.out_f16[r] = __float2half_rn(g / (1.f + __expf(-g)) * u);
     }
-  } else if (lane == 0) {
-    const float b = bias ? bias[row] : 0.f;
-    if (MODE == GEMV_ADD) a.out_f32[r] += y + b;
-    else a.out_f32[r] = y + b;
+  } else {
+    for (int r = blockIdx.x * kWarps + (threadIdx.x >> 5); r < total_rows; r += 2 * stride) {
+      const int r1 = r + stride;
+      const bool has1 = r1 < total_rows;
+      const float *b0, *b1;
+      int row0, row1;
+      const RowRef q0 = locate<WT>(a, r, b0, row0);
+      const RowRef q1 = locate<WT>(a, has1 ? r1 : r, b1, row1);
+      float y0, y1;
+      dot2<WT, DP4A>(q0, q1, has1, K, smem, lane, y0, y1);
+      if (lane == 0) {
+        store_row<MODE>(a, r, y0, b0, row0);
+        if (has1) store_row<MODE>(a, r1, y1, b1, row1);
+      }
+    }
   }
 }
 
+int g_sm_count = 132;
+constexpr int kBlocksPerSm = 4;
+
 template <int WT, int MODE, bool DP4A>
 int launch(const GemvArgs& a, int rows, size_t smem, cudaStream_t st) {
-  const int grid = (rows + kWarps - 1) / kWarps;
-  gemv_kernel<WT, MODE, DP4A><<<grid, kThreads, smem, st>>>(a, rows);
-  NQ_LAUNCH_CHECK("gemv_kernel");
-  return NQ_OK;
+  const int per_block = kWarps * (MODE == GEMV_SWIGLU ? 1 : 2);   // rows one step of a block covers
+  int occ = 0;  // resident blocks per SM for this kernel and shared-memory size
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_kernel<WT, MODE, DP4A>, kThreads, smem) != cudaSuccess || occ < 1)
+    occ = 1;
+  const int grid = std::max(1, std::min((rows + per_block - 1) / per_block, g_sm_count * std::min(occ, kBlocksPerSm)));
+  return launch_pdl("gemv_kernel", gemv_kernel<WT, MODE, DP4A>, dim3(grid), dim3(kThreads), smem, st, a, rows);
 }
 
 template <int WT, bool DP4A>
@@ -293,6 +384,9 @@ cudaError_t raise_limits() {
 }  // namespace
 
 int gemv_prepare() {
+  int dev = 0;
+  NQ_CUDA(cudaGetDevice(&dev));
+  NQ_CUDA(cudaDeviceGetAttribute(&g_sm_count, cudaDevAttrMultiProcessorCount, dev));
   NQ_CUDA((raise_limits<WT_INT4, false>()));
   NQ_CUDA((raise_limits<WT_INT4, true>()));
   NQ_CUDA((raise_limits<WT_F16, false>()));

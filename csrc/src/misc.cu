@@ -1,6 +1,7 @@
 // Small kernels: embedding lookups, row RMSNorm / SwiGLU for prefill, position advance, device sampler.
 #include "kernels.h"
 #include "device_util.cuh"
+#include "launch.h"
 #include <math_constants.h>
 #include <climits>
 
@@ -14,6 +15,8 @@ __device__ __forceinline__ float load_elem(const void* table, int dtype, size_t 
 }
 
 __global__ void embed_token_kernel(const void* table, int dtype, const int32_t* d_token, int H, float* x) {
+  pdl_wait();
+  pdl_trigger();
   const size_t row = (size_t)(*d_token) * H;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x)
     x[i] = load_elem(table, dtype, row + i);
@@ -41,7 +44,11 @@ __global__ void swiglu_rows_kernel(const float* G, const float* U, size_t n, __h
   }
 }
 
-__global__ void advance_pos_kernel(int* pos, int n) { *pos += n; }
+__global__ void advance_pos_kernel(int* pos, int n) {
+  pdl_wait();
+  pdl_trigger();
+  *pos += n;
+}
 
 // ---- sampler -------------------------------------------------------------------------------------------------
 constexpr int kSampleThreads = 1024;
@@ -65,6 +72,8 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(const SampleArgs
   __shared__ int s_idx[32];
   __shared__ int s_tok;
   __shared__ float s_scan[kSampleThreads];
+  pdl_wait();
+  pdl_trigger();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const float* L = a.logits;
   const int V = a.V;
@@ -204,9 +213,8 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(const SampleArgs
 }  // namespace
 
 int embed_token(const void* table, int dtype, const int32_t* d_token, int H, float* x, cudaStream_t st) {
-  embed_token_kernel<<<(H + 255) / 256, 256, 0, st>>>(table, dtype, d_token, H, x);
-  NQ_LAUNCH_CHECK("embed_token_kernel");
-  return NQ_OK;
+  return launch_pdl("embed_token_kernel", embed_token_kernel, dim3((H + 255) / 256), dim3(256), 0, st, table, dtype,
+                    d_token, H, x);
 }
 int embed_rows(const void* table, int dtype, const int32_t* tokens, int M, int H, float* X, cudaStream_t st) {
   embed_rows_kernel<<<M, 256, 0, st>>>(table, dtype, tokens, H, X);
@@ -226,14 +234,10 @@ int swiglu_rows(const float* G, const float* U, int M, int I, __half* H, cudaStr
   return NQ_OK;
 }
 int advance_pos(int* pos, int n, cudaStream_t st) {
-  advance_pos_kernel<<<1, 1, 0, st>>>(pos, n);
-  NQ_LAUNCH_CHECK("advance_pos_kernel");
-  return NQ_OK;
+  return launch_pdl("advance_pos_kernel", advance_pos_kernel, dim3(1), dim3(1), 0, st, pos, n);
 }
 int sample(const SampleArgs& a, cudaStream_t st) {
-  sample_kernel<<<1, kSampleThreads, 0, st>>>(a);
-  NQ_LAUNCH_CHECK("sample_kernel");
-  return NQ_OK;
+  return launch_pdl("sample_kernel", sample_kernel, dim3(1), dim3(kSampleThreads), 0, st, a);
 }
 
 }  // namespace nq

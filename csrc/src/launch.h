@@ -1,0 +1,30 @@
+// Kernel launch with programmatic dependent launch (PDL) when the device supports it (sm_90+) and
+// NANOQWEN_NO_PDL is unset. Kernels launched here must call pdl_wait() before reading earlier results.
+#pragma once
+#include <utility>
+#include "common.h"
+
+namespace nq {
+
+bool pdl_enabled();
+
+template <typename... KArgs, typename... Args>
+int launch_pdl(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+               Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  if (e != cudaSuccess) return fail(NQ_E_CUDA, "launch of %s failed: %s", name, cudaGetErrorString(e));
+  NQ_LAUNCH_CHECK(name);
+  return NQ_OK;
+}
+
+}  // namespace nq
