@@ -18,7 +18,7 @@ import numpy as np
 
 from nanoqwen_format import BlobKind, DType, NanoqwenFormatError, NanoqwenWriter, TensorSpec, expected_tensors
 
-from .hf import Checkpoint, ConvertError, load_checkpoint
+from .hf import EXTRA_FILES, Checkpoint, ConvertError, load_checkpoint
 from .cast import to_f16_bits
 from .quantize import QuantizationError, can_quantize, check_shape, quantize
 
@@ -155,6 +155,8 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
         "source_dtypes": sorted({t.dtype for t in ckpt.tensors.values()}),
         "architecture": (ckpt.hf_config.get("architectures") or [ckpt.config.arch])[0],
         "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        "source_files": {p.name: p.stat().st_size for p in sorted({t.file for t in ckpt.tensors.values()})},
+        "missing_metadata": [f for f in EXTRA_FILES if f not in ckpt.extras],
     }
     blobs = _blobs(ckpt, provenance)
     bar = _progress(ckpt.source_nbytes, progress)
@@ -247,6 +249,12 @@ def main(src, out, quant, group_size, mode, lm_head, revision, fallback_f16, thr
     except Exception as e:  # a bug: still one line, but say so
         fail(f"internal error: {type(e).__name__}: {e}".splitlines()[0], 3)
     if not quiet:
+        from nanoqwen_format import open_file
+        with open_file(path, verify_checksums=False) as f:
+            missing = (f.blob_json(BlobKind.PROVENANCE) or {}).get("missing_metadata") or []
+        if missing:
+            click.echo(f"warning: {src} has no {', '.join(missing)}; the file carries none "
+                       f"(nanoqwen needs tokenizer.json to tokenize)", err=True)
         size = os.path.getsize(path)
         click.echo(f"wrote {path} ({size / 2**20:.1f} MiB) in {time.perf_counter() - t0:.1f} s", err=True)
 
