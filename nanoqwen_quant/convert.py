@@ -92,6 +92,7 @@ def _blobs(ckpt: Checkpoint, provenance: dict) -> list[tuple[BlobKind, bytes]]:
             raise ConvertError(f"{tok}: not valid JSON ({e})") from None
         out.append((BlobKind.TOKENIZER_JSON, data))
     tcfg_path = ckpt.extras.get("tokenizer_config.json")
+    tmpl = None
     if tcfg_path is not None:
         try:
             tcfg = json.loads(tcfg_path.read_text(encoding="utf-8"))
@@ -101,10 +102,10 @@ def _blobs(ckpt: Checkpoint, provenance: dict) -> list[tuple[BlobKind, bytes]]:
         if isinstance(tmpl, list):   # named templates: [{"name": "default", "template": ...}, ...]
             named = {t.get("name"): t.get("template") for t in tmpl if isinstance(t, dict)}
             tmpl = named.get("default")
-        if tmpl is None and (ckpt.dir / "chat_template.jinja").exists():
-            tmpl = (ckpt.dir / "chat_template.jinja").read_text(encoding="utf-8")
-        if isinstance(tmpl, str):
-            out.append((BlobKind.CHAT_TEMPLATE, tmpl.encode("utf-8")))
+    if tmpl is None and (ckpt.dir / "chat_template.jinja").exists():   # transformers >= 4.50 saves it apart
+        tmpl = (ckpt.dir / "chat_template.jinja").read_text(encoding="utf-8")
+    if isinstance(tmpl, str):
+        out.append((BlobKind.CHAT_TEMPLATE, tmpl.encode("utf-8")))
     gen = ckpt.extras.get("generation_config.json")
     if gen is not None:
         out.append((BlobKind.GENERATION_CONFIG, gen.read_bytes()))

@@ -27,7 +27,7 @@ SUPPORTED_ARCHS = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
 MODEL_TYPES = {"qwen2": "qwen2", "llama": "llama"}
 SOURCE_DTYPES = {"BF16": (np.dtype("<u2"), 2), "F16": (np.dtype("<f2"), 2), "F32": (np.dtype("<f4"), 4)}
 HUB_PATTERNS = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json",
+                "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
                 "*.safetensors", "model.safetensors.index.json"]
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"

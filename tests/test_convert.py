@@ -302,3 +302,15 @@ def test_hub_offline_is_one_line(tmp_path, monkeypatch):
     line = _one_line_error(output)
     assert "Qwen/Qwen2.5-Coder-7B-Instruct" in line and "hub" in line and "Second line" not in output
     assert not out.exists()
+
+
+def test_chat_template_from_jinja_file(tmp_path):
+    """transformers >= 4.50 writes the template to chat_template.jinja instead of tokenizer_config.json."""
+    src = make_checkpoint(tmp_path / "src")
+    tcfg = json.loads((src / "tokenizer_config.json").read_text())
+    tmpl = tcfg.pop("chat_template")
+    (src / "tokenizer_config.json").write_text(json.dumps(tcfg))
+    (src / "chat_template.jinja").write_text(tmpl)
+    out = convert_checkpoint(src, tmp_path / "m.nanoqwen")
+    with open_file(out) as f:
+        assert f.blob_text(BlobKind.CHAT_TEMPLATE) == tmpl
