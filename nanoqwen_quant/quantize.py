@@ -175,17 +175,20 @@ def _encode_group(ws, s, codes, qs):
 
 
 @njit(cache=True, inline="always")
-def _group_sse(ws, s):
-    """Σ_k (float64(w) - float64(s) * q)^2 in k order (float64), q = clamp(rint(w / s)); s == 0 → q = 0."""
-    sse = 0.0
+def _group_sse_all(ws, cand, sdiv, sse):
+    """sse[c] = Σ_k (float64(w) - float64(s_c) * q)^2 for every candidate scale cand[c] (float32 (C,)), each sum
+    in increasing k (the spec's order); q = clamp(rint(w / s_c)), s_c == 0 → q = 0. The candidates are the inner
+    loop: independent accumulators, so the loop vectorizes across candidates without reordering any sum."""
+    nc = cand.shape[0]
+    for c in range(nc):                                 # sdiv: s, or 1 where s == 0 (then s * q = 0 anyway)
+        sse[c] = 0.0
+        sdiv[c] = cand[c] if cand[c] != 0 else np.float32(1.0)
     for k in range(ws.shape[0]):
         x = ws[k]
-        q = np.float32(0.0)
-        if s != 0:
-            q = min(max(np.rint(x / s), np.float32(QMIN)), np.float32(QMAX))
-        d = np.float64(x) - np.float64(s) * np.float64(q)
-        sse += d * d
-    return sse
+        for c in range(nc):
+            q = min(max(np.rint(x / sdiv[c]), np.float32(QMIN)), np.float32(QMAX))
+            d = np.float64(x) - np.float64(cand[c]) * np.float64(q)
+            sse[c] += d * d
 
 
 @njit(cache=True, parallel=True)
@@ -198,6 +201,9 @@ def _quantize_kernel(w, wbits, g, ratios, qweight, scales32, status):
     n_ratios = ratios.shape[0]
     for n in prange(n_rows):
         codes = np.empty(g, np.uint32)                    # (g,) u codes of one group
+        cand = np.empty(n_ratios, np.float32)             # (R,) candidate f16-rounded scales of one group
+        sse = np.empty(n_ratios, np.float64)              # (R,) their SSEs
+        sdiv = np.empty(n_ratios, np.float32)             # (R,) divisors (scratch)
         for gi in range(n_groups):
             k0 = gi * g
             mb = _amax_bits(wbits[n, k0:k0 + g])
@@ -211,17 +217,15 @@ def _quantize_kernel(w, wbits, g, ratios, qweight, scales32, status):
                 status[n] = 2
                 break
             if n_ratios > 1:
-                best_sse = _group_sse(ws, best_s)
-                prev_s = best_s
+                cand[0] = best_s
                 for ri in range(1, n_ratios):
-                    s = _round_to_f16((ratios[ri] * amax) / seven)
-                    if s == prev_s:                       # same f16 scale → same SSE → never strictly lower
-                        continue
-                    prev_s = s
-                    sse = _group_sse(ws, s)
-                    if sse < best_sse:                    # strict: ties keep the larger r
-                        best_sse = sse
-                        best_s = s
+                    cand[ri] = _round_to_f16((ratios[ri] * amax) / seven)   # ≤ cand[0]: finite
+                _group_sse_all(ws, cand, sdiv, sse)
+                best_sse = sse[0]
+                for ri in range(1, n_ratios):
+                    if sse[ri] < best_sse:                # strict: ties keep the larger r
+                        best_sse = sse[ri]
+                        best_s = cand[ri]
             scales32[n, gi] = best_s
             _encode_group(ws, best_s, codes, qweight[n, k0 // 8:(k0 + g) // 8])
 
