@@ -5,10 +5,14 @@ and full-size GPU tests on the device machine.
     python3 bench/make_7b_file.py OUT.nanoqwen [--layers 28] [--quant int4|none] [--group-size 128] [--seed 0]
 
 Contents (shapes: nanoqwen_rt.bench.QWEN25_CODER_7B; untied lm_head, q/k/v biases):
-* linear weights (q/k/v/o/gate/up/down): int4g layout 1 — uniformly random codes (uniform random uint32 words:
-  the nibble permutation of a uniform word is uniform) and f16 scales s = base(K) * exp(0.2 z - 0.02),
-  z ~ N(0, 1) per group, base(K) = 1 / sqrt(21.5 K), so a GEMV of a unit-variance input has unit-variance output
-  (E[(u-8)^2] = 21.5 for u uniform on 0..15; E[exp(0.4 z - 0.04)] = 1). With --quant none: f16 N(0, 1/K).
+* linear weights (q/k/v/o/gate/up/down): int4g layout 1 — i.i.d. codes q = u - 8 drawn from INT4_CODE_SLOTS
+  (16 equally likely slots: a bell-shaped, exactly zero-mean distribution on -6..6, like round-to-nearest codes
+  of Gaussian weights), and f16 scales s = base(K) * exp(0.2 z - 0.02), z ~ N(0, 1) per group,
+  base(K) = 1 / sqrt(E[q^2] K), so a GEMV of a unit-variance input has unit-variance output
+  (E[exp(0.4 z - 0.04)] = 1). Zero mean matters: codes uniform on 0..15 (mean q = -0.5) give every row the same
+  non-zero mean, so each GEMV adds ~0.1 sqrt(K) x (mean of its input) to every output — a common mode that grows
+  ~6x per layer at K = 3584 until the final hidden state points along (1, ..., 1) and greedy decoding repeats
+  one token forever (seen on the H200). With --quant none: f16 N(0, 1/K).
 * embeddings f16 N(0, 1); lm_head f16 N(0, (LOGIT_STD^2)/hidden) (logits of std ~LOGIT_STD after the final
   norm); RMSNorm weights f16 1 + 0.1 z; q/k/v biases f16 0.1 z. Hidden states stay O(1) through the layers.
 * blobs: the real Qwen2 tokenizer (tokenizer.json built here from bench/assets/qwen2-tokenizer/vocab.json +
@@ -42,7 +46,10 @@ from nanoqwen_rt.bench import QWEN25_CODER_7B  # noqa: E402
 ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "qwen2-tokenizer")
 
 # -- weight statistics ------------------------------------------------------------------------------------
-INT4_CODE_SECOND_MOMENT = 21.5   # E[(u - 8)^2] for u uniform on 0..15: (2*(1+4+...+49) + 64) / 16
+# 16 equally likely values of q = u - 8; symmetric, so the mean is exactly 0. Shape ~ rtn codes of N(0, 1) groups
+# of 128 (s = absmax / 7 ~ 0.4): P(q=0) 1/8, P(|q|=1) 1/4, P(|q|=2) 1/4, then 3, 4 and a tail value 6.
+INT4_CODE_SLOTS = (0, 0, 1, -1, 1, -1, 2, -2, 2, -2, 3, -3, 4, -4, 6, -6)
+INT4_CODE_SECOND_MOMENT = sum(q * q for q in INT4_CODE_SLOTS) / len(INT4_CODE_SLOTS)   # E[q^2] = 142/16
 SCALE_JITTER = 0.2               # sigma of the per-group log-normal factor on the int4 scales
 LOGIT_STD = 3.0                  # std of lm_head logits for a unit-rms final hidden state
 NORM_WEIGHT_STD = 0.1            # RMSNorm weights 1 + this * z
@@ -180,13 +187,26 @@ def _normal_table() -> np.ndarray:
     return np.array([nd.inv_cdf((i + 0.5) / 65536.0) for i in range(65536)], dtype=np.float32)
 
 
+def _code_word_table() -> np.ndarray:
+    """uint16 (65536,): maps 16 random bits to 4 nibbles u = 8 + INT4_CODE_SLOTS[4 random bits] each.
+
+    Applied to both halves of a random uint32 word it gives 8 i.i.d. codes (the nibble order inside the word is
+    then irrelevant)."""
+    slots_u = np.array([8 + q for q in INT4_CODE_SLOTS], dtype=np.uint16)      # (16,) values 2..14
+    x = np.arange(65536, dtype=np.uint32)
+    out = np.zeros(65536, dtype=np.uint32)
+    for i in range(4):
+        out |= slots_u[(x >> (4 * i)) & 0xF].astype(np.uint32) << (4 * i)
+    return out.astype(np.uint16)
+
+
 def _u16(rng: np.random.Generator, n: int) -> np.ndarray:
     """n random uint16 words (n rounded up to a multiple of 4 internally)."""
     return rng.bit_generator.random_raw((n + 3) // 4).view(np.uint16)[:n]
 
 
 def int4_base_scale(k: int) -> float:
-    """Scale giving unit output variance for unit-variance input over K uniform int4 codes."""
+    """Scale giving unit output variance for unit-variance input over K codes drawn from INT4_CODE_SLOTS."""
     return (INT4_CODE_SECOND_MOMENT * k) ** -0.5
 
 
@@ -214,6 +234,7 @@ class Plan:
             "bias": (BIAS_STD * z).astype(np.float16),
             "jitter": np.exp(SCALE_JITTER * z - SCALE_JITTER ** 2 / 2).astype(np.float32),   # mean-square 1
         }
+        self.code_words = _code_word_table()                                   # (65536,) uint16
         self._free: dict[tuple, list] = {}
         self._f16_linear_tables: dict[int, np.ndarray] = {}
         for s in self.specs:
@@ -264,8 +285,8 @@ class Plan:
         if spec.dtype == DType.INT4G:
             q, s = out
             rows = r1 - r0
-            words = rows * q.shape[1]                                           # uniform codes = uniform words
-            q[r0:r1] = rng.bit_generator.random_raw((words + 1) // 2).view(np.uint32)[:words].reshape(rows, -1)
+            halves = 2 * rows * q.shape[1]                                      # 16-bit halves of the words
+            np.take(self.code_words, _u16(rng, halves), out=q[r0:r1].reshape(-1).view(np.uint16), mode="wrap")
             jit = self.tables["jitter"][_u16(rng, rows * s.shape[1])].reshape(rows, -1)
             s[r0:r1] = (jit * np.float32(int4_base_scale(spec.shape[1]))).astype(np.float16)
             return

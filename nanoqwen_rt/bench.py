@@ -242,7 +242,7 @@ def measure_engine(path: str, prompt_tokens: int = 512, new_tokens: int = 128, r
             "ttft_ms": statistics.median(ttfts) * 1e3, "ttft_ms_all": [x * 1e3 for x in ttfts],
             "ms_per_token": ms, "ms_per_token_all": [x * 1e3 for x in per_tok],
             "tokens_per_s": 1e3 / ms, "deterministic": all(r == token_runs[0] for r in token_runs),
-            "first_tokens": token_runs[0][:8]})
+            "distinct_tokens": len(set(token_runs[0])), "first_tokens": token_runs[0][:8]})
     finally:
         eng.close()
     ctx = mean_decode_context(prompt_tokens, new_tokens)
@@ -332,7 +332,9 @@ def format_table(result: Mapping) -> str:
         if "mbu" in eng:
             rows.append(("MBU (vs read-only / vs copy)", f"{eng['mbu'] * 100:.1f}% / {eng['mbu_vs_copy'] * 100:.1f}%  "
                                                          f"(floor {eng['floor_ms_per_token']:.3f} ms/token)"))
-        rows.append(("greedy tokens identical across repeats", str(eng["deterministic"])))
+        rows.append(("greedy tokens identical across repeats", f"{eng['deterministic']}  "
+                                                               f"({eng.get('distinct_tokens', '?')} distinct "
+                                                               f"of {eng['new_tokens'] + 1})"))
     peers = result.get("peers")
     if peers:
         for key, label in (("torch_int4", "torch int4 chain (_weight_int4pack_mm, int4 lm_head)"),
