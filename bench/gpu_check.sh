@@ -37,7 +37,7 @@ if has tests; then
 fi
 if has kbench; then
   timeout 120 python3 bench/gpu_kernels_bench.py --json "$LOG/gemv_bench.json" > "$LOG/gemv_bench.log" 2>&1
-  note "gemv bench rc=$?"; grep -E "^7B|^32B|^0.5B" "$LOG/gemv_bench.log" | tee -a "$summary"
+  note "gemv bench rc=$?"; grep -E "^7B|^32B|^0.5B|^gemm" "$LOG/gemv_bench.log" | tee -a "$summary"
 fi
 if has bench; then
   t0=$(date +%s)

@@ -52,9 +52,23 @@ def main() -> int:
         rows.append(r)
         print(f"{name:11s} N={N:6d} K={K:6d}  f16: {r['v0_us']:8.2f} us {r['v0_GBps']:7.0f} GB/s   "
               f"dp4a: {r['v1_us']:8.2f} us {r['v1_GBps']:7.0f} GB/s", flush=True)
+    # prefill GEMM (tensor cores) at M = 512 tokens on the 7B shapes
+    h, i, nh, kv = SIZES["7B"]
+    gemm_rows = []
+    for name, N, K in [("7B q", h, h), ("7B k/v", kv * (h // nh), h), ("7B o", h, h), ("7B gate/up", i, h),
+                       ("7B down", h, i)]:
+        ms = ctypes.c_float()
+        rc = lib.nq_bench_gemm_int4(512, N, K, a.group, 20, ctypes.byref(ms))
+        if rc != 0:
+            raise SystemExit(f"gemm {name}: {lib.nq_last_error().decode()}")
+        tf = 2 * 512 * N * K / (ms.value * 1e-3) / 1e12
+        gemm_rows.append({"shape": name, "M": 512, "N": N, "K": K, "us": ms.value * 1e3, "TFLOPs": tf})
+        print(f"gemm M=512 {name:10s} N={N:6d} K={K:6d}: {ms.value * 1e3:8.1f} us {tf:6.1f} TFLOP/s", flush=True)
+    layer = sum(r["us"] * (2 if r["shape"] in ("7B k/v", "7B gate/up") else 1) for r in gemm_rows)
+    print(f"gemm per 7B layer (q,k,v,o,gate,up,down) at M=512: {layer:.0f} us; x 28 layers = {layer * 28 / 1e3:.1f} ms")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"gemv": rows, "gemm": gemm_rows}, f, indent=1)
     return 0
 
 

@@ -74,6 +74,7 @@ _SIGNATURES = {
     "nq_test_gemm_int4": (ctypes.c_int, [_U32P, _U16P, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, _F32P,
                                          ctypes.c_int32, _F32P]),
     "nq_bench_gemv_int4": (ctypes.c_int, [ctypes.c_int32] * 5 + [_F32P]),
+    "nq_bench_gemm_int4": (ctypes.c_int, [ctypes.c_int32] * 5 + [_F32P]),
     "nq_test_sample": (ctypes.c_int, [_F32P, ctypes.c_int32, ctypes.POINTER(NqSampling), ctypes.c_uint64, _I32P]),
     "nq_test_attention": (ctypes.c_int, [_F32P, _F32P, _F32P] + [ctypes.c_int32] * 5 + [_F32P]),
 }

@@ -98,6 +98,8 @@ NQ_API int nq_test_gemm_int4(const uint32_t* qweight, const uint16_t* scales, in
                       const float* A, int32_t M, float* C);
 /* Time `iters` launches of the int4 GEMV (variant 0/1) on device-resident random data: ms per launch. */
 NQ_API int nq_bench_gemv_int4(int32_t N, int32_t K, int32_t group, int32_t variant, int32_t iters, float* ms);
+/* Time `iters` launches of the prefill GEMM (M tokens, int4 weights N x K) on random data: ms per launch. */
+NQ_API int nq_bench_gemm_int4(int32_t M, int32_t N, int32_t K, int32_t group, int32_t iters, float* ms);
 /* Sample from logits[V] with the device sampler; returns the token in *out. */
 NQ_API int nq_test_sample(const float* logits, int32_t V, const nq_sampling* sp, uint64_t counter, int32_t* out);
 /* Decode attention for one query position: q[n_heads*D] f32 (already roped), K/V[(pos+1), n_kv, D] f32

@@ -82,23 +82,29 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
     for (int kb = k0 + warp * 32; kb < k1; kb += kAttnWarps * 32) {
       const int key = kb + lane;
       const bool valid = key < k1;
+      const size_t kidx = valid ? kv_index(a, key, h, D) : 0;  // this lane's key row (same offset in V)
       float s[kMaxG];
 #pragma unroll
       for (int g = 0; g < kMaxG; g++) s[g] = 0.f;
       if (valid) {
-        const uint4* kr = reinterpret_cast<const uint4*>(a.kv.k + kv_index(a, key, h, D));
-#pragma unroll 4
-        for (int c = 0; c < D / 8; c++) {
-          const uint4 kv = kr[c];
-          const float2 k01 = __half22float2(u32_as_h2(kv.x)), k23 = __half22float2(u32_as_h2(kv.y));
-          const float2 k45 = __half22float2(u32_as_h2(kv.z)), k67 = __half22float2(u32_as_h2(kv.w));
+        const uint4* kr = reinterpret_cast<const uint4*>(a.kv.k + kidx);
 #pragma unroll
-          for (int g = 0; g < kMaxG; g++) {
-            if (g < G) {
-              const float4 qa = *reinterpret_cast<const float4*>(&qs[g][c * 8]);
-              const float4 qb = *reinterpret_cast<const float4*>(&qs[g][c * 8 + 4]);
-              s[g] += qa.x * k01.x + qa.y * k01.y + qa.z * k23.x + qa.w * k23.y +
-                      qb.x * k45.x + qb.y * k45.y + qb.z * k67.x + qb.w * k67.y;
+        for (int c0 = 0; c0 < D / 8; c0 += 8) {
+          uint4 kv[8];  // 8 loads in flight before the first use
+#pragma unroll
+          for (int c = 0; c < 8; c++) kv[c] = kr[c0 + c];
+#pragma unroll
+          for (int c = 0; c < 8; c++) {
+            const float2 k01 = __half22float2(u32_as_h2(kv[c].x)), k23 = __half22float2(u32_as_h2(kv[c].y));
+            const float2 k45 = __half22float2(u32_as_h2(kv[c].z)), k67 = __half22float2(u32_as_h2(kv[c].w));
+#pragma unroll
+            for (int g = 0; g < kMaxG; g++) {
+              if (g < G) {
+                const float4 qa = *reinterpret_cast<const float4*>(&qs[g][(c0 + c) * 8]);
+                const float4 qb = *reinterpret_cast<const float4*>(&qs[g][(c0 + c) * 8 + 4]);
+                s[g] += qa.x * k01.x + qa.y * k01.y + qa.z * k23.x + qa.w * k23.y +
+                        qb.x * k45.x + qb.y * k45.y + qb.z * k67.x + qb.w * k67.y;
+              }
             }
           }
         }
@@ -119,24 +125,38 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
           p[g] = 0.f;
         }
       }
+      // V: lanes over dims; keys in batches of 8 whose loads are all issued first
       const int nvalid = min(32, k1 - kb);
-      for (int j = 0; j < nvalid; j++) {
-        const __half* vr = a.kv.v + kv_index(a, kb + j, h, D) + lane * DPL;
-        float vf[DPL];
-        if (DPL == 4) {
-          const uint2 vv = *reinterpret_cast<const uint2*>(vr);
-          const float2 a01 = __half22float2(u32_as_h2(vv.x)), a23 = __half22float2(u32_as_h2(vv.y));
-          vf[0] = a01.x; vf[1] = a01.y; vf[2 % DPL] = a23.x; vf[3 % DPL] = a23.y;
-        } else {
-          const float2 a01 = __half22float2(*reinterpret_cast<const __half2*>(vr));
-          vf[0] = a01.x; vf[1 % DPL] = a01.y;
+      for (int j0 = 0; j0 < nvalid; j0 += 8) {
+        uint2 vraw[8];
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++) {
+          const int j = (j0 + jj) & 31;
+          const unsigned long long vi = __shfl_sync(0xffffffffu, (unsigned long long)kidx, j);
+          vraw[jj] = make_uint2(0u, 0u);
+          if (j0 + jj < nvalid) {
+            const __half* vr = a.kv.v + vi + lane * DPL;
+            if (DPL == 4) vraw[jj] = *reinterpret_cast<const uint2*>(vr);
+            else vraw[jj].x = *reinterpret_cast<const uint32_t*>(vr);
+          }
         }
 #pragma unroll
-        for (int g = 0; g < kMaxG; g++) {
-          if (g < G) {
-            const float pj = __shfl_sync(0xffffffffu, p[g], j);
+        for (int jj = 0; jj < 8; jj++) {
+          const int j = (j0 + jj) & 31;
+          float vf[DPL];
+          const float2 a01 = __half22float2(u32_as_h2(vraw[jj].x));
+          vf[0] = a01.x; vf[1 % DPL] = a01.y;
+          if (DPL == 4) {
+            const float2 a23 = __half22float2(u32_as_h2(vraw[jj].y));
+            vf[2 % DPL] = a23.x; vf[3 % DPL] = a23.y;
+          }
 #pragma unroll
-            for (int e = 0; e < DPL; e++) o[g][e] = fmaf(pj, vf[e], o[g][e]);
+          for (int g = 0; g < kMaxG; g++) {
+            if (g < G) {
+              const float pj = __shfl_sync(0xffffffffu, p[g], j);
+#pragma unroll
+              for (int e = 0; e < DPL; e++) o[g][e] = fmaf(pj, vf[e], o[g][e]);
+            }
           }
         }
       }

@@ -16,7 +16,7 @@
 namespace nq {
 namespace {
 
-constexpr int kWarps = 8, kThreads = kWarps * 32, kUnroll = 4;
+constexpr int kWarps = 8, kThreads = kWarps * 32, kUnroll = 2;  // kUnroll: units per lane per pipeline stage
 constexpr int kMaxDynSmem = 160 * 1024;
 
 // ---- prologue: x into shared memory -------------------------------------------------------------------------
@@ -117,26 +117,31 @@ struct RowRef {            // one weight row: its 16-byte units, its scales (int
 };
 
 // ---- row dot products (whole warp; result valid in every lane) ------------------------------------------------
+// 8 values of one word times 8 x values, accumulated into a f16x2 `acc`. One shift per word: pairs (0,1) and
+// (4,5) come out as 1024 + u (minus 1032 = u - 8); pairs (2,3) and (6,7) are taken in place (mask 0x00F000F0)
+// as 1024 + 16u, and (v / 16) - 72 = u - 8 is one exact HFMA2.
+__device__ __forceinline__ __half2 word_dot(uint32_t q, const uint4 xv, __half2 acc) {
+  const __half2 k1032 = __half2half2(__ushort_as_half((unsigned short)0x6408));   // 1032
+  const __half2 k1_16 = __half2half2(__ushort_as_half((unsigned short)0x2C00));   // 1/16
+  const __half2 km72 = __half2half2(__ushort_as_half((unsigned short)0xD480));    // -72
+  const uint32_t q8 = q >> 8;
+  const __half2 h01 = __hsub2(u32_as_h2((q & 0x000F000Fu) | 0x64006400u), k1032);
+  const __half2 h23 = __hfma2(u32_as_h2((q & 0x00F000F0u) | 0x64006400u), k1_16, km72);
+  const __half2 h45 = __hsub2(u32_as_h2((q8 & 0x000F000Fu) | 0x64006400u), k1032);
+  const __half2 h67 = __hfma2(u32_as_h2((q8 & 0x00F000F0u) | 0x64006400u), k1_16, km72);
+  acc = __hfma2(h01, u32_as_h2(xv.x), acc);
+  acc = __hfma2(h23, u32_as_h2(xv.y), acc);
+  acc = __hfma2(h45, u32_as_h2(xv.z), acc);
+  return __hfma2(h67, u32_as_h2(xv.w), acc);
+}
+
+// One 16-byte unit (32 values): two f16x2 partial sums of 8 products each, then f32.
 __device__ __forceinline__ float unit_dot_f16(const uint4 w, const uint4* xs, int xstride, int m) {
-  const __half2 magic = __half2half2(__ushort_as_half((unsigned short)0x6408));  // 1032 = 1024 + 8
-  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-  float part = 0.f;
-#pragma unroll
-  for (int j = 0; j < 4; j++) {
-    const uint4 xv = xs[j * xstride + m];
-    const uint32_t q = ws[j];
-    const __half2 q01 = __hsub2(u32_as_h2((q & 0x000F000Fu) | 0x64006400u), magic);
-    const __half2 q23 = __hsub2(u32_as_h2(((q >> 4) & 0x000F000Fu) | 0x64006400u), magic);
-    const __half2 q45 = __hsub2(u32_as_h2(((q >> 8) & 0x000F000Fu) | 0x64006400u), magic);
-    const __half2 q67 = __hsub2(u32_as_h2(((q >> 12) & 0x000F000Fu) | 0x64006400u), magic);
-    __half2 p = __hmul2(q01, u32_as_h2(xv.x));
-    p = __hfma2(q23, u32_as_h2(xv.y), p);
-    p = __hfma2(q45, u32_as_h2(xv.z), p);
-    p = __hfma2(q67, u32_as_h2(xv.w), p);
-    const float2 pf = __half22float2(p);
-    part += pf.x + pf.y;
-  }
-  return part;
+  const __half2 z = __float2half2_rn(0.f);
+  const __half2 a = word_dot(w.y, xs[xstride + m], word_dot(w.x, xs[m], z));
+  const __half2 b = word_dot(w.w, xs[3 * xstride + m], word_dot(w.z, xs[2 * xstride + m], z));
+  const float2 fa = __half22float2(a), fb = __half22float2(b);
+  return (fa.x + fa.y) + (fb.x + fb.y);
 }
 
 __device__ __forceinline__ float unit_dot_i8(const uint4 w, const int2* xq, int nunits, int m) {
@@ -165,12 +170,14 @@ __device__ __forceinline__ void dot2_int4(const RowRef r0, const RowRef r1, bool
   const int2* xq = static_cast<const int2*>(smem);
   const float* sx = reinterpret_cast<const float*>(xq + 4 * nunits);
   const int* xsum = reinterpret_cast<const int*>(sx + nunits);
+  // two-stage software pipeline: the loads of step i+1 are in flight while step i is computed
+  constexpr int U = kUnroll;
   float acc0 = 0.f, acc1 = 0.f;
-  for (int base = 0; base < nunits; base += 32 * kUnroll) {
-    uint4 w0[kUnroll], w1[kUnroll];
-    __half s0[kUnroll], s1[kUnroll];
+  uint4 a0[U], a1[U];
+  __half as0[U], as1[U];
+  auto load = [&](int base, uint4 (&w0)[U], uint4 (&w1)[U], __half (&s0)[U], __half (&s1)[U]) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; u++) {
+    for (int u = 0; u < U; u++) {
       const int m = base + u * 32 + lane;
       if (m < nunits) {
         w0[u] = ld_stream16(wr0 + m);
@@ -181,19 +188,30 @@ __device__ __forceinline__ void dot2_int4(const RowRef r0, const RowRef r1, bool
         }
       }
     }
+  };
+  load(0, a0, a1, as0, as1);
+  for (int base = 0; base < nunits; base += 32 * U) {
+    uint4 b0[U], b1[U];
+    __half bs0[U], bs1[U];
+    const bool more = base + 32 * U < nunits;
+    if (more) load(base + 32 * U, b0, b1, bs0, bs1);
 #pragma unroll
-    for (int u = 0; u < kUnroll; u++) {
+    for (int u = 0; u < U; u++) {
       const int m = base + u * 32 + lane;
       if (m < nunits) {
         if (DP4A) {
           const float xs8 = 8.f * (float)xsum[m];
-          acc0 = fmaf(__half2float(s0[u]) * sx[m], unit_dot_i8(w0[u], xq, nunits, m) - xs8, acc0);
-          if (has1) acc1 = fmaf(__half2float(s1[u]) * sx[m], unit_dot_i8(w1[u], xq, nunits, m) - xs8, acc1);
+          acc0 = fmaf(__half2float(as0[u]) * sx[m], unit_dot_i8(a0[u], xq, nunits, m) - xs8, acc0);
+          if (has1) acc1 = fmaf(__half2float(as1[u]) * sx[m], unit_dot_i8(a1[u], xq, nunits, m) - xs8, acc1);
         } else {
-          acc0 = fmaf(__half2float(s0[u]), unit_dot_f16(w0[u], xs, nunits, m), acc0);
-          if (has1) acc1 = fmaf(__half2float(s1[u]), unit_dot_f16(w1[u], xs, nunits, m), acc1);
+          acc0 = fmaf(__half2float(as0[u]), unit_dot_f16(a0[u], xs, nunits, m), acc0);
+          if (has1) acc1 = fmaf(__half2float(as1[u]), unit_dot_f16(a1[u], xs, nunits, m), acc1);
         }
       }
+    }
+    if (more) {
+#pragma unroll
+      for (int u = 0; u < U; u++) { a0[u] = b0[u]; a1[u] = b1[u]; as0[u] = bs0[u]; as1[u] = bs1[u]; }
     }
   }
   y0 = warp_sum(acc0);
@@ -227,25 +245,36 @@ __device__ __forceinline__ void dot2_dense(const RowRef r0, const RowRef r1, boo
   const int nunits = K >> 3;
   const uint4* wr0 = r0.w;
   const uint4* wr1 = r1.w;
+  constexpr int U = kUnroll;
   float acc0 = 0.f, acc1 = 0.f;
-  for (int base = 0; base < nunits; base += 32 * kUnroll) {
-    uint4 w0[kUnroll], w1[kUnroll];
+  uint4 a0[U], a1[U];
+  auto load = [&](int base, uint4 (&w0)[U], uint4 (&w1)[U]) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; u++) {
+    for (int u = 0; u < U; u++) {
       const int m = base + u * 32 + lane;
       if (m < nunits) {
         w0[u] = ld_stream16(wr0 + m);
         if (has1) w1[u] = ld_stream16(wr1 + m);
       }
     }
+  };
+  load(0, a0, a1);
+  for (int base = 0; base < nunits; base += 32 * U) {
+    uint4 b0[U], b1[U];
+    const bool more = base + 32 * U < nunits;
+    if (more) load(base + 32 * U, b0, b1);
 #pragma unroll
-    for (int u = 0; u < kUnroll; u++) {
+    for (int u = 0; u < U; u++) {
       const int m = base + u * 32 + lane;
       if (m < nunits) {
         const uint4 xv = xs[m];
-        acc0 += unit_dot_dense<WT>(w0[u], xv);
-        if (has1) acc1 += unit_dot_dense<WT>(w1[u], xv);
+        acc0 += unit_dot_dense<WT>(a0[u], xv);
+        if (has1) acc1 += unit_dot_dense<WT>(a1[u], xv);
       }
+    }
+    if (more) {
+#pragma unroll
+      for (int u = 0; u < U; u++) { a0[u] = b0[u]; a1[u] = b1[u]; }
     }
   }
   y0 = warp_sum(acc0);

@@ -148,6 +148,42 @@ int nq_bench_gemv_int4(int32_t N, int32_t K, int32_t group, int32_t variant, int
   return NQ_OK;
 }
 
+int nq_bench_gemm_int4(int32_t M, int32_t N, int32_t K, int32_t group, int32_t iters, float* ms) {
+  if (!ms || iters <= 0 || M <= 0) return fail(NQ_E_INVALID_ARG, "nq_bench_gemm_int4: bad argument");
+  NQ_TRY(check_nk(N, K));
+  const size_t qbytes = (size_t)N * K / 2, off = align128(qbytes), per = align128(off + (size_t)N * (K / group) * 2);
+  DBuf w, da, dc;
+  NQ_TRY(w.alloc(per));
+  {
+    std::vector<uint8_t> h(per);
+    uint64_t st = 0x7654321ull;
+    for (size_t i = 0; i < off; i++) { st = st * 6364136223846793005ull + 1442695040888963407ull; h[i] = (uint8_t)(st >> 56); }
+    for (size_t i = off; i + 1 < per; i += 2) { h[i] = 0x00; h[i + 1] = 0x20; }
+    NQ_CUDA(cudaMemcpy(w.p, h.data(), per, cudaMemcpyHostToDevice));
+  }
+  std::vector<__half> ah((size_t)M * K);
+  for (size_t i = 0; i < ah.size(); i++) ah[i] = __float2half((float)((i * 37) % 17) / 8.f - 1.f);
+  NQ_TRY(da.put(ah.data(), ah.size() * 2));
+  NQ_TRY(dc.alloc((size_t)M * N * 4));
+  LinW W;
+  W.w = w.as<uint8_t>(); W.scales = reinterpret_cast<const __half*>(w.as<uint8_t>() + off);
+  W.N = N; W.K = K; W.group = group; W.type = WT_INT4;
+  cudaEvent_t e0, e1;
+  NQ_CUDA(cudaEventCreate(&e0));
+  NQ_CUDA(cudaEventCreate(&e1));
+  for (int i = 0; i < 2; i++) NQ_TRY(gemm(W, da.as<__half>(), K, M, dc.as<float>(), N, nullptr, false, 0));
+  NQ_CUDA(cudaEventRecord(e0, 0));
+  for (int i = 0; i < iters; i++) NQ_TRY(gemm(W, da.as<__half>(), K, M, dc.as<float>(), N, nullptr, false, 0));
+  NQ_CUDA(cudaEventRecord(e1, 0));
+  NQ_CUDA(cudaEventSynchronize(e1));
+  float t = 0.f;
+  NQ_CUDA(cudaEventElapsedTime(&t, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  *ms = t / iters;
+  return NQ_OK;
+}
+
 int nq_test_sample(const float* logits, int32_t V, const nq_sampling* sp, uint64_t counter, int32_t* out) {
   if (!logits || !sp || !out || V <= 0) return fail(NQ_E_INVALID_ARG, "nq_test_sample: bad argument");
   DBuf dl, dp, dc, dt;
