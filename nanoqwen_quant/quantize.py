@@ -155,6 +155,14 @@ def _bits_to_f32(b):
 
 
 @njit(cache=True, inline="always")
+def _clamp_code(q):
+    """clamp(q, -8, 7) for a float32 q that is not NaN. Plain compares: numba's min/max carry NaN handling that
+    keeps LLVM from vectorizing the loops around them (≈3x slower)."""
+    q = np.float32(QMAX) if q > np.float32(QMAX) else q
+    return np.float32(QMIN) if q < np.float32(QMIN) else q
+
+
+@njit(cache=True, inline="always")
 def _encode_group(ws, s, codes, qs):
     """ws float32 (g,) weights, s the group's f16-rounded scale → qs uint32 (g/8,) packed words (layout 1).
     codes: uint32 (g,) scratch."""
@@ -163,8 +171,7 @@ def _encode_group(ws, s, codes, qs):
         codes[:] = np.uint32(INT4_ZERO_CODE)
     else:
         for k in range(g):
-            q = min(max(np.rint(ws[k] / s), np.float32(QMIN)), np.float32(QMAX))
-            codes[k] = np.uint32(np.int32(q) + INT4_ZERO_CODE)
+            codes[k] = np.uint32(np.int32(_clamp_code(np.rint(ws[k] / s)) + np.float32(INT4_ZERO_CODE)))
     for j in range(g // 8):
         b = 8 * j
         # nibble i holds value PERM[i] = (0, 2, 4, 6, 1, 3, 5, 7): value p sits at bit 4*INV_PERM[p]
@@ -186,7 +193,7 @@ def _group_sse_all(ws, cand, sdiv, sse):
     for k in range(ws.shape[0]):
         x = ws[k]
         for c in range(nc):
-            q = min(max(np.rint(x / sdiv[c]), np.float32(QMIN)), np.float32(QMAX))
+            q = _clamp_code(np.rint(x / sdiv[c]))
             d = np.float64(x) - np.float64(cand[c]) * np.float64(q)
             sse[c] += d * d
 
