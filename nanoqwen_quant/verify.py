@@ -32,8 +32,9 @@ import numpy as np
 from nanoqwen_format import BlobKind, DType, NanoqwenFormatError, open_file
 
 from .cast import bf16_to_f32
+from .errstats import stats_int4, stats_plain
 from .hf import ConvertError, load_checkpoint
-from .quantize import QMAX, dequantize
+from .quantize import dequantize
 
 F16_MIN_SNR_DB = 60.0
 INT4_MIN_SNR_DB = 15.0
@@ -99,21 +100,16 @@ def _compare_tensor(f, ckpt, name: str) -> TensorReport:
             q, s = f.int4(name)
             g = info.group_size
             got = dequantize(q[a:b], s[a:b], g)                                    # float32 (rows, K)
-            s_full = np.repeat(s[a:b].astype(np.float64), g, axis=1)              # (rows, K)
-            aw = np.abs(ref.astype(np.float64))
-            bound = np.maximum(s_full / 2, aw - QMAX * s_full) * (1 + INT4_BOUND_SLACK_REL) + INT4_BOUND_SLACK_ABS
-            bound = np.where(s_full == 0, INT4_ZERO_SCALE_MAX_ABS, bound)
+            st = stats_int4(ref, got, s[a:b].astype(np.float32), g, INT4_BOUND_SLACK_REL, INT4_BOUND_SLACK_ABS,
+                            INT4_ZERO_SCALE_MAX_ABS)
         else:
             view = f.array(name)[a:b]                                              # zero-copy rows
             got = bf16_to_f32(view) if info.dtype == DType.BF16 else view.astype(np.float32)
-            aw = np.abs(ref.astype(np.float64))
-            rel, ab = PLAIN_BOUNDS[info.dtype]
-            bound = aw * rel + ab
-        e = np.abs(ref.astype(np.float64) - got.astype(np.float64))
-        violations += int(np.count_nonzero(~(e <= bound)))                       # NaN counts as a violation
-        sig += float(np.sum(ref.astype(np.float64) ** 2))
-        err2 += float(np.sum(e * e))
-        max_abs = max(max_abs, float(e.max()) if e.size else 0.0)
+            st = stats_plain(ref, got, *PLAIN_BOUNDS[info.dtype])
+        sig += float(st[0])
+        err2 += float(st[1])
+        max_abs = max(max_abs, float(st[2]))
+        violations += int(st[3])
     n = max(1, rows * per_row)
     rel = math.sqrt(err2 / sig) if sig > 0 else (0.0 if err2 == 0 else math.inf)
     snr = math.inf if err2 == 0 else (10 * math.log10(sig / err2) if sig > 0 else -math.inf)
