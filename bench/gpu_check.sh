@@ -2,13 +2,13 @@
 # One call on the GPU machine: load (or build) libnanoqwen, run the GPU tests, the kernel and end-to-end
 # benchmarks, compute-sanitizer; full logs under $OUT, a short table last.
 #   device: run(command="bash bench/gpu_check.sh [STEPS]", carry=[".whl", "nanoqwen_rt/lib"])
-# STEPS: comma list of tests,kbench,bench,nopdl,sanitize,hf7b (default: all of them).
+# STEPS: comma list of tests,kbench,bench,nopdl,ncu,sanitize,hf7b (default: all of them; ncu needs bench).
 # Wheels for packages the image lacks (crc32c, ...) are read from .whl/ (README "Notes" of the device tool).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/nq_out}"; mkdir -p "$OUT"
 LOG=/tmp/nq_logs; rm -rf "$LOG"; mkdir -p "$LOG"   # full logs; packed into $OUT/logs.tgz at the end
-steps="${1:-tests,kbench,bench,nopdl,sanitize,hf7b}"
+steps="${1:-tests,kbench,bench,nopdl,ncu,sanitize,hf7b}"
 has() { [[ ",$steps," == *",$1,"* ]]; }
 summary="$LOG/summary.txt"; : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
@@ -51,6 +51,13 @@ if has nopdl; then
   NANOQWEN_NO_PDL=1 timeout 200 python3 -m nanoqwen_rt.bench /tmp/q7b.nanoqwen --no-peers --device cuda --repeats 2 \
     --json "$LOG/bench7b_nopdl.json" > "$LOG/bench7b_nopdl.log" 2>&1
   note "bench 7B without PDL rc=$?: $(grep -E '^(TTFT|decode)' "$LOG/bench7b_nopdl.log" | tr -s ' ' | tr '\n' ';')"
+fi
+if has ncu; then
+  timeout 100 ncu --clock-control none --graph-profiling node --metrics gpu__time_duration.sum --csv \
+    --kernel-name regex:"gemv|attn|embed_token|advance_pos|sample" \
+    python3 bench/profile_decode.py run /tmp/q7b.nanoqwen > "$LOG/ncu_decode.csv" 2> "$LOG/ncu_decode.err"
+  note "ncu rc=$?"
+  python3 bench/profile_decode.py summarize "$LOG/ncu_decode.csv" 2>&1 | tee -a "$summary"
 fi
 if has hf7b; then
   t0=$(date +%s)

@@ -21,42 +21,80 @@ constexpr int kMaxDynSmem = 160 * 1024;
 
 // ---- prologue: x into shared memory -------------------------------------------------------------------------
 // Returns through `xs` (f16 units) K/8 uint4; layout per WT (see file comment).
+// Loads are batched (several per thread issued before any use): the prologue costs a few L2 round trips,
+// not one per loop iteration.
 template <int WT>
 __device__ void stage_x_f16(const GemvArgs& a, int K, uint4* xs, float* red) {
-  const int nunits = K >> 3;
+  const int nunits = K >> 3, bd = blockDim.x;
   float inv = 1.f;
   const bool norm = a.x_f16 == nullptr && a.norm_w != nullptr;
   if (norm) {
+    constexpr int B = 8;
     float ss = 0.f;
-    for (int i = threadIdx.x; i < (K >> 2); i += blockDim.x) {
-      const float4 v = reinterpret_cast<const float4*>(a.x_f32)[i];
-      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    const float4* x4 = reinterpret_cast<const float4*>(a.x_f32);
+    for (int i0 = threadIdx.x; i0 < (K >> 2); i0 += B * bd) {
+      float4 v[B];
+#pragma unroll
+      for (int b = 0; b < B; b++) {
+        const int i = i0 + b * bd;
+        v[b] = i < (K >> 2) ? x4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int b = 0; b < B; b++) ss += v[b].x * v[b].x + v[b].y * v[b].y + v[b].z * v[b].z + v[b].w * v[b].w;
     }
     ss = block_sum(ss, red);
     inv = rsqrtf(ss / (float)K + a.eps);
   }
-  for (int p = threadIdx.x; p < nunits; p += blockDim.x) {
-    uint4 u;
-    if (a.x_f16) {
-      u = reinterpret_cast<const uint4*>(a.x_f16)[p];
-    } else {
-      const float4 v0 = reinterpret_cast<const float4*>(a.x_f32)[2 * p];
-      const float4 v1 = reinterpret_cast<const float4*>(a.x_f32)[2 * p + 1];
-      float f[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-      if (norm) {
-        const float4 w0 = reinterpret_cast<const float4*>(a.norm_w)[2 * p];
-        const float4 w1 = reinterpret_cast<const float4*>(a.norm_w)[2 * p + 1];
-        const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+  if (a.x_f16) {
+    constexpr int B = 8;
+    const uint4* src = reinterpret_cast<const uint4*>(a.x_f16);
+    for (int p0 = threadIdx.x; p0 < nunits; p0 += B * bd) {
+      uint4 u[B];
 #pragma unroll
-        for (int e = 0; e < 8; e++) f[e] = f[e] * inv * w[e];
+      for (int b = 0; b < B; b++) {
+        const int p = p0 + b * bd;
+        if (p < nunits) u[b] = src[p];
       }
-      u.x = h2_as_u32(__floats2half2_rn(f[0], f[1]));
-      u.y = h2_as_u32(__floats2half2_rn(f[2], f[3]));
-      u.z = h2_as_u32(__floats2half2_rn(f[4], f[5]));
-      u.w = h2_as_u32(__floats2half2_rn(f[6], f[7]));
+#pragma unroll
+      for (int b = 0; b < B; b++) {
+        const int p = p0 + b * bd;
+        if (p < nunits) xs[(WT == WT_INT4) ? (p & 3) * (K >> 5) + (p >> 2) : p] = u[b];
+      }
     }
-    const int dst = (WT == WT_INT4) ? (p & 3) * (K >> 5) + (p >> 2) : p;
-    xs[dst] = u;
+  } else {
+    constexpr int B = 2;
+    const float4* x4 = reinterpret_cast<const float4*>(a.x_f32);
+    const float4* w4 = reinterpret_cast<const float4*>(a.norm_w);
+    for (int p0 = threadIdx.x; p0 < nunits; p0 += B * bd) {
+      float4 v0[B], v1[B], w0[B], w1[B];
+#pragma unroll
+      for (int b = 0; b < B; b++) {
+        const int p = p0 + b * bd;
+        if (p < nunits) {
+          v0[b] = x4[2 * p];
+          v1[b] = x4[2 * p + 1];
+          if (norm) { w0[b] = w4[2 * p]; w1[b] = w4[2 * p + 1]; }
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < B; b++) {
+        const int p = p0 + b * bd;
+        if (p < nunits) {
+          float f[8] = {v0[b].x, v0[b].y, v0[b].z, v0[b].w, v1[b].x, v1[b].y, v1[b].z, v1[b].w};
+          if (norm) {
+            const float w[8] = {w0[b].x, w0[b].y, w0[b].z, w0[b].w, w1[b].x, w1[b].y, w1[b].z, w1[b].w};
+#pragma unroll
+            for (int e = 0; e < 8; e++) f[e] = f[e] * inv * w[e];
+          }
+          uint4 u;
+          u.x = h2_as_u32(__floats2half2_rn(f[0], f[1]));
+          u.y = h2_as_u32(__floats2half2_rn(f[2], f[3]));
+          u.z = h2_as_u32(__floats2half2_rn(f[4], f[5]));
+          u.w = h2_as_u32(__floats2half2_rn(f[6], f[7]));
+          xs[(WT == WT_INT4) ? (p & 3) * (K >> 5) + (p >> 2) : p] = u;
+        }
+      }
+    }
   }
   __syncthreads();
 }
