@@ -135,6 +135,22 @@ def _require_file(path: str) -> None:
         raise _fail(str(e)) from None
 
 
+def _check_can_listen(host: str, port: int) -> None:
+    """Bind (host, port) once as uvicorn will (SO_REUSEADDR) and release it; a clear error if that fails."""
+    import socket
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise _fail(f"cannot listen on {host}:{port}: unknown host ({e.strerror})") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise _fail(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
 def _write_atomic(path: str, text: str) -> None:
     """Write beside the target, then rename: a reader never sees half a file."""
     import os
@@ -196,8 +212,10 @@ def run(file, prompt, as_chat, system, max_new_tokens, temperature, top_k, top_p
             text = prompt
         n_prompt = _count(eng, text)
         _check_fits(eng, n_prompt, "prompt")
+        room = eng.max_context - n_prompt
+        note = f" (only {room} new tokens fit)" if room < max_new_tokens else ""
         click.echo(f"[nanoqwen] {file}: device={eng.device}, prompt {n_prompt} tokens, "
-                   f"context {eng.max_context}", err=True)
+                   f"context {eng.max_context}{note}", err=True)
         interrupted = False
         try:
             for chunk in eng.generate(text, **kwargs):
@@ -328,6 +346,8 @@ def serve(file, host, port, api_key, queue_size, model_name, device, max_context
         raise click.BadParameter("must not be empty", param_hint="'--api-key'")
     if model_name is not None and not model_name.strip():
         raise click.BadParameter("must not be empty", param_hint="'--model-name'")
+    _require_file(file)
+    _check_can_listen(host, port)          # before the (slow) model load; uvicorn would say it in 5 log lines
     eng = _open(file, device, max_context)
     try:
         app = create_app(eng, model_name=model_name or default_model_name(file), api_key=api_key,
@@ -347,6 +367,53 @@ def serve(file, host, port, api_key, queue_size, model_name, device, max_context
 # ------------------------------------------------------------------ chat loop
 
 CHAT_HELP = "commands: /reset (forget the conversation), /exit (quit; Ctrl-D too); Ctrl-C stops an answer"
+# How often the chat prompt wakes up while waiting for input, so that a Ctrl-C is seen at once (see _LineReader).
+INPUT_POLL_S = 0.2
+
+
+class _LineReader:
+    """Lines from a file descriptor, read so that Ctrl-C at the prompt always works.
+
+    A plain blocking input() can miss SIGINT: the engine's numba worker threads may receive the signal instead
+    of the main thread, which then stays blocked in read() until Enter. Here the main thread waits in select()
+    with a timeout, so it runs Python code (and raises KeyboardInterrupt) within INPUT_POLL_S. Our own byte
+    buffer (not sys.stdin's) keeps select() truthful about lines already received.
+    """
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.buf = b""
+        self.eof = False
+
+    def readline(self, prompt: str) -> str:
+        import os
+        import select
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
+        while b"\n" not in self.buf and not self.eof:
+            ready, _, _ = select.select([self.fd], [], [], INPUT_POLL_S)
+            if ready:
+                chunk = os.read(self.fd, 65536)
+                if chunk:
+                    self.buf += chunk
+                else:
+                    self.eof = True
+        if not self.buf:
+            raise EOFError
+        line, sep, rest = self.buf.partition(b"\n")
+        self.buf = rest
+        return line.decode("utf-8", errors="replace").rstrip("\r")
+
+
+def _input_function():
+    """_LineReader on a real stdin descriptor, else the builtin input() (e.g. under click's CliRunner)."""
+    try:
+        fd = sys.stdin.fileno()
+        import select
+        select.select([fd], [], [], 0)
+    except Exception:          # no descriptor (in-memory stdin) or not selectable: plain input()
+        return input
+    return _LineReader(fd).readline
 
 
 def _chat_loop(eng, system: str | None, kwargs: dict) -> None:
@@ -358,11 +425,12 @@ def _chat_loop(eng, system: str | None, kwargs: dict) -> None:
     """
     head = [{"role": "system", "content": system}] if system else []
     history: list[dict] = []
+    read_line = _input_function()
     click.echo(f"[nanoqwen] chat with {eng.path} (device={eng.device}, context {eng.max_context} tokens); "
                f"{CHAT_HELP}", err=True)
     while True:
         try:
-            line = input("you> ")
+            line = read_line("you> ")
         except EOFError:
             click.echo("", err=True)
             return

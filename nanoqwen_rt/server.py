@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -42,6 +43,12 @@ DEFAULT_QUEUE_SIZE = 8
 MAX_BODY_BYTES = 8 * 1024 * 1024
 # Seconds a 429'd client should wait; one short generation on the reference CPU backend.
 RETRY_AFTER_S = 1
+# Status recorded (and sent, to nobody) when the client left before its answer was ready (nginx's convention).
+CLIENT_CLOSED_STATUS = 499
+
+
+class ClientGone(Exception):
+    """The client disconnected while its non-streaming request waited or generated."""
 
 
 def _error_response(err: ApiError, headers: dict | None = None) -> JSONResponse:
@@ -119,7 +126,7 @@ class _Server:
         return n_prompt, lambda: eng.generate(prompt, **kwargs)
 
     async def collect(self, request: Request, job: Job, events: asyncio.Queue):
-        """Wait for the whole answer; a client disconnect cancels the job. Returns (text, Finished)."""
+        """Wait for the whole answer; a client disconnect cancels the job (ClientGone). Returns (text, Finished)."""
 
         async def watch_disconnect():
             while True:
@@ -138,6 +145,8 @@ class _Server:
                 elif isinstance(ev, Failed):
                     raise _engine_error(ev.error)
                 else:
+                    if ev.cancelled:
+                        raise ClientGone()
                     return "".join(parts), ev
         finally:
             watcher.cancel()
@@ -206,6 +215,8 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
                         raise ApiError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
                                        code="invalid_api_key")
                     resp = await fn(request)
+                except ClientGone:
+                    resp = Response(status_code=CLIENT_CLOSED_STATUS)
                 except ApiError as e:
                     headers = {"Retry-After": str(RETRY_AFTER_S)} if e.status == 429 else None
                     resp = _error_response(e, headers)
@@ -246,7 +257,7 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
     @endpoint("/v1/completions")
     async def completions(request):
         req = parse_completion(await srv.read_json(request), srv.model_name)
-        n_prompt, start = srv.prepare(req)
+        n_prompt, start = await run_in_threadpool(srv.prepare, req)      # tokenizing: off the event loop
         job, events = srv.submit(n_prompt, start)
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
@@ -269,7 +280,7 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
     @endpoint("/v1/chat/completions")
     async def chat_completions(request):
         req = parse_chat(await srv.read_json(request), srv.model_name)
-        n_prompt, start = srv.prepare(req)
+        n_prompt, start = await run_in_threadpool(srv.prepare, req)
         job, events = srv.submit(n_prompt, start)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 

@@ -146,6 +146,10 @@ def _reject_unsupported(body: dict) -> None:
         v = body.get(name)
         if v not in (None, False, 0, [], {}, ""):
             raise bad_param(name, f"'{name}' is not supported by this server", code="unsupported_parameter")
+    rf = body.get("response_format")
+    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
+        raise bad_param("response_format", "only response_format {'type': 'text'} is supported",
+                        code="unsupported_value")
     for name in ("presence_penalty", "frequency_penalty"):
         v = body.get(name)
         if v not in (None, 0, 0.0):
@@ -171,7 +175,7 @@ def _sampling(body: dict, default_max_tokens: int | None) -> SamplingParams:
         raise bad_param("max_completion_tokens", "'max_tokens' and 'max_completion_tokens' disagree")
     max_tokens = max_tokens if max_tokens is not None else mct
     seed = _opt_int(body, "seed", SEED_RANGE[0], SEED_RANGE[1])
-    top_k = _opt_int(body, "top_k", 0)
+    top_k = _opt_int(body, "top_k", -1)                  # -1 = off, as vLLM spells it
     top_p = _opt_number(body, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0.0:
         raise bad_param("top_p", "'top_p' must be > 0 (use temperature=0 for greedy decoding)")
@@ -179,7 +183,7 @@ def _sampling(body: dict, default_max_tokens: int | None) -> SamplingParams:
         max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
         temperature=_opt_number(body, "temperature", 1.0, *TEMPERATURE_RANGE),
         top_p=top_p,
-        top_k=top_k or 0,
+        top_k=max(top_k or 0, 0),
         seed=seed,
         stop=_stop(body),
         ignore_eos=_opt_bool(body, "ignore_eos", False),

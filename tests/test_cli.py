@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -177,6 +178,16 @@ def test_bad_serve_flags(model_path):
         _one_line_error(r.stderr)
 
 
+def test_serve_port_in_use(model_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        r = _invoke("serve", model_path, "--port", str(port))
+    assert r.exit_code == 1
+    assert f"127.0.0.1:{port}" in _one_line_error(r.stderr)
+
+
 def test_prompt_longer_than_context(model_path):
     r = _invoke("run", model_path, "-p", "x " * 40, "--max-context", "8", "--device", "cpu")
     assert r.exit_code == 1
@@ -302,3 +313,21 @@ def test_chat_sigint_at_the_prompt_keeps_running(model_path):
             proc.wait()
     assert proc.returncode == 0
     assert b"Ctrl-C" in err and b"Traceback" not in err
+
+
+def test_line_reader_splits_lines_and_ends_with_eof(capsys):
+    """The chat prompt's reader: whole lines in order from a real descriptor (several per read), the last
+    unterminated line, then EOFError; UTF-8 split across writes is reassembled."""
+    r, w = os.pipe()
+    data = "first\nsecond line\r\nthird é".encode()
+    os.write(w, data[:-1])
+    os.write(w, data[-1:])
+    os.close(w)
+    reader = cli._LineReader(r)
+    try:
+        assert [reader.readline("> ") for _ in range(3)] == ["first", "second line", "third é"]
+        with pytest.raises(EOFError):
+            reader.readline("> ")
+    finally:
+        os.close(r)
+    assert capsys.readouterr().out == "> " * 4

@@ -291,6 +291,27 @@ def test_disconnect_mid_stream_frees_engine(server, client, engine):
     assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0).choices[0].text == text
 
 
+def test_disconnect_non_streaming_cancels_generation(server, client, engine):
+    """A non-streaming client that hangs up while its answer generates: the generation stops early too."""
+    cancelled0 = _metric(server, "nanoqwen_generations_cancelled_total")
+    tokens0 = _metric(server, "nanoqwen_completion_tokens_total")
+    budget = engine.max_context - len(engine.tokenizer.encode(PROMPT))
+    body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": budget, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    host, port = server.rsplit("/", 1)[1].split(":")
+    sock = socket.create_connection((host, int(port)), timeout=HANG_GUARD_S)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                 + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    _wait_for(lambda: _metric(server, "nanoqwen_requests_running") == 1, "the generation to start")
+    sock.close()
+    _wait_for(lambda: _metric(server, "nanoqwen_generations_cancelled_total") == cancelled0 + 1,
+              "the server to cancel the abandoned generation")
+    _wait_for(lambda: _metric(server, "nanoqwen_requests_running") == 0, "the engine to be free")
+    assert _metric(server, "nanoqwen_completion_tokens_total") - tokens0 < budget
+    assert 'nanoqwen_requests_total{endpoint="/v1/completions",status="499"}' in \
+        httpx.get(server + "/metrics", timeout=30).text
+
+
 def test_burst_larger_than_queue(server, client, engine):
     """While one request generates, 2 + QUEUE_SIZE more arrive: QUEUE_SIZE wait and complete, the rest get 429."""
     burst = QUEUE_SIZE + 3

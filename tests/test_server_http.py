@@ -244,15 +244,15 @@ def test_queue_full_gets_429_and_all_others_complete(fake):
         threads = [threading.Thread(target=post, args=(0,))]
         threads[0].start()
         assert fake.started.wait(30)                        # request 0 is generating (blocked on the gate)
-        for i in (1, 2):
+        srv = app.state.server
+        for i in (1, 2):                                    # one at a time, so the arrival order is known
             threads.append(threading.Thread(target=post, args=(i,)))
             threads[-1].start()
-        srv = app.state.server
-        for _ in range(3000):                               # wait (bounded) until both are queued
-            if srv.worker.depth == 2:
-                break
-            threading.Event().wait(0.01)
-        assert srv.worker.depth == 2
+            for _ in range(3000):                           # wait (bounded) until it is queued
+                if srv.worker.depth == i:
+                    break
+                threading.Event().wait(0.01)
+            assert srv.worker.depth == i
         r = c.post("/v1/completions", json={"model": MODEL, "prompt": "late", "max_tokens": 2})
         _err(r, 429, "queue_full")
         assert r.headers["retry-after"].isdigit()
