@@ -79,9 +79,13 @@ class _Server:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes", code="request_too_large")
-        raw = await request.body()
-        if len(raw) > MAX_BODY_BYTES:
-            raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes", code="request_too_large")
+        parts, size = [], 0
+        async for piece in request.stream():           # chunked bodies carry no length: count as they come
+            size += len(piece)
+            if size > MAX_BODY_BYTES:
+                raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes", code="request_too_large")
+            parts.append(piece)
+        raw = b"".join(parts)
         try:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:

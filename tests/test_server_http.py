@@ -321,3 +321,18 @@ def test_metrics_text_is_well_formed():
             assert re.fullmatch(r'[a-z_]+(\{.*\})? \S+', line), line
     assert {"nanoqwen_requests_total", "nanoqwen_queue_depth", "nanoqwen_time_to_first_token_seconds"} <= names
     assert 'endpoint="/x\\"y"' in "\n".join(lines)
+
+
+def test_body_size_limit(client, monkeypatch):
+    import nanoqwen_rt.server as server_mod
+    monkeypatch.setattr(server_mod, "MAX_BODY_BYTES", 1000)
+    big = json.dumps({"model": MODEL, "prompt": "x" * 2000}).encode()
+    _err(client.post("/v1/completions", content=big, headers={"content-type": "application/json"}), 413,
+         "request_too_large")
+
+    def chunks():                                   # no Content-Length: the limit applies while reading
+        for i in range(0, len(big), 100):
+            yield big[i:i + 100]
+    _err(client.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"}), 413,
+         "request_too_large")
+    assert client.post("/v1/completions", json={"model": MODEL, "prompt": "ok", "max_tokens": 1}).status_code == 200
