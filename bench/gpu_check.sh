@@ -29,8 +29,10 @@ python3 -c "from nanoqwen_rt import cuda_backend as c; print('cuda_backend.avail
 
 if has tests; then
   t0=$(date +%s)
+  # NQ_TEST_K narrows the selection (pytest -k), e.g. to re-check one kernel quickly
   timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 -rfE \
-    tests/test_gpu_kernels.py tests/test_gpu_e2e.py -k "not 7b_shaped" > "$LOG/pytest_gpu.log" 2>&1
+    tests/test_gpu_kernels.py tests/test_gpu_e2e.py -k "not 7b_shaped${NQ_TEST_K:+ and ($NQ_TEST_K)}" \
+    > "$LOG/pytest_gpu.log" 2>&1
   rc=$?
   note "pytest -m gpu (kernels + e2e): rc=$rc in $(( $(date +%s) - t0 )) s: $(tail -1 "$LOG/pytest_gpu.log")"
   grep -E "^(FAILED|ERROR)" "$LOG/pytest_gpu.log" | head -25 | tee -a "$summary"

@@ -17,6 +17,7 @@ namespace nq {
 namespace {
 
 constexpr int kAttnWarps = 4, kAttnThreads = kAttnWarps * 32, kMaxG = 8;
+constexpr int kMaxSplits = 128;  // attention splits per (token, KV head): bounds the merge's shared memory
 
 __device__ __forceinline__ size_t kv_index(const AttnArgs& a, int key, int h, int D) {
   const int page = a.page_table[key / kPage];
@@ -30,6 +31,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
   __shared__ float wm[kAttnWarps][kMaxG], wl[kAttnWarps][kMaxG];
   __shared__ float wo[kAttnWarps][kMaxG][D];
   __shared__ int s_last;
+  __shared__ float s_wm[kMaxG][kMaxSplits], s_wl[kMaxG][kMaxSplits], s_inv[kMaxG];  // merge of the splits
 
   pdl_wait();  // position, qkv and the cache come from earlier kernels
   pdl_trigger();
@@ -198,19 +200,34 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  const int n_used = (n_keys + kps - 1) / kps;
+  const int n_used = (n_keys + kps - 1) / kps;  // <= n_split <= kMaxSplits
+  // (m, l) of every used split of the G heads into shared memory: one round of independent L2 loads
+  for (int i = tid; i < G * n_used; i += kAttnThreads) {
+    const int g = i / n_used, sp = i % n_used;
+    const size_t ph = ((size_t)t * a.n_heads + h * G + g) * a.n_split + sp;
+    s_wm[g][sp] = __ldcg(a.part_ml + ph * 2);
+    s_wl[g][sp] = __ldcg(a.part_ml + ph * 2 + 1);
+  }
+  __syncthreads();
+  if (tid < G) {  // per head: split weights exp2(m_s - max) and 1 / sum(l_s * weight), shared memory only
+    float mm = -CUDART_INF_F;
+    for (int sp = 0; sp < n_used; sp++) mm = fmaxf(mm, s_wm[tid][sp]);
+    float ll = 0.f;
+    for (int sp = 0; sp < n_used; sp++) {
+      const float f = exp2f(s_wm[tid][sp] - mm);  // every used split has >= 1 key: m is finite
+      s_wm[tid][sp] = f;
+      ll += s_wl[tid][sp] * f;
+    }
+    s_inv[tid] = 1.f / ll;
+  }
+  __syncthreads();
   for (int i = tid; i < G * D; i += kAttnThreads) {
     const int g = i / D, d = i % D;
-    const size_t base = ((size_t)t * a.n_heads + h * G + g) * a.n_split;
-    float mm = -CUDART_INF_F;
-    for (int sp = 0; sp < n_used; sp++) mm = fmaxf(mm, __ldcg(a.part_ml + (base + sp) * 2));
-    float ll = 0.f, oo = 0.f;
-    for (int sp = 0; sp < n_used; sp++) {
-      const float f = exp2f(__ldcg(a.part_ml + (base + sp) * 2) - mm);
-      ll += __ldcg(a.part_ml + (base + sp) * 2 + 1) * f;
-      oo += __ldcg(a.part_o + (base + sp) * D + d) * f;
-    }
-    a.out[(size_t)t * a.n_heads * D + (h * G + g) * D + d] = __float2half_rn(oo / ll);
+    const float* po = a.part_o + ((size_t)t * a.n_heads + h * G + g) * a.n_split * D + d;
+    float oo = 0.f;
+#pragma unroll 8
+    for (int sp = 0; sp < n_used; sp++) oo = fmaf(__ldcg(po + (size_t)sp * D), s_wm[g][sp], oo);
+    a.out[(size_t)t * a.n_heads * D + (h * G + g) * D + d] = __float2half_rn(oo * s_inv[g]);
   }
   if (tid == 0) a.counters[t * a.n_kv + h] = 0;
 }
@@ -240,6 +257,8 @@ __global__ void rope_kv_kernel(const float* qkv, int qkv_stride, const int* pos0
 int attention(const AttnArgs& a, cudaStream_t st) {
   if (a.n_kv <= 0 || a.n_heads % a.n_kv || a.n_heads / a.n_kv > kMaxG)
     return fail(NQ_E_UNSUPPORTED, "attention: n_heads %d / n_kv %d (at most %d query heads per KV head)", a.n_heads, a.n_kv, kMaxG);
+  if (a.n_split < 1 || a.n_split > kMaxSplits)
+    return fail(NQ_E_INVALID_ARG, "attention: n_split %d not in [1, %d]", a.n_split, kMaxSplits);
   if (a.keys_per_split <= 0 || a.keys_per_split % 32)
     return fail(NQ_E_INVALID_ARG, "attention: keys_per_split %d", a.keys_per_split);
   dim3 grid(a.n_kv, a.n_split, a.M);
