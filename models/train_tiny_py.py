@@ -228,6 +228,9 @@ def finalize_files(ckpt: Path) -> None:
     cfg["rope_theta"] = MODEL_CONFIG["rope_theta"]
     cfg["torch_dtype"] = str(SAVE_DTYPE).replace("torch.", "")
     atomic_write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    # transformers ≥ 5 no longer writes special_tokens_map.json; older loaders and tools still read it.
+    special = {"additional_special_tokens": [IM_START, IM_END], "eos_token": EOT, "pad_token": EOT}
+    atomic_write_text(ckpt / "special_tokens_map.json", json.dumps(special, indent=2) + "\n")
     os.chmod(ckpt, 0o755)
     for f in ckpt.iterdir():
         os.chmod(f, 0o644)
