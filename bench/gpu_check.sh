@@ -2,13 +2,13 @@
 # One call on the GPU machine: load (or build) libnanoqwen, run the GPU tests, the kernel and end-to-end
 # benchmarks, compute-sanitizer; full logs under $OUT, a short table last.
 #   device: run(command="bash bench/gpu_check.sh [STEPS]", carry=[".whl", "nanoqwen_rt/lib"])
-# STEPS: comma list of tests,kbench,bench,nopdl,ncu,sanitize,hf7b (default: all of them; ncu needs bench).
+# STEPS: comma list of sass,tests,kbench,bench,nopdl,ncu,sanitize,hf7b (default: all; ncu needs bench).
 # Wheels for packages the image lacks (crc32c, ...) are read from .whl/ (README "Notes" of the device tool).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/nq_out}"; mkdir -p "$OUT"
 LOG=/tmp/nq_logs; rm -rf "$LOG"; mkdir -p "$LOG"   # full logs; packed into $OUT/logs.tgz at the end
-steps="${1:-tests,kbench,bench,nopdl,ncu,sanitize,hf7b}"
+steps="${1:-sass,tests,kbench,bench,nopdl,ncu,sanitize,hf7b}"
 has() { [[ ",$steps," == *",$1,"* ]]; }
 summary="$LOG/summary.txt"; : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
@@ -27,6 +27,10 @@ if ! python3 -c "from nanoqwen_rt import cuda_backend as c; import sys; sys.exit
 fi
 python3 -c "from nanoqwen_rt import cuda_backend as c; print('cuda_backend.available() =', c.available())" | tee -a "$summary"
 
+if has sass && command -v cuobjdump >/dev/null; then   # SASS check: 16-byte weight loads, tensor-core MMAs
+  cuobjdump -sass -arch sm_90a nanoqwen_rt/lib/libnanoqwen.so > "$LOG/sass.txt" 2>&1
+  note "SASS sm_90a: LDG.E.128 (16-byte global loads): $(grep -c 'LDG.E.128' "$LOG/sass.txt"), of them .CONSTANT (nc): $(grep -c 'LDG.E.128.CONSTANT' "$LOG/sass.txt"); HMMA: $(grep -c HMMA "$LOG/sass.txt"); LDL/STL (local memory): $(grep -cE 'LDL|STL' "$LOG/sass.txt")"
+fi
 if has tests; then
   t0=$(date +%s)
   # NQ_TEST_K narrows the selection (pytest -k), e.g. to re-check one kernel quickly
