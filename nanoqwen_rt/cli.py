@@ -2,7 +2,8 @@
 
 Every expected failure (missing file, not a .nanoqwen, prompt over the context, bad flag values) ends with ONE
 line on stderr (`nanoqwen: error: ...`, or `nanoqwen <cmd>: error: ...` for a bad flag) and a non-zero exit:
-2 for usage errors (bad flags/values), 1 for everything else, 130 after Ctrl-C. Generated text goes to stdout; everything else (device, stats) to stderr, so
+2 for usage errors (bad flags/values), 1 for everything else, 130 after Ctrl-C. Generated text goes to stdout;
+everything else (device, stats) to stderr, so
 `nanoqwen run ... > out.txt` captures only the completion.
 """
 from __future__ import annotations

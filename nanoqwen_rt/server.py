@@ -199,6 +199,13 @@ def _finish(ev: Finished) -> str:
     return ev.finish_reason or "length"
 
 
+def _usage_chunk(make_chunk):
+    """The final stream chunk for stream_options.include_usage: the same id/object/model, no choices."""
+    def usage_chunk(prompt_tokens: int, completion_tokens: int) -> dict:
+        return {**make_chunk("", None), "choices": [], "usage": _usage(prompt_tokens, completion_tokens)}
+    return usage_chunk
+
+
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
@@ -270,11 +277,7 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
                     "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
 
         if req.stream:
-            usage = None
-            if req.include_usage:
-                def usage(p, c):
-                    return {"id": cid, "object": "text_completion", "created": created, "model": srv.model_name,
-                            "choices": [], "usage": _usage(p, c)}
+            usage = _usage_chunk(chunk) if req.include_usage else None
             return EventSourceResponse(srv.stream(job, events, chunk, usage))
         text, fin = await srv.collect(request, job, events)
         body = chunk(text, _finish(fin))
@@ -294,11 +297,7 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
                     "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
 
         if req.stream:
-            usage = None
-            if req.include_usage:
-                def usage(p, c):
-                    return {"id": cid, "object": "chat.completion.chunk", "created": created,
-                            "model": srv.model_name, "choices": [], "usage": _usage(p, c)}
+            usage = _usage_chunk(chunk) if req.include_usage else None
             role = chunk("", None, delta={"role": "assistant", "content": ""})
             return EventSourceResponse(srv.stream(job, events, chunk, usage, role_chunk=role))
         text, fin = await srv.collect(request, job, events)

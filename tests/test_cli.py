@@ -132,7 +132,7 @@ def test_info_text_lists_everything(model_path):
     with open_file(model_path) as f:
         for name in f.tensors:
             assert name in r.stdout
-        assert f"hidden_size" in r.stdout and str(f.config.hidden_size) in r.stdout
+        assert "hidden_size" in r.stdout and str(f.config.hidden_size) in r.stdout
     assert "provenance:" in r.stdout and "int4g" in r.stdout
 
 
