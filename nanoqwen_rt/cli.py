@@ -362,7 +362,10 @@ def serve(file, host, port, api_key, queue_size, model_name, device, max_context
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     finally:
-        eng.close()
+        # Free the engine only once the worker thread is gone: closing it under a running call (a stuck
+        # prefill) could crash; the process is exiting anyway then.
+        if not app.state.server.worker.alive:
+            eng.close()
 
 
 # ------------------------------------------------------------------ chat loop

@@ -89,6 +89,11 @@ class GenerationWorker:
             self._thread.join(timeout)
 
     @property
+    def alive(self) -> bool:
+        """True while the worker thread runs (it may still be inside an engine call after stop() timed out)."""
+        return self._thread.is_alive()
+
+    @property
     def depth(self) -> int:
         with self._cv:
             return len(self._waiting)

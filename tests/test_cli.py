@@ -331,3 +331,20 @@ def test_line_reader_splits_lines_and_ends_with_eof(capsys):
     finally:
         os.close(r)
     assert capsys.readouterr().out == "> " * 4
+
+
+def test_file_without_tokenizer(tmp_path):
+    """A valid file that carries no tokenizer: info works, text commands refuse in one line."""
+    from format_helpers import make_random_file
+    path = str(tmp_path / "no-tokenizer.nanoqwen")
+    make_random_file(path, blobs={})
+    r = _invoke("info", path)
+    assert r.exit_code == 0, r.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for args in (["run", path, "-p", "x", "--device", "cpu"], ["chat", path, "--device", "cpu"],
+                 ["serve", path, "--device", "cpu", "--port", str(port)]):
+        r = _invoke(*args)
+        assert r.exit_code == 1, (args, r.stderr)
+        assert "tokenizer" in _one_line_error(r.stderr)
