@@ -348,3 +348,14 @@ def test_file_without_tokenizer(tmp_path):
         r = _invoke(*args)
         assert r.exit_code == 1, (args, r.stderr)
         assert "tokenizer" in _one_line_error(r.stderr)
+
+
+def test_run_ctrl_c_prints_what_it_has_and_exits_130(model_path, engine, monkeypatch):
+    monkeypatch.setattr(cli, "load_engine", lambda path, device, max_context: _InterruptFirstAnswer(
+        Engine(path, device="cpu")))
+    r = _invoke("run", model_path, "-p", PROMPT, "-n", "10")
+    assert r.exit_code == cli.EXIT_INTERRUPTED
+    first_two = "".join(c.text for c, _ in zip(engine.generate(PROMPT, max_new_tokens=10, temperature=0.0),
+                                               range(2)))
+    assert r.stdout == first_two + "\n"
+    assert "finish=interrupted" in r.stderr and "Traceback" not in r.stderr
