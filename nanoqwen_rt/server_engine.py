@@ -81,9 +81,17 @@ class EngineAdapter:
         self.device: str = getattr(engine, "device", "unknown")
         self.context_length: int = int(engine.max_context)
         self.has_chat_template: bool = getattr(engine.tokenizer, "chat_template", None) is not None
+        self.vocab_rows: int = int(engine.config.vocab_rows)
 
-    def count_tokens(self, text: str) -> int:
-        return len(self.engine.tokenizer.encode(text))
+    def count_tokens(self, prompt: str | list[int]) -> int:
+        """Prompt length in tokens; token-id prompts are range-checked here (a 400 names the bad id)."""
+        if isinstance(prompt, str):
+            return len(self.engine.tokenizer.encode(prompt))
+        for t in prompt:
+            if not 0 <= t < self.vocab_rows:
+                raise ApiError(400, f"token id {t} is outside [0, {self.vocab_rows})", param="prompt",
+                               code="invalid_value")
+        return len(prompt)
 
     def render_chat(self, messages: list[dict]) -> str:
         """The chat template applied with the generation prompt; a template failure is a 400."""
@@ -94,6 +102,6 @@ class EngineAdapter:
             raise ApiError(400, f"cannot apply the model's chat template: {_one_line(e)}", param="messages",
                            code="chat_template_error") from None
 
-    def generate(self, prompt: str, **kwargs):
-        """Worker thread only. `prompt` is plain text (chat requests pass the rendered template)."""
+    def generate(self, prompt: str | list[int], **kwargs):
+        """Worker thread only. `prompt`: text (chat requests pass the rendered template) or token ids."""
         return self.engine.generate(prompt, **kwargs)

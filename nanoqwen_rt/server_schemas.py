@@ -62,7 +62,7 @@ class SamplingParams:
 
 @dataclass
 class CompletionRequest:
-    prompt: str
+    prompt: str | list[int]          # text, or token ids (OpenAI allows both)
     params: SamplingParams
     stream: bool
     include_usage: bool              # stream_options.include_usage
@@ -213,16 +213,18 @@ def _require_object(body: Any) -> dict:
 
 
 def parse_completion(body: Any, model_name: str) -> CompletionRequest:
-    """Validate a /v1/completions body. The prompt is a string or a list holding exactly one string."""
+    """Validate a /v1/completions body. The prompt is one string or one list of token ids (a batch of exactly
+    one of either is unwrapped); the ids' range is checked against the model by the server."""
     body = _require_object(body)
     _check_model(body, model_name)
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if prompt is None:
         raise bad_param("prompt", "'prompt' is required", code="missing_required_parameter")
-    if not isinstance(prompt, str):
-        raise bad_param("prompt", "'prompt' must be a string (or a list of exactly one string)",
+    is_ids = isinstance(prompt, list) and all(_is_int(t) for t in prompt)
+    if not (isinstance(prompt, str) or is_ids):
+        raise bad_param("prompt", "'prompt' must be a string or a list of token ids (a batch of one at most)",
                         code="invalid_type")
     _reject_unsupported(body)
     stream, include_usage = _stream_flags(body)

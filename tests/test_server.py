@@ -123,6 +123,14 @@ def test_greedy_completion_equals_engine(client, engine):
     assert r.usage.total_tokens == r.usage.prompt_tokens + n_tok
 
 
+def test_token_id_prompt_equals_engine(client, engine):
+    ids = engine.tokenizer.encode(PROMPT)
+    text, n_tok, _ = _ref(engine, ids, max_new_tokens=12, temperature=0.0)
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=12, temperature=0)
+    assert r.choices[0].text == text
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == n_tok
+
+
 def test_streaming_completion_equals_engine(client, engine):
     text, n_tok, finish = _ref(engine, PROMPT, max_new_tokens=24, temperature=0.0)
     chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stream=True,

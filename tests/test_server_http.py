@@ -8,6 +8,7 @@ import json
 import re
 import threading
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -45,6 +46,7 @@ class FakeEngine:
     generation open without sleeping."""
     device = "fake"
     max_context = CONTEXT
+    config = SimpleNamespace(vocab_rows=100)
 
     def __init__(self):
         self.tokenizer = _FakeTokenizer()
@@ -134,6 +136,14 @@ def test_chat_default_max_tokens_fills_context(client, fake):
     assert fake.calls[-1]["max_new_tokens"] == CONTEXT - n_prompt
 
 
+def test_token_id_prompts(client, fake):
+    for prompt in ([5, 7, 99], [[5, 7, 99]]):
+        r = client.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        assert fake.calls[-1]["prompt"] == [5, 7, 99]
+        assert r.json()["usage"]["prompt_tokens"] == 3
+
+
 def test_stop_and_ignore_eos_are_passed(client, fake):
     r = client.post("/v1/completions", json={"model": MODEL, "prompt": "p", "max_tokens": 8, "stop": ["w3"],
                                              "ignore_eos": True})
@@ -185,6 +195,13 @@ def test_models_health_metrics(client):
     ({"model": MODEL, "prompt": "p " * 10, "max_tokens": CONTEXT - 9}, 400, "context_length_exceeded",
      "max_tokens"),
     ({"model": MODEL, "prompt": "   "}, 400, "invalid_value", "prompt"),
+    ({"model": MODEL, "prompt": []}, 400, "invalid_value", "prompt"),
+    ({"model": MODEL, "prompt": [1, 100]}, 400, "invalid_value", "prompt"),
+    ({"model": MODEL, "prompt": [1, -1]}, 400, "invalid_value", "prompt"),
+    ({"model": MODEL, "prompt": [1, "a"]}, 400, "invalid_type", "prompt"),
+    ({"model": MODEL, "prompt": [[1], [2]]}, 400, "invalid_type", "prompt"),
+    ({"model": MODEL, "prompt": ["a", "b"]}, 400, "invalid_type", "prompt"),
+    ({"model": MODEL, "prompt": [1.5]}, 400, "invalid_type", "prompt"),
 ])
 def test_completion_4xx(client, fake, payload, status, code, param):
     _err(client.post("/v1/completions", json=payload), status, code, param)
