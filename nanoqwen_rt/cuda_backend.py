@@ -22,12 +22,12 @@ import numpy as np
 from .backend import Backend, BackendError, ContextFull, _as_ids
 from .sampling import SamplingParams
 
-__all__ = ["CudaBackend", "available", "load_library", "library_path", "NQ_ERRORS"]
+__all__ = ["CudaBackend", "UnsupportedModel", "available", "supports", "load_library", "library_path", "NQ_ERRORS"]
 
 NQ_OK = 0
 NQ_ERRORS = {-1: "invalid argument", -2: "I/O error", -3: "format error", -4: "unsupported", -5: "CUDA error",
              -6: "context full", -7: "no CUDA device"}
-_E_INVALID_ARG, _E_CONTEXT_FULL = -1, -6
+_E_INVALID_ARG, _E_UNSUPPORTED, _E_CONTEXT_FULL = -1, -4, -6
 
 
 class NqConfig(ctypes.Structure):
@@ -112,6 +112,33 @@ def load_library():
         return lib
 
 
+class UnsupportedModel(BackendError):
+    """A valid file that libnanoqwen does not run (e.g. head_dim 32); the CPU backend does."""
+
+
+def supports(config, tensor_dtypes=None) -> str | None:
+    """None when libnanoqwen runs a model of this ModelConfig, else the reason (one line). Mirrors the C loader's
+    checks (csrc/src/model.cu load_model), so Engine(device="auto") can pick the CPU backend up front.
+    tensor_dtypes: optional {name: DType} of the file's linear weights (f32 linear weights are not run)."""
+    c = config
+    if c.head_dim not in (64, 128):
+        return f"head_dim {c.head_dim} (the CUDA backend runs 64 or 128)"
+    if c.rope_scaling_type == "yarn":
+        return "yarn rope scaling"
+    for name, v in (("hidden_size", c.hidden_size), ("intermediate_size", c.intermediate_size),
+                    ("n_heads*head_dim", c.n_heads * c.head_dim)):
+        if v % 64:
+            return f"{name} = {v} is not a multiple of 64"
+    if c.n_heads % c.n_kv_heads or c.n_heads // c.n_kv_heads > 8:
+        return f"{c.n_heads} query heads over {c.n_kv_heads} KV heads (at most 8 per KV head)"
+    if tensor_dtypes:
+        for name, dt in tensor_dtypes.items():
+            if name.endswith("proj.weight") or name == "lm_head.weight":
+                if int(dt) == 0:
+                    return f"{name} is f32 (linear weights must be int4, f16 or bf16)"
+    return None
+
+
 def available() -> bool:
     """True when libnanoqwen loads and at least one CUDA device is visible. Never raises."""
     try:
@@ -130,6 +157,8 @@ def _check(rc: int, what: str) -> None:
         raise ContextFull(text)
     if rc == _E_INVALID_ARG:
         raise ValueError(text)
+    if rc == _E_UNSUPPORTED:
+        raise UnsupportedModel(text)
     raise BackendError(text)
 
 
@@ -157,6 +186,10 @@ class CudaBackend(Backend):
         self.path = os.fspath(path)
         self._model = _P()
         self._sess = _P()
+        if file is not None:
+            why = supports(file.config, {n: t.dtype for n, t in file.tensors.items()})
+            if why is not None:
+                raise UnsupportedModel(f"{self.path}: not supported by the CUDA backend: {why}")
         # an already opened handle was checksum-verified by nanoqwen_format: skip the second CRC pass
         verify = 0 if file is not None else 1
         _check(self._lib.nq_model_open(self.path.encode(), verify, ctypes.byref(self._model)),
