@@ -23,10 +23,7 @@ from click.testing import CliRunner
 import nanoqwen_rt.cli as cli
 from nanoqwen_format import open_file
 from nanoqwen_rt import Engine
-from test_server_model import build_model_file
-
-PROMPT = "def fibonacci(n):"
-HANG_GUARD_S = 180.0       # upper bound on one subprocess (hang guard, not a speed requirement)
+from test_server_model import HANG_GUARD_S, PROMPT, build_model_file
 
 
 @pytest.fixture(scope="module")

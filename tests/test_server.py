@@ -19,14 +19,11 @@ import openai
 import pytest
 
 from nanoqwen_rt import Engine
-from test_server_model import build_model_file
+from test_server_model import HANG_GUARD_S, PROMPT, build_model_file
 
 MODEL = "test-model"
 KEY = "test-key-123"
 QUEUE_SIZE = 2
-# Upper bound on any single wait (server start incl. numba cache load, one long generation); a hang guard only.
-HANG_GUARD_S = 180.0
-PROMPT = "def fibonacci(n):"
 
 
 def _free_port() -> int:

@@ -12,13 +12,10 @@ import time
 
 import pytest
 
-from test_server_model import build_model_file
+from test_server_model import HANG_GUARD_S, PROMPT, build_model_file
 
 pytestmark = pytest.mark.gpu
 httpx = pytest.importorskip("httpx")
-
-PROMPT = "def fibonacci(n):"
-HANG_GUARD_S = 180.0
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_PY = REPO / "models" / "tiny-py"
+#: the quick-start prompt, used by the CLI and server tests
+PROMPT = "def fibonacci(n):"
+#: upper bound on one wait in those tests (server start incl. numba cache load, one subprocess, one long
+#: generation): a hang guard that fails a hung test instead of blocking CI, never a speed requirement
+HANG_GUARD_S = 180.0
 
 _lock = threading.Lock()
 _built: dict[str, str] = {}
