@@ -89,15 +89,17 @@ int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) 
     if (e != cudaSuccess) return bail(fail(NQ_E_CUDA, "cudaStreamCreate: %s", cudaGetErrorString(e)));
   }
   const size_t kv_elems = (size_t)s->max_pages * c.n_kv_heads * kPage * D;  // per layer, per K or V
-  const int nsplit_max = std::max(s->nsplit_decode, s->nsplit_prefill);
+  // attention partials: [M][n_heads][n_split][D]; decode uses M = 1 with nsplit_decode, prefill M <= C with
+  // nsplit_prefill: size for the larger of the two
+  const size_t part_rows = std::max((size_t)s->nsplit_decode, (size_t)C * s->nsplit_prefill);
   if ((rc = dalloc(&s->d_pos, 1, "pos")) || (rc = dalloc(&s->d_token, 1, "token")) ||
       (rc = dalloc(&s->d_counter, 1, "counter")) || (rc = dalloc(&s->d_samp, 1, "sampling")) || (rc = dalloc(&s->d_page_table, s->max_pages, "page table")) ||
       (rc = dalloc(&s->d_rope, (size_t)max_ctx * (D / 2), "rope table")) ||
       (rc = dalloc(&s->kv_base, kv_elems * 2 * c.n_layers, "KV cache")) || (rc = dalloc(&s->x, H, "x")) ||
       (rc = dalloc(&s->qkv, Nqkv, "qkv")) || (rc = dalloc(&s->att, Nq, "att")) || (rc = dalloc(&s->hmlp, I, "hmlp")) ||
       (rc = dalloc(&s->logits, V, "logits")) ||
-      (rc = dalloc(&s->part_o, (size_t)C * c.n_heads * nsplit_max * D, "attention partials")) ||
-      (rc = dalloc(&s->part_ml, (size_t)C * c.n_heads * nsplit_max * 2, "attention partials")) ||
+      (rc = dalloc(&s->part_o, part_rows * c.n_heads * D, "attention partials")) ||
+      (rc = dalloc(&s->part_ml, part_rows * c.n_heads * 2, "attention partials")) ||
       (rc = dalloc(&s->counters, (size_t)C * c.n_kv_heads, "attention counters")) ||
       (rc = dalloc(&s->d_tokens, C, "prefill tokens")) || (rc = dalloc(&s->X, (size_t)C * H, "X")) ||
       (rc = dalloc(&s->Xn, (size_t)C * std::max(std::max(H, I), Nq), "Xn")) ||
