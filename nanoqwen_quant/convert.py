@@ -53,7 +53,8 @@ def plan_tensors(ckpt: Checkpoint, *, quant: str, group_size: int, lm_head: str,
                 try:
                     check_shape(shape, group_size, name)
                 except QuantizationError as e:
-                    raise ConvertError(f"{e}; use --group-size 64 or --fallback-f16") from None
+                    hint = "--group-size 64 or " if group_size > 64 and can_quantize(shape, 64) else ""
+                    raise ConvertError(f"{e}; use {hint}--fallback-f16 (keeps such tensors in f16)") from None
             want_int4 = False
         if want_int4:
             specs.append(TensorSpec(name, DType.INT4G, shape, group_size=group_size))
