@@ -21,4 +21,6 @@ if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
   fi
   touch "$stamp"
 fi
+# The CUDA library: built (incrementally, ~2 s when unchanged) when nvcc is present, skipped otherwise.
+bash "$root/scripts/build_native.sh"
 cd "$root"

@@ -15,6 +15,7 @@ fi
 build="${NANOQWEN_BUILD_DIR:-$root/build/csrc}"
 archs="${NANOQWEN_CUDA_ARCHS:-90a;80}"
 jobs="${JOBS:-$(nproc 2>/dev/null || echo 2)}"
+mkdir -p "$build"
 cmake -S "$root/csrc" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$archs" \
   -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" >"$build.cmake.log" 2>&1 || { cat "$build.cmake.log" >&2; exit 1; }
 cmake --build "$build" -j "$jobs" >"$build.build.log" 2>&1 || { grep -E "error|Error" "$build.build.log" >&2 || cat "$build.build.log" >&2; exit 1; }
