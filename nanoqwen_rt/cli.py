@@ -338,6 +338,7 @@ def serve(file, host, port, api_key, queue_size, model_name, device, max_context
     GET  /health  /metrics (Prometheus)  /v1/models
     POST /v1/completions  /v1/chat/completions   (stream: true → server-sent events)
     One request generates at a time; others wait in a FIFO of --queue-size.
+    Sampling: temperature, top_p, seed, stop, max_tokens; extensions top_k, ignore_eos.
     """
     import uvicorn
 
