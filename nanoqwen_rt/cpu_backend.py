@@ -13,7 +13,8 @@ import os
 import numpy as np
 
 from .backend import Backend, BackendError, ContextFull, _as_ids
-from .cpu_kernels import BF16_LUT, F16_LUT, matmul_int4, matmul_u16, rows_u16
+from .cpu_kernels import (BF16_LUT, F16_LUT, _int4_parallel, _int4_serial, _u16_parallel, _u16_serial,
+                          matmul_int4, matmul_u16, rows_u16)
 from .rope import apply_rope, cos_sin, rope_parameters
 
 __all__ = ["CPUBackend", "available", "Linear"]
@@ -51,6 +52,20 @@ class Linear:
             raise BackendError(f"{name}: dtype {self.dtype.name} is not supported for a linear weight")
         self.kind = self.dtype.name                                # "INT4G" | "F16" | "BF16" | "F32" (hot path)
         self.bias = f.float32(bias).reshape(-1) if bias is not None else None   # f32 (N,)
+
+    def warmup(self) -> None:
+        """Compile / load from numba's cache every kernel variant this weight can dispatch to (serial and
+        parallel, T == 1 and T > 1), on its first rows only, so the first real call (TTFT) pays no JIT cost."""
+        rows = slice(0, min(self.N, 64))
+        for T in (1, 2):
+            x = np.zeros((T, self.K), dtype=np.float32)
+            y = np.empty((T, rows.stop), dtype=np.float32)
+            if self.kind == "INT4G":
+                for fn in (_int4_serial, _int4_parallel):
+                    fn(x, self.qweight[rows], self.scale_bits[rows], F16_LUT, self.group_size, y)
+            elif self.kind in ("F16", "BF16"):
+                for fn in (_u16_serial, _u16_parallel):
+                    fn(x, self.bits[rows], self.lut, y)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -131,12 +146,24 @@ class CPUBackend(Backend):
             # k_cache, v_cache: (n_layers, n_kv_heads, max_context, head_dim)
             self.k_cache = np.empty(shape, dtype=kvt)
             self.v_cache = np.empty(shape, dtype=kvt)
+            self._warmup()
             if 2 * self.k_cache.nbytes <= _POISON_LIMIT_BYTES:
                 self.poison()
         except BaseException:
             self.close()
             raise
         self._pos = 0
+
+    def _warmup(self) -> None:
+        """JIT / cache-load every kernel variant this model uses (one of each weight kind), so TTFT excludes it."""
+        seen = set()
+        for lin in [self.lm_head] + [l for L in self.layers[:1] for l in (L.q, L.k, L.v, L.o, L.gate, L.up,
+                                                                         L.down)]:
+            if lin.kind not in seen:
+                seen.add(lin.kind)
+                lin.warmup()
+        if self._emb_dtype.name != "F32":
+            self._embed(np.zeros(1, dtype=np.int32))
 
     # -- state ----------------------------------------------------------------------------------------
     @property
