@@ -28,6 +28,8 @@ from numba import njit, prange
 from nanoqwen_format.constants import INT4_GROUP_SIZES, INT4_PERM, INT4_ZERO_CODE
 from nanoqwen_format.int4_layout import pack_int4_reference
 
+from .cast import _f32bits_to_f16bits
+
 MODES = ("rtn", "mse")
 QMIN, QMAX = -8, 7                    # signed code range; stored u = q + INT4_ZERO_CODE
 RTN_DIVISOR = 7.0                     # s = amax / 7 maps the largest |w| to code ±7
@@ -118,19 +120,25 @@ if tuple(4 * i for i in _INV_PERM) != (0, 16, 4, 20, 8, 24, 12, 28):
 
 
 @njit(cache=True, inline="always")
-def _round_to_f16(x):
-    """float32 x ≥ 0 → float32 holding f16(x) (round-to-nearest-even, subnormals, ≥ 65520 → inf). Exact in f64."""
-    xd = np.float64(x)
-    if xd == 0.0:
-        return np.float32(0.0)
-    if xd >= 65520.0:
+def _round_to_f16_s(x, sf, su):
+    """float32 x ≥ 0 → float32 holding f16(x) (round-to-nearest-even, subnormals, ≥ 65520 → inf), on the bits.
+    sf float32 (1,) / su its uint32 view: scratch for moving a scalar between float and bits."""
+    sf[0] = x
+    h, bad = _f32bits_to_f16bits(su[0])
+    if bad:
         return np.float32(np.inf)
-    if xd < 6.103515625e-05:                 # below 2^-14: f16 subnormal, quantum 2^-24
-        quantum = 5.9604644775390625e-08
-    else:
-        m, e = math.frexp(xd)                # xd = m * 2^e, m in [0.5, 1): 11 significant bits → quantum 2^(e-11)
-        quantum = math.ldexp(1.0, e - 11)
-    return np.float32(np.rint(xd / quantum) * quantum)
+    h32 = np.uint32(h)
+    if h32 >= np.uint32(0x400):                                   # f16 normal: rebias exponent 15 → 127
+        su[0] = (h32 << np.uint32(13)) + np.uint32(0x38000000)
+        return sf[0]
+    return np.float32(h32) * np.float32(5.9604644775390625e-08)  # subnormal: h * 2^-24, exact in float32
+
+
+@njit(cache=True)
+def _round_to_f16(x):
+    """Scalar convenience wrapper of _round_to_f16_s (tests)."""
+    sf = np.empty(1, np.float32)
+    return _round_to_f16_s(np.float32(x), sf, sf.view(np.uint32))
 
 
 @njit(cache=True, inline="always")
@@ -142,16 +150,6 @@ def _amax_bits(seg):
     for k in range(seg.shape[0]):
         mb = max(mb, seg[k] & np.uint32(0x7FFFFFFF))
     return mb
-
-
-@njit(cache=True, inline="always")
-def _bits_to_f32(b):
-    """float32 bit pattern (finite, non-negative) → float32, via exact float64 arithmetic."""
-    e = (b >> np.uint32(23)) & np.uint32(0xFF)
-    m = b & np.uint32(0x7FFFFF)
-    if e == 0:
-        return np.float32(math.ldexp(np.float64(m), -149))
-    return np.float32(math.ldexp(np.float64(m | np.uint32(0x800000)), np.int64(e) - 150))
 
 
 @njit(cache=True, inline="always")
@@ -208,6 +206,8 @@ def _quantize_kernel(w, wbits, g, ratios, qweight, scales32, status):
     n_ratios = ratios.shape[0]
     for n in prange(n_rows):
         codes = np.empty(g, np.uint32)                    # (g,) u codes of one group
+        sf = np.empty(1, np.float32)                      # scalar float <-> bits scratch
+        su = sf.view(np.uint32)
         cand = np.empty(n_ratios, np.float32)             # (R,) candidate f16-rounded scales of one group
         sse = np.empty(n_ratios, np.float64)              # (R,) their SSEs
         sdiv = np.empty(n_ratios, np.float32)             # (R,) divisors (scratch)
@@ -217,16 +217,17 @@ def _quantize_kernel(w, wbits, g, ratios, qweight, scales32, status):
             if mb >= np.uint32(0x7F800000):               # Inf or NaN somewhere in the group
                 status[n] = 1
                 break
-            amax = _bits_to_f32(mb)
+            su[0] = mb
+            amax = sf[0]
             ws = w[n, k0:k0 + g]
-            best_s = _round_to_f16((ratios[0] * amax) / seven)
+            best_s = _round_to_f16_s((ratios[0] * amax) / seven, sf, su)
             if best_s == np.inf:
                 status[n] = 2
                 break
             if n_ratios > 1:
                 cand[0] = best_s
                 for ri in range(1, n_ratios):
-                    cand[ri] = _round_to_f16((ratios[ri] * amax) / seven)   # ≤ cand[0]: finite
+                    cand[ri] = _round_to_f16_s((ratios[ri] * amax) / seven, sf, su)   # ≤ cand[0]: finite
                 _group_sse_all(ws, cand, sdiv, sse)
                 best_sse = sse[0]
                 for ri in range(1, n_ratios):
