@@ -73,8 +73,8 @@ def resolve_source(src: str | os.PathLike, revision: str | None = None) -> Sourc
         local = snapshot_download(repo_id=s, revision=revision, allow_patterns=HUB_PATTERNS)
     except Exception as e:  # offline, unknown repo/revision, auth, disk: all become one line
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConvertError(f"could not fetch {s!r} (revision {revision or 'main'}) from the Hugging Face hub: "
-                           f"{type(e).__name__}: {reason}") from None
+        raise ConvertError(f"{s!r} is not a local directory, and fetching it from the Hugging Face hub "
+                           f"(revision {revision or 'main'}) failed: {type(e).__name__}: {reason}") from None
     local = Path(local)
     commit = local.name if re.fullmatch(r"[0-9a-f]{40}", local.name) else None
     return Source(path=local, source=s, is_hub=True, revision=revision, commit=commit)
