@@ -314,3 +314,28 @@ def test_chat_template_from_jinja_file(tmp_path):
     out = convert_checkpoint(src, tmp_path / "m.nanoqwen")
     with open_file(out) as f:
         assert f.blob_text(BlobKind.CHAT_TEMPLATE) == tmpl
+
+
+@pytest.mark.parametrize("bad_name, value, needle", [
+    ("model.layers.1.mlp.gate_proj.weight", np.nan, "NaN or Inf"),
+    ("model.layers.0.self_attn.o_proj.weight", 1e7, "overflows float16"),
+    ("model.embed_tokens.weight", 1e6, "outside the float16 range"),
+    ("model.layers.0.input_layernorm.weight", np.inf, "non-finite"),
+])
+def test_bad_source_values_refused(tmp_path, bad_name, value, needle):
+    from synth import random_tensor
+    rng = np.random.default_rng(0)
+
+    def fn(name, shape):
+        w = random_tensor(name, shape, rng)
+        if name == bad_name:
+            w.reshape(-1)[7] = value
+        return w
+
+    src = make_checkpoint(tmp_path / "src", dtype="f32", tokenizer=False, tensor_fn=fn)
+    out = tmp_path / "m.nanoqwen"
+    code, output, _ = _cli(convert_main, [src, "-o", out, "-q"])
+    assert code == 2, output
+    line = _one_line_error(output)
+    assert bad_name in line and needle in line, line
+    assert not out.exists()
