@@ -243,6 +243,7 @@ def _dequantize_kernel(qweight, scales32, g, out):
     """qweight uint32 (N, K//8), scales32 float32 (N, K//g) → out float32 (N, K) = s * (u - 8)."""
     n_rows, n_words = qweight.shape
     wpg = g // 8                                          # words per group
+    zero = np.float32(INT4_ZERO_CODE)
     for n in prange(n_rows):
         for gi in range(n_words // wpg):
             s = scales32[n, gi]
@@ -250,15 +251,16 @@ def _dequantize_kernel(qweight, scales32, g, out):
             os_ = out[n, gi * g:(gi + 1) * g]
             for j in range(wpg):
                 word = qs[j]
-                o = os_[8 * j:8 * j + 8]
-                o[0] = s * np.float32(np.int32(word & np.uint32(0xF)) - INT4_ZERO_CODE)
-                o[1] = s * np.float32(np.int32((word >> np.uint32(16)) & np.uint32(0xF)) - INT4_ZERO_CODE)
-                o[2] = s * np.float32(np.int32((word >> np.uint32(4)) & np.uint32(0xF)) - INT4_ZERO_CODE)
-                o[3] = s * np.float32(np.int32((word >> np.uint32(20)) & np.uint32(0xF)) - INT4_ZERO_CODE)
-                o[4] = s * np.float32(np.int32((word >> np.uint32(8)) & np.uint32(0xF)) - INT4_ZERO_CODE)
-                o[5] = s * np.float32(np.int32((word >> np.uint32(24)) & np.uint32(0xF)) - INT4_ZERO_CODE)
-                o[6] = s * np.float32(np.int32((word >> np.uint32(12)) & np.uint32(0xF)) - INT4_ZERO_CODE)
-                o[7] = s * np.float32(np.int32((word >> np.uint32(28)) & np.uint32(0xF)) - INT4_ZERO_CODE)
+                b = 8 * j
+                # value p of the word sits at bit 4*INV_PERM[p]: shifts (0, 16, 4, 20, 8, 24, 12, 28)
+                os_[b] = s * (np.float32(word & np.uint32(0xF)) - zero)
+                os_[b + 1] = s * (np.float32((word >> np.uint32(16)) & np.uint32(0xF)) - zero)
+                os_[b + 2] = s * (np.float32((word >> np.uint32(4)) & np.uint32(0xF)) - zero)
+                os_[b + 3] = s * (np.float32((word >> np.uint32(20)) & np.uint32(0xF)) - zero)
+                os_[b + 4] = s * (np.float32((word >> np.uint32(8)) & np.uint32(0xF)) - zero)
+                os_[b + 5] = s * (np.float32((word >> np.uint32(24)) & np.uint32(0xF)) - zero)
+                os_[b + 6] = s * (np.float32((word >> np.uint32(12)) & np.uint32(0xF)) - zero)
+                os_[b + 7] = s * (np.float32((word >> np.uint32(28)) & np.uint32(0xF)) - zero)
 
 
 def quantize(w, group_size: int = 128, mode: str = "rtn", out: tuple[np.ndarray, np.ndarray] | None = None
