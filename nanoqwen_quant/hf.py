@@ -29,6 +29,9 @@ SOURCE_DTYPES = {"BF16": (np.dtype("<u2"), 2), "F16": (np.dtype("<f2"), 2), "F32
 HUB_PATTERNS = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
                 "*.safetensors", "model.safetensors.index.json"]
+# bytes per element of every safetensors dtype (only SOURCE_DTYPES can be converted; others may sit unused)
+SAFETENSORS_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
+                        "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024      # safetensors' own limit on the JSON header
@@ -272,11 +275,11 @@ def parse_safetensors_header(path: Path) -> dict[str, SourceTensor]:
         if name == "__metadata__":
             continue
         dt = meta.get("dtype")
-        if dt not in SOURCE_DTYPES:
-            raise ConvertError(f"{path}: tensor {name!r} has dtype {dt}; supported sources are BF16, F16, F32")
+        if dt not in SAFETENSORS_ITEMSIZE:
+            raise ConvertError(f"{path}: tensor {name!r} has unknown safetensors dtype {dt!r}")
         shape = tuple(int(d) for d in meta["shape"])
         a, b = (int(x) for x in meta["data_offsets"])
-        nbytes = int(np.prod(shape, dtype=np.int64)) * SOURCE_DTYPES[dt][1]
+        nbytes = int(np.prod(shape, dtype=np.int64)) * SAFETENSORS_ITEMSIZE[dt]
         if b - a != nbytes or base + b > size:
             raise ConvertError(f"{path}: tensor {name!r} data range [{a}, {b}) does not match its shape {shape} "
                                f"or lies beyond the file (truncated?)")
@@ -391,6 +394,9 @@ def load_checkpoint(src: str | os.PathLike, revision: str | None = None) -> Chec
             raise ConvertError(f"{d}: tensor {name!r} required by config.json is missing from the checkpoint")
         if tuple(t.shape) != tuple(shape):
             raise ConvertError(f"{d}: tensor {name!r} has shape {t.shape}, config.json implies {shape}")
+        if t.dtype not in SOURCE_DTYPES:
+            raise ConvertError(f"{t.file}: tensor {name!r} has dtype {t.dtype}; supported sources are "
+                               f"{', '.join(SOURCE_DTYPES)}")
         tensors[name] = t
     extra = [n for n in found if n not in want and not IGNORED_TENSOR.match(n)
              and not (mc.tied_embeddings and n == "lm_head.weight")]

@@ -174,7 +174,20 @@ def _drop_tensor(d):
     p.write_bytes(struct.pack("<Q", len(hb)) + hb + raw[8 + hl:8 + hl + start])
 
 
+def _retype(d, name="model.norm.weight", dtype="I16"):
+    """Relabel one bf16 tensor as another 2-byte safetensors dtype (offsets stay valid)."""
+    p = d / "model.safetensors"
+    raw = p.read_bytes()
+    (hl,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + hl])
+    header[name]["dtype"] = dtype
+    hb = json.dumps(header).encode()
+    hb += b" " * (-len(hb) % 8)
+    p.write_bytes(struct.pack("<Q", len(hb)) + hb + raw[8 + hl:])
+
+
 REFUSALS = {
+    "int_dtype": (_retype, "'model.norm.weight' has dtype I16"),
     "no_config": (lambda d: (d / "config.json").unlink(), "config.json"),
     "bad_config_json": (lambda d: (d / "config.json").write_text("{oops"), "config.json"),
     "unknown_arch": (lambda d: _edit_config(d, architectures=["MistralForCausalLM"]), "MistralForCausalLM"),
