@@ -26,7 +26,8 @@ def _bf16_bits(a: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    """(hf dir, int4 file, mixed-dtype file): linear weights cycle int4 → f32 → bf16 → f16, embedding bf16."""
+    """(hf dir, int4 file, mixed-dtype file): linear weights cycle int4 → f32 → bf16 → f16, embedding f32,
+    lm_head bf16."""
     d = tmp_path_factory.mktemp("cpub")
     m = _hf_model("qwen2", 128, 256, 2, 2, 1, 64, False, 1e6, None, seed=11)
     m.save_pretrained(d / "hf")
@@ -40,6 +41,8 @@ def files(tmp_path_factory):
                 dt = kinds[i % 4]
                 i += 1
             elif name == "model.embed_tokens.weight":
+                dt = DType.F32
+            elif name == "lm_head.weight":
                 dt = DType.BF16
             else:
                 dt = t.dtype

@@ -77,3 +77,6 @@ def test_rows_u16_gather():
     out = np.full((9, 24), np.nan, dtype=np.float32)
     rows_u16(w.view(np.uint16), ids, F16_LUT, out)
     assert np.array_equal(out, w[ids].astype(np.float32))
+    bf = (rng.standard_normal((50, 24)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    rows_u16(bf, ids, BF16_LUT, out)
+    assert np.array_equal(out, (bf[ids].astype(np.uint32) << 16).view(np.float32))
