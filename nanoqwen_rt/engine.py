@@ -261,7 +261,7 @@ class Engine:
                                 f"max_context={be.max_context}")
         self.stats = GenerationStats(prompt_tokens=int(ids.shape[0]))
         token_iter = be.generate_ids(ids, params, int(max_new_tokens), stop_ids)
-        return self._stream(token_iter, ids.shape[0], int(max_new_tokens), stop_ids, stops_s, t0)
+        return self._stream(token_iter, ids.shape[0], int(max_new_tokens), be.max_context, stop_ids, stops_s, t0)
 
     def chat(self, messages: Sequence[dict], **kw) -> Iterator[GenerationChunk]:
         """Apply the file's chat template (with the generation prompt) and generate(); same keyword arguments."""
@@ -276,7 +276,7 @@ class Engine:
         return self.generate(text, **kw)
 
     # -- streaming ------------------------------------------------------------------------------------
-    def _stream(self, token_iter: Iterator[int], n_prompt: int, max_new: int, stop_ids: set[int],
+    def _stream(self, token_iter: Iterator[int], n_prompt: int, max_new: int, max_context: int, stop_ids: set[int],
                 stops_s: list[str], t0: float) -> Iterator[GenerationChunk]:
         st = self.stats
         dec = self.tokenizer.stream_decoder() if self.tokenizer is not None else None
@@ -299,7 +299,7 @@ class Engine:
                 if dec is not None:
                     acc += dec.push([tok])
                 end_now = (st.completion_tokens >= max_new
-                           or n_prompt + st.completion_tokens >= self.backend.max_context)
+                           or n_prompt + st.completion_tokens >= max_context)
                 if stops_s:
                     j = _find_stop(acc, emitted, stops_s)
                     if j >= 0:
