@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .backend import Backend, ContextFull
+from .backend import Backend
 from .sampling import InvalidSamplingParams, SamplingParams
 from .tokenizer import ChatTemplateError, Tokenizer, TokenizerError
 
