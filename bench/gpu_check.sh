@@ -2,16 +2,18 @@
 # One call on the GPU machine: load (or build) libnanoqwen, run the GPU tests, the kernel and end-to-end
 # benchmarks, compute-sanitizer; full logs under $OUT, a short table last.
 #   device: run(command="bash bench/gpu_check.sh [STEPS]", carry=[".whl", "nanoqwen_rt/lib"])
-# STEPS: comma list of sass,tests,kbench,bench,nopdl,ncu,sanitize,hf7b (default: all; ncu needs bench).
+# STEPS: comma list of sass,tests,kbench,bench,gemvab,nopdl,ncu,sanitize,hf7b (default: all; gemvab, nopdl and ncu
+# need bench). gemvab: the 7B bench again with the other INT4 GEMV kernels (NANOQWEN_GEMV_VARIANT=3, 2).
 # Wheels for packages the image lacks (crc32c, ...) are read from .whl/ (README "Notes" of the device tool).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/nq_out}"; mkdir -p "$OUT"
 LOG=/tmp/nq_logs; rm -rf "$LOG"; mkdir -p "$LOG"   # full logs; packed into $OUT/logs.tgz at the end
-steps="${1:-sass,tests,kbench,bench,nopdl,ncu,sanitize,hf7b}"
+steps="${1:-sass,tests,kbench,bench,gemvab,nopdl,ncu,sanitize,hf7b}"
 has() { [[ ",$steps," == *",$1,"* ]]; }
 summary="$LOG/summary.txt"; : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
+save() { cp "$summary" "$LOG"/*.json "$OUT"/ 2>/dev/null; }   # after every step: a run cut short keeps its results
 export PYTHONUNBUFFERED=1 NANOQWEN_COMMIT="$(cat .commit 2>/dev/null || echo unknown)"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -40,10 +42,13 @@ if has tests; then
   rc=$?
   note "pytest -m gpu (kernels + e2e): rc=$rc in $(( $(date +%s) - t0 )) s: $(tail -1 "$LOG/pytest_gpu.log")"
   grep -E "^(FAILED|ERROR)" "$LOG/pytest_gpu.log" | head -25 | tee -a "$summary"
+  save
 fi
 if has kbench; then
   timeout 120 python3 bench/gpu_kernels_bench.py --json "$LOG/gemv_bench.json" > "$LOG/gemv_bench.log" 2>&1
-  note "gemv bench rc=$?"; grep -E "^7B|^32B|^0.5B|^gemm" "$LOG/gemv_bench.log" | tee -a "$summary"
+  note "gemv bench rc=$?"; grep -E "^shape|^7B|^32B|^0.5B|^gemm" "$LOG/gemv_bench.log" | tee -a "$summary"
+  tail -3 "$LOG/gemv_bench.log" | grep -v "^gemm" | tee -a "$summary"
+  save
 fi
 if has bench; then
   t0=$(date +%s)
@@ -52,6 +57,15 @@ if has bench; then
   timeout 240 python3 -m nanoqwen_rt.bench /tmp/q7b.nanoqwen --no-peers --device cuda --json "$LOG/bench7b.json" \
     > "$LOG/bench7b.log" 2>&1
   note "bench 7B rc=$?"; tail -25 "$LOG/bench7b.log" | tee -a "$summary"
+  save
+fi
+if has gemvab; then
+  for v in 3 2; do
+    NANOQWEN_GEMV_VARIANT=$v timeout 60 python3 -m nanoqwen_rt.bench /tmp/q7b.nanoqwen --no-peers --device cuda \
+      --repeats 1 --json "$LOG/bench7b_gemv$v.json" > "$LOG/bench7b_gemv$v.log" 2>&1
+    note "bench 7B with GEMV variant $v rc=$?: $(grep -E '^(TTFT|decode)' "$LOG/bench7b_gemv$v.log" | tr -s ' ' | tr '\n' ';')"
+  done
+  save
 fi
 if has nopdl; then
   NANOQWEN_NO_PDL=1 timeout 200 python3 -m nanoqwen_rt.bench /tmp/q7b.nanoqwen --no-peers --device cuda --repeats 2 \
@@ -70,6 +84,7 @@ if has hf7b; then
   timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 280 -rfE tests/test_gpu_e2e.py \
     -k 7b_shaped > "$LOG/pytest_hf7b.log" 2>&1
   note "7B-shaped vs transformers: rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 "$LOG/pytest_hf7b.log")"
+  save
 fi
 if has sanitize; then
   python3 -c "

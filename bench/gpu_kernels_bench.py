@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""Time libnanoqwen's INT4 GEMV per Qwen2.5 shape, f16-unpack variant (0) vs int8-activation dp4a variant (1).
+"""Time libnanoqwen's INT4 GEMV per Qwen2.5 shape and per kernel variant, in the mode each projection uses.
 
     python3 bench/gpu_kernels_bench.py [--json OUT.json]
 
-Each timing: nq_bench_gemv_int4 = `iters` back-to-back launches rotating over >512 MB of weight copies (so L2
-never holds them), CUDA events, ms per launch. GB/s counts the weight + scale bytes read once per launch.
+Variants (kernels.h GemvArgs::variant): v2 = split-K kernel with the cross-row pipeline, 3 blocks/SM (variant 0,
+the default), the same at 2 blocks/SM (variant 3), v1 = the first kernel (variant 2), dp4a = int8 activations
+(variant 1). Modes as in the decode step: qkv = f32 input + RMSNorm prologue + store, o / down = f16 input +
+residual add, gate = SwiGLU over the gate and up matrices (2 x N x K read). Each timing: nq_bench_gemv_int4_mode =
+`iters` back-to-back launches rotating over >512 MB of weight copies (so L2 never holds them), CUDA events, us per
+launch. GB/s counts the weight + scale bytes read once per launch.
 """
 from __future__ import annotations
 
@@ -22,13 +26,17 @@ SIZES = {"0.5B": (896, 4864, 14, 2), "1.5B": (1536, 8960, 12, 2), "3B": (2048, 1
          "7B": (3584, 18944, 28, 4), "14B": (5120, 13824, 40, 8), "32B": (5120, 27648, 40, 8)}
 
 
+VARIANTS = {"v2": 0, "v2b2": 3, "v1": 2, "dp4a": 1}
+MODES = {"qkv": 0, "o": 1, "gate": 2, "down": 1}   # 0 store (+RMSNorm), 1 residual add (f16 x), 2 SwiGLU
+
+
 def shapes():
     for name, (h, i, nh, kv) in SIZES.items():
         d = h // nh
-        yield f"{name} qkv", h + 2 * kv * d, h
-        yield f"{name} o", h, h
-        yield f"{name} gate", i, h
-        yield f"{name} down", h, i
+        yield f"{name} qkv", "qkv", h + 2 * kv * d, h
+        yield f"{name} o", "o", h, h
+        yield f"{name} gate", "gate", i, h
+        yield f"{name} down", "down", h, i
 
 
 def main() -> int:
@@ -39,19 +47,26 @@ def main() -> int:
     a = ap.parse_args()
     lib = load_library()
     rows = []
-    for name, N, K in shapes():
-        nbytes = N * K // 2 + N * (K // a.group) * 2
-        r = {"shape": name, "N": N, "K": K, "bytes": nbytes}
-        for v in (0, 1):
-            ms = ctypes.c_float()
-            rc = lib.nq_bench_gemv_int4(N, K, a.group, v, a.iters, ctypes.byref(ms))
-            if rc != 0:
-                raise SystemExit(f"{name} variant {v}: {lib.nq_last_error().decode()}")
-            r[f"v{v}_us"] = ms.value * 1e3
-            r[f"v{v}_GBps"] = nbytes / (ms.value * 1e-3) / 1e9
+    names = list(VARIANTS)
+    ids = (ctypes.c_int32 * len(names))(*VARIANTS.values())
+    print(f"{'shape':11s} {'N':>6s} {'K':>6s}  " + "  ".join(f"{n:>16s}" for n in names) + "   (us, GB/s)")
+    for name, kind, N, K in shapes():
+        mats = 2 if kind == "gate" else 1
+        nbytes = mats * (N * K // 2 + N * (K // a.group) * 2)
+        r = {"shape": name, "mode": kind, "N": N, "K": K, "bytes": nbytes}
+        ms = (ctypes.c_float * len(names))()
+        rc = lib.nq_bench_gemv_int4_mode(N, K, a.group, MODES[kind], a.iters, len(names), ids, ms)
+        if rc != 0:
+            raise SystemExit(f"{name}: {lib.nq_last_error().decode()}")
+        for n, t in zip(names, ms):
+            r[f"{n}_us"] = t * 1e3
+            r[f"{n}_GBps"] = nbytes / (t * 1e-3) / 1e9
         rows.append(r)
-        print(f"{name:11s} N={N:6d} K={K:6d}  f16: {r['v0_us']:8.2f} us {r['v0_GBps']:7.0f} GB/s   "
-              f"dp4a: {r['v1_us']:8.2f} us {r['v1_GBps']:7.0f} GB/s", flush=True)
+        print(f"{name:11s} {N:6d} {K:6d}  " + "  ".join(f"{r[n + '_us']:7.2f} {r[n + '_GBps']:6.0f}" +
+                                                       " " * 2 for n in names), flush=True)
+    layer = {n: sum(r[f"{n}_us"] for r in rows if r["shape"].startswith("7B ")) for n in names}
+    print("7B layer GEMVs (qkv + o + gate/up + down), us: " + ", ".join(f"{n} {v:.1f}" for n, v in layer.items()) +
+          f"; x 28 layers, v2 vs v1: {layer['v2'] * 28 / 1e3:.3f} vs {layer['v1'] * 28 / 1e3:.3f} ms")
     # prefill GEMM (tensor cores) at M = 512 tokens on the 7B shapes
     h, i, nh, kv = SIZES["7B"]
     gemm_rows = []
@@ -68,7 +83,7 @@ def main() -> int:
     print(f"gemm per 7B layer (q,k,v,o,gate,up,down) at M=512: {layer:.0f} us; x 28 layers = {layer * 28 / 1e3:.1f} ms")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"gemv": rows, "gemm": gemm_rows}, f, indent=1)
+            json.dump({"gemv": rows, "gemm": gemm_rows, "variants": VARIANTS}, f, indent=1)
     return 0
 
 

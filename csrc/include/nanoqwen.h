@@ -88,16 +88,27 @@ NQ_API void nq_session_free(nq_session* s);
 
 /* ---- kernel test entry points (host pointers in and out; each allocates, runs one kernel, frees) ---- */
 /* y[N] = W[N,K] @ x[K], W int4g layout 1 (qweight uint32 (N, K/8), scales f16 (N, K/g)). variant: 0 = f16
- * unpack path, 1 = int8-activation dp4a path. If norm_w != NULL the input is rmsnorm(x)*norm_w (eps). */
+ * unpack path (split-K, cross-row pipeline; the default), 1 = int8-activation dp4a path, 2 = f16 unpack on the
+ * first (per-row pipeline) kernel, kept for A/B timing. If norm_w != NULL the input is rmsnorm(x)*norm_w (eps). */
 NQ_API int nq_test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K, int32_t group,
                       const float* x, const float* norm_w, float eps, int32_t variant, float* y);
+/* The fused GEMV modes: mode 1 (add): y[N] += W @ f16(x) (y read and written); mode 2 (swiglu): y[N] =
+ * f16(silu(W @ x') * (W_up @ x')) returned as f32, x' = rmsnorm(x)*norm_w when norm_w != NULL. variant as above. */
+NQ_API int nq_test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scales, const uint32_t* qweight_up,
+                           const uint16_t* scales_up, int32_t N, int32_t K, int32_t group, const float* x,
+                           const float* norm_w, float eps, int32_t mode, int32_t variant, float* y);
 /* y[N] = W[N,K] @ x[K] with f16 (dtype 1) or bf16 (dtype 2) weights given as raw uint16 bits. */
 NQ_API int nq_test_gemv_dense(const uint16_t* w, int32_t dtype, int32_t N, int32_t K, const float* x, float* y);
 /* C[M,N] = A[M,K] @ W^T for int4 W (tensor cores); A given as f32 (converted to f16 on the device). */
 NQ_API int nq_test_gemm_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K, int32_t group,
                       const float* A, int32_t M, float* C);
-/* Time `iters` launches of the int4 GEMV (variant 0/1) on device-resident random data: ms per launch. */
+/* Time `iters` launches of the int4 GEMV on device-resident random data (> 512 MB of weight copies rotated, so
+ * never L2-resident): ms per launch into ms[v] for each of the nvar variants (0..3), run one after another on the
+ * same data. mode 0: f32 input with the RMSNorm prologue (qkv-like; nq_bench_gemv_int4 is this mode, one variant),
+ * 1: f16 input + residual add (o/down-like), 2: SwiGLU over two N x K matrices (gate/up-like). */
 NQ_API int nq_bench_gemv_int4(int32_t N, int32_t K, int32_t group, int32_t variant, int32_t iters, float* ms);
+NQ_API int nq_bench_gemv_int4_mode(int32_t N, int32_t K, int32_t group, int32_t mode, int32_t iters, int32_t nvar,
+                                   const int32_t* variants, float* ms);
 /* Time `iters` launches of the prefill GEMM (M tokens, int4 weights N x K) on random data: ms per launch. */
 NQ_API int nq_bench_gemm_int4(int32_t M, int32_t N, int32_t K, int32_t group, int32_t iters, float* ms);
 /* Sample from logits[V] with the device sampler; returns the token in *out. */

@@ -173,6 +173,40 @@ __device__ __forceinline__ __half2 word_dot(uint32_t q, const uint4 xv, __half2 
   return __hfma2(h67, u32_as_h2(xv.w), acc);
 }
 
+// (a & b) | c in ONE instruction. Written as C, `(q & mask) | magic` has two different 32-bit immediates and
+// ptxas emitted two LOP3s per nibble pair (SASS of 2026-11-29: 33 LOP3 per unit and row instead of 16; LOP3 issues
+// on the half-rate integer pipe, so this was the inner loop's bottleneck).
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));   // 0xEA = (A & B) | C
+  return d;
+}
+
+// word_dot with one LOP3 per nibble pair (v2 kernel). Same arithmetic, bit-identical results.
+__device__ __forceinline__ __half2 word_dot_lop3(uint32_t q, const uint4 xv, __half2 acc) {
+  const __half2 k1032 = __half2half2(__ushort_as_half((unsigned short)0x6408));   // 1032
+  const __half2 k1_16 = __half2half2(__ushort_as_half((unsigned short)0x2C00));   // 1/16
+  const __half2 km72 = __half2half2(__ushort_as_half((unsigned short)0xD480));    // -72
+  const uint32_t q8 = q >> 8;
+  const __half2 h01 = __hsub2(u32_as_h2(and_or(q, 0x000F000Fu, 0x64006400u)), k1032);
+  const __half2 h23 = __hfma2(u32_as_h2(and_or(q, 0x00F000F0u, 0x64006400u)), k1_16, km72);
+  const __half2 h45 = __hsub2(u32_as_h2(and_or(q8, 0x000F000Fu, 0x64006400u)), k1032);
+  const __half2 h67 = __hfma2(u32_as_h2(and_or(q8, 0x00F000F0u, 0x64006400u)), k1_16, km72);
+  acc = __hfma2(h01, u32_as_h2(xv.x), acc);
+  acc = __hfma2(h23, u32_as_h2(xv.y), acc);
+  acc = __hfma2(h45, u32_as_h2(xv.z), acc);
+  return __hfma2(h67, u32_as_h2(xv.w), acc);
+}
+
+// unit_dot_f16 for the v2 kernel (one LOP3 per pair).
+__device__ __forceinline__ float unit_dot_f16_lop3(const uint4 w, const uint4* xs, int xstride, int m) {
+  const __half2 z = __float2half2_rn(0.f);
+  const __half2 a = word_dot_lop3(w.y, xs[xstride + m], word_dot_lop3(w.x, xs[m], z));
+  const __half2 b = word_dot_lop3(w.w, xs[3 * xstride + m], word_dot_lop3(w.z, xs[2 * xstride + m], z));
+  const float2 fa = __half22float2(a), fb = __half22float2(b);
+  return (fa.x + fa.y) + (fb.x + fb.y);
+}
+
 // One 16-byte unit (32 values): two f16x2 partial sums of 8 products each, then f32.
 __device__ __forceinline__ float unit_dot_f16(const uint4 w, const uint4* xs, int xstride, int m) {
   const __half2 z = __float2half2_rn(0.f);
@@ -420,6 +454,155 @@ __global__ void __launch_bounds__(kThreads, 3) gemv_kernel(const GemvArgs a, int
 int g_sm_count = 132;
 constexpr int kBlocksPerSm = 4;
 
+// INT4 row reference without integer division (groups are powers of two: 32..256, checked in gemv()); the v2
+// kernel calls this once per task and row, where row_ref's K / group division cost ~20 instructions.
+__device__ __forceinline__ RowRef row_ref_int4_fast(const LinW& W, int row) {
+  RowRef r;
+  const int lg = __ffs(W.group) - 1;                    // log2(group)
+  r.w = reinterpret_cast<const uint4*>(W.w) + (size_t)row * (W.K >> 5);
+  r.s = W.scales + (size_t)row * (W.K >> lg);
+  r.gshift = lg - 5;
+  return r;
+}
+__device__ __forceinline__ RowRef locate_int4_fast(const GemvArgs& a, int r) {
+  const int n0 = a.seg[0].N, n1 = a.nseg > 1 ? a.seg[1].N : 0;
+  if (a.nseg > 2 && r >= n0 + n1) return row_ref_int4_fast(a.seg[2], r - n0 - n1);
+  if (a.nseg > 1 && r >= n0) return row_ref_int4_fast(a.seg[1], r - n0);
+  return row_ref_int4_fast(a.seg[0], r);
+}
+
+// ---- v2 (INT4, f16 unpack; the default since variant 2 = the kernel above is kept for A/B timing) ------------
+// Work: a "task" is a row pair (2t, 2t+1) (STORE/ADD; an odd last row is paired with itself and its second result
+// dropped) or the (gate t, up t) pair (SWIGLU). A group of KS = 2^ks_log2 warps of one block shares each task, warp
+// s of the group taking units [s*chunk, min(nunits, (s+1)*chunk)) of both rows (split K), so that small-N shapes
+// still give every resident warp work. Group gid takes tasks gid, gid + NG, ... (NG groups in the grid).
+// Each warp runs ONE software pipeline over the flattened sequence (task i, step j) of all its tasks: the loads of
+// the next step -- also when it belongs to the next task -- are in flight while the current step is computed, so a
+// row boundary costs no exposed memory latency (v1 drained and refilled the pipeline per row: 2 steps per row on
+// the 7B gate/up shapes). Ping-pong register buffers (no copies between stages). The first step's loads are issued
+// before the PDL wait (weights never depend on the previous kernel).
+// Results: each warp's per-task partial pair goes to shared memory part[warp][round][2]; after one __syncthreads
+// the block sums the KS partials of each task in slice order (deterministic) and applies the epilogue.
+constexpr int kSplitStepUnits = 32 * kUnroll;   // units per lane-step of one row
+constexpr int kTaskOverheadUnits = 48;          // per-task fixed cost (2 warp sums, partial store), in unit slots
+
+template <int MODE, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB)
+gemv_int4_v2(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds) {
+  extern __shared__ uint4 smem[];
+  __shared__ float red[32];
+  constexpr int U = kUnroll;
+  const int K = a.seg[0].K, nunits = K >> 5;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int KS = 1 << ks_log2, G = kWarps >> ks_log2;
+  const int gid = blockIdx.x * G + (warp >> ks_log2), NG = gridDim.x * G;
+  const int chunk = (nunits + KS - 1) >> ks_log2;
+  const int lo = min(nunits, (warp & (KS - 1)) * chunk), hi = min(nunits, lo + chunk);
+  const int my_tasks = gid < ntasks ? (ntasks - 1 - gid) / NG + 1 : 0;   // <= rounds
+  const int nsteps = (hi - lo + kSplitStepUnits - 1) / kSplitStepUnits;   // steps per task; 0: empty slice
+  const int total = my_tasks * nsteps;
+  float* part = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + (size_t)K * 2);  // [kWarps][rounds][2]
+
+  RowRef l0, l1;                         // the rows of the task being loaded
+  auto task_refs = [&](int i) {
+    const int t = gid + i * NG;
+    if (MODE == GEMV_SWIGLU) {
+      l0 = row_ref_int4_fast(a.seg[0], t);
+      l1 = row_ref_int4_fast(a.up, t);
+    } else {
+      l0 = locate_int4_fast(a, 2 * t);
+      l1 = locate_int4_fast(a, min(2 * t + 1, total_rows - 1));
+    }
+  };
+  int li = 0, lj = 0;                    // next step to load: task li, step lj
+  auto load = [&](uint4 (&w0)[U], uint4 (&w1)[U], __half (&s0)[U], __half (&s1)[U]) {
+    const int base = lo + lj * kSplitStepUnits + lane;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int m = base + u * 32;
+      if (m < hi) {
+        w0[u] = ld_stream16(l0.w + m);
+        w1[u] = ld_stream16(l1.w + m);
+        s0[u] = l0.s[m >> l0.gshift];
+        s1[u] = l1.s[m >> l1.gshift];
+      }
+    }
+    if (++lj == nsteps) {
+      lj = 0;
+      if (++li < my_tasks) task_refs(li);
+    }
+  };
+  const uint4* xs = smem;
+  int ci = 0, cj = 0;                    // step being computed: task ci, step cj
+  float acc0 = 0.f, acc1 = 0.f;
+  auto compute = [&](const uint4 (&w0)[U], const uint4 (&w1)[U], const __half (&s0)[U], const __half (&s1)[U]) {
+    const int base = lo + cj * kSplitStepUnits + lane;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int m = base + u * 32;
+      if (m < hi) {
+        acc0 = fmaf(__half2float(s0[u]), unit_dot_f16_lop3(w0[u], xs, nunits, m), acc0);
+        acc1 = fmaf(__half2float(s1[u]), unit_dot_f16_lop3(w1[u], xs, nunits, m), acc1);
+      }
+    }
+    if (++cj == nsteps) {              // task ci complete (uniform over the warp)
+      cj = 0;
+      const float y0 = warp_sum(acc0), y1 = warp_sum(acc1);
+      if (lane == 0) {
+        part[(warp * rounds + ci) * 2] = y0;
+        part[(warp * rounds + ci) * 2 + 1] = y1;
+      }
+      acc0 = 0.f;
+      acc1 = 0.f;
+      ci++;
+    }
+  };
+
+  uint4 wa0[U], wa1[U], wb0[U], wb1[U];
+  __half sa0[U], sa1[U], sb0[U], sb1[U];
+  if (total > 0) {
+    task_refs(0);
+    load(wa0, wa1, sa0, sa1);
+  }
+  pdl_wait();     // x / out were written by the previous kernel
+  pdl_trigger();
+  stage_x_f16<WT_INT4>(a, K, smem, red);
+  if (nsteps == 0 && lane == 0)          // empty slice: its partials are zero
+    for (int i = 0; i < my_tasks; i++) part[(warp * rounds + i) * 2] = part[(warp * rounds + i) * 2 + 1] = 0.f;
+  for (int q = 0; q < total; q += 2) {
+    if (q + 1 < total) load(wb0, wb1, sb0, sb1);
+    compute(wa0, wa1, sa0, sa1);
+    if (q + 1 >= total) break;
+    if (q + 2 < total) load(wa0, wa1, sa0, sa1);
+    compute(wb0, wb1, sb0, sb1);
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * rounds; idx += kThreads) {
+    const int g = idx / rounds, i = idx - g * rounds;
+    const int t = blockIdx.x * G + g + i * NG;
+    if (t >= ntasks) continue;
+    float y0 = 0.f, y1 = 0.f;
+    for (int s = 0; s < KS; s++) {
+      const float* p = part + ((g * KS + s) * rounds + i) * 2;
+      y0 += p[0];
+      y1 += p[1];
+    }
+    if (MODE == GEMV_SWIGLU) {
+      a.out_f16[t] = __float2half_rn(y0 / (1.f + __expf(-y0)) * y1);
+    } else {
+      const float* b;
+      int row;
+      locate<WT_INT4>(a, 2 * t, b, row);
+      store_row<MODE>(a, 2 * t, y0, b, row);
+      if (2 * t + 1 < total_rows) {
+        locate<WT_INT4>(a, 2 * t + 1, b, row);
+        store_row<MODE>(a, 2 * t + 1, y1, b, row);
+      }
+    }
+  }
+}
+
+
 template <int WT, int MODE, bool DP4A>
 int launch(const GemvArgs& a, int rows, size_t smem, cudaStream_t st) {
   const int per_block = kWarps * (MODE == GEMV_SWIGLU ? 1 : 2);   // rows one step of a block covers
@@ -428,6 +611,55 @@ int launch(const GemvArgs& a, int rows, size_t smem, cudaStream_t st) {
     occ = 1;
   const int grid = std::max(1, std::min((rows + per_block - 1) / per_block, g_sm_count * std::min(occ, kBlocksPerSm)));
   return launch_pdl("gemv_kernel", gemv_kernel<WT, MODE, DP4A>, dim3(grid), dim3(kThreads), smem, st, a, rows);
+}
+
+// v2 launch: split factor KS chosen per shape by a small cost model (unit slots on the busiest warp's critical
+// path: rounds x (steps x 64 + per-task overhead), inflated up to 1.5x when the grid leaves resident block slots
+// empty, since fewer warps per SM means fewer bytes in flight).
+struct SplitPlan { int ks_log2, grid, rounds; };
+
+SplitPlan plan_split(int ntasks, int nunits, int cap_blocks) {
+  SplitPlan best{0, 1, 1};
+  double best_cost = 1e300;
+  for (int ksl = 0; ksl <= 3; ksl++) {
+    const int ks = 1 << ksl, G = kWarps >> ksl;
+    if (ks > 1 && nunits / ks < 32) break;                      // a slice keeps >= one unit per lane
+    const int grid = std::max(1, std::min((ntasks + G - 1) / G, cap_blocks));
+    const int rounds = (ntasks + grid * G - 1) / (grid * G);
+    const int steps = ((nunits + ks - 1) / ks + kSplitStepUnits - 1) / kSplitStepUnits;
+    const double cost = (double)rounds * (steps * kSplitStepUnits + kTaskOverheadUnits) *
+                        (1.0 + 0.5 * (1.0 - (double)grid / cap_blocks));
+    if (cost < best_cost) { best_cost = cost; best = SplitPlan{ksl, grid, rounds}; }
+  }
+  return best;
+}
+
+template <int MODE, int MINB>
+int launch_v2(const GemvArgs& a, int rows, cudaStream_t st) {
+  const int K = a.seg[0].K, nunits = K >> 5;
+  const int ntasks = MODE == GEMV_SWIGLU ? rows : (rows + 1) / 2;
+  const size_t smem_x = (size_t)K * 2;
+  // occupancy with 2 KB for the partials (plans need 64 B x rounds; a larger need only costs residency, never
+  // correctness: blocks do not wait on each other)
+  int occ = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_int4_v2<MODE, MINB>, kThreads, smem_x + 2048) != cudaSuccess ||
+      occ < 1)
+    occ = 1;
+  const SplitPlan p = plan_split(ntasks, nunits, g_sm_count * std::min(occ, kBlocksPerSm));
+  const size_t smem = smem_x + (size_t)kWarps * p.rounds * 2 * sizeof(float);
+  if (smem > (size_t)kMaxDynSmem) return fail(NQ_E_UNSUPPORTED, "gemv: K=%d with %d tasks too large", K, ntasks);
+  return launch_pdl("gemv_int4_v2", gemv_int4_v2<MODE, MINB>, dim3(p.grid), dim3(kThreads), smem, st, a, rows, ntasks,
+                    p.ks_log2, p.rounds);
+}
+
+template <int MINB>
+int dispatch_v2(const GemvArgs& a, int rows, cudaStream_t st) {
+  switch (a.mode) {
+    case GEMV_STORE: return launch_v2<GEMV_STORE, MINB>(a, rows, st);
+    case GEMV_ADD: return launch_v2<GEMV_ADD, MINB>(a, rows, st);
+    case GEMV_SWIGLU: return launch_v2<GEMV_SWIGLU, MINB>(a, rows, st);
+  }
+  return fail(NQ_E_INVALID_ARG, "gemv: unknown mode %d", a.mode);
 }
 
 template <int WT, bool DP4A>
@@ -448,6 +680,14 @@ cudaError_t raise_limits() {
   return cudaFuncSetAttribute(gemv_kernel<WT, GEMV_SWIGLU, DP4A>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynSmem);
 }
 
+template <int MINB>
+cudaError_t raise_limits_v2() {
+  cudaError_t e;
+  if ((e = cudaFuncSetAttribute(gemv_int4_v2<GEMV_STORE, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynSmem))) return e;
+  if ((e = cudaFuncSetAttribute(gemv_int4_v2<GEMV_ADD, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynSmem))) return e;
+  return cudaFuncSetAttribute(gemv_int4_v2<GEMV_SWIGLU, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynSmem);
+}
+
 }  // namespace
 
 int gemv_prepare() {
@@ -455,6 +695,8 @@ int gemv_prepare() {
   NQ_CUDA(cudaGetDevice(&dev));
   NQ_CUDA(cudaDeviceGetAttribute(&g_sm_count, cudaDevAttrMultiProcessorCount, dev));
   NQ_CUDA((raise_limits<WT_INT4, false>()));
+  NQ_CUDA(raise_limits_v2<3>());
+  NQ_CUDA(raise_limits_v2<2>());
   NQ_CUDA((raise_limits<WT_INT4, true>()));
   NQ_CUDA((raise_limits<WT_F16, false>()));
   NQ_CUDA((raise_limits<WT_BF16, false>()));
@@ -485,7 +727,9 @@ int gemv(const GemvArgs& a, cudaStream_t st) {
     }
     const size_t smem = (size_t)K * 2;
     if (smem > (size_t)kMaxDynSmem) return fail(NQ_E_UNSUPPORTED, "gemv: K=%d too large", K);
-    return dispatch_mode<WT_INT4, false>(a, rows, smem, st);
+    if (a.variant == 2) return dispatch_mode<WT_INT4, false>(a, rows, smem, st);   // v1 skeleton (A/B timing)
+    if (a.variant == 3) return dispatch_v2<2>(a, rows, st);   // v2 with 2 blocks/SM: 125 registers, no spills
+    return dispatch_v2<3>(a, rows, st);                        // v2 with 3 blocks/SM: 80 registers, small spills
   }
   const size_t smem = (size_t)K * 2;
   if (smem > (size_t)kMaxDynSmem) return fail(NQ_E_UNSUPPORTED, "gemv: K=%d too large", K);

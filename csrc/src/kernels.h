@@ -34,7 +34,8 @@ struct GemvArgs {
   float* out_f32 = nullptr;
   __half* out_f16 = nullptr;
   int mode = GEMV_STORE;
-  int variant = 0;           // int4 only: 0 = f16 unpack (lop3 magic), 1 = int8 activations + dp4a
+  int variant = 0;           // int4 only: 0 = f16 unpack, split-K + cross-row pipeline (v2); 1 = int8 activations +
+                             // dp4a; 2 = f16 unpack on the v1 skeleton (kept for A/B timing)
 };
 
 int gemv(const GemvArgs& a, cudaStream_t st);

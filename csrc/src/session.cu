@@ -6,6 +6,7 @@
 #include "session.h"
 #include <cmath>
 #include <cstring>
+#include <cstdlib>
 
 namespace nq {
 
@@ -147,7 +148,18 @@ int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) 
   return NQ_OK;
 }
 
+// INT4 GEMV variant for decode (kernels.h GemvArgs::variant): 0 unless NANOQWEN_GEMV_VARIANT=0..3 says otherwise
+// (read once; lets one benchmark run compare kernels end to end).
+static int decode_gemv_variant() {
+  static const int v = [] {
+    const char* e = std::getenv("NANOQWEN_GEMV_VARIANT");
+    return (e && e[0] >= '0' && e[0] <= '3' && e[1] == 0) ? e[0] - '0' : 0;
+  }();
+  return v;
+}
+
 int enqueue_decode(Session* s) {
+  const int gv = decode_gemv_variant();
   const Model& m = *s->m;
   const nq_config& c = m.cfg;
   const int H = c.hidden_size, D = c.head_dim, Nq = c.n_heads * D;
@@ -159,7 +171,7 @@ int enqueue_decode(Session* s) {
     qa.seg[0] = L.q; qa.seg[1] = L.k; qa.seg[2] = L.v; qa.nseg = 3;
     qa.bias[0] = L.bq; qa.bias[1] = L.bk; qa.bias[2] = L.bv;
     qa.x_f32 = s->x; qa.norm_w = L.ln1; qa.eps = c.rms_norm_eps;
-    qa.out_f32 = s->qkv; qa.mode = GEMV_STORE;
+    qa.out_f32 = s->qkv; qa.mode = GEMV_STORE; qa.variant = gv;
     NQ_TRY(gemv(qa, st));
     AttnArgs aa;
     aa.qkv = s->qkv; aa.qkv_stride = Nq + 2 * c.n_kv_heads * D; aa.M = 1; aa.pos0 = s->d_pos;
@@ -169,14 +181,14 @@ int enqueue_decode(Session* s) {
     aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters; aa.out = s->att;
     NQ_TRY(attention(aa, st));
     GemvArgs oa;
-    oa.seg[0] = L.o; oa.x_f16 = s->att; oa.out_f32 = s->x; oa.mode = GEMV_ADD;
+    oa.seg[0] = L.o; oa.x_f16 = s->att; oa.out_f32 = s->x; oa.mode = GEMV_ADD; oa.variant = gv;
     NQ_TRY(gemv(oa, st));
     GemvArgs ga;
     ga.seg[0] = L.gate; ga.up = L.up; ga.x_f32 = s->x; ga.norm_w = L.ln2; ga.eps = c.rms_norm_eps;
-    ga.out_f16 = s->hmlp; ga.mode = GEMV_SWIGLU;
+    ga.out_f16 = s->hmlp; ga.mode = GEMV_SWIGLU; ga.variant = gv;
     NQ_TRY(gemv(ga, st));
     GemvArgs da;
-    da.seg[0] = L.down; da.x_f16 = s->hmlp; da.out_f32 = s->x; da.mode = GEMV_ADD;
+    da.seg[0] = L.down; da.x_f16 = s->hmlp; da.out_f32 = s->x; da.mode = GEMV_ADD; da.variant = gv;
     NQ_TRY(gemv(da, st));
   }
   GemvArgs la;

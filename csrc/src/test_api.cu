@@ -49,7 +49,7 @@ int nq_test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N
                       const float* x, const float* norm_w, float eps, int32_t variant, float* y) {
   if (!qweight || !scales || !x || !y) return fail(NQ_E_INVALID_ARG, "nq_test_gemv_int4: NULL argument");
   NQ_TRY(check_nk(N, K));
-  if (variant != 0 && variant != 1) return fail(NQ_E_INVALID_ARG, "variant %d", variant);
+  if (variant < 0 || variant > 3) return fail(NQ_E_INVALID_ARG, "variant %d", variant);
   NQ_TRY(gemv_prepare());
   DBuf w, dx, dn, dy;
   GemvArgs a;
@@ -63,6 +63,45 @@ int nq_test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N
   NQ_TRY(gemv(a, 0));
   NQ_CUDA(cudaDeviceSynchronize());
   NQ_CUDA(cudaMemcpy(y, dy.p, (size_t)N * 4, cudaMemcpyDeviceToHost));
+  return NQ_OK;
+}
+
+int nq_test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scales, const uint32_t* qweight_up,
+                           const uint16_t* scales_up, int32_t N, int32_t K, int32_t group, const float* x,
+                           const float* norm_w, float eps, int32_t mode, int32_t variant, float* y) {
+  if (!qweight || !scales || !x || !y) return fail(NQ_E_INVALID_ARG, "nq_test_gemv_int4_mode: NULL argument");
+  NQ_TRY(check_nk(N, K));
+  if (variant < 0 || variant > 3) return fail(NQ_E_INVALID_ARG, "variant %d", variant);
+  if (mode != GEMV_ADD && mode != GEMV_SWIGLU) return fail(NQ_E_INVALID_ARG, "mode %d (1 = add, 2 = swiglu)", mode);
+  if (mode == GEMV_SWIGLU && (!qweight_up || !scales_up)) return fail(NQ_E_INVALID_ARG, "swiglu needs the up weight");
+  if (mode == GEMV_ADD && norm_w) return fail(NQ_E_INVALID_ARG, "add mode takes an f16 input without norm");
+  NQ_TRY(gemv_prepare());
+  DBuf w, wu, dx, dn, dy;
+  GemvArgs a;
+  NQ_TRY(put_int4(w, qweight, scales, N, K, group, &a.seg[0]));
+  a.eps = eps; a.mode = mode; a.variant = variant;
+  if (mode == GEMV_ADD) {               // x as f16 (the o/down inputs), y += W x
+    std::vector<__half> xh(K);
+    for (int i = 0; i < K; i++) xh[i] = __float2half_rn(x[i]);
+    NQ_TRY(dx.put(xh.data(), (size_t)K * 2));
+    NQ_TRY(dy.put(y, (size_t)N * 4));
+    a.x_f16 = dx.as<__half>(); a.out_f32 = dy.as<float>();
+    NQ_TRY(gemv(a, 0));
+    NQ_CUDA(cudaDeviceSynchronize());
+    NQ_CUDA(cudaMemcpy(y, dy.p, (size_t)N * 4, cudaMemcpyDeviceToHost));
+    return NQ_OK;
+  }
+  NQ_TRY(put_int4(wu, qweight_up, scales_up, N, K, group, &a.up));   // y = silu(Wg x) * (Wu x), out f16
+  NQ_TRY(dx.put(x, (size_t)K * 4));
+  if (norm_w) NQ_TRY(dn.put(norm_w, (size_t)K * 4));
+  NQ_TRY(dy.alloc((size_t)N * 2));
+  NQ_CUDA(cudaMemset(dy.p, 0xff, (size_t)N * 2));  // poison: NaN
+  a.x_f32 = dx.as<float>(); a.norm_w = norm_w ? dn.as<float>() : nullptr; a.out_f16 = dy.as<__half>();
+  NQ_TRY(gemv(a, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  std::vector<__half> yh(N);
+  NQ_CUDA(cudaMemcpy(yh.data(), dy.p, (size_t)N * 2, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < N; i++) y[i] = __half2float(yh[i]);
   return NQ_OK;
 }
 
@@ -104,48 +143,84 @@ int nq_test_gemm_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N
   return NQ_OK;
 }
 
-int nq_bench_gemv_int4(int32_t N, int32_t K, int32_t group, int32_t variant, int32_t iters, float* ms) {
-  if (!ms || iters <= 0) return fail(NQ_E_INVALID_ARG, "nq_bench_gemv_int4: bad argument");
+int nq_bench_gemv_int4_mode(int32_t N, int32_t K, int32_t group, int32_t mode, int32_t iters, int32_t nvar,
+                            const int32_t* variants, float* ms) {
+  if (!ms || !variants || nvar <= 0 || iters <= 0) return fail(NQ_E_INVALID_ARG, "nq_bench_gemv_int4: bad argument");
+  for (int v = 0; v < nvar; v++)
+    if (variants[v] < 0 || variants[v] > 3) return fail(NQ_E_INVALID_ARG, "variant %d", variants[v]);
   NQ_TRY(check_nk(N, K));
+  if (mode < GEMV_STORE || mode > GEMV_SWIGLU) return fail(NQ_E_INVALID_ARG, "mode %d", mode);
   NQ_TRY(gemv_prepare());
-  // rotate over enough copies that the weights exceed the 60 MB L2 several times
+  // rotate over enough copies that the weights exceed the 60 MB L2 several times; SWIGLU reads two matrices
+  const int mats = mode == GEMV_SWIGLU ? 2 : 1;
   const size_t qbytes = (size_t)N * K / 2, off = align128(qbytes), per = align128(off + (size_t)N * (K / group) * 2);
-  const int copies = (int)std::max<size_t>(2, (512ull << 20) / per + 1);
-  DBuf w, dx, dy;
-  NQ_TRY(w.alloc(per * copies));
+  const int copies = (int)std::max<size_t>(2, (512ull << 20) / (per * mats) + 1);
+  DBuf w, dx, dxh, dn, dy;
+  NQ_TRY(w.alloc(per * copies * mats));
   {  // random bytes (codes and finite f16 scales): fill on host once, replicate
     std::vector<uint8_t> h(per);
     uint64_t st = 0x1234567ull;
     for (size_t i = 0; i < off; i++) { st = st * 6364136223846793005ull + 1442695040888963407ull; h[i] = (uint8_t)(st >> 56); }
     for (size_t i = off; i + 1 < per; i += 2) { h[i] = 0x00; h[i + 1] = 0x20; }  // scale 2^-7 ~ 0.0078
-    for (int c = 0; c < copies; c++) NQ_CUDA(cudaMemcpy(w.as<uint8_t>() + per * c, h.data(), per, cudaMemcpyHostToDevice));
+    NQ_CUDA(cudaMemcpy(w.as<uint8_t>(), h.data(), per, cudaMemcpyHostToDevice));
+    for (int c = 1; c < copies * mats; c++) NQ_CUDA(cudaMemcpy(w.as<uint8_t>() + per * c, w.p, per, cudaMemcpyDeviceToDevice));
   }
-  std::vector<float> xh(K);
-  for (int i = 0; i < K; i++) xh[i] = (float)((i * 37) % 17) / 8.f - 1.f;
+  std::vector<float> xh(K), nh(K);
+  std::vector<__half> x16(K);
+  for (int i = 0; i < K; i++) {
+    xh[i] = (float)((i * 37) % 17) / 8.f - 1.f;
+    nh[i] = 1.f + (float)((i * 13) % 7) / 16.f;
+    x16[i] = __float2half_rn(xh[i]);
+  }
   NQ_TRY(dx.put(xh.data(), (size_t)K * 4));
+  NQ_TRY(dn.put(nh.data(), (size_t)K * 4));
+  NQ_TRY(dxh.put(x16.data(), (size_t)K * 2));
   NQ_TRY(dy.alloc((size_t)N * 4));
+  NQ_CUDA(cudaMemset(dy.p, 0, (size_t)N * 4));
   std::vector<GemvArgs> args(copies);
+  auto lin = [&](int c) {
+    LinW L;
+    L.w = w.as<uint8_t>() + per * c;
+    L.scales = reinterpret_cast<const __half*>(w.as<uint8_t>() + per * c + off);
+    L.N = N; L.K = K; L.group = group; L.type = WT_INT4;
+    return L;
+  };
   for (int c = 0; c < copies; c++) {
     GemvArgs& a = args[c];
-    a.seg[0].w = w.as<uint8_t>() + per * c;
-    a.seg[0].scales = reinterpret_cast<const __half*>(w.as<uint8_t>() + per * c + off);
-    a.seg[0].N = N; a.seg[0].K = K; a.seg[0].group = group; a.seg[0].type = WT_INT4;
-    a.x_f32 = dx.as<float>(); a.out_f32 = dy.as<float>(); a.mode = GEMV_STORE; a.variant = variant;
+    a.seg[0] = lin(mats * c);
+    a.mode = mode;
+    if (mode == GEMV_STORE) {            // qkv-like: x f32 with the RMSNorm prologue
+      a.x_f32 = dx.as<float>(); a.norm_w = dn.as<float>(); a.out_f32 = dy.as<float>();
+    } else if (mode == GEMV_ADD) {       // o/down-like: x f16, residual add
+      a.x_f16 = dxh.as<__half>(); a.out_f32 = dy.as<float>();
+    } else {                             // gate/up: RMSNorm prologue, two matrices, f16 out
+      a.up = lin(2 * c + 1);
+      a.x_f32 = dx.as<float>(); a.norm_w = dn.as<float>(); a.out_f16 = dy.as<__half>();
+    }
   }
   cudaEvent_t e0, e1;
   NQ_CUDA(cudaEventCreate(&e0));
   NQ_CUDA(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; i++) NQ_TRY(gemv(args[i % copies], 0));
-  NQ_CUDA(cudaEventRecord(e0, 0));
-  for (int i = 0; i < iters; i++) NQ_TRY(gemv(args[i % copies], 0));
-  NQ_CUDA(cudaEventRecord(e1, 0));
-  NQ_CUDA(cudaEventSynchronize(e1));
-  float t = 0.f;
-  NQ_CUDA(cudaEventElapsedTime(&t, e0, e1));
+  int rc = NQ_OK;
+  for (int v = 0; v < nvar && rc == NQ_OK; v++) {   // the variants one after another on the same data
+    for (auto& a : args) a.variant = variants[v];
+    for (int i = 0; i < 3 && rc == NQ_OK; i++) rc = gemv(args[i % copies], 0);
+    cudaEventRecord(e0, 0);
+    for (int i = 0; i < iters && rc == NQ_OK; i++) rc = gemv(args[i % copies], 0);
+    cudaEventRecord(e1, 0);
+    cudaError_t e = cudaEventSynchronize(e1);
+    float t = 0.f;
+    if (rc == NQ_OK && e == cudaSuccess) e = cudaEventElapsedTime(&t, e0, e1);
+    if (rc == NQ_OK && e != cudaSuccess) rc = fail(NQ_E_CUDA, "bench timing: %s", cudaGetErrorString(e));
+    ms[v] = t / iters;
+  }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
-  *ms = t / iters;
-  return NQ_OK;
+  return rc;
+}
+
+int nq_bench_gemv_int4(int32_t N, int32_t K, int32_t group, int32_t variant, int32_t iters, float* ms) {
+  return nq_bench_gemv_int4_mode(N, K, group, GEMV_STORE, iters, 1, &variant, ms);
 }
 
 int nq_bench_gemm_int4(int32_t M, int32_t N, int32_t K, int32_t group, int32_t iters, float* ms) {
