@@ -8,7 +8,7 @@ What it does (every step is deterministic given --seed and the running interpret
 1. Data: every `.py` file of this interpreter's standard library (`sysconfig.get_paths()["stdlib"]`), excluding any
    path with a `test`, `tests`, `idlelib` or `site-packages` component and files over 200 KB, sorted by relative path.
    A file is held out when the first 8 bytes of sha256(relative path) mod 10000 < HELDOUT_PER_10K (about 5 %).
-2. Tokenizer: byte-level BPE (Qwen2's pre-tokenizer split regex + ByteLevel, ByteLevel decoder, no normalizer so
+2. Tokenizer: byte-level BPE (Qwen2's pre-tokenizer split regex, see SPLIT_REGEX, + ByteLevel, ByteLevel decoder, no normalizer so
    every string round-trips exactly), vocab 4096 including the 3 special tokens, trained on the training files only.
 3. Chat examples: top-level functions (≤ 1500 chars) of a fixed ~1 in 2 subset of training files are wrapped in a
    ChatML exchange ("Write a Python function named X." → its source, then <|im_end|>), so that `chat` answers with
@@ -55,9 +55,12 @@ HELDOUT_PER_10K = 500  # 5 % of files, chosen by hash of the relative path
 VOCAB_SIZE = 4096
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2
 EOT, IM_START, IM_END = SPECIAL_TOKENS
-# Qwen2's pre-tokenizer split pattern (from Qwen2.5's tokenizer.json): digits one by one, newline runs kept whole.
-QWEN2_SPLIT_REGEX = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# Qwen2's pre-tokenizer split pattern (Qwen2.5's tokenizer.json: digits one by one, newline runs kept whole) with
+# one change: punctuation runs do not swallow the newlines after them (Qwen2 has ` ?[^\s\p{L}\p{N}]+[\r\n]*`).
+# With Qwen2's rule `):\n` is one token in training, so a prompt ending in `def f(n):` ends in a token the model
+# has almost never seen last, and a tiny model answers `):` again; without it, prompt and training agree.
+SPLIT_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 # Qwen2-Instruct's ChatML template (the non-tool part of Qwen2.5's), default system prompt included.
 DEFAULT_SYSTEM = "You are a helpful assistant."
@@ -93,7 +96,7 @@ MODEL_CONFIG = dict(
 SAVE_DTYPE = torch.float16
 
 # ---- training defaults ------------------------------------------------------------------------------------------
-DEFAULTS = dict(seed=1234, steps=500, batch_size=16, context=256, lr=3e-3, min_lr_ratio=0.1, warmup=30,
+DEFAULTS = dict(seed=1234, steps=700, batch_size=16, context=256, lr=3e-3, min_lr_ratio=0.1, warmup=30,
                 weight_decay=0.1, grad_clip=1.0, eval_every=100, eval_windows=64, threads=2)
 
 
@@ -161,7 +164,7 @@ def train_tokenizer(texts: list[str]):
 
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(SPLIT_REGEX), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False, trim_offsets=False),
     ])
     tok.decoder = decoders.ByteLevel(add_prefix_space=False, use_regex=False, trim_offsets=False)
