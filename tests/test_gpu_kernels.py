@@ -105,7 +105,7 @@ def test_gemv_int4_vs_numpy(lib, name, N, K, g):
         assert err < tol, f"{name} g{g} variant {variant} norm {with_norm}: relative error {err:.2e}"
 
 
-GEMV_VARIANTS = (0, 3, 2, 1)   # 0: v2 split-K (default), 3: v2 at 2 blocks/SM, 2: v1 kernel, 1: dp4a
+GEMV_VARIANTS = (0, 3, 2, 1)   # 0: v2 split-K (default, 2 blocks/SM), 3: v2 at 3 blocks/SM, 2: v1 kernel, 1: dp4a
 # shapes per mode as the decode step uses them; the split-K kernel picks 1, 2 or 4 warps per row pair among these
 # (7B-down: 4, 32B-down and odd-N: 2, the rest 1), odd-N and tiny end in a single-row pair
 ADD_SHAPES = [("7B-down", 3584, 18944), ("7B-o", 3584, 3584), ("0.5B-down", 896, 4864), ("32B-down", 5120, 27648),

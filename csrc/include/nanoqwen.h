@@ -88,8 +88,8 @@ NQ_API void nq_session_free(nq_session* s);
 
 /* ---- kernel test entry points (host pointers in and out; each allocates, runs one kernel, frees) ---- */
 /* y[N] = W[N,K] @ x[K], W int4g layout 1 (qweight uint32 (N, K/8), scales f16 (N, K/g)). variant: 0 = f16
- * unpack path (split-K, cross-row pipeline; the default), 1 = int8-activation dp4a path, 2 = f16 unpack on the
- * first (per-row pipeline) kernel, kept for A/B timing. If norm_w != NULL the input is rmsnorm(x)*norm_w (eps). */
+ * unpack path (split-K, cross-row pipeline, 2 blocks/SM; the default), 1 = int8-activation dp4a path, 2 = f16
+ * unpack on the first (per-row pipeline) kernel, 3 = variant 0 at 3 blocks/SM; 1-3 kept for A/B timing. If norm_w != NULL the input is rmsnorm(x)*norm_w (eps). */
 NQ_API int nq_test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K, int32_t group,
                       const float* x, const float* norm_w, float eps, int32_t variant, float* y);
 /* The fused GEMV modes: mode 1 (add): y[N] += W @ f16(x) (y read and written); mode 2 (swiglu): y[N] =

@@ -18,6 +18,7 @@ namespace {
 
 constexpr int kAttnWarps = 4, kAttnThreads = kAttnWarps * 32, kMaxG = 8;
 constexpr int kMaxSplits = 128;  // attention splits per (token, KV head): bounds the merge's shared memory
+constexpr int kVBatch = 32;      // V rows whose loads are issued together (one 32-key tile: one round trip)
 
 __device__ __forceinline__ size_t kv_index(const AttnArgs& a, int key, int h, int D) {
   const int page = a.page_table[key / kPage];
@@ -127,12 +128,13 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
           p[g] = 0.f;
         }
       }
-      // V: lanes over dims; keys in batches of 8 whose loads are all issued first
+      // V: lanes over dims; keys in batches of kVBatch whose loads are all issued first (was 8: four dependent
+      // round trips per 32-key tile)
       const int nvalid = min(32, k1 - kb);
-      for (int j0 = 0; j0 < nvalid; j0 += 8) {
-        uint2 vraw[8];
+      for (int j0 = 0; j0 < nvalid; j0 += kVBatch) {
+        uint2 vraw[kVBatch];
 #pragma unroll
-        for (int jj = 0; jj < 8; jj++) {
+        for (int jj = 0; jj < kVBatch; jj++) {
           const int j = (j0 + jj) & 31;
           const unsigned long long vi = __shfl_sync(0xffffffffu, (unsigned long long)kidx, j);
           vraw[jj] = make_uint2(0u, 0u);
@@ -143,7 +145,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
           }
         }
 #pragma unroll
-        for (int jj = 0; jj < 8; jj++) {
+        for (int jj = 0; jj < kVBatch; jj++) {
           const int j = (j0 + jj) & 31;
           float vf[DPL];
           const float2 a01 = __half22float2(u32_as_h2(vraw[jj].x));

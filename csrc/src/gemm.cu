@@ -103,14 +103,33 @@ __device__ __forceinline__ void store_a(const uint4 (&r)[2], __half* As) {
   }
 }
 
+// Up to 3 weights sharing A (q/k/v, gate/up) in one launch: blockIdx.x runs over the N tiles of segment 0, then 1,
+// then 2; each block computes one tile of one segment exactly as a single-weight launch would (one launch instead of
+// three: the k/v GEMMs alone had only 4 x 8 blocks and took 52 us each at M = 512, as long as q's 28 x 8).
+struct GemmSeg {
+  LinW W;
+  float* C;                // output columns of this segment (row stride ldc)
+  const float* bias;       // f32 (W.N) or null
+};
+struct GemmGroup {
+  GemmSeg s[3];
+  int n = 1;               // segments used
+  int tiles0 = 0, tiles1 = 0;  // N tiles of segments 0 and 1
+};
+
 template <int WT>
-__global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const LinW W, const __half* A, int lda, int M, float* C,
-                                                            int ldc, const float* bias, int add) {
+__global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmGroup g, const __half* A, int lda, int M,
+                                                            int ldc, int add) {
   extern __shared__ __align__(16) unsigned char gsm[];
   __half* As = reinterpret_cast<__half*>(gsm);
   __half* Ws = As + BM * LDS;
   float* Cs = reinterpret_cast<float*>(gsm);
-  const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+  const int bx = blockIdx.x;
+  const bool in1 = g.n > 1 && bx >= g.tiles0, in2 = g.n > 2 && bx >= g.tiles0 + g.tiles1;  // segment by tile
+  const LinW W = in2 ? g.s[2].W : in1 ? g.s[1].W : g.s[0].W;
+  float* const C = in2 ? g.s[2].C : in1 ? g.s[1].C : g.s[0].C;
+  const float* const bias = in2 ? g.s[2].bias : in1 ? g.s[1].bias : g.s[0].bias;
+  const int n0 = (bx - (in2 ? g.tiles0 + g.tiles1 : in1 ? g.tiles0 : 0)) * BN, m0 = blockIdx.y * BM;
   const int warp = threadIdx.x >> 5, wm = warp >> 2, wn = warp & 3;  // 2 x 4 warps, 32 x 32 each
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
 #pragma unroll
@@ -166,29 +185,54 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const LinW W, const 
 }
 
 template <int WT>
-int launch_gemm(const LinW& W, const __half* A, int lda, int M, float* C, int ldc, const float* bias, bool add,
-                cudaStream_t st) {
+int launch_gemm(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add, cudaStream_t st) {
   static bool raised = false;
   if (!raised) {
     NQ_CUDA(cudaFuncSetAttribute(gemm_kernel<WT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kGemmSmem));
     raised = true;
   }
-  dim3 grid((W.N + BN - 1) / BN, (M + BM - 1) / BM);
-  gemm_kernel<WT><<<grid, kGemmThreads, kGemmSmem, st>>>(W, A, lda, M, C, ldc, bias, add ? 1 : 0);
+  dim3 grid(tiles, (M + BM - 1) / BM);
+  gemm_kernel<WT><<<grid, kGemmThreads, kGemmSmem, st>>>(g, A, lda, M, ldc, add ? 1 : 0);
   NQ_LAUNCH_CHECK("gemm_kernel");
   return NQ_OK;
 }
 
 }  // namespace
 
+int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, const __half* A, int lda, int M,
+               int ldc, bool add, cudaStream_t st) {
+  if (n < 1 || n > 3) return fail(NQ_E_INVALID_ARG, "gemm: %d segments (1..3)", n);
+  for (int i = 0; i < n; i++)
+    if (M <= 0 || W[i].K % BK != 0 || lda % 8 != 0)
+      return fail(NQ_E_UNSUPPORTED, "gemm: needs K %% 64 == 0 (K=%d), lda %% 8 == 0 (lda=%d), M > 0 (M=%d)", W[i].K,
+                  lda, M);
+  bool same = true;
+  for (int i = 1; i < n; i++) same = same && W[i].K == W[0].K && W[i].type == W[0].type;
+  if (!same) {  // segments of different K or dtype: one launch each
+    for (int i = 0; i < n; i++) NQ_TRY(gemm_multi(W + i, C + i, bias + i, 1, A, lda, M, ldc, add, st));
+    return NQ_OK;
+  }
+  GemmGroup g;
+  g.n = n;
+  int tiles = 0;
+  for (int i = 0; i < n; i++) {
+    g.s[i].W = W[i];
+    g.s[i].C = C[i];
+    g.s[i].bias = bias[i];
+    const int t = (W[i].N + BN - 1) / BN;
+    if (i == 0) g.tiles0 = t;
+    if (i == 1) g.tiles1 = t;
+    tiles += t;
+  }
+  if (W[0].type == WT_INT4) return launch_gemm<WT_INT4>(g, tiles, A, lda, M, ldc, add, st);
+  if (W[0].type == WT_F16) return launch_gemm<WT_F16>(g, tiles, A, lda, M, ldc, add, st);
+  if (W[0].type == WT_BF16) return launch_gemm<WT_BF16>(g, tiles, A, lda, M, ldc, add, st);
+  return fail(NQ_E_UNSUPPORTED, "gemm: weight type %d", W[0].type);
+}
+
 int gemm(const LinW& W, const __half* A, int lda, int M, float* C, int ldc, const float* bias, bool add,
          cudaStream_t st) {
-  if (M <= 0 || W.K % BK != 0 || lda % 8 != 0)
-    return fail(NQ_E_UNSUPPORTED, "gemm: needs K %% 64 == 0 (K=%d), lda %% 8 == 0 (lda=%d), M > 0 (M=%d)", W.K, lda, M);
-  if (W.type == WT_INT4) return launch_gemm<WT_INT4>(W, A, lda, M, C, ldc, bias, add, st);
-  if (W.type == WT_F16) return launch_gemm<WT_F16>(W, A, lda, M, C, ldc, bias, add, st);
-  if (W.type == WT_BF16) return launch_gemm<WT_BF16>(W, A, lda, M, C, ldc, bias, add, st);
-  return fail(NQ_E_UNSUPPORTED, "gemm: weight type %d", W.type);
+  return gemm_multi(&W, &C, &bias, 1, A, lda, M, ldc, add, st);
 }
 
 }  // namespace nq

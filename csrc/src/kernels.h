@@ -34,8 +34,9 @@ struct GemvArgs {
   float* out_f32 = nullptr;
   __half* out_f16 = nullptr;
   int mode = GEMV_STORE;
-  int variant = 0;           // int4 only: 0 = f16 unpack, split-K + cross-row pipeline (v2); 1 = int8 activations +
-                             // dp4a; 2 = f16 unpack on the v1 skeleton (kept for A/B timing)
+  int variant = 0;           // int4 only: 0 = f16 unpack, split-K + cross-row pipeline (v2, 2 blocks/SM); 1 = int8
+                             // activations + dp4a; 2 = f16 unpack on the v1 skeleton; 3 = v2 at 3 blocks/SM
+                             // (1-3 kept for A/B timing)
 };
 
 int gemv(const GemvArgs& a, cudaStream_t st);
@@ -46,6 +47,10 @@ int gemv_prepare();  // raise dynamic shared-memory limits once per process
 // add into C. C row stride ldc. Tensor cores (wmma m16n16k16).
 int gemm(const LinW& W, const __half* A, int lda, int M, float* C, int ldc, const float* bias, bool add,
          cudaStream_t st);
+// n (1..3) weights sharing A in one launch (q/k/v, gate/up): C[i][M, W[i].N] (+)= A @ W[i]^T + bias[i] (may be
+// null), all C[i] with row stride ldc. Segments of different K or dtype fall back to one launch each.
+int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, const __half* A, int lda, int M,
+               int ldc, bool add, cudaStream_t st);
 // Y[M, K] f16 = rmsnorm(X[M, K] f32) * w
 int rmsnorm_rows(const float* X, const float* w, int M, int K, float eps, __half* Y, cudaStream_t st);
 // H[M, I] f16 = silu(G) * U

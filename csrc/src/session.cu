@@ -251,9 +251,12 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
       for (int l = 0; l < c.n_layers; l++) {
         const Layer& L = m.layers[l];
         NQ_TRY(rmsnorm_rows(s->X, L.ln1, M, H, eps, s->Xn, st));
-        NQ_TRY(gemm(L.q, s->Xn, H, M, s->QKV, Nqkv, L.bq, false, st));
-        NQ_TRY(gemm(L.k, s->Xn, H, M, s->QKV + Nq, Nqkv, L.bk, false, st));
-        NQ_TRY(gemm(L.v, s->Xn, H, M, s->QKV + Nq + Nkv, Nqkv, L.bv, false, st));
+        {  // q, k, v in one launch
+          const LinW W3[3] = {L.q, L.k, L.v};
+          float* const C3[3] = {s->QKV, s->QKV + Nq, s->QKV + Nq + Nkv};
+          const float* const B3[3] = {L.bq, L.bk, L.bv};
+          NQ_TRY(gemm_multi(W3, C3, B3, 3, s->Xn, H, M, Nqkv, false, st));
+        }
         NQ_TRY(rope_kv_write(s->QKV, Nqkv, M, s->d_pos, s->kv[l], s->d_page_table, s->d_rope, c.n_heads,
                              c.n_kv_heads, D, st));
         AttnArgs aa;
@@ -265,8 +268,12 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
         NQ_TRY(attention(aa, st));
         NQ_TRY(gemm(L.o, s->ATT, Nq, M, s->X, H, nullptr, true, st));
         NQ_TRY(rmsnorm_rows(s->X, L.ln2, M, H, eps, s->Xn, st));
-        NQ_TRY(gemm(L.gate, s->Xn, H, M, s->G, I, nullptr, false, st));
-        NQ_TRY(gemm(L.up, s->Xn, H, M, s->U, I, nullptr, false, st));
+        {  // gate and up in one launch
+          const LinW W2[2] = {L.gate, L.up};
+          float* const C2[2] = {s->G, s->U};
+          const float* const B2[2] = {nullptr, nullptr};
+          NQ_TRY(gemm_multi(W2, C2, B2, 2, s->Xn, H, M, I, false, st));
+        }
         NQ_TRY(swiglu_rows(s->G, s->U, M, I, s->HM, st));
         NQ_TRY(gemm(L.down, s->HM, I, M, s->X, H, nullptr, true, st));
       }
