@@ -53,13 +53,13 @@ def summarize(csv_path: str) -> None:
     cnt["embed"] += 1
     while i < len(step):
         name, us = step[i]
-        if "gemv_kernel" in name and i + 1 < len(step) and "attn_kernel" in step[i + 1][0]:
+        if "gemv" in name and i + 1 < len(step) and "attn_kernel" in step[i + 1][0]:
             for k, (n2, u2) in zip(kinds, step[i:i + 5]):
                 tot[k] += u2
                 cnt[k] += 1
             i += 5
             continue
-        k = "lm_head" if "gemv_kernel" in name else name.split("(")[0].split("<")[0].split("::")[-1]
+        k = "lm_head" if "gemv" in name else name.split("(")[0].split("<")[0].split("::")[-1]
         tot[k] += us
         cnt[k] += 1
         i += 1
