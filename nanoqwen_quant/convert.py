@@ -254,6 +254,10 @@ def main(src, out, quant, group_size, mode, lm_head, revision, fallback_f16, thr
         from nanoqwen_format import open_file
         with open_file(path, verify_checksums=False) as f:
             missing = (f.blob_json(BlobKind.PROVENANCE) or {}).get("missing_metadata") or []
+            tied = f.config.tied_embeddings
+        if lm_head == "int4" and quant == "int4" and tied:
+            click.echo("warning: --lm-head int4 has no effect: embeddings are tied (no lm_head tensor); the shared "
+                       "embedding stays f16", err=True)
         if missing:
             click.echo(f"warning: {src} has no {', '.join(missing)}; the file carries none "
                        f"(nanoqwen needs tokenizer.json to tokenize)", err=True)
