@@ -12,6 +12,7 @@
    tokens [s, s+context+1) and scores every token after the first), for each file on the CPU backend, plus
    transformers in fp32 on the checkpoint as it is stored (the "fp32" reference of the issue: the checkpoint is
    saved in f16, so fp32 math on those weights is the unquantized model).
+   From the same windows: teacher-forced top-1 agreement of each int4 file with the f16 file.
 4. Greedy agreement: --prompts prompts of --prompt-tokens tokens taken at evenly spaced held-out positions;
    --gen greedy tokens (no stop ids) from the f16 file and from each int4 file. Reported: mean common-prefix
    fraction (tokens until the first divergence / gen), position-wise match fraction, and the fraction of prompts
@@ -65,17 +66,19 @@ def nll_of_window(logits: np.ndarray, targets: np.ndarray) -> float:
     return float((lse - x[np.arange(len(targets)), targets]).sum())
 
 
-def perplexity_cpu(path: Path, windows: list[np.ndarray], ctx: int, desc: str) -> float:
+def perplexity_cpu(path: Path, windows: list[np.ndarray], ctx: int, desc: str) -> tuple[float, np.ndarray]:
+    """(perplexity, argmax of every scored position: int (n_windows * ctx,))."""
     from tqdm import tqdm
 
     from nanoqwen_rt.cpu_backend import CPUBackend
-    total, count = 0.0, 0
+    total, count, top1 = 0.0, 0, []
     with CPUBackend(path, max_context=ctx) as be:
         for w in tqdm(windows, desc=desc, disable=not sys.stderr.isatty(), leave=False):
             logits = be.logits_all(w[:-1])                 # (ctx, vocab_rows)
             total += nll_of_window(logits, w[1:])
             count += len(w) - 1
-    return math.exp(total / count)
+            top1.append(np.argmax(logits, axis=1))
+    return math.exp(total / count), np.concatenate(top1)
 
 
 def perplexity_torch_fp32(model_dir: Path, windows: list[np.ndarray]) -> float:
@@ -158,9 +161,13 @@ def main(argv=None) -> int:
         windows = [stream[s:s + a.context + 1] for s in starts]
         ppl = {"fp32 (transformers)": perplexity_torch_fp32(a.model, windows)}
         log(f"ppl fp32 (transformers) {ppl['fp32 (transformers)']:.4f}")
+        top1 = {}
         for label, path in files.items():
-            ppl[label] = perplexity_cpu(path, windows, a.context, f"ppl {label}")
+            ppl[label], top1[label] = perplexity_cpu(path, windows, a.context, f"ppl {label}")
             log(f"ppl {label} {ppl[label]:.4f}")
+        # teacher-forced: same (held-out) context for both, so one flip does not cascade as in free generation
+        top1_agree = {k: float(np.mean(top1[k] == top1["f16"])) for k in ("int4-rtn", "int4-mse")}
+        log(f"teacher-forced top-1 agreement with f16: {top1_agree}")
         hi = len(stream) - a.prompt_tokens
         pstarts = np.unique(np.linspace(0, hi - 1, a.prompts).round().astype(int))
         prompts = [stream[s:s + a.prompt_tokens] for s in pstarts]
@@ -176,6 +183,7 @@ def main(argv=None) -> int:
                    "tied": cfg.tied_embeddings},
         "group_size": a.group_size, "heldout_files_used": used, "heldout_files_listed": listed,
         "heldout_tokens": int(len(stream)), "windows": len(windows), "context": a.context,
+        "teacher_forced_top1_agreement_vs_f16": top1_agree,
         "perplexity": ppl, "relative_to_fp32": {k: v / ppl["fp32 (transformers)"] - 1 for k, v in ppl.items()},
         "greedy": {"prompts": len(prompts), "prompt_tokens": a.prompt_tokens, "gen": a.gen, "vs_f16": agree},
         "seconds": round(time.time() - t0, 1), "python": sys.version.split()[0],
@@ -197,6 +205,10 @@ def markdown(r: dict) -> str:
     for k, v in r["perplexity"].items():
         rt = "transformers fp32" if k.startswith("fp32") else "nanoqwen cpu"
         lines.append(f"| {k.split(' ')[0]} | {rt} | {v:.4f} | {100 * r['relative_to_fp32'][k]:+.2f}% |")
+    lines += ["", "Teacher-forced top-1 agreement with the f16 file over the same windows (same held-out context for "
+              "both, so a flip does not cascade): " + ", ".join(f"{k} {100 * v:.2f}%" for k, v in
+                                                                r["teacher_forced_top1_agreement_vs_f16"].items())
+              + "."]
     g = r["greedy"]
     lines += ["", f"Greedy continuation agreement with the f16 file ({g['prompts']} prompts of {g['prompt_tokens']} "
               f"held-out tokens, {g['gen']} new tokens, no stop ids):", "",
