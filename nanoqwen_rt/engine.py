@@ -134,6 +134,14 @@ class Engine:
             if device == "cuda" and cuda is None:
                 raise DeviceUnavailable("device 'cuda' asked for, but no usable CUDA GPU / libnanoqwen here")
             if cuda is not None:
+                # A valid file libnanoqwen does not run (e.g. head_dim 32): "auto" falls back to the CPU backend,
+                # an explicit "cuda" says why.
+                why = cuda.supports(self.config, {n: t.dtype for n, t in self._file.tensors.items()})
+                if why is not None:
+                    if device == "cuda":
+                        raise DeviceUnavailable(f"the CUDA backend does not run this model: {why}")
+                    cuda = None
+            if cuda is not None:
                 self.backend = cuda.CudaBackend(self.path, max_context=max_context, file=self._file)
             else:
                 from .cpu_backend import CPUBackend

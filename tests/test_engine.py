@@ -173,3 +173,22 @@ def test_cuda_request_without_cuda_is_named(model_file, monkeypatch):
         Engine(model_file, device="cuda")
     with Engine(model_file, device="auto", max_context=CTX) as e:
         assert e.device == "cpu"
+
+
+def test_auto_falls_back_to_cpu_for_a_model_cuda_does_not_run(model_file, monkeypatch):
+    """A GPU is present but libnanoqwen refuses this model (supports() gives a reason): "auto" picks the CPU
+    backend without constructing the CUDA one, an explicit "cuda" names the reason."""
+    import types
+
+    import nanoqwen_rt.engine as engine_mod
+
+    def no_construct(*a, **k):
+        raise AssertionError("CudaBackend must not be constructed for an unsupported model")
+
+    fake = types.SimpleNamespace(supports=lambda cfg, dtypes: f"head_dim {cfg.head_dim} (test)",
+                                 CudaBackend=no_construct)
+    monkeypatch.setattr(engine_mod, "_cuda_module", lambda: fake)
+    with Engine(model_file, device="auto", max_context=CTX) as e:
+        assert e.device == "cpu"
+    with pytest.raises(DeviceUnavailable, match=r"does not run this model: head_dim \d+ \(test\)"):
+        Engine(model_file, device="cuda")
