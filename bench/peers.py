@@ -11,7 +11,6 @@ in-process next to the Engine.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -20,7 +19,7 @@ import types
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # repo root, when not installed
 
 from nanoqwen_rt.bench import (QWEN25_CODER_7B, BenchError, _git_commit, format_table, gpu_name,  # noqa: E402
-                               measure_copy_bandwidth)
+                               measure_copy_bandwidth, write_json_atomic)
 from nanoqwen_rt.bench_peers import run_peers  # noqa: E402
 
 
@@ -51,10 +50,7 @@ def main(argv=None) -> int:
         print(f"peers: {e}", file=sys.stderr)
         return 2
     if a.json:
-        tmp = a.json + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(res, fh, indent=1)
-        os.replace(tmp, a.json)
+        write_json_atomic(a.json, res)
     print(format_table(res))
     return 0
 

@@ -89,6 +89,17 @@ class Backend(abc.ABC):
         return out
 
     # -- generation -----------------------------------------------------------------------------------
+    def _check_generate_args(self, prompt_ids, max_new_tokens: int) -> np.ndarray:
+        """The argument rules of generate_ids, shared by every backend: ids in range, max_new_tokens >= 0, and a
+        prompt that leaves room for one new token. Returns the prompt as int32 (n,)."""
+        ids = _as_ids(prompt_ids, self.config.vocab_rows)
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if max_new_tokens > 0 and ids.shape[0] >= self.max_context:
+            raise ContextFull(f"prompt of {ids.shape[0]} tokens leaves no room for a new token in "
+                              f"max_context={self.max_context}")
+        return ids
+
     def generate_ids(self, prompt_ids: np.ndarray, params: SamplingParams, max_new_tokens: int,
                      stop_token_ids: Iterable[int] = ()) -> Iterator[int]:
         """Reset, prefill the prompt, then sample/decode. Yields each new token id as soon as it is sampled.
@@ -103,12 +114,7 @@ class Backend(abc.ABC):
         Arguments are validated when called (ValueError / ContextFull raised before the first next()):
         the prompt must leave room for one new token (len(prompt_ids) < max_context when max_new_tokens > 0).
         """
-        ids = _as_ids(prompt_ids, self.config.vocab_rows)
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if max_new_tokens > 0 and ids.shape[0] >= self.max_context:
-            raise ContextFull(f"prompt of {ids.shape[0]} tokens leaves no room for a new token in "
-                              f"max_context={self.max_context}")
+        ids = self._check_generate_args(prompt_ids, max_new_tokens)
         sampler = Sampler(params)
         stops = {int(t) for t in stop_token_ids}
         return self._generate_loop(ids, sampler, max_new_tokens, stops)

@@ -352,6 +352,20 @@ def format_table(result: Mapping) -> str:
     return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
 
 
+def write_json_atomic(path: str, obj) -> None:
+    """Write obj as JSON beside the target, then rename: a reader never sees half a file, a failure leaves none."""
+    import tempfile
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(obj, indent=1, default=str) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 def main(argv: list[str] | None = None) -> int:
     """python -m nanoqwen_rt.bench FILE [--json OUT] [--prompt-tokens N] [--new-tokens N] [--no-peers]."""
     ap = argparse.ArgumentParser(prog="nanoqwen-bench", description=__doc__.splitlines()[0])
@@ -373,10 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nanoqwen bench: {e}", file=sys.stderr)
         return 2
     if a.json:
-        tmp = a.json + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(res, fh, indent=1)
-        os.replace(tmp, a.json)
+        write_json_atomic(a.json, res)
     print(format_table(res))
     return 0
 

@@ -152,22 +152,6 @@ def _check_can_listen(host: str, port: int) -> None:
             raise _fail(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
-def _write_atomic(path: str, text: str) -> None:
-    """Write beside the target, then rename: a reader never sees half a file."""
-    import os
-    import tempfile
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 # ------------------------------------------------------------------ commands
 
 @click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
@@ -299,7 +283,7 @@ def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out):
     bandwidth ceilings, MBU and the torch int4 / cuBLAS fp16 peers (skipped, with the reason, without CUDA).
     """
     try:
-        from .bench import BenchError, format_table, run_bench
+        from .bench import BenchError, format_table, run_bench, write_json_atomic
     except ImportError:
         click.echo("nanoqwen bench: error: bench needs a CUDA build (libnanoqwen); see bench/NOTES.md", err=True)
         sys.exit(2)
@@ -312,7 +296,7 @@ def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out):
     except _load_errors() as e:
         raise _fail(f"{file}: {type(e).__name__}: {_flat(e)}") from None
     if json_out:
-        _write_atomic(json_out, json.dumps(result, indent=1, default=str) + "\n")
+        write_json_atomic(json_out, result)
     click.echo(format_table(result))
 
 

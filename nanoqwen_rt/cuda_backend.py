@@ -278,12 +278,7 @@ class CudaBackend(Backend):
     # -- generation on the device --------------------------------------------------------------------------
     def generate_ids(self, prompt_ids, params: SamplingParams, max_new_tokens: int,
                      stop_token_ids: Iterable[int] = ()) -> Iterator[int]:
-        ids = _as_ids(prompt_ids, self.config.vocab_rows)
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if max_new_tokens > 0 and ids.shape[0] >= self.max_context:
-            raise ContextFull(f"prompt of {ids.shape[0]} tokens leaves no room for a new token in "
-                              f"max_context={self.max_context}")
+        ids = self._check_generate_args(prompt_ids, max_new_tokens)
         sp = _sampling_struct(params)
         stops = np.array(sorted({int(t) for t in stop_token_ids}), dtype=np.int32)
         return self._generate(ids, sp, int(max_new_tokens), stops)
