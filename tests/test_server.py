@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from nanoqwen_rt import Engine
-from test_server_model import HANG_GUARD_S, PROMPT, build_model_file
+from test_server_model import HANG_GUARD_S, PROMPT, build_model_file, stop_server
 
 MODEL = "test-model"
 KEY = "test-key-123"
@@ -71,13 +71,7 @@ def server(model_path, tmp_path_factory):
             time.sleep(0.2)
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        stop_server(proc, log)
     assert proc.returncode in (0, -15), log_path.read_text()       # clean shutdown on SIGTERM
 
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from test_server_model import HANG_GUARD_S, PROMPT, build_model_file
+from test_server_model import HANG_GUARD_S, PROMPT, build_model_file, stop_server
 
 pytestmark = pytest.mark.gpu
 httpx = pytest.importorskip("httpx")
@@ -80,10 +80,4 @@ def test_server_on_cuda(model_path, reference, tmp_path):
         metrics = httpx.get(base + "/metrics", timeout=30).text
         assert "nanoqwen_time_per_output_token_seconds_count" in metrics
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        stop_server(proc, log)

@@ -9,6 +9,7 @@ The server/CLI tests then compare the server against `Engine.generate` on this s
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 from pathlib import Path
 
@@ -22,6 +23,18 @@ HANG_GUARD_S = 180.0
 
 _lock = threading.Lock()
 _built: dict[str, str] = {}
+
+
+def stop_server(proc: subprocess.Popen, log) -> None:
+    """End a server subprocess started by a test: SIGTERM, then SIGKILL if it has not exited within 15 s; close
+    its log file. proc.returncode is set afterwards (the caller may assert a clean shutdown)."""
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()
 
 
 def build_model_file(tmp_dir: Path) -> str:
