@@ -52,6 +52,11 @@ if has kbench; then
   tail -3 "$LOG/gemv_bench.log" | grep -v "^gemm" | tee -a "$summary"
   save
 fi
+if has abench; then
+  timeout 120 python3 bench/attn_bench.py --json "$LOG/attn_bench.json" > "$LOG/attn_bench.log" 2>&1
+  note "attention bench rc=$?"; grep -E "^attn" "$LOG/attn_bench.log" | tee -a "$summary"
+  save
+fi
 if has bench; then
   t0=$(date +%s)
   timeout 120 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > "$LOG/make7b.log" 2>&1

@@ -3,11 +3,20 @@
 // Grid (n_kv, n_split, M): block (h, s, t) serves query token t (position *pos0 + t) for the G = n_heads/n_kv
 // query heads of KV head h, over keys [s*kps, min((s+1)*kps, pos+1)): the G heads share one read of K and V.
 // kps = max(keys_per_split, ceil32((pos+1)/n_split)) is computed from the position at run time, so every split
-// has work at any context length and one captured graph serves all positions.
-// 4 warps; each warp takes tiles of 32 keys (lane = key for the scores, lane = dims for the V sum), keeping an
-// online softmax (log2 domain) per head. Blocks write a partial (m, l, o[D]) per head; the last block of
-// (t, h) to finish (atomic counter) merges the splits and writes the f16 output, then re-arms the counter.
-// Decode (write_kv): the block whose key range holds the current position first writes rope(k), v there.
+// has work at any context length and one captured graph serves all positions; blocks past the last used split
+// return at once.
+//
+// v2 (this version): the block copies K and V in tiles of kKT = 32 keys into shared memory with cp.async (two
+// tiles in flight: double buffer; one memory round trip before the first score), then
+//   scores + online softmax: warp w takes heads w, w+4 (lane = key; the K row is read from shared memory),
+//   P.V: thread tid owns dim tid % D of heads tid / D + kTPD*i (V read from shared memory, P broadcast),
+// all loops short and rolled over the heads' registers only: the code is a few KB (v1 fully unrolled 8 heads x
+// 32 V rows into ~100-150 KB of SASS per kernel, whose instruction fetch, not its memory traffic, made it a
+// fixed ~30 us per block: bench/NOTES.md). One split: the block writes the f16 output itself. Several: each
+// writes a partial (m, l, o[D]) per head; the last block of (t, h) to finish (atomic counter over the USED
+// splits) merges them and re-arms the counter.
+// Decode (write_kv): the block whose key range holds the current position writes rope(k), v into the cache and
+// puts the same f16 row into its shared tile directly (no write-then-read round trip).
 #include "kernels.h"
 #include "device_util.cuh"
 #include "launch.h"
@@ -18,21 +27,64 @@ namespace {
 
 constexpr int kAttnWarps = 4, kAttnThreads = kAttnWarps * 32, kMaxG = 8;
 constexpr int kMaxSplits = 128;  // attention splits per (token, KV head): bounds the merge's shared memory
-constexpr int kVBatch = 32;      // V rows whose loads are issued together (one 32-key tile: one round trip)
+constexpr int kKT = 32;          // keys per shared-memory tile (= lanes of a warp in the score phase)
 
-__device__ __forceinline__ size_t kv_index(const AttnArgs& a, int key, int h, int D) {
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+template <int D>
+struct AttnSmem {
+  static constexpr int KLD = D + 8;  // K row stride (halves): rows 16 B apart mod 128 B -> the score phase's
+                                     // 16-byte loads (8 lanes = 8 rows at one column) hit distinct banks
+  float q[kMaxG][D];                 // roped q of the G heads, times log2(e)/sqrt(D): scores in the log2 domain
+  union {
+    struct {
+      __half k[2][kKT][KLD];         // K tiles (double buffer)
+      __half v[2][kKT][D];           // V tiles
+    } t;
+    struct {
+      float w[kMaxG][kMaxSplits];    // merge: per split m, then its weight exp2(m_s - max)
+      float l[kMaxG][kMaxSplits];    // merge: per split l
+    } mg;
+  } u;
+  float p[kMaxG][kKT];               // probabilities of the current tile (0 for keys past the range)
+  float m[kMaxG], l[kMaxG], corr[kMaxG], inv[kMaxG];
+  __align__(16) __half knew[D];      // decode: this step's roped k and v (the cache row at pos)
+  __align__(16) __half vnew[D];
+  int last;
+};
+
+__device__ __forceinline__ size_t kv_row(const AttnArgs& a, int key, int h, int D) {
   const int page = a.page_table[key / kPage];
   return (((size_t)page * a.n_kv + h) * kPage + (key % kPage)) * (size_t)D;
 }
 
+// cp.async the K and V rows of keys [kt0, min(kt0 + kKT, k1)) into buffer `buf` (the row at `skip` excepted:
+// the decode block fills it from registers); one commit group per tile.
+template <int D>
+__device__ __forceinline__ void load_tile(const AttnArgs& a, AttnSmem<D>& S, int buf, int kt0, int k1, int h, int skip) {
+  constexpr int CPR = D / 8;  // 16-byte chunks per row
+  for (int c = threadIdx.x; c < kKT * CPR; c += kAttnThreads) {
+    const int j = c / CPR, part = c % CPR, key = kt0 + j;
+    if (key < k1 && key != skip) {
+      const size_t off = kv_row(a, key, h, D) + part * 8;
+      cp_async16(&S.u.t.k[buf][j][part * 8], a.kv.k + off);
+      cp_async16(&S.u.t.v[buf][j][part * 8], a.kv.v + off);
+    }
+  }
+  cp_async_commit();
+}
+
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
-  constexpr int DPL = D / 32;  // dims per lane in the V accumulation
-  __shared__ __align__(16) float qs[kMaxG][D];
-  __shared__ float wm[kAttnWarps][kMaxG], wl[kAttnWarps][kMaxG];
-  __shared__ float wo[kAttnWarps][kMaxG][D];
-  __shared__ int s_last;
-  __shared__ float s_wm[kMaxG][kMaxSplits], s_wl[kMaxG][kMaxSplits], s_inv[kMaxG];  // merge of the splits
+  constexpr int kTPD = kAttnThreads / D;  // threads per output dim in the P.V phase (1 for D=128, 2 for D=64)
+  constexpr int kHPT = kMaxG / kTPD;      // heads per thread in the P.V phase
+  __shared__ __align__(16) AttnSmem<D> S;
 
   pdl_wait();  // position, qkv and the cache come from earlier kernels
   pdl_trigger();
@@ -42,194 +94,177 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
   const int pos = *a.pos0 + t;
   const int n_keys = pos + 1;
   // keys per split: at least keys_per_split, and large enough that n_split splits cover the n_keys keys
-  const int kps = max(a.keys_per_split, ((n_keys + a.n_split - 1) / a.n_split + 31) / 32 * 32);
-  const int k0 = split * kps;
-  const int k1 = min(n_keys, k0 + kps);
+  const int kps = max(a.keys_per_split, ((n_keys + a.n_split - 1) / a.n_split + kKT - 1) / kKT * kKT);
+  const int n_used = (n_keys + kps - 1) / kps;  // splits with keys (<= n_split)
+  if (split >= n_used) return;                  // uniform per block: no barrier is skipped by part of it
+  const int k0 = split * kps, k1 = min(n_keys, k0 + kps);
+  const int ntiles = (k1 - k0 + kKT - 1) / kKT;
+  const bool own = a.write_kv && pos >= k0 && pos < k1;  // this block writes the cache row at pos
+  const int skip = own ? pos : -1;
+
+  load_tile<D>(a, S, 0, k0, k1, h, skip);
+  if (ntiles > 1) load_tile<D>(a, S, 1, k0 + kKT, k1, h, skip);
+
   const float* qkv = a.qkv + (size_t)t * a.qkv_stride;
   const float2* rope = a.rope + (size_t)pos * (D / 2);
+  const float qscale = 1.4426950408889634f * rsqrtf((float)D);
+  for (int i = tid; i < G * (D / 2); i += kAttnThreads) {
+    const int g = i / (D / 2), d = i % (D / 2);
+    const float* qin = qkv + (h * G + g) * D;
+    const float2 cs = rope[d];
+    const float x0 = qin[d], x1 = qin[d + D / 2];
+    S.q[g][d] = (x0 * cs.x - x1 * cs.y) * qscale;
+    S.q[g][d + D / 2] = (x1 * cs.x + x0 * cs.y) * qscale;
+  }
+  if (own) {
+    const float* kin = qkv + a.n_heads * D + h * D;
+    const float* vin = qkv + (a.n_heads + a.n_kv) * D + h * D;
+    const size_t idx = kv_row(a, pos, h, D);
+    for (int i = tid; i < D / 2; i += kAttnThreads) {
+      const float2 cs = rope[i];
+      const float x0 = kin[i], x1 = kin[i + D / 2];
+      const __half k0h = __float2half_rn(x0 * cs.x - x1 * cs.y), k1h = __float2half_rn(x1 * cs.x + x0 * cs.y);
+      const __half v0h = __float2half_rn(vin[i]), v1h = __float2half_rn(vin[i + D / 2]);
+      a.kv.k[idx + i] = k0h; a.kv.k[idx + i + D / 2] = k1h;
+      a.kv.v[idx + i] = v0h; a.kv.v[idx + i + D / 2] = v1h;
+      S.knew[i] = k0h; S.knew[i + D / 2] = k1h;
+      S.vnew[i] = v0h; S.vnew[i + D / 2] = v1h;
+    }
+  }
+  if (tid < kMaxG) { S.m[tid] = -CUDART_INF_F; S.l[tid] = 0.f; }
 
-  if (k0 < k1) {
-    if (a.write_kv && pos >= k0 && pos < k1) {
-      const float* kin = qkv + a.n_heads * D + h * D;
-      const float* vin = qkv + (a.n_heads + a.n_kv) * D + h * D;
-      const size_t idx = kv_index(a, pos, h, D);
-      for (int i = tid; i < D / 2; i += kAttnThreads) {
-        const float2 cs = rope[i];
-        const float x0 = kin[i], x1 = kin[i + D / 2];
-        a.kv.k[idx + i] = __float2half_rn(x0 * cs.x - x1 * cs.y);
-        a.kv.k[idx + i + D / 2] = __float2half_rn(x1 * cs.x + x0 * cs.y);
-        a.kv.v[idx + i] = __float2half_rn(vin[i]);
-        a.kv.v[idx + i + D / 2] = __float2half_rn(vin[i + D / 2]);
-      }
-    }
-    // roped q of the G heads, scaled by log2(e)/sqrt(D) so scores are in the log2 domain
-    const float qscale = 1.4426950408889634f * rsqrtf((float)D);
-    for (int i = tid; i < G * (D / 2); i += kAttnThreads) {
-      const int g = i / (D / 2), d = i % (D / 2);
-      const float* qin = qkv + (h * G + g) * D;
-      const float2 cs = rope[d];
-      const float x0 = qin[d], x1 = qin[d + D / 2];
-      qs[g][d] = (x0 * cs.x - x1 * cs.y) * qscale;
-      qs[g][d + D / 2] = (x1 * cs.x + x0 * cs.y) * qscale;
-    }
-    __syncthreads();  // q staged; the KV write above is visible to the whole block
+  float o[kHPT];
+#pragma unroll
+  for (int i = 0; i < kHPT; i++) o[i] = 0.f;
+  const int od = tid % D, og = tid / D;  // P.V: output dim, first head
 
-    float m[kMaxG], l[kMaxG], o[kMaxG][DPL];
-#pragma unroll
-    for (int g = 0; g < kMaxG; g++) {
-      m[g] = -CUDART_INF_F;
-      l[g] = 0.f;
-#pragma unroll
-      for (int e = 0; e < DPL; e++) o[g][e] = 0.f;
+  for (int it = 0; it < ntiles; it++) {
+    const int buf = it & 1, kt0 = k0 + it * kKT, nvalid = min(kKT, k1 - kt0);
+    if (it + 1 < ntiles) cp_async_wait<1>(); else cp_async_wait<0>();
+    __syncthreads();  // this tile's copies (all threads') landed; q, knew/vnew, m/l staged
+    if (own && pos >= kt0 && pos < kt0 + nvalid && tid < D / 8) {
+      *reinterpret_cast<uint4*>(&S.u.t.k[buf][pos - kt0][tid * 8]) = *reinterpret_cast<const uint4*>(&S.knew[tid * 8]);
+      *reinterpret_cast<uint4*>(&S.u.t.v[buf][pos - kt0][tid * 8]) = *reinterpret_cast<const uint4*>(&S.vnew[tid * 8]);
+      __threadfence_block();
     }
-    for (int kb = k0 + warp * 32; kb < k1; kb += kAttnWarps * 32) {
-      const int key = kb + lane;
-      const bool valid = key < k1;
-      const size_t kidx = valid ? kv_index(a, key, h, D) : 0;  // this lane's key row (same offset in V)
-      float s[kMaxG];
-#pragma unroll
-      for (int g = 0; g < kMaxG; g++) s[g] = 0.f;
-      if (valid) {
-        const uint4* kr = reinterpret_cast<const uint4*>(a.kv.k + kidx);
-#pragma unroll
-        for (int c0 = 0; c0 < D / 8; c0 += 8) {
-          uint4 kv[8];  // 8 loads in flight before the first use
-#pragma unroll
-          for (int c = 0; c < 8; c++) kv[c] = kr[c0 + c];
-#pragma unroll
-          for (int c = 0; c < 8; c++) {
-            const float2 k01 = __half22float2(u32_as_h2(kv[c].x)), k23 = __half22float2(u32_as_h2(kv[c].y));
-            const float2 k45 = __half22float2(u32_as_h2(kv[c].z)), k67 = __half22float2(u32_as_h2(kv[c].w));
-#pragma unroll
-            for (int g = 0; g < kMaxG; g++) {
-              if (g < G) {
-                const float4 qa = *reinterpret_cast<const float4*>(&qs[g][(c0 + c) * 8]);
-                const float4 qb = *reinterpret_cast<const float4*>(&qs[g][(c0 + c) * 8 + 4]);
-                s[g] += qa.x * k01.x + qa.y * k01.y + qa.z * k23.x + qa.w * k23.y +
-                        qb.x * k45.x + qb.y * k45.y + qb.z * k67.x + qb.w * k67.y;
-              }
-            }
+    __syncthreads();
+    // scores + online softmax: heads warp, warp + 4 (lane = key)
+    {
+      const int g0 = warp, g1 = warp + kAttnWarps;
+      const bool has1 = g1 < G, valid = lane < nvalid;
+      float s0 = 0.f, s1 = 0.f;
+      if (g0 < G && valid) {
+        const __half* kr = S.u.t.k[buf][lane];
+#pragma unroll 4
+        for (int c = 0; c < D / 8; c++) {
+          const uint4 kk = *reinterpret_cast<const uint4*>(kr + c * 8);
+          const float2 f0 = __half22float2(u32_as_h2(kk.x)), f1 = __half22float2(u32_as_h2(kk.y));
+          const float2 f2 = __half22float2(u32_as_h2(kk.z)), f3 = __half22float2(u32_as_h2(kk.w));
+          const float4 qa = *reinterpret_cast<const float4*>(&S.q[g0][c * 8]);
+          const float4 qb = *reinterpret_cast<const float4*>(&S.q[g0][c * 8 + 4]);
+          s0 += qa.x * f0.x + qa.y * f0.y + qa.z * f1.x + qa.w * f1.y + qb.x * f2.x + qb.y * f2.y + qb.z * f3.x + qb.w * f3.y;
+          if (has1) {
+            const float4 qc = *reinterpret_cast<const float4*>(&S.q[g1][c * 8]);
+            const float4 qd = *reinterpret_cast<const float4*>(&S.q[g1][c * 8 + 4]);
+            s1 += qc.x * f0.x + qc.y * f0.y + qc.z * f1.x + qc.w * f1.y + qd.x * f2.x + qd.y * f2.y + qd.z * f3.x + qd.w * f3.y;
           }
         }
       }
-      float p[kMaxG];
 #pragma unroll
-      for (int g = 0; g < kMaxG; g++) {
-        if (g < G) {
-          const float mt = warp_max(valid ? s[g] : -CUDART_INF_F);
-          const float mn = fmaxf(m[g], mt);
-          const float corr = exp2f(m[g] - mn);
-          p[g] = valid ? exp2f(s[g] - mn) : 0.f;
-          l[g] = l[g] * corr + warp_sum(p[g]);
-          m[g] = mn;
-#pragma unroll
-          for (int e = 0; e < DPL; e++) o[g][e] *= corr;
-        } else {
-          p[g] = 0.f;
-        }
-      }
-      // V: lanes over dims; keys in batches of kVBatch whose loads are all issued first (was 8: four dependent
-      // round trips per 32-key tile)
-      const int nvalid = min(32, k1 - kb);
-      for (int j0 = 0; j0 < nvalid; j0 += kVBatch) {
-        uint2 vraw[kVBatch];
-#pragma unroll
-        for (int jj = 0; jj < kVBatch; jj++) {
-          const int j = (j0 + jj) & 31;
-          const unsigned long long vi = __shfl_sync(0xffffffffu, (unsigned long long)kidx, j);
-          vraw[jj] = make_uint2(0u, 0u);
-          if (j0 + jj < nvalid) {
-            const __half* vr = a.kv.v + vi + lane * DPL;
-            if (DPL == 4) vraw[jj] = *reinterpret_cast<const uint2*>(vr);
-            else vraw[jj].x = *reinterpret_cast<const uint32_t*>(vr);
+      for (int r = 0; r < 2; r++) {
+        const int g = r ? g1 : g0;
+        if (g < G) {  // warp-uniform
+          const float s = valid ? (r ? s1 : s0) : -CUDART_INF_F;
+          const float m_old = S.m[g];
+          const float m_new = fmaxf(m_old, warp_max(s));  // finite: the tile has >= 1 valid key
+          const float p = valid ? exp2f(s - m_new) : 0.f;
+          const float lsum = warp_sum(p);
+          S.p[g][lane] = p;
+          if (lane == 0) {
+            const float c = exp2f(m_old - m_new);  // 0 on the first tile (m_old = -inf)
+            S.corr[g] = c;
+            S.l[g] = S.l[g] * c + lsum;
+            S.m[g] = m_new;
           }
         }
-#pragma unroll
-        for (int jj = 0; jj < kVBatch; jj++) {
-          const int j = (j0 + jj) & 31;
-          float vf[DPL];
-          const float2 a01 = __half22float2(u32_as_h2(vraw[jj].x));
-          vf[0] = a01.x; vf[1 % DPL] = a01.y;
-          if (DPL == 4) {
-            const float2 a23 = __half22float2(u32_as_h2(vraw[jj].y));
-            vf[2 % DPL] = a23.x; vf[3 % DPL] = a23.y;
-          }
-#pragma unroll
-          for (int g = 0; g < kMaxG; g++) {
-            if (g < G) {
-              const float pj = __shfl_sync(0xffffffffu, p[g], j);
-#pragma unroll
-              for (int e = 0; e < DPL; e++) o[g][e] = fmaf(pj, vf[e], o[g][e]);
-            }
-          }
-        }
-      }
-    }
-    // merge the warps
-#pragma unroll
-    for (int g = 0; g < kMaxG; g++) {
-      if (g < G) {
-        if (lane == 0) { wm[warp][g] = m[g]; wl[warp][g] = l[g]; }
-#pragma unroll
-        for (int e = 0; e < DPL; e++) wo[warp][g][lane * DPL + e] = o[g][e];
       }
     }
     __syncthreads();
-    for (int i = tid; i < G * D; i += kAttnThreads) {
-      const int g = i / D, d = i % D;
-      float mm = -CUDART_INF_F;
+    // P.V: o[i] (dim od of head og + kTPD*i) = corr * o + sum_j p_j v_j
 #pragma unroll
-      for (int w = 0; w < kAttnWarps; w++) mm = fmaxf(mm, wm[w][g]);
-      float ll = 0.f, oo = 0.f;
-#pragma unroll
-      for (int w = 0; w < kAttnWarps; w++) {
-        const float f = exp2f(wm[w][g] - mm);  // warps without keys have m = -inf -> 0
-        ll += wl[w][g] * f;
-        oo += wo[w][g][d] * f;
-      }
-      const size_t ph = ((size_t)t * a.n_heads + h * G + g) * a.n_split + split;
-      a.part_o[ph * D + d] = oo;
-      if (d == 0) { a.part_ml[ph * 2] = mm; a.part_ml[ph * 2 + 1] = ll; }
+    for (int i = 0; i < kHPT; i++) {
+      const int g = og + kTPD * i;
+      if (g < G) o[i] *= S.corr[g];
     }
+    const __half* vc = &S.u.t.v[buf][0][od];
+#pragma unroll 4
+    for (int j = 0; j < nvalid; j++) {
+      const float vj = __half2float(vc[j * D]);
+#pragma unroll
+      for (int i = 0; i < kHPT; i++) {
+        const int g = og + kTPD * i;
+        if (g < G) o[i] = fmaf(S.p[g][j], vj, o[i]);
+      }
+    }
+    __syncthreads();  // buffer `buf`, p and corr are free
+    if (it + 2 < ntiles) load_tile<D>(a, S, buf, kt0 + 2 * kKT, k1, h, skip);
   }
-  // last block of (t, h) merges the splits
+
+  __half* out = a.out + (size_t)t * a.n_heads * D + h * G * D;
+  if (n_used == 1) {  // one split: final output directly
+#pragma unroll
+    for (int i = 0; i < kHPT; i++) {
+      const int g = og + kTPD * i;
+      if (g < G) out[g * D + od] = __float2half_rn(o[i] / S.l[g]);
+    }
+    return;
+  }
+  // partial (m, l, o) of this split, then the last of the n_used blocks merges
+  const size_t ph0 = ((size_t)t * a.n_heads + h * G) * a.n_split;  // row of (head 0 of this group, split 0)
+#pragma unroll
+  for (int i = 0; i < kHPT; i++) {
+    const int g = og + kTPD * i;
+    if (g < G) a.part_o[(ph0 + (size_t)g * a.n_split + split) * D + od] = o[i];
+  }
+  if (tid < G) {
+    a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2] = S.m[tid];
+    a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2 + 1] = S.l[tid];
+  }
   __threadfence();
   __syncthreads();
-  if (tid == 0) {
-    const int prev = atomicAdd(&a.counters[t * a.n_kv + h], 1);
-    s_last = prev == (int)gridDim.y - 1;
-  }
+  if (tid == 0) S.last = atomicAdd(&a.counters[t * a.n_kv + h], 1) == n_used - 1;
   __syncthreads();
-  if (!s_last) return;
+  if (!S.last) return;
   __threadfence();
-  const int n_used = (n_keys + kps - 1) / kps;  // <= n_split <= kMaxSplits
-  // (m, l) of every used split of the G heads into shared memory: one round of independent L2 loads
   for (int i = tid; i < G * n_used; i += kAttnThreads) {
     const int g = i / n_used, sp = i % n_used;
-    const size_t ph = ((size_t)t * a.n_heads + h * G + g) * a.n_split + sp;
-    s_wm[g][sp] = __ldcg(a.part_ml + ph * 2);
-    s_wl[g][sp] = __ldcg(a.part_ml + ph * 2 + 1);
+    const size_t r = ph0 + (size_t)g * a.n_split + sp;
+    S.u.mg.w[g][sp] = __ldcg(a.part_ml + r * 2);
+    S.u.mg.l[g][sp] = __ldcg(a.part_ml + r * 2 + 1);
   }
   __syncthreads();
-  if (tid < G) {  // per head: split weights exp2(m_s - max) and 1 / sum(l_s * weight), shared memory only
+  if (tid < G) {  // per head: split weights exp2(m_s - max) and 1 / sum(l_s * weight)
     float mm = -CUDART_INF_F;
-    for (int sp = 0; sp < n_used; sp++) mm = fmaxf(mm, s_wm[tid][sp]);
+    for (int sp = 0; sp < n_used; sp++) mm = fmaxf(mm, S.u.mg.w[tid][sp]);
     float ll = 0.f;
     for (int sp = 0; sp < n_used; sp++) {
-      const float f = exp2f(s_wm[tid][sp] - mm);  // every used split has >= 1 key: m is finite
-      s_wm[tid][sp] = f;
-      ll += s_wl[tid][sp] * f;
+      const float f = exp2f(S.u.mg.w[tid][sp] - mm);  // every used split has >= 1 key: m is finite
+      S.u.mg.w[tid][sp] = f;
+      ll += S.u.mg.l[tid][sp] * f;
     }
-    s_inv[tid] = 1.f / ll;
+    S.inv[tid] = 1.f / ll;
   }
   __syncthreads();
-  for (int i = tid; i < G * D; i += kAttnThreads) {
-    const int g = i / D, d = i % D;
-    const float* po = a.part_o + ((size_t)t * a.n_heads + h * G + g) * a.n_split * D + d;
-    float oo = 0.f;
-#pragma unroll 8
-    for (int sp = 0; sp < n_used; sp++) oo = fmaf(__ldcg(po + (size_t)sp * D), s_wm[g][sp], oo);
-    a.out[(size_t)t * a.n_heads * D + (h * G + g) * D + d] = __float2half_rn(oo * s_inv[g]);
+#pragma unroll 1
+  for (int i = 0; i < kHPT; i++) {
+    const int g = og + kTPD * i;
+    if (g < G) {
+      const float* po = a.part_o + (ph0 + (size_t)g * a.n_split) * D + od;
+      float acc = 0.f;
+#pragma unroll 4
+      for (int sp = 0; sp < n_used; sp++) acc = fmaf(__ldcg(po + (size_t)sp * D), S.u.mg.w[g][sp], acc);
+      out[g * D + od] = __float2half_rn(acc * S.inv[g]);
+    }
   }
   if (tid == 0) a.counters[t * a.n_kv + h] = 0;
 }

@@ -80,8 +80,8 @@ int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) 
   s->prefill_chunk = std::min(512, max_ctx);
   const int C = s->prefill_chunk;
   // decode: ~256 attention blocks in all at long contexts, at least 64 keys each; prefill: up to 16 splits
-  s->kps_decode = 64;
-  s->nsplit_decode = std::max(1, std::min(std::min(128, 256 / c.n_kv_heads), (max_ctx + 63) / 64));
+  s->kps_decode = 32;
+  s->nsplit_decode = std::max(1, std::min(std::min(128, 256 / c.n_kv_heads), (max_ctx + 31) / 32));
   s->kps_prefill = 128;
   s->nsplit_prefill = std::max(1, std::min(16, (max_ctx + 127) / 128));
   int rc = NQ_OK;
