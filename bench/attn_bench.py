@@ -5,8 +5,8 @@
 
 Each row: nq_bench_attention = `iters` launches captured in one CUDA graph (as the decode step is), K/V random f16
 rotated over enough layers' caches to exceed L2 (HBM reads, as in a real step), best of 3 replays; us per launch.
-The split parameters are the ones a session uses (csrc/src/session.cu): decode keys_per_split 32 with
-n_split = min(128, 256 / n_kv, ceil(max_ctx / 32)); prefill keys_per_split 128, n_split = min(16, ceil(max_ctx / 128)).
+Split parameters as a session derives them (csrc/src/session.cu) for each keys_per_split timed: decode
+n_split = min(128, 256 / n_kv, ceil(max_ctx / kps)); prefill n_split = min(16, ceil(max_ctx / kps)).
 GB/s counts the K and V bytes of one KV head group read once per launch (decode only).
 """
 from __future__ import annotations
@@ -28,19 +28,22 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--iters", type=int, default=56)
+    ap.add_argument("--decode-kps", type=int, nargs="+", default=[32, 64, 128], help="keys per split to time (decode)")
+    ap.add_argument("--prefill-kps", type=int, nargs="+", default=[64, 128, 256], help="keys per split (prefill)")
     a = ap.parse_args()
     lib = load_library()
     lib.nq_bench_attention.restype = ctypes.c_int
     lib.nq_last_error.restype = ctypes.c_char_p
     rows = []
     for name, (nh, nkv, d) in LAYOUTS.items():
-        cases = [("decode", n, 1) for n in (65, 577, 2048, 8192)] + [("prefill", 512, 512)]
-        for mode, n_pos, m in cases:
+        cases = [("decode", n, 1, kps) for n in (65, 577, 2048, 8192) for kps in a.decode_kps] + \
+                [("prefill", 512, 512, kps) for kps in a.prefill_kps]
+        for mode, n_pos, m, kps in cases:
             max_ctx = n_pos + 128
             if mode == "decode":
-                kps, nsplit = 32, max(1, min(128, 256 // nkv, (max_ctx + 31) // 32))
+                nsplit = max(1, min(128, 256 // nkv, (max_ctx + kps - 1) // kps))
             else:
-                kps, nsplit = 128, max(1, min(16, (max_ctx + 127) // 128))
+                nsplit = max(1, min(16, (max_ctx + kps - 1) // kps))
             us = ctypes.c_float(0.0)
             rc = lib.nq_bench_attention(nh, nkv, d, n_pos, m, kps, nsplit, a.iters, ctypes.byref(us))
             if rc != 0:
@@ -48,7 +51,7 @@ def main() -> int:
             gbs = (2 * n_pos * nkv * d * 2) / (us.value * 1e-6) / 1e9 if mode == "decode" else float("nan")
             rows.append({"layout": name, "mode": mode, "n_pos": n_pos, "M": m, "kps": kps, "n_split": nsplit,
                          "us": us.value, "GBps": gbs})
-            print(f"attn {name:5s} {mode:7s} n_pos={n_pos:5d} M={m:3d}: {us.value:8.2f} us"
+            print(f"attn {name:5s} {mode:7s} n_pos={n_pos:5d} M={m:3d} kps={kps:3d} n_split={nsplit:3d}: {us.value:8.2f} us"
                   + (f"  {gbs:7.0f} GB/s" if mode == "decode" else ""), flush=True)
     if a.json:
         with open(a.json, "w") as f:

@@ -81,6 +81,8 @@ _SIGNATURES = {
     "nq_bench_gemm_int4": (ctypes.c_int, [ctypes.c_int32] * 5 + [_F32P]),
     "nq_test_sample": (ctypes.c_int, [_F32P, ctypes.c_int32, ctypes.POINTER(NqSampling), ctypes.c_uint64, _I32P]),
     "nq_test_attention": (ctypes.c_int, [_F32P, _F32P, _F32P] + [ctypes.c_int32] * 5 + [_F32P]),
+    "nq_test_attention_prefill": (ctypes.c_int, [_F32P, _F32P, _F32P] + [ctypes.c_int32] * 5 + [_F32P]),
+    "nq_bench_attention": (ctypes.c_int, [ctypes.c_int32] * 8 + [_F32P]),
 }
 EXPORTED_SYMBOLS = tuple(_SIGNATURES)
 

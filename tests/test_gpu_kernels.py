@@ -236,6 +236,32 @@ def test_attention_vs_numpy(lib, n_heads, n_kv, D, n_pos, kps):
     assert err < 2e-3, f"relative error {err:.2e}"
 
 
+def attention_prefill_ref(q, k, v, n_heads, n_kv, D):
+    """q (M, n_heads*D) for the last M of the n_pos positions, k/v (n_pos, n_kv, D) -> (M, n_heads*D), causal,
+    float64, K/V rounded to f16 like the cache."""
+    M, n_pos = q.shape[0], k.shape[0]
+    return np.stack([attention_ref(q[t], k[:n_pos - M + t + 1], v[:n_pos - M + t + 1], n_heads, n_kv, D)
+                     for t in range(M)])
+
+
+@pytest.mark.parametrize("n_heads,n_kv,D", [(14, 2, 64), (12, 2, 128), (28, 4, 128), (40, 8, 128), (8, 8, 64),
+                                            (16, 2, 128)])
+@pytest.mark.parametrize("n_pos,M", [(2, 2), (17, 17), (45, 13), (300, 64), (700, 100)])
+def test_attention_prefill_vs_numpy(lib, n_heads, n_kv, D, n_pos, M):
+    # M query tokens at positions n_pos-M .. n_pos-1 (a later prefill chunk when n_pos > M): blocks of 8 tokens,
+    # partial last block, key tiles of 32 with a partial last tile, G = 1..8 heads per KV head
+    rng = np.random.default_rng()
+    q = (rng.standard_normal((M, n_heads * D)) * 2).astype(np.float32)
+    k = rng.standard_normal((n_pos, n_kv, D)).astype(np.float32)
+    v = rng.standard_normal((n_pos, n_kv, D)).astype(np.float32)
+    out = np.empty((M, n_heads * D), dtype=np.float32)
+    _check(lib, lib.nq_test_attention_prefill(_f32p(q), _f32p(k), _f32p(v), n_heads, n_kv, D, n_pos, M, _f32p(out)))
+    assert np.isfinite(out).all()  # the output was poisoned with NaN: every element written
+    err = rel_err(out, attention_prefill_ref(q, k, v, n_heads, n_kv, D))
+    # f16 K/V (in the reference too), f32 scores/softmax, output rounded to f16 (2^-12)
+    assert err < 2e-3, f"relative error {err:.2e}"
+
+
 def _sample(lib, logits, temperature, top_k, top_p, seed, counter):
     from nanoqwen_rt.cuda_backend import NqSampling
     sp = NqSampling(temperature, top_k, top_p, seed)

@@ -111,6 +111,10 @@ NQ_API int nq_bench_gemv_int4_mode(int32_t N, int32_t K, int32_t group, int32_t 
                                    const int32_t* variants, float* ms);
 /* Time `iters` launches of the prefill GEMM (M tokens, int4 weights N x K) on random data: ms per launch. */
 NQ_API int nq_bench_gemm_int4(int32_t M, int32_t N, int32_t K, int32_t group, int32_t iters, float* ms);
+/* Prefill attention of M >= 2 query tokens at positions n_pos-M .. n_pos-1 (causal): q[M][n_heads*D] f32 (already
+ * roped), K/V[n_pos, n_kv, D] f32 (already roped) all in the cache; returns out[M][n_heads*D]. */
+NQ_API int nq_test_attention_prefill(const float* q, const float* k, const float* v, int32_t n_heads, int32_t n_kv,
+                                     int32_t head_dim, int32_t n_pos, int32_t M, float* out);
 /* Time the attention kernel alone: M = 1 is the decode step's attention (writes the new row) at position n_pos-1,
  * M > 1 the prefill attention of M query tokens ending at n_pos-1; random f16 K/V rotated over enough layers to
  * exceed L2; `iters` launches captured in one CUDA graph. Microseconds per launch into *us. */

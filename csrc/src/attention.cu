@@ -255,18 +255,192 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
     S.inv[tid] = 1.f / ll;
   }
   __syncthreads();
-#pragma unroll 1
-  for (int i = 0; i < kHPT; i++) {
-    const int g = og + kTPD * i;
-    if (g < G) {
-      const float* po = a.part_o + (ph0 + (size_t)g * a.n_split) * D + od;
-      float acc = 0.f;
-#pragma unroll 4
-      for (int sp = 0; sp < n_used; sp++) acc = fmaf(__ldcg(po + (size_t)sp * D), S.u.mg.w[g][sp], acc);
-      out[g * D + od] = __float2half_rn(acc * S.inv[g]);
+  // outputs as float4 over dims: (g, d4) pairs over the threads; 8 splits' partials loaded per batch
+  for (int i = tid; i < G * (D / 4); i += kAttnThreads) {
+    const int g = i / (D / 4), d4 = i % (D / 4);
+    const float4* po = reinterpret_cast<const float4*>(a.part_o + (ph0 + (size_t)g * a.n_split) * D) + d4;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+    for (int sp = 0; sp < n_used; sp++) {
+      const float4 v = __ldcg(po + (size_t)sp * (D / 4));
+      const float w = S.u.mg.w[g][sp];
+      acc.x = fmaf(v.x, w, acc.x); acc.y = fmaf(v.y, w, acc.y); acc.z = fmaf(v.z, w, acc.z); acc.w = fmaf(v.w, w, acc.w);
     }
+    const float inv = S.inv[g];
+    __half2* o2 = reinterpret_cast<__half2*>(out + g * D + d4 * 4);
+    o2[0] = __floats2half2_rn(acc.x * inv, acc.y * inv);
+    o2[1] = __floats2half2_rn(acc.z * inv, acc.w * inv);
   }
   if (tid == 0) a.counters[t * a.n_kv + h] = 0;
+}
+
+// ---- Prefill attention (M > 1 query tokens, causal) ------------------------------------------------------------
+// Grid (n_kv, ceil(M / kPQ)): block (h, b) serves query tokens b*kPQ .. b*kPQ+kPQ-1 for the G heads of KV head h:
+// R = kPQ*G <= 64 rows (row r = token r / G, head r % G), all keys 0 .. the block's last position, in tiles of kKT
+// keys (cp.async, double buffer) shared by all rows: one K/V read per kPQ tokens instead of one per token (the
+// decode kernel above, launched per token, re-read K/V and ran at ~1/4 of this rate; bench/NOTES.md).
+// Thread (tr = tid / 8, tk = tid % 8) owns rows tr + 16 i (i < 4) and, per tile, keys tk + 8 j (j < 4) in the
+// score phase and output dims tk*4 + 32 jj + e (jj < D/32, e < 4) in the P.V phase; a row's 32 scores sit in the 8
+// lanes of one group, so its online softmax (m, l) is reduced with 3 shuffles and kept in those lanes, which also
+// own the row's outputs: the rescale needs no shared memory.
+constexpr int kPQ = 8;   // query tokens per prefill block
+constexpr int kPR = 64;  // rows per block (kPQ * G <= kPQ * kMaxG = 64)
+
+template <int D>
+struct PrefSmem {
+  static constexpr int QLD = D + 4;   // f32 q row stride: 4 rows read together by a warp hit distinct banks
+  static constexpr int KLD = D + 8;   // as AttnSmem
+  static constexpr int PLD = kKT + 1;
+  float q[kPR][QLD];                  // roped q * log2(e)/sqrt(D); rows >= R or past M are zero
+  __half k[2][kKT][KLD];
+  __half v[2][kKT][D];
+  float p[kPR][PLD];                  // probabilities of the current tile
+};
+
+template <int D>
+__device__ __forceinline__ void load_tile_rows(const AttnArgs& a, PrefSmem<D>& S, int buf, int kt0, int k1, int h) {
+  constexpr int CPR = D / 8;
+  for (int c = threadIdx.x; c < kKT * CPR; c += kAttnThreads) {
+    const int j = c / CPR, part = c % CPR, key = kt0 + j;
+    if (key < k1) {
+      const size_t off = kv_row(a, key, h, D) + part * 8;
+      cp_async16(&S.k[buf][j][part * 8], a.kv.k + off);
+      cp_async16(&S.v[buf][j][part * 8], a.kv.v + off);
+    }
+  }
+  cp_async_commit();
+}
+
+template <int D>
+__global__ void __launch_bounds__(kAttnThreads) attn_prefill_kernel(const AttnArgs a) {
+  constexpr int NJ = D / 32;  // 4-dim groups per thread in the P.V phase
+  extern __shared__ __align__(16) unsigned char attn_smem[];
+  PrefSmem<D>& S = *reinterpret_cast<PrefSmem<D>*>(attn_smem);
+  pdl_wait();
+  pdl_trigger();
+  const int h = blockIdx.x, t0 = blockIdx.y * kPQ;
+  const int G = a.n_heads / a.n_kv, R = kPQ * G;
+  const int tid = threadIdx.x, tr = tid >> 3, tk = tid & 7;
+  const int pos0 = *a.pos0;
+  const int nq = min(kPQ, a.M - t0);
+  const int n_keys = pos0 + t0 + nq;  // keys 0 .. the position of the block's last token
+  const int ntiles = (n_keys + kKT - 1) / kKT;
+  load_tile_rows<D>(a, S, 0, 0, n_keys, h);
+  if (ntiles > 1) load_tile_rows<D>(a, S, 1, kKT, n_keys, h);
+
+  const float qscale = 1.4426950408889634f * rsqrtf((float)D);
+  for (int i = tid; i < kPR * (D / 2); i += kAttnThreads) {
+    const int r = i / (D / 2), d = i % (D / 2), tq = r / G, g = r % G;
+    float y0 = 0.f, y1 = 0.f;
+    if (r < R && tq < nq) {
+      const float* qin = a.qkv + (size_t)(t0 + tq) * a.qkv_stride + (h * G + g) * D;
+      const float2 cs = a.rope[(size_t)(pos0 + t0 + tq) * (D / 2) + d];
+      const float x0 = qin[d], x1 = qin[d + D / 2];
+      y0 = (x0 * cs.x - x1 * cs.y) * qscale;
+      y1 = (x1 * cs.x + x0 * cs.y) * qscale;
+    }
+    S.q[r][d] = y0;
+    S.q[r][d + D / 2] = y1;
+  }
+  int rpos[4];  // position of each owned row's token; -1: no such row (all keys masked, never written)
+  float m[4], l[4], o[4][NJ * 4];
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const int r = tr + 16 * i;
+    rpos[i] = (r < R && r / G < nq) ? pos0 + t0 + r / G : -1;
+    m[i] = -CUDART_INF_F;
+    l[i] = 0.f;
+#pragma unroll
+    for (int e = 0; e < NJ * 4; e++) o[i][e] = 0.f;
+  }
+
+  for (int it = 0; it < ntiles; it++) {
+    const int buf = it & 1, kt0 = it * kKT, nvalid = min(kKT, n_keys - kt0);
+    if (it + 1 < ntiles) cp_async_wait<1>(); else cp_async_wait<0>();
+    __syncthreads();  // tile landed for all threads; q staged
+    float s[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+      for (int j = 0; j < 4; j++) s[i][j] = 0.f;
+#pragma unroll 2
+    for (int c = 0; c < D / 4; c++) {
+      float4 qv[4];
+#pragma unroll
+      for (int i = 0; i < 4; i++) qv[i] = *reinterpret_cast<const float4*>(&S.q[tr + 16 * i][c * 4]);
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const uint2 kk = *reinterpret_cast<const uint2*>(&S.k[buf][tk + 8 * j][c * 4]);
+        const float2 k01 = __half22float2(u32_as_h2(kk.x)), k23 = __half22float2(u32_as_h2(kk.y));
+#pragma unroll
+        for (int i = 0; i < 4; i++) s[i][j] += qv[i].x * k01.x + qv[i].y * k01.y + qv[i].z * k23.x + qv[i].w * k23.y;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      float mx = -CUDART_INF_F;
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const int key = kt0 + tk + 8 * j;
+        s[i][j] = key <= rpos[i] ? s[i][j] : -CUDART_INF_F;  // causal mask (and rows that do not exist)
+        mx = fmaxf(mx, s[i][j]);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      const float m_new = fmaxf(m[i], mx);
+      const bool none = m_new == -CUDART_INF_F;  // no key of this row seen yet
+      const float corr = none ? 1.f : exp2f(m[i] - m_new);
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const float p = s[i][j] == -CUDART_INF_F ? 0.f : exp2f(s[i][j] - m_new);
+        S.p[tr + 16 * i][tk + 8 * j] = p;
+        sum += p;
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+      l[i] = l[i] * corr + sum;
+      m[i] = m_new;
+#pragma unroll
+      for (int e = 0; e < NJ * 4; e++) o[i][e] *= corr;
+    }
+    __syncthreads();  // P complete
+#pragma unroll 2
+    for (int j = 0; j < nvalid; j++) {
+      float pj[4];
+#pragma unroll
+      for (int i = 0; i < 4; i++) pj[i] = S.p[tr + 16 * i][j];
+#pragma unroll
+      for (int jj = 0; jj < NJ; jj++) {
+        const uint2 vv = *reinterpret_cast<const uint2*>(&S.v[buf][j][tk * 4 + 32 * jj]);
+        const float2 v01 = __half22float2(u32_as_h2(vv.x)), v23 = __half22float2(u32_as_h2(vv.y));
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          o[i][jj * 4 + 0] = fmaf(pj[i], v01.x, o[i][jj * 4 + 0]);
+          o[i][jj * 4 + 1] = fmaf(pj[i], v01.y, o[i][jj * 4 + 1]);
+          o[i][jj * 4 + 2] = fmaf(pj[i], v23.x, o[i][jj * 4 + 2]);
+          o[i][jj * 4 + 3] = fmaf(pj[i], v23.y, o[i][jj * 4 + 3]);
+        }
+      }
+    }
+    __syncthreads();  // buffer `buf` and P are free
+    if (it + 2 < ntiles) load_tile_rows<D>(a, S, buf, kt0 + 2 * kKT, n_keys, h);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    if (rpos[i] < 0) continue;
+    const int r = tr + 16 * i, tq = r / G, g = r % G;
+    const float inv = 1.f / l[i];  // l >= 1: the row's maximum contributes exp2(0)
+    __half* dst = a.out + (size_t)(t0 + tq) * a.n_heads * D + (h * G + g) * D + tk * 4;
+#pragma unroll
+    for (int jj = 0; jj < NJ; jj++) {
+      __half2* d2 = reinterpret_cast<__half2*>(dst + 32 * jj);
+      d2[0] = __floats2half2_rn(o[i][jj * 4 + 0] * inv, o[i][jj * 4 + 1] * inv);
+      d2[1] = __floats2half2_rn(o[i][jj * 4 + 2] * inv, o[i][jj * 4 + 3] * inv);
+    }
+  }
 }
 
 template <int D>
@@ -291,6 +465,15 @@ __global__ void rope_kv_kernel(const float* qkv, int qkv_stride, const int* pos0
 
 }  // namespace
 
+template <int D>
+int launch_prefill(dim3 grid, const AttnArgs& a, cudaStream_t st) {
+  const size_t smem = sizeof(PrefSmem<D>);  // > 48 KB: opt in once per instantiation
+  static const cudaError_t raised =
+      cudaFuncSetAttribute(attn_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (raised != cudaSuccess) return fail(NQ_E_CUDA, "attention: shared memory opt-in: %s", cudaGetErrorString(raised));
+  return launch_pdl("attn_prefill_kernel", attn_prefill_kernel<D>, grid, dim3(kAttnThreads), smem, st, a);
+}
+
 int attention(const AttnArgs& a, cudaStream_t st) {
   if (a.n_kv <= 0 || a.n_heads % a.n_kv || a.n_heads / a.n_kv > kMaxG)
     return fail(NQ_E_UNSUPPORTED, "attention: n_heads %d / n_kv %d (at most %d query heads per KV head)", a.n_heads, a.n_kv, kMaxG);
@@ -298,10 +481,16 @@ int attention(const AttnArgs& a, cudaStream_t st) {
     return fail(NQ_E_INVALID_ARG, "attention: n_split %d not in [1, %d]", a.n_split, kMaxSplits);
   if (a.keys_per_split <= 0 || a.keys_per_split % 32)
     return fail(NQ_E_INVALID_ARG, "attention: keys_per_split %d", a.keys_per_split);
-  dim3 grid(a.n_kv, a.n_split, a.M);
+  if (a.D != 128 && a.D != 64) return fail(NQ_E_UNSUPPORTED, "attention: head_dim %d (64 or 128)", a.D);
+  if (a.M > 1) {  // prefill: kPQ query tokens per block, no splits (the cache rows were written by rope_kv_write)
+    if (a.write_kv) return fail(NQ_E_INVALID_ARG, "attention: write_kv with M = %d > 1", a.M);
+    const dim3 grid(a.n_kv, (a.M + kPQ - 1) / kPQ);
+    if (a.D == 128) return launch_prefill<128>(grid, a, st);
+    return launch_prefill<64>(grid, a, st);
+  }
+  const dim3 grid(a.n_kv, a.n_split, 1);
   if (a.D == 128) return launch_pdl("attn_kernel", attn_kernel<128>, grid, dim3(kAttnThreads), 0, st, a);
-  if (a.D == 64) return launch_pdl("attn_kernel", attn_kernel<64>, grid, dim3(kAttnThreads), 0, st, a);
-  return fail(NQ_E_UNSUPPORTED, "attention: head_dim %d (64 or 128)", a.D);
+  return launch_pdl("attn_kernel", attn_kernel<64>, grid, dim3(kAttnThreads), 0, st, a);
 }
 
 int rope_kv_write(const float* qkv, int qkv_stride, int M, const int* pos0, KvLayer kv, const int* page_table,

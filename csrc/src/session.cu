@@ -79,20 +79,17 @@ int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) 
   s->max_pages = (max_ctx + kPage - 1) / kPage;
   s->prefill_chunk = std::min(512, max_ctx);
   const int C = s->prefill_chunk;
-  // decode: ~256 attention blocks in all at long contexts, at least 64 keys each; prefill: up to 16 splits
+  // decode attention: up to min(128, 256 / n_kv) splits of at least 32 keys (prefill attention does not split)
   s->kps_decode = 32;
   s->nsplit_decode = std::max(1, std::min(std::min(128, 256 / c.n_kv_heads), (max_ctx + 31) / 32));
-  s->kps_prefill = 128;
-  s->nsplit_prefill = std::max(1, std::min(16, (max_ctx + 127) / 128));
   int rc = NQ_OK;
   {
     cudaError_t e = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking);
     if (e != cudaSuccess) return bail(fail(NQ_E_CUDA, "cudaStreamCreate: %s", cudaGetErrorString(e)));
   }
   const size_t kv_elems = (size_t)s->max_pages * c.n_kv_heads * kPage * D;  // per layer, per K or V
-  // attention partials: [M][n_heads][n_split][D]; decode uses M = 1 with nsplit_decode, prefill M <= C with
-  // nsplit_prefill: size for the larger of the two
-  const size_t part_rows = std::max((size_t)s->nsplit_decode, (size_t)C * s->nsplit_prefill);
+  // decode attention partials: [n_heads][nsplit_decode][D] (M = 1)
+  const size_t part_rows = (size_t)s->nsplit_decode;
   if ((rc = dalloc(&s->d_pos, 1, "pos")) || (rc = dalloc(&s->d_token, 1, "token")) ||
       (rc = dalloc(&s->d_counter, 1, "counter")) || (rc = dalloc(&s->d_samp, 1, "sampling")) || (rc = dalloc(&s->d_page_table, s->max_pages, "page table")) ||
       (rc = dalloc(&s->d_rope, (size_t)max_ctx * (D / 2), "rope table")) ||
@@ -101,7 +98,7 @@ int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) 
       (rc = dalloc(&s->logits, V, "logits")) ||
       (rc = dalloc(&s->part_o, part_rows * c.n_heads * D, "attention partials")) ||
       (rc = dalloc(&s->part_ml, part_rows * c.n_heads * 2, "attention partials")) ||
-      (rc = dalloc(&s->counters, (size_t)C * c.n_kv_heads, "attention counters")) ||
+      (rc = dalloc(&s->counters, (size_t)c.n_kv_heads, "attention counters")) ||
       (rc = dalloc(&s->d_tokens, C, "prefill tokens")) || (rc = dalloc(&s->X, (size_t)C * H, "X")) ||
       (rc = dalloc(&s->Xn, (size_t)C * std::max(std::max(H, I), Nq), "Xn")) ||
       (rc = dalloc(&s->QKV, (size_t)C * Nqkv, "QKV")) || (rc = dalloc(&s->ATT, (size_t)C * Nq, "ATT")) ||
@@ -126,7 +123,7 @@ int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) 
   cudaError_t e;
   if ((e = cudaMemcpy(s->d_page_table, pt.data(), pt.size() * 4, cudaMemcpyHostToDevice))) return fail_cuda(e, "page table upload");
   if ((e = cudaMemcpy(s->d_rope, rope.data(), rope.size() * sizeof(float2), cudaMemcpyHostToDevice))) return fail_cuda(e, "rope upload");
-  if ((e = cudaMemset(s->counters, 0, (size_t)C * c.n_kv_heads * 4))) return fail_cuda(e, "counters");
+  if ((e = cudaMemset(s->counters, 0, (size_t)c.n_kv_heads * 4))) return fail_cuda(e, "counters");
   if ((e = cudaMemset(s->d_pos, 0, 4)) || (e = cudaMemset(s->d_token, 0, 4)) || (e = cudaMemset(s->d_counter, 0, 8)))
     return fail_cuda(e, "state init");
   if ((e = cudaMemcpy(s->d_samp, &s->samp, sizeof(nq_sampling), cudaMemcpyHostToDevice))) return fail_cuda(e, "sampling upload");
@@ -263,7 +260,7 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
         aa.qkv = s->QKV; aa.qkv_stride = Nqkv; aa.M = M; aa.pos0 = s->d_pos;
         aa.kv = s->kv[l]; aa.page_table = s->d_page_table; aa.rope = s->d_rope;
         aa.n_heads = c.n_heads; aa.n_kv = c.n_kv_heads; aa.D = D;
-        aa.keys_per_split = s->kps_prefill; aa.n_split = s->nsplit_prefill; aa.write_kv = false;
+        aa.keys_per_split = 32; aa.n_split = 1; aa.write_kv = false;  // M > 1: the prefill kernel, no splits
         aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters; aa.out = s->ATT;
         NQ_TRY(attention(aa, st));
         NQ_TRY(gemm(L.o, s->ATT, Nq, M, s->X, H, nullptr, true, st));

@@ -29,7 +29,7 @@ struct Session {
   float* part_o = nullptr;       // attention partials (sized for prefill chunk)
   float* part_ml = nullptr;
   int* counters = nullptr;       // [prefill_chunk][n_kv]
-  int kps_decode = 128, nsplit_decode = 1, kps_prefill = 128, nsplit_prefill = 1;
+  int kps_decode = 32, nsplit_decode = 1;  // decode attention split (csrc/src/attention.cu)
   // prefill activations, chunk of up to prefill_chunk tokens
   int prefill_chunk = 512;
   int32_t* d_tokens = nullptr;   // [prefill_chunk]
