@@ -334,4 +334,50 @@ int nq_test_attention(const float* q, const float* k, const float* v, int32_t n_
   return NQ_OK;
 }
 
+int nq_test_attention_prefill(const float* q, const float* k, const float* v, int32_t n_heads, int32_t n_kv,
+                              int32_t head_dim, int32_t n_pos, int32_t M, float* out) {
+  if (!q || !k || !v || !out || n_kv <= 0 || n_heads <= 0 || n_heads % n_kv || M < 2 || n_pos < M)
+    return fail(NQ_E_INVALID_ARG, "nq_test_attention_prefill: bad argument");
+  const int D = head_dim, pos0 = n_pos - M;
+  // cache: all n_pos rows (the prefill path writes them before attention), pages in reversed physical order
+  const int pages = (n_pos + kPage - 1) / kPage;
+  std::vector<int> pt(pages);
+  for (int i = 0; i < pages; i++) pt[i] = pages - 1 - i;
+  std::vector<__half> kc((size_t)pages * n_kv * kPage * D, __float2half(0.f)), vc(kc.size(), __float2half(0.f));
+  for (int j = 0; j < n_pos; j++)
+    for (int h = 0; h < n_kv; h++)
+      for (int d = 0; d < D; d++) {
+        const size_t idx = (((size_t)pt[j / kPage] * n_kv + h) * kPage + j % kPage) * D + d;
+        kc[idx] = __float2half_rn(k[((size_t)j * n_kv + h) * D + d]);
+        vc[idx] = __float2half_rn(v[((size_t)j * n_kv + h) * D + d]);
+      }
+  const int Nq = n_heads * D, stride = Nq + 2 * n_kv * D;
+  std::vector<float> qkv((size_t)M * stride, 1e30f);  // k/v parts are not read by the prefill kernel
+  for (int t = 0; t < M; t++) std::memcpy(qkv.data() + (size_t)t * stride, q + (size_t)t * Nq, Nq * 4);
+  std::vector<float2> rope((size_t)n_pos * (D / 2), make_float2(1.f, 0.f));  // q, k given already rotated
+  DBuf dk, dv, dpt, dr, dq, dpos, dpo, dpm, dcnt, dout;
+  NQ_TRY(dk.put(kc.data(), kc.size() * 2));
+  NQ_TRY(dv.put(vc.data(), vc.size() * 2));
+  NQ_TRY(dpt.put(pt.data(), pt.size() * 4));
+  NQ_TRY(dr.put(rope.data(), rope.size() * sizeof(float2)));
+  NQ_TRY(dq.put(qkv.data(), qkv.size() * 4));
+  NQ_TRY(dpos.put(&pos0, 4));
+  NQ_TRY(dpo.alloc(16));
+  NQ_TRY(dpm.alloc(16));
+  NQ_TRY(dcnt.alloc(16));
+  NQ_TRY(dout.alloc((size_t)M * Nq * 2));
+  NQ_CUDA(cudaMemset(dout.p, 0xff, (size_t)M * Nq * 2));  // poison: NaN unless written
+  AttnArgs a;
+  a.qkv = dq.as<float>(); a.qkv_stride = stride; a.M = M; a.pos0 = dpos.as<int>();
+  a.kv.k = dk.as<__half>(); a.kv.v = dv.as<__half>(); a.page_table = dpt.as<int>(); a.rope = dr.as<float2>();
+  a.n_heads = n_heads; a.n_kv = n_kv; a.D = D; a.keys_per_split = 32; a.n_split = 1; a.write_kv = false;
+  a.part_o = dpo.as<float>(); a.part_ml = dpm.as<float>(); a.counters = dcnt.as<int>(); a.out = dout.as<__half>();
+  NQ_TRY(attention(a, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  std::vector<__half> oh((size_t)M * Nq);
+  NQ_CUDA(cudaMemcpy(oh.data(), dout.p, oh.size() * 2, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < oh.size(); i++) out[i] = __half2float(oh[i]);
+  return NQ_OK;
+}
+
 }  // extern "C"
