@@ -274,29 +274,51 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
   if (tid == 0) a.counters[t * a.n_kv + h] = 0;
 }
 
-// ---- Prefill attention (M > 1 query tokens, causal) ------------------------------------------------------------
+// ---- Prefill attention (M > 1 query tokens, causal), tensor cores ------------------------------------------------
 // Grid (n_kv, ceil(M / kPQ)): block (h, b) serves query tokens b*kPQ .. b*kPQ+kPQ-1 for the G heads of KV head h:
-// R = kPQ*G <= 64 rows (row r = token r / G, head r % G), all keys 0 .. the block's last position, in tiles of kKT
-// keys (cp.async, double buffer) shared by all rows: one K/V read per kPQ tokens instead of one per token (the
-// decode kernel above, launched per token, re-read K/V and ran at ~1/4 of this rate; bench/NOTES.md).
-// Thread (tr = tid / 8, tk = tid % 8) owns rows tr + 16 i (i < 4) and, per tile, keys tk + 8 j (j < 4) in the
-// score phase and output dims tk*4 + 32 jj + e (jj < D/32, e < 4) in the P.V phase; a row's 32 scores sit in the 8
-// lanes of one group, so its online softmax (m, l) is reduced with 3 shuffles and kept in those lanes, which also
-// own the row's outputs: the rescale needs no shared memory.
+// R = kPQ*G <= 64 rows (row r = token r / G, head r % G; rows >= R or past M are zero and never written), all keys
+// 0 .. the block's last position, in tiles of kKT = 32 keys (cp.async, double buffer) shared by all rows.
+// Warp w owns rows 16w .. 16w+15 and computes, per tile, S = Q K^T (m16 x n32, 8 k-steps over D = 128) and
+// O += P V (m16 x nD, 2 k-steps over the 32 keys) with mma.sync m16n8k16 (f16 in, f32 accumulate), the FA2 way:
+//   A(Q)  : ldmatrix.x4 of Q rows (row-major [row][d]) -> a01 a23 a45 a67 (loaded once, kept in registers);
+//   B(K)  : ldmatrix.x4 of K rows ([key][d] is B's "col" layout: B[k=d][n=key]) -> b01 b23 of two key tiles;
+//   S     : c01 = (row g, keys 8n+2t, +1), c23 = (row g+8, same keys), g = lane/4, t = lane%4;
+//   A(P)  : the S fragments of key tiles 2k, 2k+1 ARE the A fragment of k-step k (rounded to f16 pairs);
+//   B(V)  : ldmatrix.x4.trans of V rows ([key][d]: B[k=key][n=d] needs the transpose) -> b01 b23 of two dim tiles.
+// Online softmax per row in the log2 domain: the 4 lanes of a quad hold a row's 32 scores (max: 2 shuffles);
+// each lane keeps a partial row sum l, reduced over the quad once at the end. The previous CUDA-core version of this
+// kernel (f2b8d27) ran 181 us per 7B layer at M = 512; bench/NOTES.md.
 constexpr int kPQ = 8;   // query tokens per prefill block
-constexpr int kPR = 64;  // rows per block (kPQ * G <= kPQ * kMaxG = 64)
+constexpr int kPR = 64;  // rows per block (kPQ * G <= kPQ * kMaxG = 64): 4 warps x m16
 
 template <int D>
 struct PrefSmem {
-  static constexpr int QLD = D + 4;   // f32 q row stride: 4 rows read together by a warp hit distinct banks
-  static constexpr int KLD = D + 8;   // as AttnSmem
-  static constexpr int PLD = kKT + 1;
-  float q[kPR][QLD];                  // roped q * log2(e)/sqrt(D); rows >= R or past M are zero
-  __half k[2][kKT][KLD];
-  __half v[2][kKT][D];
-  float p[kPR][PLD];                  // probabilities of the current tile
+  static constexpr int LD = D + 8;  // f16 row stride: 8 rows read by one ldmatrix phase are 16 B apart mod 128 B
+  __half q[kPR][LD];                // roped q * log2(e)/sqrt(D), f16
+  __half k[2][kKT][LD];
+  __half v[2][kKT][LD];
 };
 
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_h2(float lo, float hi) { return h2_as_u32(__floats2half2_rn(lo, hi)); }
+
+// K and V rows of keys [kt0, kt0 + kKT) into buffer `buf`; rows at or past k1 are zeroed (P is 0 there, but
+// 0 * (stale NaN) would not be).
 template <int D>
 __device__ __forceinline__ void load_tile_rows(const AttnArgs& a, PrefSmem<D>& S, int buf, int kt0, int k1, int h) {
   constexpr int CPR = D / 8;
@@ -306,6 +328,9 @@ __device__ __forceinline__ void load_tile_rows(const AttnArgs& a, PrefSmem<D>& S
       const size_t off = kv_row(a, key, h, D) + part * 8;
       cp_async16(&S.k[buf][j][part * 8], a.kv.k + off);
       cp_async16(&S.v[buf][j][part * 8], a.kv.v + off);
+    } else {
+      *reinterpret_cast<uint4*>(&S.k[buf][j][part * 8]) = make_uint4(0u, 0u, 0u, 0u);
+      *reinterpret_cast<uint4*>(&S.v[buf][j][part * 8]) = make_uint4(0u, 0u, 0u, 0u);
     }
   }
   cp_async_commit();
@@ -313,14 +338,15 @@ __device__ __forceinline__ void load_tile_rows(const AttnArgs& a, PrefSmem<D>& S
 
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads) attn_prefill_kernel(const AttnArgs a) {
-  constexpr int NJ = D / 32;  // 4-dim groups per thread in the P.V phase
+  constexpr int KS = D / 16;  // k-steps of Q K^T
+  constexpr int ND = D / 8;   // n8 tiles of the output dims
   extern __shared__ __align__(16) unsigned char attn_smem[];
   PrefSmem<D>& S = *reinterpret_cast<PrefSmem<D>*>(attn_smem);
   pdl_wait();
   pdl_trigger();
   const int h = blockIdx.x, t0 = blockIdx.y * kPQ;
   const int G = a.n_heads / a.n_kv, R = kPQ * G;
-  const int tid = threadIdx.x, tr = tid >> 3, tk = tid & 7;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int pos0 = *a.pos0;
   const int nq = min(kPQ, a.M - t0);
   const int n_keys = pos0 + t0 + nq;  // keys 0 .. the position of the block's last token
@@ -330,116 +356,117 @@ __global__ void __launch_bounds__(kAttnThreads) attn_prefill_kernel(const AttnAr
 
   const float qscale = 1.4426950408889634f * rsqrtf((float)D);
   for (int i = tid; i < kPR * (D / 2); i += kAttnThreads) {
-    const int r = i / (D / 2), d = i % (D / 2), tq = r / G, g = r % G;
+    const int r = i / (D / 2), d = i % (D / 2), tq = r / G, hg = r % G;
     float y0 = 0.f, y1 = 0.f;
     if (r < R && tq < nq) {
-      const float* qin = a.qkv + (size_t)(t0 + tq) * a.qkv_stride + (h * G + g) * D;
+      const float* qin = a.qkv + (size_t)(t0 + tq) * a.qkv_stride + (h * G + hg) * D;
       const float2 cs = a.rope[(size_t)(pos0 + t0 + tq) * (D / 2) + d];
       const float x0 = qin[d], x1 = qin[d + D / 2];
       y0 = (x0 * cs.x - x1 * cs.y) * qscale;
       y1 = (x1 * cs.x + x0 * cs.y) * qscale;
     }
-    S.q[r][d] = y0;
-    S.q[r][d + D / 2] = y1;
+    S.q[r][d] = __float2half_rn(y0);
+    S.q[r][d + D / 2] = __float2half_rn(y1);
   }
-  int rpos[4];  // position of each owned row's token; -1: no such row (all keys masked, never written)
-  float m[4], l[4], o[4][NJ * 4];
+  __syncthreads();  // q staged
+  const int mi = lane >> 3, mr = lane & 7;  // ldmatrix: this lane addresses row mr of matrix mi
+  uint32_t qa[KS][4];
 #pragma unroll
-  for (int i = 0; i < 4; i++) {
-    const int r = tr + 16 * i;
-    rpos[i] = (r < R && r / G < nq) ? pos0 + t0 + r / G : -1;
-    m[i] = -CUDART_INF_F;
-    l[i] = 0.f;
+  for (int ks = 0; ks < KS; ks++) ldsm_x4(qa[ks], &S.q[warp * 16 + (mi & 1) * 8 + mr][ks * 16 + (mi >> 1) * 8]);
+
+  int rpos[2];  // positions of rows g and g+8 of this warp; -1: no such row (all keys masked)
 #pragma unroll
-    for (int e = 0; e < NJ * 4; e++) o[i][e] = 0.f;
+  for (int hr = 0; hr < 2; hr++) {
+    const int r = warp * 16 + g + hr * 8;
+    rpos[hr] = (r < R && r / G < nq) ? pos0 + t0 + r / G : -1;
   }
+  float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.f, 0.f};
+  float o[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
   for (int it = 0; it < ntiles; it++) {
-    const int buf = it & 1, kt0 = it * kKT, nvalid = min(kKT, n_keys - kt0);
+    const int buf = it & 1, kt0 = it * kKT;
     if (it + 1 < ntiles) cp_async_wait<1>(); else cp_async_wait<0>();
-    __syncthreads();  // tile landed for all threads; q staged
-    float s[4][4];
+    __syncthreads();  // this tile landed for every thread
+    float sc[4][4];
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int n = 0; n < 4; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
 #pragma unroll
-      for (int j = 0; j < 4; j++) s[i][j] = 0.f;
-#pragma unroll 2
-    for (int c = 0; c < D / 4; c++) {
-      float4 qv[4];
+    for (int ks = 0; ks < KS; ks++) {
 #pragma unroll
-      for (int i = 0; i < 4; i++) qv[i] = *reinterpret_cast<const float4*>(&S.q[tr + 16 * i][c * 4]);
-#pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const uint2 kk = *reinterpret_cast<const uint2*>(&S.k[buf][tk + 8 * j][c * 4]);
-        const float2 k01 = __half22float2(u32_as_h2(kk.x)), k23 = __half22float2(u32_as_h2(kk.y));
-#pragma unroll
-        for (int i = 0; i < 4; i++) s[i][j] += qv[i].x * k01.x + qv[i].y * k01.y + qv[i].z * k23.x + qv[i].w * k23.y;
+      for (int np = 0; np < 2; np++) {  // key tiles 2np, 2np+1
+        uint32_t b[4];
+        ldsm_x4(b, &S.k[buf][np * 16 + (mi >> 1) * 8 + mr][ks * 16 + (mi & 1) * 8]);
+        mma16816(sc[2 * np], qa[ks], b[0], b[1]);
+        mma16816(sc[2 * np + 1], qa[ks], b[2], b[3]);
       }
     }
+    float corr[2];
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int hr = 0; hr < 2; hr++) {
       float mx = -CUDART_INF_F;
 #pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const int key = kt0 + tk + 8 * j;
-        s[i][j] = key <= rpos[i] ? s[i][j] : -CUDART_INF_F;  // causal mask (and rows that do not exist)
-        mx = fmaxf(mx, s[i][j]);
-      }
+      for (int n = 0; n < 4; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int key = kt0 + n * 8 + 2 * t + e;
+          float& v = sc[n][hr * 2 + e];
+          v = key <= rpos[hr] ? v : -CUDART_INF_F;  // causal mask (and rows that do not exist)
+          mx = fmaxf(mx, v);
+        }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      const float m_new = fmaxf(m[i], mx);
+      const float m_new = fmaxf(m[hr], mx);
       const bool none = m_new == -CUDART_INF_F;  // no key of this row seen yet
-      const float corr = none ? 1.f : exp2f(m[i] - m_new);
+      corr[hr] = none ? 1.f : exp2f(m[hr] - m_new);
       float sum = 0.f;
 #pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const float p = s[i][j] == -CUDART_INF_F ? 0.f : exp2f(s[i][j] - m_new);
-        S.p[tr + 16 * i][tk + 8 * j] = p;
-        sum += p;
-      }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-      l[i] = l[i] * corr + sum;
-      m[i] = m_new;
+      for (int n = 0; n < 4; n++)
 #pragma unroll
-      for (int e = 0; e < NJ * 4; e++) o[i][e] *= corr;
-    }
-    __syncthreads();  // P complete
-#pragma unroll 2
-    for (int j = 0; j < nvalid; j++) {
-      float pj[4];
-#pragma unroll
-      for (int i = 0; i < 4; i++) pj[i] = S.p[tr + 16 * i][j];
-#pragma unroll
-      for (int jj = 0; jj < NJ; jj++) {
-        const uint2 vv = *reinterpret_cast<const uint2*>(&S.v[buf][j][tk * 4 + 32 * jj]);
-        const float2 v01 = __half22float2(u32_as_h2(vv.x)), v23 = __half22float2(u32_as_h2(vv.y));
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-          o[i][jj * 4 + 0] = fmaf(pj[i], v01.x, o[i][jj * 4 + 0]);
-          o[i][jj * 4 + 1] = fmaf(pj[i], v01.y, o[i][jj * 4 + 1]);
-          o[i][jj * 4 + 2] = fmaf(pj[i], v23.x, o[i][jj * 4 + 2]);
-          o[i][jj * 4 + 3] = fmaf(pj[i], v23.y, o[i][jj * 4 + 3]);
+        for (int e = 0; e < 2; e++) {
+          float& v = sc[n][hr * 2 + e];
+          v = v == -CUDART_INF_F ? 0.f : exp2f(v - m_new);
+          sum += v;
         }
+      l[hr] = l[hr] * corr[hr] + sum;  // this lane's part of the row sum
+      m[hr] = m_new;
+    }
+#pragma unroll
+    for (int n = 0; n < ND; n++) {
+      o[n][0] *= corr[0]; o[n][1] *= corr[0];
+      o[n][2] *= corr[1]; o[n][3] *= corr[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++) {  // keys 16kk .. 16kk+15
+      uint32_t pa[4];
+      pa[0] = pack_h2(sc[2 * kk][0], sc[2 * kk][1]);
+      pa[1] = pack_h2(sc[2 * kk][2], sc[2 * kk][3]);
+      pa[2] = pack_h2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+      pa[3] = pack_h2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < ND / 2; dp++) {  // dim tiles 2dp, 2dp+1
+        uint32_t b[4];
+        ldsm_x4_t(b, &S.v[buf][kk * 16 + (mi & 1) * 8 + mr][dp * 16 + (mi >> 1) * 8]);
+        mma16816(o[2 * dp], pa, b[0], b[1]);
+        mma16816(o[2 * dp + 1], pa, b[2], b[3]);
       }
     }
-    __syncthreads();  // buffer `buf` and P are free
+    __syncthreads();  // buffer `buf` is free
     if (it + 2 < ntiles) load_tile_rows<D>(a, S, buf, kt0 + 2 * kKT, n_keys, h);
   }
 #pragma unroll
-  for (int i = 0; i < 4; i++) {
-    if (rpos[i] < 0) continue;
-    const int r = tr + 16 * i, tq = r / G, g = r % G;
-    const float inv = 1.f / l[i];  // l >= 1: the row's maximum contributes exp2(0)
-    __half* dst = a.out + (size_t)(t0 + tq) * a.n_heads * D + (h * G + g) * D + tk * 4;
+  for (int hr = 0; hr < 2; hr++) {
+    float lt = l[hr];
+    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+    if (rpos[hr] < 0) continue;
+    const int r = warp * 16 + g + hr * 8, tq = r / G, hg = r % G;
+    const float inv = 1.f / lt;  // lt >= 1: the row's maximum contributes exp2(0)
+    __half* dst = a.out + (size_t)(t0 + tq) * a.n_heads * D + (h * G + hg) * D + 2 * t;
 #pragma unroll
-    for (int jj = 0; jj < NJ; jj++) {
-      __half2* d2 = reinterpret_cast<__half2*>(dst + 32 * jj);
-      d2[0] = __floats2half2_rn(o[i][jj * 4 + 0] * inv, o[i][jj * 4 + 1] * inv);
-      d2[1] = __floats2half2_rn(o[i][jj * 4 + 2] * inv, o[i][jj * 4 + 3] * inv);
-    }
+    for (int n = 0; n < ND; n++)
+      *reinterpret_cast<__half2*>(dst + n * 8) = __floats2half2_rn(o[n][hr * 2] * inv, o[n][hr * 2 + 1] * inv);
   }
 }
 
