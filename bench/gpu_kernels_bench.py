@@ -9,6 +9,8 @@ activations (variant 1). Modes as in the decode step: qkv = f32 input + RMSNorm 
 residual add, gate = SwiGLU over the gate and up matrices (2 x N x K read). Each timing: nq_bench_gemv_int4_mode =
 `iters` back-to-back launches rotating over >512 MB of weight copies (so L2 never holds them), CUDA events, us per
 launch. GB/s counts the weight + scale bytes read once per launch.
+Then the prefill GEMM at M = 512 on the 7B shapes, every INT4 GEMM kernel (GEMM_VARIANTS) on the same data, after
+the mma.sync ceiling of the GPU (nq_bench_mma_peak); lines start with "gemm" (bench/gpu_check.sh collects them).
 """
 from __future__ import annotations
 
@@ -39,6 +41,51 @@ def shapes():
         yield f"{name} down", "down", h, i
 
 
+# INT4 prefill GEMM kernels (gemm.cu gemm_multi_variant): mma = mma.sync m16n8k16, 3 stages, 2 blocks/SM, serial
+# split-K where the grid leaves SMs idle (0, the default); nosplit = the same without split-K (3); mma4 = 4 stages,
+# 1 block/SM, no split (2); wmma = the first kernel (1)
+GEMM_VARIANTS = {"mma": 0, "nosplit": 3, "mma4": 2, "wmma": 1}
+
+
+def gemm_bench(lib, group: int, M: int = 512) -> list[dict]:
+    """us and TFLOP/s per 7B projection at M tokens for each GEMM variant (nq_bench_gemm_int4_variants: 20
+    back-to-back launches rotating over >256 MB of weight copies, CUDA events). 'gate+up' is the prefill's one
+    launch over both matrices (2 segments); the per-layer sum uses it."""
+    f = lib.nq_bench_gemm_int4_variants
+    f.restype = ctypes.c_int
+    f.argtypes = [ctypes.c_int32] * 7 + [ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)]
+    pk = lib.nq_bench_mma_peak
+    pk.restype = ctypes.c_int
+    pk.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_float)]
+    for blocks in (132, 264, 528):
+        tf = ctypes.c_float()
+        if pk(blocks, 20000, ctypes.byref(tf)) != 0:
+            raise SystemExit(f"mma peak: {lib.nq_last_error().decode()}")
+        print(f"gemm mma.sync m16n8k16 f16->f32 ceiling, {blocks} blocks x 8 warps x 8 chains: {tf.value:.0f} TFLOP/s",
+              flush=True)
+    h, i, nh, kv = SIZES["7B"]
+    names = list(GEMM_VARIANTS)
+    ids = (ctypes.c_int32 * len(names))(*GEMM_VARIANTS.values())
+    rows = []
+    for name, N, K, nseg in [("7B q", h, h, 1), ("7B k/v", kv * (h // nh), h, 1), ("7B o", h, h, 1),
+                             ("7B gate/up", i, h, 1), ("7B gate+up", i, h, 2), ("7B down", h, i, 1)]:
+        us = (ctypes.c_float * len(names))()
+        if f(M, N, K, group, nseg, 20, len(names), ids, us) != 0:
+            raise SystemExit(f"gemm {name}: {lib.nq_last_error().decode()}")
+        r = {"shape": name, "M": M, "N": N, "K": K, "segments": nseg}
+        for n, t in zip(names, us):
+            r[f"{n}_us"] = t
+            r[f"{n}_TFLOPs"] = 2 * M * N * K * nseg / (t * 1e-6) / 1e12
+        rows.append(r)
+        print(f"gemm M={M} {name:10s} N={N:6d} K={K:6d} x{nseg}: " +
+              "  ".join(f"{n} {r[n + '_us']:7.1f} us {r[n + '_TFLOPs']:5.0f} TF/s" for n in names), flush=True)
+    per = {n: sum(r[f"{n}_us"] * (2 if r["shape"] == "7B k/v" else 1) for r in rows if r["shape"] != "7B gate/up")
+           for n in names}
+    print("gemm per 7B layer (q, k, v, o, gate+up, down) at M=%d, us: " % M +
+          ", ".join(f"{n} {v:.0f} (x 28 = {v * 28 / 1e3:.1f} ms)" for n, v in per.items()), flush=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -67,23 +114,11 @@ def main() -> int:
     layer = {n: sum(r[f"{n}_us"] for r in rows if r["shape"].startswith("7B ")) for n in names}
     print("7B layer GEMVs (qkv + o + gate/up + down), us: " + ", ".join(f"{n} {v:.1f}" for n, v in layer.items()) +
           f"; x 28 layers, v2 vs v1: {layer['v2'] * 28 / 1e3:.3f} vs {layer['v1'] * 28 / 1e3:.3f} ms")
-    # prefill GEMM (tensor cores) at M = 512 tokens on the 7B shapes
-    h, i, nh, kv = SIZES["7B"]
-    gemm_rows = []
-    for name, N, K in [("7B q", h, h), ("7B k/v", kv * (h // nh), h), ("7B o", h, h), ("7B gate/up", i, h),
-                       ("7B down", h, i)]:
-        ms = ctypes.c_float()
-        rc = lib.nq_bench_gemm_int4(512, N, K, a.group, 20, ctypes.byref(ms))
-        if rc != 0:
-            raise SystemExit(f"gemm {name}: {lib.nq_last_error().decode()}")
-        tf = 2 * 512 * N * K / (ms.value * 1e-3) / 1e12
-        gemm_rows.append({"shape": name, "M": 512, "N": N, "K": K, "us": ms.value * 1e3, "TFLOPs": tf})
-        print(f"gemm M=512 {name:10s} N={N:6d} K={K:6d}: {ms.value * 1e3:8.1f} us {tf:6.1f} TFLOP/s", flush=True)
-    layer = sum(r["us"] * (2 if r["shape"] in ("7B k/v", "7B gate/up") else 1) for r in gemm_rows)
-    print(f"gemm per 7B layer (q,k,v,o,gate,up,down) at M=512: {layer:.0f} us; x 28 layers = {layer * 28 / 1e3:.1f} ms")
+    # prefill GEMM (tensor cores) at M = 512 tokens on the 7B shapes, every INT4 GEMM kernel on the same data
+    gemm_rows = gemm_bench(lib, a.group)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"gemv": rows, "gemm": gemm_rows, "variants": VARIANTS}, f, indent=1)
+            json.dump({"gemv": rows, "gemm": gemm_rows, "variants": VARIANTS, "gemm_variants": GEMM_VARIANTS}, f, indent=1)
     return 0
 
 

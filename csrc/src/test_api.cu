@@ -381,3 +381,156 @@ int nq_test_attention_prefill(const float* q, const float* k, const float* v, in
 }
 
 }  // extern "C"
+
+// ---- prefill GEMM with segments, bias, add and an explicit INT4 kernel variant (tests/test_gpu_gemm.py) ----------
+namespace nq {
+int gemm_multi_variant(const LinW* W, float* const* C, const float* const* bias, int n, const __half* A, int lda,
+                       int M, int ldc, bool add, int variant, cudaStream_t st);  // gemm.cu
+}
+
+extern "C" {
+
+// nseg (1..3) int4 weights sharing A: qweights[i] uint32 (Ns[i], K/8), scales[i] f16 bits (Ns[i], K/group);
+// A f32 (M, lda) (rounded to f16 here; columns >= K are never read); bias[i] f32 (Ns[i]) or null (bias itself may
+// be null); C f32 (M, ldc) in/out: segment i writes columns off_i .. off_i + Ns[i] - 1, off_i = Ns[0] + .. + Ns[i-1]
+// (C is copied to the device first, so add = 1 adds to it and columns no segment owns must come back unchanged).
+NQ_API int nq_test_gemm_int4_multi(int32_t nseg, const uint32_t* const* qweights, const uint16_t* const* scales,
+                                   const int32_t* Ns, int32_t K, int32_t group, const float* A, int32_t M,
+                                   int32_t lda, const float* const* bias, float* C, int32_t ldc, int32_t add,
+                                   int32_t variant) {
+  if (!qweights || !scales || !Ns || !A || !C) return fail(NQ_E_INVALID_ARG, "nq_test_gemm_int4_multi: NULL argument");
+  if (nseg < 1 || nseg > 3) return fail(NQ_E_INVALID_ARG, "nseg=%d (1..3)", nseg);
+  if (M <= 0 || lda < K) return fail(NQ_E_INVALID_ARG, "M=%d, lda=%d, K=%d", M, lda, K);
+  DBuf w[3], db[3], da, dc;
+  LinW W[3];
+  float* Cs[3];
+  const float* Bs[3] = {nullptr, nullptr, nullptr};
+  int off = 0;
+  for (int i = 0; i < nseg; i++) {
+    NQ_TRY(check_nk(Ns[i], K));
+    if (!qweights[i] || !scales[i]) return fail(NQ_E_INVALID_ARG, "segment %d: NULL weight", i);
+    NQ_TRY(put_int4(w[i], qweights[i], scales[i], Ns[i], K, group, &W[i]));
+    if (bias && bias[i]) {
+      NQ_TRY(db[i].put(bias[i], (size_t)Ns[i] * 4));
+      Bs[i] = db[i].as<float>();
+    }
+    off += Ns[i];
+  }
+  if (ldc < off) return fail(NQ_E_INVALID_ARG, "ldc=%d < sum of N=%d", ldc, off);
+  std::vector<__half> ah((size_t)M * lda);
+  for (size_t i = 0; i < ah.size(); i++) ah[i] = __float2half_rn(A[i]);
+  NQ_TRY(da.put(ah.data(), ah.size() * 2));
+  NQ_TRY(dc.put(C, (size_t)M * ldc * 4));
+  off = 0;
+  for (int i = 0; i < nseg; i++) {
+    Cs[i] = dc.as<float>() + off;
+    off += Ns[i];
+  }
+  NQ_TRY(gemm_multi_variant(W, Cs, Bs, nseg, da.as<__half>(), lda, M, ldc, add != 0, variant, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  NQ_CUDA(cudaMemcpy(C, dc.p, (size_t)M * ldc * 4, cudaMemcpyDeviceToHost));
+  return NQ_OK;
+}
+
+// The ceiling of mma.sync.m16n8k16 (f16 x f16 -> f32) on this GPU, for reading the GEMM's TFLOP/s: every warp
+// issues 8 independent HMMA chains (no memory traffic); returns TFLOP/s over blocks x 8 warps x iters x 8 HMMA.
+NQ_API int nq_bench_mma_peak(int32_t blocks, int32_t iters, float* tflops);
+
+// us per launch of the prefill GEMM (M tokens, nseg copies of an N x K int4 weight in one launch, like gate/up)
+// for each of nvar INT4 kernel variants, on the same data; iters launches rotate over enough weight copies that
+// they never sit in L2 as a whole (A, 2 x M x K bytes, may).
+NQ_API int nq_bench_gemm_int4_variants(int32_t M, int32_t N, int32_t K, int32_t group, int32_t nseg, int32_t iters,
+                                       int32_t nvar, const int32_t* variants, float* us) {
+  if (!us || !variants || iters <= 0 || M <= 0 || nvar <= 0 || nseg < 1 || nseg > 3)
+    return fail(NQ_E_INVALID_ARG, "nq_bench_gemm_int4_variants: bad argument");
+  NQ_TRY(check_nk(N, K));
+  const size_t qbytes = (size_t)N * K / 2, off = align128(qbytes), per = align128(off + (size_t)N * (K / group) * 2);
+  const int copies = (int)std::max<size_t>(nseg, ((256ull << 20) / per + nseg) / nseg * nseg);
+  DBuf w, da, dc;
+  NQ_TRY(w.alloc(per * copies));
+  {
+    std::vector<uint8_t> h(per);
+    uint64_t st = 0x7654321ull;
+    for (size_t i = 0; i < off; i++) { st = st * 6364136223846793005ull + 1442695040888963407ull; h[i] = (uint8_t)(st >> 56); }
+    for (size_t i = off; i + 1 < per; i += 2) { h[i] = 0x00; h[i + 1] = 0x20; }
+    NQ_CUDA(cudaMemcpy(w.p, h.data(), per, cudaMemcpyHostToDevice));
+    for (int c = 1; c < copies; c++) NQ_CUDA(cudaMemcpy(w.as<uint8_t>() + per * c, w.p, per, cudaMemcpyDeviceToDevice));
+  }
+  std::vector<__half> ah((size_t)M * K);
+  for (size_t i = 0; i < ah.size(); i++) ah[i] = __float2half((float)((i * 37) % 17) / 8.f - 1.f);
+  NQ_TRY(da.put(ah.data(), ah.size() * 2));
+  NQ_TRY(dc.alloc((size_t)M * N * nseg * 4));
+  const int sets = copies / nseg;
+  std::vector<LinW> Ws((size_t)copies);
+  for (int c = 0; c < copies; c++) {
+    LinW& L = Ws[c];
+    L.w = w.as<uint8_t>() + per * c; L.scales = reinterpret_cast<const __half*>(w.as<uint8_t>() + per * c + off);
+    L.N = N; L.K = K; L.group = group; L.type = WT_INT4;
+  }
+  float* Cs[3] = {dc.as<float>(), dc.as<float>() + N, dc.as<float>() + 2 * (size_t)N};
+  const float* Bs[3] = {nullptr, nullptr, nullptr};
+  cudaEvent_t e0, e1;
+  NQ_CUDA(cudaEventCreate(&e0));
+  NQ_CUDA(cudaEventCreate(&e1));
+  int rc = NQ_OK;
+  for (int v = 0; v < nvar && rc == NQ_OK; v++) {
+    for (int i = 0; i < 2 && rc == NQ_OK; i++)
+      rc = gemm_multi_variant(&Ws[(i % sets) * nseg], Cs, Bs, nseg, da.as<__half>(), K, M, N * nseg, false,
+                              variants[v], 0);
+    cudaEventRecord(e0, 0);
+    for (int i = 0; i < iters && rc == NQ_OK; i++)
+      rc = gemm_multi_variant(&Ws[(i % sets) * nseg], Cs, Bs, nseg, da.as<__half>(), K, M, N * nseg, false,
+                              variants[v], 0);
+    cudaEventRecord(e1, 0);
+    cudaError_t e = cudaEventSynchronize(e1);
+    float t = 0.f;
+    if (rc == NQ_OK && e == cudaSuccess) e = cudaEventElapsedTime(&t, e0, e1);
+    if (rc == NQ_OK && e != cudaSuccess) rc = fail(NQ_E_CUDA, "bench timing: %s", cudaGetErrorString(e));
+    us[v] = t * 1e3f / iters;
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return rc;
+}
+
+}  // extern "C"
+
+namespace {
+__global__ void __launch_bounds__(256) mma_peak_kernel(int iters, float* out) {
+  float c[8][4] = {};
+  uint32_t a0 = 0x3c003c00u ^ threadIdx.x, a1 = a0 + 1, a2 = a0 + 2, a3 = a0 + 3, b0 = 0x3c00u, b1 = 0x3c01u;
+  for (int i = 0; i < iters; i++)
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                   "{%0,%1,%2,%3};\n"
+                   : "+f"(c[j][0]), "+f"(c[j][1]), "+f"(c[j][2]), "+f"(c[j][3])
+                   : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; j++) s += c[j][0] + c[j][1] + c[j][2] + c[j][3];
+  if (s == 1.2345f) out[0] = s;  // keeps the chains alive
+}
+}  // namespace
+
+extern "C" int nq_bench_mma_peak(int32_t blocks, int32_t iters, float* tflops) {
+  if (!tflops || blocks <= 0 || iters <= 0) return fail(NQ_E_INVALID_ARG, "nq_bench_mma_peak: bad argument");
+  DBuf o;
+  NQ_TRY(o.alloc(16));
+  cudaEvent_t e0, e1;
+  NQ_CUDA(cudaEventCreate(&e0));
+  NQ_CUDA(cudaEventCreate(&e1));
+  mma_peak_kernel<<<blocks, 256>>>(iters, o.as<float>());  // warm-up (clocks up)
+  mma_peak_kernel<<<blocks, 256>>>(iters, o.as<float>());
+  cudaEventRecord(e0, 0);
+  mma_peak_kernel<<<blocks, 256>>>(iters, o.as<float>());
+  cudaEventRecord(e1, 0);
+  cudaError_t e = cudaEventSynchronize(e1);
+  float ms = 0.f;
+  if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  if (e != cudaSuccess) return fail(NQ_E_CUDA, "nq_bench_mma_peak: %s", cudaGetErrorString(e));
+  *tflops = (float)(2.0 * 16 * 8 * 16 * 8 * 8.0 * iters * blocks / (ms * 1e-3) / 1e12);
+  return NQ_OK;
+}

@@ -1,0 +1,178 @@
+"""Prefill INT4 GEMM (csrc/src/gemm.cu) vs a float64 numpy reference, through nq_test_gemm_int4_multi (GPU only).
+
+Covers what the kernels' tiling needs: M and N not multiples of the 128 x 128 tile (M 1 .. 512, N down to 3),
+groups 32/64/128, bias and residual add on and off, 1-3 segments in one launch (q/k/v, gate/up), row strides
+lda > K (the columns past K hold NaN: reading one poisons the result) and ldc > sum of N (the columns no segment
+owns must come back bit-identical), every INT4 kernel variant (0 = the mma.sync kernel at 2 blocks/SM with serial
+split-K where the grid leaves SMs idle, the default; 1 = the wmma kernel; 2 = the mma.sync kernel with 4 stages at
+1 block/SM; 3 = variant 0 without split-K), variant 0 against variant 1 on the same inputs, and variant 0 run twice
+giving identical bits (split-K adds the partials in a fixed order).
+Cases that split (gemm.cu choose_splits, 132 SMs): M17-N1000 (3 splits), M200-N3584-K18944 (4), M129-N512+512 (3),
+and the 512 x 3584 x 3584 comparison (2).
+Fresh random inputs every call; outputs poisoned with NaN when not accumulating.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from test_gpu_kernels import dequant, pack_fast, random_int4, rel_err
+
+pytestmark = pytest.mark.gpu
+
+VARIANTS = (0, 1, 2, 3)
+# Error budget of one output: A is rounded to f16 in the library and the reference sees the same f16 values, so
+# the only rounding left is the f16 dequantisation of each weight (2^-12 relative, independent signs) and f32
+# accumulation (K * 2^-24 worst case, ~1e-3 of it for K = 18944, random signs: far smaller). The relative
+# Frobenius error is therefore ~2^-12 = 2.4e-4; TOL_REL allows 4x that.
+TOL_REL = 1e-3
+# Largest single-element error relative to the RMS of the reference: an element is a sum of K products each off by
+# at most 2^-11 relative; 1e-2 of the RMS is ~40 x the expected f16 dequant error of one output, far below the
+# size of any indexing mistake (a wrong k-pair, row or scale moves an element by O(RMS)).
+TOL_ELEM = 1e-2
+
+_U32PP = ctypes.POINTER(ctypes.POINTER(ctypes.c_uint32))
+_U16PP = ctypes.POINTER(ctypes.POINTER(ctypes.c_uint16))
+_F32P = ctypes.POINTER(ctypes.c_float)
+
+
+@pytest.fixture(scope="module")
+def lib():
+    from nanoqwen_rt.cuda_backend import load_library
+    lib = load_library()
+    lib.nq_test_gemm_int4_multi.restype = ctypes.c_int
+    lib.nq_test_gemm_int4_multi.argtypes = [
+        ctypes.c_int32, _U32PP, _U16PP, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32, ctypes.c_int32, _F32P,
+        ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(_F32P), _F32P, ctypes.c_int32, ctypes.c_int32,
+        ctypes.c_int32]
+    return lib
+
+
+def run_gemm(lib, segs, A, K, g, lda, bias, C, ldc, add, variant):
+    """segs: [(q uint32 (N, K/8), s f16 (N, K/g))]; A f32 (M, lda); bias: list of f32 (N) or None per segment;
+    C f32 (M, ldc) in/out. Returns (rc, C after)."""
+    n = len(segs)
+    qs = [np.ascontiguousarray(q) for q, _ in segs]
+    ss = [np.ascontiguousarray(s.view(np.uint16)) for _, s in segs]
+    qp = (ctypes.POINTER(ctypes.c_uint32) * n)(*[q.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)) for q in qs])
+    sp = (ctypes.POINTER(ctypes.c_uint16) * n)(*[s.ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)) for s in ss])
+    Ns = (ctypes.c_int32 * n)(*[q.shape[0] for q in qs])
+    bs = [None if b is None else np.ascontiguousarray(b, dtype=np.float32) for b in bias]
+    bp = (_F32P * n)(*[ctypes.cast(None, _F32P) if b is None else b.ctypes.data_as(_F32P) for b in bs])
+    A = np.ascontiguousarray(A, dtype=np.float32)
+    out = np.ascontiguousarray(C, dtype=np.float32).copy()
+    rc = lib.nq_test_gemm_int4_multi(n, qp, sp, Ns, K, g, A.ctypes.data_as(_F32P), A.shape[0], lda, bp,
+                                     out.ctypes.data_as(_F32P), ldc, 1 if add else 0, variant)
+    return rc, out
+
+
+def make_case(rng, M, Ns, K, g, lda_pad, ldc_pad, with_bias, add):
+    """Random weights/activations for segments of N in Ns; returns everything run_gemm needs plus the
+    float64 reference of the whole (M, ldc) output."""
+    segs, us = [], []
+    for N in Ns:
+        u, q, s = random_int4(rng, N, K, g)
+        segs.append((q, s))
+        us.append((u, s))
+    lda, ldc = K + lda_pad, sum(Ns) + ldc_pad
+    A = np.full((M, lda), np.nan, dtype=np.float32)                    # columns >= K: NaN, never to be read
+    A[:, :K] = rng.standard_normal((M, K)).astype(np.float32)
+    bias = [(rng.standard_normal(N).astype(np.float32) if with_bias else None) for N in Ns]
+    if add:
+        C = rng.standard_normal((M, ldc)).astype(np.float32)             # the residual being added to
+    else:
+        C = np.full((M, ldc), np.nan, dtype=np.float32)                  # poison: unwritten outputs stay NaN
+        C[:, sum(Ns):] = rng.standard_normal((M, ldc_pad)).astype(np.float32)  # not owned: must come back as is
+    a16 = A[:, :K].astype(np.float16).astype(np.float64)               # what the kernel multiplies
+    ref = C.astype(np.float64).copy()
+    off = 0
+    for (u, s), N, b in zip(us, Ns, bias):
+        y = a16 @ dequant(u, s, g).T
+        if b is not None:
+            y += b.astype(np.float64)
+        ref[:, off:off + N] = (ref[:, off:off + N] if add else 0.0) + y
+        off += N
+    return segs, A, lda, bias, C, ldc, ref, off
+
+
+def check(out, ref, C_in, owned, what):
+    assert np.isfinite(out[:, :owned]).all(), f"{what}: unwritten (NaN) outputs or a NaN read past K"
+    assert np.array_equal(out[:, owned:], C_in[:, owned:]), f"{what}: wrote columns no segment owns"
+    err = rel_err(out[:, :owned], ref[:, :owned])
+    assert err < TOL_REL, f"{what}: relative error {err:.2e}"
+    d = np.abs(out[:, :owned].astype(np.float64) - ref[:, :owned])
+    worst = float(d.max() / np.sqrt(np.mean(ref[:, :owned] ** 2)))
+    assert worst < TOL_ELEM, f"{what}: worst element off by {worst:.2e} of the RMS"
+
+
+CASES = [  # (M, [N per segment], K, group, lda pad, ldc pad, bias, add)
+    (1, [896], 896, 64, 0, 0, False, False),
+    (17, [1000], 3584, 128, 8, 4, True, False),          # N not a multiple of 128, strides wider than the data
+    (130, [896, 128, 128], 896, 32, 0, 0, True, False),  # 0.5B q/k/v in one launch, group 32
+    (512, [4864, 4864], 896, 64, 0, 0, False, False),    # 0.5B gate/up
+    (64, [3, 40, 130], 256, 32, 16, 2, True, True),      # tiny segments, bias and residual add
+    (200, [3584], 18944, 128, 0, 0, False, True),        # 7B down + residual, M not a multiple of 128
+    (129, [512, 512], 3584, 128, 0, 0, True, False),     # 7B k/v-shaped pair, one row past a tile
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", CASES, ids=[f"M{c[0]}-N{'+'.join(map(str, c[1]))}-K{c[2]}-g{c[3]}"
+                                              f"{'-bias' if c[6] else ''}{'-add' if c[7] else ''}" for c in CASES])
+def test_gemm_int4_multi_vs_numpy(lib, case, variant):
+    M, Ns, K, g, lda_pad, ldc_pad, with_bias, add = case
+    rng = np.random.default_rng()
+    segs, A, lda, bias, C, ldc, ref, owned = make_case(rng, M, Ns, K, g, lda_pad, ldc_pad, with_bias, add)
+    rc, out = run_gemm(lib, segs, A, K, g, lda, bias, C, ldc, add, variant)
+    assert rc == 0, lib.nq_last_error().decode()
+    check(out, ref, C, owned, f"variant {variant}")
+
+
+@pytest.mark.parametrize("M,N,K,g", [(512, 18944, 3584, 128), (512, 3584, 3584, 64), (77, 4864, 896, 128)])
+def test_gemm_variant0_matches_variant1(lib, M, N, K, g):
+    """The mma.sync kernel and the wmma kernel on the same inputs: both are f16 x f16 -> f32 with the same f16
+    dequantised weights, differing only in summation order, so they agree far more closely than either does
+    with the float64 reference (both within TOL_REL of it; each other within 2 x TOL_REL by the triangle
+    inequality, checked tighter here: 2.5e-4, the order-of-summation difference is ~1e-6 relative)."""
+    rng = np.random.default_rng()
+    segs, A, lda, bias, C, ldc, ref, owned = make_case(rng, M, [N], K, g, 0, 0, False, False)
+    outs = []
+    for variant in (0, 1):
+        rc, out = run_gemm(lib, segs, A, K, g, lda, bias, C, ldc, False, variant)
+        assert rc == 0, lib.nq_last_error().decode()
+        check(out, ref, C, owned, f"variant {variant}")
+        outs.append(out)
+    # f32 accumulation in a different order over K <= 3584: differences ~ sqrt(K) * 2^-24 relative to the
+    # magnitude of the partial sums, far below this bound
+    assert rel_err(outs[0], outs[1].astype(np.float64)) < 2.5e-4
+
+
+@pytest.mark.parametrize("M,N,K", [(512, 3584, 18944), (17, 1000, 3584)])
+def test_gemm_split_k_is_deterministic(lib, M, N, K):
+    """Split-K adds the partials of a tile in split order: two runs on the same inputs give the same bits."""
+    rng = np.random.default_rng()
+    segs, A, lda, bias, C, ldc, ref, owned = make_case(rng, M, [N], K, 128, 0, 0, True, True)
+    outs = []
+    for _ in range(2):
+        rc, out = run_gemm(lib, segs, A, K, 128, lda, bias, C, ldc, True, 0)
+        assert rc == 0, lib.nq_last_error().decode()
+        outs.append(out)
+    check(outs[0], ref, C, owned, "variant 0")
+    assert np.array_equal(outs[0], outs[1]), "two runs of the same GEMM differ"
+
+
+@pytest.mark.parametrize("g", [16, 48])
+def test_gemm_rejects_groups_it_cannot_tile(lib, g):
+    """group must be a positive multiple of 32 dividing K (a 32-k chunk shares one scale): others fail closed."""
+    rng = np.random.default_rng()
+    K = 192
+    u = rng.integers(0, 16, size=(64, K), dtype=np.uint8)
+    q = pack_fast(u)
+    s = np.ones((64, K // g), dtype=np.float16)
+    A = rng.standard_normal((5, K)).astype(np.float32)
+    C = np.zeros((5, 64), dtype=np.float32)
+    for variant in VARIANTS:
+        rc, _ = run_gemm(lib, [(q, s)], A, K, g, K, [None], C, 64, False, variant)
+        assert rc != 0 and "group" in lib.nq_last_error().decode()
