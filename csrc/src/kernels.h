@@ -44,7 +44,9 @@ int gemv_prepare();  // raise dynamic shared-memory limits once per process
 
 // Batched (prefill) pieces ---------------------------------------------------------------------------------
 // C[M, N] (+)= A[M, K] (f16, row stride lda) @ W^T ; accumulate f32; epilogue: bias (f32 N) and/or residual
-// add into C. C row stride ldc. Tensor cores (wmma m16n16k16).
+// add into C. C row stride ldc. Tensor cores: INT4 weights through gemm_int4_mma (mma.sync m16n8k16, layout 1
+// unpacked in registers, serial split-K where the grid leaves SMs idle; NANOQWEN_GEMM_VARIANT=1..3 for the A/B
+// kernels), f16/bf16 weights through the wmma m16n16k16 kernel.
 int gemm(const LinW& W, const __half* A, int lda, int M, float* C, int ldc, const float* bias, bool add,
          cudaStream_t st);
 // n (1..3) weights sharing A in one launch (q/k/v, gate/up): C[i][M, W[i].N] (+)= A @ W[i]^T + bias[i] (may be
