@@ -68,7 +68,7 @@ if has bench; then
   save
 fi
 if has gemvab; then
-  for v in 3 2; do
+  for v in 4; do
     NANOQWEN_GEMV_VARIANT=$v timeout 60 python3 -m nanoqwen_rt.bench /tmp/q7b.nanoqwen --no-peers --device cuda \
       --repeats 1 --json "$LOG/bench7b_gemv$v.json" > "$LOG/bench7b_gemv$v.log" 2>&1
     note "bench 7B with GEMV variant $v rc=$?: $(grep -E '^(TTFT|decode)' "$LOG/bench7b_gemv$v.log" | tr -s ' ' | tr '\n' ';')"

@@ -5,7 +5,7 @@
 
 Variants (kernels.h GemvArgs::variant): v2 = split-K kernel with the cross-row pipeline, 2 blocks/SM (variant 0,
 the default), v2b3 = the same at 3 blocks/SM (variant 3), v1 = the first kernel (variant 2), dp4a = int8
-activations (variant 1). Modes as in the decode step: qkv = f32 input + RMSNorm prologue + store, o / down = f16 input +
+activations on the v1 kernel (variant 1), v2q8 = int8 activations + dp4a on the v2 kernel (variant 4). Modes as in the decode step: qkv = f32 input + RMSNorm prologue + store, o / down = f16 input +
 residual add, gate = SwiGLU over the gate and up matrices (2 x N x K read). Each timing: nq_bench_gemv_int4_mode =
 `iters` back-to-back launches rotating over >512 MB of weight copies (so L2 never holds them), CUDA events, us per
 launch. GB/s counts the weight + scale bytes read once per launch.
@@ -28,7 +28,7 @@ SIZES = {"0.5B": (896, 4864, 14, 2), "1.5B": (1536, 8960, 12, 2), "3B": (2048, 1
          "7B": (3584, 18944, 28, 4), "14B": (5120, 13824, 40, 8), "32B": (5120, 27648, 40, 8)}
 
 
-VARIANTS = {"v2": 0, "v2b3": 3, "v1": 2, "dp4a": 1}
+VARIANTS = {"v2": 0, "v2b3": 3, "v1": 2, "dp4a": 1, "v2q8": 4}
 MODES = {"qkv": 0, "o": 1, "gate": 2, "down": 1}   # 0 store (+RMSNorm), 1 residual add (f16 x), 2 SwiGLU
 
 

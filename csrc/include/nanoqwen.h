@@ -89,7 +89,8 @@ NQ_API void nq_session_free(nq_session* s);
 /* ---- kernel test entry points (host pointers in and out; each allocates, runs one kernel, frees) ---- */
 /* y[N] = W[N,K] @ x[K], W int4g layout 1 (qweight uint32 (N, K/8), scales f16 (N, K/g)). variant: 0 = f16
  * unpack path (split-K, cross-row pipeline, 2 blocks/SM; the default), 1 = int8-activation dp4a path, 2 = f16
- * unpack on the first (per-row pipeline) kernel, 3 = variant 0 at 3 blocks/SM; 1-3 kept for A/B timing. If norm_w != NULL the input is rmsnorm(x)*norm_w (eps). */
+ * unpack on the first (per-row pipeline) kernel, 3 = variant 0 at 3 blocks/SM, 4 = variant 0's kernel with variant 1's
+ * int8 activations (dp4a); 1-4 kept for A/B timing. If norm_w != NULL the input is rmsnorm(x)*norm_w (eps). */
 NQ_API int nq_test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K, int32_t group,
                       const float* x, const float* norm_w, float eps, int32_t variant, float* y);
 /* The fused GEMV modes: mode 1 (add): y[N] += W @ f16(x) (y read and written); mode 2 (swiglu): y[N] =
@@ -103,7 +104,7 @@ NQ_API int nq_test_gemv_dense(const uint16_t* w, int32_t dtype, int32_t N, int32
 NQ_API int nq_test_gemm_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K, int32_t group,
                       const float* A, int32_t M, float* C);
 /* Time `iters` launches of the int4 GEMV on device-resident random data (> 512 MB of weight copies rotated, so
- * never L2-resident): ms per launch into ms[v] for each of the nvar variants (0..3), run one after another on the
+ * never L2-resident): ms per launch into ms[v] for each of the nvar variants (0..4), run one after another on the
  * same data. mode 0: f32 input with the RMSNorm prologue (qkv-like; nq_bench_gemv_int4 is this mode, one variant),
  * 1: f16 input + residual add (o/down-like), 2: SwiGLU over two N x K matrices (gate/up-like). */
 NQ_API int nq_bench_gemv_int4(int32_t N, int32_t K, int32_t group, int32_t variant, int32_t iters, float* ms);

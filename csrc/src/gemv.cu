@@ -9,6 +9,7 @@
 // residual stream). For INT4 the 16-byte x units are stored transposed, unit p = 4m + j at j*(K/32) + m, so the
 // 32 lanes of a warp read 32 consecutive 16-byte units (no bank conflicts).
 // Variant 1 (dp4a): x quantised per 32-value unit to int8 (scale amax/127), packed in nibble order.
+// Variant 4: the v2 kernel with variant 1's int8 x and dp4a inner loop (vectorised quantisation prologue).
 #include "kernels.h"
 #include "device_util.cuh"
 #include "launch.h"
@@ -23,28 +24,32 @@ constexpr int kMaxDynSmem = 160 * 1024;
 // Returns through `xs` (f16 units) K/8 uint4; layout per WT (see file comment).
 // Loads are batched (several per thread issued before any use): the prologue costs a few L2 round trips,
 // not one per loop iteration.
+// 1 / rms(x) of the f32 input when the RMSNorm prologue applies (x_f32 with norm_w), else 1 (block-wide).
+__device__ float rms_inv(const GemvArgs& a, int K, float* red) {
+  if (a.x_f16 != nullptr || a.norm_w == nullptr) return 1.f;
+  constexpr int B = 8;
+  const int bd = blockDim.x;
+  float ss = 0.f;
+  const float4* x4 = reinterpret_cast<const float4*>(a.x_f32);
+  for (int i0 = threadIdx.x; i0 < (K >> 2); i0 += B * bd) {
+    float4 v[B];
+#pragma unroll
+    for (int b = 0; b < B; b++) {
+      const int i = i0 + b * bd;
+      v[b] = i < (K >> 2) ? x4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int b = 0; b < B; b++) ss += v[b].x * v[b].x + v[b].y * v[b].y + v[b].z * v[b].z + v[b].w * v[b].w;
+  }
+  ss = block_sum(ss, red);
+  return rsqrtf(ss / (float)K + a.eps);
+}
+
 template <int WT>
 __device__ void stage_x_f16(const GemvArgs& a, int K, uint4* xs, float* red) {
   const int nunits = K >> 3, bd = blockDim.x;
-  float inv = 1.f;
   const bool norm = a.x_f16 == nullptr && a.norm_w != nullptr;
-  if (norm) {
-    constexpr int B = 8;
-    float ss = 0.f;
-    const float4* x4 = reinterpret_cast<const float4*>(a.x_f32);
-    for (int i0 = threadIdx.x; i0 < (K >> 2); i0 += B * bd) {
-      float4 v[B];
-#pragma unroll
-      for (int b = 0; b < B; b++) {
-        const int i = i0 + b * bd;
-        v[b] = i < (K >> 2) ? x4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-#pragma unroll
-      for (int b = 0; b < B; b++) ss += v[b].x * v[b].x + v[b].y * v[b].y + v[b].z * v[b].z + v[b].w * v[b].w;
-    }
-    ss = block_sum(ss, red);
-    inv = rsqrtf(ss / (float)K + a.eps);
-  }
+  const float inv = rms_inv(a, K, red);
   if (a.x_f16) {
     constexpr int B = 8;
     const uint4* src = reinterpret_cast<const uint4*>(a.x_f16);
@@ -144,6 +149,80 @@ __device__ void stage_x_i8(const GemvArgs& a, int K, int2* xq, float* sx, int* x
     }
     sx[m] = s;
     xsum[m] = sum;
+  }
+  __syncthreads();
+}
+
+// Variant 4's prologue: x quantised to int8 per 32-value unit exactly as stage_x_i8 (scale amax/127,
+// round-to-nearest, same packing: xq[j * nunits + m] = (bytes of k offsets 0,4,1,5 ; 2,6,3,7) of word j of unit m,
+// sx[m], xsum[m]), but vectorised: thread p of a pass takes word p = 4m + j (8 consecutive values, one 16-byte
+// f16 load or two float4 of x and of norm_w), the 4 threads of a unit are consecutive lanes (amax and the sum:
+// two shuffles each), and kQ8Batch passes' loads are issued before any is used (stage_x_i8 walked 32 scalar loads
+// per unit on one thread: its K = 18944 prologue dominated the v1 dp4a kernel; bench/NOTES.md).
+constexpr int kQ8Batch = 4;
+__device__ void stage_x_q8(const GemvArgs& a, int K, int2* xq, float* sx, int* xsum, float* red) {
+  const int nwords = K >> 3, nunits = K >> 5, bd = blockDim.x;
+  const bool norm = a.x_f16 == nullptr && a.norm_w != nullptr;
+  const float inv = rms_inv(a, K, red);
+  for (int p0 = 0; p0 < nwords; p0 += kQ8Batch * bd) {  // same trip count in every thread: shuffles stay uniform
+    float f[kQ8Batch][8];
+#pragma unroll
+    for (int b = 0; b < kQ8Batch; b++) {
+      const int p = p0 + b * bd + threadIdx.x;
+      if (p < nwords) {
+        if (a.x_f16) {
+          const uint4 u = reinterpret_cast<const uint4*>(a.x_f16)[p];
+          const uint32_t uu[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            const float2 t = __half22float2(u32_as_h2(uu[e]));
+            f[b][2 * e] = t.x;
+            f[b][2 * e + 1] = t.y;
+          }
+        } else {
+          const float4 v0 = reinterpret_cast<const float4*>(a.x_f32)[2 * p];
+          const float4 v1 = reinterpret_cast<const float4*>(a.x_f32)[2 * p + 1];
+          float4 w0 = make_float4(1.f, 1.f, 1.f, 1.f), w1 = w0;
+          if (norm) {
+            w0 = reinterpret_cast<const float4*>(a.norm_w)[2 * p];
+            w1 = reinterpret_cast<const float4*>(a.norm_w)[2 * p + 1];
+          }
+          f[b][0] = v0.x * inv * w0.x; f[b][1] = v0.y * inv * w0.y; f[b][2] = v0.z * inv * w0.z; f[b][3] = v0.w * inv * w0.w;
+          f[b][4] = v1.x * inv * w1.x; f[b][5] = v1.y * inv * w1.y; f[b][6] = v1.z * inv * w1.z; f[b][7] = v1.w * inv * w1.w;
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) f[b][e] = 0.f;
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kQ8Batch; b++) {
+      const int p = p0 + b * bd + threadIdx.x;
+      float amax = 0.f;
+#pragma unroll
+      for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(f[b][e]));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      const float r = amax > 0.f ? 127.f / amax : 0.f;
+      int q[8], sum = 0;
+#pragma unroll
+      for (int e = 0; e < 8; e++) {
+        q[e] = __float2int_rn(f[b][e] * r);
+        sum += q[e];
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (p < nwords) {
+        const int lo = (q[0] & 0xff) | ((q[4] & 0xff) << 8) | ((q[1] & 0xff) << 16) | ((q[5] & 0xff) << 24);
+        const int hi = (q[2] & 0xff) | ((q[6] & 0xff) << 8) | ((q[3] & 0xff) << 16) | ((q[7] & 0xff) << 24);
+        const int m = p >> 2, j = p & 3;
+        xq[j * nunits + m] = make_int2(lo, hi);
+        if (j == 0) {
+          sx[m] = amax / 127.f;
+          xsum[m] = sum;
+        }
+      }
+    }
   }
   __syncthreads();
 }
@@ -491,15 +570,17 @@ __device__ __forceinline__ RowRef locate_int4_fast(const GemvArgs& a, int r) {
 // before the PDL wait (weights never depend on the previous kernel).
 // Results: each warp's per-task partial pair goes to shared memory part[warp][round][2]; after one __syncthreads
 // the block sums the KS partials of each task in slice order (deterministic) and applies the epilogue.
-constexpr int kSplitStepUnits = 32 * kUnroll;   // units per lane-step of one row
+constexpr int kSplitStepUnits = 32 * kUnroll;   // units per lane-step of one row (f16 path; Q8: 32 * kUnrollQ8)
+constexpr int kUnrollQ8 = 4;  // variant 4: 4 units per lane and row per stage (98 registers at 2 keeps room for it)
 constexpr int kTaskOverheadUnits = 48;          // per-task fixed cost (2 warp sums, partial store), in unit slots
 
-template <int MODE, int MINB>
+template <int MODE, int MINB, bool Q8>
 __global__ void __launch_bounds__(kThreads, MINB)
 gemv_int4_v2(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds) {
   extern __shared__ uint4 smem[];
   __shared__ float red[32];
-  constexpr int U = kUnroll;
+  constexpr int U = Q8 ? kUnrollQ8 : kUnroll;
+  constexpr int kStepUnits = 32 * U;
   const int K = a.seg[0].K, nunits = K >> 5;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int KS = 1 << ks_log2, G = kWarps >> ks_log2;
@@ -507,7 +588,7 @@ gemv_int4_v2(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int roun
   const int chunk = (nunits + KS - 1) >> ks_log2;
   const int lo = min(nunits, (warp & (KS - 1)) * chunk), hi = min(nunits, lo + chunk);
   const int my_tasks = gid < ntasks ? (ntasks - 1 - gid) / NG + 1 : 0;   // <= rounds
-  const int nsteps = (hi - lo + kSplitStepUnits - 1) / kSplitStepUnits;   // steps per task; 0: empty slice
+  const int nsteps = (hi - lo + kStepUnits - 1) / kStepUnits;   // steps per task; 0: empty slice
   const int total = my_tasks * nsteps;
   float* part = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + (size_t)K * 2);  // [kWarps][rounds][2]
 
@@ -524,7 +605,7 @@ gemv_int4_v2(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int roun
   };
   int li = 0, lj = 0;                    // next step to load: task li, step lj
   auto load = [&](uint4 (&w0)[U], uint4 (&w1)[U], __half (&s0)[U], __half (&s1)[U]) {
-    const int base = lo + lj * kSplitStepUnits + lane;
+    const int base = lo + lj * kStepUnits + lane;
 #pragma unroll
     for (int u = 0; u < U; u++) {
       const int m = base + u * 32;
@@ -541,16 +622,25 @@ gemv_int4_v2(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int roun
     }
   };
   const uint4* xs = smem;
+  const int2* xq = reinterpret_cast<const int2*>(smem);          // Q8: [4][nunits] packed int8 x
+  const float* sxq = reinterpret_cast<const float*>(xq + 4 * nunits);  // Q8: [nunits] scales
+  const int* xsum = reinterpret_cast<const int*>(sxq + nunits);       // Q8: [nunits] sums of the int8 values
   int ci = 0, cj = 0;                    // step being computed: task ci, step cj
   float acc0 = 0.f, acc1 = 0.f;
   auto compute = [&](const uint4 (&w0)[U], const uint4 (&w1)[U], const __half (&s0)[U], const __half (&s1)[U]) {
-    const int base = lo + cj * kSplitStepUnits + lane;
+    const int base = lo + cj * kStepUnits + lane;
 #pragma unroll
     for (int u = 0; u < U; u++) {
       const int m = base + u * 32;
       if (m < hi) {
-        acc0 = fmaf(__half2float(s0[u]), unit_dot_f16_lop3(w0[u], xs, nunits, m), acc0);
-        acc1 = fmaf(__half2float(s1[u]), unit_dot_f16_lop3(w1[u], xs, nunits, m), acc1);
+        if (Q8) {  // sum (u - 8) x = sum u x - 8 sum x, in exact int32; one float conversion per unit and row
+          const float xs8 = 8.f * (float)xsum[m], sxm = sxq[m];
+          acc0 = fmaf(__half2float(s0[u]) * sxm, unit_dot_i8(w0[u], xq, nunits, m) - xs8, acc0);
+          acc1 = fmaf(__half2float(s1[u]) * sxm, unit_dot_i8(w1[u], xq, nunits, m) - xs8, acc1);
+        } else {
+          acc0 = fmaf(__half2float(s0[u]), unit_dot_f16_lop3(w0[u], xs, nunits, m), acc0);
+          acc1 = fmaf(__half2float(s1[u]), unit_dot_f16_lop3(w1[u], xs, nunits, m), acc1);
+        }
       }
     }
     if (++cj == nsteps) {              // task ci complete (uniform over the warp)
@@ -574,7 +664,9 @@ gemv_int4_v2(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int roun
   }
   pdl_wait();     // x / out were written by the previous kernel
   pdl_trigger();
-  stage_x_f16<WT_INT4>(a, K, smem, red);
+  if (Q8) stage_x_q8(a, K, reinterpret_cast<int2*>(smem), reinterpret_cast<float*>(reinterpret_cast<int2*>(smem) + 4 * nunits),
+                     reinterpret_cast<int*>(reinterpret_cast<float*>(reinterpret_cast<int2*>(smem) + 4 * nunits) + nunits), red);
+  else stage_x_f16<WT_INT4>(a, K, smem, red);
   if (nsteps == 0 && lane == 0)          // empty slice: its partials are zero
     for (int i = 0; i < my_tasks; i++) part[(warp * rounds + i) * 2] = part[(warp * rounds + i) * 2 + 1] = 0.f;
   for (int q = 0; q < total; q += 2) {
@@ -626,7 +718,7 @@ int launch(const GemvArgs& a, int rows, size_t smem, cudaStream_t st) {
 // empty, since fewer warps per SM means fewer bytes in flight).
 struct SplitPlan { int ks_log2, grid, rounds; };
 
-SplitPlan plan_split(int ntasks, int nunits, int cap_blocks) {
+SplitPlan plan_split(int ntasks, int nunits, int cap_blocks, int step_units) {
   SplitPlan best{0, 1, 1};
   double best_cost = 1e300;
   for (int ksl = 0; ksl <= 3; ksl++) {
@@ -634,38 +726,38 @@ SplitPlan plan_split(int ntasks, int nunits, int cap_blocks) {
     if (ks > 1 && nunits / ks < 32) break;                      // a slice keeps >= one unit per lane
     const int grid = std::max(1, std::min((ntasks + G - 1) / G, cap_blocks));
     const int rounds = (ntasks + grid * G - 1) / (grid * G);
-    const int steps = ((nunits + ks - 1) / ks + kSplitStepUnits - 1) / kSplitStepUnits;
-    const double cost = (double)rounds * (steps * kSplitStepUnits + kTaskOverheadUnits) *
+    const int steps = ((nunits + ks - 1) / ks + step_units - 1) / step_units;
+    const double cost = (double)rounds * (steps * step_units + kTaskOverheadUnits) *
                         (1.0 + 0.5 * (1.0 - (double)grid / cap_blocks));
     if (cost < best_cost) { best_cost = cost; best = SplitPlan{ksl, grid, rounds}; }
   }
   return best;
 }
 
-template <int MODE, int MINB>
+template <int MODE, int MINB, bool Q8>
 int launch_v2(const GemvArgs& a, int rows, cudaStream_t st) {
   const int K = a.seg[0].K, nunits = K >> 5;
   const int ntasks = MODE == GEMV_SWIGLU ? rows : (rows + 1) / 2;
-  const size_t smem_x = (size_t)K * 2;
+  const size_t smem_x = (size_t)K * 2;  // f16 x; Q8 needs K * 1.25 (int8 x, scale and sum per 32) and uses the same
   // occupancy with 2 KB for the partials (plans need 64 B x rounds; a larger need only costs residency, never
   // correctness: blocks do not wait on each other)
   int occ = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_int4_v2<MODE, MINB>, kThreads, smem_x + 2048) != cudaSuccess ||
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_int4_v2<MODE, MINB, Q8>, kThreads, smem_x + 2048) != cudaSuccess ||
       occ < 1)
     occ = 1;
-  const SplitPlan p = plan_split(ntasks, nunits, g_sm_count * std::min(occ, kBlocksPerSm));
+  const SplitPlan p = plan_split(ntasks, nunits, g_sm_count * std::min(occ, kBlocksPerSm), 32 * (Q8 ? kUnrollQ8 : kUnroll));
   const size_t smem = smem_x + (size_t)kWarps * p.rounds * 2 * sizeof(float);
   if (smem > (size_t)kMaxDynSmem) return fail(NQ_E_UNSUPPORTED, "gemv: K=%d with %d tasks too large", K, ntasks);
-  return launch_pdl("gemv_int4_v2", gemv_int4_v2<MODE, MINB>, dim3(p.grid), dim3(kThreads), smem, st, a, rows, ntasks,
+  return launch_pdl("gemv_int4_v2", gemv_int4_v2<MODE, MINB, Q8>, dim3(p.grid), dim3(kThreads), smem, st, a, rows, ntasks,
                     p.ks_log2, p.rounds);
 }
 
-template <int MINB>
+template <int MINB, bool Q8 = false>
 int dispatch_v2(const GemvArgs& a, int rows, cudaStream_t st) {
   switch (a.mode) {
-    case GEMV_STORE: return launch_v2<GEMV_STORE, MINB>(a, rows, st);
-    case GEMV_ADD: return launch_v2<GEMV_ADD, MINB>(a, rows, st);
-    case GEMV_SWIGLU: return launch_v2<GEMV_SWIGLU, MINB>(a, rows, st);
+    case GEMV_STORE: return launch_v2<GEMV_STORE, MINB, Q8>(a, rows, st);
+    case GEMV_ADD: return launch_v2<GEMV_ADD, MINB, Q8>(a, rows, st);
+    case GEMV_SWIGLU: return launch_v2<GEMV_SWIGLU, MINB, Q8>(a, rows, st);
   }
   return fail(NQ_E_INVALID_ARG, "gemv: unknown mode %d", a.mode);
 }
@@ -688,12 +780,12 @@ cudaError_t raise_limits() {
   return cudaFuncSetAttribute(gemv_kernel<WT, GEMV_SWIGLU, DP4A>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynSmem);
 }
 
-template <int MINB>
+template <int MINB, bool Q8 = false>
 cudaError_t raise_limits_v2() {
   cudaError_t e;
-  if ((e = cudaFuncSetAttribute(gemv_int4_v2<GEMV_STORE, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynSmem))) return e;
-  if ((e = cudaFuncSetAttribute(gemv_int4_v2<GEMV_ADD, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynSmem))) return e;
-  return cudaFuncSetAttribute(gemv_int4_v2<GEMV_SWIGLU, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynSmem);
+  if ((e = cudaFuncSetAttribute(gemv_int4_v2<GEMV_STORE, MINB, Q8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynSmem))) return e;
+  if ((e = cudaFuncSetAttribute(gemv_int4_v2<GEMV_ADD, MINB, Q8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynSmem))) return e;
+  return cudaFuncSetAttribute(gemv_int4_v2<GEMV_SWIGLU, MINB, Q8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynSmem);
 }
 
 }  // namespace
@@ -705,6 +797,7 @@ int gemv_prepare() {
   NQ_CUDA((raise_limits<WT_INT4, false>()));
   NQ_CUDA(raise_limits_v2<3>());
   NQ_CUDA(raise_limits_v2<2>());
+  NQ_CUDA((raise_limits_v2<2, true>()));
   NQ_CUDA((raise_limits<WT_INT4, true>()));
   NQ_CUDA((raise_limits<WT_F16, false>()));
   NQ_CUDA((raise_limits<WT_BF16, false>()));
@@ -741,6 +834,7 @@ int gemv(const GemvArgs& a, cudaStream_t st) {
     // 23.9 vs 29.1 us, down 15.4 vs 19.2 us, decode 2.741 vs 2.968 ms/token: the loop is issue-bound, not
     // starved of loads in flight.
     if (a.variant == 3) return dispatch_v2<3>(a, rows, st);
+    if (a.variant == 4) return dispatch_v2<2, true>(a, rows, st);  // v2 with int8 x (dp4a), x quantised per block
     return dispatch_v2<2>(a, rows, st);
   }
   const size_t smem = (size_t)K * 2;

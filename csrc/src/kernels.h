@@ -35,8 +35,8 @@ struct GemvArgs {
   __half* out_f16 = nullptr;
   int mode = GEMV_STORE;
   int variant = 0;           // int4 only: 0 = f16 unpack, split-K + cross-row pipeline (v2, 2 blocks/SM); 1 = int8
-                             // activations + dp4a; 2 = f16 unpack on the v1 skeleton; 3 = v2 at 3 blocks/SM
-                             // (1-3 kept for A/B timing)
+                             // activations + dp4a; 2 = f16 unpack on the v1 skeleton; 3 = v2 at 3 blocks/SM;
+                             // 4 = v2 with int8 activations + dp4a (1-4 kept for A/B timing)
 };
 
 int gemv(const GemvArgs& a, cudaStream_t st);

@@ -145,12 +145,12 @@ int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) 
   return NQ_OK;
 }
 
-// INT4 GEMV variant for decode (kernels.h GemvArgs::variant): 0 unless NANOQWEN_GEMV_VARIANT=0..3 says otherwise
+// INT4 GEMV variant for decode (kernels.h GemvArgs::variant): 0 unless NANOQWEN_GEMV_VARIANT=0..4 says otherwise
 // (read once; lets one benchmark run compare kernels end to end).
 static int decode_gemv_variant() {
   static const int v = [] {
     const char* e = std::getenv("NANOQWEN_GEMV_VARIANT");
-    return (e && e[0] >= '0' && e[0] <= '3' && e[1] == 0) ? e[0] - '0' : 0;
+    return (e && e[0] >= '0' && e[0] <= '4' && e[1] == 0) ? e[0] - '0' : 0;
   }();
   return v;
 }

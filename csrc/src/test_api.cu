@@ -49,7 +49,7 @@ int nq_test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N
                       const float* x, const float* norm_w, float eps, int32_t variant, float* y) {
   if (!qweight || !scales || !x || !y) return fail(NQ_E_INVALID_ARG, "nq_test_gemv_int4: NULL argument");
   NQ_TRY(check_nk(N, K));
-  if (variant < 0 || variant > 3) return fail(NQ_E_INVALID_ARG, "variant %d", variant);
+  if (variant < 0 || variant > 4) return fail(NQ_E_INVALID_ARG, "variant %d", variant);
   NQ_TRY(gemv_prepare());
   DBuf w, dx, dn, dy;
   GemvArgs a;
@@ -71,7 +71,7 @@ int nq_test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scales, cons
                            const float* norm_w, float eps, int32_t mode, int32_t variant, float* y) {
   if (!qweight || !scales || !x || !y) return fail(NQ_E_INVALID_ARG, "nq_test_gemv_int4_mode: NULL argument");
   NQ_TRY(check_nk(N, K));
-  if (variant < 0 || variant > 3) return fail(NQ_E_INVALID_ARG, "variant %d", variant);
+  if (variant < 0 || variant > 4) return fail(NQ_E_INVALID_ARG, "variant %d", variant);
   if (mode != GEMV_ADD && mode != GEMV_SWIGLU) return fail(NQ_E_INVALID_ARG, "mode %d (1 = add, 2 = swiglu)", mode);
   if (mode == GEMV_SWIGLU && (!qweight_up || !scales_up)) return fail(NQ_E_INVALID_ARG, "swiglu needs the up weight");
   if (mode == GEMV_ADD && norm_w) return fail(NQ_E_INVALID_ARG, "add mode takes an f16 input without norm");
@@ -147,7 +147,7 @@ int nq_bench_gemv_int4_mode(int32_t N, int32_t K, int32_t group, int32_t mode, i
                             const int32_t* variants, float* ms) {
   if (!ms || !variants || nvar <= 0 || iters <= 0) return fail(NQ_E_INVALID_ARG, "nq_bench_gemv_int4: bad argument");
   for (int v = 0; v < nvar; v++)
-    if (variants[v] < 0 || variants[v] > 3) return fail(NQ_E_INVALID_ARG, "variant %d", variants[v]);
+    if (variants[v] < 0 || variants[v] > 4) return fail(NQ_E_INVALID_ARG, "variant %d", variants[v]);
   NQ_TRY(check_nk(N, K));
   if (mode < GEMV_STORE || mode > GEMV_SWIGLU) return fail(NQ_E_INVALID_ARG, "mode %d", mode);
   NQ_TRY(gemv_prepare());
