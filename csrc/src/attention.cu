@@ -180,6 +180,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
           const float p = valid ? exp2f(s - m_new) : 0.f;
           const float lsum = warp_sum(p);
           S.p[g][lane] = p;
+          __syncwarp();  // every lane has read S.m[g] / S.l[g] before lane 0 rewrites them (racecheck: intra-warp hazard)
           if (lane == 0) {
             const float c = exp2f(m_old - m_new);  // 0 on the first tile (m_old = -inf)
             S.corr[g] = c;
