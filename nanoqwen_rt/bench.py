@@ -254,8 +254,12 @@ def measure_engine(path: str, prompt_tokens: int = 512, new_tokens: int = 128, r
 
 # -- everything ------------------------------------------------------------------------------------------
 def _git_commit() -> str:
-    """Short HEAD of the checkout this module lives in; else $NANOQWEN_COMMIT (a copy without .git); else
+    """$NANOQWEN_COMMIT when set (a copied tree, e.g. on a lent GPU machine, whose .git may be stale or absent:
+    bench/gpu_check.sh sets it from .commit); else the short HEAD of the checkout this module lives in; else
     "unknown"."""
+    env = os.environ.get("NANOQWEN_COMMIT")
+    if env:
+        return env
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         r = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -264,7 +268,7 @@ def _git_commit() -> str:
             return r.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("NANOQWEN_COMMIT", "unknown")
+    return "unknown"
 
 
 def run_bench(path, prompt_tokens: int = 512, new_tokens: int = 128, peers: bool = True,
