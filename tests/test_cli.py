@@ -23,19 +23,7 @@ from click.testing import CliRunner
 import nanoqwen_rt.cli as cli
 from nanoqwen_format import open_file
 from nanoqwen_rt import Engine
-from test_server_model import HANG_GUARD_S, PROMPT, build_model_file
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    return build_model_file(tmp_path_factory.mktemp("model"))
-
-
-@pytest.fixture(scope="module")
-def engine(model_path):
-    eng = Engine(model_path, device="cpu")
-    yield eng
-    eng.close()
+from test_server_model import HANG_GUARD_S, PROMPT
 
 
 def _ref(engine, prompt=None, messages=None, **kw):

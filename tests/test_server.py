@@ -18,8 +18,7 @@ import httpx
 import openai
 import pytest
 
-from nanoqwen_rt import Engine
-from test_server_model import HANG_GUARD_S, PROMPT, build_model_file, stop_server
+from test_server_model import HANG_GUARD_S, PROMPT, stop_server
 
 MODEL = "test-model"
 KEY = "test-key-123"
@@ -30,18 +29,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    return build_model_file(tmp_path_factory.mktemp("model"))
-
-
-@pytest.fixture(scope="module")
-def engine(model_path):
-    eng = Engine(model_path, device="cpu")
-    yield eng
-    eng.close()
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,10 @@ import time
 
 import pytest
 
-from test_server_model import HANG_GUARD_S, PROMPT, build_model_file, stop_server
+from test_server_model import HANG_GUARD_S, PROMPT, stop_server
 
 pytestmark = pytest.mark.gpu
 httpx = pytest.importorskip("httpx")
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    return build_model_file(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")
