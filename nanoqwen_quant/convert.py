@@ -21,6 +21,7 @@ from nanoqwen_format import BlobKind, DType, NanoqwenFormatError, NanoqwenWriter
 from .hf import EXTRA_FILES, Checkpoint, ConvertError, load_checkpoint
 from .cast import to_f16_bits
 from .quantize import QuantizationError, can_quantize, check_shape, quantize
+from .sources import ImportedCheckpoint
 
 INT4_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GROUP_SIZES = (64, 128)                     # what the CLI offers (the format also allows 32 and 256)
@@ -141,7 +142,8 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
     if not out.parent.exists():
         raise ConvertError(f"output directory {str(out.parent)!r} does not exist")
     ckpt = load_checkpoint(src, revision)
-    specs = plan_tensors(ckpt, quant=quant, group_size=group_size, lm_head=lm_head, fallback_f16=fallback_f16)
+    specs = keep_source_groups(ckpt, plan_tensors(ckpt, quant=quant, group_size=group_size, lm_head=lm_head,
+                                                  fallback_f16=fallback_f16))
     n_int4 = sum(s.dtype == DType.INT4G for s in specs)
     provenance = {
         "source": ckpt.source.source,
@@ -160,6 +162,8 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
         "source_files": {p.name: p.stat().st_size for p in sorted({t.file for t in ckpt.tensors.values()})},
         "missing_metadata": [f for f in EXTRA_FILES if f not in ckpt.extras],
     }
+    if isinstance(ckpt, ImportedCheckpoint):
+        provenance["import"] = ckpt.import_summary({s.name: s.group_size for s in specs if s.dtype == DType.INT4G})
     blobs = _blobs(ckpt, provenance)
     bar = _progress(ckpt.source_nbytes, progress)
     try:
@@ -178,7 +182,46 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
         raise ConvertError(f"writing {out}: {e.strerror or e}") from None
     finally:
         bar.close()
+    if progress:
+        for line in conversion_notes(ckpt, specs, quant):
+            click.echo(line, err=True)
     return out
+
+
+def keep_source_groups(ckpt: Checkpoint, specs: list[TensorSpec]) -> list[TensorSpec]:
+    """An int4 tensor the source already stores as layout 1 in disguise (GPTQ 4-bit symmetric) keeps the source's
+    group size, whatever --group-size says: repacking is lossless, requantizing to another group only adds error."""
+    out = []
+    for s in specs:
+        g = ckpt.exact_int4_group(s.name) if s.dtype == DType.INT4G else None
+        out.append(TensorSpec(s.name, s.dtype, s.shape, group_size=g) if g and g != s.group_size else s)
+    return out
+
+
+def conversion_notes(ckpt: Checkpoint, specs: list[TensorSpec], quant: str) -> list[str]:
+    """Lines for the user: linears that stayed f16 although int4 was asked for, and what an imported
+    (already quantized) source became: exact repacks vs requantized tensors with their measured error."""
+    lines = []
+    fell = [s for s in specs if quant == "int4" and s.dtype == DType.F16 and is_int4_linear(s.name)]
+    if fell:
+        shapes = sorted({s.shape[1] for s in fell})
+        lines.append(f"note: {len(fell)} of {sum(is_int4_linear(s.name) for s in specs)} linear tensors stay f16 "
+                     f"(--fallback-f16): their in_features K ({', '.join(map(str, shapes))}) is not a multiple of the "
+                     f"group size and of 32, which int4 needs; e.g. {fell[0].name}")
+    if isinstance(ckpt, ImportedCheckpoint):
+        info = ckpt.import_summary({s.name: s.group_size for s in specs if s.dtype == DType.INT4G})
+        groups = sorted({s.group_size for s in specs if s.dtype == DType.INT4G and ckpt.exact_int4_group(s.name)})
+        lines.append(f"import: {info['format']} source: {info['exact_int4']} int4 tensors repacked losslessly"
+                     + (f" (group size {', '.join(map(str, groups))} from the source)" if groups else "")
+                     + f", {info['requantized_int4']} requantized by our quantizer")
+        for reason, n in info["requantize_reasons"].items():
+            lines.append(f"  requantized {n}: {reason}")
+        if "requant_snr_db_min" in info:
+            lines.append(f"  requantization error vs the source's dequantized weights: SNR min "
+                         f"{info['requant_snr_db_min']:.2f} dB, mean {info['requant_snr_db_mean']:.2f} dB, "
+                         f"max rel-RMSE {info['requant_rel_rmse_max']:.4g} (nanoqwen-verify --source gives it "
+                         f"per tensor)")
+    return lines
 
 
 def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode: str, bar, bufs: dict) -> None:
@@ -186,7 +229,10 @@ def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode:
     t = ckpt.tensors[spec.name]
     rows = t.shape[0]
     step = _rows_per_block(t.shape)
-    if spec.dtype == DType.INT4G:
+    if spec.dtype == DType.INT4G and (packed := ckpt.int4_tensor(spec.name, spec.group_size, mode)) is not None:
+        w.write_int4(spec.name, *packed)                  # the source was quantized already (sources/)
+        bar.update(t.nbytes)
+    elif spec.dtype == DType.INT4G:
         n, k = spec.shape
         g = spec.group_size
         qweight = np.empty((n, k // 8), np.uint32)       # (N, K/8) packed codes
