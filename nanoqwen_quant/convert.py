@@ -214,6 +214,8 @@ def conversion_notes(ckpt: Checkpoint, specs: list[TensorSpec], quant: str) -> l
         lines.append(f"import: {info['format']} source: {info['exact_int4']} int4 tensors repacked losslessly"
                      + (f" (group size {', '.join(map(str, groups))} from the source)" if groups else "")
                      + f", {info['requantized_int4']} requantized by our quantizer")
+        if info.get("tokenizer") not in (None, "rebuilt"):
+            lines.append(f"  tokenizer not rebuilt from the GGUF metadata: {info['tokenizer']}")
         for reason, n in info["requantize_reasons"].items():
             lines.append(f"  requantized {n}: {reason}")
         if "requant_snr_db_min" in info:
@@ -280,7 +282,9 @@ def fail(msg: str, code: int = 2) -> None:
 @click.option("--threads", type=int, default=None, help="quantizer threads (default: all cores)")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar or summary")
 def main(src, out, quant, group_size, mode, lm_head, revision, fallback_f16, threads, quiet):
-    """Convert a Hugging Face Qwen2/Llama checkpoint SRC (directory or hub repo id) to OUT.nanoqwen."""
+    """Convert a Qwen2/Llama checkpoint SRC to OUT.nanoqwen. SRC: a Hugging Face directory or hub repo id
+    (bf16/f16/f32; GPTQ: 4-bit symmetric checkpoints repacked losslessly, others requantized; AWQ: requantized),
+    or a GGUF file / Ollama blob (requantized)."""
     import time
     from .quantize import set_threads
     t0 = time.perf_counter()

@@ -141,3 +141,122 @@ def make_quantized(src: Path, dst: Path, method: str, *, g: int = 128, sym: bool
         if (src / f).exists():
             (dst / f).write_bytes((src / f).read_bytes())
     return meaning
+
+
+# ------------------------------------------------------------------------------------------------ GGUF
+GGUF_LAYER = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+              "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
+              "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
+              "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
+              "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+              "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
+GGUF_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+               "lm_head.weight": "output.weight"}
+# K-quant block byte offsets of their f16 super-block scales (ggml's block_q4_K / q5_K: d, dmin first; q6_K: d last)
+K_QUANT_F16_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def gguf_name(hf: str) -> str:
+    if hf in GGUF_GLOBAL:
+        return GGUF_GLOBAL[hf]
+    parts = hf.split(".")
+    return f"blk.{parts[2]}." + GGUF_LAYER[".".join(parts[3:])]
+
+
+def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf's permute for llama q/k rows: (n_head, 2, d/2) → (n_head, d/2, 2)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def random_k_quant_blocks(rows: int, cols: int, qtype_name: str, rng) -> np.ndarray:
+    """gguf has no K-quant quantizer: random block bytes with sane f16 super-block scales (rows, cols/256*size)."""
+    import gguf
+    qt = getattr(gguf.GGMLQuantizationType, qtype_name)
+    block, size = gguf.GGML_QUANT_SIZES[qt]
+    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    for off in K_QUANT_F16_FIELDS[qtype_name]:
+        d = (rng.uniform(1e-4, 4e-4, size=(rows, cols // block))).astype(np.float16)
+        raw[:, :, off:off + 2] = d.view(np.uint8).reshape(rows, cols // block, 2)
+    return raw.reshape(rows, cols // block * size)
+
+
+def write_gguf(src: Path, out: Path, *, linear_type: str = "F32", embed_type: str = "F16", arch: str = "qwen2",
+               tokenizer: bool = True, seed: int = 0) -> dict:
+    """The synthetic HF checkpoint at `src` → a GGUF file like llama.cpp's convert_hf_to_gguf writes (llama q/k
+    rows permuted; 1-D tensors F32). Linears stored as `linear_type` (quantized by gguf.quants where the package
+    can; K-quants get random blocks, then their meaning is the package's dequantization). Returns {hf name: float32
+    values the file means}."""
+    import gguf
+    T = gguf.GGMLQuantizationType
+    cfg = json.loads((src / "config.json").read_text())
+    w_all = load_source_f32(src)
+    rng = np.random.default_rng(seed)
+    wr = gguf.GGUFWriter(str(out), arch)
+    wr.add_block_count(cfg["num_hidden_layers"])
+    wr.add_context_length(cfg["max_position_embeddings"])
+    wr.add_embedding_length(cfg["hidden_size"])
+    wr.add_feed_forward_length(cfg["intermediate_size"])
+    wr.add_head_count(cfg["num_attention_heads"])
+    wr.add_head_count_kv(cfg["num_key_value_heads"])
+    wr.add_rope_freq_base(cfg["rope_theta"])
+    wr.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if tokenizer:
+        tj = json.loads((src / "tokenizer.json").read_text())
+        tcfg = json.loads((src / "tokenizer_config.json").read_text())
+        added = {a["id"]: a for a in tj["added_tokens"]}
+        inv = {i: t for t, i in tj["model"]["vocab"].items()}
+        n_rows = cfg["vocab_size"]
+        tokens, types = [], []
+        for i in range(n_rows):                 # llama.cpp pads to vocab_size with [PAD{i}] UNUSED tokens
+            if i in added:
+                tokens.append(added[i]["content"])
+                types.append(gguf.TokenType.CONTROL if added[i]["special"] else gguf.TokenType.USER_DEFINED)
+            elif i in inv:
+                tokens.append(inv[i])
+                types.append(gguf.TokenType.NORMAL)
+            else:
+                tokens.append(f"[PAD{i}]")
+                types.append(gguf.TokenType.UNUSED)
+        wr.add_tokenizer_model("gpt2")
+        wr.add_tokenizer_pre("qwen2")
+        wr.add_token_list(tokens)
+        wr.add_token_types(types)
+        wr.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in tj["model"]["merges"]])
+        wr.add_bos_token_id(cfg["bos_token_id"])
+        wr.add_eos_token_id(cfg["eos_token_id"])
+        wr.add_pad_token_id(cfg["bos_token_id"])
+        wr.add_chat_template(tcfg["chat_template"])
+    meaning = {}
+    for name, w in w_all.items():
+        stored = w
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            stored = permute_qk(w, cfg["num_attention_heads"])
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            stored = permute_qk(w, cfg["num_key_value_heads"])
+        if w.ndim == 1:
+            qt = T.F32
+        elif name in GGUF_GLOBAL:
+            qt = getattr(T, embed_type)
+        else:
+            qt = getattr(T, linear_type)
+        if qt == T.F32:
+            data = stored.astype(np.float32)
+        elif qt == T.F16:
+            data = stored.astype(np.float16)
+        elif qt.name in K_QUANT_F16_FIELDS:
+            data = random_k_quant_blocks(*stored.shape, qt.name, rng)
+        else:
+            data = gguf.quants.quantize(stored, qt)
+        wr.add_tensor(gguf_name(name), data, raw_dtype=qt if qt not in (T.F32, T.F16) else None)
+        back = gguf.quants.dequantize(data, qt).astype(np.float32).reshape(w.shape)
+        heads = {"q_proj.weight": cfg["num_attention_heads"], "k_proj.weight": cfg["num_key_value_heads"]}
+        h = heads.get(".".join(name.split(".")[-2:])) if arch == "llama" else None
+        if h:                                   # back to HF row order: invert permute_qk row by row
+            rows = permute_qk(np.arange(w.shape[0]), h)          # stored row r holds HF row rows[r]
+            back = back[np.argsort(rows)]
+        meaning[name] = back
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    return meaning

@@ -1,0 +1,119 @@
+"""GGUF import: files written with the gguf package's own GGUFWriter (and its quantizer where it has one) from a
+synthetic checkpoint, read back through nanoqwen-convert: config, tensors (llama q/k permutation undone),
+tokenizer rebuilt from tokenizer.ggml.* (same ids as the HF tokenizer), chat template, logits."""
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+gguf = pytest.importorskip("gguf")
+
+from nanoqwen_format import BlobKind, DType, open_file  # noqa: E402
+from nanoqwen_quant.convert import convert_checkpoint, main as convert_main  # noqa: E402
+from nanoqwen_quant.hf import load_checkpoint  # noqa: E402
+from nanoqwen_quant.verify import verify_file  # noqa: E402
+from quant_sources import write_gguf  # noqa: E402
+from synth import CHATML_TEMPLATE, load_source_f32, make_checkpoint  # noqa: E402
+
+QWEN = dict(hidden=256, intermediate=512, n_layers=2, n_heads=4, n_kv_heads=2, vocab=320)
+LLAMA = dict(arch="llama", qkv_bias=False, hidden=256, intermediate=512, n_layers=2, n_heads=4, n_kv_heads=2,
+             vocab=320)
+# f16 file vs transformers holding the same f16-rounded weights in fp32: only summation order differs (see
+# test_cpu_vs_hf.LOGIT_ATOL for the reasoning and the observed ~1e-6).
+LOGIT_ATOL = 2e-4
+TEXT = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)  # Hello, world! 123 über\n"
+
+
+def _logits_vs_transformers(src, out, weights):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from nanoqwen_rt.cpu_backend import CPUBackend
+    model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    missing, unexpected = model.load_state_dict({n: torch.from_numpy(w) for n, w in weights.items()}, strict=False)
+    assert not missing and not unexpected
+    ids = np.random.default_rng(3).integers(0, 320, size=20).astype(np.int32)
+    with torch.no_grad():
+        ref = model(torch.tensor([ids.tolist()])).logits[0].numpy()
+    be = CPUBackend(out)
+    be.poison()
+    try:
+        ours = be.logits_all(ids)
+    finally:
+        be.close()
+    assert ref.std() > 0.1
+    return ours, ref
+
+
+@pytest.mark.parametrize("kw, linear_type", [(QWEN, "F32"), (LLAMA, "F32"), (QWEN, "Q8_0"), (LLAMA, "Q4_K")],
+                         ids=["qwen2-f32", "llama-f32", "qwen2-q8_0", "llama-q4_k"])
+def test_gguf_to_f16_file_logits(tmp_path, kw, linear_type):
+    """GGUF → --quant none: the file holds what the GGUF means (the source, or its gguf dequantization) rounded to
+    f16, the llama q/k permutation undone (a wrong row order changes the logits by far more than LOGIT_ATOL)."""
+    src = make_checkpoint(tmp_path / "src", dtype="f32", **kw)
+    g = tmp_path / "model.gguf"
+    meaning = write_gguf(src, g, linear_type=linear_type, embed_type="F32", arch=kw.get("arch", "qwen2"))
+    out = convert_checkpoint(g, tmp_path / "m.nanoqwen", quant="none")
+    f16 = {n: w.astype(np.float16).astype(np.float32) for n, w in meaning.items()}
+    if linear_type == "F32":
+        assert all(np.array_equal(meaning[n], w) for n, w in load_source_f32(src).items())
+    with open_file(out) as f:
+        for n, w in f16.items():
+            np.testing.assert_array_equal(f.float32(n), w, err_msg=n)
+    ours, ref = _logits_vs_transformers(src, out, f16)
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=LOGIT_ATOL)
+
+
+def test_tokenizer_and_metadata_round_trip(tmp_path):
+    src = make_checkpoint(tmp_path / "src", **QWEN)
+    blob = tmp_path / "sha256-0123abcd"                       # an Ollama blob: no extension, GGUF magic
+    write_gguf(src, blob, linear_type="Q8_0")
+    out = tmp_path / "m.nanoqwen"
+    r = CliRunner().invoke(convert_main, [str(blob), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "import: gguf source: 0 int4 tensors repacked losslessly, 14 requantized" in r.output
+    from tokenizers import Tokenizer
+    hf_tok = Tokenizer.from_file(str(src / "tokenizer.json"))
+    with open_file(out) as f:
+        ours = Tokenizer.from_str(f.blob_text(BlobKind.TOKENIZER_JSON))
+        assert f.blob_text(BlobKind.CHAT_TEMPLATE) == CHATML_TEMPLATE
+        cfg = json.loads((src / "config.json").read_text())
+        assert (f.config.bos_token_id, f.config.eos_token_id) == (cfg["bos_token_id"], cfg["eos_token_id"])
+        assert f.config.vocab_rows == 320 and f.config.rope_theta == 1e6 and not f.config.tied_embeddings
+        assert f.blob_json(BlobKind.PROVENANCE)["import"]["tokenizer"] == "rebuilt"
+    chat = "<|im_start|>user\n" + TEXT + "<|im_end|>\n<|im_start|>assistant\n"
+    for text in (TEXT, chat, "  spaces\t\ttabs\n\n\nnewlines", "x" * 50):
+        want = hf_tok.encode(text).ids
+        assert ours.encode(text).ids == want, text
+        assert ours.decode(want, skip_special_tokens=False) == hf_tok.decode(want, skip_special_tokens=False)
+    assert len(hf_tok.encode(chat).ids) > 10
+
+
+@pytest.mark.parametrize("qtype", ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
+def test_quant_types_dequantized_and_requantized(tmp_path, qtype):
+    """Each type reads back as the gguf package's dequantization (row order and shapes right); int4 conversion
+    verifies against it with the usual int4 bounds."""
+    src = make_checkpoint(tmp_path / "src", **QWEN)
+    g = tmp_path / "m.gguf"
+    meaning = write_gguf(src, g, linear_type=qtype)
+    ck = load_checkpoint(g)
+    name = "model.layers.1.mlp.down_proj.weight"
+    assert ck.imported[name].encoding == f"gguf {qtype}"
+    np.testing.assert_array_equal(ck.read_f32(name), meaning[name])
+    out = convert_checkpoint(g, tmp_path / "m.nanoqwen")
+    with open_file(out) as f:
+        assert f.tensors[name].dtype == DType.INT4G
+    rep = verify_file(out, g)
+    assert rep["ok"], [t for t in rep["tensors"] if not t["ok"]]
+
+
+def test_refusals(tmp_path):
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 10)
+    r = CliRunner().invoke(convert_main, [str(bad), "-o", str(tmp_path / "o.nanoqwen"), "-q"])
+    assert r.exit_code == 2 and "not a readable GGUF file" in r.output and "Traceback" not in r.output, r.output
+    other = tmp_path / "notes.txt"
+    other.write_text("hello")
+    r = CliRunner().invoke(convert_main, [str(other), "-o", str(tmp_path / "o.nanoqwen"), "-q"])
+    assert r.exit_code == 2 and "not a GGUF file" in r.output, r.output
+    assert not (tmp_path / "o.nanoqwen").exists()
