@@ -2,6 +2,7 @@
 synthetic checkpoint, read back through nanoqwen-convert: config, tensors (llama q/k permutation undone),
 tokenizer rebuilt from tokenizer.ggml.* (same ids as the HF tokenizer), chat template, logits."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -117,3 +118,51 @@ def test_refusals(tmp_path):
     r = CliRunner().invoke(convert_main, [str(other), "-o", str(tmp_path / "o.nanoqwen"), "-q"])
     assert r.exit_code == 2 and "not a GGUF file" in r.output, r.output
     assert not (tmp_path / "o.nanoqwen").exists()
+
+
+QWEN2_TOKENIZER_DIR = Path(__file__).resolve().parent.parent / "bench" / "assets" / "qwen2-tokenizer"
+
+
+@pytest.mark.slow
+def test_real_qwen2_vocab_gguf_tokenizer_matches_transformers(tmp_path):
+    """Qwen2's real vocab.json + merges.txt as llama.cpp stores them (tokens by id, 'a b' merges, specials as
+    CONTROL, [PAD] UNUSED rows up to the embedding size) → our rebuilt tokenizer.json tokenizes like transformers'
+    slow Qwen2Tokenizer (its own Python BPE: an independent implementation)."""
+    transformers = pytest.importorskip("transformers")
+    if not (QWEN2_TOKENIZER_DIR / "vocab.json").exists():
+        pytest.skip("no Qwen2 tokenizer files in this checkout")
+    from tokenizers import Tokenizer
+    from nanoqwen_quant.sources.gguf_file import tokenizer_json_from_gguf
+    vocab = json.loads((QWEN2_TOKENIZER_DIR / "vocab.json").read_text(encoding="utf-8"))
+    merges = [ln for ln in (QWEN2_TOKENIZER_DIR / "merges.txt").read_text(encoding="utf-8").splitlines()
+              if ln and not ln.startswith("#version")]
+    specials = {"<|endoftext|>": len(vocab), "<|im_start|>": len(vocab) + 1, "<|im_end|>": len(vocab) + 2}
+    rows = len(vocab) + len(specials) + 5
+    inv = {i: t for t, i in vocab.items()}
+    inv_sp = {i: t for t, i in specials.items()}
+    tokens = [inv.get(i) or inv_sp.get(i) or f"[PAD{i}]" for i in range(rows)]
+    types = [1 if i in inv else 3 if i in inv_sp else 5 for i in range(rows)]
+    g = tmp_path / "tok.gguf"
+    w = gguf.GGUFWriter(str(g), "qwen2")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    text, why = tokenizer_json_from_gguf(gguf.GGUFReader(g))
+    assert text is not None, why
+    ours = Tokenizer.from_str(text)
+    slow = transformers.Qwen2Tokenizer(vocab=str(QWEN2_TOKENIZER_DIR / "vocab.json"),
+                                       merges=str(QWEN2_TOKENIZER_DIR / "merges.txt"))
+    for t in [TEXT, "Hello, world! It's 2026; naïve café — 東京 🚀\t\ttabs   spaces\r\n",
+              "x=[i**2 for i in range(10)]  # squares\n\n\n", "1234567 + 89 = 1234656"]:
+        want = slow.encode(t, add_special_tokens=False)
+        assert ours.encode(t, add_special_tokens=False).ids == want, t
+        assert ours.decode(want) == t
+    assert ours.encode("a<|im_start|>b").ids == ours.encode("a").ids + [specials["<|im_start|>"]] + \
+        ours.encode("b").ids
+    assert ours.get_vocab_size(with_added_tokens=True) == len(vocab) + len(specials)

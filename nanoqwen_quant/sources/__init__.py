@@ -42,6 +42,7 @@ class ImportedTensor:
     exact: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None   # -> layout-1 (qweight, scales)
     exact_group: int | None = None                  # group size of `exact`
     reason: str = ""                                # why there is no exact repack ("" when there is)
+    rows: Callable[[int, int], np.ndarray] | None = None   # rows [a, b) alone, when the decoder can (GGUF)
 
 
 @dataclass
@@ -63,13 +64,16 @@ class ImportedCheckpoint(Checkpoint):
         return self._cache[1]
 
     def read_raw_rows(self, name: str, start: int, stop: int) -> np.ndarray:
-        if name in self.imported:
-            return self._values(name)[start:stop]              # float32 ("F32" in self.tensors)
-        return super().read_raw_rows(name, start, stop)
+        t = self.imported.get(name)
+        if t is None:
+            return super().read_raw_rows(name, start, stop)
+        if t.rows is not None:                                  # row blocks: no whole-tensor float32 copy
+            return t.rows(start, stop)
+        return self._values(name)[start:stop]                  # float32 ("F32" in self.tensors)
 
     def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
         if name in self.imported:
-            return self._values(name)[start:stop]
+            return self.read_raw_rows(name, start, stop)
         return super().read_rows(name, start, stop)
 
     def exact_int4_group(self, name: str) -> int | None:

@@ -211,17 +211,24 @@ def load_gguf(source: Source) -> ImportedCheckpoint:
         elif arch == "llama" and name.endswith("self_attn.k_proj.weight"):
             permute = mc.n_kv_heads
 
-        def dequant(t=t, qtype=qtype, shape=tuple(shape), permute=permute):
+        def rows(a, b, t=t, qtype=qtype, shape=tuple(shape)):
+            """Rows [a, b) of the stored tensor (GGUF data is (N, row bytes) or (N,) for 1-D), dequantized."""
             try:
-                w = gguf.quants.dequantize(t.data, qtype)
+                w = gguf.quants.dequantize(t.data[a:b], qtype)
             except NotImplementedError:
                 raise ConvertError(f"{path}: GGUF tensor {t.name!r} has type {qtype.name}, which the gguf package "
                                    f"cannot dequantize") from None
-            w = np.ascontiguousarray(w, dtype=np.float32).reshape(shape)
+            except (ValueError, IndexError) as e:   # truncated data in the memory map
+                raise ConvertError(f"{path}: GGUF tensor {t.name!r}: cannot read ({e})".splitlines()[0]) from None
+            return np.ascontiguousarray(w, dtype=np.float32).reshape((b - a,) + shape[1:])
+
+        def dequant(rows=rows, shape=tuple(shape), permute=permute):
+            w = rows(0, shape[0])
             return np.ascontiguousarray(unpermute_qk(w, permute)) if permute else w
 
         imported[name] = ImportedTensor(name, tuple(shape), f"gguf {qtype.name}", dequant,
-                                        reason=f"GGUF {qtype.name} is not layout 1")
+                                        reason=f"GGUF {qtype.name} is not layout 1",
+                                        rows=None if permute else rows)
         tensors[name] = SourceTensor(name, "F32", tuple(shape), path, int(t.data_offset), int(t.n_bytes))
     # metadata files the converter embeds, built from the GGUF metadata in a private temporary directory
     tmp = tempfile.TemporaryDirectory(prefix="nanoqwen-gguf-")
