@@ -35,6 +35,19 @@ def test_unpack_matches_the_per_element_packer():
     np.testing.assert_array_equal(unpack_along_cols(qz, 4), zeros - 1)
 
 
+def test_fast_repack_equals_the_reference():
+    """gptq_words_to_layout1 (nibble shuffle + transpose) == unpack codes → pack_int4_reference."""
+    from nanoqwen_quant.sources.gptq import gptq_words_to_layout1, layout1_from_codes
+    rng = np.random.default_rng(2)
+    words = rng.integers(-2**31, 2**31, size=(48, 40), dtype=np.int64).astype(np.int32)   # K = 384, N = 40
+    s = rng.random((3, 40)).astype(np.float16)
+    ref_q, ref_s = layout1_from_codes(unpack_along_rows(words, 4), s)
+    fast = gptq_words_to_layout1(words)
+    assert fast.dtype == np.uint32 and fast.flags.c_contiguous
+    np.testing.assert_array_equal(fast, ref_q)
+    np.testing.assert_array_equal(ref_s, s.T)
+
+
 def test_qwen_tensor_names(tmp_path):
     """The official repos' names: model.layers.N.self_attn.q_proj.{qweight,qzeros,scales,g_idx,bias}, f16 rest."""
     _, d, _ = _gptq(tmp_path)

@@ -51,7 +51,7 @@ class ImportedCheckpoint(Checkpoint):
     import_info: dict = field(default_factory=dict)            # format facts, for provenance
     requant_stats: dict[str, dict] = field(default_factory=dict)   # name -> {"snr_db", "rel_rmse"} (filled lazily)
     _cache: tuple[str, np.ndarray] | None = None               # the last dequantized tensor (row-block reads)
-    _tmpdir: object = None                                     # keeps a TemporaryDirectory of built metadata alive
+    _keep: tuple = ()              # objects that must live as long as the checkpoint (temp metadata dir, GGUF map)
 
     def _values(self, name: str) -> np.ndarray:
         if self._cache is None or self._cache[0] != name:

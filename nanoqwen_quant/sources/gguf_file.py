@@ -261,6 +261,5 @@ def load_gguf(source: Source) -> ImportedCheckpoint:
     src = Source(path=d, source=source.source)
     ck = ImportedCheckpoint(source=src, hf_config=cfg, config=mc, tensors=tensors, extras=extras,
                             imported=imported, import_info=info)
-    ck._tmpdir = tmp
-    ck._gguf_reader = reader
+    ck._keep = (tmp, reader)
     return ck

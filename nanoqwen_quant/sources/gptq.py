@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nanoqwen_format.constants import INT4_GROUP_SIZES, INT4_ZERO_CODE
+from nanoqwen_format.constants import INT4_GROUP_SIZES, INT4_PERM, INT4_ZERO_CODE
 from nanoqwen_format.int4_layout import pack_int4_reference
 
 from ..hf import ConvertError, SourceTensor
@@ -67,6 +67,18 @@ def exact_scales_f16(s32: np.ndarray) -> np.ndarray | None:
 def layout1_from_codes(u_kn: np.ndarray, s16_gn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """u codes uint8 (K, N) (w = s * (u - 8)) and scales f16 (G, N) → layout-1 qweight (N, K/8), scales (N, G)."""
     return pack_int4_reference(np.ascontiguousarray(u_kn.T)), np.ascontiguousarray(s16_gn.T)
+
+
+def gptq_words_to_layout1(words: np.ndarray) -> np.ndarray:
+    """Fast path of the lossless repack: GPTQ 4-bit qweight int32 (K/8, N) → layout-1 qweight uint32 (N, K/8).
+    GPTQ word (r, n) holds k = 8r + j at nibble j; layout-1 word (n, r) holds k = 8r + INT4_PERM[i] at nibble i:
+    the same 8 codes, so each word only has its nibbles shuffled, then the matrix is transposed. Equal to
+    layout1_from_codes(unpack_along_rows(words, 4), ...) (tests/test_import_gptq.py)."""
+    u = words.view(np.uint32)
+    out = np.zeros_like(u)
+    for i, p in enumerate(INT4_PERM):
+        out |= ((u >> np.uint32(4 * p)) & np.uint32(0xF)) << np.uint32(4 * i)
+    return np.ascontiguousarray(out.T)
 
 
 @dataclass(frozen=True)
@@ -165,8 +177,9 @@ class GPTQLinear:
         return ""
 
     def exact(self) -> tuple[np.ndarray, np.ndarray]:
-        q, _, s, _ = self._load()
-        return layout1_from_codes(q, exact_scales_f16(s))
+        """Layout-1 (qweight, scales); only called when _exact_reason() is '' (codes u = q, zero 8)."""
+        s16 = exact_scales_f16(scales_f32(self.parts["scales"]))
+        return gptq_words_to_layout1(read_tensor(self.parts["qweight"])), np.ascontiguousarray(s16.T)
 
     def imported(self) -> ImportedTensor:
         reason = self._exact_reason()
