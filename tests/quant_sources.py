@@ -6,10 +6,11 @@
 * AWQ GEMM (AutoAWQ WQLinear_GEMM): qweight int32 (K, N/8), word c of row k holds n = 8c + ORDER[i] at bits 4i with
   ORDER = (0, 2, 4, 6, 1, 3, 5, 7); qzeros int32 (G, N/8) packed the same way; scales f16 (G, N). w = s * (q - z).
 
-Why not a library packer: auto-gptq (0.7.1, 2024) and autoawq (0.2.9, archived) build or require CUDA kernels at
-install and pin older torch; gptqmodel likewise targets GPU builds. They were not installed on this CPU-only
-machine (not tried: judged from their packaging), so these are plain per-element loops, deliberately unlike the
-vectorized unpackers in nanoqwen_quant.sources.
+Why not a library packer in the tests: auto-gptq (0.7.1, 2024) ships CUDA wheels with their own torch-era pins,
+autoawq (0.2.9) is archived and needs its CUDA kernels package, gptqmodel targets GPU builds: none is a reasonable
+test dependency here. So these are plain per-element loops, deliberately unlike the vectorized unpackers in
+nanoqwen_quant.sources. The GPTQ reading was cross-checked once against AutoGPTQ 0.7.1's own CPU packing code
+(bench/gptq_autogptq_crosscheck.py).
 The values are quantized by round-to-nearest with GPTQ's/AWQ's own scale and zero rules (the packing, not the
 Hessian-based weight update, is what the importer must read).
 """
