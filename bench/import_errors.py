@@ -1,7 +1,8 @@
 """Requantization error of the import paths that are not lossless (GPTQ act-order / asymmetric, AWQ, GGUF types):
 the source's 4/8-bit weights are dequantized exactly and quantized again by our symmetric INT4 quantizer.
 
-Weights: Gaussian and Student-t (nu = 4, heavier tails, closer to trained LLM weights), shape (N, K) = (1024, 4096).
+Weights: Gaussian and Student-t (nu = 4, heavier tails, closer to trained LLM weights), shape (N, K) = (1024, 4096),
+and the embedded trained model's 28 linears (models/tiny-py; SNR over all of them together).
 For every source: SNR (dB) and rel-RMSE of our layout-1 result against (a) the source's dequantized weights (what
 nanoqwen-verify --source reports) and (b) the original float weights, next to (c) the source's own error vs the
 original. Usage: PYTHONPATH=.:tests python bench/import_errors.py  (prints a markdown table).
@@ -46,24 +47,61 @@ def sources(w, rng):
     return out
 
 
+class Acc:
+    """Σref², Σerr² over several tensors → one SNR / rel-RMSE for a whole model."""
+    def __init__(self):
+        self.s = self.e = 0.0
+
+    def add(self, ref, x):
+        ref = ref.astype(np.float64)
+        d = ref - x.astype(np.float64)
+        self.s += float((ref * ref).sum())
+        self.e += float((d * d).sum())
+
+    def snr(self):
+        return (math.inf if self.e == 0 else 10 * math.log10(self.s / self.e)), math.sqrt(self.e / self.s)
+
+
+def trained_linears(path="models/tiny-py"):
+    """The embedded model's trained linear weights (all 28 of them), float32, when the checkout has it."""
+    from pathlib import Path
+    if not (Path(path) / "model.safetensors").exists():
+        return []
+    from safetensors.numpy import load_file
+    sd = load_file(str(Path(path) / "model.safetensors"))
+    return [v.astype(np.float32) for k, v in sorted(sd.items()) if k.endswith("_proj.weight")]
+
+
 def main():
     rng = np.random.default_rng(0)
-    weights = {"gaussian": rng.standard_normal((N, K)).astype(np.float32) * 0.02,
-               "student-t4": (rng.standard_t(4, (N, K)) * 0.02).astype(np.float32)}
+    weights = {"gaussian": [rng.standard_normal((N, K)).astype(np.float32) * 0.02],
+               "student-t4": [(rng.standard_t(4, (N, K)) * 0.02).astype(np.float32)],
+               "tiny-py (trained, 28 linears)": trained_linears()}
     print("| weights | source | source vs orig SNR | ours g | mode | ours vs source SNR / relRMSE "
-          "| ours vs orig SNR | direct RTN from orig SNR |")
+          "| ours vs orig SNR | direct from orig SNR |")
     print("|---|---|---|---|---|---|---|---|")
-    for wname, w in weights.items():
-        for sname, src in sources(w, rng).items():
-            s_orig = snr(w, src)[0]
+    for wname, ws in weights.items():
+        if not ws:
+            continue
+        per = [sources(w, rng) for w in ws]                      # per tensor: {source name: values}
+        for sname in per[0]:
+            src_acc = Acc()
+            for w, sr in zip(ws, per):
+                src_acc.add(w, sr[sname])
             for g in (128, 64):
                 for mode in ("rtn", "mse"):
-                    q, s = quantize(src, g, mode)
-                    ours = dequantize(q, s, g)
-                    qd, sd = quantize(w, g, mode)
-                    a, rel = snr(src, ours)
-                    print(f"| {wname} | {sname} | {s_orig:.2f} | {g} | {mode} | {a:.2f} / {rel:.4f} "
-                          f"| {snr(w, ours)[0]:.2f} | {snr(w, dequantize(qd, sd, g))[0]:.2f} |")
+                    a_src, a_orig, a_dir = Acc(), Acc(), Acc()
+                    for w, sr in zip(ws, per):
+                        src = sr[sname]
+                        q, s = quantize(src, g, mode)
+                        ours = dequantize(q, s, g)
+                        qd, sd = quantize(w, g, mode)
+                        a_src.add(src, ours)
+                        a_orig.add(w, ours)
+                        a_dir.add(w, dequantize(qd, sd, g))
+                    a, rel = a_src.snr()
+                    print(f"| {wname} | {sname} | {src_acc.snr()[0]:.2f} | {g} | {mode} | {a:.2f} / {rel:.4f} "
+                          f"| {a_orig.snr()[0]:.2f} | {a_dir.snr()[0]:.2f} |")
 
 
 if __name__ == "__main__":
