@@ -153,3 +153,30 @@ def test_end_to_end_logits_match_transformers_on_the_gptq_meaning(tmp_path):
         be.close()
     assert ref.std() > 0.1                                     # not vacuous
     np.testing.assert_allclose(ours, ref, rtol=0, atol=LOGIT_ATOL)
+
+
+def test_sharded_checkpoint_and_stray_bias(tmp_path):
+    """Qwen's larger GPTQ repos are sharded (model-0000N-of-0000M.safetensors + index); a zero bias buffer on a
+    bias-free linear (some quantizers write one) is accepted, a non-zero one refused."""
+    from safetensors.numpy import load_file, save_file
+    _, d, meaning = _gptq(tmp_path, zero_bias=True)
+    sd = load_file(str(d / "model.safetensors"))
+    (d / "model.safetensors").unlink()
+    names = sorted(sd)
+    half = len(names) // 2
+    wm = {}
+    for i, part in enumerate((names[:half], names[half:])):
+        fname = f"model-{i + 1:05d}-of-00002.safetensors"
+        save_file({n: sd[n] for n in part}, str(d / fname), metadata={"format": "pt"})
+        wm.update({n: fname for n in part})
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    out = convert_checkpoint(d, tmp_path / "m.nanoqwen")
+    with open_file(out) as f:
+        q, s = f.int4("model.layers.1.self_attn.o_proj.weight")
+        np.testing.assert_array_equal(dequantize(q, s, 128), meaning["model.layers.1.self_attn.o_proj.weight"])
+    fname = wm["model.layers.0.self_attn.o_proj.bias"]
+    shard = load_file(str(d / fname))
+    shard["model.layers.0.self_attn.o_proj.bias"] = np.full_like(shard["model.layers.0.self_attn.o_proj.bias"], 0.5)
+    save_file(shard, str(d / fname), metadata={"format": "pt"})
+    r = CliRunner().invoke(convert_main, [str(d), "-o", str(tmp_path / "x.nanoqwen"), "-q"])
+    assert r.exit_code == 2 and "o_proj.bias" in r.output and "non-zero bias" in r.output, r.output
