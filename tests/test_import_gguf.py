@@ -166,3 +166,28 @@ def test_real_qwen2_vocab_gguf_tokenizer_matches_transformers(tmp_path):
     assert ours.encode("a<|im_start|>b").ids == ours.encode("a").ids + [specials["<|im_start|>"]] + \
         ours.encode("b").ids
     assert ours.get_vocab_size(with_added_tokens=True) == len(vocab) + len(specials)
+
+
+def test_engine_on_a_gguf_converted_file(tmp_path):
+    """The Engine uses what was rebuilt: text prompts tokenize like the HF tokenizer, the chat template renders
+    (ChatML from tokenizer.chat_template), stop ids come from the GGUF's eos, and the logits of the text prompt
+    equal those of its ids."""
+    from nanoqwen_rt.engine import Engine
+    from tokenizers import Tokenizer
+    src = make_checkpoint(tmp_path / "src", **QWEN)
+    g = tmp_path / "m.gguf"
+    write_gguf(src, g, linear_type="Q8_0")
+    out = convert_checkpoint(g, tmp_path / "m.nanoqwen")
+    hf_tok = Tokenizer.from_file(str(src / "tokenizer.json"))
+    cfg = json.loads((src / "config.json").read_text())
+    with Engine(out, device="cpu") as eng:
+        ids = eng.encode(TEXT)
+        assert ids.tolist() == hf_tok.encode(TEXT).ids
+        assert cfg["eos_token_id"] in eng.stop_token_ids
+        text = eng.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+        assert text == "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n" \
+                       "<|im_start|>assistant\n"
+        np.testing.assert_array_equal(eng.logits(ids.tolist()), eng.logits(list(hf_tok.encode(TEXT).ids)))
+        chunks = list(eng.chat([{"role": "user", "content": "def f():"}], max_new_tokens=4))
+        assert 1 <= sum(len(c.token_ids) for c in chunks) <= 4
+        assert chunks[-1].finish_reason in ("stop", "length")
