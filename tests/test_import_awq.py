@@ -47,3 +47,20 @@ def test_awq_requantized(tmp_path, mode):
         imp = f.blob_json(BlobKind.PROVENANCE)["import"]
         assert imp["format"] == "awq" and imp["requantized_int4"] == 14
     assert verify_file(out, tmp_path / "awq")["ok"]
+
+
+def test_fast_dequantize_equals_the_reference(tmp_path):
+    from nanoqwen_quant.sources.awq import dequantize_reference
+    from nanoqwen_quant.sources import read_tensor
+    src = make_checkpoint(tmp_path / "src", **SMALL)
+    meaning = make_quantized(src, tmp_path / "awq", "awq")
+    from nanoqwen_quant.hf import discover_tensors
+    found = discover_tensors(tmp_path / "awq")
+    ck = load_checkpoint(tmp_path / "awq")
+    for name in ("model.layers.0.self_attn.o_proj.weight", "model.layers.1.mlp.gate_proj.weight"):
+        p = name[:-len(".weight")]
+        ref = dequantize_reference(read_tensor(found[p + ".qweight"]), read_tensor(found[p + ".qzeros"]),
+                                   read_tensor(found[p + ".scales"]), 128)
+        fast = ck.imported[name].dequantize()
+        np.testing.assert_array_equal(fast, ref)
+        np.testing.assert_array_equal(fast, meaning[name])

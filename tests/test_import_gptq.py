@@ -180,3 +180,16 @@ def test_sharded_checkpoint_and_stray_bias(tmp_path):
     save_file(shard, str(d / fname), metadata={"format": "pt"})
     r = CliRunner().invoke(convert_main, [str(d), "-o", str(tmp_path / "x.nanoqwen"), "-q"])
     assert r.exit_code == 2 and "o_proj.bias" in r.output and "non-zero bias" in r.output, r.output
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(desc_act=True), dict(sym=False), dict(sym=False, checkpoint_format="gptq_v2")])
+def test_fast_dequantize_equals_the_reference(tmp_path, kw):
+    """The numba dequantizer (sources/dequant.py) == the numpy reference, bit for bit, and == the packer's meaning."""
+    _, d, meaning = _gptq(tmp_path, **kw)
+    ck = load_checkpoint(d)
+    for name in ("model.layers.0.self_attn.k_proj.weight", "model.layers.1.mlp.down_proj.weight"):
+        lin = ck.imported[name].dequantize.__self__
+        fast, ref = lin.dequantize(), lin.dequantize_reference()
+        assert fast.dtype == np.float32 and fast.flags.c_contiguous
+        np.testing.assert_array_equal(fast, ref)
+        np.testing.assert_array_equal(fast, meaning[name])

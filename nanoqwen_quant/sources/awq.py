@@ -30,6 +30,13 @@ AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)          # nibble i of a word holds column 
 AWQ_VERSIONS = ("gemm",)
 
 
+def dequantize_reference(qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray, g: int) -> np.ndarray:
+    """float32 (N, K) = s[k // g, n] * (q[k, n] - z[k // g, n]), exact; plain numpy (the fast path's reference)."""
+    q, z = unpack_awq(qweight), unpack_awq(qzeros).astype(np.int16)
+    gi = np.arange(q.shape[0]) // g
+    return np.ascontiguousarray((scales.astype(np.float32)[gi] * (q.astype(np.float32) - z[gi].astype(np.float32))).T)
+
+
 def unpack_awq(words: np.ndarray) -> np.ndarray:
     """int32 (R, C) in AWQ GEMM order → uint8 (R, 8C): column 8c + AWQ_ORDER[i] is nibble i of word (r, c)."""
     u = words.view(np.uint32)
@@ -87,9 +94,9 @@ class AWQParams:
             return q, z, scales_f32(parts["scales"])
 
         def dequant() -> np.ndarray:
-            q, z, s = load()
-            gi = np.arange(k) // g
-            return np.ascontiguousarray((s[gi] * (q.astype(np.float32) - z[gi].astype(np.float32))).T)
+            from .dequant import awq_dequantize_fast
+            return awq_dequantize_fast(read_tensor(parts["qweight"]), scales_f32(parts["scales"]),
+                                       unpack_awq(read_tensor(parts["qzeros"])), AWQ_ORDER, g)
 
         def exact():
             q, _, s = load()

@@ -151,11 +151,25 @@ class GPTQLinear:
             gi = np.arange(k, dtype=np.int64) // self.g
         return q, z, s, gi
 
-    def dequantize(self) -> np.ndarray:
-        """float32 (N, K): s[g_idx[k], n] * (q[k, n] - zero[g_idx[k], n]), exact."""
+    def dequantize_reference(self) -> np.ndarray:
+        """float32 (N, K): s[g_idx[k], n] * (q[k, n] - zero[g_idx[k], n]), exact. Plain numpy."""
         q, z, s, gi = self._load()
         w = s[gi] * (q.astype(np.float32) - z[gi].astype(np.float32))        # (K, N)
         return np.ascontiguousarray(w.T)
+
+    def dequantize(self) -> np.ndarray:
+        """Same values as dequantize_reference; 4-bit through the numba kernel (sources/dequant.py)."""
+        if self.p.bits != 4:
+            return self.dequantize_reference()
+        from .dequant import gptq_dequantize_fast
+        z = unpack_along_cols(read_tensor(self.parts["qzeros"]), 4).astype(np.int16) \
+            + CHECKPOINT_FORMATS[self.p.checkpoint_format]
+        gi = read_tensor(self.parts["g_idx"]).astype(np.int64) if "g_idx" in self.parts \
+            else np.arange(self.shape[1], dtype=np.int64) // self.g
+        s = scales_f32(self.parts["scales"])
+        if gi.min(initial=0) < 0 or gi.max(initial=0) >= s.shape[0]:
+            raise ConvertError(f"gptq {self.parts['g_idx'].name!r}: group index outside 0..{s.shape[0] - 1}")
+        return gptq_dequantize_fast(read_tensor(self.parts["qweight"]), s, z, gi)
 
     def _exact_reason(self) -> str:
         """'' when the checkpoint is layout 1 in disguise; otherwise why not. Reads qzeros, scales, g_idx only."""
