@@ -88,6 +88,9 @@ def test_tokenizer_and_metadata_round_trip(tmp_path):
         assert ours.encode(text).ids == want, text
         assert ours.decode(want, skip_special_tokens=False) == hf_tok.decode(want, skip_special_tokens=False)
     assert len(hf_tok.encode(chat).ids) > 10
+    from nanoqwen_quant.verify import main as verify_main
+    r = CliRunner().invoke(verify_main, [str(out), "--source", str(blob)])
+    assert r.exit_code == 0 and r.output.strip().endswith("OK"), r.output
 
 
 @pytest.mark.parametrize("qtype", ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
