@@ -32,7 +32,11 @@ STEP_SLEEP_S = 0.25          # injected per tensor so a signal lands mid-convers
 # A converter child whose every tensor takes STEP_SLEEP_S longer: the conversion is mid-way for seconds, so a test
 # can wait for its temp file and then signal it. The production code path is unchanged apart from the sleep.
 SLOW_CONVERT = f"""
-import sys, time
+import signal, sys, time
+# start as from an interactive shell, whatever the test runner's own dispositions (nohup, a background job)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 from nanoqwen_quant import convert
 real = convert._convert_tensor
 def slow(*a, **k):
@@ -265,14 +269,16 @@ def test_signal_mid_convert_removes_temp_file(tmp_path, src, sig, says):
 
 def test_ignored_signal_stays_ignored():
     """nohup sets SIGHUP to SIG_IGN: the converter must not start dying on hang-up."""
-    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    old_hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    old_term = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         with unwind_on_signals():
             assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
             assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL          # restored on the way out
     finally:
-        signal.signal(signal.SIGHUP, old)
+        signal.signal(signal.SIGHUP, old_hup)
+        signal.signal(signal.SIGTERM, old_term)
 
 
 # ------------------------------------------------------------------------------------------ stale temp files
