@@ -334,6 +334,21 @@ def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode:
             bufs[spec.shape] = arr
 
 
+def _inode(path) -> tuple | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _outcome(out, before) -> str:
+    """What an interrupted run left at OUT: the rename is the commit, so a new inode there is a complete file
+    (a signal can land between the rename and the return)."""
+    now = _inode(out)
+    return "no output written" if now is None or now == before else f"{out} was written completely before it"
+
+
 def fail(msg: str, code: int = 2) -> None:
     click.echo(f"nanoqwen-convert: error: {msg}", err=True)
     sys.exit(code)
@@ -367,6 +382,7 @@ def main(src, out, force, quant, group_size, mode, lm_head, revision, fallback_f
     import time
     from .quantize import set_threads
     t0 = time.perf_counter()
+    before = _inode(out)
     try:
         with unwind_on_signals():
             set_threads(threads)
@@ -375,9 +391,9 @@ def main(src, out, force, quant, group_size, mode, lm_head, revision, fallback_f
                                       fallback_f16=fallback_f16, force=force,
                                       log=lambda m: click.echo(f"nanoqwen-convert: {m}", err=True))
     except KeyboardInterrupt:
-        fail("interrupted; no output written", EXIT_SIGNAL_BASE + signal.SIGINT)
+        fail(f"interrupted; {_outcome(out, before)}", EXIT_SIGNAL_BASE + signal.SIGINT)
     except Terminated as e:
-        fail(f"terminated by {signal.Signals(e.signum).name}; no output written", EXIT_SIGNAL_BASE + e.signum)
+        fail(f"terminated by {signal.Signals(e.signum).name}; {_outcome(out, before)}", EXIT_SIGNAL_BASE + e.signum)
     except ConvertError as e:
         fail(str(e))
     except MemoryError:

@@ -267,6 +267,25 @@ def test_signal_mid_convert_removes_temp_file(tmp_path, src, sig, says):
     assert os.listdir(tmp_path) == []
 
 
+def test_signal_right_after_the_rename_says_the_file_is_written(tmp_path, src, monkeypatch):
+    """The rename is the commit: a signal that lands after it must not claim that nothing was written."""
+    real_replace = os.replace
+
+    def replace_then_signal(a, b):
+        real_replace(a, b)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(writer_mod.os, "replace", replace_then_signal)
+    out = tmp_path / "m.nanoqwen"
+    code, _, stderr = _cli(convert_main, [src, "-o", out, "-q"])
+    assert code == 130
+    assert f"interrupted; {out} was written completely before it" in _one_stderr_line(stderr)
+    monkeypatch.undo()
+    with open_file(out) as f:                        # complete: every checksum verifies
+        assert f.config.n_layers == 2
+    assert os.listdir(tmp_path) == ["m.nanoqwen"]
+
+
 def test_ignored_signal_stays_ignored():
     """nohup sets SIGHUP to SIG_IGN: the converter must not start dying on hang-up."""
     old_hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)
