@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Corrupt NANOQWEN v1 files, one or more per validation rule of spec §12, derived from the golden vector
-tiny_mixed.nanoqwen. make_vectors.py writes them to spec/vectors/corrupt/ with manifest.json (README.md there
+tiny_mixed.nanoqwen. make_vectors.py writes them to spec/vectors/corrupt/ with manifest.json (spec/vectors/README.md
 describes it); tests/format_corrupt.py re-exports this module for the test suite.
 
 `Mutator` sets header / config / entry fields by their spec offsets and can re-compute the header CRC (and item
@@ -407,7 +407,7 @@ def write_corpus(out_dir, base_path) -> list:
         cases[name] = entry
         written.append(path)
     manifest = {"base": f"../{os.path.basename(os.fspath(base_path))}",
-                "about": "one corrupt file per validation rule of spec/nanoqwen-format.md §12; see README.md",
+                "about": "one corrupt file per validation rule of spec/nanoqwen-format.md §12; see ../README.md",
                 "cases": dict(sorted(cases.items()))}
     mpath = os.path.join(out_dir, MANIFEST)
     with open(mpath, "w", encoding="utf-8") as fh:
