@@ -1,5 +1,7 @@
-"""Every validation rule of spec §Validation, in the spec's order. Used by the reader (whole file) and the writer
-(the parts it can check before writing). Never allocates more than the header (<= file size, <= 16 MiB)."""
+"""Every validation rule of spec §12, in the spec's order: rules 1-39 at open (parse_file, verify_items), the blob
+content rules 40-41 when a blob is read (decode_blob_text, parse_blob_json). Used by the reader (whole file) and
+the writer (the parts it can check before writing). Never allocates more than the header (<= file size, <= 16 MiB)
+and the blob being read."""
 from __future__ import annotations
 
 import json

@@ -10,9 +10,9 @@ VECTORS = Path(__file__).resolve().parents[1] / "spec" / "vectors"
 if str(VECTORS) not in sys.path:
     sys.path.insert(0, str(VECTORS))
 
-from make_corrupt import (BASE_VECTOR, BLOB_FIELDS, CONFIG_FIELDS, HEADER_FIELDS, KB, L0, LM, MANIFEST,  # noqa: E402,F401
-                          QB, QP, TENSOR_FIELDS, Case, Mutator, build_base, case_file, corrupt_cases,
-                          header_only_file, write_corpus)
+from make_corrupt import (  # noqa: E402,F401  (spec/vectors/make_corrupt.py)
+    BASE_VECTOR, BLOB_FIELDS, CONFIG_FIELDS, HEADER_FIELDS, KB, L0, LM, MANIFEST, QB, QP, TENSOR_FIELDS, Case, Mutator,
+    build_base, case_file, corrupt_cases, header_only_file, write_corpus)
 
 BASE_PATH = VECTORS / f"{BASE_VECTOR}.nanoqwen"
 CORRUPT_DIR = VECTORS / "corrupt"
