@@ -17,8 +17,8 @@ MAX_NDIM = 4
 MAX_TENSORS = 65536                 # cap on n_tensors (bounds the directory a reader must parse)
 MAX_BLOBS = 64                      # cap on n_blobs
 MAX_HEADER_SIZE = 16 * 1024 * 1024  # cap on header_size (16 MiB)
+MAX_N_LAYERS = 256  # cap on ModelConfig.n_layers (bounds the per-layer tensor checks)
 HEADER_CRC_OFFSET = 40              # u32 header_crc32c, computed with this field as 0
-MAX_N_LAYERS = 256                  # cap on ModelConfig.n_layers (bounds the tensor-set checks; real models <= 126)
 
 LAYOUT_NONE = 0                     # plain dtypes: row-major, C order, little-endian
 LAYOUT_INT4_ROWMAJOR_K8 = 1         # int4g layout id 1 ("rowmajor-k8-interleaved")

@@ -10,9 +10,10 @@ from typing import Dict, Iterable, Optional, Tuple
 import numpy as np
 
 from .config import ModelConfig, unpack_config
-from .constants import (BLOB_ENTRY_SIZE, BLOB_KIND_ENCODING, BlobEncoding, CONFIG_OFFSET, CONFIG_SIZE, FILE_HEADER_SIZE,
+from .constants import (BLOB_ENTRY_SIZE, BLOB_KIND_ENCODING, CONFIG_OFFSET, CONFIG_SIZE, FILE_HEADER_SIZE,
                         FORMAT_VERSION, INT4_GROUP_SIZES, LAYOUT_INT4_ROWMAJOR_K8, LAYOUT_NONE, MAGIC, MAX_BLOBS,
-                        MAX_HEADER_SIZE, MAX_NDIM, MAX_TENSORS, TENSOR_ENTRY_SIZE, BlobKind, DType, align128)
+                        MAX_HEADER_SIZE, MAX_NDIM, MAX_TENSORS, TENSOR_ENTRY_SIZE, BlobEncoding, BlobKind, DType,
+                        align128)
 from .crc import crc32c
 from .errors import (BadBlobEncoding, BadGroupSize, BadMagic, BadScale, BadShape, BadTensorName, ByteLengthMismatch,
                      ChecksumMismatch, ConfigMismatch, DuplicateName, HeaderSizeMismatch, HeaderTooLarge,
@@ -314,8 +315,10 @@ def _object_without_duplicates(pairs):
     obj = dict(pairs)
     if len(obj) != len(pairs):
         seen = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise ValueError(f"duplicate object name {dup!r}")
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate object name {key!r}")
+            seen.add(key)
     return obj
 
 
