@@ -8,7 +8,6 @@ stale_temp_files can attribute: our pattern, our content, our uid, a PID that is
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import secrets
@@ -19,12 +18,13 @@ import numpy as np
 
 from .config import ModelConfig, pack_config
 from .constants import (BLOB_KIND_ENCODING, FORMAT_VERSION, MAGIC, MAX_BLOBS, MAX_HEADER_SIZE, MAX_TENSORS,
-                        TENSOR_NAME_SIZE, BlobEncoding, BlobKind, DType, align128)
+                        TENSOR_NAME_SIZE, BlobKind, DType, align128)
 from .crc import crc32c
-from .errors import BadBlobEncoding, BadScale, BadTensorName, DuplicateName, HeaderTooLarge, WriterUsageError
+from .errors import BadScale, BadTensorName, DuplicateName, HeaderTooLarge, WriterUsageError
 from .header import RawHeader, header_crc, pack_blob_entry, pack_header, pack_tensor_entry
 from .tensors import TensorSpec
-from .validate import check_names_against_config, check_tensor_meta, decode_name, expected_header_size
+from .validate import (check_blob_content, check_names_against_config, check_tensor_meta, decode_name,
+                       expected_header_size)
 
 _NP_DTYPE = {DType.F32: np.dtype("<f4"), DType.F16: np.dtype("<f2"), DType.BF16: np.dtype("<u2")}
 _CHUNK = 64 * 1024 * 1024  # bytes per write() of a large tensor (bounds the transient copy)
@@ -329,12 +329,7 @@ class NanoqwenWriter:
                                    f"found {kind.name}")
         data = bytes(data)
         enc = BLOB_KIND_ENCODING[kind]
-        try:
-            text = data.decode("utf-8")
-            if enc == BlobEncoding.JSON_UTF8:
-                json.loads(text)
-        except ValueError as e:
-            raise BadBlobEncoding(f"blob {kind.name}: expected {enc.name}, found invalid data: {e}") from None
+        check_blob_content(kind, data)   # the reader's rules 31b, 40, 41: never write a blob it would reject
         self._begin_item()
         self._fh.write(data)
         self._end += len(data)
