@@ -20,7 +20,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .backend import Backend
+from .backends.base import Backend
 from .sampling import InvalidSamplingParams, SamplingParams
 from .tokenizer import ChatTemplateError, Tokenizer, TokenizerError
 
@@ -96,9 +96,9 @@ class GenerationStats:
 
 # -- backend choice -------------------------------------------------------------------------------------
 def _cuda_module():
-    """nanoqwen_rt.cuda_backend if it imports and says available(), else None (never raises)."""
+    """nanoqwen_rt.backends.cuda if it imports and says available(), else None (never raises)."""
     try:
-        from . import cuda_backend
+        from .backends import cuda as cuda_backend
     except Exception:
         return None
     try:
@@ -144,7 +144,7 @@ class Engine:
             if cuda is not None:
                 self.backend = cuda.CudaBackend(self.path, max_context=max_context, file=self._file)
             else:
-                from .cpu_backend import CPUBackend
+                from .backends.cpu import CPUBackend
                 self.backend = CPUBackend(self.path, max_context=max_context, file=self._file)
             self.device = self.backend.name
             try:

@@ -1,4 +1,4 @@
-"""Tests of the benchmark tooling: bench/make_7b_file.py (random 7B-shaped files), nanoqwen_rt.bench (bytes per
+"""Tests of the benchmark tooling: bench/make_7b_file.py (random 7B-shaped files), nanoqwen_bench (bytes per
 token, table) and, on a GPU, the bandwidth / peer measurements (values checked for sanity, never for speed)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from nanoqwen_format import (BlobKind, DType, ModelConfig, dequantize_int4_reference, expected_tensors,
                              int4_nbytes, open_file)
-from nanoqwen_rt import bench
+import nanoqwen_bench.measure as bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -269,7 +269,7 @@ def test_chat_template_renders_chatml(tiny_file):
 def test_gpu_bandwidth_and_peers_are_sane():
     bw = bench.measure_copy_bandwidth(nbytes=1 << 30, reps=5)
     assert bw["copy_GBps"] > 0 and bw["read_GBps"] > 0
-    from nanoqwen_rt import bench_peers
+    import nanoqwen_bench.peers as bench_peers
     assert bench_peers.check_int4_peer() < bench_peers.INT4_CHECK_RTOL
     assert bench_peers.check_fp16_peer() < bench_peers.FP16_CHECK_RTOL
     import types

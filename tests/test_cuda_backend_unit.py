@@ -1,4 +1,4 @@
-"""CPU tests of nanoqwen_rt.cuda_backend's pure-Python parts: supports() mirrors the C loader's limits, and
+"""CPU tests of nanoqwen_rt.backends.cuda's pure-Python parts: supports() mirrors the C loader's limits, and
 available() is False (never raises) where the library or a GPU is missing."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from nanoqwen_format import DType, ModelConfig
-from nanoqwen_rt import cuda_backend
+from nanoqwen_rt.backends.cuda import backend as cuda_backend
 
 QWEN25_7B = ModelConfig(arch="qwen2", n_layers=28, hidden_size=3584, intermediate_size=18944, n_heads=28,
                         n_kv_heads=4, head_dim=128, vocab_rows=152064, max_positions=32768, rope_theta=1e6,

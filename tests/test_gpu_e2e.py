@@ -41,8 +41,8 @@ def files(tmp_path_factory):
 
 
 def _backends(path, ctx=CTX):
-    from nanoqwen_rt.cpu_backend import CPUBackend
-    from nanoqwen_rt.cuda_backend import CudaBackend
+    from nanoqwen_rt.backends.cpu import CPUBackend
+    from nanoqwen_rt.backends.cuda import CudaBackend
     # the CPU oracle with an f16 KV cache, as the GPU keeps it
     return CudaBackend(path, max_context=ctx), CPUBackend(path, max_context=ctx, kv_dtype="f16")
 
@@ -162,8 +162,8 @@ def test_seeded_sampling_is_reproducible_and_in_range(files):
 
 
 def test_errors_are_named(files):
-    from nanoqwen_rt.backend import ContextFull
-    from nanoqwen_rt.cuda_backend import CudaBackend
+    from nanoqwen_rt.backends import ContextFull
+    from nanoqwen_rt.backends.cuda import CudaBackend
     with CudaBackend(files["qwen2-d64-int4g64"], max_context=16) as gpu:
         with pytest.raises(ContextFull):
             gpu.prefill(np.zeros(17, dtype=np.int32))
@@ -175,8 +175,8 @@ def test_errors_are_named(files):
 
 
 def test_c_loader_rejects_corrupt_files(files, tmp_path):
-    from nanoqwen_rt.backend import BackendError
-    from nanoqwen_rt.cuda_backend import CudaBackend
+    from nanoqwen_rt.backends import BackendError
+    from nanoqwen_rt.backends.cuda import CudaBackend
     from nanoqwen_format import open_file
     path = files["qwen2-d64-int4g64"]
     raw = bytearray(Path(path).read_bytes())
@@ -226,7 +226,7 @@ def test_7b_shaped_vs_transformers(tmp_path):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from nanoqwen_format import open_file
-    from nanoqwen_rt.cuda_backend import CudaBackend
+    from nanoqwen_rt.backends.cuda import CudaBackend
 
     path = tmp_path / "q7b-2l.nanoqwen"
     subprocess.run([sys.executable, str(ROOT / "bench" / "make_7b_file.py"), str(path), "--layers", "2", "--quiet"],

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from nanoqwen_rt.server import create_app
-from nanoqwen_rt.server_metrics import Histogram, Registry, ServerMetrics
-from nanoqwen_rt.server_schemas import ApiError, check_context, parse_chat, parse_completion
+from nanoqwen_rt.serve.app import create_app
+from nanoqwen_rt.serve.metrics import Histogram, Registry, ServerMetrics
+from nanoqwen_rt.serve.schemas import ApiError, check_context, parse_chat, parse_completion
 
 MODEL = "fake-model"
 CONTEXT = 64
@@ -341,7 +341,7 @@ def test_metrics_text_is_well_formed():
 
 
 def test_body_size_limit(client, monkeypatch):
-    import nanoqwen_rt.server as server_mod
+    import nanoqwen_rt.serve.app as server_mod
     monkeypatch.setattr(server_mod, "MAX_BODY_BYTES", 1000)
     big = json.dumps({"model": MODEL, "prompt": "x" * 2000}).encode()
     _err(client.post("/v1/completions", content=big, headers={"content-type": "application/json"}), 413,

@@ -29,11 +29,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .server_engine import EngineAdapter
-from .server_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .server_metrics import ServerMetrics
-from .server_queue import Failed, Finished, GenerationWorker, Job, Piece, QueueFull
-from .server_schemas import (ApiError, ChatRequest, CompletionRequest, check_context, parse_chat,
+from .adapter import EngineAdapter
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .metrics import ServerMetrics
+from .queue import Failed, Finished, GenerationWorker, Job, Piece, QueueFull
+from .schemas import (ApiError, ChatRequest, CompletionRequest, check_context, parse_chat,
                              parse_completion)
 
 log = logging.getLogger("nanoqwen.server")
@@ -187,7 +187,7 @@ class _Server:
 def _engine_error(e: BaseException) -> ApiError:
     """An exception raised by the engine on the worker thread, as an API error. Requests are validated before
     they are queued, so an engine InvalidArgument here means our validation missed a case: still a 400."""
-    from .engine import InvalidArgument
+    from ..engine import InvalidArgument
     if isinstance(e, InvalidArgument):
         return ApiError(400, str(e), code="invalid_value")
     log.error("engine failure: %s: %s", type(e).__name__, e, exc_info=e)

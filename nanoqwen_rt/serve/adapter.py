@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from .server_schemas import ApiError
+from .schemas import ApiError
 
 FILE_SUFFIX = ".nanoqwen"
 
@@ -45,8 +45,8 @@ def open_model_file(path: str, verify_checksums: bool = True):
 
 def load_engine(path: str, device: str = "auto", max_context: int | None = None):
     """Open `path` as an Engine; every expected failure becomes a LoadError with a one-line message."""
-    from .backend import BackendError
-    from .engine import Engine, EngineError
+    from ..backends.base import BackendError
+    from ..engine import Engine, EngineError
 
     require_file(path)
     try:
@@ -95,7 +95,7 @@ class EngineAdapter:
 
     def render_chat(self, messages: list[dict]) -> str:
         """The chat template applied with the generation prompt; a template failure is a 400."""
-        from .tokenizer import ChatTemplateError
+        from ..tokenizer import ChatTemplateError
         try:
             return self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         except ChatTemplateError as e:

@@ -13,7 +13,7 @@ Before timing, one GEMV of each kind is compared with a float64 reference on the
 """
 from __future__ import annotations
 
-from .bench import BenchError, _summary, _torch_cuda, gemv_shapes, time_cuda_ms
+from .measure import BenchError, _summary, _torch_cuda, gemv_shapes, time_cuda_ms
 
 __all__ = ["run_peers", "check_int4_peer", "check_fp16_peer", "INT4_GROUP_SIZE", "INNER_K_TILES"]
 

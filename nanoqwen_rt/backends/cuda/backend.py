@@ -19,8 +19,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .backend import Backend, BackendError, ContextFull, _as_ids
-from .sampling import SamplingParams
+from ..base import Backend, BackendError, ContextFull, _as_ids
+from ...sampling import SamplingParams
 
 __all__ = ["CudaBackend", "UnsupportedModel", "available", "supports", "load_library", "library_path", "NQ_ERRORS"]
 
@@ -93,7 +93,7 @@ _lock = threading.Lock()
 
 def library_path() -> Path:
     env = os.environ.get("NANOQWEN_LIB")
-    return Path(env) if env else Path(__file__).resolve().parent / "lib" / "libnanoqwen.so"
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "lib" / "libnanoqwen.so"
 
 
 def load_library():

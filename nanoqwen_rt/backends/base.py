@@ -29,7 +29,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .sampling import Sampler, SamplingParams
+from ..sampling import Sampler, SamplingParams
 
 __all__ = ["Backend", "ContextFull", "BackendError"]
 

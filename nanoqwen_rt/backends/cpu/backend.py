@@ -12,10 +12,10 @@ import os
 
 import numpy as np
 
-from .backend import Backend, BackendError, ContextFull, _as_ids
-from .cpu_kernels import (BF16_LUT, F16_LUT, _int4_parallel, _int4_serial, _u16_parallel, _u16_serial,
+from ..base import Backend, BackendError, ContextFull, _as_ids
+from .kernels import (BF16_LUT, F16_LUT, _int4_parallel, _int4_serial, _u16_parallel, _u16_serial,
                           matmul_int4, matmul_u16, rows_u16)
-from .rope import apply_rope, cos_sin, rope_parameters
+from ...rope import apply_rope, cos_sin, rope_parameters
 
 __all__ = ["CPUBackend", "available", "Linear"]
 

@@ -196,8 +196,8 @@ def measure_engine(path: str, prompt_tokens: int = 512, new_tokens: int = 128, r
     """
     from nanoqwen_format import open_file
 
-    from .engine import Engine
-    from .sampling import SamplingParams
+    from nanoqwen_rt.engine import Engine
+    from nanoqwen_rt.sampling import SamplingParams
 
     if prompt_tokens < 1 or new_tokens < 1 or repeats < 1:
         raise BenchError("prompt_tokens, new_tokens and repeats must be >= 1")
@@ -291,7 +291,7 @@ def run_bench(path, prompt_tokens: int = 512, new_tokens: int = 128, peers: bool
     except BenchError as e:
         res["skipped"]["bandwidth"] = str(e)
     if peers and "bandwidth" in res:
-        from .bench_peers import run_peers
+        from .peers import run_peers
         with open_file(path, verify_checksums=False) as f:
             cfg = f.config
         res["peers"] = run_peers(cfg)
@@ -371,7 +371,7 @@ def write_json_atomic(path: str, obj) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m nanoqwen_rt.bench FILE [--json OUT] [--prompt-tokens N] [--new-tokens N] [--no-peers]."""
+    """python -m nanoqwen_bench FILE [--json OUT] [--prompt-tokens N] [--new-tokens N] [--no-peers]."""
     ap = argparse.ArgumentParser(prog="nanoqwen-bench", description=__doc__.splitlines()[0])
     ap.add_argument("file")
     ap.add_argument("--prompt-tokens", type=int, default=512)
@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from nanoqwen_format import NanoqwenFormatError
 
-    from .engine import EngineError
+    from nanoqwen_rt.engine import EngineError
     try:
         res = run_bench(a.file, a.prompt_tokens, a.new_tokens, peers=not a.no_peers, device=a.device,
                         repeats=a.repeats)
