@@ -1,4 +1,4 @@
-"""The Backend interface every compute backend implements (CPU reference: cpu_backend.py; CUDA: cuda_backend.py).
+"""The Backend interface every compute backend implements (CPU reference: backends/cpu/; CUDA: backends/cuda/).
 
 A backend owns the weights of one .nanoqwen file and ONE sequence's KV cache (batch size 1):
 
@@ -9,13 +9,16 @@ A backend owns the weights of one .nanoqwen file and ONE sequence's KV cache (ba
     all_ = be.logits_all(ids)           # fresh sequence; float32 (n, vocab_rows) logits of every position
     for tid in be.generate_ids(prompt_ids, SamplingParams(...), max_new_tokens, stop_token_ids): ...
 
+Validate once, at the edge: the public methods above check token ids (`check_token_ids`) and the context limit,
+then call `_prefill` / `_decode` / `_logits_all` / `_generate_ids`, which a backend implements and which trust
+their arguments. Sampling parameters are checked when a SamplingParams is built; max_context by
+`resolve_max_context`, called by each backend's constructor. The C library checks its own ABI inputs again.
+
 Constructor convention (Engine relies on it): ``Cls(path: str | os.PathLike, *, max_context: int | None = None,
 file: nanoqwen_format.NanoqwenFile | None = None)``. ``file`` is an already opened (and checksum-verified) handle of
 the same path that a backend MAY reuse instead of opening the file again. ``max_context`` None → the file's
-``config.max_positions``; a value larger than that raises ValueError. The KV cache is allocated for max_context
-positions up front. Each backend module also exposes ``available() -> bool`` (CPU: always True).
-Class names Engine instantiates: ``nanoqwen_rt.cpu_backend.CPUBackend`` and ``nanoqwen_rt.cuda_backend.CudaBackend``
-(Engine(device="auto") uses CudaBackend when ``nanoqwen_rt.cuda_backend.available()`` is True, else CPUBackend).
+``config.max_positions``; a bad value raises InvalidMaxContext (a ValueError). The KV cache is allocated for
+max_context positions up front. Each backend package also exposes ``available() -> bool`` (CPU: always True).
 Errors: a backend that cannot load raises BackendError (message says why, one line).
 
 Positions: ``position`` is the number of tokens currently in the KV cache (the next token's RoPE position).
@@ -31,7 +34,8 @@ import numpy as np
 
 from ..sampling import Sampler, SamplingParams
 
-__all__ = ["Backend", "ContextFull", "BackendError"]
+__all__ = ["Backend", "ContextFull", "BackendError", "InvalidTokenIds", "InvalidMaxContext", "check_token_ids",
+           "resolve_max_context"]
 
 
 class BackendError(RuntimeError):
@@ -40,6 +44,14 @@ class BackendError(RuntimeError):
 
 class ContextFull(ValueError):
     """prefill/decode would write past max_context. Message: position, tokens asked, max_context."""
+
+
+class InvalidTokenIds(ValueError):
+    """Token ids that are not a non-empty 1-D integer sequence within [0, vocab_rows)."""
+
+
+class InvalidMaxContext(ValueError):
+    """max_context is not a positive integer, or exceeds the model's max_positions."""
 
 
 class Backend(abc.ABC):
@@ -62,45 +74,56 @@ class Backend(abc.ABC):
     def reset(self) -> None:
         """Forget the sequence (position = 0). Cheap: does not free or zero the cache."""
 
-    # -- forward --------------------------------------------------------------------------------------
-    @abc.abstractmethod
-    def prefill(self, ids: np.ndarray) -> np.ndarray:
-        """Append ``ids`` (int32 (n,), n ≥ 1, each 0 ≤ id < vocab_rows) at positions position..position+n-1.
+    # -- forward: the public methods validate (the one place on the Python side), the _methods compute -----
+    def prefill(self, ids) -> np.ndarray:
+        """Append ``ids`` (int (n,), n ≥ 1, each 0 ≤ id < vocab_rows) at positions position..position+n-1.
 
         Returns float32 (vocab_rows,): the logits after the last id. Raises ContextFull if
-        position + n > max_context, ValueError on empty ids or ids out of range.
+        position + n > max_context, InvalidTokenIds (a ValueError) on empty ids or ids out of range.
         """
+        ids = check_token_ids(ids, self.config.vocab_rows)
+        pos = self.position
+        if pos + ids.shape[0] > self.max_context:
+            raise ContextFull(f"position {pos} + {ids.shape[0]} tokens > max_context {self.max_context}")
+        return self._prefill(ids)
 
-    @abc.abstractmethod
     def decode(self, token_id: int) -> np.ndarray:
         """Append one id; return its float32 (vocab_rows,) logits. Raises ContextFull when full."""
+        ids = check_token_ids([token_id], self.config.vocab_rows)
+        pos = self.position
+        if pos + 1 > self.max_context:
+            raise ContextFull(f"position {pos} + 1 token > max_context {self.max_context}")
+        return self._decode(int(ids[0]))
 
-    def logits_all(self, ids: np.ndarray) -> np.ndarray:
+    def logits_all(self, ids) -> np.ndarray:
         """Fresh sequence (reset first): float32 (n, vocab_rows) logits of every position of ``ids``.
 
-        Default: reset, then one decode per id. Backends override it with a batched pass; the state
-        afterwards is the same either way (the ids are in the cache, position = n).
+        The state afterwards: the ids are in the cache, position = n.
         """
-        ids = _as_ids(ids, self.config.vocab_rows)
+        ids = check_token_ids(ids, self.config.vocab_rows)
+        if ids.shape[0] > self.max_context:
+            raise ContextFull(f"{ids.shape[0]} tokens > max_context {self.max_context}")
+        return self._logits_all(ids)
+
+    @abc.abstractmethod
+    def _prefill(self, ids: np.ndarray) -> np.ndarray:
+        """prefill with ids already checked: int32 (n,) in range, and they fit the context."""
+
+    @abc.abstractmethod
+    def _decode(self, token_id: int) -> np.ndarray:
+        """decode with token_id already checked (in range, fits the context)."""
+
+    def _logits_all(self, ids: np.ndarray) -> np.ndarray:
+        """logits_all with ids already checked. Default: reset, then one decode per id; backends override it
+        with a batched pass."""
         self.reset()
         out = np.empty((ids.shape[0], self.config.vocab_rows), dtype=np.float32)  # (n, vocab_rows)
         for i, t in enumerate(ids):
-            out[i] = self.decode(int(t))
+            out[i] = self._decode(int(t))
         return out
 
     # -- generation -----------------------------------------------------------------------------------
-    def _check_generate_args(self, prompt_ids, max_new_tokens: int) -> np.ndarray:
-        """The argument rules of generate_ids, shared by every backend: ids in range, max_new_tokens >= 0, and a
-        prompt that leaves room for one new token. Returns the prompt as int32 (n,)."""
-        ids = _as_ids(prompt_ids, self.config.vocab_rows)
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if max_new_tokens > 0 and ids.shape[0] >= self.max_context:
-            raise ContextFull(f"prompt of {ids.shape[0]} tokens leaves no room for a new token in "
-                              f"max_context={self.max_context}")
-        return ids
-
-    def generate_ids(self, prompt_ids: np.ndarray, params: SamplingParams, max_new_tokens: int,
+    def generate_ids(self, prompt_ids, params: SamplingParams, max_new_tokens: int,
                      stop_token_ids: Iterable[int] = ()) -> Iterator[int]:
         """Reset, prefill the prompt, then sample/decode. Yields each new token id as soon as it is sampled.
 
@@ -109,22 +132,32 @@ class Backend(abc.ABC):
         The caller tells the reasons apart from the last id and the count. The last sampled id is never
         decoded (not needed), so after the loop ``position`` = prompt + generated - 1.
         Closing the generator early is allowed (the caller stops on a stop string).
-        Default: host-side sampling with nanoqwen_rt.sampling.Sampler over the logits from prefill/decode;
-        the CUDA backend overrides it to sample on the device (same semantics, its own RNG stream).
-        Arguments are validated when called (ValueError / ContextFull raised before the first next()):
-        the prompt must leave room for one new token (len(prompt_ids) < max_context when max_new_tokens > 0).
+        Arguments are validated when called (InvalidTokenIds / ValueError / ContextFull raised before the first
+        next()): the prompt must leave room for one new token (len(prompt_ids) < max_context when
+        max_new_tokens > 0). ``params`` is a SamplingParams, valid by construction.
+        Default (``_generate_ids``): host-side sampling with nanoqwen_rt.sampling.Sampler over the logits of
+        _prefill/_decode; the CUDA backend overrides it to sample on the device (same semantics, its own RNG).
         """
-        ids = self._check_generate_args(prompt_ids, max_new_tokens)
-        sampler = Sampler(params)
+        ids = check_token_ids(prompt_ids, self.config.vocab_rows)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
+                or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        if max_new_tokens > 0 and ids.shape[0] >= self.max_context:
+            raise ContextFull(f"prompt of {ids.shape[0]} tokens leaves no room for a new token in "
+                              f"max_context={self.max_context}")
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         stops = {int(t) for t in stop_token_ids}
-        return self._generate_loop(ids, sampler, max_new_tokens, stops)
+        return self._generate_ids(ids, params, int(max_new_tokens), stops)
 
-    def _generate_loop(self, ids: np.ndarray, sampler: Sampler, max_new_tokens: int,
-                       stops: set[int]) -> Iterator[int]:
+    def _generate_ids(self, ids: np.ndarray, params: SamplingParams, max_new_tokens: int,
+                      stops: set[int]) -> Iterator[int]:
+        """generate_ids with every argument already checked: host-side sampling over _prefill/_decode."""
+        sampler = Sampler(params)
         if max_new_tokens == 0:
             return
         self.reset()
-        logits = self.prefill(ids)
+        logits = self._prefill(ids)
         n_total = ids.shape[0]
         for i in range(max_new_tokens):
             tok = sampler(logits)
@@ -132,7 +165,7 @@ class Backend(abc.ABC):
             n_total += 1
             if tok in stops or i + 1 == max_new_tokens or n_total >= self.max_context:
                 return
-            logits = self.decode(tok)
+            logits = self._decode(tok)
 
     # -- lifetime -------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -150,14 +183,28 @@ class Backend(abc.ABC):
         return False
 
 
-def _as_ids(ids, vocab_rows: int) -> np.ndarray:
-    """Validate token ids → contiguous int32 (n,), n ≥ 1, all in [0, vocab_rows)."""
+def check_token_ids(ids, vocab_rows: int) -> np.ndarray:
+    """The one token-id rule of the Python side → contiguous int32 (n,): a non-empty 1-D integer sequence, every
+    id in [0, vocab_rows). Raises InvalidTokenIds naming the first bad id."""
     a = np.asarray(ids)
     if a.ndim != 1 or a.shape[0] == 0:
-        raise ValueError(f"token ids must be a non-empty 1-D sequence, got shape {a.shape}")
+        raise InvalidTokenIds(f"token ids must be a non-empty 1-D sequence, got shape {a.shape}")
     if a.dtype.kind not in "iu":
-        raise ValueError(f"token ids must be integers, got dtype {a.dtype}")
-    lo, hi = int(a.min()), int(a.max())
-    if lo < 0 or hi >= vocab_rows:
-        raise ValueError(f"token id out of range [0, {vocab_rows}): found min {lo}, max {hi}")
+        raise InvalidTokenIds(f"token ids must be integers, got dtype {a.dtype}")
+    bad = np.flatnonzero((a < 0) | (a >= vocab_rows))
+    if bad.size:
+        raise InvalidTokenIds(f"token id {int(a[bad[0]])} outside [0, {vocab_rows})")
     return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def resolve_max_context(config, max_context) -> int:
+    """The one max_context rule: None → config.max_positions; else a positive integer ≤ max_positions.
+    Raises InvalidMaxContext."""
+    if max_context is None:
+        return int(config.max_positions)
+    if isinstance(max_context, bool) or not isinstance(max_context, (int, np.integer)) or max_context < 1:
+        raise InvalidMaxContext(f"max_context must be a positive integer, got {max_context!r}")
+    if max_context > config.max_positions:
+        raise InvalidMaxContext(f"max_context={max_context} exceeds the model's max_positions="
+                                f"{config.max_positions}")
+    return int(max_context)

@@ -85,12 +85,14 @@ class EngineAdapter:
 
     def count_tokens(self, prompt: str | list[int]) -> int:
         """Prompt length in tokens; token-id prompts are range-checked here (a 400 names the bad id)."""
+        from ..backends.base import InvalidTokenIds, check_token_ids
         if isinstance(prompt, str):
             return len(self.engine.tokenizer.encode(prompt))
-        for t in prompt:
-            if not 0 <= t < self.vocab_rows:
-                raise ApiError(400, f"token id {t} is outside [0, {self.vocab_rows})", param="prompt",
-                               code="invalid_value")
+        if prompt:       # an empty prompt is the caller's 400 ("encodes to zero tokens")
+            try:
+                check_token_ids(prompt, self.vocab_rows)
+            except InvalidTokenIds as e:
+                raise ApiError(400, str(e), param="prompt", code="invalid_value") from None
         return len(prompt)
 
     def render_chat(self, messages: list[dict]) -> str:
