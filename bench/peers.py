@@ -19,7 +19,7 @@ import types
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # repo root, when not installed
 
 from nanoqwen_bench.measure import (QWEN25_CODER_7B, BenchError, _git_commit, format_table, gpu_name,  # noqa: E402
-                               measure_copy_bandwidth, write_json_atomic)
+                               measure_bandwidth, write_json_atomic)
 from nanoqwen_bench.peers import run_peers  # noqa: E402
 
 
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     try:
         res = {"gpu": gpu_name(), "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
                "commit": _git_commit(), "config": vars(cfg)}
-        res["bandwidth"] = measure_copy_bandwidth()
+        res["bandwidth"] = measure_bandwidth()
         res["peers"] = run_peers(cfg, reps=a.reps)
     except BenchError as e:
         print(f"peers: {e}", file=sys.stderr)

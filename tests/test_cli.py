@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import nanoqwen_rt.cli as cli
+import nanoqwen_rt.cli.commands as cli
 from nanoqwen_rt.cli.line_reader import LineReader
 from nanoqwen_format import open_file
 from nanoqwen_rt import Engine
