@@ -30,7 +30,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .adapter import EngineAdapter
-from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ServerMetrics
 from .queue import Failed, Finished, GenerationWorker, Job, Piece, QueueFull
 from .schemas import (ApiError, ChatRequest, CompletionRequest, check_context, parse_chat,
@@ -235,7 +234,7 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
                     log.exception("internal error on %s", name)
                     resp = _error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}",
                                                     type="server_error", code="internal_error"))
-                srv.metrics.requests.inc(endpoint=name, status=str(resp.status_code))
+                srv.metrics.count_request(name, resp.status_code)
                 return resp
             return handler
         return deco
@@ -248,7 +247,8 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
     @endpoint("/metrics", needs_auth=False)
     async def metrics(request):
         srv.metrics.queue_depth.set(srv.worker.depth)
-        return Response(srv.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+        body, content_type = srv.metrics.render(request.headers.get("accept", ""))
+        return Response(body, headers={"content-type": content_type})
 
     def model_card():
         return {"id": srv.model_name, "object": "model", "created": srv.created, "owned_by": "nanoqwen",
