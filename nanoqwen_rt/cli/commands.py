@@ -1,4 +1,6 @@
-"""`nanoqwen` command line: run, chat, bench, info, serve.
+"""`nanoqwen` command line: run, chat, bench, info, serve (the console script `nanoqwen`, and
+`python -m nanoqwen_rt.cli`). `info` renders with info.py, `chat` reads lines with line_reader.py, `serve` runs
+nanoqwen_rt.serve, `bench` runs nanoqwen_bench.
 
 Every expected failure (missing file, not a .nanoqwen, prompt over the context, bad flag values) ends with ONE
 line on stderr (`nanoqwen: error: ...`, or `nanoqwen <cmd>: error: ...` for a bad flag) and a non-zero exit:
@@ -119,8 +121,11 @@ def _check_fits(eng, n_prompt: int, what: str) -> None:
 
 
 def _engine_errors():
+    """What generation may raise for a named reason: bad input, or a backend failure (CUDA error, out of
+    memory: BackendError carries the library's message)."""
+    from ..backends.base import BackendError
     from ..engine import EngineError
-    return (EngineError, ValueError)
+    return (EngineError, ValueError, BackendError)
 
 
 def _load_errors():
@@ -287,10 +292,10 @@ def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out):
     """Benchmark FILE: load time, TTFT, decode tokens/s and bytes per token of the Engine; with CUDA also the
     bandwidth ceilings, MBU and the torch int4 / cuBLAS fp16 peers (skipped, with the reason, without CUDA).
     """
-    try:
+    try:   # imported here: the runtime never imports the bench package (it needs torch for the GPU parts)
         from nanoqwen_bench.measure import BenchError, format_table, run_bench, write_json_atomic
-    except ImportError:
-        click.echo("nanoqwen bench: error: bench needs a CUDA build (libnanoqwen); see bench/NOTES.md", err=True)
+    except ImportError as e:
+        click.echo(f"nanoqwen bench: error: the nanoqwen_bench package cannot be imported: {_flat(e)}", err=True)
         sys.exit(2)
     _require_file(file)
     try:

@@ -3,12 +3,12 @@
 Routes: GET /health, GET /metrics (Prometheus text), GET /v1/models[/{id}], POST /v1/completions,
 POST /v1/chat/completions (both with `"stream": true` → SSE chunks ending in `data: [DONE]`).
 
-Concurrency model: one sequence generates at a time. Requests wait in a bounded FIFO (`server_queue`); a full
+Concurrency model: one sequence generates at a time. Requests wait in a bounded FIFO (`queue.py`); a full
 queue answers 429 + Retry-After. The engine runs on the worker thread only; handlers await events from it, so the
 event loop stays free for other clients, /health and /metrics. A client that disconnects (streaming or not)
 cancels its job: the worker stops between two tokens, or the job leaves the queue before it starts.
 
-Every client mistake is an OpenAI-style 4xx body (`server_schemas.ApiError`); only a failure inside the engine
+Every client mistake is an OpenAI-style 4xx body (`schemas.ApiError`); only a failure inside the engine
 itself is a 500.
 """
 from __future__ import annotations

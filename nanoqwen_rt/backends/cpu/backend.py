@@ -1,6 +1,6 @@
 """CPU backend: the reference forward pass of Qwen2 / Llama over a .nanoqwen file (numpy + numba).
 
-Weights stay in the mmap'd file (zero-copy views) and are read by the streaming kernels of cpu_kernels.py;
+Weights stay in the mmap'd file (zero-copy views) and are read by the streaming kernels of kernels.py;
 only the 1-D tensors (norm weights, biases: a few KB per layer) are widened to float32 copies.
 All activations and accumulations are float32. The KV cache is float32 (or float16 with kv_dtype="f16"),
 shaped (n_layers, n_kv_heads, max_context, head_dim), allocated once; small caches are filled with NaN so that
