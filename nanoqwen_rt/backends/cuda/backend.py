@@ -136,13 +136,9 @@ class CudaBackend(Backend):
         self.path = os.fspath(path)
         self._model = _P()
         self._sess = _P()
-        if file is not None:
+        if file is not None:          # else the C loader checks the file first, and the config is read after
             self.config = file.config
-        else:
-            from nanoqwen_format import open_file
-            with open_file(self.path, verify_checksums=False) as f:
-                self.config = f.config
-        self.max_context = resolve_max_context(self.config, max_context)
+            self.max_context = resolve_max_context(self.config, max_context)
         if has_symbol(lib, "nq_model_check"):
             # the library's own rules, before any upload (an older library: nq_model_open gives the reason)
             check(lib, "nq_model_check", self.path.encode(), what=f"{self.path}: the CUDA backend")
@@ -152,6 +148,11 @@ class CudaBackend(Backend):
         verify = 0 if file is not None else 1
         check(lib, "nq_model_open", self.path.encode(), verify, ctypes.byref(self._model), what=f"open {self.path}")
         try:
+            if file is None:
+                from nanoqwen_format import open_file
+                with open_file(self.path, verify_checksums=False) as f:
+                    self.config = f.config
+                self.max_context = resolve_max_context(self.config, max_context)
             c = NqConfig()
             check(lib, "nq_model_config", self._model, ctypes.byref(c), what="model config")
             if c.vocab_rows != self.config.vocab_rows or c.n_layers != self.config.n_layers:
@@ -166,7 +167,6 @@ class CudaBackend(Backend):
         self._lib.nq_model_load_stats(self._model, ctypes.byref(secs), ctypes.byref(nbytes))
         self.load_seconds = secs.value        # libnanoqwen's own open + upload time
         self.device_bytes = nbytes.value
-        self._pos = 0
 
     # -- state ------------------------------------------------------------------------------------------
     def _live(self):
