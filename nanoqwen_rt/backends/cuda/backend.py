@@ -195,6 +195,10 @@ class CudaBackend(Backend):
         return self._logits()
 
     def _decode(self, token_id: int) -> np.ndarray:
+        """One decode step with its logits: ctypes nq_decode → C++ session_decode (csrc/src/session.cu) →
+        cudaGraphLaunch of the decode graph captured in session_create from enqueue_decode (embed_token; per layer
+        gemv QKV → attention → gemv o_proj → gemv gate/up/SwiGLU → gemv down; gemv lm_head) → nq_get_logits.
+        Generation does not come here: see _generate_ids."""
         check(self._lib, "nq_decode", self._live(), token_id, what="decode")
         return self._logits()
 
@@ -207,6 +211,9 @@ class CudaBackend(Backend):
     # -- generation on the device --------------------------------------------------------------------------
     def _generate_ids(self, ids: np.ndarray, params: SamplingParams, max_new_tokens: int,
                       stops: set[int]) -> Iterator[int]:
+        """Sampling on the device: nq_prefill, then stream_tokens → ctypes nq_generate (worker thread) → C++
+        session_generate → launch_one replays the decode+sample graph (enqueue_decode + enqueue_sample), up to 8
+        steps ahead of the host; each sampled id comes back through the token callback."""
         sp = _sampling_struct(params)
         stop_arr = np.array(sorted(stops), dtype=np.int32)
         return self._generate(ids, sp, max_new_tokens, stop_arr)
