@@ -112,14 +112,6 @@ def _stats_line(eng, n_prompt: int) -> str:
             f"generated={st.completion_tokens} tokens  {tps_txt}  finish={st.finish_reason or 'interrupted'}")
 
 
-def _check_fits(eng, n_prompt: int, what: str) -> None:
-    if n_prompt == 0:
-        raise _fail(f"the {what} is empty (0 tokens)")
-    if n_prompt >= eng.max_context:
-        raise _fail(f"the {what} has {n_prompt} tokens but the context holds {eng.max_context}: "
-                    f"at most {eng.max_context - 1} leave room for an answer")
-
-
 def _engine_errors():
     """What generation may raise for a named reason: bad input, or a backend failure (CUDA error, out of
     memory: BackendError carries the library's message)."""
@@ -202,15 +194,18 @@ def run(file, prompt, as_chat, system, max_new_tokens, temperature, top_k, top_p
                                 + [{"role": "user", "content": prompt}])
         else:
             text = prompt
-        n_prompt = _count(eng, text)
-        _check_fits(eng, n_prompt, "prompt")
+        try:   # the Engine checks the prompt (empty, too long for the context) when generate is called
+            chunks = eng.generate(text, **kwargs)
+        except _engine_errors() as e:
+            raise _fail(f"{type(e).__name__}: {e}") from None
+        n_prompt = eng.stats.prompt_tokens
         room = eng.max_context - n_prompt
         note = f" (only {room} new tokens fit)" if room < max_new_tokens else ""
         click.echo(f"[nanoqwen] {file}: device={eng.device}, prompt {n_prompt} tokens, "
                    f"context {eng.max_context}{note}", err=True)
         interrupted = False
         try:
-            for chunk in eng.generate(text, **kwargs):
+            for chunk in chunks:
                 if chunk.text:
                     sys.stdout.write(chunk.text)
                     sys.stdout.flush()
@@ -225,12 +220,6 @@ def run(file, prompt, as_chat, system, max_new_tokens, temperature, top_k, top_p
             sys.exit(EXIT_INTERRUPTED)
     finally:
         eng.close()
-
-
-def _count(eng, text: str) -> int:
-    if eng.tokenizer is None:
-        raise _fail("this file carries no tokenizer, so it cannot take a text prompt")
-    return len(eng.tokenizer.encode(text))
 
 
 def _render_chat(eng, messages: list[dict]) -> str:
@@ -373,6 +362,7 @@ def _chat_loop(eng, system: str | None, kwargs: dict) -> None:
     Ctrl-C at the prompt only reminds how to quit. A turn that no longer fits the context is refused with a
     hint to /reset, and the conversation is left as it was.
     """
+    from ..engine import PromptTooLong
     head = [{"role": "system", "content": system}] if system else []
     history: list[dict] = []
     read_line = input_function()
@@ -401,16 +391,21 @@ def _chat_loop(eng, system: str | None, kwargs: dict) -> None:
             continue
         user = {"role": "user", "content": line}
         text = _render_chat(eng, head + history + [user])
-        n_prompt = _count(eng, text)
-        if n_prompt >= eng.max_context:
-            click.echo(f"(the conversation is {n_prompt} tokens, over the context of {eng.max_context}: "
-                       f"/reset to start again)", err=True)
+        try:
+            chunks = eng.generate(text, **kwargs)
+        except PromptTooLong as e:
+            click.echo(f"(the conversation no longer fits the context: {_flat(e)}; /reset to start again)",
+                       err=True)
             continue
+        except _engine_errors() as e:
+            click.echo(f"(error: {type(e).__name__}: {_flat(e)})", err=True)
+            continue
+        n_prompt = eng.stats.prompt_tokens
         parts: list[str] = []
         sys.stdout.write("assistant> ")
         sys.stdout.flush()
         try:
-            for chunk in eng.generate(text, **kwargs):
+            for chunk in chunks:
                 if chunk.text:
                     parts.append(chunk.text)
                     sys.stdout.write(chunk.text)
