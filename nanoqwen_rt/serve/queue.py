@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from .server_metrics import ServerMetrics
+from .metrics import ServerMetrics
 
 
 class QueueFull(Exception):

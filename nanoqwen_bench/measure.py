@@ -1,5 +1,5 @@
 """`nanoqwen bench FILE`: bandwidth ceilings, load / TTFT / decode of an Engine, bytes per token, MBU, and the
-torch peers (nanoqwen_rt.bench_peers) in the same process.
+torch peers (nanoqwen_bench.peers) in the same process.
 
     result = run_bench("model.nanoqwen", prompt_tokens=512, new_tokens=128, peers=True)   # -> dict (JSON-able)
     print(format_table(result))
@@ -11,8 +11,10 @@ does not depend on it); the decode measurement needs only the Engine.
 
 Definitions (the table and RESULTS.md use them):
 * copy_GBps: device-to-device copy, bytes read + bytes written / time.
-* read_GBps: read-only stream (a reduction over >= 4 GiB), bytes read / time: the decode ceiling, since decode
-  reads weights and writes almost nothing.
+* read_GBps: read-only stream over >= 4 GiB, bytes read / time: the decode ceiling, since decode reads weights
+  and writes almost nothing. Probe: nq_bench_read_bandwidth of the testing library (libnanoqwen_testing.so: 16-byte
+  non-allocating loads, many in flight) when it is built; else the best of two torch reductions, which reads
+  ~3 % below what a kernel can, so it flatters MBU. `read_probe` names the probe used (and why, for the fallback).
 * bytes_per_token: every tensor of the file read once per decode step (all linear weights incl. their int4
   scales, norms, biases, lm_head) + one embedding row + the fp16 K and V of every cached position, at the mean
   context of the measured decode steps.
@@ -21,22 +23,22 @@ Definitions (the table and RESULTS.md use them):
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-from typing import Callable, Mapping
+from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 
+from .timing import BenchError, gemv_shapes, gpu_name, summary, time_cuda_ms, torch_cuda
+
 __all__ = ["BenchError", "QWEN25_CODER_7B", "KV_BYTES_PER_ELEMENT", "gemv_shapes", "bytes_per_token",
-           "measure_copy_bandwidth", "measure_engine", "run_bench", "format_table", "main"]
-
-
-class BenchError(RuntimeError):
-    """The benchmark cannot run here (no torch / no CUDA / bad arguments); the message says which."""
+           "measure_bandwidth", "library_read_bandwidth", "measure_engine", "run_bench", "format_table", "main"]
 
 
 #: Qwen2.5-Coder-7B(-Instruct) hyper-parameters, as nanoqwen_format.ModelConfig keyword arguments. The one place
@@ -54,16 +56,7 @@ KV_BYTES_PER_ELEMENT = 2
 BANDWIDTH_BYTES = 4 << 30
 
 
-# -- shapes and bytes ----------------------------------------------------------------------------------------
-def gemv_shapes(cfg) -> list[tuple[str, int, int]]:
-    """The 7 per-layer linear shapes (name, N=out_features, K=in_features) of a Qwen2/Llama config."""
-    q_out = cfg.n_heads * cfg.head_dim
-    kv_out = cfg.n_kv_heads * cfg.head_dim
-    h, i = cfg.hidden_size, cfg.intermediate_size
-    return [("q_proj", q_out, h), ("k_proj", kv_out, h), ("v_proj", kv_out, h), ("o_proj", h, q_out),
-            ("gate_proj", i, h), ("up_proj", i, h), ("down_proj", h, i)]
-
-
+# -- bytes ---------------------------------------------------------------------------------------------------
 EMBED_NAME = "model.embed_tokens.weight"
 
 
@@ -100,54 +93,55 @@ def mean_decode_context(prompt_tokens: int, new_tokens: int) -> float:
     return prompt_tokens + (new_tokens + 1) / 2
 
 
-# -- timing helpers --------------------------------------------------------------------------------------
-def _torch_cuda():
-    """torch with a usable CUDA device, or BenchError."""
-    try:
-        import torch
-    except ImportError:
-        raise BenchError("torch is not installed: the bandwidth and peer measurements need it") from None
-    if not torch.cuda.is_available():
-        raise BenchError("torch sees no CUDA device")
-    return torch
-
-
-def time_cuda_ms(fn: Callable[[], object], reps: int = 20, warmup: int = 3) -> list[float]:
-    """Run fn warmup times, then time each of reps runs with a pair of CUDA events. Returns ms per run."""
-    torch = _torch_cuda()
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for s, e in zip(starts, ends):
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
-
-
-def _summary(ms: list[float]) -> dict:
-    return {"median_ms": statistics.median(ms), "min_ms": min(ms), "max_ms": max(ms), "n": len(ms)}
-
-
-def gpu_name() -> str:
-    try:
-        torch = _torch_cuda()
-        return torch.cuda.get_device_name(0)
-    except BenchError:
-        return "unknown"
-
-
 # -- bandwidth ceilings ------------------------------------------------------------------------------------
-def measure_copy_bandwidth(nbytes: int = BANDWIDTH_BYTES, reps: int = 20) -> dict:
+#: the testing library's read-bandwidth probe: int nq_bench_read_bandwidth(uint64_t bytes, int32_t iters, float* gbps)
+READ_PROBE_SYMBOL = "nq_bench_read_bandwidth"
+
+
+def testing_library_path() -> Path:
+    """$NANOQWEN_TESTING_LIB, else build/lib/libnanoqwen_testing.so of this checkout (scripts/build_native.sh)."""
+    env = os.environ.get("NANOQWEN_TESTING_LIB")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "build" / "lib" / "libnanoqwen_testing.so"
+
+
+def library_read_bandwidth(nbytes: int, iters: int) -> tuple[float | None, str]:
+    """(GB/s, probe description) from the testing library's nq_bench_read_bandwidth, or (None, why it could not
+    be used): the library absent, not loadable, without the symbol, or the call failed (its message)."""
+    path = testing_library_path()
+    if not path.is_file():
+        return None, f"testing library not found at {path}"
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        return None, f"cannot load {path}: {e}"
+    fn = getattr(lib, READ_PROBE_SYMBOL, None)
+    if fn is None:
+        return None, f"{path} has no {READ_PROBE_SYMBOL}"
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_uint64, ctypes.c_int32, ctypes.POINTER(ctypes.c_float)]
+    gbps = ctypes.c_float(float("nan"))                      # poisoned: the call must write it
+    rc = fn(int(nbytes), int(iters), ctypes.byref(gbps))
+    if rc != 0:
+        err = getattr(lib, "nq_last_error", None)
+        msg = ""
+        if err is not None:
+            err.restype = ctypes.c_char_p
+            raw = err()                                      # same thread as the failing call
+            msg = raw.decode("utf-8", "replace") if raw else ""
+        return None, f"{READ_PROBE_SYMBOL} failed (status {rc}): {msg or 'no message'}"
+    if not (np.isfinite(gbps.value) and gbps.value > 0):
+        return None, f"{READ_PROBE_SYMBOL} returned {gbps.value} GB/s"
+    return float(gbps.value), f"{READ_PROBE_SYMBOL} ({path.name})"
+
+
+def measure_bandwidth(nbytes: int = BANDWIDTH_BYTES, reps: int = 20) -> dict:
     """Device-to-device copy and read-only stream bandwidths, GB/s (1e9 bytes/s), on buffers of nbytes.
 
-    copy_GBps counts bytes read + bytes written. read_GBps is the best of two read-only reductions
-    (torch.sum over float32, torch.amax over float16) — bytes read / time. Data are random (never zeros).
+    copy_GBps counts bytes read + bytes written (torch copy). read_GBps: the testing library's probe when it is
+    built, else the best of two torch read-only reductions (torch.sum over float32, torch.amax over float16);
+    read_probe says which, and for the fallback why. Data are random (never zeros).
     """
-    torch = _torch_cuda()
+    torch = torch_cuda()
     n32 = nbytes // 4
     src = torch.randn(n32, dtype=torch.float32, device="cuda")            # (n32,) f32, nbytes
     dst = torch.empty_like(src)
@@ -168,9 +162,15 @@ def measure_copy_bandwidth(nbytes: int = BANDWIDTH_BYTES, reps: int = 20) -> dic
     copy = 2 * b / (statistics.median(copy_ms) * 1e-3) / 1e9
     rsum = b / (statistics.median(sum_ms) * 1e-3) / 1e9
     ramax = b / (statistics.median(amax_ms) * 1e-3) / 1e9
-    return {"nbytes": int(b), "copy_GBps": copy, "read_sum_f32_GBps": rsum, "read_amax_f16_GBps": ramax,
-            "read_GBps": max(rsum, ramax), "copy_ms": _summary(copy_ms), "sum_ms": _summary(sum_ms),
-            "amax_ms": _summary(amax_ms)}
+    out = {"nbytes": int(b), "copy_GBps": copy, "read_sum_f32_GBps": rsum, "read_amax_f16_GBps": ramax,
+           "copy_ms": summary(copy_ms), "sum_ms": summary(sum_ms), "amax_ms": summary(amax_ms)}
+    lib_gbps, probe = library_read_bandwidth(int(b), reps)
+    if lib_gbps is not None:
+        out.update(read_GBps=lib_gbps, read_library_GBps=lib_gbps, read_probe=probe)
+    else:
+        out.update(read_GBps=max(rsum, ramax),
+                   read_probe=f"torch sum f32 / amax f16 (fallback: {probe}; flatters MBU by ~3 %)")
+    return out
 
 
 # -- the engine ----------------------------------------------------------------------------------------------
@@ -196,8 +196,8 @@ def measure_engine(path: str, prompt_tokens: int = 512, new_tokens: int = 128, r
     """
     from nanoqwen_format import open_file
 
-    from .engine import Engine
-    from .sampling import SamplingParams
+    from nanoqwen_rt.engine import Engine
+    from nanoqwen_rt.sampling import SamplingParams
 
     if prompt_tokens < 1 or new_tokens < 1 or repeats < 1:
         raise BenchError("prompt_tokens, new_tokens and repeats must be >= 1")
@@ -287,11 +287,11 @@ def run_bench(path, prompt_tokens: int = 512, new_tokens: int = 128, peers: bool
     res: dict = {"gpu": gpu_name(), "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
                  "commit": _git_commit(), "skipped": {}}
     try:
-        res["bandwidth"] = measure_copy_bandwidth()
+        res["bandwidth"] = measure_bandwidth()
     except BenchError as e:
         res["skipped"]["bandwidth"] = str(e)
     if peers and "bandwidth" in res:
-        from .bench_peers import run_peers
+        from .peers import run_peers
         with open_file(path, verify_checksums=False) as f:
             cfg = f.config
         res["peers"] = run_peers(cfg)
@@ -318,7 +318,8 @@ def format_table(result: Mapping) -> str:
     bw = result.get("bandwidth")
     if bw:
         rows.append(("copy bandwidth (read+write)", f"{bw['copy_GBps']:.0f} GB/s"))
-        rows.append(("read-only bandwidth", f"{bw['read_GBps']:.0f} GB/s  (sum f32 {bw['read_sum_f32_GBps']:.0f}, "
+        rows.append(("read-only bandwidth", f"{bw['read_GBps']:.0f} GB/s  (probe: {bw.get('read_probe', '?')}; "
+                                            f"torch sum f32 {bw['read_sum_f32_GBps']:.0f}, "
                                             f"amax f16 {bw['read_amax_f16_GBps']:.0f})"))
     eng = result.get("engine")
     if eng:
@@ -371,7 +372,7 @@ def write_json_atomic(path: str, obj) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m nanoqwen_rt.bench FILE [--json OUT] [--prompt-tokens N] [--new-tokens N] [--no-peers]."""
+    """python -m nanoqwen_bench FILE [--json OUT] [--prompt-tokens N] [--new-tokens N] [--no-peers]."""
     ap = argparse.ArgumentParser(prog="nanoqwen-bench", description=__doc__.splitlines()[0])
     ap.add_argument("file")
     ap.add_argument("--prompt-tokens", type=int, default=512)
@@ -383,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from nanoqwen_format import NanoqwenFormatError
 
-    from .engine import EngineError
+    from nanoqwen_rt.engine import EngineError
     try:
         res = run_bench(a.file, a.prompt_tokens, a.new_tokens, peers=not a.no_peers, device=a.device,
                         repeats=a.repeats)

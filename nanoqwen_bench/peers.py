@@ -13,7 +13,7 @@ Before timing, one GEMV of each kind is compared with a float64 reference on the
 """
 from __future__ import annotations
 
-from .bench import BenchError, _summary, _torch_cuda, gemv_shapes, time_cuda_ms
+from .timing import BenchError, gemv_shapes, summary, time_cuda_ms, torch_cuda
 
 __all__ = ["run_peers", "check_int4_peer", "check_fp16_peer", "INT4_GROUP_SIZE", "INNER_K_TILES"]
 
@@ -48,7 +48,7 @@ def _int4_weight(torch, n: int, k: int, g: int, gen):
 
 def check_int4_peer(n: int = 512, k: int = 3584, g: int = INT4_GROUP_SIZE, seed: int = 1) -> float:
     """torch int4 GEMV vs float64 on the dequantized weights; returns the relative error (raises if > rtol)."""
-    torch = _torch_cuda()
+    torch = torch_cuda()
     gen = torch.Generator(device="cuda").manual_seed(seed)
     packed, sz, u, scales = _int4_weight(torch, n, k, g, gen)
     x = torch.randn(1, k, device="cuda", generator=gen).to(torch.bfloat16)                    # (1, k)
@@ -64,7 +64,7 @@ def check_int4_peer(n: int = 512, k: int = 3584, g: int = INT4_GROUP_SIZE, seed:
 
 def check_fp16_peer(n: int = 512, k: int = 3584, seed: int = 2) -> float:
     """F.linear fp16 at batch 1 vs float64; returns the relative error (raises if > rtol)."""
-    torch = _torch_cuda()
+    torch = torch_cuda()
     gen = torch.Generator(device="cuda").manual_seed(seed)
     w = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).half()
     x = torch.randn(1, k, device="cuda", generator=gen).half()
@@ -92,7 +92,7 @@ def _graph(torch, fn):
 def _time_graph(torch, fn, nbytes: int, n_gemv: int, reps: int) -> dict:
     g = _graph(torch, fn)
     ms = time_cuda_ms(g.replay, reps=reps, warmup=3)
-    out = _summary(ms)
+    out = summary(ms)
     out.update({"bytes": int(nbytes), "n_gemv": n_gemv, "GBps": nbytes / (out["median_ms"] * 1e-3) / 1e9})
     del g
     return out
@@ -104,7 +104,7 @@ def run_peers(cfg, reps: int = 30, seed: int = 0, fp16: bool = True, int4: bool 
     {"torch_int4": {...}, "torch_int4_f16_lm_head": {...}, "cublas_fp16": {...}, "int4_check_rel_err",
      "fp16_check_rel_err", "shapes", "skipped": {name: reason}} — each chain: median/min/max ms, bytes, GB/s.
     """
-    torch = _torch_cuda()
+    torch = torch_cuda()
     F = torch.nn.functional
     g = INT4_GROUP_SIZE
     shapes = gemv_shapes(cfg)

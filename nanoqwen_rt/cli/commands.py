@@ -1,4 +1,6 @@
-"""`nanoqwen` command line: run, chat, bench, info, serve.
+"""`nanoqwen` command line: run, chat, bench, info, serve (the console script `nanoqwen`, and
+`python -m nanoqwen_rt.cli`). `info` renders with info.py, `chat` reads lines with line_reader.py, `serve` runs
+nanoqwen_rt.serve, `bench` runs nanoqwen_bench.
 
 Every expected failure (missing file, not a .nanoqwen, prompt over the context, bad flag values) ends with ONE
 line on stderr (`nanoqwen: error: ...`, or `nanoqwen <cmd>: error: ...` for a bad flag) and a non-zero exit:
@@ -13,7 +15,9 @@ import sys
 
 import click
 
-from .server_engine import LoadError, load_engine, open_model_file, require_file
+from ..serve.adapter import LoadError, load_engine, require_file
+from .info import file_info, format_info
+from .line_reader import input_function
 
 DEFAULT_MAX_NEW_TOKENS = 128
 DEFAULT_CHAT_MAX_NEW_TOKENS = 512
@@ -108,24 +112,19 @@ def _stats_line(eng, n_prompt: int) -> str:
             f"generated={st.completion_tokens} tokens  {tps_txt}  finish={st.finish_reason or 'interrupted'}")
 
 
-def _check_fits(eng, n_prompt: int, what: str) -> None:
-    if n_prompt == 0:
-        raise _fail(f"the {what} is empty (0 tokens)")
-    if n_prompt >= eng.max_context:
-        raise _fail(f"the {what} has {n_prompt} tokens but the context holds {eng.max_context}: "
-                    f"at most {eng.max_context - 1} leave room for an answer")
-
-
 def _engine_errors():
-    from .engine import EngineError
-    return (EngineError, ValueError)
+    """What generation may raise for a named reason: bad input, or a backend failure (CUDA error, out of
+    memory: BackendError carries the library's message)."""
+    from ..backends.base import BackendError
+    from ..engine import EngineError
+    return (EngineError, ValueError, BackendError)
 
 
 def _load_errors():
     from nanoqwen_format import NanoqwenFormatError
 
-    from .backend import BackendError
-    from .engine import EngineError
+    from ..backends.base import BackendError
+    from ..engine import EngineError
     return (NanoqwenFormatError, EngineError, BackendError, OSError, ValueError)
 
 
@@ -195,15 +194,18 @@ def run(file, prompt, as_chat, system, max_new_tokens, temperature, top_k, top_p
                                 + [{"role": "user", "content": prompt}])
         else:
             text = prompt
-        n_prompt = _count(eng, text)
-        _check_fits(eng, n_prompt, "prompt")
+        try:   # the Engine checks the prompt (empty, too long for the context) when generate is called
+            chunks = eng.generate(text, **kwargs)
+        except _engine_errors() as e:
+            raise _fail(f"{type(e).__name__}: {e}") from None
+        n_prompt = eng.stats.prompt_tokens
         room = eng.max_context - n_prompt
         note = f" (only {room} new tokens fit)" if room < max_new_tokens else ""
         click.echo(f"[nanoqwen] {file}: device={eng.device}, prompt {n_prompt} tokens, "
                    f"context {eng.max_context}{note}", err=True)
         interrupted = False
         try:
-            for chunk in eng.generate(text, **kwargs):
+            for chunk in chunks:
                 if chunk.text:
                     sys.stdout.write(chunk.text)
                     sys.stdout.flush()
@@ -220,14 +222,8 @@ def run(file, prompt, as_chat, system, max_new_tokens, temperature, top_k, top_p
         eng.close()
 
 
-def _count(eng, text: str) -> int:
-    if eng.tokenizer is None:
-        raise _fail("this file carries no tokenizer, so it cannot take a text prompt")
-    return len(eng.tokenizer.encode(text))
-
-
 def _render_chat(eng, messages: list[dict]) -> str:
-    from .tokenizer import ChatTemplateError
+    from ..tokenizer import ChatTemplateError
     if eng.tokenizer is None:
         raise _fail("this file carries no tokenizer, so no chat template")
     try:
@@ -263,8 +259,11 @@ def chat(file, system, max_new_tokens, temperature, top_k, top_p, seed, stop, de
 @click.option("--no-verify", is_flag=True, help="Skip the CRC32C checks (faster on big files).")
 def info(file, as_json, no_verify):
     """Show what FILE holds: model config, tensors (dtype, shape, size), blobs, provenance."""
-    data = _file_info(file, verify_checksums=not no_verify)
-    click.echo(json.dumps(data, indent=2) if as_json else _format_info(data))
+    try:
+        data = file_info(file, verify_checksums=not no_verify)
+    except LoadError as e:
+        raise _fail(str(e)) from None
+    click.echo(json.dumps(data, indent=2) if as_json else format_info(data))
 
 
 @main.command()
@@ -282,10 +281,10 @@ def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out):
     """Benchmark FILE: load time, TTFT, decode tokens/s and bytes per token of the Engine; with CUDA also the
     bandwidth ceilings, MBU and the torch int4 / cuBLAS fp16 peers (skipped, with the reason, without CUDA).
     """
-    try:
-        from .bench import BenchError, format_table, run_bench, write_json_atomic
-    except ImportError:
-        click.echo("nanoqwen bench: error: bench needs a CUDA build (libnanoqwen); see bench/NOTES.md", err=True)
+    try:   # imported here: the runtime never imports the bench package (it needs torch for the GPU parts)
+        from nanoqwen_bench.measure import BenchError, format_table, run_bench, write_json_atomic
+    except ImportError as e:
+        click.echo(f"nanoqwen bench: error: the nanoqwen_bench package cannot be imported: {_flat(e)}", err=True)
         sys.exit(2)
     _require_file(file)
     try:
@@ -326,8 +325,8 @@ def serve(file, host, port, api_key, queue_size, model_name, device, max_context
     """
     import uvicorn
 
-    from .server import create_app
-    from .server_engine import default_model_name
+    from ..serve.app import create_app
+    from ..serve.adapter import default_model_name
     if api_key is not None and not api_key.strip():
         raise click.BadParameter("must not be empty", param_hint="'--api-key'")
     if model_name is not None and not model_name.strip():
@@ -356,55 +355,6 @@ def serve(file, host, port, api_key, queue_size, model_name, device, max_context
 # ------------------------------------------------------------------ chat loop
 
 CHAT_HELP = "commands: /reset (forget the conversation), /exit (quit; Ctrl-D too); Ctrl-C stops an answer"
-# How often the chat prompt wakes up while waiting for input, so that a Ctrl-C is seen at once (see _LineReader).
-INPUT_POLL_S = 0.2
-
-
-class _LineReader:
-    """Lines from a file descriptor, read so that Ctrl-C at the prompt always works.
-
-    A plain blocking input() can miss SIGINT: the engine's numba worker threads may receive the signal instead
-    of the main thread, which then stays blocked in read() until Enter. Here the main thread waits in select()
-    with a timeout, so it runs Python code (and raises KeyboardInterrupt) within INPUT_POLL_S. Our own byte
-    buffer (not sys.stdin's) keeps select() truthful about lines already received.
-    """
-
-    def __init__(self, fd: int):
-        self.fd = fd
-        self.buf = b""
-        self.eof = False
-
-    def readline(self, prompt: str) -> str:
-        import os
-        import select
-        sys.stdout.write(prompt)
-        sys.stdout.flush()
-        while b"\n" not in self.buf and not self.eof:
-            ready, _, _ = select.select([self.fd], [], [], INPUT_POLL_S)
-            if ready:
-                chunk = os.read(self.fd, 65536)
-                if chunk:
-                    self.buf += chunk
-                else:
-                    self.eof = True
-        if not self.buf:
-            raise EOFError
-        line, sep, rest = self.buf.partition(b"\n")
-        self.buf = rest
-        return line.decode("utf-8", errors="replace").rstrip("\r")
-
-
-def _input_function():
-    """_LineReader on a real stdin descriptor, else the builtin input() (e.g. under click's CliRunner)."""
-    try:
-        fd = sys.stdin.fileno()
-        import select
-        select.select([fd], [], [], 0)
-    except Exception:          # no descriptor (in-memory stdin) or not selectable: plain input()
-        return input
-    return _LineReader(fd).readline
-
-
 def _chat_loop(eng, system: str | None, kwargs: dict) -> None:
     """Read user lines from stdin until /exit or EOF; stream each answer to stdout.
 
@@ -412,9 +362,10 @@ def _chat_loop(eng, system: str | None, kwargs: dict) -> None:
     Ctrl-C at the prompt only reminds how to quit. A turn that no longer fits the context is refused with a
     hint to /reset, and the conversation is left as it was.
     """
+    from ..engine import PromptTooLong
     head = [{"role": "system", "content": system}] if system else []
     history: list[dict] = []
-    read_line = _input_function()
+    read_line = input_function()
     click.echo(f"[nanoqwen] chat with {eng.path} (device={eng.device}, context {eng.max_context} tokens); "
                f"{CHAT_HELP}", err=True)
     while True:
@@ -440,16 +391,21 @@ def _chat_loop(eng, system: str | None, kwargs: dict) -> None:
             continue
         user = {"role": "user", "content": line}
         text = _render_chat(eng, head + history + [user])
-        n_prompt = _count(eng, text)
-        if n_prompt >= eng.max_context:
-            click.echo(f"(the conversation is {n_prompt} tokens, over the context of {eng.max_context}: "
-                       f"/reset to start again)", err=True)
+        try:
+            chunks = eng.generate(text, **kwargs)
+        except PromptTooLong as e:
+            click.echo(f"(the conversation no longer fits the context: {_flat(e)}; /reset to start again)",
+                       err=True)
             continue
+        except _engine_errors() as e:
+            click.echo(f"(error: {type(e).__name__}: {_flat(e)})", err=True)
+            continue
+        n_prompt = eng.stats.prompt_tokens
         parts: list[str] = []
         sys.stdout.write("assistant> ")
         sys.stdout.flush()
         try:
-            for chunk in eng.generate(text, **kwargs):
+            for chunk in chunks:
                 if chunk.text:
                     parts.append(chunk.text)
                     sys.stdout.write(chunk.text)
@@ -464,83 +420,3 @@ def _chat_loop(eng, system: str | None, kwargs: dict) -> None:
         sys.stdout.flush()
         click.echo(_stats_line(eng, n_prompt), err=True)
         history += [user, {"role": "assistant", "content": "".join(parts)}]
-
-
-# ------------------------------------------------------------------ info
-
-def _file_info(path: str, verify_checksums: bool) -> dict:
-    """Everything `info` shows, as a JSON-able dict."""
-    from nanoqwen_format import BlobKind, DType
-    try:
-        f = open_model_file(path, verify_checksums=verify_checksums)
-    except LoadError as e:
-        raise _fail(str(e)) from None
-    with f:
-        tensors = []
-        by_dtype: dict[str, dict] = {}
-        n_params = 0
-        for t in f.tensors.values():
-            dt = DType(t.dtype).name.lower()
-            count = 1
-            for d in t.shape:
-                count *= int(d)
-            n_params += count
-            tensors.append({"name": t.name, "dtype": dt, "shape": list(t.shape), "nbytes": t.nbytes,
-                            "group_size": t.group_size or None})
-            agg = by_dtype.setdefault(dt, {"tensors": 0, "parameters": 0, "nbytes": 0})
-            agg["tensors"] += 1
-            agg["parameters"] += count
-            agg["nbytes"] += t.nbytes
-        blobs = []
-        for kind in f.blob_kinds:
-            raw = f.blob(kind)
-            blobs.append({"kind": BlobKind(kind).name.lower(), "nbytes": len(raw)})
-        provenance = f.blob_json(BlobKind.PROVENANCE)
-        return {
-            "path": path, "file_size": f.file_size, "format_version": f.version,
-            "checksums": "verified" if verify_checksums else "not checked",
-            "config": f.config.to_dict(),
-            "parameters": n_params, "by_dtype": by_dtype,
-            "tensors": tensors, "blobs": blobs,
-            "chat_template": f.blob(BlobKind.CHAT_TEMPLATE) is not None,
-            "provenance": provenance,
-        }
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def _format_info(d: dict) -> str:
-    lines = [f"{d['path']}: nanoqwen v{d['format_version']}, {_size(d['file_size'])}, "
-             f"{d['parameters'] / 1e6:.2f} M parameters, checksums {d['checksums']}", "", "config:"]
-    w = max(len(k) for k in d["config"])
-    lines += [f"  {k.ljust(w)}  {v}" for k, v in d["config"].items()]
-    lines += ["", "by dtype:"]
-    for dt, a in d["by_dtype"].items():
-        lines.append(f"  {dt:6s} {a['tensors']:5d} tensors  {a['parameters'] / 1e6:10.3f} M params  "
-                     f"{_size(a['nbytes'])}")
-    lines += ["", "blobs:"]
-    lines += [f"  {b['kind']:18s} {_size(b['nbytes'])}" for b in d["blobs"]] or ["  (none)"]
-    lines += ["", "provenance:"]
-    prov = d["provenance"]
-    if isinstance(prov, dict):
-        w = max((len(k) for k in prov), default=0)
-        lines += [f"  {k.ljust(w)}  {json.dumps(v) if not isinstance(v, str) else v}" for k, v in prov.items()]
-    else:
-        lines.append("  (none)" if prov is None else f"  {json.dumps(prov)}")
-    lines += ["", "tensors:"]
-    wn = max((len(t["name"]) for t in d["tensors"]), default=4)
-    for t in d["tensors"]:
-        dt = t["dtype"] + (f"/g{t['group_size']}" if t["group_size"] else "")
-        shape = "x".join(str(x) for x in t["shape"])
-        lines.append(f"  {t['name'].ljust(wn)}  {dt:9s} {shape:>14s}  {_size(t['nbytes']):>11s}")
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    main(prog_name="nanoqwen")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from .server_schemas import ApiError
+from .schemas import ApiError
 
 FILE_SUFFIX = ".nanoqwen"
 
@@ -45,8 +45,8 @@ def open_model_file(path: str, verify_checksums: bool = True):
 
 def load_engine(path: str, device: str = "auto", max_context: int | None = None):
     """Open `path` as an Engine; every expected failure becomes a LoadError with a one-line message."""
-    from .backend import BackendError
-    from .engine import Engine, EngineError
+    from ..backends.base import BackendError
+    from ..engine import Engine, EngineError
 
     require_file(path)
     try:
@@ -85,17 +85,19 @@ class EngineAdapter:
 
     def count_tokens(self, prompt: str | list[int]) -> int:
         """Prompt length in tokens; token-id prompts are range-checked here (a 400 names the bad id)."""
+        from ..backends.base import InvalidTokenIds, check_token_ids
         if isinstance(prompt, str):
             return len(self.engine.tokenizer.encode(prompt))
-        for t in prompt:
-            if not 0 <= t < self.vocab_rows:
-                raise ApiError(400, f"token id {t} is outside [0, {self.vocab_rows})", param="prompt",
-                               code="invalid_value")
+        if prompt:       # an empty prompt is the caller's 400 ("encodes to zero tokens")
+            try:
+                check_token_ids(prompt, self.vocab_rows)
+            except InvalidTokenIds as e:
+                raise ApiError(400, str(e), param="prompt", code="invalid_value") from None
         return len(prompt)
 
     def render_chat(self, messages: list[dict]) -> str:
         """The chat template applied with the generation prompt; a template failure is a 400."""
-        from .tokenizer import ChatTemplateError
+        from ..tokenizer import ChatTemplateError
         try:
             return self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         except ChatTemplateError as e:

@@ -3,12 +3,12 @@
 Routes: GET /health, GET /metrics (Prometheus text), GET /v1/models[/{id}], POST /v1/completions,
 POST /v1/chat/completions (both with `"stream": true` → SSE chunks ending in `data: [DONE]`).
 
-Concurrency model: one sequence generates at a time. Requests wait in a bounded FIFO (`server_queue`); a full
+Concurrency model: one sequence generates at a time. Requests wait in a bounded FIFO (`queue.py`); a full
 queue answers 429 + Retry-After. The engine runs on the worker thread only; handlers await events from it, so the
 event loop stays free for other clients, /health and /metrics. A client that disconnects (streaming or not)
 cancels its job: the worker stops between two tokens, or the job leaves the queue before it starts.
 
-Every client mistake is an OpenAI-style 4xx body (`server_schemas.ApiError`); only a failure inside the engine
+Every client mistake is an OpenAI-style 4xx body (`schemas.ApiError`); only a failure inside the engine
 itself is a 500.
 """
 from __future__ import annotations
@@ -29,11 +29,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .server_engine import EngineAdapter
-from .server_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .server_metrics import ServerMetrics
-from .server_queue import Failed, Finished, GenerationWorker, Job, Piece, QueueFull
-from .server_schemas import (ApiError, ChatRequest, CompletionRequest, check_context, parse_chat,
+from .adapter import EngineAdapter
+from .metrics import ServerMetrics
+from .queue import Failed, Finished, GenerationWorker, Job, Piece, QueueFull
+from .schemas import (ApiError, ChatRequest, CompletionRequest, check_context, parse_chat,
                              parse_completion)
 
 log = logging.getLogger("nanoqwen.server")
@@ -187,7 +186,7 @@ class _Server:
 def _engine_error(e: BaseException) -> ApiError:
     """An exception raised by the engine on the worker thread, as an API error. Requests are validated before
     they are queued, so an engine InvalidArgument here means our validation missed a case: still a 400."""
-    from .engine import InvalidArgument
+    from ..engine import InvalidArgument
     if isinstance(e, InvalidArgument):
         return ApiError(400, str(e), code="invalid_value")
     log.error("engine failure: %s: %s", type(e).__name__, e, exc_info=e)
@@ -235,7 +234,7 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
                     log.exception("internal error on %s", name)
                     resp = _error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}",
                                                     type="server_error", code="internal_error"))
-                srv.metrics.requests.inc(endpoint=name, status=str(resp.status_code))
+                srv.metrics.count_request(name, resp.status_code)
                 return resp
             return handler
         return deco
@@ -248,7 +247,8 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
     @endpoint("/metrics", needs_auth=False)
     async def metrics(request):
         srv.metrics.queue_depth.set(srv.worker.depth)
-        return Response(srv.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+        body, content_type = srv.metrics.render(request.headers.get("accept", ""))
+        return Response(body, headers={"content-type": content_type})
 
     def model_card():
         return {"id": srv.model_name, "object": "model", "created": srv.created, "owned_by": "nanoqwen",

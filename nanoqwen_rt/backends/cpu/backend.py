@@ -1,6 +1,6 @@
 """CPU backend: the reference forward pass of Qwen2 / Llama over a .nanoqwen file (numpy + numba).
 
-Weights stay in the mmap'd file (zero-copy views) and are read by the streaming kernels of cpu_kernels.py;
+Weights stay in the mmap'd file (zero-copy views) and are read by the streaming kernels of kernels.py;
 only the 1-D tensors (norm weights, biases: a few KB per layer) are widened to float32 copies.
 All activations and accumulations are float32. The KV cache is float32 (or float16 with kv_dtype="f16"),
 shaped (n_layers, n_kv_heads, max_context, head_dim), allocated once; small caches are filled with NaN so that
@@ -12,10 +12,10 @@ import os
 
 import numpy as np
 
-from .backend import Backend, BackendError, ContextFull, _as_ids
-from .cpu_kernels import (BF16_LUT, F16_LUT, _int4_parallel, _int4_serial, _u16_parallel, _u16_serial,
+from ..base import Backend, BackendError, resolve_max_context
+from .kernels import (BF16_LUT, F16_LUT, _int4_parallel, _int4_serial, _u16_parallel, _u16_serial,
                           matmul_int4, matmul_u16, rows_u16)
-from .rope import apply_rope, cos_sin, rope_parameters
+from ...rope import apply_rope, cos_sin, rope_parameters
 
 __all__ = ["CPUBackend", "available", "Linear"]
 
@@ -122,11 +122,7 @@ class CPUBackend(Backend):
         f = self._file
         try:
             cfg = self.config = f.config
-            if max_context is None:
-                max_context = int(cfg.max_positions)
-            if not (1 <= max_context <= cfg.max_positions):
-                raise ValueError(f"max_context must be in [1, {cfg.max_positions}], got {max_context}")
-            self.max_context = int(max_context)
+            self.max_context = resolve_max_context(cfg, max_context)
             self.inv_freq, self.rope_scaling = rope_parameters(cfg)
             emb_info = f.tensors["model.embed_tokens.weight"]
             self._emb_dtype = DType(emb_info.dtype)
@@ -224,12 +220,11 @@ class CPUBackend(Backend):
         return out.reshape(T, H * hd)
 
     def _forward(self, ids: np.ndarray) -> np.ndarray:
-        """Run ids at positions [pos, pos+T); write the KV cache; return the final-normed hidden f32 (T, hidden)."""
+        """Run ids at positions [pos, pos+T) (checked by the Backend edge: in range, within max_context); write the
+        KV cache; return the final-normed hidden f32 (T, hidden)."""
         cfg = self.config
         T = ids.shape[0]
         p0 = self._pos
-        if p0 + T > self.max_context:
-            raise ContextFull(f"position {p0} + {T} tokens > max_context {self.max_context}")
         H, G, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         cos, sin = cos_sin(self.inv_freq, self.rope_scaling, np.arange(p0, p0 + T))   # (T, hd) each
         x = self._embed(ids)                                                         # (T, hidden)
@@ -246,17 +241,14 @@ class CPUBackend(Backend):
         self._pos = p0 + T
         return rms_norm(x, self.final_norm, cfg.rms_norm_eps)
 
-    def prefill(self, ids: np.ndarray) -> np.ndarray:
-        ids = _as_ids(ids, self.config.vocab_rows)
+    def _prefill(self, ids: np.ndarray) -> np.ndarray:
         h = self._forward(ids)
         return self.lm_head(h[-1:])[0]
 
-    def decode(self, token_id: int) -> np.ndarray:
-        ids = _as_ids(np.array([token_id]), self.config.vocab_rows)
-        h = self._forward(ids)
+    def _decode(self, token_id: int) -> np.ndarray:
+        h = self._forward(np.array([token_id], dtype=np.int32))
         return self.lm_head(h)[0]
 
-    def logits_all(self, ids: np.ndarray) -> np.ndarray:
-        ids = _as_ids(ids, self.config.vocab_rows)
+    def _logits_all(self, ids: np.ndarray) -> np.ndarray:
         self.reset()
         return self.lm_head(self._forward(ids))
