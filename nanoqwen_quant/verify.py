@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,10 +31,12 @@ import click
 import numpy as np
 
 from nanoqwen_format import BlobKind, DType, NanoqwenFormatError, open_file
+from nanoqwen_format.writer import file_kind
 
 from .cast import bf16_to_f32
 from .errstats import stats_int4, stats_plain
 from .hf import ConvertError, load_checkpoint
+from .one_line_errors import OneLineErrorCommand
 from .quantize import dequantize
 
 F16_MIN_SNR_DB = 60.0
@@ -240,8 +243,9 @@ def _finite(o):
     return o
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]}, help=__doc__)
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.command(name="nanoqwen-verify", cls=OneLineErrorCommand,
+               context_settings={"help_option_names": ["-h", "--help"]}, help=__doc__)
+@click.argument("file", type=click.Path())
 @click.option("--source", default=None, help="the checkpoint FILE was made from: Hugging Face dir or hub id (bf16/f16/f32, "
               "GPTQ or AWQ: compared against their exact dequantization), or a GGUF file")
 @click.option("--revision", default=None, help="hub revision of --source")
@@ -250,6 +254,10 @@ def main(file, source, revision, as_json):
     try:
         if not Path(file).exists():
             raise FileNotFoundError(file)
+        if not Path(file).is_file():     # a directory, or a FIFO / device that would block or never end
+            kind = file_kind(os.stat(file).st_mode)
+            click.echo(f"nanoqwen-verify: error: {file}: is {kind}, expected a .nanoqwen file", err=True)
+            sys.exit(2)
         report = verify_file(file, source, revision)
     except FileNotFoundError:
         click.echo(f"nanoqwen-verify: error: {file}: no such file", err=True)

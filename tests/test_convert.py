@@ -266,10 +266,10 @@ def test_existing_output_replaced_atomically_only_on_success(tmp_path, monkeypat
     out.write_bytes(b"previous")
     monkeypatch.setattr(convert_mod, "quantize", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
-        convert_checkpoint(src, out)
+        convert_checkpoint(src, out, force=True)
     assert out.read_bytes() == b"previous"
     monkeypatch.undo()
-    convert_checkpoint(src, out)
+    convert_checkpoint(src, out, force=True)
     with open_file(out) as f:
         assert f.config.n_layers == 2
 

@@ -29,7 +29,7 @@ TEXT = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)  # Hello
 def _logits_vs_transformers(src, out, weights):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from nanoqwen_rt.cpu_backend import CPUBackend
+    from nanoqwen_rt.backends.cpu import CPUBackend
     model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
     missing, unexpected = model.load_state_dict({n: torch.from_numpy(w) for n, w in weights.items()}, strict=False)
     assert not missing and not unexpected

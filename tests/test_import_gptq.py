@@ -133,7 +133,7 @@ def test_end_to_end_logits_match_transformers_on_the_gptq_meaning(tmp_path):
     GPTQ dequantized linears and the checkpoint's f16 tensors."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from nanoqwen_rt.cpu_backend import CPUBackend
+    from nanoqwen_rt.backends.cpu import CPUBackend
     from synth import load_source_f32
     src, d, meaning = _gptq(tmp_path)
     out = convert_checkpoint(d, tmp_path / "m.nanoqwen")
