@@ -17,6 +17,7 @@ MAX_NDIM = 4
 MAX_TENSORS = 65536                 # cap on n_tensors (bounds the directory a reader must parse)
 MAX_BLOBS = 64                      # cap on n_blobs
 MAX_HEADER_SIZE = 16 * 1024 * 1024  # cap on header_size (16 MiB)
+MAX_N_LAYERS = 256  # cap on ModelConfig.n_layers (bounds the per-layer tensor checks)
 HEADER_CRC_OFFSET = 40              # u32 header_crc32c, computed with this field as 0
 
 LAYOUT_NONE = 0                     # plain dtypes: row-major, C order, little-endian
