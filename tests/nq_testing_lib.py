@@ -11,12 +11,8 @@ from nanoqwen_rt.cuda_backend import NqSampling
 
 ROOT = Path(__file__).resolve().parent.parent
 
-_P = ctypes.c_void_p
 _I32, _F32 = ctypes.c_int32, ctypes.c_float
-_I32P = ctypes.POINTER(ctypes.c_int32)
-_F32P = ctypes.POINTER(ctypes.c_float)
-_U32P = ctypes.POINTER(ctypes.c_uint32)
-_U16P = ctypes.POINTER(ctypes.c_uint16)
+_I32P, _F32P, _U32P, _U16P = map(ctypes.POINTER, (ctypes.c_int32, ctypes.c_float, ctypes.c_uint32, ctypes.c_uint16))
 
 # name -> (restype, argtypes), as declared in nanoqwen_testing.h
 SIGNATURES = {

@@ -9,9 +9,9 @@
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,10 +24,11 @@ NQ_OK, NQ_E_IO, NQ_E_FORMAT, NQ_E_UNSUPPORTED = 0, -2, -3, -4
 
 
 def _gen_contract():
-    spec = importlib.util.spec_from_file_location("gen_contract", ROOT / "scripts" / "gen_contract.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """scripts/gen_contract.py as a module (scripts/ is not a package)."""
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
+    import gen_contract
+    return gen_contract
 
 
 def test_generated_header_is_current():

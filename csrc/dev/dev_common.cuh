@@ -11,6 +11,7 @@
 #include <functional>
 #include <random>
 #include <vector>
+#include "common.h"
 #include "format_contract.h"
 
 #define DEV_CHECK(call)                                                                                   \
@@ -100,6 +101,14 @@ inline std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1
   std::vector<float> v(n);
   for (float& e : v) e = nd(rng);
   return v;
+}
+
+// A library launch helper's status: on failure print nq_last_error() and exit 2.
+inline void must(int rc) {
+  if (rc != NQ_OK) {
+    std::fprintf(stderr, "launch: %s\n", nq::last_error());
+    std::exit(2);
+  }
 }
 
 // Relative Frobenius error of got vs ref; every value must be finite. Prints one line; exits 1 on failure.

@@ -38,16 +38,13 @@ int check_tokens(const nq::Session& s, const int32_t* tokens, int32_t n) {
 }
 
 // The JSON of nq_abi_describe (built once): sizes and offsets from sizeof/offsetof of the real structs, status codes
-// from the enum, format facts from format_contract.h.
+// from the enum, format facts from the tables of format_contract.h (the constants the loader uses).
 std::string describe_json() {
   namespace ct = nq::contract;
   std::string j;
   auto num = [](long long v) { return std::to_string(v); };
   auto field = [&](const char* name, size_t off, const char* type, bool last = false) {
     j += std::string("\"") + name + "\": [" + num((long long)off) + ", \"" + type + "\"]" + (last ? "" : ", ");
-  };
-  auto off = [&](const char* name, uint32_t v, bool last = false) {
-    j += std::string("\"") + name + "\": " + num(v) + (last ? "" : ", ");
   };
   auto ints = [&](const int* v, int n) {
     std::string s = "[";
@@ -75,66 +72,22 @@ std::string describe_json() {
   field("top_k", offsetof(nq_sampling, top_k), "i32");
   field("top_p", offsetof(nq_sampling, top_p), "f32");
   field("seed", offsetof(nq_sampling, seed), "u64", true);
-  j += "}}}, \"format\": {";
-  j += "\"magic\": \"" + std::string(ct::kMagic) + "\", \"version\": " + num(ct::kVersion);
-  j += ", \"alignment\": " + num(ct::kAlignment) + ", \"file_header_size\": " + num(ct::kFileHeaderSize);
-  j += ", \"config_offset\": " + num(ct::kConfigOffset) + ", \"config_size\": " + num(ct::kConfigSize);
-  j += ", \"tensor_entry_size\": " + num(ct::kTensorEntrySize) + ", \"blob_entry_size\": " + num(ct::kBlobEntrySize);
-  j += ", \"tensor_name_size\": " + num(ct::kTensorNameSize) + ", \"max_ndim\": " + num(ct::kMaxNdim);
-  j += ", \"max_tensors\": " + num(ct::kMaxTensors) + ", \"max_blobs\": " + num(ct::kMaxBlobs);
-  j += ", \"max_header_size\": " + num(ct::kMaxHeaderSize) + ", \"max_n_layers\": " + num(ct::kMaxNLayers);
-  j += ", \"header_crc_offset\": " + num(ct::kHeaderCrcOffset);
-  j += ", \"dtypes\": {\"f32\": " + num(nq::DT_F32) + ", \"f16\": " + num(nq::DT_F16) + ", \"bf16\": " +
-       num(nq::DT_BF16) + ", \"int4g\": " + num(nq::DT_INT4G) + "}";
-  j += ", \"archs\": {\"qwen2\": " + num(ct::kArchQwen2) + ", \"llama\": " + num(ct::kArchLlama) + "}";
-  j += ", \"rope_scaling\": {\"none\": " + num(ct::kRopeNone) + ", \"linear\": " + num(ct::kRopeLinear) +
-       ", \"yarn\": " + num(ct::kRopeYarn) + "}";
-  j += ", \"layouts\": {\"none\": " + num(ct::kLayoutNone) + ", \"int4_rowmajor_k8\": " +
-       num(ct::kLayoutInt4RowmajorK8) + "}";
-  j += ", \"config_flags\": {\"tied\": " + num(ct::kConfigFlagTied) + ", \"qkv_bias\": " +
-       num(ct::kConfigFlagQkvBias) + "}";
+  j += "}}}, \"format\": {\"magic\": \"" + std::string(ct::kMagic) + "\"";
+  for (const ct::Named& v : ct::kScalars) j += std::string(", \"") + v.name + "\": " + num(v.value);
   j += ", \"int4_perm\": " + ints(ct::kInt4Perm, 8);
   j += ", \"int4_group_sizes\": " + ints(ct::kInt4GroupSizes, (int)(sizeof ct::kInt4GroupSizes / sizeof(int)));
-  j += ", \"int4_zero_code\": " + num(ct::kInt4ZeroCode) + ", \"kv_page_tokens\": " + num(nq::kPage);
-  j += ", \"header\": {";
-  {
-    namespace H = ct::header;
-    off("magic", H::magic); off("version", H::version);
-    off("header_size", H::header_size); off("file_size", H::file_size);
-    off("data_offset", H::data_offset); off("n_tensors", H::n_tensors);
-    off("n_blobs", H::n_blobs); off("header_crc32c", H::header_crc32c);
-    off("flags", H::flags, true);
-  }
-  j += "}, \"config\": {";
-  {
-    namespace CF = ct::config;
-    off("arch", CF::arch); off("n_layers", CF::n_layers);
-    off("hidden_size", CF::hidden_size); off("intermediate_size", CF::intermediate_size);
-    off("n_heads", CF::n_heads); off("n_kv_heads", CF::n_kv_heads);
-    off("head_dim", CF::head_dim); off("vocab_rows", CF::vocab_rows);
-    off("max_positions", CF::max_positions); off("config_flags", CF::config_flags);
-    off("rope_theta", CF::rope_theta); off("rope_scaling_type", CF::rope_scaling_type);
-    off("rope_scaling_factor", CF::rope_scaling_factor);
-    off("rope_original_max_positions", CF::rope_original_max_positions);
-    off("rms_norm_eps", CF::rms_norm_eps); off("bos_token_id", CF::bos_token_id);
-    off("eos_token_id", CF::eos_token_id); off("pad_token_id", CF::pad_token_id, true);
-  }
-  j += "}, \"tensor_entry\": {";
-  {
-    namespace TE = ct::tensor_entry;
-    off("name", TE::name); off("dtype", TE::dtype); off("layout_id", TE::layout_id);
-    off("group_size", TE::group_size); off("ndim", TE::ndim);
-    off("shape_0", TE::shape_0); off("shape_1", TE::shape_1); off("shape_2", TE::shape_2);
-    off("shape_3", TE::shape_3); off("offset", TE::offset); off("nbytes", TE::nbytes);
-    off("crc32c", TE::crc32c); off("reserved", TE::reserved, true);
-  }
-  j += "}, \"blob_entry\": {";
-  {
-    namespace BE = ct::blob_entry;
-    off("kind", BE::kind); off("encoding", BE::encoding); off("offset", BE::offset);
-    off("nbytes", BE::nbytes); off("crc32c", BE::crc32c, true);
-  }
-  j += "}}}";
+  auto group = [&](const char* name, const ct::Named* v, size_t n) {
+    j += std::string(", \"") + name + "\": {";
+    for (size_t i = 0; i < n; i++) j += std::string(i ? ", \"" : "\"") + v[i].name + "\": " + num(v[i].value);
+    j += "}";
+  };
+#define NQ_GROUP(name, table) group(name, table, sizeof table / sizeof table[0])
+  NQ_GROUP("dtypes", ct::kDtypes); NQ_GROUP("archs", ct::kArchs); NQ_GROUP("rope_scaling", ct::kRopeScaling);
+  NQ_GROUP("layouts", ct::kLayouts); NQ_GROUP("config_flags", ct::kConfigFlags);
+  NQ_GROUP("header", ct::kHeaderOffsets); NQ_GROUP("config", ct::kConfigOffsets);
+  NQ_GROUP("tensor_entry", ct::kTensorEntryOffsets); NQ_GROUP("blob_entry", ct::kBlobEntryOffsets);
+#undef NQ_GROUP
+  j += "}}";
   return j;
 }
 

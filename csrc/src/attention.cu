@@ -279,8 +279,8 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
 //   A(P)  : the S fragments of key tiles 2k, 2k+1 ARE the A fragment of k-step k (rounded to f16 pairs);
 //   B(V)  : ldmatrix.x4.trans of V rows ([key][d]: B[k=key][n=d] needs the transpose) -> b01 b23 of two dim tiles.
 // Online softmax per row in the log2 domain: the 4 lanes of a quad hold a row's 32 scores (max: 2 shuffles);
-// each lane keeps a partial row sum l, reduced over the quad once at the end. The previous CUDA-core version of this
-// kernel ran 181 us per 7B layer at M = 512; bench/NOTES.md.
+// each lane keeps a partial row sum l, reduced over the quad once at the end (on CUDA cores the same work took
+// 181 us per 7B layer at M = 512; bench/NOTES.md).
 constexpr int kPQ = 8;   // query tokens per prefill block
 constexpr int kPR = 64;  // rows per block (kPQ * G <= kPQ * kMaxG = 64): 4 warps x m16
 

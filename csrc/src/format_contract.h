@@ -8,41 +8,12 @@ namespace nq {
 namespace contract {
 
 constexpr char kMagic[] = "NANOQWEN";
-constexpr uint32_t kVersion = 1u;
-constexpr uint32_t kAlignment = 128u;
-constexpr uint32_t kFileHeaderSize = 256u;
-constexpr uint32_t kConfigOffset = 48u;
-constexpr uint32_t kConfigSize = 128u;
-constexpr uint32_t kTensorEntrySize = 136u;
-constexpr uint32_t kBlobEntrySize = 64u;
-constexpr uint32_t kTensorNameSize = 64u;
-constexpr uint32_t kMaxNdim = 4u;
-constexpr uint32_t kMaxTensors = 65536u;
-constexpr uint32_t kMaxBlobs = 64u;
-constexpr uint32_t kMaxHeaderSize = 16777216u;
-constexpr uint32_t kMaxNLayers = 256u;
-constexpr uint32_t kHeaderCrcOffset = 40u;
-constexpr uint32_t kInt4ZeroCode = 8u;
-constexpr uint32_t kKvPageTokens = 16u;
-
-constexpr uint32_t kDTypeF32 = 0u;
-constexpr uint32_t kDTypeF16 = 1u;
-constexpr uint32_t kDTypeBf16 = 2u;
-constexpr uint32_t kDTypeInt4g = 3u;
-
-constexpr uint32_t kArchQwen2 = 1u;
-constexpr uint32_t kArchLlama = 2u;
-
-constexpr uint32_t kRopeNone = 0u;
-constexpr uint32_t kRopeLinear = 1u;
-constexpr uint32_t kRopeYarn = 2u;
-
-constexpr uint32_t kLayoutNone = 0u;
-constexpr uint32_t kLayoutInt4RowmajorK8 = 1u;
-
-constexpr uint32_t kConfigFlagTied = 1u;
-constexpr uint32_t kConfigFlagQkvBias = 2u;
-
+constexpr uint32_t kVersion = 1u, kAlignment = 128u, kFileHeaderSize = 256u, kConfigOffset = 48u, kConfigSize = 128u, kTensorEntrySize = 136u, kBlobEntrySize = 64u, kTensorNameSize = 64u, kMaxNdim = 4u, kMaxTensors = 65536u, kMaxBlobs = 64u, kMaxHeaderSize = 16777216u, kMaxNLayers = 256u, kHeaderCrcOffset = 40u, kInt4ZeroCode = 8u, kKvPageTokens = 16u;
+constexpr uint32_t kDTypeF32 = 0u, kDTypeF16 = 1u, kDTypeBf16 = 2u, kDTypeInt4g = 3u;
+constexpr uint32_t kArchQwen2 = 1u, kArchLlama = 2u;
+constexpr uint32_t kRopeNone = 0u, kRopeLinear = 1u, kRopeYarn = 2u;
+constexpr uint32_t kLayoutNone = 0u, kLayoutInt4RowmajorK8 = 1u;
+constexpr uint32_t kConfigFlagTied = 1u, kConfigFlagQkvBias = 2u;
 constexpr int kInt4Perm[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 constexpr int kInt4GroupSizes[4] = {32, 64, 128, 256};
 // The one INT4 group-size rule: an allowed group size that divides K.
@@ -52,62 +23,24 @@ constexpr bool int4_group_ok(long long group, long long K) {
   return false;
 }
 
-namespace header {  // byte offsets
-constexpr uint32_t magic = 0u;
-constexpr uint32_t version = 8u;
-constexpr uint32_t header_size = 12u;
-constexpr uint32_t file_size = 16u;
-constexpr uint32_t data_offset = 24u;
-constexpr uint32_t n_tensors = 32u;
-constexpr uint32_t n_blobs = 36u;
-constexpr uint32_t header_crc32c = 40u;
-constexpr uint32_t flags = 44u;
-}  // namespace header
+// byte offsets of the fields of the header, the config block, a tensor entry, a blob entry
+namespace header { constexpr uint32_t magic = 0u, version = 8u, header_size = 12u, file_size = 16u, data_offset = 24u, n_tensors = 32u, n_blobs = 36u, header_crc32c = 40u, flags = 44u; }
+namespace config { constexpr uint32_t arch = 0u, n_layers = 4u, hidden_size = 8u, intermediate_size = 12u, n_heads = 16u, n_kv_heads = 20u, head_dim = 24u, vocab_rows = 28u, max_positions = 32u, config_flags = 36u, rope_theta = 40u, rope_scaling_type = 48u, rope_scaling_factor = 52u, rope_original_max_positions = 56u, rms_norm_eps = 60u, bos_token_id = 64u, eos_token_id = 68u, pad_token_id = 72u; }
+namespace tensor_entry { constexpr uint32_t name = 0u, dtype = 64u, layout_id = 68u, group_size = 72u, ndim = 76u, shape_0 = 80u, shape_1 = 88u, shape_2 = 96u, shape_3 = 104u, offset = 112u, nbytes = 120u, crc32c = 128u, reserved = 132u; }
+namespace blob_entry { constexpr uint32_t kind = 0u, encoding = 4u, offset = 8u, nbytes = 16u, crc32c = 24u; }
 
-namespace config {  // byte offsets inside the config block
-constexpr uint32_t arch = 0u;
-constexpr uint32_t n_layers = 4u;
-constexpr uint32_t hidden_size = 8u;
-constexpr uint32_t intermediate_size = 12u;
-constexpr uint32_t n_heads = 16u;
-constexpr uint32_t n_kv_heads = 20u;
-constexpr uint32_t head_dim = 24u;
-constexpr uint32_t vocab_rows = 28u;
-constexpr uint32_t max_positions = 32u;
-constexpr uint32_t config_flags = 36u;
-constexpr uint32_t rope_theta = 40u;
-constexpr uint32_t rope_scaling_type = 48u;
-constexpr uint32_t rope_scaling_factor = 52u;
-constexpr uint32_t rope_original_max_positions = 56u;
-constexpr uint32_t rms_norm_eps = 60u;
-constexpr uint32_t bos_token_id = 64u;
-constexpr uint32_t eos_token_id = 68u;
-constexpr uint32_t pad_token_id = 72u;
-}  // namespace config
-
-namespace tensor_entry {  // byte offsets
-constexpr uint32_t name = 0u;
-constexpr uint32_t dtype = 64u;
-constexpr uint32_t layout_id = 68u;
-constexpr uint32_t group_size = 72u;
-constexpr uint32_t ndim = 76u;
-constexpr uint32_t shape_0 = 80u;
-constexpr uint32_t shape_1 = 88u;
-constexpr uint32_t shape_2 = 96u;
-constexpr uint32_t shape_3 = 104u;
-constexpr uint32_t offset = 112u;
-constexpr uint32_t nbytes = 120u;
-constexpr uint32_t crc32c = 128u;
-constexpr uint32_t reserved = 132u;
-}  // namespace tensor_entry
-
-namespace blob_entry {  // byte offsets
-constexpr uint32_t kind = 0u;
-constexpr uint32_t encoding = 4u;
-constexpr uint32_t offset = 8u;
-constexpr uint32_t nbytes = 16u;
-constexpr uint32_t crc32c = 24u;
-}  // namespace blob_entry
+// The same facts by their nq_abi_describe() JSON names.
+struct Named { const char* name; uint32_t value; };
+constexpr Named kScalars[] = {{"version", kVersion}, {"alignment", kAlignment}, {"file_header_size", kFileHeaderSize}, {"config_offset", kConfigOffset}, {"config_size", kConfigSize}, {"tensor_entry_size", kTensorEntrySize}, {"blob_entry_size", kBlobEntrySize}, {"tensor_name_size", kTensorNameSize}, {"max_ndim", kMaxNdim}, {"max_tensors", kMaxTensors}, {"max_blobs", kMaxBlobs}, {"max_header_size", kMaxHeaderSize}, {"max_n_layers", kMaxNLayers}, {"header_crc_offset", kHeaderCrcOffset}, {"int4_zero_code", kInt4ZeroCode}, {"kv_page_tokens", kKvPageTokens}};
+constexpr Named kDtypes[] = {{"f32", kDTypeF32}, {"f16", kDTypeF16}, {"bf16", kDTypeBf16}, {"int4g", kDTypeInt4g}};
+constexpr Named kArchs[] = {{"qwen2", kArchQwen2}, {"llama", kArchLlama}};
+constexpr Named kRopeScaling[] = {{"none", kRopeNone}, {"linear", kRopeLinear}, {"yarn", kRopeYarn}};
+constexpr Named kLayouts[] = {{"none", kLayoutNone}, {"int4_rowmajor_k8", kLayoutInt4RowmajorK8}};
+constexpr Named kConfigFlags[] = {{"tied", kConfigFlagTied}, {"qkv_bias", kConfigFlagQkvBias}};
+constexpr Named kHeaderOffsets[] = {{"magic", header::magic}, {"version", header::version}, {"header_size", header::header_size}, {"file_size", header::file_size}, {"data_offset", header::data_offset}, {"n_tensors", header::n_tensors}, {"n_blobs", header::n_blobs}, {"header_crc32c", header::header_crc32c}, {"flags", header::flags}};
+constexpr Named kConfigOffsets[] = {{"arch", config::arch}, {"n_layers", config::n_layers}, {"hidden_size", config::hidden_size}, {"intermediate_size", config::intermediate_size}, {"n_heads", config::n_heads}, {"n_kv_heads", config::n_kv_heads}, {"head_dim", config::head_dim}, {"vocab_rows", config::vocab_rows}, {"max_positions", config::max_positions}, {"config_flags", config::config_flags}, {"rope_theta", config::rope_theta}, {"rope_scaling_type", config::rope_scaling_type}, {"rope_scaling_factor", config::rope_scaling_factor}, {"rope_original_max_positions", config::rope_original_max_positions}, {"rms_norm_eps", config::rms_norm_eps}, {"bos_token_id", config::bos_token_id}, {"eos_token_id", config::eos_token_id}, {"pad_token_id", config::pad_token_id}};
+constexpr Named kTensorEntryOffsets[] = {{"name", tensor_entry::name}, {"dtype", tensor_entry::dtype}, {"layout_id", tensor_entry::layout_id}, {"group_size", tensor_entry::group_size}, {"ndim", tensor_entry::ndim}, {"shape_0", tensor_entry::shape_0}, {"shape_1", tensor_entry::shape_1}, {"shape_2", tensor_entry::shape_2}, {"shape_3", tensor_entry::shape_3}, {"offset", tensor_entry::offset}, {"nbytes", tensor_entry::nbytes}, {"crc32c", tensor_entry::crc32c}, {"reserved", tensor_entry::reserved}};
+constexpr Named kBlobEntryOffsets[] = {{"kind", blob_entry::kind}, {"encoding", blob_entry::encoding}, {"offset", blob_entry::offset}, {"nbytes", blob_entry::nbytes}, {"crc32c", blob_entry::crc32c}};
 
 }  // namespace contract
 }  // namespace nq

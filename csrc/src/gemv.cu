@@ -1,5 +1,5 @@
 // Batch-1 GEMV launchers (kernels: gemv_kernels.cuh). INT4 weights run gemv_int4 at 2 blocks/SM with a split
-// factor chosen per shape; f16/bf16 weights run gemv_dense. Both launch with PDL (launch.h).
+// factor chosen per shape; f16/bf16 weights run gemv_rowpair. Both launch with PDL (launch.h).
 #include "gemv_kernels.cuh"
 #include "launch.h"
 #include "format_contract.h"
@@ -16,10 +16,10 @@ template <int WT, int MODE>
 int launch_dense(const GemvArgs& a, int rows, size_t smem, cudaStream_t st) {
   const int per_block = kWarps * (MODE == GEMV_SWIGLU ? 1 : 2);   // rows one step of a block covers
   int occ = 0;  // resident blocks per SM for this kernel and shared-memory size
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_dense<WT, MODE>, kThreads, smem) != cudaSuccess || occ < 1)
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_rowpair<DenseRows<WT>, MODE>, kThreads, smem) != cudaSuccess || occ < 1)
     occ = 1;
   const int grid = std::max(1, std::min((rows + per_block - 1) / per_block, g_sm_count * std::min(occ, kBlocksPerSm)));
-  return launch_pdl("gemv_dense", gemv_dense<WT, MODE>, dim3(grid), dim3(kThreads), smem, st, a, rows);
+  return launch_pdl("gemv_rowpair", gemv_rowpair<DenseRows<WT>, MODE>, dim3(grid), dim3(kThreads), smem, st, a, rows);
 }
 
 int dispatch_int4(const GemvArgs& a, int rows, cudaStream_t st) {
@@ -49,8 +49,8 @@ cudaError_t raise_limits() {
   return cudaFuncSetAttribute(Kernel<GEMV_SWIGLU>::get(), cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynSmem);
 }
 template <int MODE> struct Int4Kernel { static auto get() { return gemv_int4<MODE, kInt4BlocksPerSm>; } };
-template <int MODE> struct F16Kernel { static auto get() { return gemv_dense<WT_F16, MODE>; } };
-template <int MODE> struct Bf16Kernel { static auto get() { return gemv_dense<WT_BF16, MODE>; } };
+template <int MODE> struct F16Kernel { static auto get() { return gemv_rowpair<DenseRows<WT_F16>, MODE>; } };
+template <int MODE> struct Bf16Kernel { static auto get() { return gemv_rowpair<DenseRows<WT_BF16>, MODE>; } };
 
 }  // namespace
 

@@ -8,7 +8,7 @@
 // The input x (K) is staged in shared memory as f16 (RMSNorm fused: computed by every block from the f32
 // residual stream). For INT4 the 16-byte x units are stored transposed, unit p = 4m + j at j*(K/32) + m, so the
 // 32 lanes of a warp read 32 consecutive 16-byte units (no bank conflicts).
-// f16/bf16 weights: gemv_dense, one warp per row (two rows per step), x staged in order.
+// f16/bf16 weights: gemv_rowpair, one warp per row (two rows per step), x staged in order.
 // Included by gemv.cu (the library's instantiations and launchers) and by csrc/dev/ programs that time other
 // instantiations or reuse the helpers; it holds no host state (the SM count is a launch argument).
 #pragma once
@@ -246,10 +246,24 @@ __device__ __forceinline__ void store_row(const GemvArgs& a, int r, float y, con
   else a.out_f32[r] = y + b;
 }
 
-// f16/bf16 weights. Persistent grid: each warp walks rows r, r + stride, ... (two per step: r and r + stride, or for SWIGLU the
+// Row-pair kernel (f16/bf16 weights). Persistent grid: each warp walks rows r, r + stride, ... (two per step: r and r + stride, or for SWIGLU the
 // gate and up rows of r), so x is staged once per block and every warp keeps 2 x kUnroll loads in flight.
-template <int WT, int MODE>
-__global__ void __launch_bounds__(kThreads, 3) gemv_dense(const GemvArgs a, int total_rows) {
+// The weight-type hooks of gemv_rowpair: how x is staged and how two rows are dotted with it. The library runs
+// DenseRows<WT_F16> and DenseRows<WT_BF16>; csrc/dev programs plug in INT4 ones.
+template <int WT_>
+struct DenseRows {
+  static constexpr int WT = WT_;
+  static constexpr int kUnitShift = 3;  // log2(values per 16-byte unit)
+  __device__ static void stage(const GemvArgs& a, int K, uint4* smem, float* red) { stage_x_f16<WT>(a, K, smem, red); }
+  __device__ static void dot2(const RowRef r0, const RowRef r1, bool has1, int K, const void* smem, int lane,
+                              float& y0, float& y1) {
+    dot2_dense<WT>(r0, r1, has1, K, smem, lane, y0, y1);
+  }
+};
+
+template <class Rows, int MODE>
+__global__ void __launch_bounds__(kThreads, 3) gemv_rowpair(const GemvArgs a, int total_rows) {
+  constexpr int WT = Rows::WT;
   extern __shared__ uint4 smem[];
   __shared__ float red[32];
   const int K = a.seg[0].K;
@@ -259,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, 3) gemv_dense(const GemvArgs a, int 
       const float* b;
       int row;
       const RowRef q0 = MODE == GEMV_SWIGLU ? row_ref<WT>(a.seg[0], r) : locate<WT>(a, r, b, row);
-      const int nunits = K >> 3;
+      const int nunits = K >> Rows::kUnitShift;
       for (int m = lane; m < nunits && m < 32 * kUnroll; m += 32) prefetch_l2(q0.w + m);
       if (MODE == GEMV_SWIGLU) {
         const RowRef q1 = row_ref<WT>(a.up, r);
@@ -269,13 +283,13 @@ __global__ void __launch_bounds__(kThreads, 3) gemv_dense(const GemvArgs a, int 
   }
   pdl_wait();     // x / out were written by the previous kernel
   pdl_trigger();
-  stage_x_f16<WT>(a, K, smem, red);
+  Rows::stage(a, K, smem, red);
   const int lane = threadIdx.x & 31;
   const int stride = gridDim.x * kWarps;
   if (MODE == GEMV_SWIGLU) {
     for (int r = blockIdx.x * kWarps + (threadIdx.x >> 5); r < total_rows; r += stride) {
       float g, u;
-      dot2_dense<WT>(row_ref<WT>(a.seg[0], r), row_ref<WT>(a.up, r), true, K, smem, lane, g, u);
+      Rows::dot2(row_ref<WT>(a.seg[0], r), row_ref<WT>(a.up, r), true, K, smem, lane, g, u);
       if (lane == 0) a.out_f16[r] = __float2half_rn(g / (1.f + __expf(-g)) * u);
     }
   } else {
@@ -287,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, 3) gemv_dense(const GemvArgs a, int 
       const RowRef q0 = locate<WT>(a, r, b0, row0);
       const RowRef q1 = locate<WT>(a, has1 ? r1 : r, b1, row1);
       float y0, y1;
-      dot2_dense<WT>(q0, q1, has1, K, smem, lane, y0, y1);
+      Rows::dot2(q0, q1, has1, K, smem, lane, y0, y1);
       if (lane == 0) {
         store_row<MODE>(a, r, y0, b0, row0);
         if (has1) store_row<MODE>(a, r1, y1, b1, row1);
@@ -325,16 +339,27 @@ __device__ __forceinline__ RowRef locate_int4_fast(const GemvArgs& a, int r) {
 // before the PDL wait (weights never depend on the previous kernel).
 // Results: each warp's per-task partial pair goes to shared memory part[warp][round][2]; after one __syncthreads
 // the block sums the KS partials of each task in slice order (deterministic) and applies the epilogue.
-constexpr int kStepUnits = 32 * kUnroll;        // units per lane-step of one row
+// The unit arithmetic of gemv_int4: x staging, and acc + scale * (one 16-byte unit of a row . x). The library runs
+// F16Units; csrc/dev/gemv_int4_q8.cu plugs in int8 activations.
+struct F16Units {
+  static constexpr int kUnroll = nq::kUnroll;  // units per lane and row per pipeline stage
+  __device__ static void stage(const GemvArgs& a, int K, uint4* smem, float* red) {
+    stage_x_f16<WT_INT4>(a, K, smem, red);
+  }
+  __device__ static float fma(const uint4 w, __half s, const uint4* smem, int nunits, int m, float acc) {
+    return fmaf(__half2float(s), unit_dot_f16(w, smem, nunits, m), acc);
+  }
+};
 constexpr int kTaskOverheadUnits = 48;          // per-task fixed cost (2 warp sums, partial store), in unit slots
 
 // MINB: resident blocks per SM the registers are budgeted for (the library runs 2: bench/NOTES.md).
-template <int MODE, int MINB>
+template <int MODE, int MINB, class Units = F16Units>
 __global__ void __launch_bounds__(kThreads, MINB)
 gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds) {
   extern __shared__ uint4 smem[];
   __shared__ float red[32];
-  constexpr int U = kUnroll;
+  constexpr int U = Units::kUnroll;
+  constexpr int kStepUnits = 32 * U;
   const int K = a.seg[0].K, nunits = K >> 5;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int KS = 1 << ks_log2, G = kWarps >> ks_log2;
@@ -375,7 +400,6 @@ gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds)
       if (++li < my_tasks) task_refs(li);
     }
   };
-  const uint4* xs = smem;
   int ci = 0, cj = 0;                    // step being computed: task ci, step cj
   float acc0 = 0.f, acc1 = 0.f;
   auto compute = [&](const uint4 (&w0)[U], const uint4 (&w1)[U], const __half (&s0)[U], const __half (&s1)[U]) {
@@ -384,8 +408,8 @@ gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds)
     for (int u = 0; u < U; u++) {
       const int m = base + u * 32;
       if (m < hi) {
-        acc0 = fmaf(__half2float(s0[u]), unit_dot_f16(w0[u], xs, nunits, m), acc0);
-        acc1 = fmaf(__half2float(s1[u]), unit_dot_f16(w1[u], xs, nunits, m), acc1);
+        acc0 = Units::fma(w0[u], s0[u], smem, nunits, m, acc0);
+        acc1 = Units::fma(w1[u], s1[u], smem, nunits, m, acc1);
       }
     }
     if (++cj == nsteps) {              // task ci complete (uniform over the warp)
@@ -409,7 +433,7 @@ gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds)
   }
   pdl_wait();     // x / out were written by the previous kernel
   pdl_trigger();
-  stage_x_f16<WT_INT4>(a, K, smem, red);
+  Units::stage(a, K, smem, red);
   if (nsteps == 0 && lane == 0)          // empty slice: its partials are zero
     for (int i = 0; i < my_tasks; i++) part[(warp * rounds + i) * 2] = part[(warp * rounds + i) * 2 + 1] = 0.f;
   for (int q = 0; q < total; q += 2) {
@@ -469,21 +493,21 @@ SplitPlan plan_split(int ntasks, int nunits, int cap_blocks, int step_units) {
 }
 
 // gemv_int4<MODE, MINB> on `rows` output rows with a grid for `sm_count` SMs; checks the shared-memory need.
-template <int MODE, int MINB>
+template <int MODE, int MINB, class Units = F16Units>
 int launch_gemv_int4(const GemvArgs& a, int rows, int sm_count, cudaStream_t st) {
   const int K = a.seg[0].K, nunits = K >> 5;
   const int ntasks = MODE == GEMV_SWIGLU ? rows : (rows + 1) / 2;
-  const size_t smem_x = (size_t)K * 2;  // f16 x
+  const size_t smem_x = (size_t)K * 2;  // f16 x (other Units must fit in as much)
   // occupancy with 2 KB for the partials (plans need 64 B x rounds; a larger need only costs residency, never
   // correctness: blocks do not wait on each other)
   int occ = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_int4<MODE, MINB>, kThreads, smem_x + 2048) != cudaSuccess ||
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_int4<MODE, MINB, Units>, kThreads, smem_x + 2048) != cudaSuccess ||
       occ < 1)
     occ = 1;
-  const SplitPlan p = plan_split(ntasks, nunits, sm_count * std::min(occ, kBlocksPerSm), kStepUnits);
+  const SplitPlan p = plan_split(ntasks, nunits, sm_count * std::min(occ, kBlocksPerSm), 32 * Units::kUnroll);
   const size_t smem = smem_x + (size_t)kWarps * p.rounds * 2 * sizeof(float);
   if (smem > (size_t)kMaxDynSmem) return fail(NQ_E_UNSUPPORTED, "gemv: K=%d with %d tasks too large", K, ntasks);
-  return launch_pdl("gemv_int4", gemv_int4<MODE, MINB>, dim3(p.grid), dim3(kThreads), smem, st, a, rows, ntasks,
+  return launch_pdl("gemv_int4", gemv_int4<MODE, MINB, Units>, dim3(p.grid), dim3(kThreads), smem, st, a, rows, ntasks,
                     p.ks_log2, p.rounds);
 }
 

@@ -6,6 +6,46 @@
 using namespace nq;
 using namespace nq::testing;
 
+namespace {
+// Device buffers of one attention test: the paged cache, an identity rope table (q and k are given already
+// rotated), the qkv rows, the first query position, partials and counters for n_split splits of M tokens (counters
+// zero, as the kernel requires), the f16 output poisoned.
+struct AttnBuffers {
+  DBuf k, v, pt, rope, qkv, pos, part_o, part_ml, counters, out;
+  int setup(const PagedCache& c, const std::vector<float>& qkv_rows, int pos0, int n_pos, int n_heads, int n_kv, int D,
+            int M, int n_split) {
+    const std::vector<float2> rope_h((size_t)n_pos * (D / 2), make_float2(1.f, 0.f));
+    NQ_TRY(k.put(c.k.data(), c.k.size() * 2));
+    NQ_TRY(v.put(c.v.data(), c.v.size() * 2));
+    NQ_TRY(pt.put(c.page_table.data(), c.page_table.size() * 4));
+    NQ_TRY(rope.put(rope_h.data(), rope_h.size() * sizeof(float2)));
+    NQ_TRY(qkv.put(qkv_rows.data(), qkv_rows.size() * 4));
+    NQ_TRY(pos.put(&pos0, 4));
+    NQ_TRY(part_o.alloc((size_t)M * n_heads * n_split * D * 4));
+    NQ_TRY(part_ml.alloc((size_t)M * n_heads * n_split * 2 * 4));
+    NQ_TRY(counters.alloc((size_t)M * n_kv * 4));
+    NQ_CUDA(cudaMemset(counters.p, 0, (size_t)M * n_kv * 4));
+    NQ_TRY(out.alloc((size_t)M * n_heads * D * 2));
+    return out.poison((size_t)M * n_heads * D * 2);
+  }
+  AttnArgs args(int qkv_stride, int M, int n_heads, int n_kv, int D) const {
+    AttnArgs a;
+    a.qkv = qkv.as<float>(); a.qkv_stride = qkv_stride; a.M = M; a.pos0 = pos.as<int>();
+    a.kv.k = k.as<__half>(); a.kv.v = v.as<__half>(); a.page_table = pt.as<int>(); a.rope = rope.as<float2>();
+    a.n_heads = n_heads; a.n_kv = n_kv; a.D = D;
+    a.part_o = part_o.as<float>(); a.part_ml = part_ml.as<float>(); a.counters = counters.as<int>();
+    a.out = out.as<__half>();
+    return a;
+  }
+  int read_out(float* dst, size_t n) const {  // n f16 outputs as f32
+    std::vector<__half> h(n);
+    NQ_CUDA(cudaMemcpy(h.data(), out.p, n * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) dst[i] = __half2float(h[i]);
+    return NQ_OK;
+  }
+};
+}  // namespace
+
 extern "C" {
 
 int nq_test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K, int32_t group,
@@ -135,35 +175,17 @@ int nq_test_attention(const float* q, const float* k, const float* v, int32_t n_
   std::memcpy(qkv.data(), q, Nq * 4);
   std::memcpy(qkv.data() + Nq, k + (size_t)pos * Nkv, Nkv * 4);
   std::memcpy(qkv.data() + Nq + Nkv, v + (size_t)pos * Nkv, Nkv * 4);
-  std::vector<float2> rope((size_t)n_pos * (D / 2), make_float2(1.f, 0.f));
   const int n_split = (n_pos + keys_per_split - 1) / keys_per_split + 1;  // one spare split: must be ignored
-  DBuf dk, dv, dpt, dr, dq, dpos, dpo, dpm, dcnt, dout;
-  NQ_TRY(dk.put(cache.k.data(), cache.k.size() * 2));
-  NQ_TRY(dv.put(cache.v.data(), cache.v.size() * 2));
-  NQ_TRY(dpt.put(cache.page_table.data(), cache.page_table.size() * 4));
-  NQ_TRY(dr.put(rope.data(), rope.size() * sizeof(float2)));
-  NQ_TRY(dq.put(qkv.data(), qkv.size() * 4));
-  NQ_TRY(dpos.put(&pos, 4));
-  NQ_TRY(dpo.alloc((size_t)n_heads * n_split * D * 4));
-  NQ_TRY(dpm.alloc((size_t)n_heads * n_split * 2 * 4));
-  NQ_TRY(dcnt.alloc((size_t)n_kv * 4));
-  NQ_CUDA(cudaMemset(dcnt.p, 0, (size_t)n_kv * 4));
-  NQ_TRY(dout.alloc((size_t)Nq * 2));
-  NQ_TRY(dout.poison((size_t)Nq * 2));
-  AttnArgs a;
-  a.qkv = dq.as<float>(); a.qkv_stride = Nq + 2 * Nkv; a.M = 1; a.pos0 = dpos.as<int>();
-  a.kv.k = dk.as<__half>(); a.kv.v = dv.as<__half>(); a.page_table = dpt.as<int>(); a.rope = dr.as<float2>();
-  a.n_heads = n_heads; a.n_kv = n_kv; a.D = D; a.keys_per_split = keys_per_split; a.n_split = n_split;
-  a.write_kv = true; a.part_o = dpo.as<float>(); a.part_ml = dpm.as<float>(); a.counters = dcnt.as<int>();
-  a.out = dout.as<__half>();
+  AttnBuffers b;
+  NQ_TRY(b.setup(cache, qkv, pos, n_pos, n_heads, n_kv, D, 1, n_split));
+  AttnArgs a = b.args(Nq + 2 * Nkv, 1, n_heads, n_kv, D);
+  a.keys_per_split = keys_per_split; a.n_split = n_split; a.write_kv = true;
   NQ_TRY(attention(a, 0));
   NQ_CUDA(cudaDeviceSynchronize());
-  std::vector<__half> oh(Nq);
-  NQ_CUDA(cudaMemcpy(oh.data(), dout.p, (size_t)Nq * 2, cudaMemcpyDeviceToHost));
-  for (int i = 0; i < Nq; i++) out[i] = __half2float(oh[i]);
+  NQ_TRY(b.read_out(out, Nq));
   // the counters must be re-armed (zero) for the next launch
   std::vector<int> cnt(n_kv);
-  NQ_CUDA(cudaMemcpy(cnt.data(), dcnt.p, (size_t)n_kv * 4, cudaMemcpyDeviceToHost));
+  NQ_CUDA(cudaMemcpy(cnt.data(), b.counters.p, (size_t)n_kv * 4, cudaMemcpyDeviceToHost));
   for (int h = 0; h < n_kv; h++)
     if (cnt[h] != 0) return fail(NQ_E_CUDA, "attention left counter %d at %d", h, cnt[h]);
   return NQ_OK;
@@ -179,29 +201,13 @@ int nq_test_attention_prefill(const float* q, const float* k, const float* v, in
   const int Nq = n_heads * D, stride = Nq + 2 * n_kv * D;
   std::vector<float> qkv((size_t)M * stride, 1e30f);  // k/v parts are not read by the prefill kernel
   for (int t = 0; t < M; t++) std::memcpy(qkv.data() + (size_t)t * stride, q + (size_t)t * Nq, Nq * 4);
-  std::vector<float2> rope((size_t)n_pos * (D / 2), make_float2(1.f, 0.f));  // q, k given already rotated
-  DBuf dk, dv, dpt, dr, dq, dpos, dpo, dpm, dcnt, dout;
-  NQ_TRY(dk.put(cache.k.data(), cache.k.size() * 2));
-  NQ_TRY(dv.put(cache.v.data(), cache.v.size() * 2));
-  NQ_TRY(dpt.put(cache.page_table.data(), cache.page_table.size() * 4));
-  NQ_TRY(dr.put(rope.data(), rope.size() * sizeof(float2)));
-  NQ_TRY(dq.put(qkv.data(), qkv.size() * 4));
-  NQ_TRY(dpos.put(&pos0, 4));
-  NQ_TRY(dpo.alloc(16));
-  NQ_TRY(dpm.alloc(16));
-  NQ_TRY(dcnt.alloc(16));
-  NQ_TRY(dout.alloc((size_t)M * Nq * 2));
-  NQ_TRY(dout.poison((size_t)M * Nq * 2));
-  AttnArgs a;
-  a.qkv = dq.as<float>(); a.qkv_stride = stride; a.M = M; a.pos0 = dpos.as<int>();
-  a.kv.k = dk.as<__half>(); a.kv.v = dv.as<__half>(); a.page_table = dpt.as<int>(); a.rope = dr.as<float2>();
-  a.n_heads = n_heads; a.n_kv = n_kv; a.D = D; a.keys_per_split = 32; a.n_split = 1; a.write_kv = false;
-  a.part_o = dpo.as<float>(); a.part_ml = dpm.as<float>(); a.counters = dcnt.as<int>(); a.out = dout.as<__half>();
+  AttnBuffers b;
+  NQ_TRY(b.setup(cache, qkv, pos0, n_pos, n_heads, n_kv, D, M, 1));
+  AttnArgs a = b.args(stride, M, n_heads, n_kv, D);
+  a.keys_per_split = 32; a.n_split = 1; a.write_kv = false;
   NQ_TRY(attention(a, 0));
   NQ_CUDA(cudaDeviceSynchronize());
-  std::vector<__half> oh((size_t)M * Nq);
-  NQ_CUDA(cudaMemcpy(oh.data(), dout.p, oh.size() * 2, cudaMemcpyDeviceToHost));
-  for (size_t i = 0; i < oh.size(); i++) out[i] = __half2float(oh[i]);
+  NQ_TRY(b.read_out(out, (size_t)M * Nq));
   return NQ_OK;
 }
 
