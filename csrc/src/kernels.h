@@ -7,6 +7,14 @@
 
 namespace nq {
 
+// The INT4 unpack arithmetic of the kernels (a mask of nibbles s and s + 4 of a word gives the pair of values
+// (2s, 2s + 1); OR 0x6400 then minus 1032 = 1024 + zero code) holds for layout 1 as the contract states it.
+static_assert(contract::kInt4ZeroCode == 8, "the kernels subtract 1024 + 8");
+static_assert(contract::kInt4Perm[0] == 0 && contract::kInt4Perm[4] == 1 && contract::kInt4Perm[1] == 2 &&
+                  contract::kInt4Perm[5] == 3 && contract::kInt4Perm[2] == 4 && contract::kInt4Perm[6] == 5 &&
+                  contract::kInt4Perm[3] == 6 && contract::kInt4Perm[7] == 7,
+              "the kernels take values (2s, 2s + 1) from nibbles (s, s + 4)");
+
 // values equal the file's dtype ids
 enum WeightType : int {
   WT_INT4 = (int)contract::kDTypeInt4g, WT_F16 = (int)contract::kDTypeF16, WT_BF16 = (int)contract::kDTypeBf16

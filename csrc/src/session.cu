@@ -42,7 +42,7 @@ std::vector<float2> rope_table(const nq_config& c, int max_ctx) {
   for (int i = 0; i < half; i++) {
     const float ex = (float)(2 * i) / (float)D;                       // float32 exponent, as torch
     inv[i] = 1.0f / (float)std::pow(c.rope_theta, (double)ex);         // power rounded once to float32
-    if (c.rope_scaling_type == 1 && c.rope_scaling_factor > 0.f) inv[i] /= c.rope_scaling_factor;
+    if (c.rope_scaling_type == (int32_t)contract::kRopeLinear && c.rope_scaling_factor > 0.f) inv[i] /= c.rope_scaling_factor;
   }
   std::vector<float2> t((size_t)max_ctx * half);
   for (int p = 0; p < max_ctx; p++)
