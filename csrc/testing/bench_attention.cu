@@ -1,11 +1,11 @@
-// Attention timing entry point of the C ABI (nq_bench_attention): the attention kernel alone, decode (M = 1:
+// Attention timing entry point of libnanoqwen_testing (nq_bench_attention): the attention kernel alone, decode (M = 1:
 // write_kv, as in the decode step) or prefill (M > 1 query tokens at positions n_pos-M .. n_pos-1, causal), on
 // random f16 K/V. `iters` launches are captured in one CUDA graph (as the decode step is) and the graph replayed;
 // the launches rotate over enough layers' caches to exceed the 60 MB L2, so K/V come from HBM as in a real step.
-#include "kernels.h"
-#include <vector>
+#include "testing_util.h"
 
 using namespace nq;
+using namespace nq::testing;
 
 namespace {
 __global__ void fill_half(__half* p, size_t n, uint32_t seed) {  // uniform [-1, 1): never zeros
@@ -15,21 +15,9 @@ __global__ void fill_half(__half* p, size_t n, uint32_t seed) {  // uniform [-1,
     p[i] = __float2half((float)(h >> 8) * (2.f / 16777216.f) - 1.f);
   }
 }
-struct Bufs {  // frees everything on every exit path
-  std::vector<void*> p;
-  ~Bufs() { for (void* x : p) cudaFree(x); }
-  template <class T> int get(T** out, size_t n) {
-    void* x = nullptr;
-    const cudaError_t e = cudaMalloc(&x, std::max<size_t>(n * sizeof(T), 16));
-    if (e != cudaSuccess) return fail(NQ_E_CUDA, "cudaMalloc: %s", cudaGetErrorString(e));
-    p.push_back(x);
-    *out = static_cast<T*>(x);
-    return NQ_OK;
-  }
-};
 }  // namespace
 
-extern "C" NQ_API int nq_bench_attention(int32_t n_heads, int32_t n_kv, int32_t head_dim, int32_t n_pos, int32_t M,
+extern "C" int nq_bench_attention(int32_t n_heads, int32_t n_kv, int32_t head_dim, int32_t n_pos, int32_t M,
                                          int32_t keys_per_split, int32_t n_split, int32_t iters, float* us) {
   if (!us || n_kv <= 0 || n_heads <= 0 || n_heads % n_kv || n_pos <= 0 || M <= 0 || M > n_pos || iters <= 0 ||
       n_split <= 0 || keys_per_split <= 0)
@@ -38,21 +26,21 @@ extern "C" NQ_API int nq_bench_attention(int32_t n_heads, int32_t n_kv, int32_t 
   const size_t kv_elems = (size_t)pages * n_kv * kPage * D;  // per layer, K or V
   const int layers = (int)std::min<size_t>(64, std::max<size_t>(1, (256u << 20) / (kv_elems * 4)));
   const int qkv_stride = (n_heads + 2 * n_kv) * D;
-  Bufs b;
-  __half *k, *v, *out;
-  float *qkv, *po, *pm;
-  int *pt, *pos0, *cnt;
-  float2* rope;
-  NQ_TRY(b.get(&k, kv_elems * layers));
-  NQ_TRY(b.get(&v, kv_elems * layers));
-  NQ_TRY(b.get(&qkv, (size_t)M * qkv_stride));
-  NQ_TRY(b.get(&po, (size_t)M * n_heads * n_split * D));
-  NQ_TRY(b.get(&pm, (size_t)M * n_heads * n_split * 2));
-  NQ_TRY(b.get(&cnt, (size_t)M * n_kv));
-  NQ_TRY(b.get(&out, (size_t)M * n_heads * D));
-  NQ_TRY(b.get(&pt, pages));
-  NQ_TRY(b.get(&pos0, 1));
-  NQ_TRY(b.get(&rope, (size_t)n_pos * (D / 2)));
+  DBuf bk, bv, bqkv, bpo, bpm, bcnt, bout, bpt, bpos0, brope;
+  NQ_TRY(bk.alloc(kv_elems * layers * sizeof(__half)));
+  NQ_TRY(bv.alloc(kv_elems * layers * sizeof(__half)));
+  NQ_TRY(bqkv.alloc((size_t)M * qkv_stride * sizeof(float)));
+  NQ_TRY(bpo.alloc((size_t)M * n_heads * n_split * D * sizeof(float)));
+  NQ_TRY(bpm.alloc((size_t)M * n_heads * n_split * 2 * sizeof(float)));
+  NQ_TRY(bcnt.alloc((size_t)M * n_kv * sizeof(int)));
+  NQ_TRY(bout.alloc((size_t)M * n_heads * D * sizeof(__half)));
+  NQ_TRY(bpt.alloc(pages * sizeof(int)));
+  NQ_TRY(bpos0.alloc(sizeof(int)));
+  NQ_TRY(brope.alloc((size_t)n_pos * (D / 2) * sizeof(float2)));
+  __half *k = bk.as<__half>(), *v = bv.as<__half>(), *out = bout.as<__half>();
+  float *qkv = bqkv.as<float>(), *po = bpo.as<float>(), *pm = bpm.as<float>();
+  int *pt = bpt.as<int>(), *pos0 = bpos0.as<int>(), *cnt = bcnt.as<int>();
+  float2* rope = brope.as<float2>();
   fill_half<<<1024, 256>>>(k, kv_elems * layers, 1u);
   fill_half<<<1024, 256>>>(v, kv_elems * layers, 2u);
   NQ_LAUNCH_CHECK("fill_half");
