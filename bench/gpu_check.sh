@@ -26,7 +26,7 @@ uname -r | tee -a "$LOG/gpu.txt"
 libs_load() {  # both libraries load, the product through its binding, the testing one through tests/nq_testing_lib.py
   python3 -c "
 import sys
-from nanoqwen_rt import cuda_backend as c
+from nanoqwen_rt.backends import cuda as c
 from nq_testing_lib import load_testing_library
 load_testing_library()
 sys.exit(0 if c.available() else 1)"
@@ -37,7 +37,7 @@ if ! libs_load 2>"$LOG/load.err"; then
   note "device build rc=$? in $(( $(date +%s) - t0 )) s"
   libs_load 2>>"$LOG/load.err" || note "libraries still do not load: $(tail -1 "$LOG/load.err")"
 fi
-python3 -c "from nanoqwen_rt import cuda_backend as c; print('cuda_backend.available() =', c.available())" | tee -a "$summary"
+python3 -c "from nanoqwen_rt.backends import cuda as c; print('cuda available:', c.available(), c.unavailable_reason() or '')" | tee -a "$summary"
 
 if has sass && command -v cuobjdump >/dev/null; then   # SASS check: 16-byte weight loads, tensor-core MMAs
   cuobjdump -sass -arch sm_90a nanoqwen_rt/lib/libnanoqwen.so > "$LOG/sass.txt" 2>&1
@@ -72,7 +72,7 @@ if has bench; then
   timeout 120 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > "$LOG/make7b.log" 2>&1
   note "make_7b_file rc=$? in $(( $(date +%s) - t0 )) s"
   # peers (copy / read-only ceilings, torch int4 chain, cuBLAS f16 chain) in the same process as the Engine run
-  timeout 240 python3 -m nanoqwen_rt.bench /tmp/q7b.nanoqwen --device cuda --json "$LOG/bench7b.json" \
+  timeout 240 python3 -m nanoqwen_bench /tmp/q7b.nanoqwen --device cuda --json "$LOG/bench7b.json" \
     > "$LOG/bench7b.log" 2>&1
   note "bench 7B rc=$?"; tail -25 "$LOG/bench7b.log" | tee -a "$summary"
   save

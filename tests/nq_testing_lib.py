@@ -7,7 +7,7 @@ import ctypes
 import os
 from pathlib import Path
 
-from nanoqwen_rt.cuda_backend import NqSampling
+from nanoqwen_rt.backends.cuda.abi import NqSampling
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -255,7 +255,7 @@ def test_attention_prefill_vs_numpy(lib, n_heads, n_kv, D, n_pos, M):
 
 
 def _sample(lib, logits, temperature, top_k, top_p, seed, counter):
-    from nanoqwen_rt.cuda_backend import NqSampling
+    from nanoqwen_rt.backends.cuda.abi import NqSampling
     sp = NqSampling(temperature, top_k, top_p, seed)
     out = ctypes.c_int32(-1)
     logits = np.ascontiguousarray(logits, dtype=np.float32)

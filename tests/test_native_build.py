@@ -45,7 +45,7 @@ def _exported(path):
 
 
 def test_exports_every_abi_symbol(libpath):
-    from nanoqwen_rt.cuda_backend import EXPORTED_SYMBOLS
+    from nanoqwen_rt.backends.cuda.abi import EXPORTED_SYMBOLS
     exported = _exported(libpath)
     production = {s for s in EXPORTED_SYMBOLS if not s.startswith(TESTING_PREFIXES)}
     missing = (production | {"nq_model_check", "nq_abi_describe"}) - exported
