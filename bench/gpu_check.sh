@@ -3,7 +3,8 @@
 # and end-to-end benchmarks, compute-sanitizer; full logs under $OUT, a short table last.
 #   device: run(command="bash bench/gpu_check.sh [STEPS]", carry=[".whl", "nanoqwen_rt/lib", "build/lib"])
 #   (nanoqwen_rt/lib: the product library; build/lib: the testing library the kernel tests and benches load)
-# STEPS: comma list of sass,tests,kbench,abench,bench,ncu,sanitize,hf7b (default: all but abench; ncu needs bench).
+# STEPS: comma list of sass,tests,kbench,abench,bench,base,ncu,sanitize,hf7b (default: all but abench and base; ncu
+# and base need bench; base: the bench again with an earlier tree carried in .base/, see the step).
 # The kernels that lost are timed by csrc/dev programs: `make -C csrc/dev` then build/dev/<name>.
 # Wheels for packages the image lacks (crc32c, ...) are read from .whl/ (README "Notes" of the device tool).
 set -uo pipefail
@@ -15,7 +16,7 @@ has() { [[ ",$steps," == *",$1,"* ]]; }
 summary="$LOG/summary.txt"; : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
 save() { cp "$summary" "$LOG"/*.json "$OUT"/ 2>/dev/null; }   # after every step: a run cut short keeps its results
-export PYTHONUNBUFFERED=1 NANOQWEN_COMMIT="$(cat .commit 2>/dev/null || echo unknown)"
+export PYTHONUNBUFFERED=1 NANOQWEN_COMMIT="${NANOQWEN_COMMIT:-$(cat .commit 2>/dev/null || echo unknown)}"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     > "$LOG/pip.log" 2>&1 || { note "pip install of .whl failed"; cat "$LOG/pip.log"; }
@@ -75,6 +76,17 @@ if has bench; then
   timeout 240 python3 -m nanoqwen_bench /tmp/q7b.nanoqwen --device cuda --json "$LOG/bench7b.json" \
     > "$LOG/bench7b.log" 2>&1
   note "bench 7B rc=$?"; tail -25 "$LOG/bench7b.log" | tee -a "$summary"
+  save
+fi
+if has base && [ -d "${NANOQWEN_BASE_DIR:-.base}" ]; then
+  # The same 7B bench with an earlier tree carried in NANOQWEN_BASE_DIR (default .base/: `git archive REV
+  # nanoqwen_rt nanoqwen_format nanoqwen_quant | tar -x` plus its own built nanoqwen_rt/lib), for before/after
+  # figures measured in one run on one machine.
+  base="${NANOQWEN_BASE_DIR:-.base}"
+  base_mod=nanoqwen_rt.bench; [ -d "$base/nanoqwen_bench" ] && base_mod=nanoqwen_bench
+  (cd "$base" && PYTHONPATH="/tmp/site:$PWD" timeout 200 python3 -m $base_mod /tmp/q7b.nanoqwen --no-peers \
+     --device cuda --json "$LOG/bench7b_base.json") > "$LOG/bench7b_base.log" 2>&1
+  note "bench 7B, base tree $(cat "$base/.commit" 2>/dev/null || echo '?') rc=$?: $(grep -E '^(TTFT|decode|load)' "$LOG/bench7b_base.log" | tr -s ' ' | tr '\n' ';')"
   save
 fi
 if has ncu; then
