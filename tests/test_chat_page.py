@@ -180,6 +180,7 @@ def test_chat_page_in_chromium(server, browser, engine):
         assert time.monotonic() < deadline, "the server did not cancel the generation after Stop"
         time.sleep(0.1)
     assert el("send").is_enabled() and not el("stop").is_enabled()
+    _screenshot(drv, "chat_page_stopped.png")
     stopped_text = answer()
     assert 0 < len(stopped_text.replace("(stopped)", "").strip())
 
@@ -228,3 +229,53 @@ def test_unreachable_server_is_a_message(browser, server, tmp_path):
     drv.find_element(By.ID, "send").click()
     WebDriverWait(drv, HANG_GUARD_S).until(
         lambda d: "Cannot reach the server" in d.find_element(By.CSS_SELECTOR, ".msg.error").text)
+
+
+def _open_with_key(drv, server):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    drv.get(server + "/")
+    wait = WebDriverWait(drv, HANG_GUARD_S, poll_frequency=0.05)
+    wait.until(lambda d: d.find_element(By.ID, "key-form").is_displayed())
+    drv.find_element(By.ID, "api-key").send_keys(KEY)
+    drv.find_element(By.ID, "key-submit").click()
+    wait.until(lambda d: MODEL in d.find_element(By.ID, "model-info").text)
+    return wait
+
+
+def test_context_full_and_busy_are_messages(browser, server, engine):
+    """A 400 context_length_exceeded from the server reads as 'Context full'; a 429 is retried after its
+    Retry-After (the 429 is injected in the page: filling the server's queue from a test would be a race)."""
+    from selenium.webdriver.common.by import By
+    drv = browser
+    wait = _open_with_key(drv, server)
+    el = lambda i: drv.find_element(By.ID, i)      # noqa: E731
+
+    el("max-tokens").clear()
+    el("max-tokens").send_keys(str(engine.max_context + 1))
+    el("input").send_keys("hello")
+    el("send").click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".msg.error"))
+    err = drv.find_elements(By.CSS_SELECTOR, ".msg.error")[-1].text
+    assert err.startswith("Context full:") and str(engine.max_context) in err and "/reset" in err
+
+    drv.execute_script("""
+        const realFetch = window.fetch; window.sentAfter429 = null;
+        window.fetch = (url, opts) => {
+          if (String(url).endsWith("chat/completions") && window.sentAfter429 === null) {
+            window.sentAfter429 = 0;
+            return Promise.resolve(new Response('{"error": {"message": "busy", "code": "queue_full"}}',
+                                                {status: 429, headers: {"Retry-After": "2"}}));
+          }
+          if (window.sentAfter429 === 0) window.sentAfter429 = performance.now();
+          return realFetch(url, opts);
+        };
+        window.t429 = performance.now();""")
+    el("max-tokens").clear()
+    el("max-tokens").send_keys("4")
+    el("input").send_keys("hello again")
+    el("send").click()
+    wait.until(lambda d: "busy (429)" in el("banner").text and "2 s" in el("banner").text)
+    wait.until(lambda d: el("send").is_enabled() and drv.execute_script("return state.history.length") == 2)
+    waited_ms = drv.execute_script("return window.sentAfter429 - window.t429")
+    assert waited_ms >= 2000, f"retried after {waited_ms} ms, before the server's Retry-After of 2 s"
