@@ -279,3 +279,15 @@ def test_context_full_and_busy_are_messages(browser, server, engine):
     wait.until(lambda d: el("send").is_enabled() and drv.execute_script("return state.history.length") == 2)
     waited_ms = drv.execute_script("return window.sentAfter429 - window.t429")
     assert waited_ms >= 2000, f"retried after {waited_ms} ms, before the server's Retry-After of 2 s"
+
+    # Stop while waiting out a 429: the question is withdrawn (not answered, not kept in the history).
+    drv.execute_script("window.sentAfter429 = null;")
+    el("input").send_keys("a third question")
+    el("send").click()
+    wait.until(lambda d: "busy (429)" in el("banner").text)
+    el("stop").click()
+    wait.until(lambda d: "not sent" in d.find_elements(By.CSS_SELECTOR, ".msg.user")[-1].text)
+    assert el("send").is_enabled() and not el("banner").is_displayed()
+    assert drv.execute_script("return state.history.length") == 2
+    time.sleep(2.5)                                           # past the Retry-After: no retry goes out
+    assert drv.execute_script("return window.sentAfter429") == 0

@@ -102,7 +102,15 @@ function resetConversation() {
 }
 
 function stop() {
-  if (state.retryTimer) { clearTimeout(state.retryTimer); state.retryTimer = null; setBusy(false); banner(""); }
+  if (state.retryTimer) {                       // waiting out a 429: the question is withdrawn, not answered
+    clearTimeout(state.retryTimer);
+    state.retryTimer = null;
+    state.history.pop();
+    const asked = document.querySelectorAll(".msg.user");
+    if (asked.length) note(asked[asked.length - 1], "(not sent: stopped while the server was busy)");
+    setBusy(false);
+    banner("");
+  }
   if (state.controller) state.controller.abort();
 }
 
