@@ -384,11 +384,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     ap.add_argument("--json", help="also write the result dict here")
+    ap.add_argument("--plot", help="also draw the run's figures here (.png/.svg/.pdf; needs matplotlib)")
     a = ap.parse_args(argv)
     from nanoqwen_format import NanoqwenFormatError
 
     from nanoqwen_rt.engine import EngineError
+    from .plot import check_output_path, plot, require_matplotlib
     try:
+        if a.plot:            # before the run: a missing matplotlib or a bad path should not cost a whole bench
+            check_output_path(a.plot)
+            require_matplotlib()
         res = run_bench(a.file, a.prompt_tokens, a.new_tokens, peers=not a.no_peers, device=a.device,
                         repeats=a.repeats)
     except (BenchError, EngineError, NanoqwenFormatError) as e:
@@ -397,6 +402,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         write_json_atomic(a.json, res)
     print(format_table(res))
+    if a.plot:                # after the table and the JSON: a plotting failure loses no measurement
+        try:
+            plot(res, a.plot)
+        except BenchError as e:
+            print(f"nanoqwen bench: {e}", file=sys.stderr)
+            return 2
     return 0
 
 

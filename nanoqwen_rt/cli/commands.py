@@ -277,7 +277,9 @@ def info(file, as_json, no_verify):
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the full result dict to this JSON file.")
-def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out):
+@click.option("--plot", "plot_out", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also draw the run's figures to this .png/.svg/.pdf (needs matplotlib: nanoqwen[plot]).")
+def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out, plot_out):
     """Benchmark FILE: load time, TTFT, decode tokens/s and bytes per token of the Engine; with CUDA also the
     bandwidth ceilings, MBU and the torch int4 / cuBLAS fp16 peers (skipped, with the reason, without CUDA).
     """
@@ -288,6 +290,10 @@ def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out):
         sys.exit(2)
     _require_file(file)
     try:
+        if plot_out:          # before the run: a missing matplotlib or a bad path should not cost a whole bench
+            from nanoqwen_bench.plot import check_output_path, plot, require_matplotlib
+            check_output_path(plot_out)
+            require_matplotlib()
         result = run_bench(file, prompt_tokens, new_tokens, peers=not no_peers, device=device, repeats=repeats)
     except BenchError as e:
         click.echo(f"nanoqwen bench: error: {_flat(e)}", err=True)
@@ -297,6 +303,12 @@ def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out):
     if json_out:
         write_json_atomic(json_out, result)
     click.echo(format_table(result))
+    if plot_out:              # after the table and the JSON: a plotting failure loses no measurement
+        try:
+            plot(result, plot_out)
+        except BenchError as e:
+            click.echo(f"nanoqwen bench: error: {_flat(e)}", err=True)
+            sys.exit(2)
 
 
 @main.command()

@@ -1,6 +1,6 @@
 """OpenAI-compatible HTTP server over one Engine: starlette routes, sse-starlette streaming, uvicorn.
 
-Routes: GET /health, GET /metrics (Prometheus text), GET /v1/models[/{id}], POST /v1/completions,
+Routes: GET / (the chat page, static/index.html; its files under /static), GET /health, GET /metrics (Prometheus text), GET /v1/models[/{id}], POST /v1/completions,
 POST /v1/chat/completions (both with `"stream": true` → SSE chunks ending in `data: [DONE]`).
 
 Concurrency model: one sequence generates at a time. Requests wait in a bounded FIFO (`queue.py`); a full
@@ -20,14 +20,16 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from .adapter import EngineAdapter
 from .metrics import ServerMetrics
@@ -44,6 +46,8 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 RETRY_AFTER_S = 1
 # Status recorded (and sent, to nobody) when the client left before its answer was ready (nginx's convention).
 CLIENT_CLOSED_STATUS = 499
+# The chat page (plain HTML/CSS/JS, shipped as package data): no secret in it, so served without the API key.
+STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 
 class ClientGone(Exception):
@@ -320,7 +324,12 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
         finally:
             srv.worker.stop(timeout=5.0)
 
+    async def chat_page(request):
+        return FileResponse(STATIC_DIR / "index.html")
+
     routes = [
+        Route("/", chat_page, methods=["GET"]),
+        Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
