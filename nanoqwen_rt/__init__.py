@@ -5,11 +5,11 @@ cuda/: ctypes binding of libnanoqwen) with sampling.py, tokenizer.py, rope.py be
 server and cli/ the `nanoqwen` command, both over the Engine. docs/architecture.md has the map.
 """
 from .backends.base import Backend, BackendError, ContextFull
-from .engine import (ChatError, DeviceUnavailable, EmptyPrompt, Engine, EngineClosed, EngineError,
-                     GenerationChunk, GenerationStats, InvalidArgument, NoTokenizer, PromptTooLong,
+from .engine import (ChatError, DeviceUnavailable, EmptyPrompt, Engine, EngineBusy, EngineClosed,
+                     EngineError, GenerationChunk, GenerationStats, InvalidArgument, NoTokenizer, PromptTooLong,
                      TokenIdOutOfRange)
 from .sampling import SamplingParams
 
 __all__ = ["Engine", "GenerationChunk", "GenerationStats", "EngineError", "InvalidArgument", "PromptTooLong",
-           "EmptyPrompt", "TokenIdOutOfRange", "DeviceUnavailable", "EngineClosed", "NoTokenizer", "ChatError",
+           "EmptyPrompt", "TokenIdOutOfRange", "DeviceUnavailable", "EngineClosed", "EngineBusy", "NoTokenizer", "ChatError",
            "Backend", "BackendError", "ContextFull", "SamplingParams"]

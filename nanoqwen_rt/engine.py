@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
@@ -26,7 +27,8 @@ from .sampling import InvalidSamplingParams, SamplingParams
 from .tokenizer import ChatTemplateError, Tokenizer, TokenizerError
 
 __all__ = ["Engine", "GenerationChunk", "GenerationStats", "EngineError", "PromptTooLong", "EmptyPrompt",
-           "InvalidArgument", "DeviceUnavailable", "EngineClosed", "NoTokenizer", "ChatError", "TokenIdOutOfRange"]
+           "InvalidArgument", "DeviceUnavailable", "EngineClosed", "EngineBusy", "NoTokenizer", "ChatError",
+           "TokenIdOutOfRange"]
 
 
 # -- errors ---------------------------------------------------------------------------------------------
@@ -56,6 +58,11 @@ class DeviceUnavailable(EngineError):
 
 class EngineClosed(EngineError):
     """The engine was used after close()."""
+
+
+class EngineBusy(EngineError):
+    """A generation (or logits call) started while another one of the same Engine is live. An Engine holds ONE
+    sequence: finish, close() or drop the live generator first, or give each thread its own Engine."""
 
 
 class NoTokenizer(EngineError):
@@ -111,7 +118,12 @@ DEVICES = ("auto", "cpu", "cuda")
 
 
 class Engine:
-    """One model file, one backend, one sequence at a time (not thread-safe: the server serialises calls)."""
+    """One model file, one backend, one sequence at a time.
+
+    Sharing is refused, never silently wrong: while a generator returned by generate()/chat() is live (not yet
+    exhausted, closed or garbage-collected), or a logits() call runs, any other generate/chat/logits call (this
+    thread or another) raises EngineBusy. The server serialises calls through its worker thread.
+    """
 
     def __init__(self, path: str | os.PathLike, device: str = "auto", max_context: int | None = None,
                  verify_checksums: bool = True):
@@ -121,6 +133,9 @@ class Engine:
         self.path = os.fspath(path)
         self._file = open_file(self.path, verify_checksums=verify_checksums)   # raises NanoqwenFormatError
         self._closed = False
+        # Held while one sequence uses the backend (a live generation or a logits call); released by whichever
+        # thread ends it (a threading.Lock, not an RLock: a generator may be finished on another thread or by GC).
+        self._sequence = threading.Lock()
         self.backend: Backend | None = None
         #: why device="auto" runs on the CPU (None when it runs on CUDA or the CPU was asked for)
         self.cpu_reason: str | None = None
@@ -181,6 +196,13 @@ class Engine:
             raise EngineClosed("the engine is closed")
         return self.backend
 
+    def _claim_sequence(self) -> None:
+        """Take the engine's one sequence, or raise EngineBusy (never waits: a wait could deadlock a thread that
+        holds the live generator itself)."""
+        if not self._sequence.acquire(blocking=False):
+            raise EngineBusy("this Engine is already generating (a live generator, or a call on another thread): "
+                             "finish or close() that generator first, or use one Engine per thread")
+
     @property
     def max_context(self) -> int:
         return self._check_open().max_context
@@ -217,8 +239,12 @@ class Engine:
         """float32 (len(ids), vocab_rows) logits of every position of a fresh sequence (for tests)."""
         be = self._check_open()
         arr = self.encode(list(ids) if not isinstance(ids, np.ndarray) else ids)
-        with _named_input_errors():
-            return be.logits_all(arr)
+        self._claim_sequence()
+        try:
+            with _named_input_errors():
+                return be.logits_all(arr)
+        finally:
+            self._sequence.release()
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: Iterable[str] | None = None,
@@ -257,10 +283,16 @@ class Engine:
                     raise InvalidArgument(f"stop_token_ids must be integers, found {t!r}")
                 stop_ids.add(int(t))
         ids = self.encode(prompt)
-        with _named_input_errors():      # the backend checks ids and the context (eagerly, at this call)
-            token_iter = be.generate_ids(ids, params, int(max_new_tokens), stop_ids)
+        self._claim_sequence()
+        try:
+            with _named_input_errors():      # the backend checks ids and the context (eagerly, at this call)
+                token_iter = be.generate_ids(ids, params, int(max_new_tokens), stop_ids)
+        except BaseException:
+            self._sequence.release()
+            raise
         self.stats = GenerationStats(prompt_tokens=int(ids.shape[0]))
-        return self._stream(token_iter, ids.shape[0], int(max_new_tokens), be.max_context, stop_ids, stops_s, t0)
+        return _Generation(self, self._stream(token_iter, ids.shape[0], int(max_new_tokens), be.max_context,
+                                              stop_ids, stops_s, t0))
 
     def chat(self, messages: Sequence[dict], **kw) -> Iterator[GenerationChunk]:
         """Apply the file's chat template (with the generation prompt) and generate(); same keyword arguments."""
@@ -324,6 +356,48 @@ class Engine:
             if t_first is not None:
                 st.decode_s = t_last - t_first
             st.finish_reason = finish
+
+
+class _Generation:
+    """The iterator generate() returns: it holds the Engine's sequence until it is exhausted, closed, fails or is
+    garbage-collected (a plain generator that was never started runs no `finally` when dropped, so the
+    release lives here)."""
+
+    def __init__(self, engine: Engine, chunks: Iterator[GenerationChunk]):
+        self._engine = engine
+        self._chunks = chunks
+        self._live = True
+
+    def __iter__(self) -> "_Generation":
+        return self
+
+    def __next__(self) -> GenerationChunk:
+        if not self._live:
+            raise StopIteration
+        if self._engine._closed:
+            self.close()
+            raise EngineClosed("the engine was closed during this generation")
+        try:
+            return next(self._chunks)
+        except BaseException:        # StopIteration, an error, Ctrl-C: the generation is over either way
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the generation now and free the engine for the next one. Idempotent."""
+        if not self._live:
+            return
+        self._live = False
+        try:
+            self._chunks.close()
+        finally:
+            self._engine._sequence.release()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
 
 
 @contextlib.contextmanager

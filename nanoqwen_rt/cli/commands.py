@@ -416,6 +416,8 @@ def _chat_loop(eng, system: str | None, kwargs: dict) -> None:
             sys.stdout.write("\n")
             click.echo(f"(error: {type(e).__name__}: {_flat(e)})", err=True)
             continue
+        finally:
+            chunks.close()       # a stopped answer frees the engine for the next turn
         sys.stdout.write("\n")
         sys.stdout.flush()
         click.echo(_stats_line(eng, n_prompt), err=True)
