@@ -217,12 +217,17 @@ class Engine:
 
     # -- inputs ---------------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> np.ndarray:
-        """str → ids via the file's tokenizer; a list of ints is type-checked and passed through. int64 (n,);
-        the range of the ids is checked by the backend (Backend.prefill/generate_ids), once."""
+        """str → ids via the file's tokenizer (with the BOS id first when its config says add_bos_token, as
+        transformers does); a list of ints is type-checked and passed through as is. int64 (n,); the range of
+        the ids is checked by the backend (Backend.prefill/generate_ids), once. Text that is not valid Unicode
+        (a lone surrogate) is an InvalidArgument."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise NoTokenizer("this file has no tokenizer: pass token ids instead of text")
-            ids = self.tokenizer.encode(prompt)
+            try:
+                ids = self.tokenizer.encode(prompt, add_bos=True)
+            except TokenizerError as e:
+                raise InvalidArgument(f"prompt: {e}") from None
         elif isinstance(prompt, (list, tuple, np.ndarray)):
             ids = list(prompt)
             for i in ids:

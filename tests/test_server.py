@@ -332,3 +332,32 @@ def test_burst_larger_than_queue(server, client, engine):
     # the server stays up and serves the next request
     assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0).choices[0].text \
         == expected
+
+
+# A near-limit prompt used to hold the event loop 11-15 s while it was tokenized; refused by its length it takes
+# a JSON parse. Generous for a loaded 2-core CI machine, far below the old stall.
+NEAR_LIMIT_REFUSAL_S = 5.0
+
+
+def test_near_limit_prompt_is_a_fast_400_and_health_answers_meanwhile(server):
+    from nanoqwen_rt.serve.app import MAX_BODY_BYTES
+    prompt = "def f(x):\n    return x\n" * ((MAX_BODY_BYTES - 4096) // 26)     # 26 bytes each as JSON
+    result = {}
+
+    def post():
+        t0 = time.monotonic()
+        r = httpx.post(server + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                       json={"model": MODEL, "prompt": prompt, "max_tokens": 1}, timeout=HANG_GUARD_S)
+        result["status"], result["s"], result["body"] = r.status_code, time.monotonic() - t0, r.json()
+
+    t = threading.Thread(target=post)
+    t.start()
+    health = []
+    while t.is_alive():
+        t0 = time.monotonic()
+        health.append((httpx.get(server + "/health", timeout=HANG_GUARD_S).status_code, time.monotonic() - t0))
+        time.sleep(0.05)
+    t.join()
+    assert result["status"] == 400 and result["body"]["error"]["code"] == "context_length_exceeded"
+    assert result["s"] < NEAR_LIMIT_REFUSAL_S, result
+    assert health and all(code == 200 and s < NEAR_LIMIT_REFUSAL_S for code, s in health), health

@@ -32,8 +32,9 @@ class _Chunk:
 class _FakeTokenizer:
     """One token per whitespace-separated word (enough to count and to template)."""
     chat_template = "fake"
+    max_token_chars = 32          # the server's prompt length cut: CONTEXT * 32 characters
 
-    def encode(self, text):
+    def encode(self, text, add_bos=False):
         return [len(w) for w in text.split()]
 
     def apply_chat_template(self, messages, add_generation_prompt=True):
@@ -358,3 +359,24 @@ def test_body_size_limit(client, monkeypatch):
     _err(client.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"}), 413,
          "request_too_large")
     assert client.post("/v1/completions", json={"model": MODEL, "prompt": "ok", "max_tokens": 1}).status_code == 200
+
+
+# ------------------------------------------------------------------ hostile bodies
+
+
+def test_prompt_longer_than_any_fitting_prompt_is_refused_before_tokenizing(client, fake):
+    calls = []
+    real = fake.tokenizer.encode
+    fake.tokenizer.encode = lambda text, add_bos=False: calls.append(len(text)) or real(text)
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x" * (CONTEXT * 32 + 1)})
+    _err(r, 400, code="context_length_exceeded", param="prompt")
+    assert calls == []                       # refused by length: the tokenizer never saw it
+    r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": [
+        {"role": "user", "content": "y" * (CONTEXT * 32)}]})
+    _err(r, 400, code="context_length_exceeded", param="messages")
+
+
+def test_deeply_nested_json_is_a_400(client):
+    body = b"[" * 100_000 + b"]" * 100_000
+    r = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    _err(r, 400, code="invalid_json")

@@ -21,10 +21,11 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 
+import anyio
+import anyio.to_thread
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -40,6 +41,8 @@ log = logging.getLogger("nanoqwen.server")
 DEFAULT_QUEUE_SIZE = 8
 # Bodies above this are refused (413) before parsing: a prompt this long cannot fit any context we serve anyway.
 MAX_BODY_BYTES = 8 * 1024 * 1024
+# Requests whose prompt is prepared (chat template, tokenization) at the same time; see _Server.prepare_limiter.
+PREPARE_CONCURRENCY = 1
 # Seconds a 429'd client should wait; one short generation on the reference CPU backend.
 RETRY_AFTER_S = 1
 # Status recorded (and sent, to nobody) when the client left before its answer was ready (nginx's convention).
@@ -64,6 +67,9 @@ class _Server:
         self.metrics = ServerMetrics()
         self.worker = GenerationWorker(queue_size, self.metrics)
         self.created = int(time.time())
+        # Prompt preparation (template + tokenization) runs on threadpool threads, at most this many at once:
+        # tokenizing holds the GIL, so parallel ones would only add memory, not speed.
+        self._prepare_limiter: anyio.CapacityLimiter | None = None     # made on the event loop, at first use
 
     # ------------------------------------------------------------ plumbing
 
@@ -89,6 +95,8 @@ class _Server:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+        except RecursionError:
+            raise ApiError(400, "the request body is nested too deeply to parse", code="invalid_json") from None
 
     def submit(self, prompt_tokens: int, start) -> tuple[Job, asyncio.Queue]:
         """Queue a job whose events land in the returned asyncio queue (thread-safe hand-off)."""
@@ -112,6 +120,12 @@ class _Server:
 
     # ------------------------------------------------------------ generation
 
+    async def prepare_off_loop(self, req: CompletionRequest | ChatRequest):
+        """prepare() on a threadpool thread, at most PREPARE_CONCURRENCY at once."""
+        if self._prepare_limiter is None:
+            self._prepare_limiter = anyio.CapacityLimiter(PREPARE_CONCURRENCY)
+        return await anyio.to_thread.run_sync(self.prepare, req, limiter=self._prepare_limiter)
+
     def prepare(self, req: CompletionRequest | ChatRequest):
         """Tokenize, check the context budget and return (prompt_tokens, start-callable)."""
         eng = self.engine
@@ -120,7 +134,7 @@ class _Server:
             prompt, param = eng.render_chat(req.messages), "messages"
         else:
             prompt, param = req.prompt, "prompt"
-        n_prompt = eng.count_tokens(prompt)
+        n_prompt = eng.count_tokens(prompt, param)
         if n_prompt == 0:
             raise ApiError(400, f"'{param}' is empty: the prompt must encode to at least one token", param=param,
                            code="invalid_value")
@@ -268,7 +282,7 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
     @endpoint("/v1/completions")
     async def completions(request):
         req = parse_completion(await srv.read_json(request), srv.model_name)
-        n_prompt, start = await run_in_threadpool(srv.prepare, req)      # tokenizing: off the event loop
+        n_prompt, start = await srv.prepare_off_loop(req)      # tokenizing: off the event loop
         job, events = srv.submit(n_prompt, start)
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
@@ -287,7 +301,7 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
     @endpoint("/v1/chat/completions")
     async def chat_completions(request):
         req = parse_chat(await srv.read_json(request), srv.model_name)
-        n_prompt, start = await run_in_threadpool(srv.prepare, req)
+        n_prompt, start = await srv.prepare_off_loop(req)      # tokenizing: off the event loop
         job, events = srv.submit(n_prompt, start)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
