@@ -253,3 +253,9 @@ def test_second_thread_refused_while_one_generates(eng):
     t.join()
     assert len(errors) == 1
     g.close()
+
+
+def test_lone_surrogate_prompt_is_invalid_argument(eng):
+    with pytest.raises(InvalidArgument, match="surrogate"):
+        eng.generate("def \ud800(", max_new_tokens=2)
+    assert len(list(eng.generate(PROMPT, max_new_tokens=2, stop_token_ids=[]))) == 2   # the engine is free
