@@ -380,3 +380,43 @@ def test_deeply_nested_json_is_a_400(client):
     body = b"[" * 100_000 + b"]" * 100_000
     r = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
     _err(r, 400, code="invalid_json")
+
+
+def test_retry_after_follows_the_queue():
+    """Retry-After = (waiting + running) × mean recent run time, rounded up, bounded: not a fixed 1 s."""
+    from nanoqwen_rt.serve.queue import RETRY_AFTER_MAX_S, RETRY_AFTER_MIN_S, GenerationWorker, Job
+    w = GenerationWorker(8, ServerMetrics())
+    assert w.retry_after_s() == RETRY_AFTER_MIN_S                  # nothing ran yet, nothing waits
+    w._recent_s.extend([2.0, 4.0])                                 # mean 3 s per job
+    for i in range(5):
+        w.submit(Job(lambda: iter(()), lambda ev: None, 1))
+    assert w.retry_after_s() == 15                                 # 5 ahead × 3 s
+    w._recent_s.extend([100.0] * 16)
+    assert w.retry_after_s() == RETRY_AFTER_MAX_S
+
+
+def test_shutdown_ends_a_live_stream_with_an_error_event_and_done(fake):
+    """SIGINT/SIGTERM under uvicorn sets sse-starlette's AppStatus.should_exit; a stream that is still generating
+    then closes with an OpenAI error event and [DONE] instead of being cut."""
+    from sse_starlette.sse import AppStatus
+    fake.gate = threading.Semaphore(1)                      # one token, then the generation blocks
+    app = create_app(fake, model_name=MODEL, queue_size=2)
+    try:
+        with TestClient(app) as c, c.stream("POST", "/v1/completions", json={
+                "model": MODEL, "prompt": "p", "max_tokens": 50, "stream": True}) as r:
+            lines = r.iter_lines()
+            data = []
+            for line in lines:
+                if line.startswith("data: "):
+                    data.append(line[len("data: "):])
+                    break                                   # the first token arrived: the stream is live
+            AppStatus.should_exit = True
+            data += [line[len("data: "):] for line in lines if line.startswith("data: ")]
+            fake.gate.release()
+    finally:
+        AppStatus.should_exit = False
+        for _ in range(60):
+            fake.gate.release()
+    assert json.loads(data[0])["choices"][0]["text"] == " w0"
+    assert data[-1] == "[DONE]"
+    assert json.loads(data[-2])["error"]["code"] == "server_shutdown"

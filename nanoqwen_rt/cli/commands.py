@@ -22,6 +22,11 @@ from .line_reader import input_function
 DEFAULT_MAX_NEW_TOKENS = 128
 DEFAULT_CHAT_MAX_NEW_TOKENS = 512
 EXIT_INTERRUPTED = 130       # 128 + SIGINT, the shell convention
+# serve: seconds a client has for a request's headers, then for its body (slow clients must not hold a
+# connection forever); a real client sends either in one write, so 30 s only ever cuts the stuck.
+DEFAULT_READ_TIMEOUT_S = 30.0
+# serve: seconds an idle keep-alive connection stays open (uvicorn's default).
+DEFAULT_KEEP_ALIVE_S = 5
 
 
 class _OneLineErrors(click.Group):
@@ -149,6 +154,17 @@ def _check_can_listen(host: str, port: int) -> None:
             s.bind(addr)
         except OSError as e:
             raise _fail(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def _is_loopback(host: str) -> bool:
+    """True when every address `host` names is a loopback one (127.0.0.0/8, ::1, "localhost")."""
+    import ipaddress
+    import socket
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
 
 
 # ------------------------------------------------------------------ commands
@@ -314,7 +330,13 @@ def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out):
               help="KV-cache size in tokens (default: the model's max positions).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
-def serve(file, host, port, api_key, queue_size, model_name, device, max_context, log_level):
+@click.option("--read-timeout", type=click.FloatRange(min=0.1, max=3600), default=DEFAULT_READ_TIMEOUT_S,
+              show_default=True, metavar="SECONDS",
+              help="A client must send a request's headers, and then its body, within this many seconds each.")
+@click.option("--keep-alive-timeout", type=click.IntRange(min=1, max=3600), default=DEFAULT_KEEP_ALIVE_S,
+              show_default=True, metavar="SECONDS", help="Close an idle keep-alive connection after this long.")
+def serve(file, host, port, api_key, queue_size, model_name, device, max_context, log_level, read_timeout,
+          keep_alive_timeout):
     """Serve FILE over an OpenAI-compatible HTTP API.
 
     \b
@@ -325,8 +347,9 @@ def serve(file, host, port, api_key, queue_size, model_name, device, max_context
     """
     import uvicorn
 
-    from ..serve.app import create_app
+    from ..serve.app import GRACEFUL_SHUTDOWN_S, create_app
     from ..serve.adapter import default_model_name
+    from ..serve.protocol import HeaderDeadlineH11Protocol
     if api_key is not None and not api_key.strip():
         raise click.BadParameter("must not be empty", param_hint="'--api-key'")
     if model_name is not None and not model_name.strip():
@@ -336,15 +359,20 @@ def serve(file, host, port, api_key, queue_size, model_name, device, max_context
     eng = _open(file, device, max_context)
     try:
         app = create_app(eng, model_name=model_name or default_model_name(file), api_key=api_key,
-                         queue_size=queue_size)
+                         queue_size=queue_size, body_timeout_s=read_timeout)
     except LoadError as e:
         eng.close()
         raise _fail(str(e)) from None
     click.echo(f"[nanoqwen] serving {file} as '{model_name or default_model_name(file)}' on "
                f"http://{host}:{port} (device={eng.device}, context={eng.max_context}, queue={queue_size})",
                err=True)
+    if api_key is None and not _is_loopback(host):
+        click.echo(f"[nanoqwen] warning: listening on {host} without --api-key: anyone who can reach this "
+                   f"port can use the model", err=True)
     try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                    http=HeaderDeadlineH11Protocol.with_timeout(read_timeout),
+                    timeout_keep_alive=keep_alive_timeout)
     finally:
         # Free the engine only once the worker thread is gone: closing it under a running call (a stuck
         # prefill) could crash; the process is exiting anyway then.
