@@ -345,3 +345,58 @@ def test_run_ctrl_c_prints_what_it_has_and_exits_130(model_path, engine, monkeyp
                                                range(2)))
     assert r.stdout == first_two + "\n"
     assert "finish=interrupted" in r.stderr and "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------ every command, bad input, a real process
+
+def _bad_input_table(model, notes, missing):
+    """(args, stdin bytes, stdout to /dev/full?, expected exit code)."""
+    return [
+        (["run", model, "-p", "-"], b"def \xff(", False, 1),                  # invalid UTF-8 on stdin
+        (["run", model, "-p", "def f(\udcff)"], None, False, 1),               # undecodable argv → lone surrogate
+        (["run", model, "-p", "x", "-n", "3"], None, True, 1),                 # output to a full device
+        (["run", model, "-p", "x", "--threads", "-3"], None, False, 2),
+        (["run", model, "-p", "x", "--max-new-tokens", "-3"], None, False, 2),
+        (["run", missing, "-p", "x"], None, False, 1),
+        (["chat", model, "--top-p", "2"], None, False, 2),
+        (["chat", notes], None, False, 1),
+        (["info", missing], None, False, 1),
+        (["info", model], None, True, 1),                                      # output to a full device
+        (["bench", model, "--json", "/missing/dir/x.json"], None, False, 2),  # refused before the benchmark
+        (["bench", notes], None, False, 1),
+        (["serve", model, "--port", "70000"], None, False, 2),
+        (["serve", model, "--read-timeout", "-1"], None, False, 2),
+        (["serve", notes, "--port", "1"], None, False, 1),
+        (["no-such-command"], None, False, 2),
+    ]
+
+
+def test_every_command_with_bad_input_prints_one_line_and_fails(model_path, bad_files):
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:surrogateescape"}
+    for args, stdin, to_full, code in _bad_input_table(model_path, str(bad_files / "notes.txt"),
+                                                        str(bad_files / "nope.nanoqwen")):
+        argv = [a.encode("utf-8", "surrogateescape") for a in [sys.executable, "-m", "nanoqwen_rt.cli", *args]]
+        with open("/dev/full", "wb") as full:
+            p = subprocess.run(argv, input=stdin if stdin is not None else b"", stdout=full if to_full else
+                               subprocess.PIPE, stderr=subprocess.PIPE, timeout=HANG_GUARD_S, env=env)
+        err = p.stderr.decode("utf-8", "replace")
+        # `run` reports its device/prompt on stderr before it writes (the full-device cases): a status line,
+        # not an error line
+        lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("[nanoqwen] ")]
+        assert "Traceback" not in err, (args, err)
+        assert len(lines) == 1, (args, err)
+        assert p.returncode == code, (args, p.returncode, err)
+
+
+def test_ctrl_c_during_start_up_has_no_traceback(model_path):
+    """SIGINT while the command is still importing / loading: one line (or killed before Python's handler
+    exists), never a traceback."""
+    for delay in (0.05, 0.3, 0.8):
+        p = subprocess.Popen([sys.executable, "-m", "nanoqwen_rt.cli", "run", model_path, "-p", "x", "-n", "2000"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(delay)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=HANG_GUARD_S)
+        text = err.decode("utf-8", "replace")
+        assert "Traceback" not in text, (delay, text)
+        assert p.returncode in (cli.EXIT_INTERRUPTED, -signal.SIGINT), (delay, p.returncode, text)

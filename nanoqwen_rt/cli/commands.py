@@ -50,7 +50,33 @@ class _OneLineErrors(click.Group):
         except (click.exceptions.Abort, KeyboardInterrupt):
             click.echo("\nnanoqwen: interrupted", err=True)
             sys.exit(EXIT_INTERRUPTED)
+        except OSError as e:      # writing the output failed (a full device, a closed pipe), or a file we write
+            where = "cannot write the output: " if _quiet_broken_stdout() else ""
+            click.echo(f"nanoqwen: error: {where}{_os_error_text(e)}", err=True)
+            sys.exit(1)
         sys.exit(0)
+
+
+def _os_error_text(e: OSError) -> str:
+    where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+    return _flat(f"{where}{e.strerror or e}")
+
+
+def _quiet_broken_stdout() -> bool:
+    """If stdout cannot take more output, point it at /dev/null (so the interpreter's final flush does not print
+    a second, multi-line error) and return True."""
+    import os
+    try:
+        sys.stdout.flush()
+        return False
+    except OSError:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+        return True
 
 
 def _flat(text: str) -> str:
@@ -201,7 +227,7 @@ def run(file, prompt, as_chat, system, max_new_tokens, temperature, top_k, top_p
     if system is not None and not as_chat:
         raise click.UsageError("--system needs --chat")
     if prompt == "-":
-        prompt = sys.stdin.read()
+        prompt = _read_stdin_text()
     kwargs = _gen_kwargs(max_new_tokens, temperature, top_k, top_p, seed, stop)
     eng = _open(file, device, max_context)
     try:
@@ -236,6 +262,29 @@ def run(file, prompt, as_chat, system, max_new_tokens, temperature, top_k, top_p
             sys.exit(EXIT_INTERRUPTED)
     finally:
         eng.close()
+
+
+def _read_stdin_text() -> str:
+    """All of stdin as UTF-8 text; anything else is a one-line error naming the first bad byte."""
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _fail(f"the prompt on stdin is not valid UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} "
+                    f"({e.reason})") from None
+
+
+def _check_output_path(path: str, option: str) -> None:
+    """A file this command will write at the end: its folder must exist and be writable, and it must not be a
+    folder itself, checked before the (long) work so the work is not lost."""
+    import os
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise click.BadParameter(f"{path} is a directory", param_hint=option)
+    if not os.path.isdir(folder):
+        raise click.BadParameter(f"{path}: the folder {folder} does not exist", param_hint=option)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"{path}: the folder {folder} is not writable", param_hint=option)
 
 
 def _render_chat(eng, messages: list[dict]) -> str:
@@ -303,6 +352,8 @@ def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out):
         click.echo(f"nanoqwen bench: error: the nanoqwen_bench package cannot be imported: {_flat(e)}", err=True)
         sys.exit(2)
     _require_file(file)
+    if json_out:
+        _check_output_path(json_out, "'--json'")
     try:
         result = run_bench(file, prompt_tokens, new_tokens, peers=not no_peers, device=device, repeats=repeats)
     except BenchError as e:
