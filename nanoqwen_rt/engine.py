@@ -10,6 +10,9 @@ produced) and return an iterator of GenerationChunk: one chunk per generated tok
 multi-byte character or a possible stop-string prefix is held back); the last chunk has finish_reason "stop"
 (stop id or stop string; the stop string / stop token text is never included) or "length" (max_new_tokens
 reached or the context is full). Closing the iterator early is fine; `stats` then describes what ran.
+
+One Engine runs one sequence: while a generator from generate()/chat() is live (not exhausted, closed or
+garbage-collected), another generate/chat/logits call raises EngineBusy, from any thread.
 """
 from __future__ import annotations
 
