@@ -20,6 +20,7 @@ import contextlib
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
@@ -139,6 +140,10 @@ class Engine:
         # Held while one sequence uses the backend (a live generation or a logits call); released by whichever
         # thread ends it (a threading.Lock, not an RLock: a generator may be finished on another thread or by GC).
         self._sequence = threading.Lock()
+        # Held while a backend call computes (one generation step, a logits call): close() waits for it, so the
+        # file and device memory are never freed under a running step of another thread.
+        self._step = threading.Lock()
+        self._live_generation: weakref.ref | None = None   # the generator holding the sequence, if any
         self.backend: Backend | None = None
         #: why device="auto" runs on the CPU (None when it runs on CUDA or the CPU was asked for)
         self.cpu_reason: str | None = None
@@ -174,10 +179,19 @@ class Engine:
 
     # -- lifetime -------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Free the backend and unmap the file. Idempotent."""
+        """Free the backend and unmap the file. Idempotent. Waits for a step another thread is computing (one
+        token); a generator still live afterwards raises EngineClosed on its next step."""
         if getattr(self, "_closed", True) and self.backend is None and getattr(self, "_file", None) is None:
             return
+        step = getattr(self, "_step", None)
+        with step if step is not None else contextlib.nullcontext():
+            self._close_now()
+
+    def _close_now(self) -> None:
         self._closed = True
+        live = self._live_generation() if getattr(self, "_live_generation", None) is not None else None
+        if live is not None:
+            live.close()            # stops its backend stream (CUDA: the nq_generate thread) before the free
         if self.backend is not None:
             self.backend.close()
             self.backend = None
@@ -249,7 +263,8 @@ class Engine:
         arr = self.encode(list(ids) if not isinstance(ids, np.ndarray) else ids)
         self._claim_sequence()
         try:
-            with _named_input_errors():
+            with self._step, _named_input_errors():
+                self._check_open()
                 return be.logits_all(arr)
         finally:
             self._sequence.release()
@@ -299,8 +314,10 @@ class Engine:
             self._sequence.release()
             raise
         self.stats = GenerationStats(prompt_tokens=int(ids.shape[0]))
-        return _Generation(self, self._stream(token_iter, ids.shape[0], int(max_new_tokens), be.max_context,
-                                              stop_ids, stops_s, t0))
+        gen = _Generation(self, self._stream(token_iter, ids.shape[0], int(max_new_tokens), be.max_context,
+                                             stop_ids, stops_s, t0))
+        self._live_generation = weakref.ref(gen)
+        return gen
 
     def chat(self, messages: Sequence[dict], **kw) -> Iterator[GenerationChunk]:
         """Apply the file's chat template (with the generation prompt) and generate(); same keyword arguments."""
@@ -382,11 +399,11 @@ class _Generation:
     def __next__(self) -> GenerationChunk:
         if not self._live:
             raise StopIteration
-        if self._engine._closed:
-            self.close()
-            raise EngineClosed("the engine was closed during this generation")
         try:
-            return next(self._chunks)
+            with self._engine._step:
+                if self._engine._closed:
+                    raise EngineClosed("the engine was closed during this generation")
+                return next(self._chunks)
         except BaseException:        # StopIteration, an error, Ctrl-C: the generation is over either way
             self.close()
             raise

@@ -259,3 +259,14 @@ def test_lone_surrogate_prompt_is_invalid_argument(eng):
     with pytest.raises(InvalidArgument, match="surrogate"):
         eng.generate("def \ud800(", max_new_tokens=2)
     assert len(list(eng.generate(PROMPT, max_new_tokens=2, stop_token_ids=[]))) == 2   # the engine is free
+
+
+def test_close_with_a_live_generation_stops_it(model_file):
+    e = Engine(model_file, device="cpu", max_context=CTX)
+    g = e.generate(PROMPT, max_new_tokens=6, stop_token_ids=[])
+    next(g)
+    e.close()
+    with pytest.raises(StopIteration):       # closed with the engine: ends, never touches the freed backend
+        next(g)
+    with pytest.raises(EngineClosed):
+        e.generate(PROMPT)

@@ -49,7 +49,7 @@ GRACEFUL_SHUTDOWN_S = 5
 # Seconds a live stream gets, after shutdown starts, to send its closing error event and [DONE] (well inside
 # GRACEFUL_SHUTDOWN_S, after which uvicorn cancels what is left).
 STREAM_SHUTDOWN_GRACE_S = 2.0
-# Requests whose prompt is prepared (chat template, tokenization) at the same time; see _Server.prepare_limiter.
+# Requests whose prompt is prepared (chat template, tokenization) at the same time; see _Server.prepare_off_loop.
 PREPARE_CONCURRENCY = 1
 # Status recorded (and sent, to nobody) when the client left before its answer was ready (nginx's convention).
 CLIENT_CLOSED_STATUS = 499
@@ -195,6 +195,7 @@ class _Server:
         optional first chunk (chat: the assistant role). When `shutdown` is set (SIGINT/SIGTERM) the stream
         ends with an error event and `[DONE]`, never cut mid-way."""
         shutdown_wait = asyncio.ensure_future(shutdown.wait()) if shutdown is not None else None
+        get = None
         try:
             if role_chunk is not None:
                 yield {"data": json.dumps(role_chunk)}
@@ -228,8 +229,9 @@ class _Server:
                     return
         finally:
             # Client gone (sse-starlette cancelled this generator) or stream done: either way free the engine.
-            if shutdown_wait is not None:
-                shutdown_wait.cancel()
+            for pending in (shutdown_wait, get):
+                if pending is not None:
+                    pending.cancel()
             self.worker.withdraw(job)
 
 
