@@ -33,3 +33,28 @@ def test_readme_server_example_uses_the_demo_file_model_id():
     assert f"nanoqwen serve .out/{demo_file}" in server
     ids = re.findall(r'model="([^"]+)"', server)
     assert ids == [default_model_name(demo_file)]
+
+
+def test_wheel_ships_a_built_libnanoqwen(tmp_path):
+    """A wheel made after scripts/build_native.sh carries nanoqwen_rt/lib/libnanoqwen.so (it was dropped). Built
+    from a copy of the tracked files plus a stand-in library, so the checkout's own lib/ is never touched."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+    src = tmp_path / "src"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
+                           text=True, check=True).stdout.split("\n")
+    for rel in filter(None, files):
+        if (REPO / rel).is_file() and not rel.startswith(("models/", "spec/", "tests/", "bench/", "csrc/")):
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, src / rel)
+    (src / "nanoqwen_rt" / "lib").mkdir()
+    (src / "nanoqwen_rt" / "lib" / "libnanoqwen.so").write_bytes(b"\x7fELF stand-in")
+    out = tmp_path / "wheel"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(out)], check=True, capture_output=True, timeout=600)
+    (whl,) = out.glob("*.whl")
+    names = zipfile.ZipFile(whl).namelist()
+    assert "nanoqwen_rt/lib/libnanoqwen.so" in names
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
