@@ -29,6 +29,7 @@ from .hf import EXTRA_FILES, Checkpoint, ConvertError, load_checkpoint
 from .cast import to_f16_bits
 from .one_line_errors import OneLineErrorCommand
 from .quantize import QuantizationError, can_quantize, check_shape, quantize
+from .sources import ImportedCheckpoint
 
 INT4_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GROUP_SIZES = (64, 128)                     # what the CLI offers (the format also allows 32 and 256)
@@ -245,7 +246,8 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
     Raises ConvertError (one-line message) for anything the user must fix; OutputRefused (before anything is
     read or written) for an output path check_output / check_output_not_source refuse. An existing regular
     file at `out` is replaced only with force=True. log(message): one line each for what the user should know
-    (stale temp files removed)."""
+    (stale temp files removed; with progress, linears kept f16 and what an imported GPTQ / AWQ / GGUF source
+    became)."""
     if quant not in ("int4", "none"):
         raise ConvertError(f"quant: expected 'int4' or 'none', found {quant!r}")
     if mode not in ("rtn", "mse"):
@@ -258,7 +260,8 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
     out = check_output(out, force=force)
     ckpt = load_checkpoint(src, revision)
     check_output_not_source(out, _source_paths(ckpt))      # a hub snapshot, files that are links elsewhere
-    specs = plan_tensors(ckpt, quant=quant, group_size=group_size, lm_head=lm_head, fallback_f16=fallback_f16)
+    specs = keep_source_groups(ckpt, plan_tensors(ckpt, quant=quant, group_size=group_size, lm_head=lm_head,
+                                                  fallback_f16=fallback_f16))
     n_int4 = sum(s.dtype == DType.INT4G for s in specs)
     provenance = {
         "source": ckpt.source.source,
@@ -277,6 +280,8 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
         "source_files": {p.name: p.stat().st_size for p in sorted({t.file for t in ckpt.tensors.values()})},
         "missing_metadata": [f for f in EXTRA_FILES if f not in ckpt.extras],
     }
+    if isinstance(ckpt, ImportedCheckpoint):
+        provenance["import"] = ckpt.import_summary({s.name: s.group_size for s in specs if s.dtype == DType.INT4G})
     blobs = _blobs(ckpt, provenance)
     removed = remove_stale_temp_files(out.parent)
     if removed and log is not None:
@@ -299,7 +304,51 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
         raise ConvertError(f"writing {out}: {e.strerror or e}") from None
     finally:
         bar.close()
+    if progress and log is not None:
+        for line in conversion_notes(ckpt, specs, quant, mode):
+            log(line)
     return out
+
+
+def keep_source_groups(ckpt: Checkpoint, specs: list[TensorSpec]) -> list[TensorSpec]:
+    """An int4 tensor the source already stores as layout 1 in disguise (GPTQ 4-bit symmetric) keeps the source's
+    group size, whatever --group-size says: repacking is lossless, requantizing to another group only adds error."""
+    out = []
+    for s in specs:
+        g = ckpt.exact_int4_group(s.name) if s.dtype == DType.INT4G else None
+        out.append(TensorSpec(s.name, s.dtype, s.shape, group_size=g) if g and g != s.group_size else s)
+    return out
+
+
+def conversion_notes(ckpt: Checkpoint, specs: list[TensorSpec], quant: str, mode: str = "rtn") -> list[str]:
+    """Lines for the user: linears that stayed f16 although int4 was asked for, and what an imported
+    (already quantized) source became: exact repacks vs requantized tensors with their measured error."""
+    lines = []
+    fell = [s for s in specs if quant == "int4" and s.dtype == DType.F16 and is_int4_linear(s.name)]
+    if fell:
+        shapes = sorted({s.shape[1] for s in fell})
+        lines.append(f"note: {len(fell)} of {sum(is_int4_linear(s.name) for s in specs)} linear tensors stay f16 "
+                     f"(--fallback-f16): their in_features K ({', '.join(map(str, shapes))}) is not a multiple of the "
+                     f"group size and of 32, which int4 needs; e.g. {fell[0].name}")
+    if isinstance(ckpt, ImportedCheckpoint):
+        info = ckpt.import_summary({s.name: s.group_size for s in specs if s.dtype == DType.INT4G})
+        groups = sorted({s.group_size for s in specs if s.dtype == DType.INT4G and ckpt.exact_int4_group(s.name)})
+        lines.append(f"import: {info['format']} source: {info['exact_int4']} int4 tensors repacked losslessly"
+                     + (f" (group size {', '.join(map(str, groups))} from the source)" if groups else "")
+                     + f", {info['requantized_int4']} requantized by our quantizer")
+        if info.get("tokenizer") not in (None, "rebuilt"):
+            lines.append(f"import: tokenizer not rebuilt from the GGUF metadata: {info['tokenizer']}")
+        for reason, n in info["requantize_reasons"].items():
+            lines.append(f"import: requantized {n}: {reason}")
+        if "requant_snr_db_min" in info:
+            lines.append(f"import: requantization error vs the source's dequantized weights: SNR min "
+                         f"{info['requant_snr_db_min']:.2f} dB, mean {info['requant_snr_db_mean']:.2f} dB, "
+                         f"max rel-RMSE {info['requant_rel_rmse_max']:.4g} (nanoqwen-verify --source gives it "
+                         f"per tensor)")
+            if mode == "rtn":   # bench/NOTES.md "Importing quantized checkpoints": mse recovers most of the loss
+                lines.append("import: hint: --mode mse requantizes an already-quantized source with less error "
+                             "(synthetic weights: +0.6 to +3.3 dB SNR over rtn against the original weights)")
+    return lines
 
 
 def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode: str, bar, bufs: dict) -> None:
@@ -307,7 +356,10 @@ def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode:
     t = ckpt.tensors[spec.name]
     rows = t.shape[0]
     step = _rows_per_block(t.shape)
-    if spec.dtype == DType.INT4G:
+    if spec.dtype == DType.INT4G and (packed := ckpt.int4_tensor(spec.name, spec.group_size, mode)) is not None:
+        w.write_int4(spec.name, *packed)                  # the source was quantized already (sources/)
+        bar.update(t.nbytes)
+    elif spec.dtype == DType.INT4G:
         n, k = spec.shape
         g = spec.group_size
         qweight = np.empty((n, k // 8), np.uint32)       # (N, K/8) packed codes
@@ -374,7 +426,9 @@ def fail(msg: str, code: int = 2) -> None:
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="quantizer threads (default: all cores)")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar or summary")
 def main(src, out, force, quant, group_size, mode, lm_head, revision, fallback_f16, threads, quiet):
-    """Convert a Hugging Face Qwen2/Llama checkpoint SRC (directory or hub repo id) to OUT.nanoqwen.
+    """Convert a Qwen2/Llama checkpoint SRC to OUT.nanoqwen. SRC: a Hugging Face directory or hub repo id
+    (bf16/f16/f32; GPTQ: 4-bit symmetric checkpoints repacked losslessly, others requantized; AWQ: requantized),
+    or a GGUF file / Ollama blob (requantized).
 
     \b
     Exit status: 0 written; 2 refused (bad SRC, bad OUT, a checkpoint that cannot be converted); 3 internal

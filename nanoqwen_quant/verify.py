@@ -246,7 +246,8 @@ def _finite(o):
 @click.command(name="nanoqwen-verify", cls=OneLineErrorCommand,
                context_settings={"help_option_names": ["-h", "--help"]}, help=__doc__)
 @click.argument("file", type=click.Path())
-@click.option("--source", default=None, help="the Hugging Face checkpoint (dir or hub id) FILE was made from")
+@click.option("--source", default=None, help="the checkpoint FILE was made from: Hugging Face dir or hub id (bf16/f16/f32, "
+              "GPTQ or AWQ: compared against their exact dequantization), or a GGUF file")
 @click.option("--revision", default=None, help="hub revision of --source")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON on stdout (no table)")
 def main(file, source, revision, as_json):
