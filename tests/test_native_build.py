@@ -36,7 +36,7 @@ def libpath():
 
 
 def test_exports_every_abi_symbol(libpath):
-    from nanoqwen_rt.cuda_backend import EXPORTED_SYMBOLS
+    from nanoqwen_rt.backends.cuda.abi import EXPORTED_SYMBOLS
     nm = subprocess.run(["nm", "-D", "--defined-only", str(libpath)], capture_output=True, text=True, check=True)
     exported = {line.split()[-1] for line in nm.stdout.splitlines() if " T " in line}
     missing = set(EXPORTED_SYMBOLS) - exported
