@@ -386,6 +386,8 @@ def test_every_command_with_bad_input_prints_one_line_and_fails(model_path, bad_
         assert "Traceback" not in err, (args, err)
         assert len(lines) == 1, (args, err)
         assert p.returncode == code, (args, p.returncode, err)
+        if to_full:
+            assert "cannot write the output" in lines[0], (args, err)
 
 
 def _wait_for_mapped(pid: int, needle: str, timeout: float) -> bool:

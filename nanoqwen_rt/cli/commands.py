@@ -62,21 +62,29 @@ def _os_error_text(e: OSError) -> str:
     return _flat(f"{where}{e.strerror or e}")
 
 
-def _quiet_broken_stdout() -> bool:
-    """If stdout cannot take more output, point it at /dev/null (so the interpreter's final flush does not print
-    a second, multi-line error) and return True."""
+def _quiet_broken_stdout(force: bool = False) -> bool:
+    """If stdout cannot take more output (or `force`: the caller saw it fail), point it at /dev/null, so the
+    interpreter's final flush does not print a second, multi-line error. True when it did."""
     import os
-    try:
-        sys.stdout.flush()
-        return False
-    except OSError:
+    if not force:
         try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            os.close(devnull)
-        except (OSError, ValueError):
+            sys.stdout.flush()
+            return False
+        except OSError:
             pass
-        return True
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return True
+
+
+def _output_failed(e: OSError) -> click.ClickException:
+    """Writing to stdout failed (a full device, a closed pipe): one line, and stdout muted for the exit flush."""
+    _quiet_broken_stdout(force=True)
+    return _fail(f"cannot write the output: {_os_error_text(e)}")
 
 
 def _flat(text: str) -> str:
@@ -255,8 +263,13 @@ def run(file, prompt, as_chat, system, max_new_tokens, temperature, top_k, top_p
             interrupted = True
         except _engine_errors() as e:
             raise _fail(f"{type(e).__name__}: {e}") from None
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        except OSError as e:
+            raise _output_failed(e) from None
+        try:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        except OSError as e:
+            raise _output_failed(e) from None
         click.echo(_stats_line(eng, n_prompt), err=True)
         if interrupted:
             sys.exit(EXIT_INTERRUPTED)
@@ -328,7 +341,10 @@ def info(file, as_json, no_verify):
         data = file_info(file, verify_checksums=not no_verify)
     except LoadError as e:
         raise _fail(str(e)) from None
-    click.echo(json.dumps(data, indent=2) if as_json else format_info(data))
+    try:
+        click.echo(json.dumps(data, indent=2) if as_json else format_info(data))
+    except OSError as e:
+        raise _output_failed(e) from None
 
 
 @main.command()
