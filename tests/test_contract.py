@@ -5,7 +5,8 @@
     "status" equal the ctypes structures and status codes of nanoqwen_rt.backends.cuda.abi, field by field;
 (c) nq_model_check accepts the spec's golden vectors (NQ_OK, or NQ_E_UNSUPPORTED naming why: they are tiny) and
     rejects every corrupt vector of spec/vectors/corrupt/manifest.json with NQ_E_FORMAT and the spec's error name
-    first in its message (the checksum rules 38-39 through nq_model_open with checksums on).
+    first in its message (the checksum rules 38-39 through nq_model_open with checksums on), and names the same
+    rule as the Python reader on seeded random corruptions.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from format_corrupt import Mutator  # tests/format_corrupt.py
 
 ROOT = Path(__file__).resolve().parent.parent
 VECTORS = sorted((ROOT / "spec" / "vectors").glob("*.nanoqwen"))
-NQ_OK, NQ_E_IO, NQ_E_FORMAT, NQ_E_UNSUPPORTED = 0, -2, -3, -4
+NQ_OK, NQ_E_IO, NQ_E_FORMAT, NQ_E_UNSUPPORTED, NQ_E_NO_DEVICE = 0, -2, -3, -4, -7
 
 
 def _gen_contract():
@@ -156,6 +157,48 @@ def test_model_check_rejects_every_corrupt_vector_by_name(lib, case):
     rc, msg = _check(lib, path)
     assert rc == NQ_E_FORMAT, (rc, msg)
     assert _error_name(msg) == want["error"], msg
+
+
+# Seeded random corruptions of the golden vectors' directories (header CRC refixed most of the time, so the later
+# rules are reached): the C++ loader and the Python reader (nanoqwen_format) must name the same first failing rule.
+DIFFERENTIAL_CASES = 400
+
+
+def test_loader_and_python_reader_agree_on_random_corruptions(lib, tmp_path):
+    import random
+    import struct
+    from nanoqwen_format.crc import crc32c
+    from nanoqwen_format.errors import NanoqwenFormatError
+    from nanoqwen_format.reader import open_file
+
+    rng = random.Random(7)
+    bases = [v.read_bytes() for v in VECTORS]
+    path = tmp_path / "mutated.nanoqwen"
+    failures, rejected = [], 0
+    for case in range(DIFFERENTIAL_CASES):
+        raw = bytearray(rng.choice(bases))
+        header_size = struct.unpack_from("<I", raw, 12)[0]
+        for _ in range(rng.choice([1, 1, 2])):
+            pos = rng.randrange(header_size if rng.random() < 0.9 else len(raw))
+            raw[pos] = rng.randrange(256) if rng.random() < 0.5 else raw[pos] ^ (1 << rng.randrange(8))
+        new_size = struct.unpack_from("<I", raw, 12)[0]
+        if rng.random() < 0.9 and 44 <= new_size <= len(raw):
+            head = bytearray(raw[:new_size])
+            head[40:44] = bytes(4)
+            struct.pack_into("<I", raw, 40, crc32c(bytes(head)))
+        path.write_bytes(bytes(raw))
+        try:
+            open_file(path, verify_checksums=True)
+            want = None
+        except NanoqwenFormatError as e:
+            want = type(e).__name__
+        rc, msg = _open_verified(lib, path)
+        got = _error_name(msg) if rc == NQ_E_FORMAT else None
+        rejected += want is not None
+        if got != want or (want is None and rc not in (NQ_OK, NQ_E_UNSUPPORTED, NQ_E_NO_DEVICE)):
+            failures.append((case, want, rc, msg))
+    assert not failures, failures[:5]
+    assert rejected > DIFFERENTIAL_CASES // 2, "the mutations mostly reach a rule"
 
 
 def _corrupt(raw: bytes) -> dict:
