@@ -35,19 +35,24 @@ from typing import Mapping
 
 import numpy as np
 
+from nanoqwen_format.shapes import QWEN25_SHAPES
+
 from .timing import BenchError, gemv_shapes, gpu_name, summary, time_cuda_ms, torch_cuda
 
 __all__ = ["BenchError", "QWEN25_CODER_7B", "KV_BYTES_PER_ELEMENT", "gemv_shapes", "bytes_per_token",
            "measure_bandwidth", "library_read_bandwidth", "measure_engine", "run_bench", "format_table", "main"]
 
 
-#: Qwen2.5-Coder-7B(-Instruct) hyper-parameters, as nanoqwen_format.ModelConfig keyword arguments. The one place
-#: the 7B shape is written down (bench/make_7b_file.py and bench/peers.py use it).
+#: Qwen2.5-Coder-7B(-Instruct) hyper-parameters, as nanoqwen_format.ModelConfig keyword arguments
+#: (bench/make_7b_file.py and bench/peers.py use it). The shape fields come from the one Qwen2.5 shape table,
+#: nanoqwen_format.shapes.QWEN25_SHAPES; the rest (RoPE, token ids, context) are the 7B's config.json values.
+_7B = QWEN25_SHAPES["7B"]
 QWEN25_CODER_7B = dict(
-    arch="qwen2", n_layers=28, hidden_size=3584, intermediate_size=18944, n_heads=28, n_kv_heads=4, head_dim=128,
-    vocab_rows=152064, max_positions=32768, rope_theta=1_000_000.0, rope_scaling_type="none",
-    rope_scaling_factor=1.0, rope_original_max_positions=0, rms_norm_eps=1e-6, tied_embeddings=False,
-    qkv_bias=True, bos_token_id=151643, eos_token_id=151645, pad_token_id=151643)
+    arch="qwen2", n_layers=_7B.n_layers, hidden_size=_7B.hidden, intermediate_size=_7B.intermediate,
+    n_heads=_7B.n_heads, n_kv_heads=_7B.n_kv_heads, head_dim=_7B.head_dim, vocab_rows=_7B.vocab,
+    max_positions=32768, rope_theta=1_000_000.0, rope_scaling_type="none", rope_scaling_factor=1.0,
+    rope_original_max_positions=0, rms_norm_eps=1e-6, tied_embeddings=_7B.tied, qkv_bias=True,
+    bos_token_id=151643, eos_token_id=151645, pad_token_id=151643)
 
 #: the paged KV cache holds fp16 K and V (csrc, issue 5)
 KV_BYTES_PER_ELEMENT = 2
