@@ -398,6 +398,21 @@ class Checkpoint:
 EXTRA_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
+def checked_tensor(d: Path, found: dict[str, SourceTensor], name: str, shape, missing_hint: str = "") -> SourceTensor:
+    """found[name], the tensor config.json requires; a ConvertError if it is missing (`missing_hint` ends that
+    message), has another shape than config.json implies, or a dtype that is not a supported source dtype."""
+    t = found.get(name)
+    if t is None:
+        raise ConvertError(f"{d}: tensor {name!r} required by config.json is missing from the checkpoint"
+                           f"{missing_hint}")
+    if tuple(t.shape) != tuple(shape):
+        raise ConvertError(f"{d}: tensor {name!r} has shape {t.shape}, config.json implies {shape}")
+    if t.dtype not in SOURCE_DTYPES:
+        raise ConvertError(f"{t.file}: tensor {name!r} has dtype {t.dtype}; supported sources are "
+                           f"{', '.join(SOURCE_DTYPES)}")
+    return t
+
+
 def load_checkpoint(src: str | os.PathLike, revision: str | None = None) -> Checkpoint:
     """Open a checkpoint (local dir or hub id): config, tensor locations, checked against the config."""
     source = resolve_source(src, revision)
@@ -418,15 +433,7 @@ def load_checkpoint(src: str | os.PathLike, revision: str | None = None) -> Chec
     want = expected_tensors(mc)
     tensors = {}
     for name, shape in want.items():
-        t = found.get(name)
-        if t is None:
-            raise ConvertError(f"{d}: tensor {name!r} required by config.json is missing from the checkpoint")
-        if tuple(t.shape) != tuple(shape):
-            raise ConvertError(f"{d}: tensor {name!r} has shape {t.shape}, config.json implies {shape}")
-        if t.dtype not in SOURCE_DTYPES:
-            raise ConvertError(f"{t.file}: tensor {name!r} has dtype {t.dtype}; supported sources are "
-                               f"{', '.join(SOURCE_DTYPES)}")
-        tensors[name] = t
+        tensors[name] = checked_tensor(d, found, name, shape)
     extra = [n for n in found if n not in want and not IGNORED_TENSOR.match(n)
              and not (mc.tied_embeddings and n == "lm_head.weight")]
     if extra:

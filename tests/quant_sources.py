@@ -24,6 +24,10 @@ from safetensors.numpy import save_file
 
 from synth import load_source_f32
 
+# A converted file vs transformers (fp32) holding bit-identical weights: only the summation order differs, as in
+# test_cpu_vs_hf (observed ~1e-6 there); 2e-4 is that file's tolerance and its reasoning.
+LOGIT_ATOL = 2e-4
+
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -261,3 +265,26 @@ def write_gguf(src: Path, out: Path, *, linear_type: str = "F32", embed_type: st
     wr.write_tensors_to_file()
     wr.close()
     return meaning
+
+
+def assert_logits_match_transformers(src, out, weights: dict[str, np.ndarray], *, seed: int, n_tokens: int) -> None:
+    """CPU-backend logits of the converted file `out` on `n_tokens` random ids == transformers' (fp32) logits of the
+    config at `src` holding `weights` (name -> float32 array: what the file's tensors mean), within LOGIT_ATOL."""
+    import pytest
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from nanoqwen_rt.backends.cpu import CPUBackend
+    model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    missing, unexpected = model.load_state_dict({n: torch.from_numpy(w) for n, w in weights.items()}, strict=False)
+    assert not missing and not unexpected
+    ids = np.random.default_rng(seed).integers(0, 320, size=n_tokens).astype(np.int32)
+    with torch.no_grad():
+        ref = model(torch.tensor([ids.tolist()])).logits[0].numpy()
+    be = CPUBackend(out)
+    be.poison()
+    try:
+        ours = be.logits_all(ids)
+    finally:
+        be.close()
+    assert ref.std() > 0.1                                     # not vacuous
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=LOGIT_ATOL)

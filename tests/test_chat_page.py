@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from test_server_model import HANG_GUARD_S, stop_server
+from test_server_model import HANG_GUARD_S, free_port as _free_port, running_server
 
 MODEL = "page-model"
 KEY = "page-key-456"
@@ -51,40 +49,13 @@ def _browser_binaries() -> tuple[str, str]:
     return chromium, driver
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(model_path, tmp_path_factory):
     """Base URL of `nanoqwen serve --api-key KEY` on the test model (CPU); always terminated afterwards."""
-    port = _free_port()
     log_path = tmp_path_factory.mktemp("page-server") / "server.log"
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "nanoqwen_rt.cli", "serve", model_path, "--host", "127.0.0.1", "--port", str(port),
-         "--device", "cpu", "--api-key", KEY, "--model-name", MODEL, "--log-level", "warning"],
-        stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + HANG_GUARD_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
-            try:
-                if httpx.get(base + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server not healthy after {HANG_GUARD_S} s:\n{log_path.read_text()}")
-            time.sleep(0.2)
+    with running_server(model_path, log_path, "--api-key", KEY, "--model-name", MODEL,
+                        "--log-level", "warning") as (base, _proc):
         yield base
-    finally:
-        stop_server(proc, log)
 
 
 @pytest.fixture(scope="module")

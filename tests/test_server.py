@@ -18,47 +18,20 @@ import httpx
 import openai
 import pytest
 
-from test_server_model import HANG_GUARD_S, PROMPT, stop_server
+from test_server_model import HANG_GUARD_S, PROMPT, free_port as _free_port, running_server, stop_server
 
 MODEL = "test-model"
 KEY = "test-key-123"
 QUEUE_SIZE = 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(model_path, tmp_path_factory):
     """Base URL of a running server; the process is always terminated by the finalizer."""
-    port = _free_port()
     log_path = tmp_path_factory.mktemp("server") / "server.log"
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "nanoqwen_rt.cli", "serve", model_path, "--host", "127.0.0.1", "--port", str(port),
-         "--device", "cpu", "--queue-size", str(QUEUE_SIZE), "--api-key", KEY, "--model-name", MODEL,
-         "--log-level", "warning"],
-        stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + HANG_GUARD_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
-            try:
-                if httpx.get(base + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server not healthy after {HANG_GUARD_S} s:\n{log_path.read_text()}")
-            time.sleep(0.2)
+    with running_server(model_path, log_path, "--queue-size", str(QUEUE_SIZE), "--api-key", KEY,
+                        "--model-name", MODEL, "--log-level", "warning") as (base, proc):
         yield base
-    finally:
-        stop_server(proc, log)
     assert proc.returncode in (0, -15), log_path.read_text()       # clean shutdown on SIGTERM
 
 

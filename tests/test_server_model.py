@@ -8,9 +8,13 @@ The server/CLI tests then compare the server against `Engine.generate` on this s
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,6 +39,43 @@ def stop_server(proc: subprocess.Popen, log) -> None:
         proc.kill()
         proc.wait()
     log.close()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_server(model_path: str, log_path: Path, *args: str):
+    """`nanoqwen serve MODEL --host 127.0.0.1 --port FREE --device cpu ARGS...` with its output in `log_path`;
+    yields (base URL, process) once /health answers 200; always stopped (stop_server) on exit."""
+    import httpx
+    port = free_port()
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nanoqwen_rt.cli", "serve", model_path, "--host", "127.0.0.1", "--port", str(port),
+         "--device", "cpu", *args],
+        stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + HANG_GUARD_S
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}:\n{Path(log_path).read_text()}")
+            try:
+                if httpx.get(base + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server not healthy after {HANG_GUARD_S} s:\n{Path(log_path).read_text()}")
+            time.sleep(0.2)
+        yield base, proc
+    finally:
+        stop_server(proc, log)
 
 
 def build_model_file(tmp_dir: Path) -> str:

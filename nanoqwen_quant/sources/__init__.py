@@ -26,7 +26,7 @@ from nanoqwen_format import expected_tensors
 
 from ..errstats import stats_plain
 from ..hf import (EXTRA_FILES, IGNORED_TENSOR, SOURCE_DTYPES, Checkpoint, ConvertError, Source, SourceTensor,
-                  _read_json, discover_tensors, model_config_from_hf)
+                  _read_json, checked_tensor, discover_tensors, model_config_from_hf)
 from ..quantize import QuantizationError, dequantize, quantize
 
 IMPORT_METHODS = ("gptq", "awq")
@@ -179,16 +179,8 @@ def load_quantized(source: Source, cfg: dict) -> ImportedCheckpoint:
             tensors[name] = SourceTensor(name, "F32", tuple(shape), parts["qweight"].file, 0,
                                          sum(t.nbytes for t in parts.values()))
             continue
-        t = found.get(name)
-        if t is None:
-            raise ConvertError(f"{d}: tensor {name!r} required by config.json is missing from the checkpoint "
-                               f"(neither {name!r} nor its {method} {prefix}.qweight)")
-        if tuple(t.shape) != tuple(shape):
-            raise ConvertError(f"{d}: tensor {name!r} has shape {t.shape}, config.json implies {shape}")
-        if t.dtype not in SOURCE_DTYPES:
-            raise ConvertError(f"{t.file}: tensor {name!r} has dtype {t.dtype}; supported sources are "
-                               f"{', '.join(SOURCE_DTYPES)}")
-        tensors[name] = t
+        tensors[name] = checked_tensor(d, found, name, shape,
+                                       f" (neither {name!r} nor its {method} {prefix}.qweight)")
     for n, t in found.items():
         if n in want or n in used or IGNORED_TENSOR.match(n) or (mc.tied_embeddings and n == "lm_head.weight"):
             continue

@@ -143,6 +143,12 @@ class _Server:
             self._prepare_limiter = anyio.CapacityLimiter(PREPARE_CONCURRENCY)
         return await anyio.to_thread.run_sync(self.prepare, req, limiter=self._prepare_limiter)
 
+    async def start(self, req: CompletionRequest | ChatRequest, id_prefix: str):
+        """Prepare `req` off the event loop and queue it: (prompt_tokens, job, events, response id, created)."""
+        n_prompt, start = await self.prepare_off_loop(req)
+        job, events = self.submit(n_prompt, start)
+        return n_prompt, job, events, f"{id_prefix}-{uuid.uuid4().hex}", int(time.time())
+
     def prepare(self, req: CompletionRequest | ChatRequest):
         """Tokenize, check the context budget and return (prompt_tokens, start-callable)."""
         eng = self.engine
@@ -324,9 +330,7 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
     @endpoint("/v1/completions")
     async def completions(request):
         req = parse_completion(await srv.read_json(request), srv.model_name)
-        n_prompt, start = await srv.prepare_off_loop(req)      # tokenizing: off the event loop
-        job, events = srv.submit(n_prompt, start)
-        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        n_prompt, job, events, cid, created = await srv.start(req, "cmpl")
 
         def chunk(text, finish):
             return {"id": cid, "object": "text_completion", "created": created, "model": srv.model_name,
@@ -343,9 +347,7 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
     @endpoint("/v1/chat/completions")
     async def chat_completions(request):
         req = parse_chat(await srv.read_json(request), srv.model_name)
-        n_prompt, start = await srv.prepare_off_loop(req)      # tokenizing: off the event loop
-        job, events = srv.submit(n_prompt, start)
-        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        n_prompt, job, events, cid, created = await srv.start(req, "chatcmpl")
 
         def chunk(text, finish, delta=None):
             delta = delta if delta is not None else ({"content": text} if text else {})

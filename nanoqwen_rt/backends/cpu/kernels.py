@@ -38,6 +38,17 @@ def _nib(word, shift):
     return np.float32((word >> shift) & 0xF) - np.float32(8.0)
 
 
+@njit(cache=True, fastmath=True, inline="always")
+def _row_times_tokens(w_row, x, out, n):
+    """out[:, n] = x @ w_row: one dequantized (K,) weight row against all T tokens (the GEMM paths' inner loop)."""
+    T, K = x.shape
+    for t in range(T):
+        acc = np.float32(0.0)
+        for k in range(K):
+            acc += w_row[k] * x[t, k]
+        out[t, n] = acc
+
+
 @njit(cache=True, fastmath=True)
 def _int4_rows(x, qweight, scale_bits, lut, group_size, out, n0, n1):
     """Rows [n0, n1) of out = x @ W.T for an int4g layout-1 weight (see matmul_int4)."""
@@ -76,11 +87,7 @@ def _int4_rows(x, qweight, scale_bits, lut, group_size, out, n0, n1):
             w_row[b + 3] = s * _nib(word, 20)
             w_row[b + 5] = s * _nib(word, 24)
             w_row[b + 7] = s * _nib(word, 28)
-        for t in range(T):
-            acc = np.float32(0.0)
-            for k in range(K):
-                acc += w_row[k] * x[t, k]
-            out[t, n] = acc
+        _row_times_tokens(w_row, x, out, n)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -118,11 +125,7 @@ def _u16_rows(x, w_bits, lut, out, n0, n1):
     for n in range(n0, n1):
         for k in range(K):
             w_row[k] = lut[w_bits[n, k]]
-        for t in range(T):
-            acc = np.float32(0.0)
-            for k in range(K):
-                acc += w_row[k] * x[t, k]
-            out[t, n] = acc
+        _row_times_tokens(w_row, x, out, n)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
