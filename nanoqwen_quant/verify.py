@@ -1,8 +1,16 @@
-"""nanoqwen-verify FILE [--source SRC] [--json]: structure, checksums and (with --source) quantization error.
+"""nanoqwen-verify FILE [--source SRC] [--eval [TEXT]] [--json]: structure, checksums, (with --source)
+quantization error, and (with --eval) quality on text.
 
 \b
-Exit status: 0 valid (and, with --source, every tensor within its thresholds); 1 invalid file or a threshold
-exceeded; 2 usage problems (FILE missing, SOURCE unreadable).
+Exit status: 0 valid (and, with --source, every tensor within its thresholds; with --eval, the text within its
+thresholds); 1 invalid file or a threshold exceeded; 2 usage problems (FILE missing, SOURCE or TEXT unreadable,
+--eval without --source).
+
+\b
+--eval [TEXT] (needs --source): runs FILE and SRC on the CPU backend over TEXT (default: a held-out Python text
+shipped with nanoqwen) and reports both perplexities, KL(source||file) per token (mean, p99) and top-1
+agreement. Fails when the perplexity is more than 5 % above the source's, the mean KL is above 0.05 nats/token,
+or top-1 agreement is below 85 % (nanoqwen_quant/evaluate.py gives the reasons).
 
 \b
 Thresholds (per tensor, against the source weights converted to float32):
@@ -194,7 +202,7 @@ def _fmt_db(x: float) -> str:
     return "exact" if x == math.inf else f"{x:.2f}"
 
 
-def print_report(r: dict) -> None:
+def print_report(r: dict, eval_lines: list[str] = ()) -> None:
     echo = click.echo
     if not r["valid"]:
         echo(f"INVALID {r['file']}: {r['error']}")
@@ -226,6 +234,8 @@ def print_report(r: dict) -> None:
                          f"{t['bound_violations']} elements over the bound")
             echo(f"  thresholds: f16 SNR >= {F16_MIN_SNR_DB} dB, int4 SNR >= {INT4_MIN_SNR_DB} dB, "
                  f"per-element bounds (see nanoqwen-verify --help)")
+    for line in eval_lines:
+        echo(line)
     echo("OK" if r["ok"] else "FAILED")
 
 
@@ -242,14 +252,31 @@ def _finite(o):
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]}, help=__doc__)
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--source", default=None, help="the Hugging Face checkpoint (dir or hub id) FILE was made from")
+@click.option("--source", default=None, help="the Hugging Face checkpoint (dir or hub id) FILE was made from; "
+              "with --eval also a .nanoqwen file (then only --eval compares)")
 @click.option("--revision", default=None, help="hub revision of --source")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON on stdout (no table)")
-def main(file, source, revision, as_json):
+@click.option("--eval", "eval_text", is_flag=False, flag_value="", default=None, metavar="[TEXT]",
+              help="also compare FILE with --source on a text file (default: the shipped held-out text)")
+@click.option("--eval-tokens", type=click.IntRange(1), default=None,
+              help="tokens of the text to score with --eval (default 4096)")
+def main(file, source, revision, as_json, eval_text, eval_tokens):
+    from .evaluate import DEFAULT_MAX_TOKENS, EvalError, evaluate, format_eval
+    if eval_text is not None and source is None:
+        click.echo("nanoqwen-verify: error: --eval needs --source (the model FILE is compared with)", err=True)
+        sys.exit(2)
     try:
         if not Path(file).exists():
             raise FileNotFoundError(file)
-        report = verify_file(file, source, revision)
+        src_is_file = source is not None and str(source).endswith(".nanoqwen") and Path(source).is_file()
+        report = verify_file(file, None if src_is_file else source, revision)   # a file source: --eval only
+        if eval_text is not None and report["valid"]:
+            report["eval"] = evaluate(file, source, eval_text or None, revision=revision,
+                                      max_tokens=eval_tokens or DEFAULT_MAX_TOKENS)
+            report["ok"] = bool(report["ok"] and report["eval"]["ok"])
+    except EvalError as e:
+        click.echo(f"nanoqwen-verify: error: eval: {e}", err=True)
+        sys.exit(2)
     except FileNotFoundError:
         click.echo(f"nanoqwen-verify: error: {file}: no such file", err=True)
         sys.exit(2)
@@ -265,7 +292,7 @@ def main(file, source, revision, as_json):
     if as_json:
         click.echo(json.dumps(_finite(report), indent=1, allow_nan=False))
     else:
-        print_report(report)
+        print_report(report, format_eval(report["eval"]) if "eval" in report else [])
     if not report["valid"]:
         click.echo(f"nanoqwen-verify: invalid file: {report['error']}", err=True)
     sys.exit(0 if report["ok"] else 1)
