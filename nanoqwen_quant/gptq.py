@@ -32,6 +32,7 @@ from .quantize import QMAX, QMIN, QuantizationError, check_shape, quantize
 DAMP_REL = 0.01
 BLOCK = 128                       # columns updated together in gptq_codes (the paper's lazy-batch width)
 SCALE_MODES = ("rtn", "mse")      # how the fixed per-group scales are chosen before the error feedback
+GPTQ_SCALE_MODE = "mse"           # what --mode gptq uses (bench/RESULTS.md: lower perplexity than rtn scales)
 
 
 def hessian(x: np.ndarray) -> np.ndarray:
@@ -123,9 +124,10 @@ def pack_codes(codes: np.ndarray) -> np.ndarray:
 
 
 def gptq_quantize(w, h: np.ndarray, group_size: int = 128, scale_mode: str = "mse", damp_rel: float = DAMP_REL,
-                  block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
+                  block: int = BLOCK, u: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """float32 (N, K) weight + its input Hessian (K, K) → (qweight uint32 (N, K/8), scales float16 (N, K/g)),
-    layout 1. Scales come from the spec's `scale_mode` rule (rtn or mse) on w; codes from GPTQ."""
+    layout 1. Scales come from the spec's `scale_mode` rule (rtn or mse) on w; codes from GPTQ. u: a precomputed
+    inverse_cholesky(h, damp_rel) (the converter computes it once per tensor and quantizes rows in blocks)."""
     w = np.ascontiguousarray(w, dtype=np.float32)
     check_shape(w.shape, group_size)
     if scale_mode not in SCALE_MODES:
@@ -133,5 +135,5 @@ def gptq_quantize(w, h: np.ndarray, group_size: int = 128, scale_mode: str = "ms
     if h.shape != (w.shape[1], w.shape[1]):
         raise QuantizationError(f"hessian shape {h.shape} does not match in_features K={w.shape[1]}")
     _, scales = quantize(w, group_size, scale_mode)           # raises on non-finite weights / f16 overflow
-    codes = gptq_codes(w, inverse_cholesky(h, damp_rel), scales, group_size, block)
+    codes = gptq_codes(w, inverse_cholesky(h, damp_rel) if u is None else u, scales, group_size, block)
     return pack_codes(codes), scales

@@ -25,6 +25,9 @@ Thresholds (per tensor, against the source weights converted to float32):
   SNR >= 15 dB: absmax/7 rounding noise s^2/12 on Gaussian groups of 128 gives
   10 log10(12 * 49 / E[amax/sigma]^2) ~= 18.5 dB (measured 18.6 dB g128, 19.4 dB g64: bench/RESULTS.md);
   15 dB leaves 3.5 dB for the heavier tails of trained weights (group crest factor 4.3 instead of 2.9).
+* int4 tensors of a --mode gptq file (provenance quantizer.mode): GPTQ moves codes away from the nearest one to
+  cancel output error, so the element bound does not apply and the weight SNR is lower by design; SNR >= 12 dB
+  (measured 15.4-17.8 dB on the embedded model at g128, rtn 18.1-18.9). --eval is the check that matters.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ from .quantize import dequantize
 
 F16_MIN_SNR_DB = 60.0
 INT4_MIN_SNR_DB = 15.0
+INT4_GPTQ_MIN_SNR_DB = 12.0                # see the docstring: GPTQ trades weight error for output error
 F16_REL_BOUND = 2.0 ** -11                 # half an ulp of f16's 11-bit significand, relative
 F16_ABS_BOUND = 2.0 ** -25                 # half the f16 subnormal quantum
 INT4_BOUND_SLACK_REL = 2.0 ** -16          # float32 division before rint: |w/s| <= 7.5 times 2^-24 << 2^-16 of s/2
@@ -92,7 +96,7 @@ def _kind(name: str) -> str:
     return parts[-2]
 
 
-def _compare_tensor(f, ckpt, name: str) -> TensorReport:
+def _compare_tensor(f, ckpt, name: str, gptq: bool = False) -> TensorReport:
     info = f.tensors[name]
     shape = info.shape
     rows = shape[0]
@@ -122,6 +126,8 @@ def _compare_tensor(f, ckpt, name: str) -> TensorReport:
     rel = math.sqrt(err2 / sig) if sig > 0 else (0.0 if err2 == 0 else math.inf)
     snr = math.inf if err2 == 0 else (10 * math.log10(sig / err2) if sig > 0 else -math.inf)
     min_snr = MIN_SNR_DB[info.dtype]
+    if gptq and info.dtype == DType.INT4G:
+        min_snr, violations = INT4_GPTQ_MIN_SNR_DB, 0
     ok = violations == 0 and snr >= min_snr and math.isfinite(math.sqrt(err2 / n))
     return TensorReport(name=name, dtype=info.dtype.name.lower(), shape=list(shape), group_size=info.group_size,
                         rel_rmse=rel, max_abs_err=max_abs, snr_db=snr, bound_violations=violations,
@@ -175,7 +181,8 @@ def verify_file(path, source=None, revision=None) -> dict:
                 report["config_diff"] = diff      # field: [file, source]
                 ok = False
             else:
-                tensors = [_compare_tensor(f, ckpt, name) for name in f.tensors]
+                gptq = ((report["provenance"] or {}).get("quantizer") or {}).get("mode") == "gptq"
+                tensors = [_compare_tensor(f, ckpt, name, gptq) for name in f.tensors]
                 report["tensors"] = [asdict(t) for t in tensors]
                 report["summary"] = _summary(tensors)
                 ok = ok and all(t.ok for t in tensors)
