@@ -73,7 +73,7 @@ def gptq_flops(config, tokens: int = CALIB_TOKENS) -> tuple[float, float]:
     h, qo, kv, i = (config.hidden_size, config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim,
                     config.intermediate_size)
     mats = [(qo, h), (kv, h), (kv, h), (h, qo), (i, h), (i, h), (h, i)]          # (N, K) per layer
-    params = config.n_layers * sum(n * k for n, k in mats) + h * config.vocab_rows      # linears + lm_head
+    params = config.n_layers * sum(n * k for n, k in mats)       # the layers' linears (no lm_head: not run)
     fwd = tokens * (2 * params + 2 * config.n_layers * (2 * h * h + qo * qo + i * i))
     gq = config.n_layers * sum(2 * n * k * k for n, k in mats) + config.n_layers * 4 * (2 * h ** 3 + qo ** 3 + i ** 3)
     return float(fwd), float(gq)
@@ -131,17 +131,16 @@ def calibration_hessians(src, revision, work_dir, text: str | None = None,
     from nanoqwen_rt.tokenizer import Tokenizer
 
     from .convert import convert_checkpoint
-    from .hf import ConvertError
+    from .hf import ConvertError, load_checkpoint
+    need = hessian_bytes(load_checkpoint(src, revision).config)          # refuse before converting anything
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > HESSIAN_RAM_FRACTION * ram:
+        raise ConvertError(f"--mode gptq keeps every layer's Hessian in memory: {need / 2**30:.1f} GiB, more "
+                           f"than {HESSIAN_RAM_FRACTION:.0%} of this machine's {ram / 2**30:.1f} GiB; use --mode mse")
     f16 = convert_checkpoint(src, Path(work_dir) / "calibration-f16.nanoqwen", quant="none", revision=revision)
     try:
         with open_file(f16, verify_checksums=False) as f:
             cfg = f.config
-            need = hessian_bytes(cfg)
-            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-            if need > HESSIAN_RAM_FRACTION * ram:
-                raise ConvertError(f"--mode gptq keeps every layer's Hessian in memory: {need / 2**30:.1f} GiB, more "
-                                   f"than {HESSIAN_RAM_FRACTION:.0%} of this machine's {ram / 2**30:.1f} GiB; "
-                                   f"use --mode mse")
             try:
                 tok = Tokenizer.from_file(f)
             except Exception as e:
