@@ -85,3 +85,12 @@ def test_bad_calib_text_is_a_usage_error(tmp_path):
     code, out = _convert(TINY, "-o", tmp_path / "x.nanoqwen", "--mode", "gptq", "--calib-text", tmp_path / "no.txt")
     assert code == 2 and "no.txt" in out
     assert not (tmp_path / "x.nanoqwen").exists()
+
+
+def test_gptq_refuses_when_hessians_do_not_fit(tmp_path, monkeypatch):
+    """The memory check runs before anything is converted: one line naming the size and --mode mse, no file."""
+    import nanoqwen_quant.calibrate as calibrate
+    monkeypatch.setattr(calibrate, "HESSIAN_RAM_FRACTION", 1e-9)
+    code, out = _convert(TINY, "-o", tmp_path / "x.nanoqwen", "--mode", "gptq", "-q")
+    assert code == 2 and "Hessian" in out and "--mode mse" in out and len(out.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
