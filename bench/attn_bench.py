@@ -3,7 +3,7 @@
 
     python3 bench/attn_bench.py [--json OUT.json]
 
-Each row: nq_bench_attention = `iters` launches captured in one CUDA graph (as the decode step is), K/V random f16
+Each row: nq_bench_attention (libnanoqwen_testing) = `iters` launches captured in one CUDA graph (as the decode step is), K/V random f16
 rotated over enough layers' caches to exceed L2 (HBM reads, as in a real step), best of 3 replays; us per launch.
 Split parameters as a session derives them (csrc/src/session.cu) for each keys_per_split timed: decode
 n_split = min(128, 256 / n_kv, ceil(max_ctx / kps)); prefill n_split = min(16, ceil(max_ctx / kps)).
@@ -17,11 +17,14 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests")]
 
-from nanoqwen_rt.cuda_backend import load_library  # noqa: E402
+from nanoqwen_format.shapes import QWEN25_SHAPES  # noqa: E402
+from nq_testing_lib import load_testing_library  # noqa: E402
 
-LAYOUTS = {"7B": (28, 4, 128), "0.5B": (14, 2, 64), "32B": (40, 8, 128)}  # n_heads, n_kv, head_dim
+LAYOUTS = {name: (QWEN25_SHAPES[name].n_heads, QWEN25_SHAPES[name].n_kv_heads, QWEN25_SHAPES[name].head_dim)
+           for name in ("7B", "0.5B", "32B")}  # n_heads, n_kv, head_dim
 
 
 def main() -> int:
@@ -31,9 +34,7 @@ def main() -> int:
     ap.add_argument("--decode-kps", type=int, nargs="+", default=[32, 64, 128], help="keys per split to time (decode)")
     ap.add_argument("--prefill-kps", type=int, nargs="+", default=[64, 128, 256], help="keys per split (prefill)")
     a = ap.parse_args()
-    lib = load_library()
-    lib.nq_bench_attention.restype = ctypes.c_int
-    lib.nq_last_error.restype = ctypes.c_char_p
+    lib = load_testing_library()
     rows = []
     for name, (nh, nkv, d) in LAYOUTS.items():
         cases = [("decode", n, 1, kps) for n in (65, 577, 2048, 8192) for kps in a.decode_kps] + \

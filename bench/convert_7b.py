@@ -168,7 +168,7 @@ finally:
 def run_convert(d: Path, out: Path, mode: str, threads: int | None) -> dict:
     """Run nanoqwen-convert in a child process; wall time and the child's peak RSS."""
     hwm_file = Path(f"{out}.hwm")
-    cmd = [sys.executable, "-c", _CHILD, str(d), "-o", str(out), "--mode", mode, "--quiet"]
+    cmd = [sys.executable, "-c", _CHILD, str(d), "-o", str(out), "--force", "--mode", mode, "--quiet"]
     if threads:
         cmd += ["--threads", str(threads)]
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: load (or build) libnanoqwen, run the GPU tests, the kernel and end-to-end
-# benchmarks, compute-sanitizer; full logs under $OUT, a short table last.
-#   device: run(command="bash bench/gpu_check.sh [STEPS]", carry=[".whl", "nanoqwen_rt/lib"])
-# STEPS: comma list of sass,tests,kbench,bench,gemvab,nopdl,ncu,sanitize,hf7b (default: all; gemvab, nopdl and ncu
-# need bench). gemvab: the 7B bench again with the other INT4 GEMV kernels (NANOQWEN_GEMV_VARIANT=3, 2).
+# One call on the GPU machine: load (or build) libnanoqwen and libnanoqwen_testing, run the GPU tests, the kernel
+# and end-to-end benchmarks, compute-sanitizer; full logs under $OUT, a short table last.
+#   device: run(command="bash bench/gpu_check.sh [STEPS]", carry=[".whl", "nanoqwen_rt/lib", "build/lib"])
+#   (nanoqwen_rt/lib: the product library; build/lib: the testing library the kernel tests and benches load)
+# STEPS: comma list of sass,tests,kbench,abench,bench,base,ncu,sanitize,hf7b (default: all but abench and base; ncu
+# and base need bench; base: the bench again with an earlier tree carried in .base/, see the step).
+# The kernels that lost are timed by csrc/dev programs: `make -C csrc/dev` then build/dev/<name>.
 # Wheels for packages the image lacks (crc32c, ...) are read from .whl/ (README "Notes" of the device tool).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/nq_out}"; mkdir -p "$OUT"
 LOG=/tmp/nq_logs; rm -rf "$LOG"; mkdir -p "$LOG"   # full logs; packed into $OUT/logs.tgz at the end
-steps="${1:-sass,tests,kbench,bench,gemvab,nopdl,ncu,sanitize,hf7b}"
+steps="${1:-sass,tests,kbench,bench,ncu,sanitize,hf7b}"
 has() { [[ ",$steps," == *",$1,"* ]]; }
 summary="$LOG/summary.txt"; : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
 save() { cp "$summary" "$LOG"/*.json "$OUT"/ 2>/dev/null; }   # after every step: a run cut short keeps its results
-export PYTHONUNBUFFERED=1 NANOQWEN_COMMIT="$(cat .commit 2>/dev/null || echo unknown)"
+export PYTHONUNBUFFERED=1 NANOQWEN_COMMIT="${NANOQWEN_COMMIT:-$(cat .commit 2>/dev/null || echo unknown)}"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     > "$LOG/pip.log" 2>&1 || { note "pip install of .whl failed"; cat "$LOG/pip.log"; }
@@ -22,12 +24,21 @@ fi
 export PYTHONPATH="/tmp/site:$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$LOG/gpu.txt"
 uname -r | tee -a "$LOG/gpu.txt"
-if ! python3 -c "from nanoqwen_rt import cuda_backend as c; import sys; sys.exit(0 if c.available() else 1)" 2>"$LOG/load.err"; then
-  note "carried libnanoqwen did not load ($(tail -1 "$LOG/load.err")): building here"
+libs_load() {  # both libraries load, the product through its binding, the testing one through tests/nq_testing_lib.py
+  python3 -c "
+import sys
+from nanoqwen_rt.backends import cuda as c
+from nq_testing_lib import load_testing_library
+load_testing_library()
+sys.exit(0 if c.available() else 1)"
+}
+if ! libs_load 2>"$LOG/load.err"; then
+  note "carried libraries did not load ($(tail -1 "$LOG/load.err")): building here"
   t0=$(date +%s); NANOQWEN_CUDA_ARCHS=90a JOBS=16 bash scripts/build_native.sh > "$LOG/build.log" 2>&1
   note "device build rc=$? in $(( $(date +%s) - t0 )) s"
+  libs_load 2>>"$LOG/load.err" || note "libraries still do not load: $(tail -1 "$LOG/load.err")"
 fi
-python3 -c "from nanoqwen_rt import cuda_backend as c; print('cuda_backend.available() =', c.available())" | tee -a "$summary"
+python3 -c "from nanoqwen_rt.backends import cuda as c; print('cuda available:', c.available(), c.unavailable_reason() or '')" | tee -a "$summary"
 
 if has sass && command -v cuobjdump >/dev/null; then   # SASS check: 16-byte weight loads, tensor-core MMAs
   cuobjdump -sass -arch sm_90a nanoqwen_rt/lib/libnanoqwen.so > "$LOG/sass.txt" 2>&1
@@ -48,7 +59,7 @@ if has tests; then
 fi
 if has kbench; then
   timeout 120 python3 bench/gpu_kernels_bench.py --json "$LOG/gemv_bench.json" > "$LOG/gemv_bench.log" 2>&1
-  note "gemv bench rc=$?"; grep -E "^shape|^7B|^32B|^0.5B|^gemm" "$LOG/gemv_bench.log" | tee -a "$summary"
+  note "gemv bench rc=$?"; grep -E "^read|^shape|^7B|^32B|^0.5B|^gemm" "$LOG/gemv_bench.log" | tee -a "$summary"
   tail -3 "$LOG/gemv_bench.log" | grep -v "^gemm" | tee -a "$summary"
   save
 fi
@@ -62,23 +73,21 @@ if has bench; then
   timeout 120 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > "$LOG/make7b.log" 2>&1
   note "make_7b_file rc=$? in $(( $(date +%s) - t0 )) s"
   # peers (copy / read-only ceilings, torch int4 chain, cuBLAS f16 chain) in the same process as the Engine run
-  timeout 240 python3 -m nanoqwen_rt.bench /tmp/q7b.nanoqwen --device cuda --json "$LOG/bench7b.json" \
+  timeout 240 python3 -m nanoqwen_bench /tmp/q7b.nanoqwen --device cuda --json "$LOG/bench7b.json" \
     > "$LOG/bench7b.log" 2>&1
   note "bench 7B rc=$?"; tail -25 "$LOG/bench7b.log" | tee -a "$summary"
   save
 fi
-if has gemvab; then
-  for v in 4; do
-    NANOQWEN_GEMV_VARIANT=$v timeout 60 python3 -m nanoqwen_rt.bench /tmp/q7b.nanoqwen --no-peers --device cuda \
-      --repeats 1 --json "$LOG/bench7b_gemv$v.json" > "$LOG/bench7b_gemv$v.log" 2>&1
-    note "bench 7B with GEMV variant $v rc=$?: $(grep -E '^(TTFT|decode)' "$LOG/bench7b_gemv$v.log" | tr -s ' ' | tr '\n' ';')"
-  done
+if has base && [ -d "${NANOQWEN_BASE_DIR:-.base}" ]; then
+  # The same 7B bench with an earlier tree carried in NANOQWEN_BASE_DIR (default .base/: `git archive REV
+  # nanoqwen_rt nanoqwen_format nanoqwen_quant | tar -x` plus its own built nanoqwen_rt/lib), for before/after
+  # figures measured in one run on one machine.
+  base="${NANOQWEN_BASE_DIR:-.base}"
+  base_mod=nanoqwen_rt.bench; [ -d "$base/nanoqwen_bench" ] && base_mod=nanoqwen_bench
+  (cd "$base" && PYTHONPATH="/tmp/site:$PWD" timeout 200 python3 -m $base_mod /tmp/q7b.nanoqwen --no-peers \
+     --device cuda --json "$LOG/bench7b_base.json") > "$LOG/bench7b_base.log" 2>&1
+  note "bench 7B, base tree $(cat "$base/.commit" 2>/dev/null || echo '?') rc=$?: $(grep -E '^(TTFT|decode|load)' "$LOG/bench7b_base.log" | tr -s ' ' | tr '\n' ';')"
   save
-fi
-if has nopdl; then
-  NANOQWEN_NO_PDL=1 timeout 200 python3 -m nanoqwen_rt.bench /tmp/q7b.nanoqwen --no-peers --device cuda --repeats 2 \
-    --json "$LOG/bench7b_nopdl.json" > "$LOG/bench7b_nopdl.log" 2>&1
-  note "bench 7B without PDL rc=$?: $(grep -E '^(TTFT|decode)' "$LOG/bench7b_nopdl.log" | tr -s ' ' | tr '\n' ';')"
 fi
 if has ncu; then
   timeout 100 ncu --clock-control none --graph-profiling node --metrics gpu__time_duration.sum --csv \

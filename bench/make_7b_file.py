@@ -4,7 +4,7 @@ and full-size GPU tests on the device machine.
 
     python3 bench/make_7b_file.py OUT.nanoqwen [--layers 28] [--quant int4|none] [--group-size 128] [--seed 0]
 
-Contents (shapes: nanoqwen_rt.bench.QWEN25_CODER_7B; untied lm_head, q/k/v biases):
+Contents (shapes: nanoqwen_bench.measure.QWEN25_CODER_7B; untied lm_head, q/k/v biases):
 * linear weights (q/k/v/o/gate/up/down): int4g layout 1 — i.i.d. codes q = u - 8 drawn from INT4_CODE_SLOTS
   (16 equally likely slots: a bell-shaped, exactly zero-mean distribution on -6..6, like round-to-nearest codes
   of Gaussian weights), and f16 scales s = base(K) * exp(0.2 z - 0.02), z ~ N(0, 1) per group,
@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from nanoqwen_format import (BlobKind, DType, ModelConfig, NanoqwenFormatError, NanoqwenWriter,  # noqa: E402
                              TensorSpec, expected_tensors)
-from nanoqwen_rt.bench import QWEN25_CODER_7B  # noqa: E402
+from nanoqwen_bench.measure import QWEN25_CODER_7B  # noqa: E402
 
 ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "qwen2-tokenizer")
 

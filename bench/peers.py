@@ -3,7 +3,7 @@
 
     python3 bench/peers.py [--file MODEL.nanoqwen] [--layers 28] [--json OUT.json] [--reps 30]
 
-Shapes come from --file's header when given, else from nanoqwen_rt.bench.QWEN25_CODER_7B (--layers overrides
+Shapes come from --file's header when given, else from nanoqwen_bench.measure.QWEN25_CODER_7B (--layers overrides
 n_layers). Prints a short table last; --json writes the dict (bandwidth + peers + gpu/date/commit) atomically.
 No Engine is involved: this runs before libnanoqwen exists. `nanoqwen bench FILE` runs the same peers
 in-process next to the Engine.
@@ -18,9 +18,9 @@ import types
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # repo root, when not installed
 
-from nanoqwen_rt.bench import (QWEN25_CODER_7B, BenchError, _git_commit, format_table, gpu_name,  # noqa: E402
-                               measure_copy_bandwidth, write_json_atomic)
-from nanoqwen_rt.bench_peers import run_peers  # noqa: E402
+from nanoqwen_bench.measure import (QWEN25_CODER_7B, BenchError, _git_commit, format_table, gpu_name,  # noqa: E402
+                               measure_bandwidth, write_json_atomic)
+from nanoqwen_bench.peers import run_peers  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     try:
         res = {"gpu": gpu_name(), "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
                "commit": _git_commit(), "config": vars(cfg)}
-        res["bandwidth"] = measure_copy_bandwidth()
+        res["bandwidth"] = measure_bandwidth()
         res["peers"] = run_peers(cfg, reps=a.reps)
     except BenchError as e:
         print(f"peers: {e}", file=sys.stderr)

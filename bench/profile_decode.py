@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def run(path: str) -> None:
     import numpy as np
-    from nanoqwen_rt.cuda_backend import CudaBackend
+    from nanoqwen_rt.backends.cuda import CudaBackend
     with CudaBackend(path, max_context=128) as be:
         ids = (np.arange(64, dtype=np.int32) * 7919) % 151643
         be.prefill(ids)

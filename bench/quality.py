@@ -80,7 +80,7 @@ def perplexity_cpu(path: Path, windows: list[np.ndarray], ctx: int, desc: str) -
     """(perplexity, argmax of every scored position: int (n_windows * ctx,))."""
     from tqdm import tqdm
 
-    from nanoqwen_rt.cpu_backend import CPUBackend
+    from nanoqwen_rt.backends.cpu import CPUBackend
     total, count, top1 = 0.0, 0, []
     with CPUBackend(path, max_context=ctx) as be:
         for w in tqdm(windows, desc=desc, disable=not sys.stderr.isatty(), leave=False):
@@ -107,7 +107,7 @@ def perplexity_torch_fp32(model_dir: Path, windows: list[np.ndarray]) -> float:
 def greedy_runs(path: Path, prompts: list[np.ndarray], gen: int, ctx: int, desc: str) -> list[list[int]]:
     from tqdm import tqdm
 
-    from nanoqwen_rt.cpu_backend import CPUBackend
+    from nanoqwen_rt.backends.cpu import CPUBackend
     from nanoqwen_rt.sampling import SamplingParams
     out = []
     with CPUBackend(path, max_context=ctx) as be:
@@ -141,7 +141,7 @@ def sweep(a) -> int:
     from nanoqwen_quant.convert import convert_checkpoint, plan_tensors
     from nanoqwen_quant.evaluate import DEFAULT_TEXT, compare_logits, summarize, token_windows
     from nanoqwen_quant.hf import load_checkpoint
-    from nanoqwen_rt.cpu_backend import CPUBackend
+    from nanoqwen_rt.backends.cpu import CPUBackend
     from nanoqwen_rt.tokenizer import Tokenizer
 
     if a.checkpoint:

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 
 def main() -> int:
-    from nanoqwen_rt.cuda_backend import CudaBackend
+    from nanoqwen_rt.backends.cuda import CudaBackend
     from nanoqwen_rt.sampling import SamplingParams
     with tempfile.TemporaryDirectory() as d:
         if len(sys.argv) > 1:

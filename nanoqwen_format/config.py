@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .constants import (ARCH_NAMES, CONFIG_FLAG_QKV_BIAS, CONFIG_FLAG_TIED, CONFIG_FLAGS_KNOWN, CONFIG_SIZE,
-                        ROPE_SCALING_NAMES, Arch, RopeScaling)
+                        MAX_N_LAYERS, ROPE_SCALING_NAMES, Arch, RopeScaling)
 from .errors import ConfigMismatch, NonZeroReserved
 
 # u32 arch, n_layers, hidden_size, intermediate_size, n_heads, n_kv_heads, head_dim, vocab_rows, max_positions,
@@ -94,6 +94,8 @@ def validate_config(c: ModelConfig) -> None:
         v = getattr(c, field)
         if not _is_int(v) or not (1 <= v <= _U32_MAX):
             bad(field, "an integer in 1..2^32-1", v)
+    if c.n_layers > MAX_N_LAYERS:
+        bad("n_layers", f"<= MAX_N_LAYERS = {MAX_N_LAYERS}", c.n_layers)
     if c.n_heads % c.n_kv_heads != 0:
         bad("n_kv_heads", f"a divisor of n_heads={c.n_heads}", c.n_kv_heads)
     if c.head_dim % 2 != 0:
@@ -106,7 +108,7 @@ def validate_config(c: ModelConfig) -> None:
         bad("rope_scaling_type", "'none', 'linear' or 'yarn'", c.rope_scaling_type)
     f = c.rope_scaling_factor
     if not (_is_real(f) and _fits_f32(f)):
-        bad("rope_scaling_factor", "a number finite in binary32", f)
+        bad("rope_scaling_factor", "a finite number (also finite in binary32)", f)
     if not (_is_int(c.rope_original_max_positions) and 0 <= c.rope_original_max_positions <= _U32_MAX):
         bad("rope_original_max_positions", "an integer in 0..2^32-1", c.rope_original_max_positions)
     if c.rope_scaling_type == "none":

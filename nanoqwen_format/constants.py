@@ -1,5 +1,5 @@
 """Every NANOQWEN v1 constant, in one place. spec/nanoqwen-format.md §Constants lists the same table
-(tests/test_format_spec_constants.py parses the spec and compares)."""
+(tests/test_format_spec.py::test_constant_tables_match_code parses the spec and compares)."""
 from __future__ import annotations
 
 from enum import IntEnum
@@ -17,6 +17,7 @@ MAX_NDIM = 4
 MAX_TENSORS = 65536                 # cap on n_tensors (bounds the directory a reader must parse)
 MAX_BLOBS = 64                      # cap on n_blobs
 MAX_HEADER_SIZE = 16 * 1024 * 1024  # cap on header_size (16 MiB)
+MAX_N_LAYERS = 256  # cap on ModelConfig.n_layers (bounds the per-layer tensor checks)
 HEADER_CRC_OFFSET = 40              # u32 header_crc32c, computed with this field as 0
 
 LAYOUT_NONE = 0                     # plain dtypes: row-major, C order, little-endian

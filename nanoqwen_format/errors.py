@@ -83,7 +83,8 @@ class BadShape(NanoqwenFormatError):
 
 
 class ConfigMismatch(NanoqwenFormatError):
-    """A ModelConfig value is invalid, or a tensor shape disagrees with the config."""
+    """A ModelConfig value is invalid (n_layers > MAX_N_LAYERS included), or a tensor shape disagrees with the
+    config."""
 
 
 class UnknownBlobKind(NanoqwenFormatError):
@@ -91,7 +92,9 @@ class UnknownBlobKind(NanoqwenFormatError):
 
 
 class BadBlobEncoding(NanoqwenFormatError):
-    """Blob encoding is not the one its kind requires, or its bytes are not valid UTF-8 / JSON."""
+    """Blob encoding is not the one its kind requires or a JSON blob is empty (at open); or, when the blob is read,
+    its bytes are not UTF-8 without a byte-order mark, or not one RFC 8259 JSON value (NaN / Infinity and
+    duplicate object names included)."""
 
 
 class TruncatedFile(NanoqwenFormatError):

@@ -1,7 +1,6 @@
 """Memory-mapped reader: open_file(path) validates everything (spec §Validation) and hands out zero-copy views."""
 from __future__ import annotations
 
-import json
 import mmap
 import os
 from typing import Dict, Optional, Tuple
@@ -10,10 +9,10 @@ import numpy as np
 
 from .config import ModelConfig
 from .constants import FILE_HEADER_SIZE, BlobKind, DType, align128
-from .errors import BadBlobEncoding, NanoqwenFormatError
+from .errors import NanoqwenFormatError
 from .int4_layout import dequantize_int4_reference
 from .tensors import TensorInfo
-from .validate import parse_file, verify_items
+from .validate import decode_blob_text, parse_blob_json, parse_file, verify_items
 
 _NP_DTYPE = {DType.F32: np.dtype("<f4"), DType.F16: np.dtype("<f2"), DType.BF16: np.dtype("<u2")}
 
@@ -125,23 +124,18 @@ class NanoqwenFile:
         return bytes(self._buf()[off:off + nb])
 
     def blob_text(self, kind) -> Optional[str]:
+        """The blob as text (rule 40: UTF-8 without a byte-order mark, else BadBlobEncoding); None if absent."""
         raw = self.blob(kind)
         if raw is None:
             return None
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise BadBlobEncoding(f"blob {BlobKind(kind).name}: expected UTF-8, found invalid byte at {e.start}") \
-                from None
+        return decode_blob_text(BlobKind(kind), raw)
 
     def blob_json(self, kind):
+        """The blob parsed as JSON (rules 40-41, else BadBlobEncoding); None if absent."""
         text = self.blob_text(kind)
         if text is None:
             return None
-        try:
-            return json.loads(text)
-        except ValueError as e:
-            raise BadBlobEncoding(f"blob {BlobKind(kind).name}: expected JSON, found a parse error: {e}") from None
+        return parse_blob_json(BlobKind(kind), text)
 
     # ---- checks ---------------------------------------------------------------------------------------------
     def verify_checksums(self) -> None:

@@ -8,30 +8,84 @@ from .config import ModelConfig
 from .constants import DTYPE_ITEMSIZE, LAYOUT_INT4_ROWMAJOR_K8, LAYOUT_NONE, DType, align128
 
 
+# spec §7, the tensor set: every per-layer tensor as (name suffix, shape symbols, present when), canonical order.
+# Shape symbols: H hidden_size, I intermediate_size, Q n_heads*head_dim, KV n_kv_heads*head_dim, V vocab_rows.
+_LAYER_TENSORS = (
+    ("input_layernorm.weight", ("H",), None),
+    ("self_attn.q_proj.weight", ("Q", "H"), None),
+    ("self_attn.k_proj.weight", ("KV", "H"), None),
+    ("self_attn.v_proj.weight", ("KV", "H"), None),
+    ("self_attn.q_proj.bias", ("Q",), "qkv_bias"),
+    ("self_attn.k_proj.bias", ("KV",), "qkv_bias"),
+    ("self_attn.v_proj.bias", ("KV",), "qkv_bias"),
+    ("self_attn.o_proj.weight", ("H", "Q"), None),
+    ("post_attention_layernorm.weight", ("H",), None),
+    ("mlp.gate_proj.weight", ("I", "H"), None),
+    ("mlp.up_proj.weight", ("I", "H"), None),
+    ("mlp.down_proj.weight", ("H", "I"), None),
+)
+_LAYER_PREFIX = "model.layers."
+
+
+def _dims(cfg: ModelConfig) -> dict:
+    return {"H": cfg.hidden_size, "I": cfg.intermediate_size, "Q": cfg.n_heads * cfg.head_dim,
+            "KV": cfg.n_kv_heads * cfg.head_dim, "V": cfg.vocab_rows}
+
+
+def _layer_tensors(cfg: ModelConfig) -> dict:
+    """{suffix: shape} of the tensors every layer holds under this config, in canonical order."""
+    d = _dims(cfg)
+    return {suffix: tuple(d[s] for s in sym) for suffix, sym, when in _LAYER_TENSORS
+            if when is None or (when == "qkv_bias" and cfg.qkv_bias)}
+
+
+def _global_tensors(cfg: ModelConfig) -> tuple:
+    """({name: shape} before the layers, {name: shape} after them)."""
+    v, h = cfg.vocab_rows, cfg.hidden_size
+    tail = {"model.norm.weight": (h,)}
+    if not cfg.tied_embeddings:
+        tail["lm_head.weight"] = (v, h)
+    return {"model.embed_tokens.weight": (v, h)}, tail
+
+
+def iter_expected_tensors(cfg: ModelConfig):
+    """(name, shape) of every tensor a file of this config holds, lazily, in canonical order."""
+    head, tail = _global_tensors(cfg)
+    yield from head.items()
+    per_layer = _layer_tensors(cfg)
+    for i in range(cfg.n_layers):
+        for suffix, shape in per_layer.items():
+            yield f"{_LAYER_PREFIX}{i}.{suffix}", shape
+    yield from tail.items()
+
+
 def expected_tensors(cfg: ModelConfig) -> dict:
     """{HF tensor name: shape tuple} that a file of this config must hold exactly, in canonical order."""
-    h, hd, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    q_out, kv_out = cfg.n_heads * hd, cfg.n_kv_heads * hd
-    out = {"model.embed_tokens.weight": (cfg.vocab_rows, h)}
-    for i in range(cfg.n_layers):
-        p = f"model.layers.{i}."
-        out[p + "input_layernorm.weight"] = (h,)
-        out[p + "self_attn.q_proj.weight"] = (q_out, h)
-        out[p + "self_attn.k_proj.weight"] = (kv_out, h)
-        out[p + "self_attn.v_proj.weight"] = (kv_out, h)
-        if cfg.qkv_bias:
-            out[p + "self_attn.q_proj.bias"] = (q_out,)
-            out[p + "self_attn.k_proj.bias"] = (kv_out,)
-            out[p + "self_attn.v_proj.bias"] = (kv_out,)
-        out[p + "self_attn.o_proj.weight"] = (h, q_out)
-        out[p + "post_attention_layernorm.weight"] = (h,)
-        out[p + "mlp.gate_proj.weight"] = (inter, h)
-        out[p + "mlp.up_proj.weight"] = (inter, h)
-        out[p + "mlp.down_proj.weight"] = (h, inter)
-    out["model.norm.weight"] = (h,)
-    if not cfg.tied_embeddings:
-        out["lm_head.weight"] = (cfg.vocab_rows, h)
-    return out
+    return dict(iter_expected_tensors(cfg))
+
+
+def expected_tensor_count(cfg: ModelConfig) -> int:
+    """len(expected_tensors(cfg)), in constant time."""
+    head, tail = _global_tensors(cfg)
+    return len(head) + len(tail) + cfg.n_layers * len(_layer_tensors(cfg))
+
+
+def expected_shape(cfg: ModelConfig, name: str):
+    """The shape §7 gives `name` under this config, or None if the name is not in the set. Constant time in
+    n_layers: a layer name is parsed, its index must be canonical decimal (no sign, no leading zero) < n_layers."""
+    head, tail = _global_tensors(cfg)
+    if name in head:
+        return head[name]
+    if name in tail:
+        return tail[name]
+    if not name.startswith(_LAYER_PREFIX):
+        return None
+    index, _, suffix = name[len(_LAYER_PREFIX):].partition(".")
+    if not (index.isascii() and index.isdigit()) or (len(index) > 1 and index[0] == "0"):
+        return None
+    if len(index) > len(str(cfg.n_layers)) or int(index) >= cfg.n_layers:
+        return None
+    return _layer_tensors(cfg).get(suffix)
 
 
 def int4_nbytes(n: int, k: int, group_size: int) -> int:

@@ -1,7 +1,10 @@
-"""Every validation rule of spec §Validation, in the spec's order. Used by the reader (whole file) and the writer
-(the parts it can check before writing). Never allocates more than the header (<= file size, <= 16 MiB)."""
+"""Every validation rule of spec §12, in the spec's order: rules 1-39 at open (parse_file, verify_items), the blob
+content rules 40-41 when a blob is read (decode_blob_text, parse_blob_json). Used by the reader (whole file) and
+the writer (the parts it can check before writing). Never allocates more than the header (<= file size, <= 16 MiB)
+and the blob being read."""
 from __future__ import annotations
 
+import json
 from typing import Dict, Iterable, Optional, Tuple
 
 import numpy as np
@@ -9,7 +12,8 @@ import numpy as np
 from .config import ModelConfig, unpack_config
 from .constants import (BLOB_ENTRY_SIZE, BLOB_KIND_ENCODING, CONFIG_OFFSET, CONFIG_SIZE, FILE_HEADER_SIZE,
                         FORMAT_VERSION, INT4_GROUP_SIZES, LAYOUT_INT4_ROWMAJOR_K8, LAYOUT_NONE, MAGIC, MAX_BLOBS,
-                        MAX_HEADER_SIZE, MAX_NDIM, MAX_TENSORS, TENSOR_ENTRY_SIZE, BlobKind, DType, align128)
+                        MAX_HEADER_SIZE, MAX_NDIM, MAX_TENSORS, TENSOR_ENTRY_SIZE, BlobEncoding, BlobKind, DType,
+                        align128)
 from .crc import crc32c
 from .errors import (BadBlobEncoding, BadGroupSize, BadMagic, BadScale, BadShape, BadTensorName, ByteLengthMismatch,
                      ChecksumMismatch, ConfigMismatch, DuplicateName, HeaderSizeMismatch, HeaderTooLarge,
@@ -18,7 +22,7 @@ from .errors import (BadBlobEncoding, BadGroupSize, BadMagic, BadScale, BadShape
                      UnknownBlobKind, UnknownDType, UnknownLayout, UnknownTensorName, UnsupportedVersion)
 from .header import (HEADER_RESERVED_START, header_crc, unpack_blob_entry, unpack_header_prefix,
                      unpack_tensor_entry)
-from .tensors import TensorInfo, expected_tensors, tensor_nbytes
+from .tensors import TensorInfo, expected_shape, expected_tensor_count, iter_expected_tensors, tensor_nbytes
 
 U64_LIMIT = 2**64
 
@@ -76,21 +80,26 @@ def check_tensor_meta(name: str, dtype: int, layout_id: int, group_size: int, sh
 
 
 def check_names_against_config(items: Iterable[Tuple[str, Tuple[int, ...]]], cfg: ModelConfig) -> None:
-    """Tensor names are exactly expected_tensors(cfg), each with its expected shape."""
-    want = expected_tensors(cfg)
+    """Rules 35-37 (spec §12): per item in order, its name is in §7's set for cfg (UnknownTensorName), then its
+    shape is §7's (ConfigMismatch); then no name of the set is absent (MissingTensor). Runs in O(len(items)),
+    whatever cfg.n_layers says: the names are unique members of the set, so the set is complete exactly when
+    their count is the set's size, and the first absent name in canonical order is among its first
+    len(items) + 1 names."""
     seen = set()
     for name, shape in items:
-        if name not in want:
-            raise UnknownTensorName(f"tensor {name!r}: expected one of the {len(want)} names of this config "
-                                    f"(arch={cfg.arch}, n_layers={cfg.n_layers}, tied={cfg.tied_embeddings}, "
+        want = expected_shape(cfg, name)
+        if want is None:
+            raise UnknownTensorName(f"tensor {name!r}: expected one of the {expected_tensor_count(cfg)} names of this "
+                                    f"config (arch={cfg.arch}, n_layers={cfg.n_layers}, tied={cfg.tied_embeddings}, "
                                     f"qkv_bias={cfg.qkv_bias}), found an unknown name")
-        if tuple(shape) != want[name]:
-            raise ConfigMismatch(f"tensor {name!r}: shape expected {want[name]} from the config, "
-                                 f"found {tuple(shape)}")
+        if tuple(shape) != want:
+            raise ConfigMismatch(f"tensor {name!r}: shape expected {want} from the config, found {tuple(shape)}")
         seen.add(name)
-    for name in want:
-        if name not in seen:
-            raise MissingTensor(f"tensor {name!r}: expected (config requires {len(want)} tensors), found absent")
+    need = expected_tensor_count(cfg)
+    if len(seen) < need:
+        missing = next(name for name, _ in iter_expected_tensors(cfg) if name not in seen)
+        raise MissingTensor(f"tensor {missing!r}: expected (config requires {need} tensors, the file holds "
+                            f"{len(seen)}), found absent")
 
 
 def _first_nonzero(buf, start: int, end: int) -> Optional[int]:
@@ -231,6 +240,8 @@ def parse_file(buf, file_len: int, verify_checksums: bool):
         want_enc = BLOB_KIND_ENCODING[kind]
         if b.encoding != want_enc:
             raise BadBlobEncoding(f"{where}: encoding expected {int(want_enc)} ({want_enc.name}), found {b.encoding}")
+        if want_enc == BlobEncoding.JSON_UTF8 and b.nbytes == 0:
+            raise BadBlobEncoding(f"{where}: nbytes expected >= 1 (a JSON blob holds one JSON value), found 0")
         if any(b.reserved_bytes):
             raise NonZeroReserved(f"{where}: reserved bytes [28, 64) expected zero, found {b.reserved_bytes!r}")
         end = _place_item(buf, where, b.offset, b.nbytes, cursor, h.file_size)
@@ -278,3 +289,54 @@ def check_int4_scales(buf, t: TensorInfo) -> None:
         raise BadScale(f"tensor {t.name!r}: scale [{i // (k // t.group_size)}][{i % (k // t.group_size)}] "
                        f"expected finite and >= 0, found {value} (f16 bits {int(bits[i]):#06x}; "
                        f"{bad.size} bad scales)")
+
+
+# ---- blob content (rules 40-41): applied when a blob's content is read, not at open --------------------------
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def decode_blob_text(kind: BlobKind, data: bytes) -> str:
+    """Rule 40: the bytes are UTF-8 (RFC 3629: no overlong forms, surrogates or code points > U+10FFFF) and do not
+    start with a byte-order mark."""
+    if data.startswith(UTF8_BOM):
+        raise BadBlobEncoding(f"blob {kind.name}: expected UTF-8 without a byte-order mark, found EF BB BF at 0")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadBlobEncoding(f"blob {kind.name}: expected UTF-8, found invalid byte {data[e.start]:#04x} at "
+                              f"{e.start}") from None
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
+def _object_without_duplicates(pairs):
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate object name {key!r}")
+            seen.add(key)
+    return obj
+
+
+def parse_blob_json(kind: BlobKind, text: str):
+    """Rule 41: the text is exactly one JSON value (RFC 8259, whitespace around it allowed), without the non-JSON
+    literals NaN / Infinity / -Infinity and without a name twice in one object."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_object_without_duplicates)
+    except RecursionError:
+        raise BadBlobEncoding(f"blob {kind.name}: expected JSON nested at most as deep as this reader supports, "
+                              f"found deeper nesting") from None
+    except ValueError as e:
+        raise BadBlobEncoding(f"blob {kind.name}: expected one JSON value (RFC 8259), found: {e}") from None
+
+
+def check_blob_content(kind, data: bytes) -> None:
+    """Rules 40-41 for one blob of kind `kind` (what a writer checks before writing it)."""
+    kind = BlobKind(int(kind))
+    text = decode_blob_text(kind, data)
+    if BLOB_KIND_ENCODING[kind] == BlobEncoding.JSON_UTF8:
+        parse_blob_json(kind, text)

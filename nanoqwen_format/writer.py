@@ -1,27 +1,102 @@
 """Streaming writer: NanoqwenWriter (spec §Writing). Holds at most one tensor; header + directory are written
 last (seek to 0) with every CRC; temp file beside the target, fsync, os.replace. Any exception or
-KeyboardInterrupt inside the `with` removes the temp file and leaves nothing at the target path."""
+KeyboardInterrupt inside the `with` removes the temp file and leaves nothing at the target path.
+
+The temp file is named `.<target name>.tmp-<pid>-<8 hex digits>` (temp_path; TEMP_NAME matches it) and starts
+with MAGIC from its first write, so a process killed outright (SIGKILL, power cut) leaves a file that
+stale_temp_files can attribute: our pattern, our content, our uid, a PID that is no longer alive."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
+import re
 import secrets
+import stat
 from typing import Iterable, List, Optional, Sequence
 
 import numpy as np
 
 from .config import ModelConfig, pack_config
 from .constants import (BLOB_KIND_ENCODING, FORMAT_VERSION, MAGIC, MAX_BLOBS, MAX_HEADER_SIZE, MAX_TENSORS,
-                        TENSOR_NAME_SIZE, BlobEncoding, BlobKind, DType, align128)
+                        TENSOR_NAME_SIZE, BlobKind, DType, align128)
 from .crc import crc32c
-from .errors import BadBlobEncoding, BadScale, BadTensorName, DuplicateName, HeaderTooLarge, WriterUsageError
+from .errors import BadScale, BadTensorName, DuplicateName, HeaderTooLarge, WriterUsageError
 from .header import RawHeader, header_crc, pack_blob_entry, pack_header, pack_tensor_entry
 from .tensors import TensorSpec
-from .validate import check_names_against_config, check_tensor_meta, decode_name, expected_header_size
+from .validate import (check_blob_content, check_names_against_config, check_tensor_meta, decode_name,
+                       expected_header_size)
 
 _NP_DTYPE = {DType.F32: np.dtype("<f4"), DType.F16: np.dtype("<f2"), DType.BF16: np.dtype("<u2")}
 _CHUNK = 64 * 1024 * 1024  # bytes per write() of a large tensor (bounds the transient copy)
+# `.<name>.tmp-<pid>-<token>`: the one definition of the temp-file name (temp_path writes it, TEMP_NAME reads it)
+TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>[1-9][0-9]*)-(?P<token>[0-9a-f]{8})$")
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+               (stat.S_ISREG, "a regular file"))
+
+
+def file_kind(mode: int) -> str:
+    """'a regular file', 'a directory', 'a symbolic link', 'a character device', ... for an lstat st_mode."""
+    return next((what for test, what in _FILE_KINDS if test(mode)), "a special file")
+
+
+def temp_path(path, pid: Optional[int] = None) -> str:
+    """The hidden temp file NanoqwenWriter writes before renaming it to `path` (same directory)."""
+    d, base = os.path.split(os.path.abspath(os.fspath(path)))
+    return os.path.join(d, f".{base}.tmp-{os.getpid() if pid is None else pid}-{secrets.token_hex(4)}")
+
+
+def _pid_alive(pid: int) -> bool:
+    """True unless the PID certainly names no process (a PID of another user's process counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def stale_temp_files(directory) -> List[str]:
+    """Temp files in `directory` that a dead writer left: the TEMP_NAME pattern, a regular file owned by this
+    uid, content that starts like ours (MAGIC, or shorter than it), and a PID no process has. A live process's
+    temp file is never listed. (PIDs are per host and per PID namespace: do not share one output directory
+    between machines or containers that write into it at the same time.)"""
+    directory = os.fspath(directory)
+    out = []
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return out
+    for name in names:
+        m = TEMP_NAME.match(name)
+        if m is None or _pid_alive(int(m["pid"])):
+            continue
+        full = os.path.join(directory, name)
+        try:
+            st = os.lstat(full)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            with open(full, "rb") as fh:
+                head = fh.read(len(MAGIC))
+        except OSError:
+            continue
+        if head == MAGIC[:len(head)]:
+            out.append(full)
+    return out
+
+
+def remove_stale_temp_files(directory) -> List[tuple]:
+    """Remove stale_temp_files(directory); returns [(path, size in bytes)] of those removed."""
+    removed = []
+    for full in stale_temp_files(directory):
+        try:
+            size = os.lstat(full).st_size
+            os.unlink(full)
+        except OSError:
+            continue
+        removed.append((full, size))
+    return removed
 
 
 class NanoqwenWriter:
@@ -74,11 +149,19 @@ class NanoqwenWriter:
 
     # ---- lifetime -------------------------------------------------------------------------------------------
     def __enter__(self) -> "NanoqwenWriter":
-        d, base = os.path.split(os.path.abspath(self.path))
-        self._tmp = os.path.join(d, f".{base}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        self._tmp = temp_path(self.path)
         fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        self._fh = os.fdopen(fd, "wb")
-        self._fh.write(bytes(self.data_offset))   # placeholder header + directory + padding, rewritten at commit
+        try:
+            self._fh = os.fdopen(fd, "wb")
+        except BaseException:
+            os.close(fd)
+            self._abort()
+            raise
+        try:   # placeholder header (MAGIC, then zeros for the rest of it, the directory and padding): rewritten
+            self._fh.write(MAGIC + bytes(self.data_offset - len(MAGIC)))   # at commit
+        except BaseException:   # ENOSPC, a signal: the `with` body never runs, so clean up here
+            self._abort()
+            raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -128,6 +211,12 @@ class NanoqwenWriter:
         os.fsync(self._fh.fileno())
         self._fh.close()
         self._fh = None
+        try:   # os.replace would put a regular file in place of whatever is there: only ever replace a file
+            kind = file_kind(os.lstat(self.path).st_mode)
+        except FileNotFoundError:
+            kind = None
+        if kind not in (None, "a regular file"):
+            raise WriterUsageError(f"{self.path}: expected a regular file or nothing to replace, found {kind}")
         os.replace(self._tmp, self.path)
         self._tmp = None
         try:  # make the rename durable
@@ -240,12 +329,7 @@ class NanoqwenWriter:
                                    f"found {kind.name}")
         data = bytes(data)
         enc = BLOB_KIND_ENCODING[kind]
-        try:
-            text = data.decode("utf-8")
-            if enc == BlobEncoding.JSON_UTF8:
-                json.loads(text)
-        except ValueError as e:
-            raise BadBlobEncoding(f"blob {kind.name}: expected {enc.name}, found invalid data: {e}") from None
+        check_blob_content(kind, data)   # the reader's rules 31b, 40, 41: never write a blob it would reject
         self._begin_item()
         self._fh.write(data)
         self._end += len(data)

@@ -4,6 +4,8 @@
 * cast.py      numba bf16→f32 and f32/bf16→f16 casts used when streaming a checkpoint (bit-exact vs numpy)
 * hf.py        checkpoint reading: local dir or hub id, config.json → ModelConfig (with refusals), safetensors
                (single / sharded via the index) located and read in row blocks
+* sources/     already-quantized sources: GPTQ / AWQ directories, GGUF files (ImportedCheckpoint: exact
+               dequantization for verify, lossless layout-1 repack where the source is layout 1 in disguise)
 * convert.py   convert_checkpoint(...) and the `nanoqwen-convert` CLI
 * errstats.py  one-pass error statistics (numba) + numpy references, for verify
 * verify.py    the `nanoqwen-verify` CLI: structure, checksums, tokenizer, per-tensor error vs the source

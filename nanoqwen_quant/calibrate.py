@@ -96,7 +96,7 @@ class _Recorder:
 def collect_hessians(f16_path, ids: np.ndarray, context: int = CALIB_CONTEXT) -> dict[str, np.ndarray]:
     """Run the f16 file over ids in windows of `context`; return {linear weight name: H float32 (K, K)}.
     Weights that share an input share one array."""
-    from nanoqwen_rt.cpu_backend import CPUBackend
+    from nanoqwen_rt.backends.cpu import CPUBackend
     out: dict[str, np.ndarray] = {}
     with CPUBackend(f16_path, max_context=context) as be:
         accs = []

@@ -2,31 +2,148 @@
 
 Defaults: q/k/v/o/gate/up/down → int4 g128 rtn (layout 1); embeddings, norms, biases, lm_head → f16.
 Streams one tensor at a time, int4 tensors in row blocks (peak RSS ≈ the largest f16 tensor + one block).
-The output is written to a temp file beside OUT and renamed on success (NanoqwenWriter), so an error or Ctrl-C
-leaves nothing at OUT.
+The output is written to a temp file beside OUT and renamed on success (NanoqwenWriter), so an error, Ctrl-C,
+SIGTERM or SIGHUP leaves nothing at OUT; temp files that killed converters left beside OUT are removed on the next
+run. OUT is refused (check_output) when it is or lies inside the source, is not a regular file, or exists
+without --force.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
+import signal
+import stat
 import sys
+import threading
 from pathlib import Path
 
 import click
 import numpy as np
 
 from nanoqwen_format import BlobKind, DType, NanoqwenFormatError, NanoqwenWriter, TensorSpec, expected_tensors
+from nanoqwen_format.writer import file_kind, remove_stale_temp_files
 
 from .hf import EXTRA_FILES, Checkpoint, ConvertError, load_checkpoint
 from .cast import to_f16_bits
+from .one_line_errors import OneLineErrorCommand
 from .quantize import QuantizationError, can_quantize, check_shape, quantize
+from .sources import ImportedCheckpoint
 
 INT4_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GROUP_SIZES = (32, 64, 128)                 # what the CLI offers (the format also allows 256)
 MODES = ("rtn", "mse", "gptq")              # gptq: calibration forward pass + error feedback (nanoqwen_quant.gptq)
 BLOCK_ELEMS = 8 * 1024 * 1024               # float32 elements per row block (32 MiB) read + quantized at once
 BUFFER_REUSE_BYTES = 64 * 1024 * 1024      # keep f16 buffers this large for the next tensor of the same shape
+UNWIND_SIGNALS = (signal.SIGTERM, signal.SIGHUP)   # handled like Ctrl-C: the temp file goes, exit 128 + signum
+EXIT_SIGNAL_BASE = 128                      # the shell's convention: a command ended by signal N exits 128 + N
+
+
+class OutputRefused(ConvertError):
+    """-o names a path the converter will not write: the source itself or a path inside it, something that is
+    not a regular file, an existing file without --force, or a file/directory it cannot write."""
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived: unwinds like KeyboardInterrupt (the writer removes its temp file)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def unwind_on_signals(signals=UNWIND_SIGNALS):
+    """Raise Terminated in the main thread on each of `signals` whose handler is the default (a signal the
+    caller ignores, such as SIGHUP under nohup, stays ignored). A second signal while unwinding is ignored so
+    that the cleanup runs to the end. Restores the previous handlers on exit."""
+    fired = []
+
+    def handler(signum, frame):
+        if not fired:
+            fired.append(signum)
+            raise Terminated(signum)
+
+    old = {}
+    if threading.current_thread() is threading.main_thread():     # only the main thread may set handlers
+        for s in signals:
+            if signal.getsignal(s) is signal.SIG_DFL:
+                old[s] = signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _is_within(path: str, root: str) -> bool:
+    return path == root or os.path.commonpath([path, root]) == root
+
+
+def check_output(out, *, force: bool = False) -> Path:
+    """Refuse (OutputRefused) an output path that is not a regular file, that exists without `force`, that is
+    read-only, or whose directory is missing or not writable. Returns the path. Touches nothing."""
+    shown = os.fspath(out)
+    out = Path(out)
+    if not out.name or shown.endswith(os.sep):
+        raise OutputRefused(f"output {shown!r} is a directory; give a file name such as model.nanoqwen")
+    parent = out.parent
+    if not parent.exists():
+        raise OutputRefused(f"output directory {str(parent)!r} does not exist")
+    if not parent.is_dir():
+        raise OutputRefused(f"output {shown!r}: {str(parent)!r} is not a directory")
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise OutputRefused(f"output {shown!r}: {e.strerror or e}") from None
+    if st is not None:
+        if stat.S_ISLNK(st.st_mode):
+            raise OutputRefused(f"output {shown!r} is a symbolic link (to {os.readlink(out)!r}); refusing to replace "
+                                f"it: give the real path, or remove the link first")
+        if stat.S_ISDIR(st.st_mode):
+            raise OutputRefused(f"output {shown!r} is a directory; give a file name such as model.nanoqwen")
+        if not stat.S_ISREG(st.st_mode):
+            raise OutputRefused(f"output {shown!r} is {file_kind(st.st_mode)}, not a regular file; refusing to "
+                                f"replace it")
+        if not force:
+            raise OutputRefused(f"output {shown!r} already exists; pass --force to replace it")
+        if not st.st_mode & 0o222 or not os.access(out, os.W_OK):
+            raise OutputRefused(f"output {shown!r} is read-only (mode {stat.S_IMODE(st.st_mode):04o}); --force "
+                                f"replaces only a file you may write: make it writable or remove it first")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputRefused(f"output directory {str(parent)!r} is not writable")
+    return out
+
+
+def check_output_not_source(out, sources) -> None:
+    """Refuse (OutputRefused) an output that is one of `sources` (files or directories) or lies inside a
+    source directory, comparing real paths (symbolic links resolved: of the output's directory, and of the
+    output itself when it is a link)."""
+    out = Path(out)
+    here = os.path.join(os.path.realpath(out.parent), out.name)
+    targets = {here: f"output {str(out)!r}"}
+    if os.path.islink(out):
+        targets[os.path.realpath(out)] = f"output {str(out)!r} (a link to {os.path.realpath(out)})"
+    for src in sources:
+        src = Path(src)
+        if not src.exists():
+            continue
+        real = os.path.realpath(src)
+        for t, what in targets.items():
+            if t == real:
+                raise OutputRefused(f"{what} is the source {str(src)!r} ({real}); refusing to overwrite the "
+                                    f"checkpoint being converted")
+            if src.is_dir() and _is_within(t, real):
+                raise OutputRefused(f"{what} lies inside the source directory {str(src)!r} ({real}); write it "
+                                    f"elsewhere")
+
+
+def _source_paths(ckpt: Checkpoint) -> list[Path]:
+    """What converting `ckpt` reads: its directory, every weight file and every metadata file."""
+    return [ckpt.source.path, *sorted({t.file for t in ckpt.tensors.values()}), *ckpt.extras.values()]
 
 
 def converter_version() -> str:
@@ -125,11 +242,15 @@ def _progress(total: int, enabled: bool):
 
 def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, mode: str = "rtn",
                        lm_head: str = "fp16", revision: str | None = None, progress: bool = False,
-                       fallback_f16: bool = False, calib_text: str | None = None,
+                       fallback_f16: bool = False, force: bool = False, log=None, calib_text: str | None = None,
                        hessians: dict | None = None) -> Path:
     """Convert a Hugging Face checkpoint (local dir or hub repo id) to a .nanoqwen file at `out`; returns out.
-    Raises ConvertError (one-line message) for anything the user must fix. mode gptq: calibrates on calib_text
-    (default: nanoqwen_quant.calibrate's), or uses `hessians` (weight name → H) from calibration_hessians."""
+    Raises ConvertError (one-line message) for anything the user must fix; OutputRefused (before anything is
+    read or written) for an output path check_output / check_output_not_source refuse. An existing regular
+    file at `out` is replaced only with force=True. log(message): one line each for what the user should know
+    (stale temp files removed; with progress, linears kept f16 and what an imported GPTQ / AWQ / GGUF source
+    became). mode gptq: calibrates on calib_text (default: nanoqwen_quant.calibrate's), or uses `hessians`
+    (weight name → H) from calibration_hessians."""
     if quant not in ("int4", "none"):
         raise ConvertError(f"quant: expected 'int4' or 'none', found {quant!r}")
     if mode not in MODES:
@@ -138,13 +259,12 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
         raise ConvertError(f"lm_head: expected 'fp16' or 'int4', found {lm_head!r}")
     if quant == "int4" and group_size not in GROUP_SIZES:
         raise ConvertError(f"group_size: expected one of {GROUP_SIZES}, found {group_size!r}")
-    out = Path(out)
-    if out.is_dir():
-        raise ConvertError(f"output {str(out)!r} is a directory; give a file name such as model.nanoqwen")
-    if not out.parent.exists():
-        raise ConvertError(f"output directory {str(out.parent)!r} does not exist")
+    check_output_not_source(out, [Path(src).expanduser()])
+    out = check_output(out, force=force)
     ckpt = load_checkpoint(src, revision)
-    specs = plan_tensors(ckpt, quant=quant, group_size=group_size, lm_head=lm_head, fallback_f16=fallback_f16)
+    check_output_not_source(out, _source_paths(ckpt))      # a hub snapshot, files that are links elsewhere
+    specs = keep_source_groups(ckpt, plan_tensors(ckpt, quant=quant, group_size=group_size, lm_head=lm_head,
+                                                  fallback_f16=fallback_f16))
     n_int4 = sum(s.dtype == DType.INT4G for s in specs)
     provenance = {
         "source": ckpt.source.source,
@@ -163,7 +283,13 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
         "source_files": {p.name: p.stat().st_size for p in sorted({t.file for t in ckpt.tensors.values()})},
         "missing_metadata": [f for f in EXTRA_FILES if f not in ckpt.extras],
     }
+    if isinstance(ckpt, ImportedCheckpoint):
+        provenance["import"] = ckpt.import_summary({s.name: s.group_size for s in specs if s.dtype == DType.INT4G})
     blobs = _blobs(ckpt, provenance)
+    removed = remove_stale_temp_files(out.parent)
+    if removed and log is not None:
+        log(f"removed {len(removed)} temp file(s) left by converters that no longer run: "
+            + ", ".join(f"{p} ({n / 2**20:.1f} MiB)" for p, n in removed))
     if n_int4 and mode == "gptq" and hessians is None:      # hessians given: calibration done by the caller
         from .calibrate import calibration_hessians, calibration_workdir
         with calibration_workdir(out) as td:
@@ -185,7 +311,51 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
         raise ConvertError(f"writing {out}: {e.strerror or e}") from None
     finally:
         bar.close()
+    if progress and log is not None:
+        for line in conversion_notes(ckpt, specs, quant, mode):
+            log(line)
     return out
+
+
+def keep_source_groups(ckpt: Checkpoint, specs: list[TensorSpec]) -> list[TensorSpec]:
+    """An int4 tensor the source already stores as layout 1 in disguise (GPTQ 4-bit symmetric) keeps the source's
+    group size, whatever --group-size says: repacking is lossless, requantizing to another group only adds error."""
+    out = []
+    for s in specs:
+        g = ckpt.exact_int4_group(s.name) if s.dtype == DType.INT4G else None
+        out.append(TensorSpec(s.name, s.dtype, s.shape, group_size=g) if g and g != s.group_size else s)
+    return out
+
+
+def conversion_notes(ckpt: Checkpoint, specs: list[TensorSpec], quant: str, mode: str = "rtn") -> list[str]:
+    """Lines for the user: linears that stayed f16 although int4 was asked for, and what an imported
+    (already quantized) source became: exact repacks vs requantized tensors with their measured error."""
+    lines = []
+    fell = [s for s in specs if quant == "int4" and s.dtype == DType.F16 and is_int4_linear(s.name)]
+    if fell:
+        shapes = sorted({s.shape[1] for s in fell})
+        lines.append(f"note: {len(fell)} of {sum(is_int4_linear(s.name) for s in specs)} linear tensors stay f16 "
+                     f"(--fallback-f16): their in_features K ({', '.join(map(str, shapes))}) is not a multiple of the "
+                     f"group size and of 32, which int4 needs; e.g. {fell[0].name}")
+    if isinstance(ckpt, ImportedCheckpoint):
+        info = ckpt.import_summary({s.name: s.group_size for s in specs if s.dtype == DType.INT4G})
+        groups = sorted({s.group_size for s in specs if s.dtype == DType.INT4G and ckpt.exact_int4_group(s.name)})
+        lines.append(f"import: {info['format']} source: {info['exact_int4']} int4 tensors repacked losslessly"
+                     + (f" (group size {', '.join(map(str, groups))} from the source)" if groups else "")
+                     + f", {info['requantized_int4']} requantized by our quantizer")
+        if info.get("tokenizer") not in (None, "rebuilt"):
+            lines.append(f"import: tokenizer not rebuilt from the GGUF metadata: {info['tokenizer']}")
+        for reason, n in info["requantize_reasons"].items():
+            lines.append(f"import: requantized {n}: {reason}")
+        if "requant_snr_db_min" in info:
+            lines.append(f"import: requantization error vs the source's dequantized weights: SNR min "
+                         f"{info['requant_snr_db_min']:.2f} dB, mean {info['requant_snr_db_mean']:.2f} dB, "
+                         f"max rel-RMSE {info['requant_rel_rmse_max']:.4g} (nanoqwen-verify --source gives it "
+                         f"per tensor)")
+            if mode == "rtn":   # bench/NOTES.md "Importing quantized checkpoints": mse recovers most of the loss
+                lines.append("import: hint: --mode mse requantizes an already-quantized source with less error "
+                             "(synthetic weights: +0.6 to +3.3 dB SNR over rtn against the original weights)")
+    return lines
 
 
 def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode: str, bar, bufs: dict,
@@ -195,7 +365,10 @@ def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode:
     t = ckpt.tensors[spec.name]
     rows = t.shape[0]
     step = _rows_per_block(t.shape)
-    if spec.dtype == DType.INT4G:
+    if spec.dtype == DType.INT4G and (packed := ckpt.int4_tensor(spec.name, spec.group_size, mode)) is not None:
+        w.write_int4(spec.name, *packed)                  # the source was quantized already (sources/)
+        bar.update(t.nbytes)
+    elif spec.dtype == DType.INT4G:
         n, k = spec.shape
         g = spec.group_size
         qweight = np.empty((n, k // 8), np.uint32)       # (N, K/8) packed codes
@@ -231,15 +404,34 @@ def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode:
             bufs[spec.shape] = arr
 
 
+def _inode(path) -> tuple | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _outcome(out, before) -> str:
+    """What an interrupted run left at OUT: the rename is the commit, so a new inode there is a complete file
+    (a signal can land between the rename and the return)."""
+    now = _inode(out)
+    return "no output written" if now is None or now == before else f"{out} was written completely before it"
+
+
 def fail(msg: str, code: int = 2) -> None:
     click.echo(f"nanoqwen-convert: error: {msg}", err=True)
     sys.exit(code)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(name="nanoqwen-convert", cls=OneLineErrorCommand,
+               context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("src")
-@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
-              help="output .nanoqwen file (written atomically)")
+@click.option("-o", "--output", "out", required=True, type=click.Path(),
+              help="output .nanoqwen file (written atomically); refused when it is or lies inside SRC, or is not "
+                   "a regular file")
+@click.option("--force", is_flag=True, help="replace an existing OUT (a regular file you may write; never a link, "
+              "directory, device or SRC itself)")
 @click.option("--quant", type=click.Choice(["int4", "none"]), default="int4", show_default=True,
               help="int4: linear layers in INT4; none: f16 everywhere")
 @click.option("--group-size", type=click.Choice([str(g) for g in GROUP_SIZES]), default="128", show_default=True)
@@ -252,29 +444,40 @@ def fail(msg: str, code: int = 2) -> None:
 @click.option("--revision", default=None, help="hub revision (branch, tag or commit) when SRC is a repo id")
 @click.option("--fallback-f16", is_flag=True, help="store linears whose shape int4 cannot hold as f16 "
               "instead of refusing")
-@click.option("--threads", type=int, default=None, help="quantizer threads (default: all cores)")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="quantizer threads (default: all cores)")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar or summary")
-def main(src, out, quant, group_size, mode, lm_head, revision, fallback_f16, threads, quiet, calib_text):
-    """Convert a Hugging Face Qwen2/Llama checkpoint SRC (directory or hub repo id) to OUT.nanoqwen."""
+def main(src, out, force, quant, group_size, mode, lm_head, revision, fallback_f16, threads, quiet, calib_text):
+    """Convert a Qwen2/Llama checkpoint SRC to OUT.nanoqwen. SRC: a Hugging Face directory or hub repo id
+    (bf16/f16/f32; GPTQ: 4-bit symmetric checkpoints repacked losslessly, others requantized; AWQ: requantized),
+    or a GGUF file / Ollama blob (requantized).
+
+    \b
+    Exit status: 0 written; 2 refused (bad SRC, bad OUT, a checkpoint that cannot be converted); 3 internal
+    error; 130 / 143 / 129 after SIGINT / SIGTERM / SIGHUP (the temp file is removed, OUT is untouched)."""
     import time
     from .quantize import set_threads
     t0 = time.perf_counter()
+    before = _inode(out)
     try:
-        set_threads(threads)
-        text = None
-        if calib_text is not None:
-            try:
-                text = Path(calib_text).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as e:
-                raise ConvertError(f"--calib-text {calib_text}: {getattr(e, 'strerror', None) or e}") from None
-        if mode == "gptq" and quant == "int4" and not quiet:
-            from .calibrate import gptq_time_estimate
-            click.echo(gptq_time_estimate(src, revision, threads), err=True)
-        path = convert_checkpoint(src, out, quant=quant, group_size=int(group_size), mode=mode, lm_head=lm_head,
-                                  revision=revision, progress=not quiet, fallback_f16=fallback_f16,
-                                  calib_text=text)
+        with unwind_on_signals():
+            set_threads(threads)
+            text = None
+            if calib_text is not None:
+                try:
+                    text = Path(calib_text).read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError) as e:
+                    raise ConvertError(f"--calib-text {calib_text}: {getattr(e, 'strerror', None) or e}") from None
+            if mode == "gptq" and quant == "int4" and not quiet:
+                from .calibrate import gptq_time_estimate
+                click.echo(gptq_time_estimate(src, revision, threads), err=True)
+            path = convert_checkpoint(src, out, quant=quant, group_size=int(group_size), mode=mode,
+                                      lm_head=lm_head, revision=revision, progress=not quiet,
+                                      fallback_f16=fallback_f16, force=force, calib_text=text,
+                                      log=lambda m: click.echo(f"nanoqwen-convert: {m}", err=True))
     except KeyboardInterrupt:
-        fail("interrupted; no output written", 130)
+        fail(f"interrupted; {_outcome(out, before)}", EXIT_SIGNAL_BASE + signal.SIGINT)
+    except Terminated as e:
+        fail(f"terminated by {signal.Signals(e.signum).name}; {_outcome(out, before)}", EXIT_SIGNAL_BASE + e.signum)
     except ConvertError as e:
         fail(str(e))
     except MemoryError:

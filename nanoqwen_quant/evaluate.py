@@ -108,7 +108,7 @@ def evaluate_files(path, source_path, text: str, *, context: int = DEFAULT_CONTE
                    max_tokens: int = DEFAULT_MAX_TOKENS) -> dict:
     """Run two .nanoqwen files over `text` and compare (source_path is the reference)."""
     from nanoqwen_format import open_file
-    from nanoqwen_rt.cpu_backend import CPUBackend
+    from nanoqwen_rt.backends.cpu import CPUBackend
     from nanoqwen_rt.tokenizer import Tokenizer
 
     with open_file(path, verify_checksums=False) as f, open_file(source_path, verify_checksums=False) as fs:

@@ -56,15 +56,29 @@ class Source:
     commit: str | None = None          # resolved commit hash (hub snapshots live in snapshots/<commit>/)
 
 
+GGUF_MAGIC = b"GGUF"
+
+
+def is_gguf_file(p: Path) -> bool:
+    """A GGUF file is recognised by its magic, whatever its name (Ollama stores models as sha256-... blobs)."""
+    try:
+        with open(p, "rb") as fh:
+            return fh.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
 def resolve_source(src: str | os.PathLike, revision: str | None = None) -> Source:
     """A local checkpoint directory, or a hub repo id fetched with huggingface_hub.snapshot_download."""
     p = Path(src).expanduser()
-    if p.is_dir():
+    if p.is_dir() or (p.is_file() and is_gguf_file(p)):
         if revision:
-            raise ConvertError(f"--revision {revision!r} given but {str(src)!r} is a local directory")
+            raise ConvertError(f"--revision {revision!r} given but {str(src)!r} is a local "
+                               f"{'directory' if p.is_dir() else 'file'}")
         return Source(path=p.resolve(), source=str(p.resolve()))
     if p.exists():
-        raise ConvertError(f"{str(src)!r} is a file; expected a checkpoint directory or a hub repo id")
+        raise ConvertError(f"{str(src)!r} is a file but not a GGUF file; expected a checkpoint directory, "
+                           f"a .gguf file (or Ollama blob) or a hub repo id")
     s = str(src)
     if not _HUB_ID.match(s):
         raise ConvertError(f"{s!r}: no such directory, and not a hub repo id of the form owner/name")
@@ -363,6 +377,15 @@ class Checkpoint:
         """Rows [start, stop) of a tensor as float32 (a 1-D tensor: elements)."""
         return to_float32(self.read_raw_rows(name, start, stop), self.tensors[name].dtype)
 
+    def int4_tensor(self, name: str, group_size: int, mode: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """Layout-1 (qweight, scales) for `name` when the source itself stores it quantized (imported GPTQ / AWQ
+        / GGUF checkpoints, nanoqwen_quant.sources); None for plain checkpoints (the converter quantizes)."""
+        return None
+
+    def exact_int4_group(self, name: str) -> int | None:
+        """The group size at which int4_tensor(name, ...) is a lossless repack of the source; None: none."""
+        return None
+
     def read_f32(self, name: str) -> np.ndarray:
         t = self.tensors[name]
         return self.read_rows(name, 0, t.shape[0])
@@ -379,9 +402,15 @@ def load_checkpoint(src: str | os.PathLike, revision: str | None = None) -> Chec
     """Open a checkpoint (local dir or hub id): config, tensor locations, checked against the config."""
     source = resolve_source(src, revision)
     d = source.path
+    if d.is_file():                                   # resolve_source only lets GGUF files through
+        from .sources.gguf_file import load_gguf
+        return load_gguf(source)
     cfg = _read_json(d / "config.json", "config")
     if not isinstance(cfg, dict):
         raise ConvertError(f"{d / 'config.json'}: expected a JSON object")
+    if cfg.get("quantization_config"):
+        from .sources import load_quantized
+        return load_quantized(source, cfg)
     gen = _read_json(d / "generation_config.json", "generation config") \
         if (d / "generation_config.json").exists() else None
     mc = model_config_from_hf(cfg, gen if isinstance(gen, dict) else None)

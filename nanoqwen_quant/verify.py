@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,10 +42,12 @@ import click
 import numpy as np
 
 from nanoqwen_format import BlobKind, DType, NanoqwenFormatError, open_file
+from nanoqwen_format.writer import file_kind
 
 from .cast import bf16_to_f32
 from .errstats import stats_int4, stats_plain
 from .hf import ConvertError, load_checkpoint
+from .one_line_errors import OneLineErrorCommand
 from .quantize import dequantize
 
 F16_MIN_SNR_DB = 60.0
@@ -257,10 +260,12 @@ def _finite(o):
     return o
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]}, help=__doc__)
-@click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--source", default=None, help="the Hugging Face checkpoint (dir or hub id) FILE was made from; "
-              "with --eval also a .nanoqwen file (then only --eval compares)")
+@click.command(name="nanoqwen-verify", cls=OneLineErrorCommand,
+               context_settings={"help_option_names": ["-h", "--help"]}, help=__doc__)
+@click.argument("file", type=click.Path())
+@click.option("--source", default=None, help="the checkpoint FILE was made from: Hugging Face dir or hub id (bf16/f16/f32, "
+              "GPTQ or AWQ: compared against their exact dequantization), or a GGUF file; with --eval also a .nanoqwen "
+              "file (then only --eval compares)")
 @click.option("--revision", default=None, help="hub revision of --source")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON on stdout (no table)")
 @click.option("--eval", "eval_text", is_flag=False, flag_value="", default=None, metavar="[TEXT]",
@@ -275,6 +280,10 @@ def main(file, source, revision, as_json, eval_text, eval_tokens):
     try:
         if not Path(file).exists():
             raise FileNotFoundError(file)
+        if not Path(file).is_file():     # a directory, or a FIFO / device that would block or never end
+            kind = file_kind(os.stat(file).st_mode)
+            click.echo(f"nanoqwen-verify: error: {file}: is {kind}, expected a .nanoqwen file", err=True)
+            sys.exit(2)
         src_is_file = source is not None and str(source).endswith(".nanoqwen") and Path(source).is_file()
         report = verify_file(file, None if src_is_file else source, revision)   # a file source: --eval only
         if eval_text is not None and report["valid"]:

@@ -13,6 +13,7 @@ reached or the context is full). Closing the iterator early is fine; `stats` the
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .backend import Backend
+from .backends.base import Backend, ContextFull, InvalidMaxContext, InvalidTokenIds
 from .sampling import InvalidSamplingParams, SamplingParams
 from .tokenizer import ChatTemplateError, Tokenizer, TokenizerError
 
@@ -95,16 +96,15 @@ class GenerationStats:
 
 
 # -- backend choice -------------------------------------------------------------------------------------
-def _cuda_module():
-    """nanoqwen_rt.cuda_backend if it imports and says available(), else None (never raises)."""
+def _cuda_backend():
+    """(nanoqwen_rt.backends.cuda, None) when the CUDA backend can run here, else (None, the reason in one line:
+    missing library, dlopen error, missing symbol, ABI version, no device). Never raises."""
     try:
-        from . import cuda_backend
-    except Exception:
-        return None
-    try:
-        return cuda_backend if cuda_backend.available() else None
-    except Exception:
-        return None
+        from .backends import cuda
+    except Exception as e:
+        return None, f"the CUDA binding does not import: {type(e).__name__}: {e}"
+    why = cuda.unavailable_reason()
+    return (cuda, None) if why is None else (None, why)
 
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -118,34 +118,32 @@ class Engine:
         from nanoqwen_format import open_file
         if device not in DEVICES:
             raise DeviceUnavailable(f"unknown device {device!r}: expected one of {', '.join(DEVICES)}")
-        if max_context is not None and (isinstance(max_context, bool) or not isinstance(max_context, int)
-                                        or max_context < 1):
-            raise InvalidArgument(f"max_context must be a positive integer, got {max_context!r}")
         self.path = os.fspath(path)
         self._file = open_file(self.path, verify_checksums=verify_checksums)   # raises NanoqwenFormatError
         self._closed = False
         self.backend: Backend | None = None
+        #: why device="auto" runs on the CPU (None when it runs on CUDA or the CPU was asked for)
+        self.cpu_reason: str | None = None
         try:
             self.config = self._file.config
-            if max_context is not None and max_context > self.config.max_positions:
-                raise InvalidArgument(f"max_context={max_context} exceeds the model's max_positions="
-                                      f"{self.config.max_positions}")
-            cuda = _cuda_module() if device in ("auto", "cuda") else None
+            cuda, why = _cuda_backend() if device in ("auto", "cuda") else (None, None)
             if device == "cuda" and cuda is None:
-                raise DeviceUnavailable("device 'cuda' asked for, but no usable CUDA GPU / libnanoqwen here")
-            if cuda is not None:
-                # A valid file libnanoqwen does not run (e.g. head_dim 32): "auto" falls back to the CPU backend,
-                # an explicit "cuda" says why.
-                why = cuda.supports(self.config, {n: t.dtype for n, t in self._file.tensors.items()})
-                if why is not None:
-                    if device == "cuda":
-                        raise DeviceUnavailable(f"the CUDA backend does not run this model: {why}")
-                    cuda = None
-            if cuda is not None:
-                self.backend = cuda.CudaBackend(self.path, max_context=max_context, file=self._file)
-            else:
-                from .cpu_backend import CPUBackend
-                self.backend = CPUBackend(self.path, max_context=max_context, file=self._file)
+                raise DeviceUnavailable(f"device 'cuda' asked for, but the CUDA backend cannot run here: {why}")
+            self.cpu_reason = why
+            try:
+                if cuda is not None:
+                    try:
+                        self.backend = cuda.CudaBackend(self.path, max_context=max_context, file=self._file)
+                    except cuda.UnsupportedModel as e:
+                        # a valid file libnanoqwen does not run: "auto" falls back to the CPU, "cuda" says why
+                        if device == "cuda":
+                            raise DeviceUnavailable(f"the CUDA backend does not run this model: {e}") from None
+                        self.cpu_reason = str(e)
+                if self.backend is None:
+                    from .backends.cpu import CPUBackend
+                    self.backend = CPUBackend(self.path, max_context=max_context, file=self._file)
+            except InvalidMaxContext as e:
+                raise InvalidArgument(str(e)) from None
             self.device = self.backend.name
             try:
                 self.tokenizer: Tokenizer | None = Tokenizer.from_file(self._file)
@@ -197,7 +195,8 @@ class Engine:
 
     # -- inputs ---------------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> np.ndarray:
-        """str → ids via the file's tokenizer; a list of ints is checked and passed through. int32 (n,)."""
+        """str → ids via the file's tokenizer; a list of ints is type-checked and passed through. int64 (n,);
+        the range of the ids is checked by the backend (Backend.prefill/generate_ids), once."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise NoTokenizer("this file has no tokenizer: pass token ids instead of text")
@@ -211,20 +210,15 @@ class Engine:
             raise InvalidArgument(f"prompt must be str or a list of token ids, got {type(prompt).__name__}")
         if len(ids) == 0:
             raise EmptyPrompt("the prompt is empty (0 tokens)")
-        arr = np.asarray(ids, dtype=np.int64)
-        bad = arr[(arr < 0) | (arr >= self.config.vocab_rows)]
-        if bad.size:
-            raise TokenIdOutOfRange(f"token id {int(bad[0])} outside [0, {self.config.vocab_rows})")
-        return arr.astype(np.int32)
+        return np.asarray(ids, dtype=np.int64)      # ids are range-checked once, by the backend edge
 
     # -- API ------------------------------------------------------------------------------------------
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """float32 (len(ids), vocab_rows) logits of every position of a fresh sequence (for tests)."""
         be = self._check_open()
         arr = self.encode(list(ids) if not isinstance(ids, np.ndarray) else ids)
-        if arr.shape[0] > be.max_context:
-            raise PromptTooLong(f"{arr.shape[0]} tokens exceed max_context={be.max_context}")
-        return be.logits_all(arr)
+        with _named_input_errors():
+            return be.logits_all(arr)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: Iterable[str] | None = None,
@@ -241,8 +235,7 @@ class Engine:
             raise InvalidArgument(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         try:
             params = SamplingParams(float(temperature) if isinstance(temperature, (int, float)) else temperature,
-                                    top_k, float(top_p) if isinstance(top_p, (int, float)) else top_p,
-                                    seed).validate()
+                                    top_k, float(top_p) if isinstance(top_p, (int, float)) else top_p, seed)
         except InvalidSamplingParams as e:
             raise InvalidArgument(str(e)) from None
         stops_s: list[str] = []
@@ -264,11 +257,9 @@ class Engine:
                     raise InvalidArgument(f"stop_token_ids must be integers, found {t!r}")
                 stop_ids.add(int(t))
         ids = self.encode(prompt)
-        if ids.shape[0] >= be.max_context:
-            raise PromptTooLong(f"prompt of {ids.shape[0]} tokens leaves no room to generate within "
-                                f"max_context={be.max_context}")
+        with _named_input_errors():      # the backend checks ids and the context (eagerly, at this call)
+            token_iter = be.generate_ids(ids, params, int(max_new_tokens), stop_ids)
         self.stats = GenerationStats(prompt_tokens=int(ids.shape[0]))
-        token_iter = be.generate_ids(ids, params, int(max_new_tokens), stop_ids)
         return self._stream(token_iter, ids.shape[0], int(max_new_tokens), be.max_context, stop_ids, stops_s, t0)
 
     def chat(self, messages: Sequence[dict], **kw) -> Iterator[GenerationChunk]:
@@ -333,6 +324,18 @@ class Engine:
             if t_first is not None:
                 st.decode_s = t_last - t_first
             st.finish_reason = finish
+
+
+@contextlib.contextmanager
+def _named_input_errors():
+    """The backend edge's input errors as the Engine's named ones: InvalidTokenIds → TokenIdOutOfRange,
+    ContextFull → PromptTooLong."""
+    try:
+        yield
+    except InvalidTokenIds as e:
+        raise TokenIdOutOfRange(str(e)) from None
+    except ContextFull as e:
+        raise PromptTooLong(str(e)) from None
 
 
 def _find_stop(acc: str, start: int, stops: list[str]) -> int:

@@ -22,12 +22,19 @@ class InvalidSamplingParams(ValueError):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 → greedy; top_k 0 → off; top_p 1.0 → off; seed None → fresh OS entropy."""
+    """temperature 0 → greedy; top_k 0 → off; top_p 1.0 → off; seed None → fresh OS entropy.
+
+    Checked once, when built (InvalidSamplingParams): a SamplingParams that exists is valid, so the backends and
+    the sampler take it as it is.
+    """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
 
     def validate(self) -> "SamplingParams":
         t, k, p = self.temperature, self.top_k, self.top_p
@@ -76,7 +83,7 @@ class Sampler:
     """Stateful sampler: one seeded generator per generation call."""
 
     def __init__(self, params: SamplingParams):
-        self.params = params.validate()
+        self.params = params
         self.rng = np.random.default_rng(params.seed)
 
     def __call__(self, logits: np.ndarray) -> int:
@@ -95,7 +102,6 @@ class Sampler:
 
 def sample_reference(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """The exact distribution the sampler draws from (float64 (vocab,)), for tests."""
-    params.validate()
     if params.greedy:
         out = np.zeros(np.asarray(logits).shape[0])
         out[int(np.argmax(logits))] = 1.0

@@ -5,7 +5,7 @@ import pytest
 
 def _cuda_available() -> bool:
     try:
-        from nanoqwen_rt import cuda_backend  # noqa: F401  (arrives with step 4)
+        from nanoqwen_rt.backends import cuda as cuda_backend  # noqa: F401  (the CUDA binding; available() never raises)
         return cuda_backend.available()
     except Exception:
         return False

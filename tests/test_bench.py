@@ -1,4 +1,4 @@
-"""Tests of the benchmark tooling: bench/make_7b_file.py (random 7B-shaped files), nanoqwen_rt.bench (bytes per
+"""Tests of the benchmark tooling: bench/make_7b_file.py (random 7B-shaped files), nanoqwen_bench (bytes per
 token, table) and, on a GPU, the bandwidth / peer measurements (values checked for sanity, never for speed)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from nanoqwen_format import (BlobKind, DType, ModelConfig, dequantize_int4_reference, expected_tensors,
                              int4_nbytes, open_file)
-from nanoqwen_rt import bench
+import nanoqwen_bench.measure as bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -99,12 +99,35 @@ def test_run_bench_missing_file_is_a_named_error(tmp_path):
 def test_format_table_shows_the_numbers():
     res = {"gpu": "G", "date_utc": "d", "commit": "c",
            "bandwidth": {"copy_GBps": 4321.0, "read_GBps": 4567.0, "read_sum_f32_GBps": 4500.0,
-                         "read_amax_f16_GBps": 4567.0},
+                         "read_amax_f16_GBps": 4467.0, "read_probe": "nq_bench_read_bandwidth (lib.so)"},
            "peers": {"torch_int4": {"median_ms": 2.671, "GBps": 1300.0, "bytes": 3.5e9, "n_gemv": 197},
                      "int4_check_rel_err": 3e-3}}
     t = bench.format_table(res)
-    for s in ("4321 GB/s", "4567 GB/s", "2.671 ms", "197 GEMVs", "3.00e-03"):
+    for s in ("4321 GB/s", "4567 GB/s", "probe: nq_bench_read_bandwidth (lib.so)", "2.671 ms", "197 GEMVs",
+              "3.00e-03"):
         assert s in t
+
+
+def test_read_ceiling_names_why_the_library_probe_is_not_used(monkeypatch, tmp_path):
+    monkeypatch.setenv("NANOQWEN_TESTING_LIB", str(tmp_path / "absent.so"))
+    assert bench.library_read_bandwidth(1 << 20, 1) == (None, f"testing library not found at {tmp_path / 'absent.so'}")
+    junk = tmp_path / "junk.so"
+    junk.write_bytes(b"not a shared object")
+    monkeypatch.setenv("NANOQWEN_TESTING_LIB", str(junk))
+    gbps, why = bench.library_read_bandwidth(1 << 20, 1)
+    assert gbps is None and why.startswith(f"cannot load {junk}: ")
+
+
+def test_read_ceiling_names_a_library_without_the_probe(monkeypatch):
+    """A real shared object without nq_bench_read_bandwidth (the C library of this process)."""
+    import ctypes.util
+    libc = ctypes.util.find_library("c")
+    path = next((p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib64/libc.so.6", "/lib64/libc.so.6")
+                 if os.path.isfile(p)), None)
+    if libc is None or path is None:
+        pytest.skip("no libc.so.6 at a known path")
+    monkeypatch.setenv("NANOQWEN_TESTING_LIB", path)
+    assert bench.library_read_bandwidth(1 << 20, 1) == (None, f"{path} has no nq_bench_read_bandwidth")
 
 
 # -- the random 7B-shaped file ----------------------------------------------------------------------------
@@ -267,9 +290,14 @@ def test_chat_template_renders_chatml(tiny_file):
 # -- GPU (sanity of the measurements; no speed thresholds) ----------------------------------------------
 @pytest.mark.gpu
 def test_gpu_bandwidth_and_peers_are_sane():
-    bw = bench.measure_copy_bandwidth(nbytes=1 << 30, reps=5)
+    bw = bench.measure_bandwidth(nbytes=1 << 30, reps=5)
     assert bw["copy_GBps"] > 0 and bw["read_GBps"] > 0
-    from nanoqwen_rt import bench_peers
+    # the probe is named; the testing library's stream, when used, reads at least what torch's reductions read
+    # (they leave bandwidth unused); 0.9 allows run-to-run noise between the two measurements
+    assert bw["read_probe"]
+    if "read_library_GBps" in bw:
+        assert bw["read_library_GBps"] > 0.9 * max(bw["read_sum_f32_GBps"], bw["read_amax_f16_GBps"])
+    import nanoqwen_bench.peers as bench_peers
     assert bench_peers.check_int4_peer() < bench_peers.INT4_CHECK_RTOL
     assert bench_peers.check_fp16_peer() < bench_peers.FP16_CHECK_RTOL
     import types

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import nanoqwen_rt.cli as cli
+import nanoqwen_rt.cli.commands as cli
+from nanoqwen_rt.cli.line_reader import LineReader
 from nanoqwen_format import open_file
 from nanoqwen_rt import Engine
 from test_server_model import HANG_GUARD_S, PROMPT
@@ -308,7 +309,7 @@ def test_line_reader_splits_lines_and_ends_with_eof(capsys):
     os.write(w, data[:-1])
     os.write(w, data[-1:])
     os.close(w)
-    reader = cli._LineReader(r)
+    reader = LineReader(r)
     try:
         assert [reader.readline("> ") for _ in range(3)] == ["first", "second line", "third é"]
         with pytest.raises(EOFError):

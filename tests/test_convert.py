@@ -192,7 +192,8 @@ REFUSALS = {
     "bad_config_json": (lambda d: (d / "config.json").write_text("{oops"), "config.json"),
     "unknown_arch": (lambda d: _edit_config(d, architectures=["MistralForCausalLM"]), "MistralForCausalLM"),
     "unknown_rope": (lambda d: _edit_config(d, rope_scaling={"type": "dynamic", "factor": 2.0}), "dynamic"),
-    "quantized": (lambda d: _edit_config(d, quantization_config={"quant_method": "gptq"}), "already quantized"),
+    "quantized": (lambda d: _edit_config(d, quantization_config={"quant_method": "bitsandbytes"}),
+                  "quant_method 'bitsandbytes' is not supported"),
     "sliding": (lambda d: _edit_config(d, use_sliding_window=True), "sliding"),
     "truncated": (_truncate, "model.safetensors"),
     "garbage_header": (_garbage_header, "not a valid safetensors"),
@@ -265,10 +266,10 @@ def test_existing_output_replaced_atomically_only_on_success(tmp_path, monkeypat
     out.write_bytes(b"previous")
     monkeypatch.setattr(convert_mod, "quantize", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
-        convert_checkpoint(src, out)
+        convert_checkpoint(src, out, force=True)
     assert out.read_bytes() == b"previous"
     monkeypatch.undo()
-    convert_checkpoint(src, out)
+    convert_checkpoint(src, out, force=True)
     with open_file(out) as f:
         assert f.config.n_layers == 2
 

@@ -11,8 +11,8 @@ from test_cpu_vs_hf import LOGIT_ATOL, VOCAB, _hf_model, _reference_model  # noq
 
 from nanoqwen_format import DType, NanoqwenWriter, TensorSpec, open_file  # noqa: E402
 from nanoqwen_quant.convert import convert_checkpoint  # noqa: E402
-from nanoqwen_rt.backend import ContextFull  # noqa: E402
-from nanoqwen_rt.cpu_backend import CPUBackend  # noqa: E402
+from nanoqwen_rt.backends import ContextFull  # noqa: E402
+from nanoqwen_rt.backends.cpu import CPUBackend  # noqa: E402
 from nanoqwen_rt.sampling import SamplingParams  # noqa: E402
 
 CTX = 40

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from nanoqwen_rt.cpu_kernels import (BF16_LUT, F16_LUT, PERM, _int4_parallel, _int4_serial, _u16_parallel,
+from nanoqwen_rt.backends.cpu.kernels import (BF16_LUT, F16_LUT, PERM, _int4_parallel, _int4_serial, _u16_parallel,
                                      _u16_serial, matmul_int4, matmul_int4_reference, matmul_u16,
                                      matmul_u16_reference, rows_u16)
 

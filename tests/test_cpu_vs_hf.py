@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from nanoqwen_format import open_file  # noqa: E402
 from nanoqwen_quant.convert import convert_checkpoint  # noqa: E402
-from nanoqwen_rt.cpu_backend import CPUBackend  # noqa: E402
+from nanoqwen_rt.backends.cpu import CPUBackend  # noqa: E402
 
 # Both sides run float32 with bit-identical weights, so they differ only in summation order (f32 eps 6e-8 times
 # sqrt(K) over K ≤ 512 and 1-2 layers): observed ≤ ~2e-6 on logits of magnitude ~1-5. 2e-4 leaves ≥ 50x margin and

@@ -2,6 +2,8 @@
 stats, reset between calls. Model: tests/synth.py checkpoint (with tokenizer) → convert_checkpoint (int4)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -166,29 +168,46 @@ def test_devices_and_close(model_file):
         e.generate(PROMPT)
 
 
-def test_cuda_request_without_cuda_is_named(model_file, monkeypatch):
+def test_cuda_request_without_cuda_names_the_reason(model_file, monkeypatch):
     import nanoqwen_rt.engine as engine_mod
-    monkeypatch.setattr(engine_mod, "_cuda_module", lambda: None)
-    with pytest.raises(DeviceUnavailable, match="cuda"):
+    why = "cannot load /x/libnanoqwen.so: libcuda.so.1: cannot open shared object file (test)"
+    monkeypatch.setattr(engine_mod, "_cuda_backend", lambda: (None, why))
+    with pytest.raises(DeviceUnavailable, match=re.escape(why)):
         Engine(model_file, device="cuda")
     with Engine(model_file, device="auto", max_context=CTX) as e:
-        assert e.device == "cpu"
+        assert e.device == "cpu" and e.cpu_reason == why
+
+
+def test_the_real_load_reason_arrives(model_file, monkeypatch, tmp_path):
+    """No mock of the reason: a library file that is missing, then one that is not a shared object."""
+    from nanoqwen_rt.backends.cuda import abi
+    monkeypatch.setattr(abi, "_lib", None)
+    monkeypatch.setattr(abi, "_lib_error", None)
+    monkeypatch.setenv("NANOQWEN_LIB", str(tmp_path / "absent.so"))
+    with pytest.raises(DeviceUnavailable, match=r"libnanoqwen not found at .*absent\.so"):
+        Engine(model_file, device="cuda")
+    monkeypatch.setattr(abi, "_lib_error", None)
+    junk = tmp_path / "junk.so"
+    junk.write_bytes(b"not an ELF file")
+    monkeypatch.setenv("NANOQWEN_LIB", str(junk))
+    with pytest.raises(DeviceUnavailable, match=r"cannot load .*junk\.so: .*"):
+        Engine(model_file, device="cuda")
 
 
 def test_auto_falls_back_to_cpu_for_a_model_cuda_does_not_run(model_file, monkeypatch):
-    """A GPU is present but libnanoqwen refuses this model (supports() gives a reason): "auto" picks the CPU
-    backend without constructing the CUDA one, an explicit "cuda" names the reason."""
+    """A GPU is present but libnanoqwen refuses this model (its check raises UnsupportedModel with the reason):
+    "auto" runs on the CPU backend and keeps the reason, an explicit "cuda" names it."""
     import types
 
     import nanoqwen_rt.engine as engine_mod
+    from nanoqwen_rt.backends.cuda import UnsupportedModel
 
-    def no_construct(*a, **k):
-        raise AssertionError("CudaBackend must not be constructed for an unsupported model")
+    def refuse(path, **kw):
+        raise UnsupportedModel(f"{path}: the CUDA backend: head_dim 32 (test)")
 
-    fake = types.SimpleNamespace(supports=lambda cfg, dtypes: f"head_dim {cfg.head_dim} (test)",
-                                 CudaBackend=no_construct)
-    monkeypatch.setattr(engine_mod, "_cuda_module", lambda: fake)
+    fake = types.SimpleNamespace(UnsupportedModel=UnsupportedModel, CudaBackend=refuse)
+    monkeypatch.setattr(engine_mod, "_cuda_backend", lambda: (fake, None))
     with Engine(model_file, device="auto", max_context=CTX) as e:
-        assert e.device == "cpu"
-    with pytest.raises(DeviceUnavailable, match=r"does not run this model: head_dim \d+ \(test\)"):
+        assert e.device == "cpu" and "head_dim 32 (test)" in e.cpu_reason
+    with pytest.raises(DeviceUnavailable, match=r"does not run this model: .*head_dim 32 \(test\)"):
         Engine(model_file, device="cuda")

@@ -33,7 +33,7 @@ def test_f16_file_matches_transformers(f16):
     import torch
     import transformers
     from nanoqwen_format import open_file
-    from nanoqwen_rt.cpu_backend import CPUBackend
+    from nanoqwen_rt.backends.cpu import CPUBackend
     from nanoqwen_rt.tokenizer import Tokenizer
     with open_file(f16) as f:
         ids = np.asarray(Tokenizer.from_file(f).encode("def fibonacci(n):\n    if n < 2:\n        return n\n"),

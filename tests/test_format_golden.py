@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nanoqwen_format import BlobKind, DType, ModelConfig, open_file
+from nanoqwen_format import BlobKind, DType, ModelConfig, open_file, unpack_int4_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "spec" / "vectors"
@@ -86,3 +86,36 @@ def test_writer_reproduces_golden_bytes(jpath, tmp_path):
 
 def test_make_vectors_check_mode_passes():
     assert _make_vectors().main(["--check"]) == 0
+
+
+@pytest.mark.parametrize("jpath", JSONS, ids=lambda p: p.stem)
+def test_reader_matches_decoded_tensors(jpath):
+    """decoded/<vector>/<tensor>.f32.npy (and .codes.npy for int4g) pin whole tensors: the reader's float32()
+    matches them bit for bit, and the int4g codes it unpacks are the shipped codes."""
+    desc = json.loads(jpath.read_text(encoding="utf-8"))
+    with open_file(VECTORS / desc["file"]) as f:
+        for jt in desc["tensors"]:
+            if "decoded" not in jt:
+                continue
+            want = np.load(VECTORS / jt["decoded"]["f32"], allow_pickle=False)
+            assert want.dtype == np.float32 and list(want.shape) == jt["shape"]
+            got = f.float32(jt["name"])
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=jt["name"])
+            if jt["dtype"] == "INT4G":
+                codes = np.load(VECTORS / jt["decoded"]["codes"], allow_pickle=False)
+                assert codes.dtype == np.uint8 and list(codes.shape) == jt["shape"]
+                np.testing.assert_array_equal(unpack_int4_reference(f.int4(jt["name"])[0]), codes)
+                assert codes[0, :16].tolist() == jt["first_codes"]
+            else:
+                assert want.reshape(-1)[:4].astype(float).tolist() == jt["first_values"]
+
+
+def test_every_dtype_and_group_size_has_a_decoded_tensor():
+    seen = set()
+    for p in JSONS:
+        for jt in json.loads(p.read_text(encoding="utf-8"))["tensors"]:
+            if "decoded" in jt:
+                seen.add((jt["dtype"], jt["group_size"]))
+                assert set(jt["decoded"]) == ({"f32", "codes"} if jt["dtype"] == "INT4G" else {"f32"})
+    assert {d for d, _ in seen} == {"F32", "F16", "BF16", "INT4G"}
+    assert {g for d, g in seen if d == "INT4G"} >= {32, 64}

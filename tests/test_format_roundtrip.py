@@ -158,6 +158,19 @@ def test_writer_rejects_bad_usage(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("blob", [b"\xef\xbb\xbf{}", b'{"a": NaN}', b'{"a": Infinity}', b'{"a": 1, "a": 2}', b""],
+                         ids=["bom", "nan", "infinity", "duplicate-key", "empty"])
+def test_writer_refuses_blobs_the_reader_rejects(tmp_path, blob):
+    """The writer applies the reader's blob content rules (31b, 40, 41): it never writes a file it would reject."""
+    rng = np.random.default_rng(7)
+    with pytest.raises(E.BadBlobEncoding):
+        with NanoqwenWriter(str(tmp_path / "b.nanoqwen"), TINY, specs_for(TINY), [BlobKind.GENERATION_CONFIG]) as w:
+            for s in specs_for(TINY):
+                w.write_tensor(s.name, random_payload(s, rng))
+            w.write_blob(BlobKind.GENERATION_CONFIG, blob)
+    assert os.listdir(tmp_path) == []
+
+
 def test_expected_tensors_names_and_shapes():
     names = expected_tensors(TINY)
     assert names["model.embed_tokens.weight"] == (80, 64)

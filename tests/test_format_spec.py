@@ -159,6 +159,29 @@ def test_crc_check_value_from_spec():
 
 
 # ------------------------------------------------------------------------------------------------ spec-only reader
+def check_whole_decoding(jt, body, consts):
+    """Decode the whole tensor from the spec's rules (§8, §9) and compare with decoded/*.npy bit for bit."""
+    shape = tuple(jt["shape"])
+    if jt["dtype"] == "INT4G":
+        n, k = shape
+        g = jt["group_size"]
+        words = np.frombuffer(body, "<u4", count=n * k // 8).reshape(n, k // 8)
+        codes = np.empty((n, k), np.uint8)
+        for nib, kk in enumerate(consts["INT4_PERM"]):
+            codes[:, kk::8] = (words >> np.uint32(4 * nib)) & np.uint32(0xF)
+        s_off = -(-(n * k // 2) // 128) * 128
+        scales = np.frombuffer(body, "<f2", count=n * k // g, offset=s_off).reshape(n, k // g).astype(np.float32)
+        values = np.repeat(scales, g, axis=1) * (codes.astype(np.float32) - np.float32(consts["INT4_ZERO_CODE"]))
+        want_codes = np.load(VECTORS / jt["decoded"]["codes"], allow_pickle=False)
+        np.testing.assert_array_equal(codes, want_codes)
+    elif jt["dtype"] == "BF16":
+        values = (np.frombuffer(body, "<u2").astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(shape)
+    else:
+        values = np.frombuffer(body, {"F32": "<f4", "F16": "<f2"}[jt["dtype"]]).astype(np.float32).reshape(shape)
+    want = np.load(VECTORS / jt["decoded"]["f32"], allow_pickle=False)
+    np.testing.assert_array_equal(values.view(np.uint32), want.view(np.uint32))
+
+
 @pytest.mark.parametrize("jpath", sorted(VECTORS.glob("*.json")), ids=lambda p: p.stem)
 def test_spec_only_reader_decodes_golden_vector(jpath):
     desc = json.loads(jpath.read_text(encoding="utf-8"))
@@ -234,6 +257,8 @@ def test_spec_only_reader_decodes_golden_vector(jpath):
             vals = None
         if vals is not None:
             assert list(vals) == pytest.approx(jt["first_values"], abs=0, rel=0), name
+        if "decoded" in jt:
+            check_whole_decoding(jt, body, consts)
         expected_pos = e["offset"] + e["nbytes"]
     # blobs
     dec_b = decoder(structs, "BlobEntry")

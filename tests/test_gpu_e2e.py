@@ -41,8 +41,8 @@ def files(tmp_path_factory):
 
 
 def _backends(path, ctx=CTX):
-    from nanoqwen_rt.cpu_backend import CPUBackend
-    from nanoqwen_rt.cuda_backend import CudaBackend
+    from nanoqwen_rt.backends.cpu import CPUBackend
+    from nanoqwen_rt.backends.cuda import CudaBackend
     # the CPU oracle with an f16 KV cache, as the GPU keeps it
     return CudaBackend(path, max_context=ctx), CPUBackend(path, max_context=ctx, kv_dtype="f16")
 
@@ -162,8 +162,8 @@ def test_seeded_sampling_is_reproducible_and_in_range(files):
 
 
 def test_errors_are_named(files):
-    from nanoqwen_rt.backend import ContextFull
-    from nanoqwen_rt.cuda_backend import CudaBackend
+    from nanoqwen_rt.backends import ContextFull
+    from nanoqwen_rt.backends.cuda import CudaBackend
     with CudaBackend(files["qwen2-d64-int4g64"], max_context=16) as gpu:
         with pytest.raises(ContextFull):
             gpu.prefill(np.zeros(17, dtype=np.int32))
@@ -174,9 +174,27 @@ def test_errors_are_named(files):
             gpu.decode(1)
 
 
+def test_a_failure_inside_generation_arrives_with_its_message(files):
+    """nq_generate fails inside the library (max_new < 0: an argument only the library rejects, passed through
+    the low-level binding) on the worker thread; its own message must reach Python, not an empty one and not the
+    stale message of an earlier failure on the caller's thread."""
+    import ctypes
+
+    from nanoqwen_rt.backends.cuda import CudaBackend, abi
+    from nanoqwen_rt.backends.cuda.backend import stream_tokens
+    with CudaBackend(files["qwen2-d64-int4g64"], max_context=16) as gpu:
+        lib = gpu._lib
+        rc, stale = abi.call(lib, "nq_decode", gpu._sess, ctypes.c_int32(gpu.config.vocab_rows + 5))
+        assert rc == abi.NQ_E_INVALID_ARG and stale      # a message now sits on this (the caller's) thread
+        gpu.prefill(np.arange(4, dtype=np.int32))
+        with pytest.raises(ValueError) as e:
+            list(stream_tokens(lib, gpu._sess, -1, np.zeros(0, dtype=np.int32)))
+        assert "max_new" in str(e.value) and stale not in str(e.value), str(e.value)
+
+
 def test_c_loader_rejects_corrupt_files(files, tmp_path):
-    from nanoqwen_rt.backend import BackendError
-    from nanoqwen_rt.cuda_backend import CudaBackend
+    from nanoqwen_rt.backends import BackendError
+    from nanoqwen_rt.backends.cuda import CudaBackend
     from nanoqwen_format import open_file
     path = files["qwen2-d64-int4g64"]
     raw = bytearray(Path(path).read_bytes())
@@ -226,7 +244,7 @@ def test_7b_shaped_vs_transformers(tmp_path):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from nanoqwen_format import open_file
-    from nanoqwen_rt.cuda_backend import CudaBackend
+    from nanoqwen_rt.backends.cuda import CudaBackend
 
     path = tmp_path / "q7b-2l.nanoqwen"
     subprocess.run([sys.executable, str(ROOT / "bench" / "make_7b_file.py"), str(path), "--layers", "2", "--quiet"],

@@ -1,12 +1,11 @@
-"""Prefill INT4 GEMM (csrc/src/gemm.cu) vs a float64 numpy reference, through nq_test_gemm_int4_multi (GPU only).
+"""Prefill INT4 GEMM (gemm_int4_mma, csrc/src/gemm_kernels.cuh) vs a float64 numpy reference, through
+libnanoqwen_testing's nq_test_gemm_int4_multi (GPU only).
 
 Covers what the kernels' tiling needs: M and N not multiples of the 128 x 128 tile (M 1 .. 512, N down to 3),
 groups 32/64/128, bias and residual add on and off, 1-3 segments in one launch (q/k/v, gate/up), row strides
 lda > K (the columns past K hold NaN: reading one poisons the result) and ldc > sum of N (the columns no segment
-owns must come back bit-identical), every INT4 kernel variant (0 = the mma.sync kernel at 2 blocks/SM with serial
-split-K where the grid leaves SMs idle, the default; 1 = the wmma kernel; 2 = the mma.sync kernel with 4 stages at
-1 block/SM; 3 = variant 0 without split-K), variant 0 against variant 1 on the same inputs, and variant 0 run twice
-giving identical bits (split-K adds the partials in a fixed order).
+owns must come back bit-identical), and two runs giving identical bits (serial split-K, used where the grid leaves
+SMs idle, adds the partials in a fixed order).
 Cases that split (gemm.cu choose_splits, 132 SMs): M17-N1000 (3 splits), M200-N3584-K18944 (4), M129-N512+512 (3),
 and the 512 x 3584 x 3584 comparison (2).
 Fresh random inputs every call; outputs poisoned with NaN when not accumulating.
@@ -22,7 +21,6 @@ from test_gpu_kernels import dequant, pack_fast, random_int4, rel_err
 
 pytestmark = pytest.mark.gpu
 
-VARIANTS = (0, 1, 2, 3)
 # Error budget of one output: A is rounded to f16 in the library and the reference sees the same f16 values, so
 # the only rounding left is the f16 dequantisation of each weight (2^-12 relative, independent signs) and f32
 # accumulation (K * 2^-24 worst case, ~1e-3 of it for K = 18944, random signs: far smaller). The relative
@@ -33,24 +31,16 @@ TOL_REL = 1e-3
 # size of any indexing mistake (a wrong k-pair, row or scale moves an element by O(RMS)).
 TOL_ELEM = 1e-2
 
-_U32PP = ctypes.POINTER(ctypes.POINTER(ctypes.c_uint32))
-_U16PP = ctypes.POINTER(ctypes.POINTER(ctypes.c_uint16))
 _F32P = ctypes.POINTER(ctypes.c_float)
 
 
 @pytest.fixture(scope="module")
 def lib():
-    from nanoqwen_rt.cuda_backend import load_library
-    lib = load_library()
-    lib.nq_test_gemm_int4_multi.restype = ctypes.c_int
-    lib.nq_test_gemm_int4_multi.argtypes = [
-        ctypes.c_int32, _U32PP, _U16PP, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32, ctypes.c_int32, _F32P,
-        ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(_F32P), _F32P, ctypes.c_int32, ctypes.c_int32,
-        ctypes.c_int32]
-    return lib
+    from nq_testing_lib import load_testing_library
+    return load_testing_library()
 
 
-def run_gemm(lib, segs, A, K, g, lda, bias, C, ldc, add, variant):
+def run_gemm(lib, segs, A, K, g, lda, bias, C, ldc, add):
     """segs: [(q uint32 (N, K/8), s f16 (N, K/g))]; A f32 (M, lda); bias: list of f32 (N) or None per segment;
     C f32 (M, ldc) in/out. Returns (rc, C after)."""
     n = len(segs)
@@ -64,7 +54,7 @@ def run_gemm(lib, segs, A, K, g, lda, bias, C, ldc, add, variant):
     A = np.ascontiguousarray(A, dtype=np.float32)
     out = np.ascontiguousarray(C, dtype=np.float32).copy()
     rc = lib.nq_test_gemm_int4_multi(n, qp, sp, Ns, K, g, A.ctypes.data_as(_F32P), A.shape[0], lda, bp,
-                                     out.ctypes.data_as(_F32P), ldc, 1 if add else 0, variant)
+                                     out.ctypes.data_as(_F32P), ldc, 1 if add else 0)
     return rc, out
 
 
@@ -118,35 +108,15 @@ CASES = [  # (M, [N per segment], K, group, lda pad, ldc pad, bias, add)
 ]
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", CASES, ids=[f"M{c[0]}-N{'+'.join(map(str, c[1]))}-K{c[2]}-g{c[3]}"
                                               f"{'-bias' if c[6] else ''}{'-add' if c[7] else ''}" for c in CASES])
-def test_gemm_int4_multi_vs_numpy(lib, case, variant):
+def test_gemm_int4_multi_vs_numpy(lib, case):
     M, Ns, K, g, lda_pad, ldc_pad, with_bias, add = case
     rng = np.random.default_rng()
     segs, A, lda, bias, C, ldc, ref, owned = make_case(rng, M, Ns, K, g, lda_pad, ldc_pad, with_bias, add)
-    rc, out = run_gemm(lib, segs, A, K, g, lda, bias, C, ldc, add, variant)
+    rc, out = run_gemm(lib, segs, A, K, g, lda, bias, C, ldc, add)
     assert rc == 0, lib.nq_last_error().decode()
-    check(out, ref, C, owned, f"variant {variant}")
-
-
-@pytest.mark.parametrize("M,N,K,g", [(512, 18944, 3584, 128), (512, 3584, 3584, 64), (77, 4864, 896, 128)])
-def test_gemm_variant0_matches_variant1(lib, M, N, K, g):
-    """The mma.sync kernel and the wmma kernel on the same inputs: both are f16 x f16 -> f32 with the same f16
-    dequantised weights, differing only in summation order, so they agree far more closely than either does
-    with the float64 reference (both within TOL_REL of it; each other within 2 x TOL_REL by the triangle
-    inequality, checked tighter here: 2.5e-4, the order-of-summation difference is ~1e-6 relative)."""
-    rng = np.random.default_rng()
-    segs, A, lda, bias, C, ldc, ref, owned = make_case(rng, M, [N], K, g, 0, 0, False, False)
-    outs = []
-    for variant in (0, 1):
-        rc, out = run_gemm(lib, segs, A, K, g, lda, bias, C, ldc, False, variant)
-        assert rc == 0, lib.nq_last_error().decode()
-        check(out, ref, C, owned, f"variant {variant}")
-        outs.append(out)
-    # f32 accumulation in a different order over K <= 3584: differences ~ sqrt(K) * 2^-24 relative to the
-    # magnitude of the partial sums, far below this bound
-    assert rel_err(outs[0], outs[1].astype(np.float64)) < 2.5e-4
+    check(out, ref, C, owned, "gemm_int4_mma")
 
 
 @pytest.mark.parametrize("M,N,K", [(512, 3584, 18944), (17, 1000, 3584)])
@@ -156,16 +126,17 @@ def test_gemm_split_k_is_deterministic(lib, M, N, K):
     segs, A, lda, bias, C, ldc, ref, owned = make_case(rng, M, [N], K, 128, 0, 0, True, True)
     outs = []
     for _ in range(2):
-        rc, out = run_gemm(lib, segs, A, K, 128, lda, bias, C, ldc, True, 0)
+        rc, out = run_gemm(lib, segs, A, K, 128, lda, bias, C, ldc, True)
         assert rc == 0, lib.nq_last_error().decode()
         outs.append(out)
-    check(outs[0], ref, C, owned, "variant 0")
+    check(outs[0], ref, C, owned, "gemm_int4_mma")
     assert np.array_equal(outs[0], outs[1]), "two runs of the same GEMM differ"
 
 
-@pytest.mark.parametrize("g", [16, 48])
-def test_gemm_rejects_groups_it_cannot_tile(lib, g):
-    """group must be a positive multiple of 32 dividing K (a 32-k chunk shares one scale): others fail closed."""
+@pytest.mark.parametrize("g", [16, 48, 96])
+def test_gemm_rejects_groups_outside_the_contract(lib, g):
+    """group must be one of the format's group sizes (nanoqwen_format.constants.INT4_GROUP_SIZES) dividing K, the
+    one rule of the whole library: others fail closed."""
     rng = np.random.default_rng()
     K = 192
     u = rng.integers(0, 16, size=(64, K), dtype=np.uint8)
@@ -173,6 +144,5 @@ def test_gemm_rejects_groups_it_cannot_tile(lib, g):
     s = np.ones((64, K // g), dtype=np.float16)
     A = rng.standard_normal((5, K)).astype(np.float32)
     C = np.zeros((5, 64), dtype=np.float32)
-    for variant in VARIANTS:
-        rc, _ = run_gemm(lib, [(q, s)], A, K, g, K, [None], C, 64, False, variant)
-        assert rc != 0 and "group" in lib.nq_last_error().decode()
+    rc, _ = run_gemm(lib, [(q, s)], A, K, g, K, [None], C, 64, False)
+    assert rc != 0 and "group" in lib.nq_last_error().decode()

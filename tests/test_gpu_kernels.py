@@ -1,4 +1,4 @@
-"""libnanoqwen kernels vs float64 numpy references, through the C ABI's nq_test_* entry points (GPU only).
+"""libnanoqwen kernels vs float64 numpy references, through libnanoqwen_testing's nq_test_* entry points (GPU only).
 
 Every call draws fresh random inputs; the library poisons its outputs (NaN) before each kernel, so an
 unwritten element fails the finiteness check. Shapes sweep the linear layers of every Qwen2.5 size.
@@ -10,21 +10,21 @@ import ctypes
 import numpy as np
 import pytest
 
+from nanoqwen_format.constants import INT4_PERM
 from nanoqwen_format.int4_layout import dequantize_int4_reference, pack_int4_reference
+from nanoqwen_format.shapes import QWEN25_SHAPES
+from nq_testing_lib import check as _check
 
 pytestmark = pytest.mark.gpu
 
-PERM = np.array([0, 2, 4, 6, 1, 3, 5, 7])
-# (hidden, intermediate, n_heads, n_kv_heads) of Qwen2.5 0.5B .. 32B (head_dim 64 for 0.5B, else 128)
-QWEN25 = {"0.5B": (896, 4864, 14, 2), "1.5B": (1536, 8960, 12, 2), "3B": (2048, 11008, 16, 2),
-          "7B": (3584, 18944, 28, 4), "14B": (5120, 13824, 40, 8), "32B": (5120, 27648, 40, 8)}
+PERM = np.array(INT4_PERM)
 
 
 def _shapes():
     out = []
-    for name, (h, i, nh, kv) in QWEN25.items():
-        d = h // nh
-        out += [(f"{name}-qkv", h + 2 * kv * d, h), (f"{name}-gate", i, h), (f"{name}-down", h, i)]
+    for name, sh in QWEN25_SHAPES.items():
+        out += [(f"{name}-qkv", sh.qkv_rows, sh.hidden), (f"{name}-gate", sh.intermediate, sh.hidden),
+                (f"{name}-down", sh.hidden, sh.intermediate)]
     return out
 
 
@@ -34,12 +34,8 @@ SHAPES = _shapes() + [("odd-N", 4607, 3584), ("tiny", 3, 256)]
 
 @pytest.fixture(scope="module")
 def lib():
-    from nanoqwen_rt.cuda_backend import load_library
-    return load_library()
-
-
-def _check(lib, rc):
-    assert rc == 0, lib.nq_last_error().decode()
+    from nq_testing_lib import load_testing_library
+    return load_testing_library()
 
 
 def _f32p(a):
@@ -79,14 +75,6 @@ def rel_err(y, ref):
     return float(np.linalg.norm(y.astype(np.float64) - ref) / np.linalg.norm(ref))
 
 
-def _rms_inv32(x, eps):
-    """1 / rms(x) as the GEMV prologue computes it (float32)."""
-    x32 = x.astype(np.float32)
-    return np.float32(1.0) / np.sqrt(np.mean(x32 * x32, dtype=np.float32) + np.float32(eps))
-
-
-INT8_X_VARIANTS = (1, 4)   # GEMV variants that quantise x to int8 per 32 values (dp4a)
-
 
 @pytest.mark.parametrize("name,N,K", SHAPES, ids=[s[0] for s in SHAPES])
 @pytest.mark.parametrize("g", [128, 64])
@@ -98,33 +86,20 @@ def test_gemv_int4_vs_numpy(lib, name, N, K, g):
     eps = 1e-6
     xn = x.astype(np.float64) / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps) * w_norm
     ref = dequant(u, s, g) @ xn
-    for variant, with_norm in ((0, True), (0, False), (3, True), (2, True), (1, True), (4, True), (4, False)):
+    for with_norm in (True, False):
         y = np.empty(N, dtype=np.float32)
         _check(lib, lib.nq_test_gemv_int4(q.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
                                           s.view(np.uint16).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)),
-                                          N, K, g, _f32p(x), _f32p(w_norm) if with_norm else None, eps, variant,
-                                          _f32p(y)))
+                                          N, K, g, _f32p(x), _f32p(w_norm) if with_norm else None, eps, _f32p(y)))
         assert np.isfinite(y).all(), "unwritten (NaN-poisoned) outputs"
-        if variant in INT8_X_VARIANTS:
-            # int8 x: compared with the q8 arithmetic itself (q8_emulated_gemv), not with W @ x: the activation
-            # quantisation error (~5e-3 relative, > 2e-2 for ~1 % of draws at K = 128..256) is the design, measured
-            # in bench/NOTES.md, not a tolerance. Without the norm the integers are identical (f32 rounding only:
-            # 1e-5); with it the GPU's rsqrtf may flip a rare int8 code by one step (<= 1/127 of a 32-value unit's
-            # contribution): 1e-3.
-            xin = (x * _rms_inv32(x, eps) * w_norm).astype(np.float32) if with_norm else x
-            err = rel_err(y, q8_emulated_gemv(u, s, g, xin))
-            tol = 1e-3 if with_norm else 1e-5
-        else:
-            r = ref if with_norm else dequant(u, s, g) @ x.astype(np.float64)
-            err = rel_err(y, r)
-            # variants 0, 3 and 2 (same arithmetic, different work split): x rounded to f16 (2^-12 relative) and f16
-            # products with 8-deep f16 partial sums (~2^-12 each), everything else f32: ~5e-4 expected, 3e-3 allowed.
-            tol = 3e-3
-        assert err < tol, f"{name} g{g} variant {variant} norm {with_norm}: relative error {err:.2e}"
+        r = ref if with_norm else dequant(u, s, g) @ x.astype(np.float64)
+        err = rel_err(y, r)
+        # x rounded to f16 (2^-12 relative) and f16 products with 8-deep f16 partial sums (~2^-12 each), everything
+        # else f32: ~5e-4 expected, 3e-3 allowed.
+        tol = 3e-3
+        assert err < tol, f"{name} g{g} norm {with_norm}: relative error {err:.2e}"
 
 
-GEMV_VARIANTS = (0, 3, 2, 1, 4)   # 0: v2 split-K (default, 2 blocks/SM), 3: v2 at 3 blocks/SM, 2: v1 kernel,
-#                                 1: dp4a on the v1 kernel, 4: dp4a on the v2 kernel
 # shapes per mode as the decode step uses them; the split-K kernel picks 1, 2 or 4 warps per row pair among these
 # (7B-down: 4, 32B-down and odd-N: 2, the rest 1), odd-N and tiny end in a single-row pair
 ADD_SHAPES = [("7B-down", 3584, 18944), ("7B-o", 3584, 3584), ("0.5B-down", 896, 4864), ("32B-down", 5120, 27648),
@@ -142,7 +117,7 @@ def _u16p(a):
 
 @pytest.mark.parametrize("name,N,K", ADD_SHAPES, ids=[s[0] for s in ADD_SHAPES])
 def test_gemv_int4_add_mode_vs_numpy(lib, name, N, K):
-    """y += W @ f16(x) (the o/down projections with the residual add), every variant."""
+    """y += W @ f16(x) (the o/down projections with the residual add)."""
     rng = np.random.default_rng()
     g = 128
     u, q, s = random_int4(rng, N, K, g)
@@ -150,24 +125,20 @@ def test_gemv_int4_add_mode_vs_numpy(lib, name, N, K):
     x16 = x.astype(np.float16).astype(np.float64)
     w = dequant(u, s, g)
     prod = w @ x16
-    for variant in GEMV_VARIANTS:
-        y0 = (rng.standard_normal(N) * np.std(prod)).astype(np.float32)   # residual of the same magnitude
-        y = y0.copy()
-        _check(lib, lib.nq_test_gemv_int4_mode(_u32p(q), _u16p(s), None, None, N, K, g, _f32p(x), None, 1e-6, 1,
-                                               variant, _f32p(y)))
-        assert np.isfinite(y).all()
-        # same arithmetic as test_gemv_int4_vs_numpy (x is given in f16 here, so exact); the residual add in f32
-        # adds ~6e-8 x |y0|: the f16 paths 3e-3; int8 x vs its q8 arithmetic (same integers): 1e-5
-        if variant in INT8_X_VARIANTS:
-            err, tol = rel_err(y - y0, q8_emulated_gemv(u, s, g, x16.astype(np.float32))), 1e-5
-        else:
-            err, tol = rel_err(y - y0, prod), 3e-3
-        assert err < tol, f"{name} variant {variant}: relative error {err:.2e}"
+    y0 = (rng.standard_normal(N) * np.std(prod)).astype(np.float32)   # residual of the same magnitude
+    y = y0.copy()
+    _check(lib, lib.nq_test_gemv_int4_mode(_u32p(q), _u16p(s), None, None, N, K, g, _f32p(x), None, 1e-6, 1,
+                                           _f32p(y)))
+    assert np.isfinite(y).all()
+    # same arithmetic as test_gemv_int4_vs_numpy (x is given in f16 here, so exact); the residual add in f32
+    # adds ~6e-8 x |y0|: 3e-3
+    err = rel_err(y - y0, prod)
+    assert err < 3e-3, f"{name}: relative error {err:.2e}"
 
 
 @pytest.mark.parametrize("name,N,K", SWIGLU_SHAPES, ids=[s[0] for s in SWIGLU_SHAPES])
 def test_gemv_int4_swiglu_mode_vs_numpy(lib, name, N, K):
-    """h = silu(Wg x') * (Wu x'), x' = rmsnorm(x) * norm_w (the gate/up projections), every variant."""
+    """h = silu(Wg x') * (Wu x'), x' = rmsnorm(x) * norm_w (the gate/up projections)."""
     rng = np.random.default_rng()
     g = 128
     ug, qg, sg = random_int4(rng, N, K, g)
@@ -178,26 +149,18 @@ def test_gemv_int4_swiglu_mode_vs_numpy(lib, name, N, K):
     xn = x.astype(np.float64) / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps) * w_norm
     gate, up = dequant(ug, sg, g) @ xn, dequant(uu, su, g) @ xn
     ref = gate / (1.0 + np.exp(-gate)) * up
-    for variant in GEMV_VARIANTS:
-        y = np.empty(N, dtype=np.float32)
-        _check(lib, lib.nq_test_gemv_int4_mode(_u32p(qg), _u16p(sg), _u32p(qu), _u16p(su), N, K, g, _f32p(x),
-                                               _f32p(w_norm), eps, 2, variant, _f32p(y)))
-        assert np.isfinite(y).all(), "unwritten (NaN-poisoned) outputs"
-        if variant in INT8_X_VARIANTS:
-            # vs the q8 arithmetic of both GEMVs (rare code flips from rsqrtf as in the store test: 1e-3) with the
-            # result rounded to f16 (2^-11 per element): 2e-3
-            xin = (x * _rms_inv32(x, eps) * w_norm).astype(np.float32)
-            g8, u8 = q8_emulated_gemv(ug, sg, g, xin), q8_emulated_gemv(uu, su, g, xin)
-            err, tol = rel_err(y, g8 / (1.0 + np.exp(-g8)) * u8), 2e-3
-        else:
-            # product of two GEMV results (each within 3e-3, see above; silu is 1-Lipschitz-ish in g, so the
-            # relative errors add) rounded to f16 (2^-11): 8e-3
-            err, tol = rel_err(y, ref), 8e-3
-        assert err < tol, f"{name} variant {variant}: relative error {err:.2e}"
+    y = np.empty(N, dtype=np.float32)
+    _check(lib, lib.nq_test_gemv_int4_mode(_u32p(qg), _u16p(sg), _u32p(qu), _u16p(su), N, K, g, _f32p(x),
+                                           _f32p(w_norm), eps, 2, _f32p(y)))
+    assert np.isfinite(y).all(), "unwritten (NaN-poisoned) outputs"
+    # product of two GEMV results (each within 3e-3, see above; silu is 1-Lipschitz-ish in g, so the relative
+    # errors add) rounded to f16 (2^-11): 8e-3
+    err = rel_err(y, ref)
+    assert err < 8e-3, f"{name}: relative error {err:.2e}"
 
 
 @pytest.mark.parametrize("dtype", [1, 2])
-@pytest.mark.parametrize("N,K", [(4864, 896), (1000, 3584), (152064 // 8, 3584)])
+@pytest.mark.parametrize("N,K", [(4864, 896), (1000, 3584), (QWEN25_SHAPES["7B"].vocab // 8, 3584)])
 def test_gemv_dense_vs_numpy(lib, dtype, N, K):
     rng = np.random.default_rng()
     w32 = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
@@ -231,39 +194,6 @@ def test_gemm_int4_vs_numpy(lib, M, N, K, g):
     err = rel_err(C, ref)
     # A and the dequantised W each rounded to f16 (2^-12 relative each), f32 tensor-core accumulation
     assert err < 2e-3, f"relative error {err:.2e}"
-
-
-def q8_emulated_gemv(u, s, g, x):
-    """What the int8-activation GEMV (variants 1 and 4) computes, in float64 from the same integers: x (float32)
-    quantised per 32 values with scale amax/127 and round-to-nearest-even of x * (127/amax) in float32, then
-    sum over units of s_w * s_x * (sum u*q - 8 sum q)."""
-    x = x.astype(np.float32).reshape(-1, 32)
-    amax = np.abs(x).max(axis=1)
-    r = np.where(amax > 0, np.float32(127.0) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
-    q = np.rint(x * r[:, None]).astype(np.int64)                       # (K/32, 32)
-    sx = (amax / np.float32(127.0)).astype(np.float32).astype(np.float64)
-    N, K = u.shape
-    uu = u.astype(np.int64).reshape(N, K // 32, 32)
-    dots = np.einsum("nmk,mk->nm", uu, q) - 8 * q.sum(axis=1)[None, :]   # exact integers
-    sw = s.astype(np.float64)[:, np.arange(K // 32) * 32 // g]           # scale of each unit's group
-    return (sw * sx[None, :] * dots).sum(axis=1)
-
-
-@pytest.mark.parametrize("name,N,K", [("7B-o", 3584, 3584), ("7B-down", 3584, 18944), ("odd-N", 1001, 2048)])
-def test_gemv_int8_x_matches_its_emulation(lib, name, N, K):
-    """Variant 4 computes exactly the q8 arithmetic (not just something within the int8 error of W @ x): same
-    integers, the only differences are f32 rounding of the per-unit products and their sum."""
-    rng = np.random.default_rng()
-    g = 128
-    u, q, s = random_int4(rng, N, K, g)
-    x = (rng.standard_normal(K) * 2.0).astype(np.float32)
-    y = np.empty(N, dtype=np.float32)
-    _check(lib, lib.nq_test_gemv_int4(_u32p(q), _u16p(s), N, K, g, _f32p(x), None, 1e-6, 4, _f32p(y)))
-    assert np.isfinite(y).all()
-    # f32: one rounding per unit product and per accumulation step (K/32 <= 592 terms): ~sqrt(K/32) * 2^-24
-    # relative to the row's magnitude, 1e-5 allowed
-    err = rel_err(y, q8_emulated_gemv(u, s, g, x))
-    assert err < 1e-5, f"{name}: relative error vs the q8 emulation {err:.2e}"
 
 
 def attention_ref(q, k, v, n_heads, n_kv, D):
@@ -325,7 +255,7 @@ def test_attention_prefill_vs_numpy(lib, n_heads, n_kv, D, n_pos, M):
 
 
 def _sample(lib, logits, temperature, top_k, top_p, seed, counter):
-    from nanoqwen_rt.cuda_backend import NqSampling
+    from nanoqwen_rt.backends.cuda.abi import NqSampling
     sp = NqSampling(temperature, top_k, top_p, seed)
     out = ctypes.c_int32(-1)
     logits = np.ascontiguousarray(logits, dtype=np.float32)
@@ -335,7 +265,7 @@ def _sample(lib, logits, temperature, top_k, top_p, seed, counter):
 
 def test_sampler_greedy_is_argmax_lowest_index(lib):
     rng = np.random.default_rng()
-    for V in (7, 1000, 152064):
+    for V in (7, 1000, QWEN25_SHAPES["7B"].vocab):
         x = rng.standard_normal(V).astype(np.float32)
         assert _sample(lib, x, 0.0, 0, 1.0, 0, 0) == int(np.argmax(x))
         i, j = sorted(rng.choice(V, 2, replace=False))
@@ -345,7 +275,7 @@ def test_sampler_greedy_is_argmax_lowest_index(lib):
 
 def test_sampler_filters(lib):
     rng = np.random.default_rng()
-    V = 152064
+    V = QWEN25_SHAPES["7B"].vocab
     x = (rng.standard_normal(V) * 2).astype(np.float32)
     top5 = set(np.argsort(-x)[:5].tolist())
     for c in range(20):

@@ -1,5 +1,6 @@
-"""CPU test (runs in CI, no GPU needed): csrc/ compiles with nvcc, libnanoqwen.so exports the C ABI, and the C
-loader applies the spec's validation rules (it parses and validates before it looks for a device, so on a
+"""CPU test (runs in CI, no GPU needed): csrc/ compiles with nvcc, libnanoqwen.so exports the production C ABI and
+nothing else, libnanoqwen_testing.so the kernel test/bench entry points, and the C loader applies the spec's
+validation rules (it parses and validates before it looks for a device, so on a
 machine without a GPU a valid file gets NQ_E_NO_DEVICE and a corrupt one NQ_E_FORMAT naming the rule).
 Skipped when nvcc is not on PATH (the package then runs on the CPU backend only)."""
 from __future__ import annotations
@@ -35,17 +36,40 @@ def libpath():
     return so
 
 
+TESTING_PREFIXES = ("nq_test_", "nq_bench_")
+
+
+def _exported(path):
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True, check=True)
+    return {line.split()[-1] for line in nm.stdout.splitlines() if " T " in line}
+
+
 def test_exports_every_abi_symbol(libpath):
-    from nanoqwen_rt.cuda_backend import EXPORTED_SYMBOLS
-    nm = subprocess.run(["nm", "-D", "--defined-only", str(libpath)], capture_output=True, text=True, check=True)
-    exported = {line.split()[-1] for line in nm.stdout.splitlines() if " T " in line}
-    missing = set(EXPORTED_SYMBOLS) - exported
+    from nanoqwen_rt.backends.cuda.abi import EXPORTED_SYMBOLS
+    exported = _exported(libpath)
+    production = {s for s in EXPORTED_SYMBOLS if not s.startswith(TESTING_PREFIXES)}
+    missing = (production | {"nq_model_check", "nq_abi_describe"}) - exported
     assert not missing, f"not exported: {sorted(missing)}"
-    # nothing but the C ABI leaks (C++ internals are hidden)
+    # nothing but the C ABI leaks (C++ internals are hidden), and no test or bench entry point ships
     assert all(s.startswith("nq_") for s in exported), sorted(s for s in exported if not s.startswith("nq_"))
-    # the CUDA runtime is linked statically: no libcudart in the dynamic dependencies
+    assert not [s for s in exported if s.startswith(TESTING_PREFIXES)], sorted(exported)
+    # the CUDA runtime is linked statically, and the product does not depend on the testing library
     ldd = subprocess.run(["ldd", str(libpath)], capture_output=True, text=True)
-    assert "libcudart" not in ldd.stdout
+    assert "libcudart" not in ldd.stdout and "nanoqwen_testing" not in ldd.stdout
+
+
+def test_testing_library_exports_its_entry_points(libpath):
+    from nq_testing_lib import SIGNATURES
+    testing = libpath.parent / "libnanoqwen_testing.so"
+    exported = _exported(testing)
+    missing = set(SIGNATURES) - exported
+    assert not missing, f"not exported by {testing.name}: {sorted(missing)}"
+    assert all(s.startswith("nq_") for s in exported)
+    # it loads on its own (no GPU needed to load) and reports its own errors
+    lib = ctypes.CDLL(str(testing))
+    lib.nq_last_error.restype = ctypes.c_char_p
+    assert lib.nq_bench_gemv_int4_mode(0, 0, 128, 0, 1, None) == -1     # NQ_E_INVALID_ARG: NULL output
+    assert b"bad argument" in lib.nq_last_error()
 
 
 def test_sm90a_and_sm80_code_present(libpath):

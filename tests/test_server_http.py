@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from nanoqwen_rt.server import create_app
-from nanoqwen_rt.server_metrics import Histogram, Registry, ServerMetrics
-from nanoqwen_rt.server_schemas import ApiError, check_context, parse_chat, parse_completion
+from nanoqwen_rt.serve.app import create_app
+from nanoqwen_rt.serve.metrics import TTFT_BUCKETS, ServerMetrics
+from nanoqwen_rt.serve.schemas import ApiError, check_context, parse_chat, parse_completion
 
 MODEL = "fake-model"
 CONTEXT = 64
@@ -305,29 +305,32 @@ def test_parse_defaults_follow_openai():
 
 
 def test_histogram_exposition_matches_numpy_reference():
-    """Cumulative bucket counts and the sum, against numpy on fresh random latencies."""
+    """The TTFT histogram's cumulative bucket counts and sum, against numpy on fresh random latencies."""
     rng = np.random.default_rng()
-    bounds = np.sort(rng.uniform(0.001, 1.0, size=7))
-    values = rng.exponential(0.2, size=500)
-    reg = Registry()
-    h = Histogram(reg, "x_seconds", "test", tuple(bounds))
+    values = rng.exponential(0.5, size=500)
+    m = ServerMetrics()
     for v in values:
-        h.observe(float(v))
-    text = reg.render()
-    got = {m.group(1): int(m.group(2)) for m in re.finditer(r'x_seconds_bucket\{le="([^"]+)"\} (\d+)', text)}
-    for b in bounds:
-        assert got[repr(float(b))] == int(np.sum(values <= b))
-    assert got["+Inf"] == values.size
-    s = float(re.search(r"x_seconds_sum (\S+)", text).group(1))
+        m.ttft.observe(float(v))
+    text = m.render()[0].decode()
+    name = "nanoqwen_time_to_first_token_seconds"
+    got = {float(g.group(1).replace("+Inf", "inf")): float(g.group(2))
+           for g in re.finditer(name + r'_bucket\{le="([^"]+)"\} (\S+)', text)}
+    assert sorted(got) == sorted(TTFT_BUCKETS + (float("inf"),))
+    for b in TTFT_BUCKETS:
+        assert got[b] == int(np.sum(values <= b))
+    assert got[float("inf")] == values.size
+    s = float(re.search(name + r"_sum (\S+)", text).group(1))
     # the sum is accumulated in float64 in a different order than numpy's pairwise sum: 1e-9 relative
     assert s == pytest.approx(float(values.sum()), rel=1e-9)
 
 
-def test_metrics_text_is_well_formed():
+def test_metrics_text_is_well_formed_and_per_app():
     m = ServerMetrics()
-    m.requests.inc(endpoint='/x"y', status="200")
+    m.count_request('/x"y', 200)
     m.ttft.observe(0.3)
-    lines = m.render().splitlines()
+    body, content_type = m.render()
+    assert content_type.startswith("text/plain")
+    lines = body.decode().splitlines()
     names = set()
     for line in lines:
         if line.startswith("# TYPE"):
@@ -338,10 +341,12 @@ def test_metrics_text_is_well_formed():
             assert re.fullmatch(r'[a-z_]+(\{.*\})? \S+', line), line
     assert {"nanoqwen_requests_total", "nanoqwen_queue_depth", "nanoqwen_time_to_first_token_seconds"} <= names
     assert 'endpoint="/x\\"y"' in "\n".join(lines)
+    other = ServerMetrics()        # its own registry: nothing shared with m, no duplicate-name error
+    assert "nanoqwen_requests_total{" not in other.render()[0].decode()
 
 
 def test_body_size_limit(client, monkeypatch):
-    import nanoqwen_rt.server as server_mod
+    import nanoqwen_rt.serve.app as server_mod
     monkeypatch.setattr(server_mod, "MAX_BODY_BYTES", 1000)
     big = json.dumps({"model": MODEL, "prompt": "x" * 2000}).encode()
     _err(client.post("/v1/completions", content=big, headers={"content-type": "application/json"}), 413,

@@ -1,6 +1,11 @@
-// The C ABI (include/nanoqwen.h): argument checks, then the C++ internals. No exception crosses it.
+// The C ABI (include/nanoqwen.h): every argument is checked here, once (token ids, context limits, sampling
+// parameters, sizes), then the C++ internals run. No exception crosses it.
 #include "session.h"
+#include "format_contract.h"
+#include <cmath>
+#include <cstddef>
 #include <new>
+#include <string>
 
 struct nq_model { nq::Model* m; };
 struct nq_session { nq::Session* s; };
@@ -8,20 +13,111 @@ struct nq_session { nq::Session* s; };
 using nq::fail;
 
 #define NQ_GUARD_BEGIN try {
-#define NQ_GUARD_END                                                                  \
-  }                                                                                   \
-  catch (const std::bad_alloc&) { return fail(NQ_E_INVALID_ARG, "out of host memory"); } \
+#define NQ_GUARD_END                                                                        \
+  }                                                                                         \
+  catch (const std::bad_alloc&) { return fail(NQ_E_OUT_OF_MEMORY, "out of host memory"); } \
   catch (...) { return fail(NQ_E_INVALID_ARG, "internal error (exception)"); }
+
+namespace {
+
+int check_sampling(const nq_sampling* sp) {
+  if (!sp) return NQ_OK;
+  if (!std::isfinite(sp->temperature) || sp->temperature < 0.f)
+    return fail(NQ_E_INVALID_ARG, "temperature must be a finite number >= 0, got %g", sp->temperature);
+  if (sp->top_k < 0) return fail(NQ_E_INVALID_ARG, "top_k must be >= 0, got %d", sp->top_k);
+  if (!(sp->top_p > 0.f && sp->top_p <= 1.f)) return fail(NQ_E_INVALID_ARG, "top_p must be in (0, 1], got %g", sp->top_p);
+  return NQ_OK;
+}
+
+int check_tokens(const nq::Session& s, const int32_t* tokens, int32_t n) {
+  const int32_t V = s.m->cfg.vocab_rows;
+  for (int32_t i = 0; i < n; i++)
+    if (tokens[i] < 0 || tokens[i] >= V)
+      return fail(NQ_E_INVALID_ARG, "token id %d at index %d out of range [0, %d)", tokens[i], i, V);
+  return NQ_OK;
+}
+
+// The JSON of nq_abi_describe (built once): sizes and offsets from sizeof/offsetof of the real structs, status codes
+// from the enum, format facts from the tables of format_contract.h (the constants the loader uses).
+std::string describe_json() {
+  namespace ct = nq::contract;
+  std::string j;
+  auto num = [](long long v) { return std::to_string(v); };
+  auto field = [&](const char* name, size_t off, const char* type, bool last = false) {
+    j += std::string("\"") + name + "\": [" + num((long long)off) + ", \"" + type + "\"]" + (last ? "" : ", ");
+  };
+  auto ints = [&](const int* v, int n) {
+    std::string s = "[";
+    for (int i = 0; i < n; i++) s += (i ? ", " : "") + num(v[i]);
+    return s + "]";
+  };
+  j += "{\"abi_version\": " + num(NQ_ABI_VERSION) + ", \"status\": {";
+  const std::pair<const char*, int> st[] = {
+      {"NQ_OK", NQ_OK}, {"NQ_E_INVALID_ARG", NQ_E_INVALID_ARG}, {"NQ_E_IO", NQ_E_IO}, {"NQ_E_FORMAT", NQ_E_FORMAT},
+      {"NQ_E_UNSUPPORTED", NQ_E_UNSUPPORTED}, {"NQ_E_CUDA", NQ_E_CUDA}, {"NQ_E_CONTEXT_FULL", NQ_E_CONTEXT_FULL},
+      {"NQ_E_NO_DEVICE", NQ_E_NO_DEVICE}, {"NQ_E_OUT_OF_MEMORY", NQ_E_OUT_OF_MEMORY}};
+  for (size_t i = 0; i < sizeof st / sizeof st[0]; i++)
+    j += std::string(i ? ", " : "") + "\"" + st[i].first + "\": " + num(st[i].second);
+  j += "}, \"structs\": {\"nq_config\": {\"size\": " + num(sizeof(nq_config)) + ", \"fields\": {";
+#define NQ_CFG(f, t) field(#f, offsetof(nq_config, f), t)
+  NQ_CFG(arch, "i32"); NQ_CFG(n_layers, "i32"); NQ_CFG(hidden_size, "i32"); NQ_CFG(intermediate_size, "i32");
+  NQ_CFG(n_heads, "i32"); NQ_CFG(n_kv_heads, "i32"); NQ_CFG(head_dim, "i32"); NQ_CFG(vocab_rows, "i32");
+  NQ_CFG(max_positions, "i32"); NQ_CFG(tied_embeddings, "i32"); NQ_CFG(qkv_bias, "i32");
+  NQ_CFG(rope_scaling_type, "i32"); NQ_CFG(rope_theta, "f64"); NQ_CFG(rope_scaling_factor, "f32");
+  NQ_CFG(rms_norm_eps, "f32"); NQ_CFG(bos_token_id, "i32"); NQ_CFG(eos_token_id, "i32");
+  field("pad_token_id", offsetof(nq_config, pad_token_id), "i32", true);
+#undef NQ_CFG
+  j += "}}, \"nq_sampling\": {\"size\": " + num(sizeof(nq_sampling)) + ", \"fields\": {";
+  field("temperature", offsetof(nq_sampling, temperature), "f32");
+  field("top_k", offsetof(nq_sampling, top_k), "i32");
+  field("top_p", offsetof(nq_sampling, top_p), "f32");
+  field("seed", offsetof(nq_sampling, seed), "u64", true);
+  j += "}}}, \"format\": {\"magic\": \"" + std::string(ct::kMagic) + "\"";
+  for (const ct::Named& v : ct::kScalars) j += std::string(", \"") + v.name + "\": " + num(v.value);
+  j += ", \"int4_perm\": " + ints(ct::kInt4Perm, 8);
+  j += ", \"int4_group_sizes\": " + ints(ct::kInt4GroupSizes, (int)(sizeof ct::kInt4GroupSizes / sizeof(int)));
+  auto group = [&](const char* name, const ct::Named* v, size_t n) {
+    j += std::string(", \"") + name + "\": {";
+    for (size_t i = 0; i < n; i++) j += std::string(i ? ", \"" : "\"") + v[i].name + "\": " + num(v[i].value);
+    j += "}";
+  };
+#define NQ_GROUP(name, table) group(name, table, sizeof table / sizeof table[0])
+  NQ_GROUP("dtypes", ct::kDtypes); NQ_GROUP("archs", ct::kArchs); NQ_GROUP("rope_scaling", ct::kRopeScaling);
+  NQ_GROUP("layouts", ct::kLayouts); NQ_GROUP("config_flags", ct::kConfigFlags);
+  NQ_GROUP("header", ct::kHeaderOffsets); NQ_GROUP("config", ct::kConfigOffsets);
+  NQ_GROUP("tensor_entry", ct::kTensorEntryOffsets); NQ_GROUP("blob_entry", ct::kBlobEntryOffsets);
+#undef NQ_GROUP
+  j += "}}";
+  return j;
+}
+
+}  // namespace
 
 extern "C" {
 
 const char* nq_last_error(void) { return nq::last_error(); }
 int nq_abi_version(void) { return NQ_ABI_VERSION; }
 
+const char* nq_abi_describe(void) {
+  static const std::string json = describe_json();
+  return json.c_str();
+}
+
 int nq_device_count(void) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) { cudaGetLastError(); return 0; }
   return n;
+}
+
+int nq_model_check(const char* path) {
+  if (!path) return fail(NQ_E_INVALID_ARG, "nq_model_check: NULL path");
+  NQ_GUARD_BEGIN
+  nq::ModelFile* f = nullptr;
+  NQ_TRY(nq::open_model_file(path, false, &f));
+  const int rc = nq::check_model(*f);
+  delete f;
+  return rc;
+  NQ_GUARD_END
 }
 
 int nq_model_open(const char* path, int verify_checksums, nq_model** out) {
@@ -55,6 +151,10 @@ void nq_model_free(nq_model* m) {
 
 int nq_session_create(nq_model* m, int32_t max_context, const nq_sampling* sampling, nq_session** out) {
   if (!m || !out) return fail(NQ_E_INVALID_ARG, "nq_session_create: NULL argument");
+  const int32_t max_pos = m->m->cfg.max_positions;
+  if (max_context <= 0 || max_context > max_pos)
+    return fail(NQ_E_INVALID_ARG, "max_context %d out of range [1, %d]", max_context, max_pos);
+  NQ_TRY(check_sampling(sampling));
   NQ_GUARD_BEGIN
   nq::Session* s = nullptr;
   NQ_TRY(nq::session_create(m->m, max_context, sampling, &s));
@@ -65,6 +165,7 @@ int nq_session_create(nq_model* m, int32_t max_context, const nq_sampling* sampl
 
 int nq_session_set_sampling(nq_session* s, const nq_sampling* sampling) {
   if (!s) return fail(NQ_E_INVALID_ARG, "nq_session_set_sampling: NULL session");
+  NQ_TRY(check_sampling(sampling));
   return nq::session_set_sampling(s->s, sampling);
 }
 
@@ -81,6 +182,10 @@ int nq_session_position(const nq_session* s, int32_t* pos) {
 
 int nq_prefill(nq_session* s, const int32_t* tokens, int32_t n) {
   if (!s || !tokens) return fail(NQ_E_INVALID_ARG, "nq_prefill: NULL argument");
+  if (n <= 0) return fail(NQ_E_INVALID_ARG, "prefill: no tokens");
+  NQ_TRY(check_tokens(*s->s, tokens, n));
+  if ((long long)s->s->pos + n > s->s->max_ctx)
+    return fail(NQ_E_CONTEXT_FULL, "context full: position %d + %d tokens > max_context %d", s->s->pos, n, s->s->max_ctx);
   NQ_GUARD_BEGIN
   return nq::session_prefill(s->s, tokens, n, nullptr);
   NQ_GUARD_END
@@ -88,6 +193,9 @@ int nq_prefill(nq_session* s, const int32_t* tokens, int32_t n) {
 
 int nq_decode(nq_session* s, int32_t token) {
   if (!s) return fail(NQ_E_INVALID_ARG, "nq_decode: NULL session");
+  NQ_TRY(check_tokens(*s->s, &token, 1));
+  if (s->s->pos + 1 > s->s->max_ctx)
+    return fail(NQ_E_CONTEXT_FULL, "context full: position %d + 1 token > max_context %d", s->s->pos, s->s->max_ctx);
   return nq::session_decode(s->s, token);
 }
 
@@ -102,6 +210,10 @@ int nq_get_logits(nq_session* s, float* out, int32_t n) {
 
 int nq_logits_all(nq_session* s, const int32_t* tokens, int32_t n, float* out) {
   if (!s || !tokens || !out) return fail(NQ_E_INVALID_ARG, "nq_logits_all: NULL argument");
+  if (n <= 0) return fail(NQ_E_INVALID_ARG, "logits_all: no tokens");
+  NQ_TRY(check_tokens(*s->s, tokens, n));
+  if (n > s->s->max_ctx)
+    return fail(NQ_E_CONTEXT_FULL, "context full: %d tokens > max_context %d", n, s->s->max_ctx);
   NQ_GUARD_BEGIN
   NQ_TRY(nq::session_reset(s->s));
   return nq::session_prefill(s->s, tokens, n, out);
@@ -111,6 +223,12 @@ int nq_logits_all(nq_session* s, const int32_t* tokens, int32_t n, float* out) {
 int nq_generate(nq_session* s, int32_t max_new, const int32_t* stop_ids, int32_t n_stop, nq_token_callback cb,
                 void* user, int32_t* out_tokens, int32_t* n_out) {
   if (!s || !n_out || (n_stop > 0 && !stop_ids) || n_stop < 0) return fail(NQ_E_INVALID_ARG, "nq_generate: bad argument");
+  *n_out = 0;
+  if (max_new < 0) return fail(NQ_E_INVALID_ARG, "max_new %d < 0", max_new);
+  if (max_new > 0) {
+    if (!s->s->have_logits) return fail(NQ_E_INVALID_ARG, "generate: no logits yet (prefill first)");
+    if (s->s->pos >= s->s->max_ctx) return fail(NQ_E_CONTEXT_FULL, "context full at position %d", s->s->pos);
+  }
   NQ_GUARD_BEGIN
   return nq::session_generate(s->s, max_new, stop_ids, n_stop, cb, user, out_tokens, n_out);
   NQ_GUARD_END

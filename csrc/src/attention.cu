@@ -6,20 +6,20 @@
 // has work at any context length and one captured graph serves all positions; blocks past the last used split
 // return at once.
 //
-// v2 (this version): the block copies K and V in tiles of kKT = 32 keys into shared memory with cp.async (two
-// tiles in flight: double buffer; one memory round trip before the first score), then
+// The block copies K and V in tiles of kKT = 32 keys into shared memory with cp.async (two tiles in flight: double
+// buffer; one memory round trip before the first score), then
 //   scores + online softmax: warp w takes heads w, w+4 (lane = key; the K row is read from shared memory),
 //   P.V: thread tid owns dim tid % D of heads tid / D + kTPD*i (V read from shared memory, P broadcast),
-// all loops short and rolled over the heads' registers only: the code is a few KB (v1 fully unrolled 8 heads x
-// 32 V rows into ~100-150 KB of SASS per kernel, whose instruction fetch, not its memory traffic, made it a
-// fixed ~30 us per block: bench/NOTES.md). One split: the block writes the f16 output itself. Several: each
-// writes a partial (m, l, o[D]) per head; the last block of (t, h) to finish (atomic counter over the USED
-// splits) merges them and re-arms the counter.
+// all loops short and rolled over the heads' registers only: the code is a few KB (a fully unrolled version grew to
+// ~100-150 KB of SASS per kernel, whose instruction fetch made it a fixed ~30 us per block: bench/NOTES.md).
+// One split: the block writes the f16 output itself. Several: each writes a partial (m, l, o[D]) per head; the last
+// block of (t, h) to finish (atomic counter over the USED splits) merges them and re-arms the counter.
 // Decode (write_kv): the block whose key range holds the current position writes rope(k), v into the cache and
 // puts the same f16 row into its shared tile directly (no write-then-read round trip).
 #include "kernels.h"
 #include "device_util.cuh"
 #include "launch.h"
+#include "cp_async.cuh"
 #include <math_constants.h>
 
 namespace nq {
@@ -28,14 +28,6 @@ namespace {
 constexpr int kAttnWarps = 4, kAttnThreads = kAttnWarps * 32, kMaxG = 8;
 constexpr int kMaxSplits = 128;  // attention splits per (token, KV head): bounds the merge's shared memory
 constexpr int kKT = 32;          // keys per shared-memory tile (= lanes of a warp in the score phase)
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 template <int D>
 struct AttnSmem {
@@ -287,8 +279,8 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
 //   A(P)  : the S fragments of key tiles 2k, 2k+1 ARE the A fragment of k-step k (rounded to f16 pairs);
 //   B(V)  : ldmatrix.x4.trans of V rows ([key][d]: B[k=key][n=d] needs the transpose) -> b01 b23 of two dim tiles.
 // Online softmax per row in the log2 domain: the 4 lanes of a quad hold a row's 32 scores (max: 2 shuffles);
-// each lane keeps a partial row sum l, reduced over the quad once at the end. The previous CUDA-core version of this
-// kernel (f2b8d27) ran 181 us per 7B layer at M = 512; bench/NOTES.md.
+// each lane keeps a partial row sum l, reduced over the quad once at the end (on CUDA cores the same work took
+// 181 us per 7B layer at M = 512; bench/NOTES.md).
 constexpr int kPQ = 8;   // query tokens per prefill block
 constexpr int kPR = 64;  // rows per block (kPQ * G <= kPQ * kMaxG = 64): 4 warps x m16
 

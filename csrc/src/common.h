@@ -12,14 +12,18 @@ namespace nq {
 int fail(int code, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 const char* last_error();
 
+// The status of a failed CUDA call: NQ_E_OUT_OF_MEMORY for an allocation failure, else NQ_E_CUDA.
+inline int cuda_status(cudaError_t e) { return e == cudaErrorMemoryAllocation ? NQ_E_OUT_OF_MEMORY : NQ_E_CUDA; }
+
 }  // namespace nq
 
-// Evaluate a CUDA runtime call; on error record "<what>: <cuda message>" and return NQ_E_CUDA.
+// Evaluate a CUDA runtime call; on error record "<what>: <cuda message>" and return NQ_E_CUDA
+// (NQ_E_OUT_OF_MEMORY when the device or pinned host memory is exhausted).
 #define NQ_CUDA(call)                                                                                   \
   do {                                                                                                  \
     cudaError_t nq_err_ = (call);                                                                       \
     if (nq_err_ != cudaSuccess)                                                                         \
-      return ::nq::fail(NQ_E_CUDA, "%s failed at %s:%d: %s", #call, __FILE__, __LINE__,                 \
+      return ::nq::fail(::nq::cuda_status(nq_err_), "%s failed at %s:%d: %s", #call, __FILE__, __LINE__, \
                         cudaGetErrorString(nq_err_));                                                   \
   } while (0)
 
@@ -28,7 +32,8 @@ const char* last_error();
   do {                                                                                                  \
     cudaError_t nq_err_ = cudaGetLastError();                                                           \
     if (nq_err_ != cudaSuccess)                                                                         \
-      return ::nq::fail(NQ_E_CUDA, "launch of %s failed at %s:%d: %s", name, __FILE__, __LINE__,        \
+      return ::nq::fail(::nq::cuda_status(nq_err_), "launch of %s failed at %s:%d: %s", name, __FILE__, \
+                        __LINE__,                                                                       \
                         cudaGetErrorString(nq_err_));                                                   \
   } while (0)
 

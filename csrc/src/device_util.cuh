@@ -35,6 +35,15 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
   return r;
 }
 
+// (a & b) | c in ONE instruction. Written as C, `(q & mask) | magic` has two different 32-bit immediates and
+// ptxas emitted two LOP3s per nibble pair (33 LOP3 per unit and row instead of 16 in the SASS; LOP3 issues on
+// the half-rate integer pipe, so this was the inner loop's bottleneck).
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));   // 0xEA = (A & B) | C
+  return d;
+}
+
 __device__ __forceinline__ __half2 u32_as_h2(uint32_t u) {
   __half2 h;
   memcpy(&h, &u, 4);

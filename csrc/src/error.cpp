@@ -19,12 +19,10 @@ const char* last_error() { return g_last_error.c_str(); }
 
 }  // namespace nq
 
-#include <cstdlib>
 namespace nq {
-// PDL on when the current device is sm_90+ and NANOQWEN_NO_PDL is not set (read once).
+// PDL on when the current device is sm_90+ (read once).
 bool pdl_enabled() {
   static const bool on = [] {
-    if (std::getenv("NANOQWEN_NO_PDL")) return false;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return false;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;

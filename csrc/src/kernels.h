@@ -3,10 +3,22 @@
 #include <cuda_fp16.h>
 #include <cstdint>
 #include "common.h"
+#include "format_contract.h"
 
 namespace nq {
 
-enum WeightType : int { WT_INT4 = 3, WT_F16 = 1, WT_BF16 = 2 };  // values equal the file's dtype ids
+// The INT4 unpack arithmetic of the kernels (a mask of nibbles s and s + 4 of a word gives the pair of values
+// (2s, 2s + 1); OR 0x6400 then minus 1032 = 1024 + zero code) holds for layout 1 as the contract states it.
+static_assert(contract::kInt4ZeroCode == 8, "the kernels subtract 1024 + 8");
+static_assert(contract::kInt4Perm[0] == 0 && contract::kInt4Perm[4] == 1 && contract::kInt4Perm[1] == 2 &&
+                  contract::kInt4Perm[5] == 3 && contract::kInt4Perm[2] == 4 && contract::kInt4Perm[6] == 5 &&
+                  contract::kInt4Perm[3] == 6 && contract::kInt4Perm[7] == 7,
+              "the kernels take values (2s, 2s + 1) from nibbles (s, s + 4)");
+
+// values equal the file's dtype ids
+enum WeightType : int {
+  WT_INT4 = (int)contract::kDTypeInt4g, WT_F16 = (int)contract::kDTypeF16, WT_BF16 = (int)contract::kDTypeBf16
+};
 
 // One linear layer's weight on the device, y = W @ x with W (N, K).
 struct LinW {
@@ -34,9 +46,6 @@ struct GemvArgs {
   float* out_f32 = nullptr;
   __half* out_f16 = nullptr;
   int mode = GEMV_STORE;
-  int variant = 0;           // int4 only: 0 = f16 unpack, split-K + cross-row pipeline (v2, 2 blocks/SM); 1 = int8
-                             // activations + dp4a; 2 = f16 unpack on the v1 skeleton; 3 = v2 at 3 blocks/SM;
-                             // 4 = v2 with int8 activations + dp4a (1-4 kept for A/B timing)
 };
 
 int gemv(const GemvArgs& a, cudaStream_t st);
@@ -45,8 +54,8 @@ int gemv_prepare();  // raise dynamic shared-memory limits once per process
 // Batched (prefill) pieces ---------------------------------------------------------------------------------
 // C[M, N] (+)= A[M, K] (f16, row stride lda) @ W^T ; accumulate f32; epilogue: bias (f32 N) and/or residual
 // add into C. C row stride ldc. Tensor cores: INT4 weights through gemm_int4_mma (mma.sync m16n8k16, layout 1
-// unpacked in registers, serial split-K where the grid leaves SMs idle; NANOQWEN_GEMM_VARIANT=1..3 for the A/B
-// kernels), f16/bf16 weights through the wmma m16n16k16 kernel.
+// unpacked in registers, serial split-K where the grid leaves SMs idle), f16/bf16 weights through the wmma
+// m16n16k16 kernel.
 int gemm(const LinW& W, const __half* A, int lda, int M, float* C, int ldc, const float* bias, bool add,
          cudaStream_t st);
 // n (1..3) weights sharing A in one launch (q/k/v, gate/up): C[i][M, W[i].N] (+)= A @ W[i]^T + bias[i] (may be
@@ -61,7 +70,7 @@ int swiglu_rows(const float* G, const float* U, int M, int I, __half* H, cudaStr
 int embed_rows(const void* table, int dtype, const int32_t* tokens, int M, int H, float* X, cudaStream_t st);
 
 // KV cache geometry ------------------------------------------------------------------------------------------
-constexpr int kPage = 16;  // tokens per KV page
+constexpr int kPage = (int)contract::kKvPageTokens;  // tokens per KV page
 struct KvLayer {
   __half* k;               // [n_phys_pages][n_kv][kPage][D]
   __half* v;

@@ -1,5 +1,5 @@
-// Kernel launch with programmatic dependent launch (PDL) when the device supports it (sm_90+) and
-// NANOQWEN_NO_PDL is unset. Kernels launched here must call pdl_wait() before reading earlier results.
+// Kernel launch with programmatic dependent launch (PDL) when the device supports it (sm_90+). Kernels launched
+// here must call pdl_wait() before reading earlier results.
 #pragma once
 #include <utility>
 #include "common.h"
@@ -22,7 +22,7 @@ int launch_pdl(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-  if (e != cudaSuccess) return fail(NQ_E_CUDA, "launch of %s failed: %s", name, cudaGetErrorString(e));
+  if (e != cudaSuccess) return fail(cuda_status(e), "launch of %s failed: %s", name, cudaGetErrorString(e));
   NQ_LAUNCH_CHECK(name);
   return NQ_OK;
 }

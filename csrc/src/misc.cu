@@ -9,8 +9,8 @@ namespace nq {
 namespace {
 
 __device__ __forceinline__ float load_elem(const void* table, int dtype, size_t i) {
-  if (dtype == 1) return __half2float(static_cast<const __half*>(table)[i]);
-  if (dtype == 2) return bf16_bits_to_float(static_cast<const uint16_t*>(table)[i]);
+  if (dtype == WT_F16) return __half2float(static_cast<const __half*>(table)[i]);
+  if (dtype == WT_BF16) return bf16_bits_to_float(static_cast<const uint16_t*>(table)[i]);
   return static_cast<const float*>(table)[i];
 }
 

@@ -1,4 +1,5 @@
-// Loader: validate (model_file.cpp), check the shapes this backend runs, one cudaMalloc for all tensor data,
+// Loader: validate (model_file.cpp), check that this library runs the model (check_model, also behind
+// nq_model_check), one cudaMalloc for all tensor data,
 // filled by 4 reader threads: pread from the file (page cache) into double-buffered pinned staging, then
 // cudaMemcpyAsync on the thread's own stream. Device pointer of a tensor = dev + (offset - data_offset).
 #include "model.h"
@@ -44,7 +45,7 @@ int upload(const ModelFile& f, uint8_t* dev, uint64_t total) {
       e = cudaHostAlloc(&buf[i], kChunk, cudaHostAllocDefault);
       if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming);
     }
-    if (e != cudaSuccess) set_err(NQ_E_CUDA, std::string("loader staging setup: ") + cudaGetErrorString(e));
+    if (e != cudaSuccess) set_err(cuda_status(e), std::string("loader staging setup: ") + cudaGetErrorString(e));
     int it = 0;
     while (status.load() == NQ_OK) {
       const uint64_t off = next.fetch_add(kChunk);
@@ -94,6 +95,8 @@ float f16_to_f32(uint16_t h) {
   return s ? -f : f;
 }
 
+// Walks the tensors a model needs, checking names, shapes and dtypes. With M.dev == nullptr it only checks
+// (check_model); otherwise it also points M's weights into the device copy and converts the 1-D tensors to f32.
 struct Builder {
   Model& M;
   const ModelFile& f;
@@ -113,6 +116,7 @@ struct Builder {
       if (rc == NQ_OK) rc = fail(NQ_E_FORMAT, "ConfigMismatch: %s: expected a 1-D tensor of %llu, found ndim %u shape[0] %llu dtype %u", name.c_str(), (unsigned long long)n, t->ndim, (unsigned long long)t->shape[0], t->dtype);
       return;
     }
+    if (!M.dev) return;
     const size_t at = aux_host.size();
     const uint8_t* p = f.map + t->offset;
     for (uint64_t i = 0; i < n; i++) {
@@ -139,50 +143,38 @@ struct Builder {
       if (rc == NQ_OK) rc = fail(NQ_E_UNSUPPORTED, "%s: f32 linear weights are not supported by the CUDA backend (use int4 or f16/bf16)", name.c_str());
       return;
     }
-    w->w = M.dev + (t->offset - f.data_offset);
+    w->w = M.dev ? M.dev + (t->offset - f.data_offset) : nullptr;
     w->N = (int)N;
     w->K = (int)K;
     w->type = (int)t->dtype;
     if (t->dtype == DT_INT4G) {
       w->group = (int)t->group_size;
-      w->scales = reinterpret_cast<const __half*>(M.dev + (t->offset - f.data_offset) + align128(N * K / 2));
+      if (M.dev) w->scales = reinterpret_cast<const __half*>(M.dev + (t->offset - f.data_offset) + align128(N * K / 2));
     }
   }
 };
 
-}  // namespace
-
-int load_model(const char* path, bool verify, Model** out) {
-  const auto t0 = std::chrono::steady_clock::now();
-  ModelFile* f = nullptr;
-  NQ_TRY(open_model_file(path, verify, &f));
-  Model* M = new Model();
-  M->file = f;
-  M->cfg = f->cfg;
-  const nq_config& c = f->cfg;
-  auto bail = [&](int rc) { delete M; return rc; };
-  if (c.head_dim != 64 && c.head_dim != 128) return bail(fail(NQ_E_UNSUPPORTED, "head_dim %d: the CUDA backend runs 64 or 128", c.head_dim));
-  if (c.rope_scaling_type == 2) return bail(fail(NQ_E_UNSUPPORTED, "yarn rope scaling is not supported by the CUDA backend"));
+// The limits of this library's kernels (attention: head_dim 64/128, <= 8 query heads per KV head; GEMV/GEMM
+// tiles: multiples of 64; no yarn RoPE).
+int check_supported_config(const nq_config& c) {
+  if (c.head_dim != 64 && c.head_dim != 128) return fail(NQ_E_UNSUPPORTED, "head_dim %d: the CUDA backend runs 64 or 128", c.head_dim);
+  if (c.rope_scaling_type == (int32_t)contract::kRopeYarn) return fail(NQ_E_UNSUPPORTED, "yarn rope scaling is not supported by the CUDA backend");
   if (c.hidden_size % 64 || c.intermediate_size % 64 || (c.n_heads * c.head_dim) % 64)
-    return bail(fail(NQ_E_UNSUPPORTED, "hidden_size %d, intermediate_size %d and n_heads*head_dim must be multiples of 64", c.hidden_size, c.intermediate_size));
-  if (c.n_heads / c.n_kv_heads > 8) return bail(fail(NQ_E_UNSUPPORTED, "more than 8 query heads per KV head"));
-  int dev_count = 0;
-  if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) return bail(fail(NQ_E_NO_DEVICE, "no CUDA device"));
-  NQ_TRY(gemv_prepare());
+    return fail(NQ_E_UNSUPPORTED, "hidden_size %d, intermediate_size %d and n_heads*head_dim must be multiples of 64", c.hidden_size, c.intermediate_size);
+  if (c.n_heads / c.n_kv_heads > 8) return fail(NQ_E_UNSUPPORTED, "more than 8 query heads per KV head");
+  return NQ_OK;
+}
 
-  M->dev_bytes = f->tensors_end - f->data_offset;
-  {
-    cudaError_t e = cudaMalloc(&M->dev, M->dev_bytes);
-    if (e != cudaSuccess) return bail(fail(NQ_E_CUDA, "cudaMalloc(%llu bytes) for the weights: %s", (unsigned long long)M->dev_bytes, cudaGetErrorString(e)));
-  }
+// Every tensor of the model through `b` (names, shapes, dtypes; dtype/group agreement of fused weights).
+int walk_tensors(Builder& b, const nq_config& c) {
+  Model& M = b.M;
   const uint64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
   const uint64_t NQd = c.n_heads * D, NKV = c.n_kv_heads * D;
-  Builder b{*M, *f, {}, {}};
   int rc = NQ_OK;
-  M->layers.resize(c.n_layers);
-  for (int l = 0; l < c.n_layers; l++) {
+  M.layers.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers && rc == NQ_OK; l++) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    Layer& L = M->layers[l];
+    Layer& L = M.layers[l];
     b.lin(p + "self_attn.q_proj.weight", NQd, H, &L.q, rc);
     b.lin(p + "self_attn.k_proj.weight", NKV, H, &L.k, rc);
     b.lin(p + "self_attn.v_proj.weight", NKV, H, &L.v, rc);
@@ -202,26 +194,60 @@ int load_model(const char* path, bool verify, Model** out) {
     if (rc == NQ_OK && (L.gate.type != L.up.type || L.gate.group != L.up.group))
       rc = fail(NQ_E_UNSUPPORTED, "layer %d: gate/up weights differ in dtype or group size", l);
   }
-  b.vec("model.norm.weight", H, &M->final_norm, rc);
+  b.vec("model.norm.weight", H, &M.final_norm, rc);
   const TensorInfo* emb = b.need("model.embed_tokens.weight", rc);
   if (emb) {
     if (emb->ndim != 2 || emb->shape[0] != (uint64_t)c.vocab_rows || emb->shape[1] != H || emb->dtype == DT_INT4G) {
       if (rc == NQ_OK) rc = fail(NQ_E_FORMAT, "ConfigMismatch: model.embed_tokens.weight: expected plain (%d, %llu)", c.vocab_rows, (unsigned long long)H);
     } else {
-      M->embed = M->dev + (emb->offset - f->data_offset);
-      M->embed_dtype = (int)emb->dtype;
+      M.embed = M.dev ? M.dev + (emb->offset - b.f.data_offset) : nullptr;
+      M.embed_dtype = (int)emb->dtype;
     }
   }
-  if (c.tied_embeddings) b.lin("model.embed_tokens.weight", c.vocab_rows, H, &M->lm_head, rc);
-  else b.lin("lm_head.weight", c.vocab_rows, H, &M->lm_head, rc);
-  if (rc != NQ_OK) return bail(rc);
+  if (c.tied_embeddings) b.lin("model.embed_tokens.weight", c.vocab_rows, H, &M.lm_head, rc);
+  else b.lin("lm_head.weight", c.vocab_rows, H, &M.lm_head, rc);
+  return rc;
+}
+
+}  // namespace
+
+int check_model(const ModelFile& f) {
+  NQ_TRY(check_supported_config(f.cfg));
+  Model dry;  // no device memory: the walk only checks
+  Builder b{dry, f, {}, {}};
+  const int rc = walk_tensors(b, f.cfg);
+  dry.file = nullptr;
+  return rc;
+}
+
+int load_model(const char* path, bool verify, Model** out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ModelFile* f = nullptr;
+  NQ_TRY(open_model_file(path, verify, &f));
+  Model* M = new Model();
+  M->file = f;
+  M->cfg = f->cfg;
+  const nq_config& c = f->cfg;
+  auto bail = [&](int rc) { delete M; return rc; };
+  if (const int rc = check_model(*f)) return bail(rc);
+  int dev_count = 0;
+  if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) return bail(fail(NQ_E_NO_DEVICE, "no CUDA device"));
+  if (const int rc = gemv_prepare()) return bail(rc);
+
+  M->dev_bytes = f->tensors_end - f->data_offset;
+  {
+    cudaError_t e = cudaMalloc(&M->dev, M->dev_bytes);
+    if (e != cudaSuccess) return bail(fail(cuda_status(e), "cudaMalloc(%llu bytes) for the weights: %s", (unsigned long long)M->dev_bytes, cudaGetErrorString(e)));
+  }
+  Builder b{*M, *f, {}, {}};
+  if (const int rc = walk_tensors(b, c)) return bail(rc);
 
   const int urc = upload(*f, M->dev, M->dev_bytes);
   if (urc != NQ_OK) return bail(urc);
   {
     cudaError_t e = cudaMalloc(&M->aux, std::max<size_t>(4, b.aux_host.size() * 4));
     if (e == cudaSuccess) e = cudaMemcpy(M->aux, b.aux_host.data(), b.aux_host.size() * 4, cudaMemcpyHostToDevice);
-    if (e != cudaSuccess) return bail(fail(NQ_E_CUDA, "aux upload: %s", cudaGetErrorString(e)));
+    if (e != cudaSuccess) return bail(fail(cuda_status(e), "aux upload: %s", cudaGetErrorString(e)));
   }
   for (auto& fx : b.aux_fix) *fx.first = M->aux + fx.second;
   M->load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -27,6 +27,9 @@ struct Model {
   ~Model();
 };
 
+// Checks that this library runs the validated file (kernel limits, every tensor present with the shape and dtype
+// it needs); NQ_E_UNSUPPORTED / NQ_E_FORMAT with the reason. No device needed.
+int check_model(const ModelFile& f);
 int load_model(const char* path, bool verify, Model** out);
 
 }  // namespace nq

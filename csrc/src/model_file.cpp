@@ -10,8 +10,11 @@
 namespace nq {
 
 namespace {
-constexpr uint64_t kHeaderSize = 256, kConfigOffset = 48, kTensorEntry = 136, kBlobEntry = 64;
-constexpr uint64_t kMaxTensors = 65536, kMaxBlobs = 64, kMaxHeader = 16ull << 20, kAlign = 128;
+namespace ct = contract;
+constexpr uint64_t kHeaderSize = ct::kFileHeaderSize, kConfigOffset = ct::kConfigOffset;
+constexpr uint64_t kTensorEntry = ct::kTensorEntrySize, kBlobEntry = ct::kBlobEntrySize;
+constexpr uint64_t kMaxTensors = ct::kMaxTensors, kMaxBlobs = ct::kMaxBlobs, kMaxHeader = ct::kMaxHeaderSize;
+constexpr uint64_t kAlign = ct::kAlignment;
 
 template <class T> T rd(const uint8_t* p) { T v; std::memcpy(&v, p, sizeof v); return v; }
 
@@ -90,72 +93,83 @@ bool required_nbytes(const TensorInfo& t, uint64_t* out) {
 }
 
 int check_config(const nq_config& c) {
-  if (c.arch != 1 && c.arch != 2) return fail(NQ_E_FORMAT, "ConfigMismatch: arch: expected 1 (qwen2) or 2 (llama), found %d", c.arch);
+  if (c.arch != (int32_t)ct::kArchQwen2 && c.arch != (int32_t)ct::kArchLlama)
+    return fail(NQ_E_FORMAT, "ConfigMismatch: arch: expected %u (qwen2) or %u (llama), found %d", ct::kArchQwen2, ct::kArchLlama, c.arch);
   const int32_t pos[] = {c.n_layers, c.hidden_size, c.intermediate_size, c.n_heads, c.n_kv_heads, c.head_dim,
                          c.vocab_rows, c.max_positions};
   const char* names[] = {"n_layers", "hidden_size", "intermediate_size", "n_heads", "n_kv_heads", "head_dim",
                          "vocab_rows", "max_positions"};
   for (int i = 0; i < 8; i++)
     if (pos[i] <= 0) return fail(NQ_E_FORMAT, "ConfigMismatch: %s must be > 0, found %d", names[i], pos[i]);
+  if (c.n_layers > (int32_t)ct::kMaxNLayers)
+    return fail(NQ_E_FORMAT, "ConfigMismatch: n_layers must be <= MAX_N_LAYERS (%u), found %d", ct::kMaxNLayers, c.n_layers);
   if (c.n_heads % c.n_kv_heads != 0)
     return fail(NQ_E_FORMAT, "ConfigMismatch: n_heads (%d) is not a multiple of n_kv_heads (%d)", c.n_heads, c.n_kv_heads);
   if (!(c.rms_norm_eps > 0.f) || !std::isfinite(c.rms_norm_eps))
     return fail(NQ_E_FORMAT, "ConfigMismatch: rms_norm_eps must be a finite value > 0");
   if (!(c.rope_theta > 0.0) || !std::isfinite(c.rope_theta))
     return fail(NQ_E_FORMAT, "ConfigMismatch: rope_theta must be a finite value > 0");
-  if (c.rope_scaling_type < 0 || c.rope_scaling_type > 2)
-    return fail(NQ_E_FORMAT, "ConfigMismatch: rope_scaling_type must be 0, 1 or 2, found %d", c.rope_scaling_type);
+  if (c.rope_scaling_type < 0 || c.rope_scaling_type > (int32_t)ct::kRopeYarn)
+    return fail(NQ_E_FORMAT, "ConfigMismatch: rope_scaling_type must be %u, %u or %u, found %d", ct::kRopeNone,
+                ct::kRopeLinear, ct::kRopeYarn, c.rope_scaling_type);
+  if (!std::isfinite(c.rope_scaling_factor))
+    return fail(NQ_E_FORMAT, "ConfigMismatch: rope_scaling_factor must be finite");
   return NQ_OK;
 }
 
 int parse(ModelFile& f, bool verify) {
   const uint8_t* b = f.map;
-  if (f.size < kHeaderSize) return fail(NQ_E_FORMAT, "HeaderTooShort: file is %llu bytes, the header alone is 256", (unsigned long long)f.size);
-  if (std::memcmp(b, "NANOQWEN", 8) != 0) return fail(NQ_E_FORMAT, "BadMagic: the first 8 bytes are not 'NANOQWEN'");
-  const uint32_t version = rd<uint32_t>(b + 8), header_size = rd<uint32_t>(b + 12);
-  const uint64_t file_size = rd<uint64_t>(b + 16), data_offset = rd<uint64_t>(b + 24);
-  const uint32_t n_tensors = rd<uint32_t>(b + 32), n_blobs = rd<uint32_t>(b + 36);
-  const uint32_t header_crc = rd<uint32_t>(b + 40), flags = rd<uint32_t>(b + 44);
-  if (version != 1) return fail(NQ_E_FORMAT, "UnsupportedVersion: version: expected 1, found %u", version);
+  if (f.size < kHeaderSize) return fail(NQ_E_FORMAT, "HeaderTooShort: file is %llu bytes, the header alone is %llu", (unsigned long long)f.size, (unsigned long long)kHeaderSize);
+  static_assert(sizeof(ct::kMagic) == 9, "8 magic bytes");
+  if (std::memcmp(b + ct::header::magic, ct::kMagic, 8) != 0) return fail(NQ_E_FORMAT, "BadMagic: the first 8 bytes are not '%s'", ct::kMagic);
+  namespace H = ct::header;
+  const uint32_t version = rd<uint32_t>(b + H::version), header_size = rd<uint32_t>(b + H::header_size);
+  const uint64_t file_size = rd<uint64_t>(b + H::file_size), data_offset = rd<uint64_t>(b + H::data_offset);
+  const uint32_t n_tensors = rd<uint32_t>(b + H::n_tensors), n_blobs = rd<uint32_t>(b + H::n_blobs);
+  const uint32_t header_crc = rd<uint32_t>(b + H::header_crc32c), flags = rd<uint32_t>(b + H::flags);
+  if (version != ct::kVersion) return fail(NQ_E_FORMAT, "UnsupportedVersion: version: expected %u, found %u", ct::kVersion, version);
   if (n_tensors > kMaxTensors || n_blobs > kMaxBlobs || header_size > kMaxHeader)
-    return fail(NQ_E_FORMAT, "HeaderTooLarge: n_tensors %u (max 65536), n_blobs %u (max 64), header_size %u (max 16 MiB)", n_tensors, n_blobs, header_size);
-  if (header_size < kHeaderSize) return fail(NQ_E_FORMAT, "HeaderTooShort: header_size %u < 256", header_size);
+    return fail(NQ_E_FORMAT, "HeaderTooLarge: n_tensors %u (max %llu), n_blobs %u (max %llu), header_size %u (max %llu)", n_tensors,
+                (unsigned long long)kMaxTensors, n_blobs, (unsigned long long)kMaxBlobs, header_size, (unsigned long long)kMaxHeader);
+  if (header_size < kHeaderSize) return fail(NQ_E_FORMAT, "HeaderTooShort: header_size %u < %llu", header_size, (unsigned long long)kHeaderSize);
   const uint64_t want_hs = kHeaderSize + kTensorEntry * n_tensors + kBlobEntry * n_blobs;
   if (header_size != want_hs) return fail(NQ_E_FORMAT, "HeaderSizeMismatch: header_size: expected %llu, found %u", (unsigned long long)want_hs, header_size);
   if (header_size > f.size) return fail(NQ_E_FORMAT, "TruncatedFile: header_size %u > file size %llu", header_size, (unsigned long long)f.size);
   if (file_size != f.size) return fail(NQ_E_FORMAT, "TruncatedFile: file_size field %llu != actual size %llu", (unsigned long long)file_size, (unsigned long long)f.size);
   if (flags != 0) return fail(NQ_E_FORMAT, "NonZeroReserved: flags: expected 0, found %u", flags);
   {
-    uint32_t c = crc32c(b, 40);
+    constexpr uint32_t at = ct::kHeaderCrcOffset;  // the CRC covers the header with this field as zero
+    uint32_t c = crc32c(b, at);
     const uint8_t zero[4] = {0, 0, 0, 0};
     c = crc32c(zero, 4, c);
-    c = crc32c(b + 44, header_size - 44, c);
+    c = crc32c(b + at + 4, header_size - at - 4, c);
     if (c != header_crc) return fail(NQ_E_FORMAT, "ChecksumMismatch: header_crc32c: expected 0x%08x, computed 0x%08x", header_crc, c);
   }
   if (data_offset != align128(header_size)) return fail(NQ_E_FORMAT, "MisalignedOffset: data_offset: expected %llu, found %llu", (unsigned long long)align128(header_size), (unsigned long long)data_offset);
 
   const uint8_t* cb = b + kConfigOffset;
   nq_config& c = f.cfg;
-  c.arch = (int32_t)rd<uint32_t>(cb + 0);
-  c.n_layers = (int32_t)rd<uint32_t>(cb + 4);
-  c.hidden_size = (int32_t)rd<uint32_t>(cb + 8);
-  c.intermediate_size = (int32_t)rd<uint32_t>(cb + 12);
-  c.n_heads = (int32_t)rd<uint32_t>(cb + 16);
-  c.n_kv_heads = (int32_t)rd<uint32_t>(cb + 20);
-  c.head_dim = (int32_t)rd<uint32_t>(cb + 24);
-  c.vocab_rows = (int32_t)rd<uint32_t>(cb + 28);
-  c.max_positions = (int32_t)rd<uint32_t>(cb + 32);
-  const uint32_t cflags = rd<uint32_t>(cb + 36);
-  c.tied_embeddings = (cflags & 1) ? 1 : 0;
-  c.qkv_bias = (cflags & 2) ? 1 : 0;
-  c.rope_theta = rd<double>(cb + 40);
-  c.rope_scaling_type = (int32_t)rd<uint32_t>(cb + 48);
-  c.rope_scaling_factor = rd<float>(cb + 52);
-  c.rms_norm_eps = rd<float>(cb + 60);
-  c.bos_token_id = rd<int32_t>(cb + 64);
-  c.eos_token_id = rd<int32_t>(cb + 68);
-  c.pad_token_id = rd<int32_t>(cb + 72);
-  if (cflags & ~3u) return fail(NQ_E_FORMAT, "NonZeroReserved: config_flags has unknown bits 0x%x", cflags);
+  namespace CF = ct::config;
+  c.arch = (int32_t)rd<uint32_t>(cb + CF::arch);
+  c.n_layers = (int32_t)rd<uint32_t>(cb + CF::n_layers);
+  c.hidden_size = (int32_t)rd<uint32_t>(cb + CF::hidden_size);
+  c.intermediate_size = (int32_t)rd<uint32_t>(cb + CF::intermediate_size);
+  c.n_heads = (int32_t)rd<uint32_t>(cb + CF::n_heads);
+  c.n_kv_heads = (int32_t)rd<uint32_t>(cb + CF::n_kv_heads);
+  c.head_dim = (int32_t)rd<uint32_t>(cb + CF::head_dim);
+  c.vocab_rows = (int32_t)rd<uint32_t>(cb + CF::vocab_rows);
+  c.max_positions = (int32_t)rd<uint32_t>(cb + CF::max_positions);
+  const uint32_t cflags = rd<uint32_t>(cb + CF::config_flags);
+  c.tied_embeddings = (cflags & ct::kConfigFlagTied) ? 1 : 0;
+  c.qkv_bias = (cflags & ct::kConfigFlagQkvBias) ? 1 : 0;
+  c.rope_theta = rd<double>(cb + CF::rope_theta);
+  c.rope_scaling_type = (int32_t)rd<uint32_t>(cb + CF::rope_scaling_type);
+  c.rope_scaling_factor = rd<float>(cb + CF::rope_scaling_factor);
+  c.rms_norm_eps = rd<float>(cb + CF::rms_norm_eps);
+  c.bos_token_id = rd<int32_t>(cb + CF::bos_token_id);
+  c.eos_token_id = rd<int32_t>(cb + CF::eos_token_id);
+  c.pad_token_id = rd<int32_t>(cb + CF::pad_token_id);
+  if (cflags & ~(ct::kConfigFlagTied | ct::kConfigFlagQkvBias)) return fail(NQ_E_FORMAT, "NonZeroReserved: config_flags has unknown bits 0x%x", cflags);
   NQ_TRY(check_config(c));
 
   // Directory: tensors then blobs, each item at align128(end of the previous one).
@@ -164,26 +178,29 @@ int parse(ModelFile& f, bool verify) {
   for (uint32_t i = 0; i < n_tensors; i++) {
     const uint8_t* e = b + kHeaderSize + kTensorEntry * i;
     TensorInfo& t = f.tensors[i];
-    const void* nul = std::memchr(e, 0, 64);
+    namespace TE = ct::tensor_entry;
+    const void* nul = std::memchr(e + TE::name, 0, ct::kTensorNameSize);
     if (!nul || nul == e) return fail(NQ_E_FORMAT, "BadTensorName: tensor entry %u has an empty or unterminated name", i);
     t.name.assign(reinterpret_cast<const char*>(e), static_cast<const uint8_t*>(nul) - e);
     for (char ch : t.name)
       if (ch < 0x21 || ch > 0x7e) return fail(NQ_E_FORMAT, "BadTensorName: tensor entry %u has a non-printable name", i);
-    t.dtype = rd<uint32_t>(e + 64); t.layout_id = rd<uint32_t>(e + 68); t.group_size = rd<uint32_t>(e + 72);
-    t.ndim = rd<uint32_t>(e + 76);
-    for (int d = 0; d < 4; d++) t.shape[d] = rd<uint64_t>(e + 80 + 8 * d);
-    t.offset = rd<uint64_t>(e + 112); t.nbytes = rd<uint64_t>(e + 120); t.crc32c = rd<uint32_t>(e + 128);
+    t.dtype = rd<uint32_t>(e + TE::dtype); t.layout_id = rd<uint32_t>(e + TE::layout_id);
+    t.group_size = rd<uint32_t>(e + TE::group_size); t.ndim = rd<uint32_t>(e + TE::ndim);
+    const uint32_t shape_at[4] = {TE::shape_0, TE::shape_1, TE::shape_2, TE::shape_3};
+    for (int d = 0; d < 4; d++) t.shape[d] = rd<uint64_t>(e + shape_at[d]);
+    t.offset = rd<uint64_t>(e + TE::offset); t.nbytes = rd<uint64_t>(e + TE::nbytes); t.crc32c = rd<uint32_t>(e + TE::crc32c);
     const char* nm = t.name.c_str();
-    if (t.dtype > 3) return fail(NQ_E_FORMAT, "UnknownDType: %s: dtype %u", nm, t.dtype);
-    if (t.ndim < 1 || t.ndim > 4) return fail(NQ_E_FORMAT, "ConfigMismatch: %s: ndim %u not in 1..4", nm, t.ndim);
+    if (t.dtype != DT_F32 && t.dtype != DT_F16 && t.dtype != DT_BF16 && t.dtype != DT_INT4G)
+      return fail(NQ_E_FORMAT, "UnknownDType: %s: dtype %u", nm, t.dtype);
+    if (t.ndim < 1 || t.ndim > ct::kMaxNdim) return fail(NQ_E_FORMAT, "ConfigMismatch: %s: ndim %u not in 1..%u", nm, t.ndim, ct::kMaxNdim);
     if (t.dtype == DT_INT4G) {
-      if (t.layout_id != 1) return fail(NQ_E_FORMAT, "UnknownLayout: %s: int4g needs layout 1, found %u", nm, t.layout_id);
+      if (t.layout_id != ct::kLayoutInt4RowmajorK8)
+        return fail(NQ_E_FORMAT, "UnknownLayout: %s: int4g needs layout %u, found %u", nm, ct::kLayoutInt4RowmajorK8, t.layout_id);
       if (t.ndim != 2) return fail(NQ_E_FORMAT, "ConfigMismatch: %s: int4g tensors are 2-D, found ndim %u", nm, t.ndim);
-      const uint32_t g = t.group_size;
-      if (!(g == 32 || g == 64 || g == 128 || g == 256) || t.shape[1] % g != 0 || t.shape[1] % 32 != 0)
-        return fail(NQ_E_FORMAT, "BadGroupSize: %s: group_size %u with K=%llu", nm, g, (unsigned long long)t.shape[1]);
+      if (!ct::int4_group_ok(t.group_size, (long long)t.shape[1]))
+        return fail(NQ_E_FORMAT, "BadGroupSize: %s: group_size %u with K=%llu", nm, t.group_size, (unsigned long long)t.shape[1]);
     } else {
-      if (t.layout_id != 0) return fail(NQ_E_FORMAT, "UnknownLayout: %s: plain dtype needs layout 0, found %u", nm, t.layout_id);
+      if (t.layout_id != ct::kLayoutNone) return fail(NQ_E_FORMAT, "UnknownLayout: %s: plain dtype needs layout %u, found %u", nm, ct::kLayoutNone, t.layout_id);
       if (t.group_size != 0) return fail(NQ_E_FORMAT, "BadGroupSize: %s: plain dtype needs group_size 0, found %u", nm, t.group_size);
     }
     uint64_t need = 0;
@@ -201,7 +218,7 @@ int parse(ModelFile& f, bool verify) {
   uint64_t end = f.tensors_end;
   for (uint32_t i = 0; i < n_blobs; i++) {
     const uint8_t* e = b + kHeaderSize + kTensorEntry * n_tensors + kBlobEntry * i;
-    const uint64_t off = rd<uint64_t>(e + 8), nb = rd<uint64_t>(e + 16);
+    const uint64_t off = rd<uint64_t>(e + ct::blob_entry::offset), nb = rd<uint64_t>(e + ct::blob_entry::nbytes);
     if (off % kAlign) return fail(NQ_E_FORMAT, "MisalignedOffset: blob %u offset %llu", i, (unsigned long long)off);
     if (off < expect) return fail(NQ_E_FORMAT, "OverlappingTensors: blob %u starts before %llu", i, (unsigned long long)expect);
     if (off > expect) return fail(NQ_E_FORMAT, "HoleInData: blob %u starts at %llu, expected %llu", i, (unsigned long long)off, (unsigned long long)expect);
@@ -230,7 +247,7 @@ int open_model_file(const char* path, bool verify, ModelFile** out) {
   struct stat st;
   if (fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode)) { delete f; return fail(NQ_E_IO, "%s is not a regular file", path); }
   f->size = (uint64_t)st.st_size;
-  if (f->size < kHeaderSize) { delete f; return fail(NQ_E_FORMAT, "HeaderTooShort: %s is %llu bytes, the header alone is 256", path, (unsigned long long)st.st_size); }
+  if (f->size < kHeaderSize) { delete f; return fail(NQ_E_FORMAT, "HeaderTooShort: %s is %llu bytes, the header alone is %llu", path, (unsigned long long)st.st_size, (unsigned long long)kHeaderSize); }
   void* m = mmap(nullptr, f->size, PROT_READ, MAP_SHARED, f->fd, 0);
   if (m == MAP_FAILED) { f->map = nullptr; delete f; return fail(NQ_E_IO, "mmap of %s failed", path); }
   f->map = static_cast<const uint8_t*>(m);

@@ -6,10 +6,13 @@
 #include <vector>
 #include <unordered_map>
 #include "nanoqwen.h"
+#include "format_contract.h"
 
 namespace nq {
 
-enum DType : uint32_t { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_INT4G = 3 };
+enum DType : uint32_t {
+  DT_F32 = contract::kDTypeF32, DT_F16 = contract::kDTypeF16, DT_BF16 = contract::kDTypeBf16, DT_INT4G = contract::kDTypeInt4g
+};
 
 struct TensorInfo {
   std::string name;

@@ -6,16 +6,15 @@
 #include "session.h"
 #include <cmath>
 #include <cstring>
-#include <cstdlib>
 
 namespace nq {
 
 Session::~Session() {
   if (st) cudaStreamSynchronize(st);
-  if (graph_exec) cudaGraphExecDestroy(graph_exec);
-  if (graph) cudaGraphDestroy(graph);
-  if (step_exec) cudaGraphExecDestroy(step_exec);
-  if (step_graph) cudaGraphDestroy(step_graph);
+  if (decode_only) cudaGraphExecDestroy(decode_only);
+  if (decode_only_graph) cudaGraphDestroy(decode_only_graph);
+  if (decode_sample) cudaGraphExecDestroy(decode_sample);
+  if (decode_sample_graph) cudaGraphDestroy(decode_sample_graph);
   void* dev[] = {d_pos, d_token, d_counter, d_samp, d_page_table, d_rope, kv_base, x, qkv, att, hmlp, logits, part_o,
                  part_ml, counters, d_tokens, X, Xn, QKV, ATT, G, U, HM};
   for (void* p : dev)
@@ -25,21 +24,13 @@ Session::~Session() {
   if (st) cudaStreamDestroy(st);
 }
 
-int check_sampling(const nq_sampling* sp) {
-  if (!sp) return NQ_OK;
-  if (!std::isfinite(sp->temperature) || sp->temperature < 0.f)
-    return fail(NQ_E_INVALID_ARG, "temperature must be a finite number >= 0, got %g", sp->temperature);
-  if (sp->top_k < 0) return fail(NQ_E_INVALID_ARG, "top_k must be >= 0, got %d", sp->top_k);
-  if (!(sp->top_p > 0.f && sp->top_p <= 1.f)) return fail(NQ_E_INVALID_ARG, "top_p must be in (0, 1], got %g", sp->top_p);
-  return NQ_OK;
-}
-
 namespace {
 
 template <class T>
 int dalloc(T** p, size_t n, const char* what) {
   cudaError_t e = cudaMalloc(reinterpret_cast<void**>(p), std::max<size_t>(n, 1) * sizeof(T));
-  if (e != cudaSuccess) return fail(NQ_E_CUDA, "cudaMalloc for %s (%zu bytes): %s", what, n * sizeof(T), cudaGetErrorString(e));
+  if (e != cudaSuccess)
+    return fail(cuda_status(e), "cudaMalloc for %s (%zu bytes): %s", what, n * sizeof(T), cudaGetErrorString(e));
   return NQ_OK;
 }
 
@@ -51,7 +42,7 @@ std::vector<float2> rope_table(const nq_config& c, int max_ctx) {
   for (int i = 0; i < half; i++) {
     const float ex = (float)(2 * i) / (float)D;                       // float32 exponent, as torch
     inv[i] = 1.0f / (float)std::pow(c.rope_theta, (double)ex);         // power rounded once to float32
-    if (c.rope_scaling_type == 1 && c.rope_scaling_factor > 0.f) inv[i] /= c.rope_scaling_factor;
+    if (c.rope_scaling_type == (int32_t)contract::kRopeLinear && c.rope_scaling_factor > 0.f) inv[i] /= c.rope_scaling_factor;
   }
   std::vector<float2> t((size_t)max_ctx * half);
   for (int p = 0; p < max_ctx; p++)
@@ -66,9 +57,6 @@ std::vector<float2> rope_table(const nq_config& c, int max_ctx) {
 
 int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) {
   const nq_config& c = m->cfg;
-  if (max_ctx <= 0 || max_ctx > c.max_positions)
-    return fail(NQ_E_INVALID_ARG, "max_context %d out of range [1, %d]", max_ctx, c.max_positions);
-  NQ_TRY(check_sampling(sp));
   Session* s = new Session();
   s->m = m;
   s->max_ctx = max_ctx;
@@ -85,7 +73,7 @@ int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) 
   int rc = NQ_OK;
   {
     cudaError_t e = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking);
-    if (e != cudaSuccess) return bail(fail(NQ_E_CUDA, "cudaStreamCreate: %s", cudaGetErrorString(e)));
+    if (e != cudaSuccess) return bail(fail(cuda_status(e), "cudaStreamCreate: %s", cudaGetErrorString(e)));
   }
   const size_t kv_elems = (size_t)s->max_pages * c.n_kv_heads * kPage * D;  // per layer, per K or V
   // decode attention partials: [n_heads][nsplit_decode][D] (M = 1)
@@ -109,7 +97,7 @@ int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) 
     cudaError_t e = cudaHostAlloc(&s->h_tokens, C * sizeof(int32_t), cudaHostAllocDefault);
     if (e == cudaSuccess) e = cudaHostAlloc(&s->h_ring, s->ring * sizeof(int32_t), cudaHostAllocMapped);
     if (e == cudaSuccess) e = cudaHostGetDevicePointer(&s->d_ring, s->h_ring, 0);
-    if (e != cudaSuccess) return bail(fail(NQ_E_CUDA, "pinned host buffers: %s", cudaGetErrorString(e)));
+    if (e != cudaSuccess) return bail(fail(cuda_status(e), "pinned host buffers: %s", cudaGetErrorString(e)));
   }
   s->kv.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; l++) {
@@ -119,7 +107,7 @@ int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) 
   std::vector<int> pt(s->max_pages);
   for (int i = 0; i < s->max_pages; i++) pt[i] = i;
   const std::vector<float2> rope = rope_table(c, max_ctx);
-  auto fail_cuda = [&](cudaError_t e, const char* what) { return bail(fail(NQ_E_CUDA, "%s: %s", what, cudaGetErrorString(e))); };
+  auto fail_cuda = [&](cudaError_t e, const char* what) { return bail(fail(cuda_status(e), "%s: %s", what, cudaGetErrorString(e))); };
   cudaError_t e;
   if ((e = cudaMemcpy(s->d_page_table, pt.data(), pt.size() * 4, cudaMemcpyHostToDevice))) return fail_cuda(e, "page table upload");
   if ((e = cudaMemcpy(s->d_rope, rope.data(), rope.size() * sizeof(float2), cudaMemcpyHostToDevice))) return fail_cuda(e, "rope upload");
@@ -127,7 +115,7 @@ int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) 
   if ((e = cudaMemset(s->d_pos, 0, 4)) || (e = cudaMemset(s->d_token, 0, 4)) || (e = cudaMemset(s->d_counter, 0, 8)))
     return fail_cuda(e, "state init");
   if ((e = cudaMemcpy(s->d_samp, &s->samp, sizeof(nq_sampling), cudaMemcpyHostToDevice))) return fail_cuda(e, "sampling upload");
-  // capture the decode graph and the decode+sample graph
+  // capture decode_only (which == 0) and decode_sample (which == 1)
   for (int which = 0; which < 2; which++) {
     if ((e = cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal))) return fail_cuda(e, "begin capture");
     int r2 = enqueue_decode(s);
@@ -138,25 +126,15 @@ int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) 
     if (e) return fail_cuda(e, "end capture");
     cudaGraphExec_t ex = nullptr;
     if ((e = cudaGraphInstantiate(&ex, g, 0))) { cudaGraphDestroy(g); return fail_cuda(e, "graph instantiate"); }
-    if (which == 0) { s->graph = g; s->graph_exec = ex; } else { s->step_graph = g; s->step_exec = ex; }
+    if (which == 0) { s->decode_only_graph = g; s->decode_only = ex; }
+    else { s->decode_sample_graph = g; s->decode_sample = ex; }
   }
   if ((e = cudaStreamSynchronize(s->st))) return fail_cuda(e, "session init");
   *out = s;
   return NQ_OK;
 }
 
-// INT4 GEMV variant for decode (kernels.h GemvArgs::variant): 0 unless NANOQWEN_GEMV_VARIANT=0..4 says otherwise
-// (read once; lets one benchmark run compare kernels end to end).
-static int decode_gemv_variant() {
-  static const int v = [] {
-    const char* e = std::getenv("NANOQWEN_GEMV_VARIANT");
-    return (e && e[0] >= '0' && e[0] <= '4' && e[1] == 0) ? e[0] - '0' : 0;
-  }();
-  return v;
-}
-
 int enqueue_decode(Session* s) {
-  const int gv = decode_gemv_variant();
   const Model& m = *s->m;
   const nq_config& c = m.cfg;
   const int H = c.hidden_size, D = c.head_dim, Nq = c.n_heads * D;
@@ -168,7 +146,7 @@ int enqueue_decode(Session* s) {
     qa.seg[0] = L.q; qa.seg[1] = L.k; qa.seg[2] = L.v; qa.nseg = 3;
     qa.bias[0] = L.bq; qa.bias[1] = L.bk; qa.bias[2] = L.bv;
     qa.x_f32 = s->x; qa.norm_w = L.ln1; qa.eps = c.rms_norm_eps;
-    qa.out_f32 = s->qkv; qa.mode = GEMV_STORE; qa.variant = gv;
+    qa.out_f32 = s->qkv; qa.mode = GEMV_STORE;
     NQ_TRY(gemv(qa, st));
     AttnArgs aa;
     aa.qkv = s->qkv; aa.qkv_stride = Nq + 2 * c.n_kv_heads * D; aa.M = 1; aa.pos0 = s->d_pos;
@@ -178,14 +156,14 @@ int enqueue_decode(Session* s) {
     aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters; aa.out = s->att;
     NQ_TRY(attention(aa, st));
     GemvArgs oa;
-    oa.seg[0] = L.o; oa.x_f16 = s->att; oa.out_f32 = s->x; oa.mode = GEMV_ADD; oa.variant = gv;
+    oa.seg[0] = L.o; oa.x_f16 = s->att; oa.out_f32 = s->x; oa.mode = GEMV_ADD;
     NQ_TRY(gemv(oa, st));
     GemvArgs ga;
     ga.seg[0] = L.gate; ga.up = L.up; ga.x_f32 = s->x; ga.norm_w = L.ln2; ga.eps = c.rms_norm_eps;
-    ga.out_f16 = s->hmlp; ga.mode = GEMV_SWIGLU; ga.variant = gv;
+    ga.out_f16 = s->hmlp; ga.mode = GEMV_SWIGLU;
     NQ_TRY(gemv(ga, st));
     GemvArgs da;
-    da.seg[0] = L.down; da.x_f16 = s->hmlp; da.out_f32 = s->x; da.mode = GEMV_ADD; da.variant = gv;
+    da.seg[0] = L.down; da.x_f16 = s->hmlp; da.out_f32 = s->x; da.mode = GEMV_ADD;
     NQ_TRY(gemv(da, st));
   }
   GemvArgs la;
@@ -204,7 +182,6 @@ int enqueue_sample(Session* s) {
 }
 
 int session_set_sampling(Session* s, const nq_sampling* sp) {
-  NQ_TRY(check_sampling(sp));
   s->samp = sp ? *sp : nq_sampling{0.f, 0, 1.f, 0};
   NQ_CUDA(cudaStreamSynchronize(s->st));
   NQ_CUDA(cudaMemcpy(s->d_samp, &s->samp, sizeof(nq_sampling), cudaMemcpyHostToDevice));
@@ -225,12 +202,6 @@ int session_reset(Session* s) {
 int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all) {
   const Model& m = *s->m;
   const nq_config& c = m.cfg;
-  if (n <= 0) return fail(NQ_E_INVALID_ARG, "prefill: no tokens");
-  for (int i = 0; i < n; i++)
-    if (tokens[i] < 0 || tokens[i] >= c.vocab_rows)
-      return fail(NQ_E_INVALID_ARG, "token id %d at index %d out of range [0, %d)", tokens[i], i, c.vocab_rows);
-  if ((long)s->pos + n > s->max_ctx)
-    return fail(NQ_E_CONTEXT_FULL, "context full: position %d + %d tokens > max_context %d", s->pos, n, s->max_ctx);
   const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_rows;
   const int Nq = c.n_heads * D, Nkv = c.n_kv_heads * D, Nqkv = Nq + 2 * Nkv;
   const float eps = c.rms_norm_eps;
@@ -302,14 +273,10 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
 }
 
 int session_decode(Session* s, int32_t token) {
-  if (token < 0 || token >= s->m->cfg.vocab_rows)
-    return fail(NQ_E_INVALID_ARG, "token id %d out of range [0, %d)", token, s->m->cfg.vocab_rows);
-  if (s->pos + 1 > s->max_ctx)
-    return fail(NQ_E_CONTEXT_FULL, "context full: position %d + 1 token > max_context %d", s->pos, s->max_ctx);
   NQ_CUDA(cudaStreamSynchronize(s->st));
   s->h_tokens[0] = token;
   NQ_CUDA(cudaMemcpyAsync(s->d_token, s->h_tokens, 4, cudaMemcpyHostToDevice, s->st));
-  NQ_CUDA(cudaGraphLaunch(s->graph_exec, s->st));
+  NQ_CUDA(cudaGraphLaunch(s->decode_only, s->st));
   NQ_CUDA(cudaStreamSynchronize(s->st));
   s->pos += 1;
   s->have_logits = true;
@@ -322,15 +289,12 @@ int session_decode(Session* s, int32_t token) {
 int session_generate(Session* s, int max_new, const int32_t* stop, int n_stop, nq_token_callback cb, void* user,
                      int32_t* out, int32_t* n_out) {
   *n_out = 0;
-  if (max_new < 0) return fail(NQ_E_INVALID_ARG, "max_new %d < 0", max_new);
   if (max_new == 0) return NQ_OK;
-  if (!s->have_logits) return fail(NQ_E_INVALID_ARG, "generate: no logits yet (prefill first)");
   cudaStream_t st = s->st;
   const int start_pos = s->pos;
   // how many tokens can be produced: each produced token except the last is decoded (needs a free slot)
-  // (Backend contract: generation ends when prompt + generated reaches max_context)
+  // (Backend contract: generation ends when prompt + generated reaches max_context; the ABI checked pos < max_ctx)
   const int max_tokens = std::min(max_new, s->max_ctx - start_pos);
-  if (max_tokens <= 0) return fail(NQ_E_CONTEXT_FULL, "context full at position %d", start_pos);
   std::vector<cudaEvent_t> ev(s->ring, nullptr);
   for (auto& e : ev) NQ_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   auto destroy = [&]() { for (auto& e : ev) if (e) cudaEventDestroy(e); };
@@ -339,10 +303,10 @@ int session_generate(Session* s, int max_new, const int32_t* stop, int n_stop, n
   const int lookahead = std::min(8, s->ring - 1);
   int launched = 0;  // tokens whose producing launch is enqueued
   auto launch_one = [&](int i) -> int {
-    cudaError_t e = i == 0 ? cudaSuccess : cudaGraphLaunch(s->step_exec, st);
+    cudaError_t e = i == 0 ? cudaSuccess : cudaGraphLaunch(s->decode_sample, st);
     if (e == cudaSuccess && i == 0) { int r = enqueue_sample(s); if (r) return r; }
     if (e == cudaSuccess) e = cudaEventRecord(ev[(counter0 + i) % s->ring], st);
-    if (e != cudaSuccess) return fail(NQ_E_CUDA, "generate launch: %s", cudaGetErrorString(e));
+    if (e != cudaSuccess) return fail(cuda_status(e), "generate launch: %s", cudaGetErrorString(e));
     return NQ_OK;
   };
   int rc = NQ_OK, produced = 0;

@@ -45,20 +45,22 @@ struct Session {
   int32_t* h_ring = nullptr;
   int32_t* d_ring = nullptr;
   int ring = 64;
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t graph_exec = nullptr;          // decode step: embed(d_token) .. logits, pos++
-  cudaGraphExec_t step_exec = nullptr;           // decode step then sample -> d_token
-  cudaGraph_t step_graph = nullptr;
+  // the two captured graphs: nq_decode replays decode_only, nq_generate replays decode_sample
+  cudaGraph_t decode_only_graph = nullptr;
+  cudaGraphExec_t decode_only = nullptr;         // decode step: embed(d_token) .. logits, pos++
+  cudaGraph_t decode_sample_graph = nullptr;
+  cudaGraphExec_t decode_sample = nullptr;       // decode step, then sample -> d_token (and the host ring)
   ~Session();
 };
 
+// The C ABI (api.cpp) validates every argument once (token ids, context limits, sampling parameters, sizes);
+// these functions trust what it checked.
 int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out);
 int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all /* n*V or null */);
 int session_decode(Session* s, int32_t token);
 int session_generate(Session* s, int max_new, const int32_t* stop, int n_stop, nq_token_callback cb, void* user,
                      int32_t* out, int32_t* n_out);
 int session_reset(Session* s);
-int check_sampling(const nq_sampling* sp);
 int session_set_sampling(Session* s, const nq_sampling* sp);
 
 // enqueue the decode forward pass (used for graph capture)

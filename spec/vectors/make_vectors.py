@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Deterministic generator of the NANOQWEN v1 golden vectors in spec/vectors/.
+"""Deterministic generator of everything in spec/vectors/ (spec/vectors/README.md describes the files).
 
-    python spec/vectors/make_vectors.py           # (re)write <name>.nanoqwen and <name>.json
-    python spec/vectors/make_vectors.py --check   # regenerate into a temp dir, compare byte for byte
+    python spec/vectors/make_vectors.py           # (re)write the golden vectors, decoded/ and corrupt/
+    python spec/vectors/make_vectors.py --check   # regenerate into a temp dir, compare file sets and bytes
 
 Tensor values come from a 64-bit LCG seeded with crc32c(name) (defined below; no numpy RNG, so another
 implementation can reproduce them from the spec text). The <name>.json description states what a reader must
 decode: config, every directory entry (offsets computed here from the spec's placement rule, independently of
 nanoqwen_format's reader), CRCs of the payload bytes, the first values of every tensor, and the blobs.
+decoded/<name>/ holds whole decoded tensors (computed here from the generated payloads, not read back), and
+corrupt/ one corrupt file per validation rule (make_corrupt.py).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -22,6 +25,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # repo root, for running from a clone
+sys.path.insert(0, HERE)                                     # make_corrupt.py
 
 from nanoqwen_format import (BlobKind, DType, ModelConfig, NanoqwenWriter, TensorSpec,  # noqa: E402
                              expected_tensors, pack_int4_reference, unpack_int4_reference)
@@ -30,6 +34,8 @@ from nanoqwen_format.crc import crc32c  # noqa: E402
 LCG_MUL = 6364136223846793005
 LCG_ADD = 1442695040888963407
 N_FIRST = 4  # values per tensor recorded in the JSON
+DECODED_DIR = "decoded"
+CORRUPT_DIR = "corrupt"
 
 
 def lcg_stream(seed: int, count: int) -> np.ndarray:
@@ -126,6 +132,25 @@ VECTORS = [
             ("TOKENIZER_CONFIG", '{"eos_token": "<|im_end|>"}'),
         ],
     },
+    {
+        "name": "tiny_mixed",
+        "about": "qwen2, 1 layer, every dtype: int4g g32 projections and lm_head (qweight 320 B + 64 B padding), "
+                 "bf16 embeddings, f32 norms, f16 biases (k/v: 32 B + 96 B inter-item padding); 72 B of padding "
+                 "after the directory; three blobs. The base of the corrupt vectors (corrupt/)",
+        "config": dict(arch="qwen2", n_layers=1, hidden_size=32, intermediate_size=32, n_heads=2, n_kv_heads=1,
+                       head_dim=16, vocab_rows=20, max_positions=64, rope_theta=1000000.0,
+                       rope_scaling_type="none", rope_scaling_factor=1.0, rope_original_max_positions=0,
+                       rms_norm_eps=1e-6, tied_embeddings=False, qkv_bias=True, bos_token_id=-1,
+                       eos_token_id=2, pad_token_id=1),
+        "dtypes": [("proj.weight", "INT4G", 32), ("lm_head", "INT4G", 32), ("embed", "BF16", 0),
+                   ("norm", "F32", 0), ("", "F16", 0)],
+        "blobs": [
+            ("TOKENIZER_JSON", '{"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, '
+                               '"merges": []}}'),
+            ("PROVENANCE", '{"source": "spec/vectors/make_vectors.py", "scale": 1.5, "count": 12345678}'),
+            ("CHAT_TEMPLATE", "{% for m in messages %}{{ m['content'] }}{% endfor %}"),
+        ],
+    },
 ]
 
 ENCODING = {"TOKENIZER_JSON": 1, "CHAT_TEMPLATE": 2, "GENERATION_CONFIG": 1, "PROVENANCE": 1, "TOKENIZER_CONFIG": 1}
@@ -161,10 +186,38 @@ def _a128(n):
     return (n + 127) // 128 * 128
 
 
+def decoded_tensors(v) -> dict:
+    """{tensor name: {suffix: array}} of the tensors whose whole decoding is shipped: the first tensor of each
+    (dtype, group_size) in directory order. Plain dtypes: "f32", the values as float32 (f16 and bf16 widened
+    exactly); int4g: "f32", the dequantized values (§9.1), and "codes", the stored codes u (uint8 0..15) in
+    logical (n, k) order. Computed from the generated payloads, not read back from the file."""
+    out, seen = {}, set()
+    for s in specs_of(v):
+        if (s.dtype, s.group_size) in seen:
+            continue
+        seen.add((s.dtype, s.group_size))
+        p = make_payload(s.name, s.dtype, s.shape, s.group_size)
+        if s.dtype == DType.INT4G:
+            codes = unpack_int4_reference(p[0])
+            scales = np.repeat(p[1].astype(np.float32), s.group_size, axis=1)
+            out[s.name] = {"f32": scales * (codes.astype(np.float32) - np.float32(8)), "codes": codes}
+        elif s.dtype == DType.BF16:
+            out[s.name] = {"f32": (p.astype(np.uint32) << np.uint32(16)).view(np.float32)}
+        else:
+            out[s.name] = {"f32": p.astype(np.float32)}
+    return out
+
+
+def decoded_path(vector_name: str, tensor_name: str, suffix: str) -> str:
+    """Relative to spec/vectors/."""
+    return f"{DECODED_DIR}/{vector_name}/{tensor_name}.{suffix}.npy"
+
+
 def describe(v, path: str) -> dict:
     """The expected decoded description. Placement and item CRCs are computed here from the spec's rules and the
     payload bytes; only sha256 and header_crc32c are taken from the written file."""
     specs = specs_of(v)
+    decoded = decoded_tensors(v)
     raw = open(path, "rb").read()
     n_t, n_b = len(specs), len(v["blobs"])
     header_size = 256 + 136 * n_t + 64 * n_b
@@ -190,6 +243,8 @@ def describe(v, path: str) -> dict:
                 ent["first_values"] = [float(x) for x in first.view(np.float32)]
             else:
                 ent["first_values"] = [float(x) for x in p.reshape(-1)[:N_FIRST]]
+        if s.name in decoded:
+            ent["decoded"] = {suffix: decoded_path(v["name"], s.name, suffix) for suffix in decoded[s.name]}
         ent["nbytes"] = len(body)
         ent["crc32c"] = f"{crc32c(body):#010x}"
         tensors.append(ent)
@@ -214,16 +269,59 @@ def describe(v, path: str) -> dict:
 
 
 def write_all(out_dir: str) -> list:
+    """Write every file of spec/vectors/ (but the scripts and README) under out_dir; returns their paths."""
+    import make_corrupt   # spec/vectors/make_corrupt.py, beside this file
+    for sub in (DECODED_DIR, CORRUPT_DIR):   # generated folders: nothing stale survives a regeneration
+        shutil.rmtree(os.path.join(out_dir, sub), ignore_errors=True)
     written = []
     for v in VECTORS:
         path = os.path.join(out_dir, v["name"] + ".nanoqwen")
         build(v, path)
         desc = describe(v, path)
-        with open(os.path.join(out_dir, v["name"] + ".json"), "w", encoding="utf-8") as fh:
+        jpath = os.path.join(out_dir, v["name"] + ".json")
+        with open(jpath, "w", encoding="utf-8") as fh:
             json.dump(desc, fh, indent=1, ensure_ascii=False)
             fh.write("\n")
-        written.append(path)
+        written += [path, jpath]
+        for tname, arrays in decoded_tensors(v).items():
+            for suffix, arr in arrays.items():
+                npy = os.path.join(out_dir, decoded_path(v["name"], tname, suffix))
+                os.makedirs(os.path.dirname(npy), exist_ok=True)
+                np.save(npy, np.ascontiguousarray(arr), allow_pickle=False)
+                written.append(npy)
+    written += make_corrupt.write_corpus(os.path.join(out_dir, CORRUPT_DIR),
+                                         os.path.join(out_dir, make_corrupt.BASE_VECTOR + ".nanoqwen"))
     return written
+
+
+GENERATOR_FILES = {"make_vectors.py", "make_corrupt.py", "README.md"}
+
+
+def _tree(root: str) -> set:
+    """Relative paths of every file under root but the generator scripts, README and caches."""
+    out = set()
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if x != "__pycache__"]
+        for f in files:
+            rel = os.path.relpath(os.path.join(d, f), root)
+            if rel not in GENERATOR_FILES:
+                out.add(rel)
+    return out
+
+
+def check(target: str = HERE) -> list:
+    """Regenerate into a temp dir; returns the differences from target (missing, extra or differing files)."""
+    problems = []
+    with tempfile.TemporaryDirectory() as d:
+        write_all(d)
+        want, have = _tree(d), _tree(target)
+        problems += [f"MISSING: {p}" for p in sorted(want - have)]
+        problems += [f"EXTRA (not generated): {p}" for p in sorted(have - want)]
+        for rel in sorted(want & have):
+            with open(os.path.join(d, rel), "rb") as a, open(os.path.join(target, rel), "rb") as b:
+                if a.read() != b.read():
+                    problems.append(f"DIFFERS: {rel}")
+    return problems
 
 
 def main(argv=None) -> int:
@@ -232,20 +330,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not args.check:
         for p in write_all(HERE):
-            print(p)
+            print(os.path.relpath(p, HERE))
         return 0
-    bad = 0
-    with tempfile.TemporaryDirectory() as d:
-        write_all(d)
-        for v in VECTORS:
-            for ext in (".nanoqwen", ".json"):
-                a = open(os.path.join(d, v["name"] + ext), "rb").read()
-                b = open(os.path.join(HERE, v["name"] + ext), "rb").read()
-                if a != b:
-                    print(f"DIFFERS: {v['name']}{ext}", file=sys.stderr)
-                    bad += 1
-    print("ok" if not bad else f"{bad} files differ")
-    return 1 if bad else 0
+    problems = check()
+    for p in problems:
+        print(p, file=sys.stderr)
+    print("ok" if not problems else f"{len(problems)} differences")
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,176 @@
+// Harness shared by the csrc/dev programs: error checks, random INT4 weights in the file's layout 1 with their
+// dequantised f32 copy, CPU references, validate_result, and a timer that rotates over buffers larger than L2.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <vector>
+#include "common.h"
+#include "format_contract.h"
+
+#define DEV_CHECK(call)                                                                                   \
+  do {                                                                                                    \
+    cudaError_t e_ = (call);                                                                              \
+    if (e_ != cudaSuccess) {                                                                              \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));          \
+      std::exit(2);                                                                                       \
+    }                                                                                                     \
+  } while (0)
+
+namespace dev {
+
+// Bytes every timed rotation covers: > 4 x the H200's 60 MB L2, so no launch finds its weights in L2.
+constexpr size_t kRotateBytes = 256ull << 20;
+
+inline uint64_t align128(uint64_t n) { return (n + 127) / 128 * 128; }
+
+// One N x K INT4 weight: codes u (0..15, stored q + 8), f16 scales per group, packed as the file stores it
+// (layout 1: word j of a row holds k = 8j..8j+7, nibble i -> k = 8j + PERM[i]; qweight, pad to 128, scales).
+struct Int4Weight {
+  int N = 0, K = 0, group = 0;
+  std::vector<uint8_t> file_bytes;  // qweight + pad + scales, as one tensor's data in a .nanoqwen file
+  std::vector<float> w;             // dequantised (u - 8) * f16 scale, row-major N x K
+  size_t scales_offset() const { return align128((size_t)N * K / 2); }
+  size_t bytes() const { return align128(scales_offset() + (size_t)N * (K / group) * 2); }
+};
+
+inline Int4Weight random_int4(int N, int K, int group, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Int4Weight W;
+  W.N = N; W.K = K; W.group = group;
+  W.file_bytes.assign(W.bytes(), 0);
+  W.w.resize((size_t)N * K);
+  std::uniform_real_distribution<float> sd(0.5f, 1.5f);
+  const float base = 1.f / std::sqrt(21.5f * (float)K);   // |W x| ~ |x| for codes uniform in 0..15
+  uint32_t* q = reinterpret_cast<uint32_t*>(W.file_bytes.data());
+  __half* sc = reinterpret_cast<__half*>(W.file_bytes.data() + W.scales_offset());
+  for (int n = 0; n < N; n++) {
+    for (int g = 0; g < K / group; g++) {
+      float s = sd(rng) * base * ((rng() % 10) ? 1.f : -1.f);   // some negative scales
+      sc[(size_t)n * (K / group) + g] = __float2half_rn(s);
+    }
+    for (int j = 0; j < K / 8; j++) {
+      uint32_t word = 0;
+      for (int i = 0; i < 8; i++) {
+        const uint32_t u = rng() & 15u;
+        const int k = 8 * j + nq::contract::kInt4Perm[i];
+        word |= u << (4 * i);
+        W.w[(size_t)n * K + k] = ((float)u - (float)nq::contract::kInt4ZeroCode) *
+                                 __half2float(sc[(size_t)n * (K / group) + k / group]);
+      }
+      q[(size_t)n * (K / 8) + j] = word;
+    }
+  }
+  return W;
+}
+
+// CPU references (double accumulation)
+inline std::vector<float> gemv_ref(const Int4Weight& W, const std::vector<float>& x) {
+  std::vector<float> y(W.N);
+  for (int n = 0; n < W.N; n++) {
+    double acc = 0.0;
+    for (int k = 0; k < W.K; k++) acc += (double)W.w[(size_t)n * W.K + k] * x[k];
+    y[n] = (float)acc;
+  }
+  return y;
+}
+inline std::vector<float> gemm_ref(const Int4Weight& W, const std::vector<float>& A, int M) {  // C = A W^T
+  std::vector<float> C((size_t)M * W.N);
+  for (int m = 0; m < M; m++)
+    for (int n = 0; n < W.N; n++) {
+      double acc = 0.0;
+      for (int k = 0; k < W.K; k++) acc += (double)A[(size_t)m * W.K + k] * W.w[(size_t)n * W.K + k];
+      C[(size_t)m * W.N + n] = (float)acc;
+    }
+  return C;
+}
+// x rounded to f16 and back: what a kernel that stages x as f16 multiplies
+inline std::vector<float> round_f16(std::vector<float> x) {
+  for (float& v : x) v = __half2float(__float2half_rn(v));
+  return x;
+}
+inline std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, scale);
+  std::vector<float> v(n);
+  for (float& e : v) e = nd(rng);
+  return v;
+}
+
+// A library launch helper's status: on failure print nq_last_error() and exit 2.
+inline void must(int rc) {
+  if (rc != NQ_OK) {
+    std::fprintf(stderr, "launch: %s\n", nq::last_error());
+    std::exit(2);
+  }
+}
+
+// Relative Frobenius error of got vs ref; every value must be finite. Prints one line; exits 1 on failure.
+inline void validate_result(const char* what, const float* got, const std::vector<float>& ref, double tol) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < ref.size(); i++) {
+    if (!std::isfinite(got[i])) {
+      std::printf("%s: FAIL, element %zu is %f (unwritten or overflowed)\n", what, i, got[i]);
+      std::exit(1);
+    }
+    num += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
+    den += (double)ref[i] * ref[i];
+  }
+  const double err = std::sqrt(num / std::max(den, 1e-300));
+  std::printf("%s: relative error %.2e (tolerance %.1e) %s\n", what, err, tol, err < tol ? "ok" : "FAIL");
+  if (!(err < tol)) std::exit(1);
+}
+
+// Copies of one weight's file bytes on the device, enough of them to exceed kRotateBytes.
+struct DeviceCopies {
+  uint8_t* base = nullptr;
+  size_t per = 0;
+  int n = 0;
+  DeviceCopies(const std::vector<uint8_t>& bytes, int min_copies = 2) {
+    per = bytes.size();
+    n = (int)std::max<size_t>(min_copies, kRotateBytes / per + 1);
+    DEV_CHECK(cudaMalloc(&base, per * n));
+    for (int c = 0; c < n; c++) DEV_CHECK(cudaMemcpy(base + per * c, bytes.data(), per, cudaMemcpyHostToDevice));
+  }
+  ~DeviceCopies() { cudaFree(base); }
+  uint8_t* copy(int c) const { return base + per * (c % n); }
+};
+
+// Median over `reps` repetitions of the mean time of `iters` back-to-back launches, in microseconds;
+// launch(i) enqueues launch i on the default stream (rotate buffers with i).
+inline double median_us(const std::function<void(int)>& launch, int iters = 100, int reps = 11) {
+  cudaEvent_t e0, e1;
+  DEV_CHECK(cudaEventCreate(&e0));
+  DEV_CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < 5; i++) launch(i);   // warm-up
+  std::vector<double> t;
+  int at = 0;
+  for (int r = 0; r < reps; r++) {
+    DEV_CHECK(cudaEventRecord(e0));
+    for (int i = 0; i < iters; i++) launch(at++);
+    DEV_CHECK(cudaEventRecord(e1));
+    DEV_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.f;
+    DEV_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    t.push_back(ms * 1e3 / iters);
+  }
+  DEV_CHECK(cudaGetLastError());
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// The GEMV shapes of one Qwen2.5-7B layer (nanoqwen_format/shapes.py): name, N, K
+struct Shape { const char* name; int N, K; };
+inline std::vector<Shape> qwen7b_gemv_shapes() {
+  return {{"7B qkv", 4608, 3584}, {"7B o", 3584, 3584}, {"7B gate", 18944, 3584}, {"7B down", 3584, 18944}};
+}
+
+}  // namespace dev

@@ -1,0 +1,61 @@
+// The GEMV programs' common main loop: for each Qwen2.5-7B layer shape, random INT4 weights and x, one launch
+// checked against the CPU reference, then the timing (weights rotated over > 256 MB, median of 11 x 100 launches).
+#pragma once
+#include "dev_common.cuh"
+#include "gemv_kernels.cuh"
+
+namespace dev {
+
+// launch(args, rows) enqueues one STORE-mode GEMV y = W @ x (x f32, no RMSNorm) on the default stream.
+using GemvLaunch = std::function<void(const nq::GemvArgs&, int)>;
+
+// ref_x_f16: the kernel stages x as f16, so the reference multiplies f16(x) (else x itself). Returns 0.
+inline int run_gemv_shapes(const char* title, const GemvLaunch& launch, double tol, bool ref_x_f16) {
+  int dev = 0;
+  cudaDeviceProp prop;
+  DEV_CHECK(cudaGetDevice(&dev));
+  DEV_CHECK(cudaGetDeviceProperties(&prop, dev));
+  std::printf("%s on %s\n", title, prop.name);
+  const int group = 128;
+  for (const Shape& sh : qwen7b_gemv_shapes()) {
+    const Int4Weight W = random_int4(sh.N, sh.K, group, 1234u + sh.N);
+    const std::vector<float> x = random_vector(sh.K, 99u + sh.K, 1.f);
+    const std::vector<float> ref = gemv_ref(W, ref_x_f16 ? round_f16(x) : x);
+    DeviceCopies wc(W.file_bytes);
+    float *dx = nullptr, *dy = nullptr;
+    DEV_CHECK(cudaMalloc(&dx, sh.K * sizeof(float)));
+    DEV_CHECK(cudaMalloc(&dy, sh.N * sizeof(float)));
+    DEV_CHECK(cudaMemcpy(dx, x.data(), sh.K * sizeof(float), cudaMemcpyHostToDevice));
+    DEV_CHECK(cudaMemset(dy, 0xff, sh.N * sizeof(float)));  // poison: NaN unless written
+    auto args = [&](int c) {
+      nq::GemvArgs a;
+      a.seg[0].w = wc.copy(c);
+      a.seg[0].scales = reinterpret_cast<const __half*>(wc.copy(c) + W.scales_offset());
+      a.seg[0].N = sh.N; a.seg[0].K = sh.K; a.seg[0].group = group; a.seg[0].type = nq::WT_INT4;
+      a.x_f32 = dx; a.out_f32 = dy; a.mode = nq::GEMV_STORE;
+      return a;
+    };
+    launch(args(0), sh.N);
+    DEV_CHECK(cudaDeviceSynchronize());
+    std::vector<float> y(sh.N);
+    DEV_CHECK(cudaMemcpy(y.data(), dy, sh.N * sizeof(float), cudaMemcpyDeviceToHost));
+    char what[96];
+    std::snprintf(what, sizeof what, "  %-8s N=%5d K=%5d", sh.name, sh.N, sh.K);
+    validate_result(what, y.data(), ref, tol);
+    const double us = median_us([&](int i) { launch(args(i), sh.N); });
+    const double gbs = (double)(W.bytes()) / (us * 1e-6) / 1e9;
+    std::printf("  %-8s %8.2f us  %6.0f GB/s\n", sh.name, us, gbs);
+    cudaFree(dx);
+    cudaFree(dy);
+  }
+  return 0;
+}
+
+inline int sm_count() {
+  int dev = 0, n = 0;
+  DEV_CHECK(cudaGetDevice(&dev));
+  DEV_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
+
+}  // namespace dev

@@ -1,0 +1,73 @@
+/* libnanoqwen_testing: kernel test and benchmark entry points, built from the same kernel objects as libnanoqwen
+ * (csrc/CMakeLists.txt) and loaded by tests/ and bench/ only; the product library carries none of these.
+ * Same conventions as nanoqwen.h (NQ_OK or a negative NQ_E* code, the message in this library's own
+ * nq_last_error(), thread-local). Test entry points take host arrays, allocate, poison the outputs (NaN), run one
+ * kernel, copy back and free. Benchmarks time device-resident random data rotated over more than the 60 MB L2.
+ */
+#ifndef NANOQWEN_TESTING_H
+#define NANOQWEN_TESTING_H
+#include "nanoqwen.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* y[N] = W[N,K] @ x[K], W int4g layout 1 (qweight uint32 (N, K/8), scales f16 (N, K/g)), the decode GEMV
+ * (gemv_int4). If norm_w != NULL the input is rmsnorm(x)*norm_w (eps). */
+NQ_API int nq_test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K, int32_t group,
+                             const float* x, const float* norm_w, float eps, float* y);
+/* The fused GEMV modes: mode 1 (add): y[N] += W @ f16(x) (y read and written); mode 2 (swiglu): y[N] =
+ * f16(silu(W @ x') * (W_up @ x')) returned as f32, x' = rmsnorm(x)*norm_w when norm_w != NULL. */
+NQ_API int nq_test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scales, const uint32_t* qweight_up,
+                                  const uint16_t* scales_up, int32_t N, int32_t K, int32_t group, const float* x,
+                                  const float* norm_w, float eps, int32_t mode, float* y);
+/* y[N] = W[N,K] @ x[K] with f16 (dtype 1) or bf16 (dtype 2) weights given as raw uint16 bits. */
+NQ_API int nq_test_gemv_dense(const uint16_t* w, int32_t dtype, int32_t N, int32_t K, const float* x, float* y);
+/* C[M,N] = A[M,K] @ W^T for int4 W (tensor cores); A given as f32 (converted to f16 on the device). */
+NQ_API int nq_test_gemm_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K, int32_t group,
+                             const float* A, int32_t M, float* C);
+/* nseg (1..3) int4 weights sharing A in one launch: qweights[i] uint32 (Ns[i], K/8), scales[i] f16 bits
+ * (Ns[i], K/group); A f32 (M, lda) (rounded to f16; columns >= K never read); bias[i] f32 (Ns[i]) or null (bias
+ * itself may be null); C f32 (M, ldc) in/out: segment i writes columns off_i .. off_i + Ns[i] - 1 (C is copied to
+ * the device first, so add = 1 adds to it and columns no segment owns must come back unchanged). */
+NQ_API int nq_test_gemm_int4_multi(int32_t nseg, const uint32_t* const* qweights, const uint16_t* const* scales,
+                                   const int32_t* Ns, int32_t K, int32_t group, const float* A, int32_t M,
+                                   int32_t lda, const float* const* bias, float* C, int32_t ldc, int32_t add);
+/* Decode attention for one query position: q[n_heads*D] f32 (already roped), K/V[(pos+1), n_kv, D] f32
+ * (already roped); returns out[n_heads*D]. keys_per_split sets the split size (multiple of 32). */
+NQ_API int nq_test_attention(const float* q, const float* k, const float* v, int32_t n_heads, int32_t n_kv,
+                             int32_t head_dim, int32_t n_pos, int32_t keys_per_split, float* out);
+/* Prefill attention of M >= 2 query tokens at positions n_pos-M .. n_pos-1 (causal): q[M][n_heads*D] f32 (already
+ * roped), K/V[n_pos, n_kv, D] f32 (already roped) all in the cache; returns out[M][n_heads*D]. */
+NQ_API int nq_test_attention_prefill(const float* q, const float* k, const float* v, int32_t n_heads, int32_t n_kv,
+                                     int32_t head_dim, int32_t n_pos, int32_t M, float* out);
+/* Sample from logits[V] with the device sampler; returns the token in *out. */
+NQ_API int nq_test_sample(const float* logits, int32_t V, const nq_sampling* sp, uint64_t counter, int32_t* out);
+
+/* ms per launch of `iters` int4 GEMV launches (> 512 MB of weight copies rotated, never L2-resident). mode 0: f32
+ * input with the RMSNorm prologue (qkv-like), 1: f16 input + residual add (o/down-like), 2: SwiGLU over two N x K
+ * matrices (gate/up-like). nq_bench_gemv_int4 is mode 0. */
+NQ_API int nq_bench_gemv_int4(int32_t N, int32_t K, int32_t group, int32_t iters, float* ms);
+NQ_API int nq_bench_gemv_int4_mode(int32_t N, int32_t K, int32_t group, int32_t mode, int32_t iters, float* ms);
+/* ms per launch of the prefill GEMM (M tokens, int4 weights N x K) on random data. */
+NQ_API int nq_bench_gemm_int4(int32_t M, int32_t N, int32_t K, int32_t group, int32_t iters, float* ms);
+/* us per launch of the prefill GEMM with nseg copies of an N x K int4 weight in one launch (like gate/up); the
+ * launches rotate over > 256 MB of weight copies. */
+NQ_API int nq_bench_gemm_int4_multi(int32_t M, int32_t N, int32_t K, int32_t group, int32_t nseg, int32_t iters,
+                                    float* us);
+/* The ceiling of mma.sync m16n8k16 (f16 x f16 -> f32): TFLOP/s over blocks x 8 warps x iters x 8 HMMA chains. */
+NQ_API int nq_bench_mma_peak(int32_t blocks, int32_t iters, float* tflops);
+/* The attention kernel alone: M = 1 is the decode step's attention (writes the new row) at position n_pos-1, M > 1
+ * the prefill attention of M query tokens ending at n_pos-1; random f16 K/V rotated over enough layers to exceed
+ * L2; `iters` launches captured in one CUDA graph. Microseconds per launch into *us. */
+NQ_API int nq_bench_attention(int32_t n_heads, int32_t n_kv, int32_t head_dim, int32_t n_pos, int32_t M,
+                              int32_t keys_per_split, int32_t n_split, int32_t iters, float* us);
+/* Device read bandwidth: a read-only stream over `bytes` (rounded to whole buffers; at least 2 x L2, rotated so
+ * nothing is L2-resident) with 16-byte non-allocating loads, several in flight per thread, a grid that fills the
+ * GPU; best of `iters` passes, GB/s (1e9 bytes/s) into *gb_per_s. The ceiling the GEMV's bytes/s is read against. */
+NQ_API int nq_bench_read_bandwidth(uint64_t bytes, int32_t iters, float* gb_per_s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,251 @@
+// Kernel test entry points of libnanoqwen_testing (nanoqwen_testing.h): host arrays in, one kernel, host arrays
+// out. Used by tests/test_gpu_kernels.py and tests/test_gpu_gemm.py to compare each kernel with a numpy reference.
+#include "testing_util.h"
+#include <cstring>
+
+using namespace nq;
+using namespace nq::testing;
+
+namespace {
+// Device buffers of one attention test: the paged cache, an identity rope table (q and k are given already
+// rotated), the qkv rows, the first query position, partials and counters for n_split splits of M tokens (counters
+// zero, as the kernel requires), the f16 output poisoned.
+struct AttnBuffers {
+  DBuf k, v, pt, rope, qkv, pos, part_o, part_ml, counters, out;
+  int setup(const PagedCache& c, const std::vector<float>& qkv_rows, int pos0, int n_pos, int n_heads, int n_kv, int D,
+            int M, int n_split) {
+    const std::vector<float2> rope_h((size_t)n_pos * (D / 2), make_float2(1.f, 0.f));
+    NQ_TRY(k.put(c.k.data(), c.k.size() * 2));
+    NQ_TRY(v.put(c.v.data(), c.v.size() * 2));
+    NQ_TRY(pt.put(c.page_table.data(), c.page_table.size() * 4));
+    NQ_TRY(rope.put(rope_h.data(), rope_h.size() * sizeof(float2)));
+    NQ_TRY(qkv.put(qkv_rows.data(), qkv_rows.size() * 4));
+    NQ_TRY(pos.put(&pos0, 4));
+    NQ_TRY(part_o.alloc((size_t)M * n_heads * n_split * D * 4));
+    NQ_TRY(part_ml.alloc((size_t)M * n_heads * n_split * 2 * 4));
+    NQ_TRY(counters.alloc((size_t)M * n_kv * 4));
+    NQ_CUDA(cudaMemset(counters.p, 0, (size_t)M * n_kv * 4));
+    NQ_TRY(out.alloc((size_t)M * n_heads * D * 2));
+    return out.poison((size_t)M * n_heads * D * 2);
+  }
+  AttnArgs args(int qkv_stride, int M, int n_heads, int n_kv, int D) const {
+    AttnArgs a;
+    a.qkv = qkv.as<float>(); a.qkv_stride = qkv_stride; a.M = M; a.pos0 = pos.as<int>();
+    a.kv.k = k.as<__half>(); a.kv.v = v.as<__half>(); a.page_table = pt.as<int>(); a.rope = rope.as<float2>();
+    a.n_heads = n_heads; a.n_kv = n_kv; a.D = D;
+    a.part_o = part_o.as<float>(); a.part_ml = part_ml.as<float>(); a.counters = counters.as<int>();
+    a.out = out.as<__half>();
+    return a;
+  }
+  int read_out(float* dst, size_t n) const {  // n f16 outputs as f32
+    std::vector<__half> h(n);
+    NQ_CUDA(cudaMemcpy(h.data(), out.p, n * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) dst[i] = __half2float(h[i]);
+    return NQ_OK;
+  }
+};
+}  // namespace
+
+extern "C" {
+
+int nq_test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K, int32_t group,
+                      const float* x, const float* norm_w, float eps, float* y) {
+  if (!qweight || !scales || !x || !y) return fail(NQ_E_INVALID_ARG, "nq_test_gemv_int4: NULL argument");
+  NQ_TRY(check_nk(N, K));
+  NQ_TRY(gemv_prepare());
+  DBuf w, dx, dn, dy;
+  GemvArgs a;
+  NQ_TRY(put_int4(w, qweight, scales, N, K, group, &a.seg[0]));
+  NQ_TRY(dx.put(x, (size_t)K * 4));
+  if (norm_w) NQ_TRY(dn.put(norm_w, (size_t)K * 4));
+  NQ_TRY(dy.alloc((size_t)N * 4));
+  NQ_TRY(dy.poison((size_t)N * 4));
+  a.x_f32 = dx.as<float>(); a.norm_w = norm_w ? dn.as<float>() : nullptr; a.eps = eps;
+  a.out_f32 = dy.as<float>(); a.mode = GEMV_STORE;
+  NQ_TRY(gemv(a, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  NQ_CUDA(cudaMemcpy(y, dy.p, (size_t)N * 4, cudaMemcpyDeviceToHost));
+  return NQ_OK;
+}
+
+int nq_test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scales, const uint32_t* qweight_up,
+                           const uint16_t* scales_up, int32_t N, int32_t K, int32_t group, const float* x,
+                           const float* norm_w, float eps, int32_t mode, float* y) {
+  if (!qweight || !scales || !x || !y) return fail(NQ_E_INVALID_ARG, "nq_test_gemv_int4_mode: NULL argument");
+  NQ_TRY(check_nk(N, K));
+  if (mode != GEMV_ADD && mode != GEMV_SWIGLU) return fail(NQ_E_INVALID_ARG, "mode %d (1 = add, 2 = swiglu)", mode);
+  if (mode == GEMV_SWIGLU && (!qweight_up || !scales_up)) return fail(NQ_E_INVALID_ARG, "swiglu needs the up weight");
+  if (mode == GEMV_ADD && norm_w) return fail(NQ_E_INVALID_ARG, "add mode takes an f16 input without norm");
+  NQ_TRY(gemv_prepare());
+  DBuf w, wu, dx, dn, dy;
+  GemvArgs a;
+  NQ_TRY(put_int4(w, qweight, scales, N, K, group, &a.seg[0]));
+  a.eps = eps; a.mode = mode;
+  if (mode == GEMV_ADD) {               // x as f16 (the o/down inputs), y += W x
+    std::vector<__half> xh(K);
+    for (int i = 0; i < K; i++) xh[i] = __float2half_rn(x[i]);
+    NQ_TRY(dx.put(xh.data(), (size_t)K * 2));
+    NQ_TRY(dy.put(y, (size_t)N * 4));
+    a.x_f16 = dx.as<__half>(); a.out_f32 = dy.as<float>();
+    NQ_TRY(gemv(a, 0));
+    NQ_CUDA(cudaDeviceSynchronize());
+    NQ_CUDA(cudaMemcpy(y, dy.p, (size_t)N * 4, cudaMemcpyDeviceToHost));
+    return NQ_OK;
+  }
+  NQ_TRY(put_int4(wu, qweight_up, scales_up, N, K, group, &a.up));   // y = silu(Wg x) * (Wu x), out f16
+  NQ_TRY(dx.put(x, (size_t)K * 4));
+  if (norm_w) NQ_TRY(dn.put(norm_w, (size_t)K * 4));
+  NQ_TRY(dy.alloc((size_t)N * 2));
+  NQ_TRY(dy.poison((size_t)N * 2));
+  a.x_f32 = dx.as<float>(); a.norm_w = norm_w ? dn.as<float>() : nullptr; a.out_f16 = dy.as<__half>();
+  NQ_TRY(gemv(a, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  std::vector<__half> yh(N);
+  NQ_CUDA(cudaMemcpy(yh.data(), dy.p, (size_t)N * 2, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < N; i++) y[i] = __half2float(yh[i]);
+  return NQ_OK;
+}
+
+int nq_test_gemv_dense(const uint16_t* wbits, int32_t dtype, int32_t N, int32_t K, const float* x, float* y) {
+  if (!wbits || !x || !y) return fail(NQ_E_INVALID_ARG, "nq_test_gemv_dense: NULL argument");
+  NQ_TRY(check_nk(N, K));
+  if (dtype != WT_F16 && dtype != WT_BF16) return fail(NQ_E_INVALID_ARG, "dtype %d (1 = f16, 2 = bf16)", dtype);
+  NQ_TRY(gemv_prepare());
+  DBuf w, dx, dy;
+  GemvArgs a;
+  NQ_TRY(w.put(wbits, (size_t)N * K * 2));
+  a.seg[0].w = w.as<uint8_t>(); a.seg[0].N = N; a.seg[0].K = K; a.seg[0].type = dtype;
+  NQ_TRY(dx.put(x, (size_t)K * 4));
+  NQ_TRY(dy.alloc((size_t)N * 4));
+  NQ_TRY(dy.poison((size_t)N * 4));
+  a.x_f32 = dx.as<float>(); a.out_f32 = dy.as<float>(); a.mode = GEMV_STORE;
+  NQ_TRY(gemv(a, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  NQ_CUDA(cudaMemcpy(y, dy.p, (size_t)N * 4, cudaMemcpyDeviceToHost));
+  return NQ_OK;
+}
+
+int nq_test_gemm_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K, int32_t group,
+                      const float* A, int32_t M, float* C) {
+  if (!qweight || !scales || !A || !C) return fail(NQ_E_INVALID_ARG, "nq_test_gemm_int4: NULL argument");
+  NQ_TRY(check_nk(N, K));
+  if (M <= 0) return fail(NQ_E_INVALID_ARG, "M=%d", M);
+  DBuf w, da, dc;
+  LinW W;
+  NQ_TRY(put_int4(w, qweight, scales, N, K, group, &W));
+  std::vector<__half> ah((size_t)M * K);
+  for (size_t i = 0; i < ah.size(); i++) ah[i] = __float2half_rn(A[i]);
+  NQ_TRY(da.put(ah.data(), ah.size() * 2));
+  NQ_TRY(dc.alloc((size_t)M * N * 4));
+  NQ_TRY(dc.poison((size_t)M * N * 4));
+  NQ_TRY(gemm(W, da.as<__half>(), K, M, dc.as<float>(), N, nullptr, false, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  NQ_CUDA(cudaMemcpy(C, dc.p, (size_t)M * N * 4, cudaMemcpyDeviceToHost));
+  return NQ_OK;
+}
+
+int nq_test_sample(const float* logits, int32_t V, const nq_sampling* sp, uint64_t counter, int32_t* out) {
+  if (!logits || !sp || !out || V <= 0) return fail(NQ_E_INVALID_ARG, "nq_test_sample: bad argument");
+  DBuf dl, dp, dc, dt;
+  NQ_TRY(dl.put(logits, (size_t)V * 4));
+  NQ_TRY(dp.put(sp, sizeof(nq_sampling)));
+  unsigned long long c = counter;
+  NQ_TRY(dc.put(&c, 8));
+  NQ_TRY(dt.alloc(4));
+  NQ_TRY(dt.poison(4));
+  SampleArgs a;
+  a.logits = dl.as<float>(); a.V = V; a.params = dp.as<nq_sampling>(); a.counter = dc.as<unsigned long long>();
+  a.token_out = dt.as<int32_t>(); a.host_ring = nullptr; a.ring_size = 1;
+  NQ_TRY(sample(a, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  NQ_CUDA(cudaMemcpy(out, dt.p, 4, cudaMemcpyDeviceToHost));
+  return NQ_OK;
+}
+
+int nq_test_attention(const float* q, const float* k, const float* v, int32_t n_heads, int32_t n_kv,
+                      int32_t head_dim, int32_t n_pos, int32_t keys_per_split, float* out) {
+  if (!q || !k || !v || !out || n_kv <= 0 || n_heads <= 0 || n_pos <= 0 || keys_per_split <= 0)
+    return fail(NQ_E_INVALID_ARG, "nq_test_attention: bad argument");
+  const int D = head_dim, pos = n_pos - 1;
+  // q/k/v are given already rotated: use a rope table of (cos, sin) = (1, 0) for every position.
+  // The cache holds rows 0 .. pos-1: the last position is written by the kernel (write_kv).
+  const PagedCache cache = fill_paged_cache(k, v, pos, n_pos, n_kv, D);
+  const int Nq = n_heads * D, Nkv = n_kv * D;
+  std::vector<float> qkv(Nq + 2 * Nkv);
+  std::memcpy(qkv.data(), q, Nq * 4);
+  std::memcpy(qkv.data() + Nq, k + (size_t)pos * Nkv, Nkv * 4);
+  std::memcpy(qkv.data() + Nq + Nkv, v + (size_t)pos * Nkv, Nkv * 4);
+  const int n_split = (n_pos + keys_per_split - 1) / keys_per_split + 1;  // one spare split: must be ignored
+  AttnBuffers b;
+  NQ_TRY(b.setup(cache, qkv, pos, n_pos, n_heads, n_kv, D, 1, n_split));
+  AttnArgs a = b.args(Nq + 2 * Nkv, 1, n_heads, n_kv, D);
+  a.keys_per_split = keys_per_split; a.n_split = n_split; a.write_kv = true;
+  NQ_TRY(attention(a, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  NQ_TRY(b.read_out(out, Nq));
+  // the counters must be re-armed (zero) for the next launch
+  std::vector<int> cnt(n_kv);
+  NQ_CUDA(cudaMemcpy(cnt.data(), b.counters.p, (size_t)n_kv * 4, cudaMemcpyDeviceToHost));
+  for (int h = 0; h < n_kv; h++)
+    if (cnt[h] != 0) return fail(NQ_E_CUDA, "attention left counter %d at %d", h, cnt[h]);
+  return NQ_OK;
+}
+
+int nq_test_attention_prefill(const float* q, const float* k, const float* v, int32_t n_heads, int32_t n_kv,
+                              int32_t head_dim, int32_t n_pos, int32_t M, float* out) {
+  if (!q || !k || !v || !out || n_kv <= 0 || n_heads <= 0 || n_heads % n_kv || M < 2 || n_pos < M)
+    return fail(NQ_E_INVALID_ARG, "nq_test_attention_prefill: bad argument");
+  const int D = head_dim, pos0 = n_pos - M;
+  // cache: all n_pos rows (the prefill path writes them before attention)
+  const PagedCache cache = fill_paged_cache(k, v, n_pos, n_pos, n_kv, D);
+  const int Nq = n_heads * D, stride = Nq + 2 * n_kv * D;
+  std::vector<float> qkv((size_t)M * stride, 1e30f);  // k/v parts are not read by the prefill kernel
+  for (int t = 0; t < M; t++) std::memcpy(qkv.data() + (size_t)t * stride, q + (size_t)t * Nq, Nq * 4);
+  AttnBuffers b;
+  NQ_TRY(b.setup(cache, qkv, pos0, n_pos, n_heads, n_kv, D, M, 1));
+  AttnArgs a = b.args(stride, M, n_heads, n_kv, D);
+  a.keys_per_split = 32; a.n_split = 1; a.write_kv = false;
+  NQ_TRY(attention(a, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  NQ_TRY(b.read_out(out, (size_t)M * Nq));
+  return NQ_OK;
+}
+
+int nq_test_gemm_int4_multi(int32_t nseg, const uint32_t* const* qweights, const uint16_t* const* scales,
+                            const int32_t* Ns, int32_t K, int32_t group, const float* A, int32_t M, int32_t lda,
+                            const float* const* bias, float* C, int32_t ldc, int32_t add) {
+  if (!qweights || !scales || !Ns || !A || !C) return fail(NQ_E_INVALID_ARG, "nq_test_gemm_int4_multi: NULL argument");
+  if (nseg < 1 || nseg > 3) return fail(NQ_E_INVALID_ARG, "nseg=%d (1..3)", nseg);
+  if (M <= 0 || lda < K) return fail(NQ_E_INVALID_ARG, "M=%d, lda=%d, K=%d", M, lda, K);
+  DBuf w[3], db[3], da, dc;
+  LinW W[3];
+  float* Cs[3];
+  const float* Bs[3] = {nullptr, nullptr, nullptr};
+  int off = 0;
+  for (int i = 0; i < nseg; i++) {
+    NQ_TRY(check_nk(Ns[i], K));
+    if (!qweights[i] || !scales[i]) return fail(NQ_E_INVALID_ARG, "segment %d: NULL weight", i);
+    NQ_TRY(put_int4(w[i], qweights[i], scales[i], Ns[i], K, group, &W[i]));
+    if (bias && bias[i]) {
+      NQ_TRY(db[i].put(bias[i], (size_t)Ns[i] * 4));
+      Bs[i] = db[i].as<float>();
+    }
+    off += Ns[i];
+  }
+  if (ldc < off) return fail(NQ_E_INVALID_ARG, "ldc=%d < sum of N=%d", ldc, off);
+  std::vector<__half> ah((size_t)M * lda);
+  for (size_t i = 0; i < ah.size(); i++) ah[i] = __float2half_rn(A[i]);
+  NQ_TRY(da.put(ah.data(), ah.size() * 2));
+  NQ_TRY(dc.put(C, (size_t)M * ldc * 4));
+  off = 0;
+  for (int i = 0; i < nseg; i++) {
+    Cs[i] = dc.as<float>() + off;
+    off += Ns[i];
+  }
+  NQ_TRY(gemm_multi(W, Cs, Bs, nseg, da.as<__half>(), lda, M, ldc, add != 0, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  NQ_CUDA(cudaMemcpy(C, dc.p, (size_t)M * ldc * 4, cudaMemcpyDeviceToHost));
+  return NQ_OK;
+}
+
+}  // extern "C"

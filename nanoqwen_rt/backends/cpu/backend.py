@@ -1,0 +1,254 @@
+"""CPU backend: the reference forward pass of Qwen2 / Llama over a .nanoqwen file (numpy + numba).
+
+Weights stay in the mmap'd file (zero-copy views) and are read by the streaming kernels of kernels.py;
+only the 1-D tensors (norm weights, biases: a few KB per layer) are widened to float32 copies.
+All activations and accumulations are float32. The KV cache is float32 (or float16 with kv_dtype="f16"),
+shaped (n_layers, n_kv_heads, max_context, head_dim), allocated once; small caches are filled with NaN so that
+a read of a slot that was never written poisons the logits instead of passing silently.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..base import Backend, BackendError, resolve_max_context
+from .kernels import (BF16_LUT, F16_LUT, _int4_parallel, _int4_serial, _u16_parallel, _u16_serial,
+                          matmul_int4, matmul_u16, rows_u16)
+from ...rope import apply_rope, cos_sin, rope_parameters
+
+__all__ = ["CPUBackend", "available", "Linear"]
+
+_POISON_LIMIT_BYTES = 256 << 20   # NaN-fill caches up to this size; larger ones stay untouched (lazy pages)
+
+
+def available() -> bool:
+    return True
+
+
+class Linear:
+    """y = x @ W.T (+ b) over one stored weight (N, K). x: f32 (T, K) → f32 (T, N)."""
+
+    def __init__(self, f, name: str, bias: str | None = None):
+        from nanoqwen_format import DType
+        info = f.tensors[name]
+        self.name = name
+        self.dtype = DType(info.dtype)
+        if self.dtype == DType.INT4G:
+            qw, sc = f.int4(name)
+            self.qweight = qw                                  # u32 (N, K/8)
+            self.scale_bits = sc.view(np.uint16)               # u16 (N, K/g) f16 bits
+            self.group_size = int(info.group_size)
+            self.N, self.K = int(info.shape[0]), int(info.shape[1])
+        elif self.dtype in (DType.F16, DType.BF16):
+            a = f.array(name)
+            self.bits = a.view(np.uint16)                      # u16 (N, K)
+            self.lut = F16_LUT if self.dtype == DType.F16 else BF16_LUT
+            self.N, self.K = a.shape
+        elif self.dtype == DType.F32:
+            self.w = f.array(name)                             # f32 (N, K)
+            self.N, self.K = self.w.shape
+        else:
+            raise BackendError(f"{name}: dtype {self.dtype.name} is not supported for a linear weight")
+        self.kind = self.dtype.name                                # "INT4G" | "F16" | "BF16" | "F32" (hot path)
+        self.bias = f.float32(bias).reshape(-1) if bias is not None else None   # f32 (N,)
+
+    def warmup(self) -> None:
+        """Compile / load from numba's cache every kernel variant this weight can dispatch to (serial and
+        parallel, T == 1 and T > 1), on its first rows only, so the first real call (TTFT) pays no JIT cost."""
+        rows = slice(0, min(self.N, 64))
+        for T in (1, 2):
+            x = np.zeros((T, self.K), dtype=np.float32)
+            y = np.empty((T, rows.stop), dtype=np.float32)
+            if self.kind == "INT4G":
+                for fn in (_int4_serial, _int4_parallel):
+                    fn(x, self.qweight[rows], self.scale_bits[rows], F16_LUT, self.group_size, y)
+            elif self.kind in ("F16", "BF16"):
+                for fn in (_u16_serial, _u16_parallel):
+                    fn(x, self.bits[rows], self.lut, y)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        T = x.shape[0]
+        if self.kind == "F32":
+            y = x @ self.w.T
+        else:
+            y = np.full((T, self.N), np.nan, dtype=np.float32)     # (T, N) poisoned: every entry must be written
+            if self.kind == "INT4G":
+                matmul_int4(x, self.qweight, self.scale_bits, F16_LUT, self.group_size, y)
+            else:
+                matmul_u16(x, self.bits, self.lut, y)
+        if self.bias is not None:
+            y += self.bias
+        return y
+
+
+class _Layer:
+    def __init__(self, f, i: int, qkv_bias: bool):
+        p = f"model.layers.{i}."
+        self.in_norm = f.float32(p + "input_layernorm.weight")              # f32 (hidden,)
+        self.post_norm = f.float32(p + "post_attention_layernorm.weight")   # f32 (hidden,)
+        a = p + "self_attn."
+        self.q = Linear(f, a + "q_proj.weight", a + "q_proj.bias" if qkv_bias else None)
+        self.k = Linear(f, a + "k_proj.weight", a + "k_proj.bias" if qkv_bias else None)
+        self.v = Linear(f, a + "v_proj.weight", a + "v_proj.bias" if qkv_bias else None)
+        self.o = Linear(f, a + "o_proj.weight")
+        m = p + "mlp."
+        self.gate = Linear(f, m + "gate_proj.weight")
+        self.up = Linear(f, m + "up_proj.weight")
+        self.down = Linear(f, m + "down_proj.weight")
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """HF Qwen2RMSNorm in float32: x * rsqrt(mean(x^2) + eps) * w. x (T, H)."""
+    var = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
+    return (x * (np.float32(1.0) / np.sqrt(var + np.float32(eps)))) * w
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
+class CPUBackend(Backend):
+    """numpy + numba reference backend (see module docstring). kv_dtype: "f32" (default) or "f16"."""
+
+    name = "cpu"
+
+    def __init__(self, path: str | os.PathLike, *, max_context: int | None = None, file=None,
+                 kv_dtype: str = "f32"):
+        from nanoqwen_format import DType, open_file
+        self._own_file = file is None
+        self._file = open_file(os.fspath(path)) if file is None else file
+        f = self._file
+        try:
+            cfg = self.config = f.config
+            self.max_context = resolve_max_context(cfg, max_context)
+            self.inv_freq, self.rope_scaling = rope_parameters(cfg)
+            emb_info = f.tensors["model.embed_tokens.weight"]
+            self._emb_dtype = DType(emb_info.dtype)
+            if self._emb_dtype == DType.INT4G:
+                raise BackendError("model.embed_tokens.weight stored as int4 is not supported (gather needs rows)")
+            self._emb = f.array("model.embed_tokens.weight")          # (vocab_rows, hidden) f32/f16/u16 bits
+            self.layers = [_Layer(f, i, cfg.qkv_bias) for i in range(cfg.n_layers)]
+            self.final_norm = f.float32("model.norm.weight")           # f32 (hidden,)
+            if cfg.tied_embeddings:
+                self.lm_head = Linear(f, "model.embed_tokens.weight")
+            else:
+                self.lm_head = Linear(f, "lm_head.weight")
+            if kv_dtype not in ("f32", "f16"):
+                raise ValueError(f"kv_dtype must be 'f32' or 'f16', got {kv_dtype!r}")
+            kvt = np.float32 if kv_dtype == "f32" else np.float16
+            shape = (cfg.n_layers, cfg.n_kv_heads, self.max_context, cfg.head_dim)
+            # k_cache, v_cache: (n_layers, n_kv_heads, max_context, head_dim)
+            self.k_cache = np.empty(shape, dtype=kvt)
+            self.v_cache = np.empty(shape, dtype=kvt)
+            self._warmup()
+            if 2 * self.k_cache.nbytes <= _POISON_LIMIT_BYTES:
+                self.poison()
+        except BaseException:
+            self.close()
+            raise
+        self._pos = 0
+
+    def _warmup(self) -> None:
+        """JIT / cache-load every kernel variant this model uses (one of each weight kind), so TTFT excludes it."""
+        seen = set()
+        for lin in [self.lm_head] + [l for L in self.layers[:1] for l in (L.q, L.k, L.v, L.o, L.gate, L.up,
+                                                                         L.down)]:
+            if lin.kind not in seen:
+                seen.add(lin.kind)
+                lin.warmup()
+        if self._emb_dtype.name != "F32":
+            self._embed(np.zeros(1, dtype=np.int32))
+
+    # -- state ----------------------------------------------------------------------------------------
+    @property
+    def position(self) -> int:
+        return self._pos
+
+    def reset(self) -> None:
+        self._pos = 0
+
+    def poison(self) -> None:
+        """Fill the KV cache with NaN (tests; done at construction for small caches)."""
+        self.k_cache.fill(np.nan)
+        self.v_cache.fill(np.nan)
+
+    def close(self) -> None:
+        f = getattr(self, "_file", None)
+        if f is not None and self._own_file and hasattr(f, "close"):
+            f.close()
+        self._file = None
+
+    def describe(self) -> str:
+        dts = sorted({l.dtype.name for layer in getattr(self, "layers", []) for l in
+                      (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)})
+        return (f"cpu (numpy+numba), linear weights {'/'.join(dts)}, lm_head {self.lm_head.dtype.name}, "
+                f"kv {self.k_cache.dtype}, max_context {self.max_context}")
+
+    # -- forward --------------------------------------------------------------------------------------
+    def _embed(self, ids: np.ndarray) -> np.ndarray:
+        T = ids.shape[0]
+        if self._emb_dtype.name == "F32":
+            return np.array(self._emb[ids], dtype=np.float32)
+        out = np.full((T, self.config.hidden_size), np.nan, dtype=np.float32)   # (T, hidden)
+        lut = F16_LUT if self._emb_dtype.name == "F16" else BF16_LUT
+        rows_u16(self._emb.view(np.uint16), ids, lut, out)
+        return out
+
+    def _attention(self, li: int, q: np.ndarray, p0: int) -> np.ndarray:
+        """q: f32 (T, n_heads, hd) already rotated; cache holds positions [0, p0+T). → f32 (T, n_heads*hd)."""
+        cfg = self.config
+        T, H, hd = q.shape
+        G = cfg.n_kv_heads
+        r = H // G                                   # query heads per kv head
+        L = p0 + T
+        scale = np.float32(1.0 / np.sqrt(hd))        # HF: head_dim ** -0.5
+        # causal: query t (abs position p0+t) sees keys 0..p0+t
+        mask = np.arange(L)[None, :] > (p0 + np.arange(T))[:, None]          # (T, L) True = masked
+        out = np.empty((T, H, hd), dtype=np.float32)
+        for g in range(G):
+            K = self.k_cache[li, g, :L].astype(np.float32, copy=False)       # (L, hd)
+            V = self.v_cache[li, g, :L].astype(np.float32, copy=False)       # (L, hd)
+            Q = q[:, g * r:(g + 1) * r, :]                                   # (T, r, hd)
+            S = np.einsum("trd,ld->rtl", Q, K, dtype=np.float32) * scale     # (r, T, L)
+            S = np.where(mask[None], np.float32(-np.inf), S)
+            S = S - S.max(axis=-1, keepdims=True)
+            P = np.exp(S)
+            P /= P.sum(axis=-1, keepdims=True)
+            out[:, g * r:(g + 1) * r, :] = np.einsum("rtl,ld->trd", P, V, dtype=np.float32)
+        return out.reshape(T, H * hd)
+
+    def _forward(self, ids: np.ndarray) -> np.ndarray:
+        """Run ids at positions [pos, pos+T) (checked by the Backend edge: in range, within max_context); write the
+        KV cache; return the final-normed hidden f32 (T, hidden)."""
+        cfg = self.config
+        T = ids.shape[0]
+        p0 = self._pos
+        H, G, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        cos, sin = cos_sin(self.inv_freq, self.rope_scaling, np.arange(p0, p0 + T))   # (T, hd) each
+        x = self._embed(ids)                                                         # (T, hidden)
+        for li, L in enumerate(self.layers):
+            h = rms_norm(x, L.in_norm, cfg.rms_norm_eps)
+            q = apply_rope(L.q(h).reshape(T, H, hd), cos, sin)                       # (T, H, hd)
+            k = apply_rope(L.k(h).reshape(T, G, hd), cos, sin)                       # (T, G, hd)
+            v = L.v(h).reshape(T, G, hd)                                             # (T, G, hd)
+            self.k_cache[li, :, p0:p0 + T] = k.transpose(1, 0, 2)
+            self.v_cache[li, :, p0:p0 + T] = v.transpose(1, 0, 2)
+            x = x + L.o(self._attention(li, q, p0))
+            h = rms_norm(x, L.post_norm, cfg.rms_norm_eps)
+            x = x + L.down(silu(L.gate(h)) * L.up(h))
+        self._pos = p0 + T
+        return rms_norm(x, self.final_norm, cfg.rms_norm_eps)
+
+    def _prefill(self, ids: np.ndarray) -> np.ndarray:
+        h = self._forward(ids)
+        return self.lm_head(h[-1:])[0]
+
+    def _decode(self, token_id: int) -> np.ndarray:
+        h = self._forward(np.array([token_id], dtype=np.int32))
+        return self.lm_head(h)[0]
+
+    def _logits_all(self, ids: np.ndarray) -> np.ndarray:
+        self.reset()
+        return self.lm_head(self._forward(ids))

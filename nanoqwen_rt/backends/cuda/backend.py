@@ -1,0 +1,250 @@
+"""CUDA backend: CudaBackend over libnanoqwen (csrc/), through the ctypes binding of abi.py.
+
+CudaBackend follows nanoqwen_rt.backends.base.Backend exactly (same constructor convention, same state rules; the
+base class validates every argument once, the methods here trust them); generate_ids samples on the device (same
+order of operations as nanoqwen_rt.sampling, its own RNG stream). Every non-zero status becomes a Python exception
+carrying the library's message, read on the thread that made the call (abi.error_for_status says which class).
+
+Where one decode step happens (Engine.generate → ... → kernels):
+  Engine.generate → Backend.generate_ids (checks) → CudaBackend._generate_ids: nq_session_set_sampling, nq_prefill,
+  then `stream_tokens`, which runs ctypes nq_generate on a worker thread and yields each token its callback
+  delivers → C++ session_generate (csrc/src/session.cu): `launch_one` replays the decode+sample CUDA graph
+  (`step_exec`, captured once in session_create from enqueue_decode + enqueue_sample), up to 8 steps ahead of the
+  host → the kernels of one step (enqueue_decode): embed_token, then per layer gemv (RMSNorm + fused QKV),
+  attention (RoPE, paged KV write, split-K decode attention), gemv (o_proj, residual add), gemv (RMSNorm +
+  gate/up + SwiGLU), gemv (down_proj, residual add); then gemv (final RMSNorm + lm_head), then the sampler.
+  `decode()` (one step, logits back to the host) goes ctypes nq_decode → session_decode → the decode-only graph
+  (`graph_exec`) → the same kernels.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import threading
+from typing import Iterator
+
+import numpy as np
+
+from ..base import Backend, BackendError, resolve_max_context
+from ...sampling import SamplingParams
+from . import abi
+from .abi import (NQ_OK, TOKEN_CALLBACK, LibraryUnavailable, NqConfig, NqSampling, UnsupportedModel, check,
+                  error_for_status, has_symbol, load_library)
+
+__all__ = ["CudaBackend", "UnsupportedModel", "available", "unavailable_reason", "supports", "stream_tokens"]
+
+_P = ctypes.c_void_p
+
+
+def unavailable_reason() -> str | None:
+    """None when libnanoqwen loads and sees a CUDA device, else the reason in one line (missing file, dlopen error
+    text, missing symbol, ABI version mismatch, no device). Never raises."""
+    try:
+        lib = load_library()
+    except LibraryUnavailable as e:
+        return str(e)
+    try:
+        n = lib.nq_device_count()
+    except Exception as e:     # a library that loads but cannot query: say so rather than guess
+        return f"nq_device_count failed: {type(e).__name__}: {e}"
+    if n <= 0:
+        return f"libnanoqwen ({abi.library_path()}) sees no CUDA device (nq_device_count() = {n})"
+    return None
+
+
+def available() -> bool:
+    """True when libnanoqwen loads and at least one CUDA device is visible. Never raises."""
+    return unavailable_reason() is None
+
+
+def supports(path: str | os.PathLike) -> str | None:
+    """None when libnanoqwen runs the file at `path`, else the library's one-line reason (nq_model_check: spec
+    rules without checksums, and the model features this library runs). Asks the library, so the rules live
+    in one place (csrc). Raises LibraryUnavailable when the library cannot load or predates nq_model_check."""
+    lib = load_library()
+    if not has_symbol(lib, "nq_model_check"):
+        raise LibraryUnavailable(f"{abi.library_path()} lacks nq_model_check: built from older sources than this "
+                                 f"binding (rebuild with scripts/build_native.sh)")
+    rc, msg = abi.call(lib, "nq_model_check", os.fspath(path).encode())
+    return None if rc == NQ_OK else (msg or f"status {rc}")
+
+
+def _ptr(a: np.ndarray, ctype):
+    return a.ctypes.data_as(ctypes.POINTER(ctype))
+
+
+def _sampling_struct(params: SamplingParams) -> NqSampling:
+    seed = params.seed
+    if seed is None:
+        seed = int.from_bytes(os.urandom(8), "little")
+    return NqSampling(float(params.temperature), int(params.top_k), float(params.top_p), int(seed) & (2**64 - 1))
+
+
+def stream_tokens(lib, sess, max_new: int, stops: np.ndarray) -> Iterator[int]:
+    """Run nq_generate(sess, max_new, stops) on a worker thread and yield each token as its callback delivers it.
+
+    The worker reads nq_last_error() itself, right after the failing call (the message is thread-local), and
+    the failure is raised here, on the caller's thread, after the tokens produced before it. Closing the
+    generator early asks the library to stop (the callback returns 1) and waits for the worker.
+    """
+    q: queue.Queue = queue.Queue()
+    cancel = threading.Event()
+    done = object()
+
+    def on_token(tok, _user):
+        q.put(int(tok))
+        return 1 if cancel.is_set() else 0
+
+    cb = TOKEN_CALLBACK(on_token)
+    n_out = ctypes.c_int32()
+    result: list = []          # [(status, message)] once the call returns
+
+    def worker():
+        try:
+            result.append(abi.call(lib, "nq_generate", sess, int(max_new),
+                                   _ptr(stops, ctypes.c_int32) if stops.size else None, int(stops.size), cb, None,
+                                   None, ctypes.byref(n_out)))
+        finally:
+            q.put(done)
+
+    th = threading.Thread(target=worker, name="nanoqwen-generate", daemon=True)
+    th.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                break
+            yield item
+    finally:
+        cancel.set()
+        th.join()
+    if not result:
+        raise BackendError("generate: the worker thread ended without a result")
+    rc, msg = result[0]
+    if rc != NQ_OK:
+        raise error_for_status(rc, msg, "generate")
+
+
+class CudaBackend(Backend):
+    """Backend over libnanoqwen: weights in one device allocation, paged f16 KV cache, one CUDA graph per step."""
+
+    name = "cuda"
+
+    def __init__(self, path: str | os.PathLike, *, max_context: int | None = None, file=None):
+        self._lib = lib = load_library()
+        self.path = os.fspath(path)
+        self._model = _P()
+        self._sess = _P()
+        if file is not None:          # else the C loader checks the file first, and the config is read after
+            self.config = file.config
+            self.max_context = resolve_max_context(self.config, max_context)
+        if has_symbol(lib, "nq_model_check"):
+            # the library's own rules, before any upload (an older library: nq_model_open gives the reason)
+            check(lib, "nq_model_check", self.path.encode(), what=f"{self.path}: the CUDA backend")
+        if lib.nq_device_count() <= 0:
+            raise BackendError(unavailable_reason() or "no CUDA device")
+        # an already opened handle was checksum-verified by nanoqwen_format: skip the second CRC pass
+        verify = 0 if file is not None else 1
+        check(lib, "nq_model_open", self.path.encode(), verify, ctypes.byref(self._model), what=f"open {self.path}")
+        try:
+            if file is None:
+                from nanoqwen_format import open_file
+                with open_file(self.path, verify_checksums=False) as f:
+                    self.config = f.config
+                self.max_context = resolve_max_context(self.config, max_context)
+            c = NqConfig()
+            check(lib, "nq_model_config", self._model, ctypes.byref(c), what="model config")
+            if c.vocab_rows != self.config.vocab_rows or c.n_layers != self.config.n_layers:
+                raise BackendError("libnanoqwen and nanoqwen_format disagree on the header")
+            greedy = NqSampling(0.0, 0, 1.0, 0)
+            check(lib, "nq_session_create", self._model, self.max_context, ctypes.byref(greedy),
+                  ctypes.byref(self._sess), what="create session")
+        except BaseException:
+            self.close()
+            raise
+        secs, nbytes = ctypes.c_double(), ctypes.c_uint64()
+        self._lib.nq_model_load_stats(self._model, ctypes.byref(secs), ctypes.byref(nbytes))
+        self.load_seconds = secs.value        # libnanoqwen's own open + upload time
+        self.device_bytes = nbytes.value
+
+    # -- state ------------------------------------------------------------------------------------------
+    def _live(self):
+        if not self._sess:
+            raise BackendError("the CUDA backend is closed")
+        return self._sess
+
+    @property
+    def position(self) -> int:
+        p = ctypes.c_int32()
+        check(self._lib, "nq_session_position", self._live(), ctypes.byref(p), what="position")
+        return int(p.value)
+
+    def reset(self) -> None:
+        check(self._lib, "nq_session_reset", self._live(), what="reset")
+
+    # -- forward (arguments checked by the Backend edge) -----------------------------------------------------
+    def _logits(self) -> np.ndarray:
+        V = self.config.vocab_rows
+        out = np.empty(V, dtype=np.float32)      # (vocab_rows,) owned by the caller
+        check(self._lib, "nq_get_logits", self._live(), _ptr(out, ctypes.c_float), V, what="logits")
+        return out
+
+    def _prefill(self, ids: np.ndarray) -> np.ndarray:
+        check(self._lib, "nq_prefill", self._live(), _ptr(ids, ctypes.c_int32), ids.shape[0], what="prefill")
+        return self._logits()
+
+    def _decode(self, token_id: int) -> np.ndarray:
+        """One decode step with its logits: ctypes nq_decode → C++ session_decode (csrc/src/session.cu) →
+        cudaGraphLaunch of the decode graph captured in session_create from enqueue_decode (embed_token; per layer
+        gemv QKV → attention → gemv o_proj → gemv gate/up/SwiGLU → gemv down; gemv lm_head) → nq_get_logits.
+        Generation does not come here: see _generate_ids."""
+        check(self._lib, "nq_decode", self._live(), token_id, what="decode")
+        return self._logits()
+
+    def _logits_all(self, ids: np.ndarray) -> np.ndarray:
+        out = np.empty((ids.shape[0], self.config.vocab_rows), dtype=np.float32)   # (n, vocab_rows)
+        check(self._lib, "nq_logits_all", self._live(), _ptr(ids, ctypes.c_int32), ids.shape[0],
+              _ptr(out, ctypes.c_float), what="logits_all")
+        return out
+
+    # -- generation on the device --------------------------------------------------------------------------
+    def _generate_ids(self, ids: np.ndarray, params: SamplingParams, max_new_tokens: int,
+                      stops: set[int]) -> Iterator[int]:
+        """Sampling on the device: nq_prefill, then stream_tokens → ctypes nq_generate (worker thread) → C++
+        session_generate → launch_one replays the decode+sample graph (enqueue_decode + enqueue_sample), up to 8
+        steps ahead of the host; each sampled id comes back through the token callback."""
+        sp = _sampling_struct(params)
+        stop_arr = np.array(sorted(stops), dtype=np.int32)
+        return self._generate(ids, sp, max_new_tokens, stop_arr)
+
+    def _generate(self, ids: np.ndarray, sp: NqSampling, max_new: int, stops: np.ndarray) -> Iterator[int]:
+        if max_new == 0:
+            return
+        sess = self._live()
+        check(self._lib, "nq_session_set_sampling", sess, ctypes.byref(sp), what="sampling settings")
+        self.reset()
+        check(self._lib, "nq_prefill", sess, _ptr(ids, ctypes.c_int32), ids.shape[0], what="prefill")
+        yield from stream_tokens(self._lib, sess, max_new, stops)
+
+    # -- lifetime ------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        lib = getattr(self, "_lib", None)
+        if lib is None:
+            return
+        if getattr(self, "_sess", None):
+            lib.nq_session_free(self._sess)
+            self._sess = _P()
+        if getattr(self, "_model", None):
+            lib.nq_model_free(self._model)
+            self._model = _P()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def describe(self) -> str:
+        return (f"cuda (libnanoqwen), {self.device_bytes / 1e9:.2f} GB of weights on the device, "
+                f"kv f16 paged, max_context {self.max_context}")

@@ -1,0 +1,4 @@
+"""`python -m nanoqwen_rt.cli ...` = the `nanoqwen` console script."""
+from .commands import main
+
+main(prog_name="nanoqwen")

@@ -1,0 +1,422 @@
+"""`nanoqwen` command line: run, chat, bench, info, serve (the console script `nanoqwen`, and
+`python -m nanoqwen_rt.cli`). `info` renders with info.py, `chat` reads lines with line_reader.py, `serve` runs
+nanoqwen_rt.serve, `bench` runs nanoqwen_bench.
+
+Every expected failure (missing file, not a .nanoqwen, prompt over the context, bad flag values) ends with ONE
+line on stderr (`nanoqwen: error: ...`, or `nanoqwen <cmd>: error: ...` for a bad flag) and a non-zero exit:
+2 for usage errors (bad flags/values), 1 for everything else, 130 after Ctrl-C. Generated text goes to stdout;
+everything else (device, stats) to stderr, so
+`nanoqwen run ... > out.txt` captures only the completion.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from ..serve.adapter import LoadError, load_engine, require_file
+from .info import file_info, format_info
+from .line_reader import input_function
+
+DEFAULT_MAX_NEW_TOKENS = 128
+DEFAULT_CHAT_MAX_NEW_TOKENS = 512
+EXIT_INTERRUPTED = 130       # 128 + SIGINT, the shell convention
+
+
+class _OneLineErrors(click.Group):
+    """A click group whose errors print as one line (no usage dump, no traceback)."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as e:      # bare `nanoqwen`: show the help, exit 2
+            click.echo(e.format_message(), err=True)
+            sys.exit(2)
+        except click.UsageError as e:
+            where = e.ctx.command_path if e.ctx is not None else "nanoqwen"
+            click.echo(f"{where}: error: {_flat(e.format_message())} (see '{where} --help')", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            click.echo(f"nanoqwen: error: {_flat(e.format_message())}", err=True)
+            sys.exit(e.exit_code)
+        except (click.exceptions.Abort, KeyboardInterrupt):
+            click.echo("\nnanoqwen: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        sys.exit(0)
+
+
+def _flat(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _fail(message: str) -> click.ClickException:
+    return click.ClickException(message)
+
+
+# ------------------------------------------------------------------ shared options
+
+def _sampling_options(default_max_new: int):
+    def deco(f):
+        opts = [
+            click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=default_max_new,
+                         show_default=True, help="Most tokens to generate (fewer if the context fills up)."),
+            click.option("--temperature", "-t", type=click.FloatRange(min=0.0, max=100.0), default=0.0,
+                         show_default=True, help="Sampling temperature; 0 = greedy (deterministic)."),
+            click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
+                         help="Sample only among the k most likely tokens; 0 = off."),
+            click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0,
+                         show_default=True, help="Nucleus sampling: smallest token set with this much "
+                                                 "probability; 1 = off."),
+            click.option("--seed", type=click.IntRange(min=0), default=None,
+                         help="Random seed for sampling (same seed + settings → same text)."),
+            click.option("--stop", multiple=True, metavar="TEXT",
+                         help="Stop when this text appears (not printed). Repeat for several."),
+            click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+                         show_default=True, help="auto = the GPU when libnanoqwen and a GPU are present, else CPU."),
+            click.option("--max-context", type=click.IntRange(min=1), default=None,
+                         help="KV-cache size in tokens (default: the model's max positions)."),
+        ]
+        for o in reversed(opts):
+            f = o(f)
+        return f
+    return deco
+
+
+def _gen_kwargs(max_new_tokens, temperature, top_k, top_p, seed, stop) -> dict:
+    for s in stop:
+        if s == "":
+            raise click.BadParameter("must not be empty", param_hint="'--stop'")
+    return dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                stop=list(stop) or None)
+
+
+def _open(path: str, device: str, max_context: int | None):
+    try:
+        return load_engine(path, device, max_context)
+    except LoadError as e:
+        raise _fail(str(e)) from None
+
+
+def _file_arg():
+    return click.argument("file", type=click.Path(dir_okay=True, path_type=str), metavar="FILE")
+
+
+def _stats_line(eng, n_prompt: int) -> str:
+    st = eng.stats
+    tps = st.decode_tokens_per_s
+    tps_txt = f"{tps:.1f} tokens/s" if tps > 0 else "n/a tokens/s (fewer than 2 tokens)"
+    return (f"[nanoqwen] device={eng.device}  prompt={n_prompt} tokens  TTFT={st.ttft_s * 1000:.1f} ms  "
+            f"generated={st.completion_tokens} tokens  {tps_txt}  finish={st.finish_reason or 'interrupted'}")
+
+
+def _engine_errors():
+    """What generation may raise for a named reason: bad input, or a backend failure (CUDA error, out of
+    memory: BackendError carries the library's message)."""
+    from ..backends.base import BackendError
+    from ..engine import EngineError
+    return (EngineError, ValueError, BackendError)
+
+
+def _load_errors():
+    from nanoqwen_format import NanoqwenFormatError
+
+    from ..backends.base import BackendError
+    from ..engine import EngineError
+    return (NanoqwenFormatError, EngineError, BackendError, OSError, ValueError)
+
+
+def _require_file(path: str) -> None:
+    try:
+        require_file(path)
+    except LoadError as e:
+        raise _fail(str(e)) from None
+
+
+def _check_can_listen(host: str, port: int) -> None:
+    """Bind (host, port) once as uvicorn will (SO_REUSEADDR) and release it; a clear error if that fails."""
+    import socket
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise _fail(f"cannot listen on {host}:{port}: unknown host ({e.strerror})") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise _fail(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+# ------------------------------------------------------------------ commands
+
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="nanoqwen", prog_name="nanoqwen")
+def main():
+    """nanoqwen: run Qwen2.5 / Qwen2.5-Coder models stored as .nanoqwen files (see nanoqwen-convert).
+
+    \b
+    nanoqwen run FILE -p "def fibonacci(n):"   complete a prompt, streaming
+    nanoqwen chat FILE                         interactive chat with the model's chat template
+    nanoqwen info FILE                         config, tensors, sizes, provenance
+    nanoqwen serve FILE --port 8000            OpenAI-compatible HTTP server
+    nanoqwen bench FILE                        GPU benchmark (needs the CUDA build)
+    """
+
+
+@main.command()
+@_file_arg()
+@click.option("--prompt", "-p", required=True, metavar="TEXT",
+              help="The prompt; '-' reads it from stdin.")
+@click.option("--chat", "as_chat", is_flag=True,
+              help="Wrap the prompt as one user message in the model's chat template.")
+@click.option("--system", default=None, metavar="TEXT", help="With --chat: a system message first.")
+@_sampling_options(DEFAULT_MAX_NEW_TOKENS)
+def run(file, prompt, as_chat, system, max_new_tokens, temperature, top_k, top_p, seed, stop, device,
+        max_context):
+    """Complete PROMPT with the model in FILE, streaming the text to stdout.
+
+    Device, TTFT (time to first token) and decode speed are printed on stderr at the end.
+    Greedy by default (--temperature 0), so the same command prints the same text.
+    """
+    if system is not None and not as_chat:
+        raise click.UsageError("--system needs --chat")
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    kwargs = _gen_kwargs(max_new_tokens, temperature, top_k, top_p, seed, stop)
+    eng = _open(file, device, max_context)
+    try:
+        if as_chat:
+            text = _render_chat(eng, ([{"role": "system", "content": system}] if system else [])
+                                + [{"role": "user", "content": prompt}])
+        else:
+            text = prompt
+        try:   # the Engine checks the prompt (empty, too long for the context) when generate is called
+            chunks = eng.generate(text, **kwargs)
+        except _engine_errors() as e:
+            raise _fail(f"{type(e).__name__}: {e}") from None
+        n_prompt = eng.stats.prompt_tokens
+        room = eng.max_context - n_prompt
+        note = f" (only {room} new tokens fit)" if room < max_new_tokens else ""
+        click.echo(f"[nanoqwen] {file}: device={eng.device}, prompt {n_prompt} tokens, "
+                   f"context {eng.max_context}{note}", err=True)
+        interrupted = False
+        try:
+            for chunk in chunks:
+                if chunk.text:
+                    sys.stdout.write(chunk.text)
+                    sys.stdout.flush()
+        except KeyboardInterrupt:
+            interrupted = True
+        except _engine_errors() as e:
+            raise _fail(f"{type(e).__name__}: {e}") from None
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        click.echo(_stats_line(eng, n_prompt), err=True)
+        if interrupted:
+            sys.exit(EXIT_INTERRUPTED)
+    finally:
+        eng.close()
+
+
+def _render_chat(eng, messages: list[dict]) -> str:
+    from ..tokenizer import ChatTemplateError
+    if eng.tokenizer is None:
+        raise _fail("this file carries no tokenizer, so no chat template")
+    try:
+        return eng.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except ChatTemplateError as e:
+        raise _fail(f"chat template: {e}") from None
+
+
+@main.command()
+@_file_arg()
+@click.option("--system", default=None, metavar="TEXT", help="A system message that opens the conversation.")
+@_sampling_options(DEFAULT_CHAT_MAX_NEW_TOKENS)
+def chat(file, system, max_new_tokens, temperature, top_k, top_p, seed, stop, device, max_context):
+    """Interactive multi-turn chat with the model in FILE, using its chat template.
+
+    \b
+    Ctrl-C stops the current answer (the program keeps running).
+    /reset   forget the conversation      /exit   quit (Ctrl-D too)
+    """
+    kwargs = _gen_kwargs(max_new_tokens, temperature, top_k, top_p, seed, stop)
+    eng = _open(file, device, max_context)
+    try:
+        if eng.tokenizer is None or eng.tokenizer.chat_template is None:
+            raise _fail(f"{file}: the file has no chat template; use 'nanoqwen run' with a plain prompt")
+        _chat_loop(eng, system, kwargs)
+    finally:
+        eng.close()
+
+
+@main.command()
+@_file_arg()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option("--no-verify", is_flag=True, help="Skip the CRC32C checks (faster on big files).")
+def info(file, as_json, no_verify):
+    """Show what FILE holds: model config, tensors (dtype, shape, size), blobs, provenance."""
+    try:
+        data = file_info(file, verify_checksums=not no_verify)
+    except LoadError as e:
+        raise _fail(str(e)) from None
+    click.echo(json.dumps(data, indent=2) if as_json else format_info(data))
+
+
+@main.command()
+@_file_arg()
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Length of the (random-id) prompt whose prefill gives the TTFT.")
+@click.option("--new-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Greedy tokens decoded per repeat.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--no-peers", is_flag=True, help="Skip the torch int4 / cuBLAS fp16 comparison chains.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also write the full result dict to this JSON file.")
+def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out):
+    """Benchmark FILE: load time, TTFT, decode tokens/s and bytes per token of the Engine; with CUDA also the
+    bandwidth ceilings, MBU and the torch int4 / cuBLAS fp16 peers (skipped, with the reason, without CUDA).
+    """
+    try:   # imported here: the runtime never imports the bench package (it needs torch for the GPU parts)
+        from nanoqwen_bench.measure import BenchError, format_table, run_bench, write_json_atomic
+    except ImportError as e:
+        click.echo(f"nanoqwen bench: error: the nanoqwen_bench package cannot be imported: {_flat(e)}", err=True)
+        sys.exit(2)
+    _require_file(file)
+    try:
+        result = run_bench(file, prompt_tokens, new_tokens, peers=not no_peers, device=device, repeats=repeats)
+    except BenchError as e:
+        click.echo(f"nanoqwen bench: error: {_flat(e)}", err=True)
+        sys.exit(2)
+    except _load_errors() as e:
+        raise _fail(f"{file}: {type(e).__name__}: {_flat(e)}") from None
+    if json_out:
+        write_json_atomic(json_out, result)
+    click.echo(format_table(result))
+
+
+@main.command()
+@_file_arg()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--api-key", default=None, envvar="NANOQWEN_API_KEY", show_envvar=True,
+              help="Require 'Authorization: Bearer KEY' on /v1/* (401 otherwise).")
+@click.option("--queue-size", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Requests that may wait while one generates; more get 429 + Retry-After.")
+@click.option("--model-name", default=None, help="Model id clients send (default: FILE's name without "
+                                                  ".nanoqwen).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--max-context", type=click.IntRange(min=1), default=None,
+              help="KV-cache size in tokens (default: the model's max positions).")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+              default="info", show_default=True)
+def serve(file, host, port, api_key, queue_size, model_name, device, max_context, log_level):
+    """Serve FILE over an OpenAI-compatible HTTP API.
+
+    \b
+    GET  /health  /metrics (Prometheus)  /v1/models
+    POST /v1/completions  /v1/chat/completions   (stream: true → server-sent events)
+    One request generates at a time; others wait in a FIFO of --queue-size.
+    Sampling: temperature, top_p, seed, stop, max_tokens; extensions top_k, ignore_eos.
+    """
+    import uvicorn
+
+    from ..serve.app import create_app
+    from ..serve.adapter import default_model_name
+    if api_key is not None and not api_key.strip():
+        raise click.BadParameter("must not be empty", param_hint="'--api-key'")
+    if model_name is not None and not model_name.strip():
+        raise click.BadParameter("must not be empty", param_hint="'--model-name'")
+    _require_file(file)
+    _check_can_listen(host, port)          # before the (slow) model load; uvicorn would say it in 5 log lines
+    eng = _open(file, device, max_context)
+    try:
+        app = create_app(eng, model_name=model_name or default_model_name(file), api_key=api_key,
+                         queue_size=queue_size)
+    except LoadError as e:
+        eng.close()
+        raise _fail(str(e)) from None
+    click.echo(f"[nanoqwen] serving {file} as '{model_name or default_model_name(file)}' on "
+               f"http://{host}:{port} (device={eng.device}, context={eng.max_context}, queue={queue_size})",
+               err=True)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    finally:
+        # Free the engine only once the worker thread is gone: closing it under a running call (a stuck
+        # prefill) could crash; the process is exiting anyway then.
+        if not app.state.server.worker.alive:
+            eng.close()
+
+
+# ------------------------------------------------------------------ chat loop
+
+CHAT_HELP = "commands: /reset (forget the conversation), /exit (quit; Ctrl-D too); Ctrl-C stops an answer"
+def _chat_loop(eng, system: str | None, kwargs: dict) -> None:
+    """Read user lines from stdin until /exit or EOF; stream each answer to stdout.
+
+    Ctrl-C while an answer streams stops that answer (what was printed stays in the conversation);
+    Ctrl-C at the prompt only reminds how to quit. A turn that no longer fits the context is refused with a
+    hint to /reset, and the conversation is left as it was.
+    """
+    from ..engine import PromptTooLong
+    head = [{"role": "system", "content": system}] if system else []
+    history: list[dict] = []
+    read_line = input_function()
+    click.echo(f"[nanoqwen] chat with {eng.path} (device={eng.device}, context {eng.max_context} tokens); "
+               f"{CHAT_HELP}", err=True)
+    while True:
+        try:
+            line = read_line("you> ")
+        except EOFError:
+            click.echo("", err=True)
+            return
+        except KeyboardInterrupt:
+            click.echo("\n(" + CHAT_HELP + ")", err=True)
+            continue
+        cmd = line.strip()
+        if not cmd:
+            continue
+        if cmd in ("/exit", "/quit"):
+            return
+        if cmd == "/reset":
+            history = []
+            click.echo("(conversation cleared)", err=True)
+            continue
+        if cmd.startswith("/") and " " not in cmd:
+            click.echo(f"(unknown command {cmd}; {CHAT_HELP})", err=True)
+            continue
+        user = {"role": "user", "content": line}
+        text = _render_chat(eng, head + history + [user])
+        try:
+            chunks = eng.generate(text, **kwargs)
+        except PromptTooLong as e:
+            click.echo(f"(the conversation no longer fits the context: {_flat(e)}; /reset to start again)",
+                       err=True)
+            continue
+        except _engine_errors() as e:
+            click.echo(f"(error: {type(e).__name__}: {_flat(e)})", err=True)
+            continue
+        n_prompt = eng.stats.prompt_tokens
+        parts: list[str] = []
+        sys.stdout.write("assistant> ")
+        sys.stdout.flush()
+        try:
+            for chunk in chunks:
+                if chunk.text:
+                    parts.append(chunk.text)
+                    sys.stdout.write(chunk.text)
+                    sys.stdout.flush()
+        except KeyboardInterrupt:
+            sys.stdout.write(" [stopped]")
+        except _engine_errors() as e:
+            sys.stdout.write("\n")
+            click.echo(f"(error: {type(e).__name__}: {_flat(e)})", err=True)
+            continue
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        click.echo(_stats_line(eng, n_prompt), err=True)
+        history += [user, {"role": "assistant", "content": "".join(parts)}]

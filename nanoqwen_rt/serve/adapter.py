@@ -1,0 +1,109 @@
+"""The few things the CLI and the server need from an Engine, in one place, with errors turned into the
+server's 4xx `ApiError`s (server side) or into one-line messages (CLI side, via `load_engine`'s named errors).
+"""
+from __future__ import annotations
+
+import os
+
+from .schemas import ApiError
+
+FILE_SUFFIX = ".nanoqwen"
+
+
+class LoadError(Exception):
+    """The model file could not be opened as an engine (message: one line, names the file and the reason)."""
+
+
+def _format_error_types() -> tuple[type, ...]:
+    try:
+        from nanoqwen_format.errors import NanoqwenFormatError
+        return (NanoqwenFormatError,)
+    except ImportError:               # the format package is always present in a real install
+        return ()
+
+
+def require_file(path: str) -> None:
+    """LoadError unless `path` is an existing regular file."""
+    if not os.path.exists(path):
+        raise LoadError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise LoadError(f"{path}: is a directory, expected a {FILE_SUFFIX} file "
+                        f"(convert a checkpoint folder with nanoqwen-convert first)")
+
+
+def open_model_file(path: str, verify_checksums: bool = True):
+    """nanoqwen_format.open_file with every expected failure as a one-line LoadError."""
+    from nanoqwen_format import open_file
+    require_file(path)
+    try:
+        return open_file(path, verify_checksums=verify_checksums)
+    except _format_error_types() as e:
+        raise LoadError(f"{path}: not a valid {FILE_SUFFIX} file: {type(e).__name__}: {_one_line(e)}") from None
+    except OSError as e:
+        raise LoadError(f"{path}: cannot read: {type(e).__name__}: {_one_line(e)}") from None
+
+
+def load_engine(path: str, device: str = "auto", max_context: int | None = None):
+    """Open `path` as an Engine; every expected failure becomes a LoadError with a one-line message."""
+    from ..backends.base import BackendError
+    from ..engine import Engine, EngineError
+
+    require_file(path)
+    try:
+        return Engine(path, device=device, max_context=max_context)
+    except _format_error_types() as e:
+        raise LoadError(f"{path}: not a valid {FILE_SUFFIX} file: {type(e).__name__}: {_one_line(e)}") from None
+    except (EngineError, BackendError) as e:
+        raise LoadError(f"{path}: {type(e).__name__}: {_one_line(e)}") from None
+    except (OSError, ValueError) as e:
+        raise LoadError(f"{path}: cannot load: {type(e).__name__}: {_one_line(e)}") from None
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return " ".join(text.split())
+
+
+def default_model_name(path: str) -> str:
+    """The model id the server answers to by default: the file name without its .nanoqwen suffix."""
+    name = os.path.basename(os.fspath(path))
+    return name[: -len(FILE_SUFFIX)] if name.endswith(FILE_SUFFIX) else name
+
+
+class EngineAdapter:
+    """Engine calls made by the server. Tokenization runs on the event loop (HF `tokenizers` is thread-safe
+    and does not touch the engine's sequence state); `generate` runs only on the worker thread."""
+
+    def __init__(self, engine):
+        if getattr(engine, "tokenizer", None) is None:
+            raise LoadError("this file carries no tokenizer: the server needs one to accept text prompts")
+        self.engine = engine
+        self.device: str = getattr(engine, "device", "unknown")
+        self.context_length: int = int(engine.max_context)
+        self.has_chat_template: bool = getattr(engine.tokenizer, "chat_template", None) is not None
+        self.vocab_rows: int = int(engine.config.vocab_rows)
+
+    def count_tokens(self, prompt: str | list[int]) -> int:
+        """Prompt length in tokens; token-id prompts are range-checked here (a 400 names the bad id)."""
+        from ..backends.base import InvalidTokenIds, check_token_ids
+        if isinstance(prompt, str):
+            return len(self.engine.tokenizer.encode(prompt))
+        if prompt:       # an empty prompt is the caller's 400 ("encodes to zero tokens")
+            try:
+                check_token_ids(prompt, self.vocab_rows)
+            except InvalidTokenIds as e:
+                raise ApiError(400, str(e), param="prompt", code="invalid_value") from None
+        return len(prompt)
+
+    def render_chat(self, messages: list[dict]) -> str:
+        """The chat template applied with the generation prompt; a template failure is a 400."""
+        from ..tokenizer import ChatTemplateError
+        try:
+            return self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except ChatTemplateError as e:
+            raise ApiError(400, f"cannot apply the model's chat template: {_one_line(e)}", param="messages",
+                           code="chat_template_error") from None
+
+    def generate(self, prompt: str | list[int], **kwargs):
+        """Worker thread only. `prompt`: text (chat requests pass the rendered template) or token ids."""
+        return self.engine.generate(prompt, **kwargs)

@@ -1,0 +1,333 @@
+"""OpenAI-compatible HTTP server over one Engine: starlette routes, sse-starlette streaming, uvicorn.
+
+Routes: GET /health, GET /metrics (Prometheus text), GET /v1/models[/{id}], POST /v1/completions,
+POST /v1/chat/completions (both with `"stream": true` → SSE chunks ending in `data: [DONE]`).
+
+Concurrency model: one sequence generates at a time. Requests wait in a bounded FIFO (`queue.py`); a full
+queue answers 429 + Retry-After. The engine runs on the worker thread only; handlers await events from it, so the
+event loop stays free for other clients, /health and /metrics. A client that disconnects (streaming or not)
+cancels its job: the worker stops between two tokens, or the job leaves the queue before it starts.
+
+Every client mistake is an OpenAI-style 4xx body (`schemas.ApiError`); only a failure inside the engine
+itself is a 500.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .adapter import EngineAdapter
+from .metrics import ServerMetrics
+from .queue import Failed, Finished, GenerationWorker, Job, Piece, QueueFull
+from .schemas import (ApiError, ChatRequest, CompletionRequest, check_context, parse_chat,
+                             parse_completion)
+
+log = logging.getLogger("nanoqwen.server")
+
+DEFAULT_QUEUE_SIZE = 8
+# Bodies above this are refused (413) before parsing: a prompt this long cannot fit any context we serve anyway.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+# Seconds a 429'd client should wait; one short generation on the reference CPU backend.
+RETRY_AFTER_S = 1
+# Status recorded (and sent, to nobody) when the client left before its answer was ready (nginx's convention).
+CLIENT_CLOSED_STATUS = 499
+
+
+class ClientGone(Exception):
+    """The client disconnected while its non-streaming request waited or generated."""
+
+
+def _error_response(err: ApiError, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+class _Server:
+    """State shared by the route handlers: the engine adapter, the worker, metrics and settings."""
+
+    def __init__(self, engine: EngineAdapter, model_name: str, api_key: str | None, queue_size: int):
+        self.engine = engine
+        self.model_name = model_name
+        self.api_key = api_key
+        self.metrics = ServerMetrics()
+        self.worker = GenerationWorker(queue_size, self.metrics)
+        self.created = int(time.time())
+
+    # ------------------------------------------------------------ plumbing
+
+    def authorized(self, request: Request) -> bool:
+        if self.api_key is None:
+            return True
+        auth = request.headers.get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+
+    async def read_json(self, request: Request):
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes", code="request_too_large")
+        parts, size = [], 0
+        async for piece in request.stream():           # chunked bodies carry no length: count as they come
+            size += len(piece)
+            if size > MAX_BODY_BYTES:
+                raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes", code="request_too_large")
+            parts.append(piece)
+        raw = b"".join(parts)
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+
+    def submit(self, prompt_tokens: int, start) -> tuple[Job, asyncio.Queue]:
+        """Queue a job whose events land in the returned asyncio queue (thread-safe hand-off)."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def sink(ev):
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, ev)
+            except RuntimeError:      # the loop is closed: the server is going down, nobody is listening
+                pass
+
+        job = Job(start, sink, prompt_tokens)
+        try:
+            self.worker.submit(job)
+        except QueueFull as e:
+            self.metrics.rejected.inc()
+            raise ApiError(429, f"the server is busy ({e}); retry later", type="rate_limit_error",
+                           code="queue_full") from None
+        return job, events
+
+    # ------------------------------------------------------------ generation
+
+    def prepare(self, req: CompletionRequest | ChatRequest):
+        """Tokenize, check the context budget and return (prompt_tokens, start-callable)."""
+        eng = self.engine
+        if isinstance(req, ChatRequest):
+            # Rendered here (not by Engine.chat) so the usage count is exactly the text the engine receives.
+            prompt, param = eng.render_chat(req.messages), "messages"
+        else:
+            prompt, param = req.prompt, "prompt"
+        n_prompt = eng.count_tokens(prompt)
+        if n_prompt == 0:
+            raise ApiError(400, f"'{param}' is empty: the prompt must encode to at least one token", param=param,
+                           code="invalid_value")
+        n_new = check_context(n_prompt, req.params.max_tokens, eng.context_length, param)
+        kwargs = req.params.engine_kwargs(n_new)
+        return n_prompt, lambda: eng.generate(prompt, **kwargs)
+
+    async def collect(self, request: Request, job: Job, events: asyncio.Queue):
+        """Wait for the whole answer; a client disconnect cancels the job (ClientGone). Returns (text, Finished)."""
+
+        async def watch_disconnect():
+            while True:
+                msg = await request.receive()
+                if msg["type"] == "http.disconnect":
+                    self.worker.withdraw(job)
+                    return
+
+        watcher = asyncio.create_task(watch_disconnect())
+        parts = []
+        try:
+            while True:
+                ev = await events.get()
+                if isinstance(ev, Piece):
+                    parts.append(ev.text)
+                elif isinstance(ev, Failed):
+                    raise _engine_error(ev.error)
+                else:
+                    if ev.cancelled:
+                        raise ClientGone()
+                    return "".join(parts), ev
+        finally:
+            watcher.cancel()
+            self.worker.withdraw(job)     # no-op when finished; frees the engine if this task is cancelled
+
+    async def stream(self, job: Job, events: asyncio.Queue, make_chunk, usage_chunk, role_chunk=None):
+        """Async generator of SSE events. `make_chunk(text, finish_reason)` builds one JSON chunk,
+        `usage_chunk(prompt_tokens, completion_tokens)` the optional usage chunk sent last, `role_chunk` an
+        optional first chunk (chat: the assistant role)."""
+        try:
+            if role_chunk is not None:
+                yield {"data": json.dumps(role_chunk)}
+            while True:
+                ev = await events.get()
+                if isinstance(ev, Piece):
+                    if ev.text:
+                        yield {"data": json.dumps(make_chunk(ev.text, None))}
+                elif isinstance(ev, Failed):
+                    yield {"data": json.dumps(_engine_error(ev.error).body())}
+                    return
+                else:
+                    if ev.cancelled:
+                        return
+                    yield {"data": json.dumps(make_chunk("", _finish(ev)))}
+                    if usage_chunk is not None:
+                        yield {"data": json.dumps(usage_chunk(job.prompt_tokens, ev.completion_tokens))}
+                    yield {"data": "[DONE]"}
+                    return
+        finally:
+            # Client gone (sse-starlette cancelled this generator) or stream done: either way free the engine.
+            self.worker.withdraw(job)
+
+
+def _engine_error(e: BaseException) -> ApiError:
+    """An exception raised by the engine on the worker thread, as an API error. Requests are validated before
+    they are queued, so an engine InvalidArgument here means our validation missed a case: still a 400."""
+    from ..engine import InvalidArgument
+    if isinstance(e, InvalidArgument):
+        return ApiError(400, str(e), code="invalid_value")
+    log.error("engine failure: %s: %s", type(e).__name__, e, exc_info=e)
+    return ApiError(500, f"generation failed: {type(e).__name__}: {e}", type="server_error", code="engine_error")
+
+
+def _finish(ev: Finished) -> str:
+    # An engine generator that ends without a reason ran out of budget: report it as "length".
+    return ev.finish_reason or "length"
+
+
+def _usage_chunk(make_chunk):
+    """The final stream chunk for stream_options.include_usage: the same id/object/model, no choices."""
+    def usage_chunk(prompt_tokens: int, completion_tokens: int) -> dict:
+        return {**make_chunk("", None), "choices": [], "usage": _usage(prompt_tokens, completion_tokens)}
+    return usage_chunk
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def create_app(engine, *, model_name: str, api_key: str | None = None,
+               queue_size: int = DEFAULT_QUEUE_SIZE) -> Starlette:
+    """Build the ASGI app around `engine` (a `nanoqwen_rt.Engine`, or anything with the same API)."""
+    srv = _Server(engine if isinstance(engine, EngineAdapter) else EngineAdapter(engine), model_name, api_key,
+                  queue_size)
+
+    def endpoint(name: str, needs_auth: bool = True):
+        """Wrap a handler: auth, ApiError → OpenAI body, request counter by status."""
+        def deco(fn):
+            async def handler(request: Request):
+                try:
+                    if needs_auth and not srv.authorized(request):
+                        raise ApiError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
+                                       code="invalid_api_key")
+                    resp = await fn(request)
+                except ClientGone:
+                    resp = Response(status_code=CLIENT_CLOSED_STATUS)
+                except ApiError as e:
+                    headers = {"Retry-After": str(RETRY_AFTER_S)} if e.status == 429 else None
+                    resp = _error_response(e, headers)
+                except Exception as e:       # a bug or an engine failure: logged, answered, server stays up
+                    log.exception("internal error on %s", name)
+                    resp = _error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}",
+                                                    type="server_error", code="internal_error"))
+                srv.metrics.count_request(name, resp.status_code)
+                return resp
+            return handler
+        return deco
+
+    @endpoint("/health", needs_auth=False)
+    async def health(request):
+        return JSONResponse({"status": "ok", "model": srv.model_name, "device": srv.engine.device,
+                             "queue_depth": srv.worker.depth, "queue_size": srv.worker.queue_size})
+
+    @endpoint("/metrics", needs_auth=False)
+    async def metrics(request):
+        srv.metrics.queue_depth.set(srv.worker.depth)
+        body, content_type = srv.metrics.render(request.headers.get("accept", ""))
+        return Response(body, headers={"content-type": content_type})
+
+    def model_card():
+        return {"id": srv.model_name, "object": "model", "created": srv.created, "owned_by": "nanoqwen",
+                "context_length": srv.engine.context_length}
+
+    @endpoint("/v1/models")
+    async def models(request):
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    @endpoint("/v1/models/{id}")
+    async def model(request):
+        if request.path_params["id"] != srv.model_name:
+            raise ApiError(404, f"The model '{request.path_params['id']}' does not exist", param="model",
+                           code="model_not_found")
+        return JSONResponse(model_card())
+
+    @endpoint("/v1/completions")
+    async def completions(request):
+        req = parse_completion(await srv.read_json(request), srv.model_name)
+        n_prompt, start = await run_in_threadpool(srv.prepare, req)      # tokenizing: off the event loop
+        job, events = srv.submit(n_prompt, start)
+        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def chunk(text, finish):
+            return {"id": cid, "object": "text_completion", "created": created, "model": srv.model_name,
+                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+
+        if req.stream:
+            usage = _usage_chunk(chunk) if req.include_usage else None
+            return EventSourceResponse(srv.stream(job, events, chunk, usage))
+        text, fin = await srv.collect(request, job, events)
+        body = chunk(text, _finish(fin))
+        body["usage"] = _usage(n_prompt, fin.completion_tokens)
+        return JSONResponse(body)
+
+    @endpoint("/v1/chat/completions")
+    async def chat_completions(request):
+        req = parse_chat(await srv.read_json(request), srv.model_name)
+        n_prompt, start = await run_in_threadpool(srv.prepare, req)
+        job, events = srv.submit(n_prompt, start)
+        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def chunk(text, finish, delta=None):
+            delta = delta if delta is not None else ({"content": text} if text else {})
+            return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": srv.model_name,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+        if req.stream:
+            usage = _usage_chunk(chunk) if req.include_usage else None
+            role = chunk("", None, delta={"role": "assistant", "content": ""})
+            return EventSourceResponse(srv.stream(job, events, chunk, usage, role_chunk=role))
+        text, fin = await srv.collect(request, job, events)
+        return JSONResponse({
+            "id": cid, "object": "chat.completion", "created": created, "model": srv.model_name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                         "finish_reason": _finish(fin)}],
+            "usage": _usage(n_prompt, fin.completion_tokens)})
+
+    async def http_error(request, exc: HTTPException):
+        err = ApiError(exc.status_code, exc.detail or "error",
+                       code="not_found" if exc.status_code == 404 else "invalid_request")
+        return _error_response(err)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        srv.worker.start()
+        try:
+            yield
+        finally:
+            srv.worker.stop(timeout=5.0)
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{id:path}", model, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    app.state.server = srv
+    return app

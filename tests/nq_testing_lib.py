@@ -1,0 +1,58 @@
+"""Loader of libnanoqwen_testing (csrc/include/nanoqwen_testing.h): the kernel test and benchmark entry points,
+built by scripts/build_native.sh into build/lib/ beside the product library. Used by the GPU kernel tests and the
+kernel benchmarks (bench/gpu_kernels_bench.py, bench/attn_bench.py add tests/ to sys.path for it)."""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+from nanoqwen_rt.backends.cuda.abi import NqSampling
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_I32, _F32 = ctypes.c_int32, ctypes.c_float
+_I32P, _F32P, _U32P, _U16P = map(ctypes.POINTER, (ctypes.c_int32, ctypes.c_float, ctypes.c_uint32, ctypes.c_uint16))
+
+# name -> (restype, argtypes), as declared in nanoqwen_testing.h
+SIGNATURES = {
+    "nq_last_error": (ctypes.c_char_p, []),
+    "nq_test_gemv_int4": (ctypes.c_int, [_U32P, _U16P, _I32, _I32, _I32, _F32P, _F32P, _F32, _F32P]),
+    "nq_test_gemv_int4_mode": (ctypes.c_int, [_U32P, _U16P, _U32P, _U16P, _I32, _I32, _I32, _F32P, _F32P, _F32,
+                                              _I32, _F32P]),
+    "nq_test_gemv_dense": (ctypes.c_int, [_U16P, _I32, _I32, _I32, _F32P, _F32P]),
+    "nq_test_gemm_int4": (ctypes.c_int, [_U32P, _U16P, _I32, _I32, _I32, _F32P, _I32, _F32P]),
+    "nq_test_gemm_int4_multi": (ctypes.c_int, [_I32, ctypes.POINTER(_U32P), ctypes.POINTER(_U16P), _I32P, _I32, _I32,
+                                               _F32P, _I32, _I32, ctypes.POINTER(_F32P), _F32P, _I32, _I32]),
+    "nq_test_attention": (ctypes.c_int, [_F32P, _F32P, _F32P] + [_I32] * 5 + [_F32P]),
+    "nq_test_attention_prefill": (ctypes.c_int, [_F32P, _F32P, _F32P] + [_I32] * 5 + [_F32P]),
+    "nq_test_sample": (ctypes.c_int, [_F32P, _I32, ctypes.POINTER(NqSampling), ctypes.c_uint64, _I32P]),
+    "nq_bench_gemv_int4": (ctypes.c_int, [_I32] * 4 + [_F32P]),
+    "nq_bench_gemv_int4_mode": (ctypes.c_int, [_I32] * 5 + [_F32P]),
+    "nq_bench_gemm_int4": (ctypes.c_int, [_I32] * 5 + [_F32P]),
+    "nq_bench_gemm_int4_multi": (ctypes.c_int, [_I32] * 6 + [_F32P]),
+    "nq_bench_mma_peak": (ctypes.c_int, [_I32, _I32, _F32P]),
+    "nq_bench_attention": (ctypes.c_int, [_I32] * 8 + [_F32P]),
+    "nq_bench_read_bandwidth": (ctypes.c_int, [ctypes.c_uint64, _I32, _F32P]),
+}
+
+
+def testing_library_path() -> Path:
+    env = os.environ.get("NANOQWEN_TESTING_LIB")
+    return Path(env) if env else ROOT / "build" / "lib" / "libnanoqwen_testing.so"
+
+
+def load_testing_library():
+    """The testing library as a CDLL with every entry point's signature set; OSError / AttributeError when it is
+    missing or lacks an entry point (build it with scripts/build_native.sh)."""
+    lib = ctypes.CDLL(str(testing_library_path()))
+    for name, (res, args) in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+    return lib
+
+
+def check(lib, rc: int) -> None:
+    """Assert a testing-library call succeeded, with its message (read on this thread: it is thread-local)."""
+    assert rc == 0, lib.nq_last_error().decode()

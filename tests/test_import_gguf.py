@@ -1,0 +1,196 @@
+"""GGUF import: files written with the gguf package's own GGUFWriter (and its quantizer where it has one) from a
+synthetic checkpoint, read back through nanoqwen-convert: config, tensors (llama q/k permutation undone),
+tokenizer rebuilt from tokenizer.ggml.* (same ids as the HF tokenizer), chat template, logits."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+gguf = pytest.importorskip("gguf")
+
+from nanoqwen_format import BlobKind, DType, open_file  # noqa: E402
+from nanoqwen_quant.convert import convert_checkpoint, main as convert_main  # noqa: E402
+from nanoqwen_quant.hf import load_checkpoint  # noqa: E402
+from nanoqwen_quant.verify import verify_file  # noqa: E402
+from quant_sources import write_gguf  # noqa: E402
+from synth import CHATML_TEMPLATE, load_source_f32, make_checkpoint  # noqa: E402
+
+QWEN = dict(hidden=256, intermediate=512, n_layers=2, n_heads=4, n_kv_heads=2, vocab=320)
+LLAMA = dict(arch="llama", qkv_bias=False, hidden=256, intermediate=512, n_layers=2, n_heads=4, n_kv_heads=2,
+             vocab=320)
+# f16 file vs transformers holding the same f16-rounded weights in fp32: only summation order differs (see
+# test_cpu_vs_hf.LOGIT_ATOL for the reasoning and the observed ~1e-6).
+LOGIT_ATOL = 2e-4
+TEXT = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)  # Hello, world! 123 über\n"
+
+
+def _logits_vs_transformers(src, out, weights):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from nanoqwen_rt.backends.cpu import CPUBackend
+    model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    missing, unexpected = model.load_state_dict({n: torch.from_numpy(w) for n, w in weights.items()}, strict=False)
+    assert not missing and not unexpected
+    ids = np.random.default_rng(3).integers(0, 320, size=20).astype(np.int32)
+    with torch.no_grad():
+        ref = model(torch.tensor([ids.tolist()])).logits[0].numpy()
+    be = CPUBackend(out)
+    be.poison()
+    try:
+        ours = be.logits_all(ids)
+    finally:
+        be.close()
+    assert ref.std() > 0.1
+    return ours, ref
+
+
+@pytest.mark.parametrize("kw, linear_type", [(QWEN, "F32"), (LLAMA, "F32"), (QWEN, "Q8_0"), (LLAMA, "Q4_K")],
+                         ids=["qwen2-f32", "llama-f32", "qwen2-q8_0", "llama-q4_k"])
+def test_gguf_to_f16_file_logits(tmp_path, kw, linear_type):
+    """GGUF → --quant none: the file holds what the GGUF means (the source, or its gguf dequantization) rounded to
+    f16, the llama q/k permutation undone (a wrong row order changes the logits by far more than LOGIT_ATOL)."""
+    src = make_checkpoint(tmp_path / "src", dtype="f32", **kw)
+    g = tmp_path / "model.gguf"
+    meaning = write_gguf(src, g, linear_type=linear_type, embed_type="F32", arch=kw.get("arch", "qwen2"))
+    out = convert_checkpoint(g, tmp_path / "m.nanoqwen", quant="none")
+    f16 = {n: w.astype(np.float16).astype(np.float32) for n, w in meaning.items()}
+    if linear_type == "F32":
+        assert all(np.array_equal(meaning[n], w) for n, w in load_source_f32(src).items())
+    with open_file(out) as f:
+        for n, w in f16.items():
+            np.testing.assert_array_equal(f.float32(n), w, err_msg=n)
+    ours, ref = _logits_vs_transformers(src, out, f16)
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=LOGIT_ATOL)
+
+
+def test_tokenizer_and_metadata_round_trip(tmp_path):
+    src = make_checkpoint(tmp_path / "src", **QWEN)
+    blob = tmp_path / "sha256-0123abcd"                       # an Ollama blob: no extension, GGUF magic
+    write_gguf(src, blob, linear_type="Q8_0")
+    out = tmp_path / "m.nanoqwen"
+    r = CliRunner().invoke(convert_main, [str(blob), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "import: gguf source: 0 int4 tensors repacked losslessly, 14 requantized" in r.output
+    from tokenizers import Tokenizer
+    hf_tok = Tokenizer.from_file(str(src / "tokenizer.json"))
+    with open_file(out) as f:
+        ours = Tokenizer.from_str(f.blob_text(BlobKind.TOKENIZER_JSON))
+        assert f.blob_text(BlobKind.CHAT_TEMPLATE) == CHATML_TEMPLATE
+        cfg = json.loads((src / "config.json").read_text())
+        assert (f.config.bos_token_id, f.config.eos_token_id) == (cfg["bos_token_id"], cfg["eos_token_id"])
+        assert f.config.vocab_rows == 320 and f.config.rope_theta == 1e6 and not f.config.tied_embeddings
+        assert f.blob_json(BlobKind.PROVENANCE)["import"]["tokenizer"] == "rebuilt"
+    chat = "<|im_start|>user\n" + TEXT + "<|im_end|>\n<|im_start|>assistant\n"
+    for text in (TEXT, chat, "  spaces\t\ttabs\n\n\nnewlines", "x" * 50):
+        want = hf_tok.encode(text).ids
+        assert ours.encode(text).ids == want, text
+        assert ours.decode(want, skip_special_tokens=False) == hf_tok.decode(want, skip_special_tokens=False)
+    assert len(hf_tok.encode(chat).ids) > 10
+    from nanoqwen_quant.verify import main as verify_main
+    r = CliRunner().invoke(verify_main, [str(out), "--source", str(blob)])
+    assert r.exit_code == 0 and r.output.strip().endswith("OK"), r.output
+
+
+@pytest.mark.parametrize("qtype", ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
+def test_quant_types_dequantized_and_requantized(tmp_path, qtype):
+    """Each type reads back as the gguf package's dequantization (row order and shapes right); int4 conversion
+    verifies against it with the usual int4 bounds."""
+    src = make_checkpoint(tmp_path / "src", **QWEN)
+    g = tmp_path / "m.gguf"
+    meaning = write_gguf(src, g, linear_type=qtype)
+    ck = load_checkpoint(g)
+    name = "model.layers.1.mlp.down_proj.weight"
+    assert ck.imported[name].encoding == f"gguf {qtype}"
+    np.testing.assert_array_equal(ck.read_f32(name), meaning[name])
+    out = convert_checkpoint(g, tmp_path / "m.nanoqwen")
+    with open_file(out) as f:
+        assert f.tensors[name].dtype == DType.INT4G
+    rep = verify_file(out, g)
+    assert rep["ok"], [t for t in rep["tensors"] if not t["ok"]]
+
+
+def test_refusals(tmp_path):
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 10)
+    r = CliRunner().invoke(convert_main, [str(bad), "-o", str(tmp_path / "o.nanoqwen"), "-q"])
+    assert r.exit_code == 2 and "not a readable GGUF file" in r.output and "Traceback" not in r.output, r.output
+    other = tmp_path / "notes.txt"
+    other.write_text("hello")
+    r = CliRunner().invoke(convert_main, [str(other), "-o", str(tmp_path / "o.nanoqwen"), "-q"])
+    assert r.exit_code == 2 and "not a GGUF file" in r.output, r.output
+    assert not (tmp_path / "o.nanoqwen").exists()
+
+
+QWEN2_TOKENIZER_DIR = Path(__file__).resolve().parent.parent / "bench" / "assets" / "qwen2-tokenizer"
+
+
+@pytest.mark.slow
+def test_real_qwen2_vocab_gguf_tokenizer_matches_transformers(tmp_path):
+    """Qwen2's real vocab.json + merges.txt as llama.cpp stores them (tokens by id, 'a b' merges, specials as
+    CONTROL, [PAD] UNUSED rows up to the embedding size) → our rebuilt tokenizer.json tokenizes like transformers'
+    slow Qwen2Tokenizer (its own Python BPE: an independent implementation)."""
+    transformers = pytest.importorskip("transformers")
+    if not (QWEN2_TOKENIZER_DIR / "vocab.json").exists():
+        pytest.skip("no Qwen2 tokenizer files in this checkout")
+    from tokenizers import Tokenizer
+    from nanoqwen_quant.sources.gguf_file import tokenizer_json_from_gguf
+    vocab = json.loads((QWEN2_TOKENIZER_DIR / "vocab.json").read_text(encoding="utf-8"))
+    merges = [ln for ln in (QWEN2_TOKENIZER_DIR / "merges.txt").read_text(encoding="utf-8").splitlines()
+              if ln and not ln.startswith("#version")]
+    specials = {"<|endoftext|>": len(vocab), "<|im_start|>": len(vocab) + 1, "<|im_end|>": len(vocab) + 2}
+    rows = len(vocab) + len(specials) + 5
+    inv = {i: t for t, i in vocab.items()}
+    inv_sp = {i: t for t, i in specials.items()}
+    tokens = [inv.get(i) or inv_sp.get(i) or f"[PAD{i}]" for i in range(rows)]
+    types = [1 if i in inv else 3 if i in inv_sp else 5 for i in range(rows)]
+    g = tmp_path / "tok.gguf"
+    w = gguf.GGUFWriter(str(g), "qwen2")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    text, why = tokenizer_json_from_gguf(gguf.GGUFReader(g))
+    assert text is not None, why
+    ours = Tokenizer.from_str(text)
+    slow = transformers.Qwen2Tokenizer(vocab=str(QWEN2_TOKENIZER_DIR / "vocab.json"),
+                                       merges=str(QWEN2_TOKENIZER_DIR / "merges.txt"))
+    for t in [TEXT, "Hello, world! It's 2026; naïve café — 東京 🚀\t\ttabs   spaces\r\n",
+              "x=[i**2 for i in range(10)]  # squares\n\n\n", "1234567 + 89 = 1234656"]:
+        want = slow.encode(t, add_special_tokens=False)
+        assert ours.encode(t, add_special_tokens=False).ids == want, t
+        assert ours.decode(want) == t
+    assert ours.encode("a<|im_start|>b").ids == ours.encode("a").ids + [specials["<|im_start|>"]] + \
+        ours.encode("b").ids
+    assert ours.get_vocab_size(with_added_tokens=True) == len(vocab) + len(specials)
+
+
+def test_engine_on_a_gguf_converted_file(tmp_path):
+    """The Engine uses what was rebuilt: text prompts tokenize like the HF tokenizer, the chat template renders
+    (ChatML from tokenizer.chat_template), stop ids come from the GGUF's eos, and the logits of the text prompt
+    equal those of its ids."""
+    from nanoqwen_rt.engine import Engine
+    from tokenizers import Tokenizer
+    src = make_checkpoint(tmp_path / "src", **QWEN)
+    g = tmp_path / "m.gguf"
+    write_gguf(src, g, linear_type="Q8_0")
+    out = convert_checkpoint(g, tmp_path / "m.nanoqwen")
+    hf_tok = Tokenizer.from_file(str(src / "tokenizer.json"))
+    cfg = json.loads((src / "config.json").read_text())
+    with Engine(out, device="cpu") as eng:
+        ids = eng.encode(TEXT)
+        assert ids.tolist() == hf_tok.encode(TEXT).ids
+        assert cfg["eos_token_id"] in eng.stop_token_ids
+        text = eng.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+        assert text == "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n" \
+                       "<|im_start|>assistant\n"
+        np.testing.assert_array_equal(eng.logits(ids.tolist()), eng.logits(list(hf_tok.encode(TEXT).ids)))
+        chunks = list(eng.chat([{"role": "user", "content": "def f():"}], max_new_tokens=4))
+        assert 1 <= sum(len(c.token_ids) for c in chunks) <= 4
+        assert chunks[-1].finish_reason in ("stop", "length")
