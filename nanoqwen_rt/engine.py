@@ -10,12 +10,17 @@ produced) and return an iterator of GenerationChunk: one chunk per generated tok
 multi-byte character or a possible stop-string prefix is held back); the last chunk has finish_reason "stop"
 (stop id or stop string; the stop string / stop token text is never included) or "length" (max_new_tokens
 reached or the context is full). Closing the iterator early is fine; `stats` then describes what ran.
+
+One Engine runs one sequence: while a generator from generate()/chat() is live (not exhausted, closed or
+garbage-collected), another generate/chat/logits call raises EngineBusy, from any thread.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
@@ -26,7 +31,8 @@ from .sampling import InvalidSamplingParams, SamplingParams
 from .tokenizer import ChatTemplateError, Tokenizer, TokenizerError
 
 __all__ = ["Engine", "GenerationChunk", "GenerationStats", "EngineError", "PromptTooLong", "EmptyPrompt",
-           "InvalidArgument", "DeviceUnavailable", "EngineClosed", "NoTokenizer", "ChatError", "TokenIdOutOfRange"]
+           "InvalidArgument", "DeviceUnavailable", "EngineClosed", "EngineBusy", "NoTokenizer", "ChatError",
+           "TokenIdOutOfRange"]
 
 
 # -- errors ---------------------------------------------------------------------------------------------
@@ -56,6 +62,11 @@ class DeviceUnavailable(EngineError):
 
 class EngineClosed(EngineError):
     """The engine was used after close()."""
+
+
+class EngineBusy(EngineError):
+    """A generation (or logits call) started while another one of the same Engine is live. An Engine holds ONE
+    sequence: finish, close() or drop the live generator first, or give each thread its own Engine."""
 
 
 class NoTokenizer(EngineError):
@@ -111,7 +122,12 @@ DEVICES = ("auto", "cpu", "cuda")
 
 
 class Engine:
-    """One model file, one backend, one sequence at a time (not thread-safe: the server serialises calls)."""
+    """One model file, one backend, one sequence at a time.
+
+    Sharing is refused, never silently wrong: while a generator returned by generate()/chat() is live (not yet
+    exhausted, closed or garbage-collected), or a logits() call runs, any other generate/chat/logits call (this
+    thread or another) raises EngineBusy. The server serialises calls through its worker thread.
+    """
 
     def __init__(self, path: str | os.PathLike, device: str = "auto", max_context: int | None = None,
                  verify_checksums: bool = True):
@@ -121,6 +137,13 @@ class Engine:
         self.path = os.fspath(path)
         self._file = open_file(self.path, verify_checksums=verify_checksums)   # raises NanoqwenFormatError
         self._closed = False
+        # Held while one sequence uses the backend (a live generation or a logits call); released by whichever
+        # thread ends it (a threading.Lock, not an RLock: a generator may be finished on another thread or by GC).
+        self._sequence = threading.Lock()
+        # Held while a backend call computes (one generation step, a logits call): close() waits for it, so the
+        # file and device memory are never freed under a running step of another thread.
+        self._step = threading.Lock()
+        self._live_generation: weakref.ref | None = None   # the generator holding the sequence, if any
         self.backend: Backend | None = None
         #: why device="auto" runs on the CPU (None when it runs on CUDA or the CPU was asked for)
         self.cpu_reason: str | None = None
@@ -156,10 +179,19 @@ class Engine:
 
     # -- lifetime -------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Free the backend and unmap the file. Idempotent."""
+        """Free the backend and unmap the file. Idempotent. Waits for a step another thread is computing (one
+        token); a generator still live afterwards raises EngineClosed on its next step."""
         if getattr(self, "_closed", True) and self.backend is None and getattr(self, "_file", None) is None:
             return
+        step = getattr(self, "_step", None)
+        with step if step is not None else contextlib.nullcontext():
+            self._close_now()
+
+    def _close_now(self) -> None:
         self._closed = True
+        live = self._live_generation() if getattr(self, "_live_generation", None) is not None else None
+        if live is not None:
+            live.close()            # stops its backend stream (CUDA: the nq_generate thread) before the free
         if self.backend is not None:
             self.backend.close()
             self.backend = None
@@ -181,6 +213,13 @@ class Engine:
             raise EngineClosed("the engine is closed")
         return self.backend
 
+    def _claim_sequence(self) -> None:
+        """Take the engine's one sequence, or raise EngineBusy (never waits: a wait could deadlock a thread that
+        holds the live generator itself)."""
+        if not self._sequence.acquire(blocking=False):
+            raise EngineBusy("this Engine is already generating (a live generator, or a call on another thread): "
+                             "finish or close() that generator first, or use one Engine per thread")
+
     @property
     def max_context(self) -> int:
         return self._check_open().max_context
@@ -195,12 +234,17 @@ class Engine:
 
     # -- inputs ---------------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> np.ndarray:
-        """str → ids via the file's tokenizer; a list of ints is type-checked and passed through. int64 (n,);
-        the range of the ids is checked by the backend (Backend.prefill/generate_ids), once."""
+        """str → ids via the file's tokenizer (with the BOS id first when its config says add_bos_token, as
+        transformers does); a list of ints is type-checked and passed through as is. int64 (n,); the range of
+        the ids is checked by the backend (Backend.prefill/generate_ids), once. Text that is not valid Unicode
+        (a lone surrogate) is an InvalidArgument."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise NoTokenizer("this file has no tokenizer: pass token ids instead of text")
-            ids = self.tokenizer.encode(prompt)
+            try:
+                ids = self.tokenizer.encode(prompt, add_bos=True)
+            except TokenizerError as e:
+                raise InvalidArgument(f"prompt: {e}") from None
         elif isinstance(prompt, (list, tuple, np.ndarray)):
             ids = list(prompt)
             for i in ids:
@@ -217,8 +261,13 @@ class Engine:
         """float32 (len(ids), vocab_rows) logits of every position of a fresh sequence (for tests)."""
         be = self._check_open()
         arr = self.encode(list(ids) if not isinstance(ids, np.ndarray) else ids)
-        with _named_input_errors():
-            return be.logits_all(arr)
+        self._claim_sequence()
+        try:
+            with self._step, _named_input_errors():
+                self._check_open()
+                return be.logits_all(arr)
+        finally:
+            self._sequence.release()
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: Iterable[str] | None = None,
@@ -257,10 +306,18 @@ class Engine:
                     raise InvalidArgument(f"stop_token_ids must be integers, found {t!r}")
                 stop_ids.add(int(t))
         ids = self.encode(prompt)
-        with _named_input_errors():      # the backend checks ids and the context (eagerly, at this call)
-            token_iter = be.generate_ids(ids, params, int(max_new_tokens), stop_ids)
+        self._claim_sequence()
+        try:
+            with _named_input_errors():      # the backend checks ids and the context (eagerly, at this call)
+                token_iter = be.generate_ids(ids, params, int(max_new_tokens), stop_ids)
+        except BaseException:
+            self._sequence.release()
+            raise
         self.stats = GenerationStats(prompt_tokens=int(ids.shape[0]))
-        return self._stream(token_iter, ids.shape[0], int(max_new_tokens), be.max_context, stop_ids, stops_s, t0)
+        gen = _Generation(self, self._stream(token_iter, ids.shape[0], int(max_new_tokens), be.max_context,
+                                             stop_ids, stops_s, t0))
+        self._live_generation = weakref.ref(gen)
+        return gen
 
     def chat(self, messages: Sequence[dict], **kw) -> Iterator[GenerationChunk]:
         """Apply the file's chat template (with the generation prompt) and generate(); same keyword arguments."""
@@ -324,6 +381,48 @@ class Engine:
             if t_first is not None:
                 st.decode_s = t_last - t_first
             st.finish_reason = finish
+
+
+class _Generation:
+    """The iterator generate() returns: it holds the Engine's sequence until it is exhausted, closed, fails or is
+    garbage-collected (a plain generator that was never started runs no `finally` when dropped, so the
+    release lives here)."""
+
+    def __init__(self, engine: Engine, chunks: Iterator[GenerationChunk]):
+        self._engine = engine
+        self._chunks = chunks
+        self._live = True
+
+    def __iter__(self) -> "_Generation":
+        return self
+
+    def __next__(self) -> GenerationChunk:
+        if not self._live:
+            raise StopIteration
+        try:
+            with self._engine._step:
+                if self._engine._closed:
+                    raise EngineClosed("the engine was closed during this generation")
+                return next(self._chunks)
+        except BaseException:        # StopIteration, an error, Ctrl-C: the generation is over either way
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the generation now and free the engine for the next one. Idempotent."""
+        if not self._live:
+            return
+        self._live = False
+        try:
+            self._chunks.close()
+        finally:
+            self._engine._sequence.release()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
 
 
 @contextlib.contextmanager

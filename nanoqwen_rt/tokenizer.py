@@ -99,6 +99,13 @@ class Tokenizer:
                 stops.append(int(t))
         #: ids that end generation by default (generation_config eos ids, then the header's eos id)
         self.stop_token_ids: tuple[int, ...] = tuple(stops)
+        #: the BOS id a plain text prompt starts with, when tokenizer_config says add_bos_token (Llama-family
+        #: tokenizers; Qwen's says false or nothing), else None
+        self.bos_token_id: int | None = None
+        if self.tokenizer_config.get("add_bos_token") is True and "bos_token" in self.special_tokens:
+            t = self._tok.token_to_id(self.special_tokens["bos_token"])
+            self.bos_token_id = int(t) if t is not None else None
+        self._max_token_chars: int | None = None
 
     @classmethod
     def from_file(cls, f) -> "Tokenizer":
@@ -120,11 +127,30 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        """Text → ids, without adding special tokens (as HF's apply_chat_template and plain prompts here)."""
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        """Text → ids. No special tokens are added, except the BOS id first when `add_bos` and the tokenizer
+        config asks for one (`bos_token_id`) and the text does not already start with it (a chat template
+        that writes bos_token itself). Text that is not valid Unicode (a lone surrogate) is a TokenizerError."""
         if not isinstance(text, str):
             raise TokenizerError(f"encode() needs str, got {type(text).__name__}")
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise TokenizerError(f"the text is not valid Unicode: {e.reason} at character {e.start} "
+                                 f"({text[e.start]!r})") from None
+        ids = list(self._tok.encode(text, add_special_tokens=False).ids)
+        if add_bos and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):
+            ids.insert(0, self.bos_token_id)
+        return ids
+
+    @property
+    def max_token_chars(self) -> int:
+        """Characters of the longest vocabulary entry (incl. added tokens): no token covers more text than this
+        unless a normalizer deletes characters, so `context × max_token_chars` characters bound a prompt that
+        fits (the server cuts longer prompts before tokenizing them). Computed once."""
+        if self._max_token_chars is None:
+            self._max_token_chars = max((len(k) for k in self._tok.get_vocab(with_added_tokens=True)), default=1)
+        return self._max_token_chars
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)

@@ -13,8 +13,10 @@ source "$venv/bin/activate"
 stamp="$venv/.nanoqwen-installed-$1"
 if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
   if [ "$1" = test ]; then
-    # torch is a test-only dependency (reference models); 2.13.0 has a CPU build that installs quickly.
-    python -c "import torch" 2>/dev/null || pip install -q "torch==2.13.0"
+    # torch is a test-only dependency (reference models), installed first on its own (the largest download);
+    # its version requirement is the one in pyproject.toml's test extra (one place).
+    torch_req="$(grep -o '"torch[<>=!~][^"]*"' "$root/pyproject.toml" | head -n1 | tr -d '"')"
+    python -c "import torch" 2>/dev/null || pip install -q "${torch_req:?no torch requirement in pyproject.toml}"
     pip install -q -e "$root[test]"
   else
     pip install -q -e "$root"

@@ -345,3 +345,76 @@ def test_run_ctrl_c_prints_what_it_has_and_exits_130(model_path, engine, monkeyp
                                                range(2)))
     assert r.stdout == first_two + "\n"
     assert "finish=interrupted" in r.stderr and "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------ every command, bad input, a real process
+
+def _bad_input_table(model, notes, missing):
+    """(args, stdin bytes, stdout to /dev/full?, expected exit code)."""
+    return [
+        (["run", model, "-p", "-"], b"def \xff(", False, 1),                  # invalid UTF-8 on stdin
+        (["run", model, "-p", "def f(\udcff)"], None, False, 1),               # undecodable argv → lone surrogate
+        (["run", model, "-p", "x", "-n", "3"], None, True, 1),                 # output to a full device
+        (["run", model, "-p", "x", "--threads", "-3"], None, False, 2),
+        (["run", model, "-p", "x", "--max-new-tokens", "-3"], None, False, 2),
+        (["run", missing, "-p", "x"], None, False, 1),
+        (["chat", model, "--top-p", "2"], None, False, 2),
+        (["chat", notes], None, False, 1),
+        (["info", missing], None, False, 1),
+        (["info", model], None, True, 1),                                      # output to a full device
+        (["bench", model, "--json", "/missing/dir/x.json"], None, False, 2),  # refused before the benchmark
+        (["bench", notes], None, False, 1),
+        (["serve", model, "--port", "70000"], None, False, 2),
+        (["serve", model, "--read-timeout", "-1"], None, False, 2),
+        (["serve", notes, "--port", "1"], None, False, 1),
+        (["no-such-command"], None, False, 2),
+    ]
+
+
+def test_every_command_with_bad_input_prints_one_line_and_fails(model_path, bad_files):
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:surrogateescape"}
+    for args, stdin, to_full, code in _bad_input_table(model_path, str(bad_files / "notes.txt"),
+                                                        str(bad_files / "nope.nanoqwen")):
+        argv = [a.encode("utf-8", "surrogateescape") for a in [sys.executable, "-m", "nanoqwen_rt.cli", *args]]
+        with open("/dev/full", "wb") as full:
+            p = subprocess.run(argv, input=stdin if stdin is not None else b"", stdout=full if to_full else
+                               subprocess.PIPE, stderr=subprocess.PIPE, timeout=HANG_GUARD_S, env=env)
+        err = p.stderr.decode("utf-8", "replace")
+        # `run` reports its device/prompt on stderr before it writes (the full-device cases): a status line,
+        # not an error line
+        lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("[nanoqwen] ")]
+        assert "Traceback" not in err, (args, err)
+        assert len(lines) == 1, (args, err)
+        assert p.returncode == code, (args, p.returncode, err)
+        if to_full:
+            assert "cannot write the output" in lines[0], (args, err)
+
+
+def _wait_for_mapped(pid: int, needle: str, timeout: float) -> bool:
+    """True once a shared object whose path contains `needle` is mapped into process `pid` (Linux /proc)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/maps") as fh:
+                if needle in fh.read():
+                    return True
+        except OSError:
+            return False
+        time.sleep(0.01)
+    return False
+
+
+def test_ctrl_c_during_start_up_has_no_traceback(model_path):
+    """SIGINT while the command is still importing / loading the model: one line and exit 130, never a
+    traceback. (A SIGINT before the interpreter has finished its own start-up, the `site` import, is Python's
+    business: it aborts before any code of ours runs, so the signals here wait for our imports to begin.)"""
+    for needle in ("_multiarray_umath", "numba"):      # numpy's and numba's extension modules: engine imports
+        p = subprocess.Popen([sys.executable, "-m", "nanoqwen_rt.cli", "run", model_path, "-p", "x", "-n", "2000"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert _wait_for_mapped(p.pid, needle, HANG_GUARD_S), needle
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=HANG_GUARD_S)
+        text = err.decode("utf-8", "replace")
+        assert "Traceback" not in text, (needle, text)
+        assert p.returncode == cli.EXIT_INTERRUPTED, (needle, p.returncode, text)
+        assert "interrupted" in text

@@ -4,7 +4,9 @@
 (b) when libnanoqwen.so is built: nq_abi_describe()'s "format" equals the Python facts, and its "structs" /
     "status" equal the ctypes structures and status codes of nanoqwen_rt.backends.cuda.abi, field by field;
 (c) nq_model_check accepts the spec's golden vectors (NQ_OK, or NQ_E_UNSUPPORTED naming why: they are tiny) and
-    rejects corrupt files with NQ_E_FORMAT and a message naming the rule.
+    rejects every corrupt vector of spec/vectors/corrupt/manifest.json with NQ_E_FORMAT and the spec's error name
+    first in its message (the checksum rules 38-39 through nq_model_open with checksums on), and names the same
+    rule as the Python reader on seeded random corruptions.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from format_corrupt import Mutator  # tests/format_corrupt.py
 
 ROOT = Path(__file__).resolve().parent.parent
 VECTORS = sorted((ROOT / "spec" / "vectors").glob("*.nanoqwen"))
-NQ_OK, NQ_E_IO, NQ_E_FORMAT, NQ_E_UNSUPPORTED = 0, -2, -3, -4
+NQ_OK, NQ_E_IO, NQ_E_FORMAT, NQ_E_UNSUPPORTED, NQ_E_NO_DEVICE = 0, -2, -3, -4, -7
 
 
 def _gen_contract():
@@ -59,6 +61,8 @@ def lib():
     lib.nq_abi_describe.restype = ctypes.c_char_p
     lib.nq_last_error.restype = ctypes.c_char_p
     lib.nq_model_check.argtypes = [ctypes.c_char_p]
+    lib.nq_model_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
+    lib.nq_model_free.argtypes = [ctypes.c_void_p]
     return lib
 
 
@@ -106,6 +110,95 @@ def test_model_check_accepts_golden_vectors(lib, vec):
     assert rc in (NQ_OK, NQ_E_UNSUPPORTED), (rc, msg)
     if rc == NQ_E_UNSUPPORTED:
         assert msg, "an unsupported verdict names its reason"
+
+
+CORRUPT = ROOT / "spec" / "vectors" / "corrupt"
+MANIFEST = json.loads((CORRUPT / "manifest.json").read_text())["cases"]
+CHECKSUM_RULES = ("38", "39")   # spec §12: applied only when the caller verifies checksums
+
+
+def _error_name(msg: str) -> str:
+    """The library's format messages start with the spec's error name, then ': '."""
+    return msg.split(":", 1)[0]
+
+
+def _open_verified(lib, path):
+    h = ctypes.c_void_p()
+    rc = lib.nq_model_open(str(path).encode(), 1, ctypes.byref(h))
+    if rc == NQ_OK:
+        lib.nq_model_free(h)
+    return rc, lib.nq_last_error().decode()
+
+
+def test_manifest_covers_the_open_rules():
+    """The walk below sees what the spec ships: cases that fail at open, and blob-content cases."""
+    at_open = [n for n, c in MANIFEST.items() if "read_blob" not in c]
+    assert len(at_open) == 110 and len(MANIFEST) - len(at_open) == 14
+    assert all((CORRUPT / n).is_file() for n in MANIFEST)
+
+
+@pytest.mark.parametrize("case", sorted(MANIFEST), ids=sorted(MANIFEST))
+def test_model_check_rejects_every_corrupt_vector_by_name(lib, case):
+    want = MANIFEST[case]
+    path = CORRUPT / case
+    if "read_blob" in want:
+        # rules 40-41 apply when a blob's content is read; libnanoqwen never reads blobs, and the file itself is
+        # valid: every rule at open passes.
+        rc, msg = _check(lib, path)
+        assert rc in (NQ_OK, NQ_E_UNSUPPORTED), (rc, msg)
+        pytest.skip(f"rule {want['rule']} ({want['error']}): blob content, checked when a blob is read; "
+                    "the library does not read blobs")
+    if want["rule"] in CHECKSUM_RULES:
+        rc, msg = _open_verified(lib, path)   # validates before it looks for a device
+        assert rc == NQ_E_FORMAT and _error_name(msg) == want["error"], (rc, msg)
+        rc, msg = _check(lib, path)           # nq_model_check does not verify checksums: every other rule passes
+        assert rc in (NQ_OK, NQ_E_UNSUPPORTED), (rc, msg)
+        return
+    rc, msg = _check(lib, path)
+    assert rc == NQ_E_FORMAT, (rc, msg)
+    assert _error_name(msg) == want["error"], msg
+
+
+# Seeded random corruptions of the golden vectors' directories (header CRC refixed most of the time, so the later
+# rules are reached): the C++ loader and the Python reader (nanoqwen_format) must name the same first failing rule.
+DIFFERENTIAL_CASES = 400
+
+
+def test_loader_and_python_reader_agree_on_random_corruptions(lib, tmp_path):
+    import random
+    import struct
+    from nanoqwen_format.crc import crc32c
+    from nanoqwen_format.errors import NanoqwenFormatError
+    from nanoqwen_format.reader import open_file
+
+    rng = random.Random(7)
+    bases = [v.read_bytes() for v in VECTORS]
+    path = tmp_path / "mutated.nanoqwen"
+    failures, rejected = [], 0
+    for case in range(DIFFERENTIAL_CASES):
+        raw = bytearray(rng.choice(bases))
+        header_size = struct.unpack_from("<I", raw, 12)[0]
+        for _ in range(rng.choice([1, 1, 2])):
+            pos = rng.randrange(header_size if rng.random() < 0.9 else len(raw))
+            raw[pos] = rng.randrange(256) if rng.random() < 0.5 else raw[pos] ^ (1 << rng.randrange(8))
+        new_size = struct.unpack_from("<I", raw, 12)[0]
+        if rng.random() < 0.9 and 44 <= new_size <= len(raw):
+            head = bytearray(raw[:new_size])
+            head[40:44] = bytes(4)
+            struct.pack_into("<I", raw, 40, crc32c(bytes(head)))
+        path.write_bytes(bytes(raw))
+        try:
+            open_file(path, verify_checksums=True)
+            want = None
+        except NanoqwenFormatError as e:
+            want = type(e).__name__
+        rc, msg = _open_verified(lib, path)
+        got = _error_name(msg) if rc == NQ_E_FORMAT else None
+        rejected += want is not None
+        if got != want or (want is None and rc not in (NQ_OK, NQ_E_UNSUPPORTED, NQ_E_NO_DEVICE)):
+            failures.append((case, want, rc, msg))
+    assert not failures, failures[:5]
+    assert rejected > DIFFERENTIAL_CASES // 2, "the mutations mostly reach a rule"
 
 
 def _corrupt(raw: bytes) -> dict:

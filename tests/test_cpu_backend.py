@@ -144,3 +144,32 @@ def test_generate_ids_semantics(files):
             be.generate_ids(np.arange(CTX, dtype=np.int32) % VOCAB, SamplingParams(), 1, ())
         with pytest.raises(ValueError):
             be.generate_ids(np.array([VOCAB + 1000], dtype=np.int32), SamplingParams(), 1, ())
+
+
+def test_kv_cache_grows_on_demand_and_results_are_unchanged(files, monkeypatch):
+    """The cache starts small (the first token does not page-fault a context-sized cache) and grows by copying;
+    the logits across two growths are bit-identical to the same calls on a cache allocated whole up front."""
+    import nanoqwen_rt.backends.cpu.backend as cpu_backend
+    initial = 16
+    monkeypatch.setattr(cpu_backend, "KV_INITIAL_POSITIONS", initial)
+    _, q, _ = files
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, VOCAB, size=2 * initial + 8).astype(np.int32)
+    n0 = initial - 3
+
+    def run(be):
+        steps = [be.prefill(ids[:n0])]                      # fits the first allocation
+        for t in ids[n0:n0 + 6]:                            # decodes across the first growth
+            steps.append(be.decode(int(t)))
+        steps.append(be.prefill(ids[n0 + 6:]))              # a prefill across the second growth
+        return np.stack(steps)
+
+    with CPUBackend(q) as be:
+        assert be.max_context > ids.shape[0] and be.kv_capacity == initial
+        ours = run(be)
+        assert initial * 2 < be.kv_capacity <= be.max_context
+    with CPUBackend(q) as ref:
+        ref._reserve(ref.max_context)                        # whole cache up front: no growth
+        want = run(ref)
+    assert np.isfinite(ours).all()
+    np.testing.assert_array_equal(ours, want)

@@ -211,3 +211,62 @@ def test_auto_falls_back_to_cpu_for_a_model_cuda_does_not_run(model_file, monkey
         assert e.device == "cpu" and "head_dim 32 (test)" in e.cpu_reason
     with pytest.raises(DeviceUnavailable, match=r"does not run this model: .*head_dim 32 \(test\)"):
         Engine(model_file, device="cuda")
+
+
+# -- one Engine, one sequence: sharing is refused, never silently wrong ------------------------------------------
+def test_interleaved_generators_refused_not_corrupted(eng):
+    from nanoqwen_rt import EngineBusy
+    ref = [c.token_ids for c in eng.generate(PROMPT, max_new_tokens=6, stop_token_ids=[])]
+    g1 = eng.generate(PROMPT, max_new_tokens=6, stop_token_ids=[])
+    first = next(g1)
+    with pytest.raises(EngineBusy):
+        eng.generate("class Foo(object):", max_new_tokens=6)
+    with pytest.raises(EngineBusy):
+        eng.logits([1, 2, 3])
+    # the live generation was not disturbed by the refused calls
+    assert [first.token_ids] + [c.token_ids for c in g1] == ref
+    # exhausted → free; closed → free; dropped (never started) → free
+    list(eng.generate(PROMPT, max_new_tokens=2))
+    g2 = eng.generate(PROMPT, max_new_tokens=6)
+    next(g2)
+    g2.close()
+    g3 = eng.generate(PROMPT, max_new_tokens=6)
+    del g3
+    assert len(list(eng.generate(PROMPT, max_new_tokens=2, stop_token_ids=[]))) == 2
+
+
+def test_second_thread_refused_while_one_generates(eng):
+    import threading
+    from nanoqwen_rt import EngineBusy
+    g = eng.generate(PROMPT, max_new_tokens=4, stop_token_ids=[])
+    next(g)
+    errors = []
+
+    def other():
+        try:
+            list(eng.generate(PROMPT, max_new_tokens=2))
+        except EngineBusy as e:
+            errors.append(e)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert len(errors) == 1
+    g.close()
+
+
+def test_lone_surrogate_prompt_is_invalid_argument(eng):
+    with pytest.raises(InvalidArgument, match="surrogate"):
+        eng.generate("def \ud800(", max_new_tokens=2)
+    assert len(list(eng.generate(PROMPT, max_new_tokens=2, stop_token_ids=[]))) == 2   # the engine is free
+
+
+def test_close_with_a_live_generation_stops_it(model_file):
+    e = Engine(model_file, device="cpu", max_context=CTX)
+    g = e.generate(PROMPT, max_new_tokens=6, stop_token_ids=[])
+    next(g)
+    e.close()
+    with pytest.raises(StopIteration):       # closed with the engine: ends, never touches the freed backend
+        next(g)
+    with pytest.raises(EngineClosed):
+        e.generate(PROMPT)

@@ -332,3 +332,82 @@ def test_burst_larger_than_queue(server, client, engine):
     # the server stays up and serves the next request
     assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0).choices[0].text \
         == expected
+
+
+# A near-limit prompt used to hold the event loop 11-15 s while it was tokenized; refused by its length it takes
+# a JSON parse. Generous for a loaded 2-core CI machine, far below the old stall.
+NEAR_LIMIT_REFUSAL_S = 5.0
+
+
+def test_near_limit_prompt_is_a_fast_400_and_health_answers_meanwhile(server):
+    from nanoqwen_rt.serve.app import MAX_BODY_BYTES
+    prompt = "def f(x):\n    return x\n" * ((MAX_BODY_BYTES - 4096) // 26)     # 26 bytes each as JSON
+    result = {}
+
+    def post():
+        t0 = time.monotonic()
+        r = httpx.post(server + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                       json={"model": MODEL, "prompt": prompt, "max_tokens": 1}, timeout=HANG_GUARD_S)
+        result["status"], result["s"], result["body"] = r.status_code, time.monotonic() - t0, r.json()
+
+    t = threading.Thread(target=post)
+    t.start()
+    health = []
+    while t.is_alive():
+        t0 = time.monotonic()
+        health.append((httpx.get(server + "/health", timeout=HANG_GUARD_S).status_code, time.monotonic() - t0))
+        time.sleep(0.05)
+    t.join()
+    assert result["status"] == 400 and result["body"]["error"]["code"] == "context_length_exceeded"
+    assert result["s"] < NEAR_LIMIT_REFUSAL_S, result
+    assert health and all(code == 200 and s < NEAR_LIMIT_REFUSAL_S for code, s in health), health
+
+
+def test_slow_clients_time_out_and_open_bind_warns(model_path, tmp_path):
+    """--read-timeout bounds a request's headers and then its body; listening on 0.0.0.0 without --api-key warns
+    (one line). The connections below would otherwise stay open for ever."""
+    port = _free_port()
+    log_path = tmp_path / "server.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nanoqwen_rt.cli", "serve", model_path, "--host", "0.0.0.0", "--port", str(port),
+         "--device", "cpu", "--read-timeout", "1", "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + HANG_GUARD_S
+        while True:
+            assert proc.poll() is None, log_path.read_text()
+            try:
+                if httpx.get(base + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        warnings = [l for l in log_path.read_text().splitlines() if "without --api-key" in l]
+        assert len(warnings) == 1 and "0.0.0.0" in warnings[0]
+
+        def closed_within(sock, seconds):
+            sock.settimeout(seconds)
+            got = b""
+            try:
+                while True:
+                    piece = sock.recv(4096)
+                    if not piece:
+                        return True, got
+                    got += piece
+            except socket.timeout:
+                return False, got
+
+        with socket.create_connection(("127.0.0.1", port)) as s:        # headers never finish
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            closed, _ = closed_within(s, 20)
+            assert closed
+        with socket.create_connection(("127.0.0.1", port)) as s:        # body never finishes
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100\r\n\r\n{\"model\":")
+            closed, got = closed_within(s, 20)
+            assert got.startswith(b"HTTP/1.1 408"), got[:200]
+            assert b"request_timeout" in got
+    finally:
+        stop_server(proc, log)

@@ -32,8 +32,9 @@ class _Chunk:
 class _FakeTokenizer:
     """One token per whitespace-separated word (enough to count and to template)."""
     chat_template = "fake"
+    max_token_chars = 32          # the server's prompt length cut: CONTEXT * 32 characters
 
-    def encode(self, text):
+    def encode(self, text, add_bos=False):
         return [len(w) for w in text.split()]
 
     def apply_chat_template(self, messages, add_generation_prompt=True):
@@ -358,3 +359,64 @@ def test_body_size_limit(client, monkeypatch):
     _err(client.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"}), 413,
          "request_too_large")
     assert client.post("/v1/completions", json={"model": MODEL, "prompt": "ok", "max_tokens": 1}).status_code == 200
+
+
+# ------------------------------------------------------------------ hostile bodies
+
+
+def test_prompt_longer_than_any_fitting_prompt_is_refused_before_tokenizing(client, fake):
+    calls = []
+    real = fake.tokenizer.encode
+    fake.tokenizer.encode = lambda text, add_bos=False: calls.append(len(text)) or real(text)
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "x" * (CONTEXT * 32 + 1)})
+    _err(r, 400, code="context_length_exceeded", param="prompt")
+    assert calls == []                       # refused by length: the tokenizer never saw it
+    r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": [
+        {"role": "user", "content": "y" * (CONTEXT * 32)}]})
+    _err(r, 400, code="context_length_exceeded", param="messages")
+
+
+def test_deeply_nested_json_is_a_400(client):
+    body = b"[" * 100_000 + b"]" * 100_000
+    r = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    _err(r, 400, code="invalid_json")
+
+
+def test_retry_after_follows_the_queue():
+    """Retry-After = (waiting + running) × mean recent run time, rounded up, bounded: not a fixed 1 s."""
+    from nanoqwen_rt.serve.queue import RETRY_AFTER_MAX_S, RETRY_AFTER_MIN_S, GenerationWorker, Job
+    w = GenerationWorker(8, ServerMetrics())
+    assert w.retry_after_s() == RETRY_AFTER_MIN_S                  # nothing ran yet, nothing waits
+    w._recent_s.extend([2.0, 4.0])                                 # mean 3 s per job
+    for i in range(5):
+        w.submit(Job(lambda: iter(()), lambda ev: None, 1))
+    assert w.retry_after_s() == 15                                 # 5 ahead × 3 s
+    w._recent_s.extend([100.0] * 16)
+    assert w.retry_after_s() == RETRY_AFTER_MAX_S
+
+
+def test_shutdown_ends_a_live_stream_with_an_error_event_and_done(fake):
+    """SIGINT/SIGTERM under uvicorn sets sse-starlette's AppStatus.should_exit; a stream that is still generating
+    then closes with an OpenAI error event and [DONE] instead of being cut."""
+    from sse_starlette.sse import AppStatus
+    fake.gate = threading.Semaphore(1)                      # one token, then the generation blocks
+    app = create_app(fake, model_name=MODEL, queue_size=2)
+    try:
+        with TestClient(app) as c, c.stream("POST", "/v1/completions", json={
+                "model": MODEL, "prompt": "p", "max_tokens": 50, "stream": True}) as r:
+            lines = r.iter_lines()
+            data = []
+            for line in lines:
+                if line.startswith("data: "):
+                    data.append(line[len("data: "):])
+                    break                                   # the first token arrived: the stream is live
+            AppStatus.should_exit = True
+            data += [line[len("data: "):] for line in lines if line.startswith("data: ")]
+            fake.gate.release()
+    finally:
+        AppStatus.should_exit = False
+        for _ in range(60):
+            fake.gate.release()
+    assert json.loads(data[0])["choices"][0]["text"] == " w0"
+    assert data[-1] == "[DONE]"
+    assert json.loads(data[-2])["error"]["code"] == "server_shutdown"

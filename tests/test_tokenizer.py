@@ -146,3 +146,35 @@ def test_stream_decoder_flushes_incomplete_tail(ckpt):
     got = "".join(dec.push([i]) for i in ids[:-1])
     assert got == "ok "
     assert dec.flush().startswith("\ufffd")
+
+
+# -- BOS: follow tokenizer_config's add_bos_token as transformers' Llama tokenizer does --------------------------
+def test_add_bos_token_matches_transformers_llama_tokenizer():
+    from pathlib import Path
+
+    from tokenizers import Tokenizer as HFTok
+    from transformers import LlamaTokenizerFast
+    tj = (Path(__file__).resolve().parents[1] / "models" / "tiny-py" / "tokenizer.json").read_text()
+    bos = "<|im_start|>"
+    hf = LlamaTokenizerFast(tokenizer_object=HFTok.from_str(tj), bos_token=bos, eos_token="<|endoftext|>",
+                            add_bos_token=True, add_eos_token=False)
+    ours = Tokenizer(tj, tokenizer_config={"add_bos_token": True, "bos_token": bos})
+    plain = Tokenizer(tj, tokenizer_config={"add_bos_token": False, "bos_token": bos})
+    for text in TEXTS:
+        if not text.startswith(bos):     # the one deliberate difference, asserted below
+            assert ours.encode(text, add_bos=True) == hf(text)["input_ids"], text
+        assert plain.encode(text, add_bos=True) == plain.encode(text) == hf(text, add_special_tokens=False)["input_ids"]
+    # a rendered chat template that writes bos_token itself gets no second one
+    assert ours.encode(bos + "hi", add_bos=True) == ours.encode(bos + "hi")
+
+
+def test_lone_surrogate_is_a_named_error():
+    from nanoqwen_rt.tokenizer import TokenizerError
+    tok = Tokenizer(json.dumps(json.loads(_tiny_tokenizer_json())))
+    with pytest.raises(TokenizerError, match="surrogate"):
+        tok.encode("def \ud800(")
+
+
+def _tiny_tokenizer_json() -> str:
+    from pathlib import Path
+    return (Path(__file__).resolve().parents[1] / "models" / "tiny-py" / "tokenizer.json").read_text()

@@ -11,7 +11,7 @@
 //    in flight per SM without a register spent on it (the production kernel holds 32 KB per SM in registers).
 //  * Consumers: a warp owns a row pair (2p, 2p+1) of a stage (SWIGLU: gate p, up p) and a K slice (KSW warps per
 //    pair split K when a stage holds fewer than 2W rows); lane l unpacks unit m = lo + l + 32i (16 bytes = 32
-//    values) from shared memory with production's one-LOP3-per-pair f16 trick (unit_dot_f16_lop3, reused from
+//    values) from shared memory with production's one-LOP3-per-pair f16 trick (unit_dot_f16, reused from
 //    csrc/src/gemv.cu), x staged once per block in shared memory in production's transposed layout. After its
 //    last shared-memory read of a stage a warp arrives on the stage's "empty" mbarrier; the producer refills it.
 //    Split pairs combine their slices in slice order after a named barrier of the KSW warps (deterministic).
@@ -27,11 +27,10 @@
 // A fragments (x as B, f32 accumulation, offsets removed once per 128-value chunk); more accurate, fewer
 // instructions. Measurements, predictions and the reading of each run: csrc/dev/gemv_int4_stream.md.
 //
-// Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -Icsrc/include -Icsrc/src
-//        -Xcompiler -fopenmp -lgomp -o build/dev/gemv_int4_stream csrc/dev/gemv_int4_stream.cu
+// Build: make -C csrc/dev (-> build/dev/gemv_int4_stream; OpenMP runs the CPU reference on all host cores)
 // Run on the device: bash csrc/dev/gemv_int4_stream_run.sh (writes its logs to $OUT).
 #include "../src/gemv.cu"
-#include "../src/error.cpp"
+// nq::fail / pdl_enabled come from ../src/error.cpp, which the Makefile links into every dev program
 
 #include <algorithm>
 #include <cmath>
@@ -260,8 +259,8 @@ __global__ void __launch_bounds__((W + 1) * 32, 1) gemv_int4_stream(const Stream
         for (int u = 0; u < U; u++) {
           const int m = m0 + 32 * u;
           if (m < hi) {
-            acc0 = fmaf(__half2float(s0[u]), unit_dot_f16_lop3(wv0[u], xs, nunits, m), acc0);
-            acc1 = fmaf(__half2float(s1[u]), unit_dot_f16_lop3(wv1[u], xs, nunits, m), acc1);
+            acc0 = fmaf(__half2float(s0[u]), unit_dot_f16(wv0[u], xs, nunits, m), acc0);
+            acc1 = fmaf(__half2float(s1[u]), unit_dot_f16(wv1[u], xs, nunits, m), acc1);
           }
         }
       }

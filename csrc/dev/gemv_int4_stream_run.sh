@@ -5,9 +5,7 @@ set -o pipefail
 B=build/dev/gemv_int4_stream
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
 if ! $B probe > "$OUT/probe.txt" 2>&1; then
-  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -Icsrc/include -Icsrc/src -Xcompiler -fopenmp \
-    -lgomp -o build/dev/gs_dev csrc/dev/gemv_int4_stream.cu >> "$OUT/probe.txt" 2>&1 || { tail -20 "$OUT/probe.txt"; exit 1; }
-  B=build/dev/gs_dev
+  make -C csrc/dev "$PWD/build/dev/gemv_int4_stream" >> "$OUT/probe.txt" 2>&1 || { tail -20 "$OUT/probe.txt"; exit 1; }
 fi
 cuobjdump -sass $B > /tmp/sass.txt 2>&1
 awk '/Function :/{f=$3} {n=split($0,a,/[ ;]+/); for(i=1;i<=n;i++) if (a[i] ~ /^(UBLKCP|SYNCS|LDS|HMMA|HFMA2|LOP3|BAR|STL|LDL|SHF|FFMA|BRA)/) c[f" "a[i]]++}

@@ -17,8 +17,9 @@ their arguments. Sampling parameters are checked when a SamplingParams is built;
 Constructor convention (Engine relies on it): ``Cls(path: str | os.PathLike, *, max_context: int | None = None,
 file: nanoqwen_format.NanoqwenFile | None = None)``. ``file`` is an already opened (and checksum-verified) handle of
 the same path that a backend MAY reuse instead of opening the file again. ``max_context`` None → the file's
-``config.max_positions``; a bad value raises InvalidMaxContext (a ValueError). The KV cache is allocated for
-max_context positions up front. Each backend package also exposes ``available() -> bool`` (CPU: always True).
+``config.max_positions``; a bad value raises InvalidMaxContext (a ValueError). The KV cache holds up to
+max_context positions (the CUDA backend allocates them up front; the CPU backend grows its cache on demand). Each
+backend package also exposes ``available() -> bool`` (CPU: always True).
 Errors: a backend that cannot load raises BackendError (message says why, one line).
 
 Positions: ``position`` is the number of tokens currently in the KV cache (the next token's RoPE position).

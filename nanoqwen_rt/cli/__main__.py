@@ -1,4 +1,4 @@
 """`python -m nanoqwen_rt.cli ...` = the `nanoqwen` console script."""
-from .commands import main
+from . import main
 
 main(prog_name="nanoqwen")

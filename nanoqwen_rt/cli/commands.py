@@ -22,6 +22,11 @@ from .line_reader import input_function
 DEFAULT_MAX_NEW_TOKENS = 128
 DEFAULT_CHAT_MAX_NEW_TOKENS = 512
 EXIT_INTERRUPTED = 130       # 128 + SIGINT, the shell convention
+# serve: seconds a client has for a request's headers, then for its body (slow clients must not hold a
+# connection forever); a real client sends either in one write, so 30 s only ever cuts the stuck.
+DEFAULT_READ_TIMEOUT_S = 30.0
+# serve: seconds an idle keep-alive connection stays open (uvicorn's default).
+DEFAULT_KEEP_ALIVE_S = 5
 
 
 class _OneLineErrors(click.Group):
@@ -45,7 +50,41 @@ class _OneLineErrors(click.Group):
         except (click.exceptions.Abort, KeyboardInterrupt):
             click.echo("\nnanoqwen: interrupted", err=True)
             sys.exit(EXIT_INTERRUPTED)
+        except OSError as e:      # writing the output failed (a full device, a closed pipe), or a file we write
+            where = "cannot write the output: " if _quiet_broken_stdout() else ""
+            click.echo(f"nanoqwen: error: {where}{_os_error_text(e)}", err=True)
+            sys.exit(1)
         sys.exit(0)
+
+
+def _os_error_text(e: OSError) -> str:
+    where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+    return _flat(f"{where}{e.strerror or e}")
+
+
+def _quiet_broken_stdout(force: bool = False) -> bool:
+    """If stdout cannot take more output (or `force`: the caller saw it fail), point it at /dev/null, so the
+    interpreter's final flush does not print a second, multi-line error. True when it did."""
+    import os
+    if not force:
+        try:
+            sys.stdout.flush()
+            return False
+        except OSError:
+            pass
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return True
+
+
+def _output_failed(e: OSError) -> click.ClickException:
+    """Writing to stdout failed (a full device, a closed pipe): one line, and stdout muted for the exit flush."""
+    _quiet_broken_stdout(force=True)
+    return _fail(f"cannot write the output: {_os_error_text(e)}")
 
 
 def _flat(text: str) -> str:
@@ -151,6 +190,17 @@ def _check_can_listen(host: str, port: int) -> None:
             raise _fail(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
+def _is_loopback(host: str) -> bool:
+    """True when every address `host` names is a loopback one (127.0.0.0/8, ::1, "localhost")."""
+    import ipaddress
+    import socket
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
 # ------------------------------------------------------------------ commands
 
 @click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
@@ -185,7 +235,7 @@ def run(file, prompt, as_chat, system, max_new_tokens, temperature, top_k, top_p
     if system is not None and not as_chat:
         raise click.UsageError("--system needs --chat")
     if prompt == "-":
-        prompt = sys.stdin.read()
+        prompt = _read_stdin_text()
     kwargs = _gen_kwargs(max_new_tokens, temperature, top_k, top_p, seed, stop)
     eng = _open(file, device, max_context)
     try:
@@ -213,13 +263,41 @@ def run(file, prompt, as_chat, system, max_new_tokens, temperature, top_k, top_p
             interrupted = True
         except _engine_errors() as e:
             raise _fail(f"{type(e).__name__}: {e}") from None
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        except OSError as e:
+            raise _output_failed(e) from None
+        try:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        except OSError as e:
+            raise _output_failed(e) from None
         click.echo(_stats_line(eng, n_prompt), err=True)
         if interrupted:
             sys.exit(EXIT_INTERRUPTED)
     finally:
         eng.close()
+
+
+def _read_stdin_text() -> str:
+    """All of stdin as UTF-8 text; anything else is a one-line error naming the first bad byte."""
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _fail(f"the prompt on stdin is not valid UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} "
+                    f"({e.reason})") from None
+
+
+def _check_output_path(path: str, option: str) -> None:
+    """A file this command will write at the end: its folder must exist and be writable, and it must not be a
+    folder itself, checked before the (long) work so the work is not lost."""
+    import os
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise click.BadParameter(f"{path} is a directory", param_hint=option)
+    if not os.path.isdir(folder):
+        raise click.BadParameter(f"{path}: the folder {folder} does not exist", param_hint=option)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"{path}: the folder {folder} is not writable", param_hint=option)
 
 
 def _render_chat(eng, messages: list[dict]) -> str:
@@ -263,7 +341,10 @@ def info(file, as_json, no_verify):
         data = file_info(file, verify_checksums=not no_verify)
     except LoadError as e:
         raise _fail(str(e)) from None
-    click.echo(json.dumps(data, indent=2) if as_json else format_info(data))
+    try:
+        click.echo(json.dumps(data, indent=2) if as_json else format_info(data))
+    except OSError as e:
+        raise _output_failed(e) from None
 
 
 @main.command()
@@ -277,7 +358,9 @@ def info(file, as_json, no_verify):
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the full result dict to this JSON file.")
-def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out):
+@click.option("--plot", "plot_out", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also draw the run's figures to this .png/.svg/.pdf (needs matplotlib: nanoqwen[plot]).")
+def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out, plot_out):
     """Benchmark FILE: load time, TTFT, decode tokens/s and bytes per token of the Engine; with CUDA also the
     bandwidth ceilings, MBU and the torch int4 / cuBLAS fp16 peers (skipped, with the reason, without CUDA).
     """
@@ -287,7 +370,13 @@ def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out):
         click.echo(f"nanoqwen bench: error: the nanoqwen_bench package cannot be imported: {_flat(e)}", err=True)
         sys.exit(2)
     _require_file(file)
+    if json_out:
+        _check_output_path(json_out, "'--json'")
     try:
+        if plot_out:          # before the run: a missing matplotlib or a bad path should not cost a whole bench
+            from nanoqwen_bench.plot import check_output_path, plot, require_matplotlib
+            check_output_path(plot_out)
+            require_matplotlib()
         result = run_bench(file, prompt_tokens, new_tokens, peers=not no_peers, device=device, repeats=repeats)
     except BenchError as e:
         click.echo(f"nanoqwen bench: error: {_flat(e)}", err=True)
@@ -297,6 +386,12 @@ def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out):
     if json_out:
         write_json_atomic(json_out, result)
     click.echo(format_table(result))
+    if plot_out:              # after the table and the JSON: a plotting failure loses no measurement
+        try:
+            plot(result, plot_out)
+        except BenchError as e:
+            click.echo(f"nanoqwen bench: error: {_flat(e)}", err=True)
+            sys.exit(2)
 
 
 @main.command()
@@ -314,7 +409,13 @@ def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out):
               help="KV-cache size in tokens (default: the model's max positions).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
-def serve(file, host, port, api_key, queue_size, model_name, device, max_context, log_level):
+@click.option("--read-timeout", type=click.FloatRange(min=0.1, max=3600), default=DEFAULT_READ_TIMEOUT_S,
+              show_default=True, metavar="SECONDS",
+              help="A client must send a request's headers, and then its body, within this many seconds each.")
+@click.option("--keep-alive-timeout", type=click.IntRange(min=1, max=3600), default=DEFAULT_KEEP_ALIVE_S,
+              show_default=True, metavar="SECONDS", help="Close an idle keep-alive connection after this long.")
+def serve(file, host, port, api_key, queue_size, model_name, device, max_context, log_level, read_timeout,
+          keep_alive_timeout):
     """Serve FILE over an OpenAI-compatible HTTP API.
 
     \b
@@ -325,8 +426,9 @@ def serve(file, host, port, api_key, queue_size, model_name, device, max_context
     """
     import uvicorn
 
-    from ..serve.app import create_app
+    from ..serve.app import GRACEFUL_SHUTDOWN_S, create_app
     from ..serve.adapter import default_model_name
+    from ..serve.protocol import HeaderDeadlineH11Protocol
     if api_key is not None and not api_key.strip():
         raise click.BadParameter("must not be empty", param_hint="'--api-key'")
     if model_name is not None and not model_name.strip():
@@ -336,15 +438,20 @@ def serve(file, host, port, api_key, queue_size, model_name, device, max_context
     eng = _open(file, device, max_context)
     try:
         app = create_app(eng, model_name=model_name or default_model_name(file), api_key=api_key,
-                         queue_size=queue_size)
+                         queue_size=queue_size, body_timeout_s=read_timeout)
     except LoadError as e:
         eng.close()
         raise _fail(str(e)) from None
     click.echo(f"[nanoqwen] serving {file} as '{model_name or default_model_name(file)}' on "
                f"http://{host}:{port} (device={eng.device}, context={eng.max_context}, queue={queue_size})",
                err=True)
+    if api_key is None and not _is_loopback(host):
+        click.echo(f"[nanoqwen] warning: listening on {host} without --api-key: anyone who can reach this "
+                   f"port can use the model", err=True)
     try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                    http=HeaderDeadlineH11Protocol.with_timeout(read_timeout),
+                    timeout_keep_alive=keep_alive_timeout)
     finally:
         # Free the engine only once the worker thread is gone: closing it under a running call (a stuck
         # prefill) could crash; the process is exiting anyway then.
@@ -416,6 +523,8 @@ def _chat_loop(eng, system: str | None, kwargs: dict) -> None:
             sys.stdout.write("\n")
             click.echo(f"(error: {type(e).__name__}: {_flat(e)})", err=True)
             continue
+        finally:
+            chunks.close()       # a stopped answer frees the engine for the next turn
         sys.stdout.write("\n")
         sys.stdout.flush()
         click.echo(_stats_line(eng, n_prompt), err=True)

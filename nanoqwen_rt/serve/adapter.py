@@ -71,8 +71,10 @@ def default_model_name(path: str) -> str:
 
 
 class EngineAdapter:
-    """Engine calls made by the server. Tokenization runs on the event loop (HF `tokenizers` is thread-safe
-    and does not touch the engine's sequence state); `generate` runs only on the worker thread."""
+    """Engine calls made by the server. Tokenization runs on a threadpool thread (HF `tokenizers` is thread-safe
+    and does not touch the engine's sequence state), after a length cut (`max_prompt_chars`): `tokenizers` holds
+    the GIL while it encodes, so an unbounded prompt would stall the event loop however it is scheduled.
+    `generate` runs only on the worker thread."""
 
     def __init__(self, engine):
         if getattr(engine, "tokenizer", None) is None:
@@ -82,12 +84,27 @@ class EngineAdapter:
         self.context_length: int = int(engine.max_context)
         self.has_chat_template: bool = getattr(engine.tokenizer, "chat_template", None) is not None
         self.vocab_rows: int = int(engine.config.vocab_rows)
+        #: longest text prompt (characters) that can fit the context: no token covers more characters than the
+        #: longest vocabulary entry, so a longer prompt is refused without tokenizing it
+        self.max_prompt_chars: int = self.context_length * int(engine.tokenizer.max_token_chars)
 
-    def count_tokens(self, prompt: str | list[int]) -> int:
+    def check_prompt_chars(self, text: str, param: str = "prompt") -> None:
+        """A 400 (context_length_exceeded) for text longer than any prompt that fits the context."""
+        if len(text) > self.max_prompt_chars:
+            raise ApiError(400, f"'{param}' has {len(text)} characters; no prompt over {self.max_prompt_chars} "
+                                f"characters fits this model's context of {self.context_length} tokens",
+                           param=param, code="context_length_exceeded")
+
+    def count_tokens(self, prompt: str | list[int], param: str = "prompt") -> int:
         """Prompt length in tokens; token-id prompts are range-checked here (a 400 names the bad id)."""
         from ..backends.base import InvalidTokenIds, check_token_ids
+        from ..tokenizer import TokenizerError
         if isinstance(prompt, str):
-            return len(self.engine.tokenizer.encode(prompt))
+            self.check_prompt_chars(prompt, param)
+            try:
+                return len(self.engine.tokenizer.encode(prompt, add_bos=True))
+            except TokenizerError as e:
+                raise ApiError(400, f"'{param}': {_one_line(e)}", param=param, code="invalid_value") from None
         if prompt:       # an empty prompt is the caller's 400 ("encodes to zero tokens")
             try:
                 check_token_ids(prompt, self.vocab_rows)

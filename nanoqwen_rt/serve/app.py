@@ -1,6 +1,6 @@
 """OpenAI-compatible HTTP server over one Engine: starlette routes, sse-starlette streaming, uvicorn.
 
-Routes: GET /health, GET /metrics (Prometheus text), GET /v1/models[/{id}], POST /v1/completions,
+Routes: GET / (the chat page, static/index.html; its files under /static), GET /health, GET /metrics (Prometheus text), GET /v1/models[/{id}], POST /v1/completions,
 POST /v1/chat/completions (both with `"stream": true` → SSE chunks ending in `data: [DONE]`).
 
 Concurrency model: one sequence generates at a time. Requests wait in a bounded FIFO (`queue.py`); a full
@@ -20,14 +20,17 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
+from pathlib import Path
 
+import anyio
+import anyio.to_thread
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from .adapter import EngineAdapter
 from .metrics import ServerMetrics
@@ -40,10 +43,20 @@ log = logging.getLogger("nanoqwen.server")
 DEFAULT_QUEUE_SIZE = 8
 # Bodies above this are refused (413) before parsing: a prompt this long cannot fit any context we serve anyway.
 MAX_BODY_BYTES = 8 * 1024 * 1024
-# Seconds a 429'd client should wait; one short generation on the reference CPU backend.
-RETRY_AFTER_S = 1
+# Seconds a client has to send a whole request body once its headers are in (a slow body would hold its
+# connection and handler forever); 8 MB at 1 MB/s fits with room.
+DEFAULT_BODY_TIMEOUT_S = 30.0
+# uvicorn's graceful shutdown (SIGINT/SIGTERM): seconds it waits for open requests before cancelling them.
+GRACEFUL_SHUTDOWN_S = 5
+# Seconds a live stream gets, after shutdown starts, to send its closing error event and [DONE] (well inside
+# GRACEFUL_SHUTDOWN_S, after which uvicorn cancels what is left).
+STREAM_SHUTDOWN_GRACE_S = 2.0
+# Requests whose prompt is prepared (chat template, tokenization) at the same time; see _Server.prepare_off_loop.
+PREPARE_CONCURRENCY = 1
 # Status recorded (and sent, to nobody) when the client left before its answer was ready (nginx's convention).
 CLIENT_CLOSED_STATUS = 499
+# The chat page (plain HTML/CSS/JS, shipped as package data): no secret in it, so served without the API key.
+STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 
 class ClientGone(Exception):
@@ -57,13 +70,18 @@ def _error_response(err: ApiError, headers: dict | None = None) -> JSONResponse:
 class _Server:
     """State shared by the route handlers: the engine adapter, the worker, metrics and settings."""
 
-    def __init__(self, engine: EngineAdapter, model_name: str, api_key: str | None, queue_size: int):
+    def __init__(self, engine: EngineAdapter, model_name: str, api_key: str | None, queue_size: int,
+                 body_timeout_s: float):
         self.engine = engine
+        self.body_timeout_s = body_timeout_s
         self.model_name = model_name
         self.api_key = api_key
         self.metrics = ServerMetrics()
         self.worker = GenerationWorker(queue_size, self.metrics)
         self.created = int(time.time())
+        # Prompt preparation (template + tokenization) runs on threadpool threads, at most this many at once:
+        # tokenizing holds the GIL, so parallel ones would only add memory, not speed.
+        self._prepare_limiter: anyio.CapacityLimiter | None = None     # made on the event loop, at first use
 
     # ------------------------------------------------------------ plumbing
 
@@ -79,16 +97,23 @@ class _Server:
         if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes", code="request_too_large")
         parts, size = [], 0
-        async for piece in request.stream():           # chunked bodies carry no length: count as they come
-            size += len(piece)
-            if size > MAX_BODY_BYTES:
-                raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes", code="request_too_large")
-            parts.append(piece)
+        try:
+            with anyio.fail_after(self.body_timeout_s):
+                async for piece in request.stream():   # chunked bodies carry no length: count as they come
+                    size += len(piece)
+                    if size > MAX_BODY_BYTES:
+                        raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes", code="request_too_large")
+                    parts.append(piece)
+        except TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {self.body_timeout_s:g} s",
+                           code="request_timeout") from None
         raw = b"".join(parts)
         try:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+        except RecursionError:
+            raise ApiError(400, "the request body is nested too deeply to parse", code="invalid_json") from None
 
     def submit(self, prompt_tokens: int, start) -> tuple[Job, asyncio.Queue]:
         """Queue a job whose events land in the returned asyncio queue (thread-safe hand-off)."""
@@ -112,6 +137,12 @@ class _Server:
 
     # ------------------------------------------------------------ generation
 
+    async def prepare_off_loop(self, req: CompletionRequest | ChatRequest):
+        """prepare() on a threadpool thread, at most PREPARE_CONCURRENCY at once."""
+        if self._prepare_limiter is None:
+            self._prepare_limiter = anyio.CapacityLimiter(PREPARE_CONCURRENCY)
+        return await anyio.to_thread.run_sync(self.prepare, req, limiter=self._prepare_limiter)
+
     def prepare(self, req: CompletionRequest | ChatRequest):
         """Tokenize, check the context budget and return (prompt_tokens, start-callable)."""
         eng = self.engine
@@ -120,7 +151,7 @@ class _Server:
             prompt, param = eng.render_chat(req.messages), "messages"
         else:
             prompt, param = req.prompt, "prompt"
-        n_prompt = eng.count_tokens(prompt)
+        n_prompt = eng.count_tokens(prompt, param)
         if n_prompt == 0:
             raise ApiError(400, f"'{param}' is empty: the prompt must encode to at least one token", param=param,
                            code="invalid_value")
@@ -155,15 +186,37 @@ class _Server:
             watcher.cancel()
             self.worker.withdraw(job)     # no-op when finished; frees the engine if this task is cancelled
 
-    async def stream(self, job: Job, events: asyncio.Queue, make_chunk, usage_chunk, role_chunk=None):
+    def event_source(self, job: Job, events: asyncio.Queue, make_chunk, usage_chunk, role_chunk=None):
+        """The SSE response of one streaming request: `stream` below, told when the server shuts down."""
+        shutdown = anyio.Event()
+        return EventSourceResponse(self.stream(job, events, make_chunk, usage_chunk, role_chunk, shutdown),
+                                   shutdown_event=shutdown, shutdown_grace_period=STREAM_SHUTDOWN_GRACE_S)
+
+    async def stream(self, job: Job, events: asyncio.Queue, make_chunk, usage_chunk, role_chunk=None,
+                     shutdown: anyio.Event | None = None):
         """Async generator of SSE events. `make_chunk(text, finish_reason)` builds one JSON chunk,
         `usage_chunk(prompt_tokens, completion_tokens)` the optional usage chunk sent last, `role_chunk` an
-        optional first chunk (chat: the assistant role)."""
+        optional first chunk (chat: the assistant role). When `shutdown` is set (SIGINT/SIGTERM) the stream
+        ends with an error event and `[DONE]`, never cut mid-way."""
+        shutdown_wait = asyncio.ensure_future(shutdown.wait()) if shutdown is not None else None
+        get = None
         try:
             if role_chunk is not None:
                 yield {"data": json.dumps(role_chunk)}
             while True:
-                ev = await events.get()
+                if shutdown_wait is None:
+                    ev = await events.get()
+                else:
+                    get = asyncio.ensure_future(events.get())
+                    await asyncio.wait({get, shutdown_wait}, return_when=asyncio.FIRST_COMPLETED)
+                    if not get.done():
+                        get.cancel()
+                        err = ApiError(503, "the server is shutting down; this answer is incomplete",
+                                       type="server_error", code="server_shutdown")
+                        yield {"data": json.dumps(err.body())}
+                        yield {"data": "[DONE]"}
+                        return
+                    ev = get.result()
                 if isinstance(ev, Piece):
                     if ev.text:
                         yield {"data": json.dumps(make_chunk(ev.text, None))}
@@ -180,6 +233,9 @@ class _Server:
                     return
         finally:
             # Client gone (sse-starlette cancelled this generator) or stream done: either way free the engine.
+            for pending in (shutdown_wait, get):
+                if pending is not None:
+                    pending.cancel()
             self.worker.withdraw(job)
 
 
@@ -211,10 +267,10 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def create_app(engine, *, model_name: str, api_key: str | None = None,
-               queue_size: int = DEFAULT_QUEUE_SIZE) -> Starlette:
+               queue_size: int = DEFAULT_QUEUE_SIZE, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> Starlette:
     """Build the ASGI app around `engine` (a `nanoqwen_rt.Engine`, or anything with the same API)."""
     srv = _Server(engine if isinstance(engine, EngineAdapter) else EngineAdapter(engine), model_name, api_key,
-                  queue_size)
+                  queue_size, body_timeout_s)
 
     def endpoint(name: str, needs_auth: bool = True):
         """Wrap a handler: auth, ApiError → OpenAI body, request counter by status."""
@@ -228,7 +284,7 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
                 except ClientGone:
                     resp = Response(status_code=CLIENT_CLOSED_STATUS)
                 except ApiError as e:
-                    headers = {"Retry-After": str(RETRY_AFTER_S)} if e.status == 429 else None
+                    headers = {"Retry-After": str(srv.worker.retry_after_s())} if e.status == 429 else None
                     resp = _error_response(e, headers)
                 except Exception as e:       # a bug or an engine failure: logged, answered, server stays up
                     log.exception("internal error on %s", name)
@@ -268,7 +324,7 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
     @endpoint("/v1/completions")
     async def completions(request):
         req = parse_completion(await srv.read_json(request), srv.model_name)
-        n_prompt, start = await run_in_threadpool(srv.prepare, req)      # tokenizing: off the event loop
+        n_prompt, start = await srv.prepare_off_loop(req)      # tokenizing: off the event loop
         job, events = srv.submit(n_prompt, start)
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
@@ -278,7 +334,7 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
 
         if req.stream:
             usage = _usage_chunk(chunk) if req.include_usage else None
-            return EventSourceResponse(srv.stream(job, events, chunk, usage))
+            return srv.event_source(job, events, chunk, usage)
         text, fin = await srv.collect(request, job, events)
         body = chunk(text, _finish(fin))
         body["usage"] = _usage(n_prompt, fin.completion_tokens)
@@ -287,7 +343,7 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
     @endpoint("/v1/chat/completions")
     async def chat_completions(request):
         req = parse_chat(await srv.read_json(request), srv.model_name)
-        n_prompt, start = await run_in_threadpool(srv.prepare, req)
+        n_prompt, start = await srv.prepare_off_loop(req)      # tokenizing: off the event loop
         job, events = srv.submit(n_prompt, start)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
@@ -299,7 +355,7 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
         if req.stream:
             usage = _usage_chunk(chunk) if req.include_usage else None
             role = chunk("", None, delta={"role": "assistant", "content": ""})
-            return EventSourceResponse(srv.stream(job, events, chunk, usage, role_chunk=role))
+            return srv.event_source(job, events, chunk, usage, role_chunk=role)
         text, fin = await srv.collect(request, job, events)
         return JSONResponse({
             "id": cid, "object": "chat.completion", "created": created, "model": srv.model_name,
@@ -320,7 +376,12 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
         finally:
             srv.worker.stop(timeout=5.0)
 
+    async def chat_page(request):
+        return FileResponse(STATIC_DIR / "index.html")
+
     routes = [
+        Route("/", chat_page, methods=["GET"]),
+        Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),

@@ -11,12 +11,22 @@ Events sent to `job.sink`, in order: zero or more `Piece`, then exactly one `Fin
 from __future__ import annotations
 
 import collections
+import math
 import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from .metrics import ServerMetrics
+
+
+# Jobs whose run time the Retry-After estimate averages: enough to smooth one odd request, recent enough to follow
+# a change of load (short vs long answers).
+RECENT_JOBS = 16
+# Retry-After bounds, seconds: never 0 (a client would retry at once), never more than a minute (an estimate
+# from a few slow jobs should not park clients for long).
+RETRY_AFTER_MIN_S = 1
+RETRY_AFTER_MAX_S = 60
 
 
 class QueueFull(Exception):
@@ -71,6 +81,7 @@ class GenerationWorker:
         self._cv = threading.Condition()
         self._stopping = False
         self.current: Job | None = None
+        self._recent_s: collections.deque[float] = collections.deque(maxlen=RECENT_JOBS)   # run times, seconds
         self._thread = threading.Thread(target=self._loop, name="nanoqwen-engine", daemon=True)
 
     def start(self) -> None:
@@ -97,6 +108,14 @@ class GenerationWorker:
     def depth(self) -> int:
         with self._cv:
             return len(self._waiting)
+
+    def retry_after_s(self) -> int:
+        """Seconds until a queue slot is likely free: (waiting + running jobs) × the mean run time of the last
+        RECENT_JOBS jobs, rounded up, within [RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S]."""
+        with self._cv:
+            ahead = len(self._waiting) + (self.current is not None)
+            mean = sum(self._recent_s) / len(self._recent_s) if self._recent_s else 0.0
+        return max(RETRY_AFTER_MIN_S, min(RETRY_AFTER_MAX_S, math.ceil(ahead * mean)))
 
     def submit(self, job: Job) -> None:
         with self._cv:
@@ -133,12 +152,14 @@ class GenerationWorker:
                 self.metrics.queue_depth.set(len(self._waiting))
                 self.current = job
             self.metrics.running.inc()
+            t0 = time.perf_counter()
             try:
                 self._run(job)
             finally:
                 self.metrics.running.dec()
                 with self._cv:
                     self.current = None
+                    self._recent_s.append(time.perf_counter() - t0)
 
     def _run(self, job: Job) -> None:
         m = self.metrics

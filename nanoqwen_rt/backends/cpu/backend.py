@@ -3,8 +3,10 @@
 Weights stay in the mmap'd file (zero-copy views) and are read by the streaming kernels of kernels.py;
 only the 1-D tensors (norm weights, biases: a few KB per layer) are widened to float32 copies.
 All activations and accumulations are float32. The KV cache is float32 (or float16 with kv_dtype="f16"),
-shaped (n_layers, n_kv_heads, max_context, head_dim), allocated once; small caches are filled with NaN so that
-a read of a slot that was never written poisons the logits instead of passing silently.
+shaped (n_layers, n_kv_heads, capacity, head_dim): it starts at KV_INITIAL_POSITIONS positions and doubles (up to
+max_context) when a prefill/decode needs more, so the first token of a fresh process does not page-fault in a
+cache sized for the whole context. Every allocation is filled with NaN, so a read of a slot that was never
+written poisons the logits instead of passing silently.
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from ...rope import apply_rope, cos_sin, rope_parameters
 
 __all__ = ["CPUBackend", "available", "Linear"]
 
-_POISON_LIMIT_BYTES = 256 << 20   # NaN-fill caches up to this size; larger ones stay untouched (lazy pages)
+# Positions the KV cache holds before its first growth: a typical prompt plus its answer, a few MB even for a 7B
+# model, so a short request never pays for a context-sized allocation.
+KV_INITIAL_POSITIONS = 256
 
 
 def available() -> bool:
@@ -137,18 +141,15 @@ class CPUBackend(Backend):
                 self.lm_head = Linear(f, "lm_head.weight")
             if kv_dtype not in ("f32", "f16"):
                 raise ValueError(f"kv_dtype must be 'f32' or 'f16', got {kv_dtype!r}")
-            kvt = np.float32 if kv_dtype == "f32" else np.float16
-            shape = (cfg.n_layers, cfg.n_kv_heads, self.max_context, cfg.head_dim)
-            # k_cache, v_cache: (n_layers, n_kv_heads, max_context, head_dim)
-            self.k_cache = np.empty(shape, dtype=kvt)
-            self.v_cache = np.empty(shape, dtype=kvt)
+            self._kv_dtype = np.float32 if kv_dtype == "f32" else np.float16
+            # k_cache, v_cache: (n_layers, n_kv_heads, capacity, head_dim), capacity ≤ max_context (see _reserve)
+            self.k_cache = self.v_cache = np.empty((cfg.n_layers, cfg.n_kv_heads, 0, cfg.head_dim), self._kv_dtype)
+            self._pos = 0
+            self._reserve(min(KV_INITIAL_POSITIONS, self.max_context))
             self._warmup()
-            if 2 * self.k_cache.nbytes <= _POISON_LIMIT_BYTES:
-                self.poison()
         except BaseException:
             self.close()
             raise
-        self._pos = 0
 
     def _warmup(self) -> None:
         """JIT / cache-load every kernel variant this model uses (one of each weight kind), so TTFT excludes it."""
@@ -170,9 +171,29 @@ class CPUBackend(Backend):
         self._pos = 0
 
     def poison(self) -> None:
-        """Fill the KV cache with NaN (tests; done at construction for small caches)."""
+        """Fill the KV cache with NaN (tests; every new allocation is filled already)."""
         self.k_cache.fill(np.nan)
         self.v_cache.fill(np.nan)
+
+    @property
+    def kv_capacity(self) -> int:
+        """Positions the KV cache holds now (grows on demand up to max_context)."""
+        return self.k_cache.shape[2]
+
+    def _reserve(self, n: int) -> None:
+        """Make the cache hold at least n ≤ max_context positions: double (at least), copy the positions in use,
+        NaN everywhere else."""
+        cap = self.kv_capacity
+        if n <= cap:
+            return
+        new_cap = min(self.max_context, max(n, 2 * cap))
+        cfg = self.config
+        shape = (cfg.n_layers, cfg.n_kv_heads, new_cap, cfg.head_dim)
+        k = np.full(shape, np.nan, dtype=self._kv_dtype)
+        v = np.full(shape, np.nan, dtype=self._kv_dtype)
+        k[:, :, :self._pos] = self.k_cache[:, :, :self._pos]
+        v[:, :, :self._pos] = self.v_cache[:, :, :self._pos]
+        self.k_cache, self.v_cache = k, v
 
     def close(self) -> None:
         f = getattr(self, "_file", None)
@@ -226,6 +247,7 @@ class CPUBackend(Backend):
         T = ids.shape[0]
         p0 = self._pos
         H, G, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self._reserve(p0 + T)
         cos, sin = cos_sin(self.inv_freq, self.rope_scaling, np.arange(p0, p0 + T))   # (T, hd) each
         x = self._embed(ids)                                                         # (T, hidden)
         for li, L in enumerate(self.layers):
