@@ -18,6 +18,16 @@
    fraction (tokens until the first divergence / gen), position-wise match fraction, and the fraction of prompts
    whose whole continuation matches.
 Prints a markdown block for bench/RESULTS.md and writes the numbers as JSON.
+
+    python bench/quality.py --sweep [--model DIR | --checkpoint smollm2-135m] [--groups 128,64,32]
+                            [--modes rtn,mse,gptq] [--tokens 4096] [--json bench/quality_sweep_<name>.json]
+
+Sweep: every mode x group size against the unquantized model (the source converted with --quant none), on the
+text of nanoqwen-verify --eval (nanoqwen_quant/data/eval_heldout.txt), with the numbers of nanoqwen_quant.evaluate:
+perplexity gap, mean / p99 KL(unquantized || int4) per token, top-1 agreement. The reference logits are computed
+once; gptq's Hessians once per model (calibration text: nanoqwen_quant.calibrate's default, disjoint from the
+evaluation text). --checkpoint names a trained checkpoint from bench/real_checkpoints.py (fetched into its cache).
+Group sizes that a model's shapes cannot hold (K % g != 0) are reported as such, not run.
 """
 from __future__ import annotations
 
@@ -125,6 +135,88 @@ def git_commit() -> str:
         return "unknown"
 
 
+def sweep(a) -> int:
+    from nanoqwen_format import open_file
+    from nanoqwen_quant.calibrate import calibration_hessians
+    from nanoqwen_quant.convert import convert_checkpoint, plan_tensors
+    from nanoqwen_quant.evaluate import DEFAULT_TEXT, compare_logits, summarize, token_windows
+    from nanoqwen_quant.hf import load_checkpoint
+    from nanoqwen_rt.backends.cpu import CPUBackend
+    from nanoqwen_rt.tokenizer import Tokenizer
+
+    if a.checkpoint:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from real_checkpoints import materialize
+        model, name = materialize(a.checkpoint), a.checkpoint
+    else:
+        model, name = a.model, a.model.name
+    groups = [int(g) for g in a.groups.split(",")]
+    modes = a.modes.split(",")
+    t0 = time.time()
+    rows, timing = [], {}
+    with tempfile.TemporaryDirectory(prefix="nanoqwen-sweep-") as td:
+        ref_path = convert_checkpoint(model, Path(td) / "f16.nanoqwen", quant="none")
+        with open_file(ref_path) as f:
+            tok = Tokenizer.from_file(f)
+            cfg = f.config
+        ctx = min(512, cfg.max_positions - 1)
+        windows = token_windows(np.asarray(tok.encode(DEFAULT_TEXT.read_text(encoding="utf-8")), np.int32), ctx,
+                                a.tokens)
+        with CPUBackend(ref_path, max_context=ctx + 1) as be:
+            ref_logits = [be.logits_all(w[:-1]) for w in windows]
+        log(f"{name}: reference logits over {sum(len(w) - 1 for w in windows)} tokens ({time.time() - t0:.0f} s)")
+        hess = None
+        if "gptq" in modes:
+            t = time.time()
+            hess = calibration_hessians(model, None, td)
+            timing["gptq_calibration_s"] = round(time.time() - t, 1)
+            log(f"{name}: calibration Hessians in {timing['gptq_calibration_s']} s")
+        ckpt = load_checkpoint(model)
+        for g in groups:
+            specs = plan_tensors(ckpt, quant="int4", group_size=g, lm_head="fp16", fallback_f16=True)
+            f16_linears = sum(1 for sp in specs if sp.dtype.name == "F16" and sp.name.endswith("proj.weight"))
+            if f16_linears:
+                rows.append({"group": g, "mode": "-", "skipped": f"{f16_linears} linears have K % {g} != 0"})
+                log(f"{name} g{g}: skipped ({f16_linears} linears have K % {g} != 0)")
+                continue
+            for mode in modes:
+                t = time.time()
+                path = convert_checkpoint(model, Path(td) / f"{mode}-g{g}.nanoqwen", group_size=g, mode=mode,
+                                          hessians=hess if mode == "gptq" else None)
+                conv_s = time.time() - t
+                with CPUBackend(path, max_context=ctx + 1) as be:
+                    parts = [compare_logits(r, be.logits_all(w[:-1]), w[1:]) for r, w in zip(ref_logits, windows)]
+                r = summarize(parts)
+                r.update(group=g, mode=mode, convert_s=round(conv_s, 1))
+                rows.append(r)
+                path.unlink()
+                log(f"{name} g{g} {mode}: ppl {r['ppl']:.4f} vs {r['ppl_source']:.4f} ({100 * r['ppl_gap']:+.2f} %),"
+                    f" KL {r['mean_kl']:.5f}, top-1 {100 * r['top1_agreement']:.2f} %")
+    res = {"date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"), "commit": git_commit(),
+           "model": name, "text": str(DEFAULT_TEXT.relative_to(ROOT)), "tokens": sum(len(w) - 1 for w in windows),
+           "context": ctx, "rows": rows, "seconds": round(time.time() - t0, 1), **timing}
+    out = a.json or ROOT / "bench" / f"quality_sweep_{name}.json"
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(res, indent=2) + "\n")
+    tmp.replace(out)
+    print(sweep_markdown(res))
+    return 0
+
+
+def sweep_markdown(r: dict) -> str:
+    lines = [f"{r['model']}: {r['tokens']} tokens of `{r['text']}` (windows of {r['context']}), measured "
+             f"{r['date_utc']} UTC at {r['commit']} ({r['seconds']} s)", "",
+             "| group | mode | ppl (unquantized) | ppl int4 | gap | mean KL | p99 KL | top-1 |", "|---|---|---|---|---|---|---|---|"]
+    for x in r["rows"]:
+        if "skipped" in x:
+            lines.append(f"| {x['group']} | — | — | — | n/a: {x['skipped']} | | | |")
+            continue
+        lines.append(f"| {x['group']} | {x['mode']} | {x['ppl_source']:.4f} | {x['ppl']:.4f} | "
+                     f"{100 * x['ppl_gap']:+.2f} % | {x['mean_kl']:.5f} | {x['p99_kl']:.4f} | "
+                     f"{100 * x['top1_agreement']:.2f} % |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, default=ROOT / "models" / "tiny-py")
@@ -134,8 +226,16 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--group-size", type=int, default=128)
-    ap.add_argument("--json", type=Path, default=ROOT / "bench" / "quality_last.json")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--sweep", action="store_true", help="modes x group sizes (see the module docstring)")
+    ap.add_argument("--checkpoint", default=None, help="--sweep: a bench/real_checkpoints.py name")
+    ap.add_argument("--groups", default="128,64,32")
+    ap.add_argument("--modes", default="rtn,mse,gptq")
+    ap.add_argument("--tokens", type=int, default=4096)
     a = ap.parse_args(argv)
+    if a.sweep:
+        return sweep(a)
+    a.json = a.json or ROOT / "bench" / "quality_last.json"
 
     from nanoqwen_format import open_file
     from nanoqwen_quant.convert import convert_checkpoint

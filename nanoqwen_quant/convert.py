@@ -32,7 +32,8 @@ from .quantize import QuantizationError, can_quantize, check_shape, quantize
 from .sources import ImportedCheckpoint
 
 INT4_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-GROUP_SIZES = (64, 128)                     # what the CLI offers (the format also allows 32 and 256)
+GROUP_SIZES = (32, 64, 128)                 # what the CLI offers (the format also allows 256)
+MODES = ("rtn", "mse", "gptq")              # gptq: calibration forward pass + error feedback (nanoqwen_quant.gptq)
 BLOCK_ELEMS = 8 * 1024 * 1024               # float32 elements per row block (32 MiB) read + quantized at once
 BUFFER_REUSE_BYTES = 64 * 1024 * 1024      # keep f16 buffers this large for the next tensor of the same shape
 UNWIND_SIGNALS = (signal.SIGTERM, signal.SIGHUP)   # handled like Ctrl-C: the temp file goes, exit 128 + signum
@@ -241,17 +242,19 @@ def _progress(total: int, enabled: bool):
 
 def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, mode: str = "rtn",
                        lm_head: str = "fp16", revision: str | None = None, progress: bool = False,
-                       fallback_f16: bool = False, force: bool = False, log=None) -> Path:
+                       fallback_f16: bool = False, force: bool = False, log=None, calib_text: str | None = None,
+                       hessians: dict | None = None) -> Path:
     """Convert a Hugging Face checkpoint (local dir or hub repo id) to a .nanoqwen file at `out`; returns out.
     Raises ConvertError (one-line message) for anything the user must fix; OutputRefused (before anything is
     read or written) for an output path check_output / check_output_not_source refuse. An existing regular
     file at `out` is replaced only with force=True. log(message): one line each for what the user should know
     (stale temp files removed; with progress, linears kept f16 and what an imported GPTQ / AWQ / GGUF source
-    became)."""
+    became). mode gptq: calibrates on calib_text (default: nanoqwen_quant.calibrate's), or uses `hessians`
+    (weight name → H) from calibration_hessians."""
     if quant not in ("int4", "none"):
         raise ConvertError(f"quant: expected 'int4' or 'none', found {quant!r}")
-    if mode not in ("rtn", "mse"):
-        raise ConvertError(f"mode: expected 'rtn' or 'mse', found {mode!r}")
+    if mode not in MODES:
+        raise ConvertError(f"mode: expected one of {MODES}, found {mode!r}")
     if lm_head not in ("fp16", "int4"):
         raise ConvertError(f"lm_head: expected 'fp16' or 'int4', found {lm_head!r}")
     if quant == "int4" and group_size not in GROUP_SIZES:
@@ -287,12 +290,16 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
     if removed and log is not None:
         log(f"removed {len(removed)} temp file(s) left by converters that no longer run: "
             + ", ".join(f"{p} ({n / 2**20:.1f} MiB)" for p, n in removed))
+    if n_int4 and mode == "gptq" and hessians is None:      # hessians given: calibration done by the caller
+        from .calibrate import calibration_hessians, calibration_workdir
+        with calibration_workdir(out) as td:
+            hessians = calibration_hessians(src, revision, td, calib_text)
     bar = _progress(ckpt.source_nbytes, progress)
     try:
         with NanoqwenWriter(out, ckpt.config, specs, [k for k, _ in blobs]) as w:
             bufs: dict = {}
             for spec in specs:
-                _convert_tensor(ckpt, spec, w, mode, bar, bufs)
+                _convert_tensor(ckpt, spec, w, mode, bar, bufs, hessians)
             bufs.clear()
             for kind, data in blobs:
                 w.write_blob(kind, data)
@@ -351,8 +358,10 @@ def conversion_notes(ckpt: Checkpoint, specs: list[TensorSpec], quant: str, mode
     return lines
 
 
-def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode: str, bar, bufs: dict) -> None:
-    """Read one source tensor in row blocks and write it as spec says. bufs: reusable f16 buffers by shape."""
+def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode: str, bar, bufs: dict,
+                    hessians: dict | None = None) -> None:
+    """Read one source tensor in row blocks and write it as spec says. bufs: reusable f16 buffers by shape.
+    hessians (mode gptq): input Hessian by weight name; a tensor without one (lm_head) is quantized with mse."""
     t = ckpt.tensors[spec.name]
     rows = t.shape[0]
     step = _rows_per_block(t.shape)
@@ -364,11 +373,20 @@ def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode:
         g = spec.group_size
         qweight = np.empty((n, k // 8), np.uint32)       # (N, K/8) packed codes
         scales = np.empty((n, k // g), np.float16)        # (N, K/g)
+        h = hessians.get(spec.name) if hessians is not None else None
+        u = None
+        if h is not None:
+            from .gptq import inverse_cholesky
+            u = inverse_cholesky(h)                       # once per tensor; rows are independent in GPTQ
         for a in range(0, rows, step):
             b = min(rows, a + step)
             block = ckpt.read_rows(spec.name, a, b)
             try:
-                quantize(block, g, mode, out=(qweight[a:b], scales[a:b]))
+                if u is not None:
+                    from .gptq import GPTQ_SCALE_MODE, gptq_quantize
+                    qweight[a:b], scales[a:b] = gptq_quantize(block, h, g, GPTQ_SCALE_MODE, u=u)
+                else:
+                    quantize(block, g, "mse" if mode == "gptq" else mode, out=(qweight[a:b], scales[a:b]))
             except QuantizationError as e:
                 raise QuantizationError(f"tensor {spec.name!r} rows {a}..{b}: {e}") from None
             bar.update((b - a) * t.row_bytes)
@@ -417,15 +435,18 @@ def fail(msg: str, code: int = 2) -> None:
 @click.option("--quant", type=click.Choice(["int4", "none"]), default="int4", show_default=True,
               help="int4: linear layers in INT4; none: f16 everywhere")
 @click.option("--group-size", type=click.Choice([str(g) for g in GROUP_SIZES]), default="128", show_default=True)
-@click.option("--mode", type=click.Choice(["rtn", "mse"]), default="rtn", show_default=True,
-              help="rtn: absmax scale; mse: per-group clipping search (slower, lower error)")
+@click.option("--mode", type=click.Choice(list(MODES)), default="rtn", show_default=True,
+              help="rtn: absmax scale; mse: per-group clipping search (slower, lower error); gptq: mse scales, "
+              "codes chosen with a calibration text's input statistics (slowest; prints its expected time)")
+@click.option("--calib-text", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="--mode gptq: calibration text file (default: Python standard-library files)")
 @click.option("--lm-head", type=click.Choice(["fp16", "int4"]), default="fp16", show_default=True)
 @click.option("--revision", default=None, help="hub revision (branch, tag or commit) when SRC is a repo id")
 @click.option("--fallback-f16", is_flag=True, help="store linears whose shape int4 cannot hold as f16 "
               "instead of refusing")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="quantizer threads (default: all cores)")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar or summary")
-def main(src, out, force, quant, group_size, mode, lm_head, revision, fallback_f16, threads, quiet):
+def main(src, out, force, quant, group_size, mode, lm_head, revision, fallback_f16, threads, quiet, calib_text):
     """Convert a Qwen2/Llama checkpoint SRC to OUT.nanoqwen. SRC: a Hugging Face directory or hub repo id
     (bf16/f16/f32; GPTQ: 4-bit symmetric checkpoints repacked losslessly, others requantized; AWQ: requantized),
     or a GGUF file / Ollama blob (requantized).
@@ -440,9 +461,18 @@ def main(src, out, force, quant, group_size, mode, lm_head, revision, fallback_f
     try:
         with unwind_on_signals():
             set_threads(threads)
+            text = None
+            if calib_text is not None:
+                try:
+                    text = Path(calib_text).read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError) as e:
+                    raise ConvertError(f"--calib-text {calib_text}: {getattr(e, 'strerror', None) or e}") from None
+            if mode == "gptq" and quant == "int4" and not quiet:
+                from .calibrate import gptq_time_estimate
+                click.echo(gptq_time_estimate(src, revision, threads), err=True)
             path = convert_checkpoint(src, out, quant=quant, group_size=int(group_size), mode=mode,
                                       lm_head=lm_head, revision=revision, progress=not quiet,
-                                      fallback_f16=fallback_f16, force=force,
+                                      fallback_f16=fallback_f16, force=force, calib_text=text,
                                       log=lambda m: click.echo(f"nanoqwen-convert: {m}", err=True))
     except KeyboardInterrupt:
         fail(f"interrupted; {_outcome(out, before)}", EXIT_SIGNAL_BASE + signal.SIGINT)
