@@ -14,8 +14,9 @@ stamp="$venv/.nanoqwen-installed-$1"
 if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
   if [ "$1" = test ]; then
     # torch is a test-only dependency (reference models), installed first on its own (the largest download);
-    # its version requirement is the one in pyproject.toml's test extra (one place).
-    torch_req="$(grep -o '"torch[<>=!~][^"]*"' "$root/pyproject.toml" | head -n1 | tr -d '"')"
+    # its version requirement is the one in pyproject.toml's test extra (one place). The pin matters: 2.13.0 has a
+    # CPU-only build on the index, while an unpinned install pulls a newer CUDA build and gigabytes of nvidia-* wheels.
+    torch_req="$(grep -E '^test = ' "$root/pyproject.toml" | grep -o '"torch[<>=!~][^"]*"' | head -n1 | tr -d '"')"
     python -c "import torch" 2>/dev/null || pip install -q "${torch_req:?no torch requirement in pyproject.toml}"
     pip install -q -e "$root[test]"
   else
