@@ -7,21 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 from safetensors.numpy import load_file, save_file
 
 from nanoqwen_quant.convert import convert_checkpoint
 from nanoqwen_quant.evaluate import (DEFAULT_TEXT, EVAL_MAX_MEAN_KL, compare_logits, summarize, token_windows)
-from nanoqwen_quant.verify import main as verify_main
+from test_verify import _run   # nanoqwen-verify through click's runner: (exit code, output), never a traceback
 
 TINY = Path(__file__).resolve().parents[1] / "models" / "tiny-py"
 EVAL_TOKENS = "1024"          # two windows of 512: ~1.5 s per model on the 2-core CI machine
-
-
-def _run(*args):
-    r = CliRunner().invoke(verify_main, [str(a) for a in args])
-    assert "Traceback" not in r.output
-    return r.exit_code, r.output
 
 
 @pytest.fixture(scope="module")
