@@ -86,11 +86,17 @@ def facts() -> dict:
         "max_header_size": C.MAX_HEADER_SIZE,
         "max_n_layers": C.MAX_N_LAYERS,
         "header_crc_offset": C.HEADER_CRC_OFFSET,
+        "header_reserved_start": _header.HEADER_RESERVED_START,
+        "config_used_size": _config.CONFIG_USED_SIZE,
+        "blob_reserved_start": _header.BLOB_RESERVED_START,
         "dtypes": {d.name.lower(): int(d) for d in C.DType},
         "archs": {a.name.lower(): int(a) for a in C.Arch},
         "rope_scaling": {r.name.lower(): int(r) for r in C.RopeScaling},
         "layouts": {"none": C.LAYOUT_NONE, "int4_rowmajor_k8": C.LAYOUT_INT4_ROWMAJOR_K8},
         "config_flags": {"tied": C.CONFIG_FLAG_TIED, "qkv_bias": C.CONFIG_FLAG_QKV_BIAS},
+        "blob_kinds": {k.name.lower(): int(k) for k in C.BlobKind},
+        "blob_encodings": {e.name.lower(): int(e) for e in C.BlobEncoding},
+        "blob_kind_encodings": {k.name.lower(): int(C.BLOB_KIND_ENCODING[k]) for k in C.BlobKind},
         "int4_perm": list(C.INT4_PERM),
         "int4_group_sizes": list(C.INT4_GROUP_SIZES),
         "int4_zero_code": C.INT4_ZERO_CODE,
@@ -108,10 +114,12 @@ def _camel(name: str) -> str:
 
 SCALARS = ("version", "alignment", "file_header_size", "config_offset", "config_size", "tensor_entry_size",
            "blob_entry_size", "tensor_name_size", "max_ndim", "max_tensors", "max_blobs", "max_header_size",
-           "max_n_layers", "header_crc_offset", "int4_zero_code", "kv_page_tokens")
+           "max_n_layers", "header_crc_offset", "header_reserved_start", "config_used_size", "blob_reserved_start",
+           "int4_zero_code", "kv_page_tokens")
 # JSON group -> C++ name prefix of its constants
 GROUPS = (("dtypes", "kDType"), ("archs", "kArch"), ("rope_scaling", "kRope"), ("layouts", "kLayout"),
-          ("config_flags", "kConfigFlag"))
+          ("config_flags", "kConfigFlag"), ("blob_kinds", "kBlobKind"), ("blob_encodings", "kBlobEncoding"),
+          ("blob_kind_encodings", "kBlobKindEncoding"))
 SECTIONS = ("header", "config", "tensor_entry", "blob_entry")  # byte offsets (config: inside the config block)
 
 
@@ -132,6 +140,15 @@ def render(f: dict) -> str:
          "constexpr uint32_t " + decl((f"k{_camel(k)}", f[k]) for k in SCALARS) + ";"]
     for group, prefix in GROUPS:
         L.append("constexpr uint32_t " + decl((f"{prefix}{_camel(n)}", v) for n, v in f[group].items()) + ";")
+    # Blob kinds are 1..n with no gaps, so a kind indexes these arrays directly (slot 0 is no kind).
+    kinds = f["blob_kinds"]
+    assert sorted(kinds.values()) == list(range(1, len(kinds) + 1)), kinds
+    by_value = sorted(kinds, key=kinds.get)
+    L.append(f"constexpr uint32_t kBlobKindMax = {len(kinds)}u;")
+    L.append("constexpr const char* kBlobKindNames[kBlobKindMax + 1] = {\"?\", " +
+             ", ".join(f'"{n.upper()}"' for n in by_value) + "};")
+    L.append("constexpr uint32_t kEncodingOfBlobKind[kBlobKindMax + 1] = {0u, " +
+             ", ".join(f"kBlobKindEncoding{_camel(n)}" for n in by_value) + "};")
     L.append("constexpr int kInt4Perm[8] = {" + ", ".join(map(str, f["int4_perm"])) + "};")
     L.append(f"constexpr int kInt4GroupSizes[{len(f['int4_group_sizes'])}] = {{" +
              ", ".join(map(str, f["int4_group_sizes"])) + "};")

@@ -225,3 +225,24 @@ def test_model_check_rejects_corrupt_files_by_name(lib, tmp_path, rule):
 def test_model_check_missing_file_is_io_error(lib, tmp_path):
     rc, msg = _check(lib, tmp_path / "nope.nanoqwen")
     assert rc == NQ_E_IO and "nope.nanoqwen" in msg
+
+
+def test_model_check_int4_tied_embedding_is_unsupported(lib, tmp_path):
+    """A tied int4 embedding is valid (spec/vectors/tiny_int4_tied.nanoqwen is one) but the CUDA embedding gather
+    reads plain rows: "unsupported", naming the embedding. The golden vector's head_dim 16 would be refused first,
+    so this file keeps everything else inside the library's limits (head_dim 64, multiples of 64)."""
+    from format_helpers import make_random_file  # tests/format_helpers.py
+    from nanoqwen_format import DType, ModelConfig
+    cfg = ModelConfig(arch="llama", n_layers=1, hidden_size=64, intermediate_size=128, n_heads=2, n_kv_heads=1,
+                      head_dim=64, vocab_rows=80, max_positions=128, rope_theta=10_000.0, rms_norm_eps=1e-5,
+                      tied_embeddings=True, qkv_bias=False, bos_token_id=-1, eos_token_id=1, pad_token_id=-1)
+
+    def int4_matrices(name, shape):
+        return (DType.INT4G, 32) if len(shape) == 2 else (DType.F32, 0)
+
+    path = tmp_path / "int4_tied_hd64.nanoqwen"
+    make_random_file(path, cfg, seed=3, dtype_for=int4_matrices)
+    rc, msg = _check(lib, path)
+    assert rc == NQ_E_UNSUPPORTED, (rc, msg)
+    assert "embed_tokens" in msg and "int4" in msg, msg
+    assert "\n" not in msg

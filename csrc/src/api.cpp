@@ -84,6 +84,8 @@ std::string describe_json() {
 #define NQ_GROUP(name, table) group(name, table, sizeof table / sizeof table[0])
   NQ_GROUP("dtypes", ct::kDtypes); NQ_GROUP("archs", ct::kArchs); NQ_GROUP("rope_scaling", ct::kRopeScaling);
   NQ_GROUP("layouts", ct::kLayouts); NQ_GROUP("config_flags", ct::kConfigFlags);
+  NQ_GROUP("blob_kinds", ct::kBlobKinds); NQ_GROUP("blob_encodings", ct::kBlobEncodings);
+  NQ_GROUP("blob_kind_encodings", ct::kBlobKindEncodings);
   NQ_GROUP("header", ct::kHeaderOffsets); NQ_GROUP("config", ct::kConfigOffsets);
   NQ_GROUP("tensor_entry", ct::kTensorEntryOffsets); NQ_GROUP("blob_entry", ct::kBlobEntryOffsets);
 #undef NQ_GROUP

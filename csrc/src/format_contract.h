@@ -8,12 +8,18 @@ namespace nq {
 namespace contract {
 
 constexpr char kMagic[] = "NANOQWEN";
-constexpr uint32_t kVersion = 1u, kAlignment = 128u, kFileHeaderSize = 256u, kConfigOffset = 48u, kConfigSize = 128u, kTensorEntrySize = 136u, kBlobEntrySize = 64u, kTensorNameSize = 64u, kMaxNdim = 4u, kMaxTensors = 65536u, kMaxBlobs = 64u, kMaxHeaderSize = 16777216u, kMaxNLayers = 256u, kHeaderCrcOffset = 40u, kInt4ZeroCode = 8u, kKvPageTokens = 16u;
+constexpr uint32_t kVersion = 1u, kAlignment = 128u, kFileHeaderSize = 256u, kConfigOffset = 48u, kConfigSize = 128u, kTensorEntrySize = 136u, kBlobEntrySize = 64u, kTensorNameSize = 64u, kMaxNdim = 4u, kMaxTensors = 65536u, kMaxBlobs = 64u, kMaxHeaderSize = 16777216u, kMaxNLayers = 256u, kHeaderCrcOffset = 40u, kHeaderReservedStart = 176u, kConfigUsedSize = 76u, kBlobReservedStart = 28u, kInt4ZeroCode = 8u, kKvPageTokens = 16u;
 constexpr uint32_t kDTypeF32 = 0u, kDTypeF16 = 1u, kDTypeBf16 = 2u, kDTypeInt4g = 3u;
 constexpr uint32_t kArchQwen2 = 1u, kArchLlama = 2u;
 constexpr uint32_t kRopeNone = 0u, kRopeLinear = 1u, kRopeYarn = 2u;
 constexpr uint32_t kLayoutNone = 0u, kLayoutInt4RowmajorK8 = 1u;
 constexpr uint32_t kConfigFlagTied = 1u, kConfigFlagQkvBias = 2u;
+constexpr uint32_t kBlobKindTokenizerJson = 1u, kBlobKindChatTemplate = 2u, kBlobKindGenerationConfig = 3u, kBlobKindProvenance = 4u, kBlobKindTokenizerConfig = 5u;
+constexpr uint32_t kBlobEncodingJsonUtf8 = 1u, kBlobEncodingTextUtf8 = 2u;
+constexpr uint32_t kBlobKindEncodingTokenizerJson = 1u, kBlobKindEncodingChatTemplate = 2u, kBlobKindEncodingGenerationConfig = 1u, kBlobKindEncodingProvenance = 1u, kBlobKindEncodingTokenizerConfig = 1u;
+constexpr uint32_t kBlobKindMax = 5u;
+constexpr const char* kBlobKindNames[kBlobKindMax + 1] = {"?", "TOKENIZER_JSON", "CHAT_TEMPLATE", "GENERATION_CONFIG", "PROVENANCE", "TOKENIZER_CONFIG"};
+constexpr uint32_t kEncodingOfBlobKind[kBlobKindMax + 1] = {0u, kBlobKindEncodingTokenizerJson, kBlobKindEncodingChatTemplate, kBlobKindEncodingGenerationConfig, kBlobKindEncodingProvenance, kBlobKindEncodingTokenizerConfig};
 constexpr int kInt4Perm[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 constexpr int kInt4GroupSizes[4] = {32, 64, 128, 256};
 // The one INT4 group-size rule: an allowed group size that divides K.
@@ -31,12 +37,15 @@ namespace blob_entry { constexpr uint32_t kind = 0u, encoding = 4u, offset = 8u,
 
 // The same facts by their nq_abi_describe() JSON names.
 struct Named { const char* name; uint32_t value; };
-constexpr Named kScalars[] = {{"version", kVersion}, {"alignment", kAlignment}, {"file_header_size", kFileHeaderSize}, {"config_offset", kConfigOffset}, {"config_size", kConfigSize}, {"tensor_entry_size", kTensorEntrySize}, {"blob_entry_size", kBlobEntrySize}, {"tensor_name_size", kTensorNameSize}, {"max_ndim", kMaxNdim}, {"max_tensors", kMaxTensors}, {"max_blobs", kMaxBlobs}, {"max_header_size", kMaxHeaderSize}, {"max_n_layers", kMaxNLayers}, {"header_crc_offset", kHeaderCrcOffset}, {"int4_zero_code", kInt4ZeroCode}, {"kv_page_tokens", kKvPageTokens}};
+constexpr Named kScalars[] = {{"version", kVersion}, {"alignment", kAlignment}, {"file_header_size", kFileHeaderSize}, {"config_offset", kConfigOffset}, {"config_size", kConfigSize}, {"tensor_entry_size", kTensorEntrySize}, {"blob_entry_size", kBlobEntrySize}, {"tensor_name_size", kTensorNameSize}, {"max_ndim", kMaxNdim}, {"max_tensors", kMaxTensors}, {"max_blobs", kMaxBlobs}, {"max_header_size", kMaxHeaderSize}, {"max_n_layers", kMaxNLayers}, {"header_crc_offset", kHeaderCrcOffset}, {"header_reserved_start", kHeaderReservedStart}, {"config_used_size", kConfigUsedSize}, {"blob_reserved_start", kBlobReservedStart}, {"int4_zero_code", kInt4ZeroCode}, {"kv_page_tokens", kKvPageTokens}};
 constexpr Named kDtypes[] = {{"f32", kDTypeF32}, {"f16", kDTypeF16}, {"bf16", kDTypeBf16}, {"int4g", kDTypeInt4g}};
 constexpr Named kArchs[] = {{"qwen2", kArchQwen2}, {"llama", kArchLlama}};
 constexpr Named kRopeScaling[] = {{"none", kRopeNone}, {"linear", kRopeLinear}, {"yarn", kRopeYarn}};
 constexpr Named kLayouts[] = {{"none", kLayoutNone}, {"int4_rowmajor_k8", kLayoutInt4RowmajorK8}};
 constexpr Named kConfigFlags[] = {{"tied", kConfigFlagTied}, {"qkv_bias", kConfigFlagQkvBias}};
+constexpr Named kBlobKinds[] = {{"tokenizer_json", kBlobKindTokenizerJson}, {"chat_template", kBlobKindChatTemplate}, {"generation_config", kBlobKindGenerationConfig}, {"provenance", kBlobKindProvenance}, {"tokenizer_config", kBlobKindTokenizerConfig}};
+constexpr Named kBlobEncodings[] = {{"json_utf8", kBlobEncodingJsonUtf8}, {"text_utf8", kBlobEncodingTextUtf8}};
+constexpr Named kBlobKindEncodings[] = {{"tokenizer_json", kBlobKindEncodingTokenizerJson}, {"chat_template", kBlobKindEncodingChatTemplate}, {"generation_config", kBlobKindEncodingGenerationConfig}, {"provenance", kBlobKindEncodingProvenance}, {"tokenizer_config", kBlobKindEncodingTokenizerConfig}};
 constexpr Named kHeaderOffsets[] = {{"magic", header::magic}, {"version", header::version}, {"header_size", header::header_size}, {"file_size", header::file_size}, {"data_offset", header::data_offset}, {"n_tensors", header::n_tensors}, {"n_blobs", header::n_blobs}, {"header_crc32c", header::header_crc32c}, {"flags", header::flags}};
 constexpr Named kConfigOffsets[] = {{"arch", config::arch}, {"n_layers", config::n_layers}, {"hidden_size", config::hidden_size}, {"intermediate_size", config::intermediate_size}, {"n_heads", config::n_heads}, {"n_kv_heads", config::n_kv_heads}, {"head_dim", config::head_dim}, {"vocab_rows", config::vocab_rows}, {"max_positions", config::max_positions}, {"config_flags", config::config_flags}, {"rope_theta", config::rope_theta}, {"rope_scaling_type", config::rope_scaling_type}, {"rope_scaling_factor", config::rope_scaling_factor}, {"rope_original_max_positions", config::rope_original_max_positions}, {"rms_norm_eps", config::rms_norm_eps}, {"bos_token_id", config::bos_token_id}, {"eos_token_id", config::eos_token_id}, {"pad_token_id", config::pad_token_id}};
 constexpr Named kTensorEntryOffsets[] = {{"name", tensor_entry::name}, {"dtype", tensor_entry::dtype}, {"layout_id", tensor_entry::layout_id}, {"group_size", tensor_entry::group_size}, {"ndim", tensor_entry::ndim}, {"shape_0", tensor_entry::shape_0}, {"shape_1", tensor_entry::shape_1}, {"shape_2", tensor_entry::shape_2}, {"shape_3", tensor_entry::shape_3}, {"offset", tensor_entry::offset}, {"nbytes", tensor_entry::nbytes}, {"crc32c", tensor_entry::crc32c}, {"reserved", tensor_entry::reserved}};

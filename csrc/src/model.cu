@@ -197,8 +197,10 @@ int walk_tensors(Builder& b, const nq_config& c) {
   b.vec("model.norm.weight", H, &M.final_norm, rc);
   const TensorInfo* emb = b.need("model.embed_tokens.weight", rc);
   if (emb) {
-    if (emb->ndim != 2 || emb->shape[0] != (uint64_t)c.vocab_rows || emb->shape[1] != H || emb->dtype == DT_INT4G) {
-      if (rc == NQ_OK) rc = fail(NQ_E_FORMAT, "ConfigMismatch: model.embed_tokens.weight: expected plain (%d, %llu)", c.vocab_rows, (unsigned long long)H);
+    if (emb->ndim != 2 || emb->shape[0] != (uint64_t)c.vocab_rows || emb->shape[1] != H) {
+      if (rc == NQ_OK) rc = fail(NQ_E_FORMAT, "ConfigMismatch: model.embed_tokens.weight: expected shape (%d, %llu)", c.vocab_rows, (unsigned long long)H);
+    } else if (emb->dtype == DT_INT4G) {  // valid in the file (e.g. a tied int4 embedding); the row gather reads plain rows
+      if (rc == NQ_OK) rc = fail(NQ_E_UNSUPPORTED, "model.embed_tokens.weight: an int4 embedding is not supported by the CUDA backend (the embedding row gather reads f16/bf16/f32 rows)");
     } else {
       M.embed = M.dev ? M.dev + (emb->offset - b.f.data_offset) : nullptr;
       M.embed_dtype = (int)emb->dtype;

@@ -77,15 +77,6 @@ namespace {
 
 using u128 = unsigned __int128;
 constexpr u128 kTwo64 = (u128)1 << 64;
-constexpr uint32_t kConfigUsedSize = 76;                              // ModelConfig bytes before its reserved tail (§5)
-constexpr uint32_t kHeaderReservedStart = kConfigOffset + ct::kConfigSize;  // FileHeader reserved [176, 256)
-constexpr uint32_t kBlobReservedStart = 28;                           // BlobEntry reserved [28, 64)
-constexpr uint32_t kBlobJson = 1, kBlobText = 2;                      // BlobEncoding (§10)
-// BlobKind 1..5 (§10): TOKENIZER_JSON, CHAT_TEMPLATE, GENERATION_CONFIG, PROVENANCE, TOKENIZER_CONFIG
-constexpr const char* kBlobKindName[6] = {"?", "TOKENIZER_JSON", "CHAT_TEMPLATE", "GENERATION_CONFIG", "PROVENANCE",
-                                          "TOKENIZER_CONFIG"};
-constexpr uint32_t kBlobKindEncoding[6] = {0, kBlobJson, kBlobText, kBlobJson, kBlobJson, kBlobJson};
-
 // Spec §12: every message starts with the rule's error name, then ": ". Tests read the name before the colon.
 #define NQ_FORMAT(name, fmt, ...) fail(NQ_E_FORMAT, name ": " fmt, ##__VA_ARGS__)
 
@@ -117,8 +108,8 @@ bool f32_finite(float x) { return std::isfinite(x); }
 int check_config(const uint8_t* cb, nq_config& c) {
   namespace CF = ct::config;
   uint64_t bad = 0;
-  if (!all_zero(cb, kConfigUsedSize, ct::kConfigSize, &bad))
-    return NQ_FORMAT("NonZeroReserved", "config reserved bytes [%u, %u): non-zero byte at config offset %llu", kConfigUsedSize,
+  if (!all_zero(cb, ct::kConfigUsedSize, ct::kConfigSize, &bad))
+    return NQ_FORMAT("NonZeroReserved", "config reserved bytes [%u, %u): non-zero byte at config offset %llu", ct::kConfigUsedSize,
                      ct::kConfigSize, (unsigned long long)bad);
   const uint32_t cflags = rd<uint32_t>(cb + CF::config_flags);
   if (cflags & ~(ct::kConfigFlagTied | ct::kConfigFlagQkvBias))
@@ -290,8 +281,8 @@ int parse(ModelFile& f, bool verify) {
   }
   if (flags != 0) return NQ_FORMAT("NonZeroReserved", "flags: expected 0, found 0x%08x", flags);  // 10
   uint64_t bad = 0;
-  if (!all_zero(b, kHeaderReservedStart, kHeaderSize, &bad))
-    return NQ_FORMAT("NonZeroReserved", "header reserved bytes [%u, %u): non-zero byte at %llu", kHeaderReservedStart, kHeaderSize,
+  if (!all_zero(b, ct::kHeaderReservedStart, kHeaderSize, &bad))
+    return NQ_FORMAT("NonZeroReserved", "header reserved bytes [%u, %u): non-zero byte at %llu", ct::kHeaderReservedStart, kHeaderSize,
                      (unsigned long long)bad);
   NQ_TRY(check_config(b + kConfigOffset, f.cfg));  // 11
   const nq_config& cfg = f.cfg;
@@ -386,20 +377,21 @@ int parse(ModelFile& f, bool verify) {
 
   namespace BE = ct::blob_entry;
   std::vector<BlobInfo> blobs;
-  bool seen_kind[6] = {false, false, false, false, false, false};
+  bool seen_kind[ct::kBlobKindMax + 1] = {};
   for (uint32_t i = 0; i < n_blobs; i++) {  // 29-33, one entry at a time
     const uint8_t* e = b + kHeaderSize + kTensorEntry * n_tensors + kBlobEntry * i;
     BlobInfo bl{rd<uint32_t>(e + BE::kind), rd<uint64_t>(e + BE::offset), rd<uint64_t>(e + BE::nbytes), rd<uint32_t>(e + BE::crc32c)};
     const uint32_t enc = rd<uint32_t>(e + BE::encoding);
-    if (bl.kind < 1 || bl.kind > 5) return NQ_FORMAT("UnknownBlobKind", "blob entry %u: kind expected 1..5, found %u", i, bl.kind);  // 29
-    const char* kn = kBlobKindName[bl.kind];
+    if (bl.kind < 1 || bl.kind > ct::kBlobKindMax)
+      return NQ_FORMAT("UnknownBlobKind", "blob entry %u: kind expected 1..%u, found %u", i, ct::kBlobKindMax, bl.kind);  // 29
+    const char* kn = ct::kBlobKindNames[bl.kind];
     if (seen_kind[bl.kind]) return NQ_FORMAT("DuplicateName", "blob %s (entry %u): a second blob of this kind", kn, i);  // 30
     seen_kind[bl.kind] = true;
-    if (enc != kBlobKindEncoding[bl.kind])  // 31
-      return NQ_FORMAT("BadBlobEncoding", "blob %s: encoding expected %u, found %u", kn, kBlobKindEncoding[bl.kind], enc);
-    if (enc == kBlobJson && bl.nbytes == 0)  // 31b
+    if (enc != ct::kEncodingOfBlobKind[bl.kind])  // 31
+      return NQ_FORMAT("BadBlobEncoding", "blob %s: encoding expected %u, found %u", kn, ct::kEncodingOfBlobKind[bl.kind], enc);
+    if (enc == ct::kBlobEncodingJsonUtf8 && bl.nbytes == 0)  // 31b
       return NQ_FORMAT("BadBlobEncoding", "blob %s: nbytes expected >= 1 (a JSON blob holds one JSON value), found 0", kn);
-    if (!all_zero(e, kBlobReservedStart, kBlobEntry, &bad)) return NQ_FORMAT("NonZeroReserved", "blob %s: reserved bytes [28, 64) expected zero", kn);  // 32
+    if (!all_zero(e, ct::kBlobReservedStart, kBlobEntry, &bad)) return NQ_FORMAT("NonZeroReserved", "blob %s: reserved bytes [%u, %u) expected zero", kn, ct::kBlobReservedStart, kBlobEntry);  // 32
     const std::string what = std::string("blob ") + kn;
     NQ_TRY(place(what.c_str(), bl.offset, bl.nbytes));  // 33
     blobs.push_back(bl);
@@ -437,7 +429,7 @@ int parse(ModelFile& f, bool verify) {
   for (const BlobInfo& bl : blobs) {
     const uint32_t got = crc32c(b + bl.offset, bl.nbytes);
     if (got != bl.crc32c)
-      return NQ_FORMAT("ChecksumMismatch", "blob %s: crc32c expected 0x%08x (stored), computed 0x%08x", kBlobKindName[bl.kind], bl.crc32c, got);
+      return NQ_FORMAT("ChecksumMismatch", "blob %s: crc32c expected 0x%08x (stored), computed 0x%08x", ct::kBlobKindNames[bl.kind], bl.crc32c, got);
   }
   for (const TensorInfo& t : f.tensors) {  // 39: int4g scales have the f16 sign bit clear and exponent != 0x1F
     if (t.dtype != DT_INT4G) continue;
