@@ -140,7 +140,7 @@ def sweep(a) -> int:
     from nanoqwen_quant.calibrate import calibration_hessians
     from nanoqwen_quant.convert import convert_checkpoint, plan_tensors
     from nanoqwen_quant.evaluate import DEFAULT_TEXT, compare_logits, summarize, token_windows
-    from nanoqwen_quant.hf import load_checkpoint
+    from nanoqwen_quant.load import load_checkpoint
     from nanoqwen_rt.backends.cpu import CPUBackend
     from nanoqwen_rt.tokenizer import Tokenizer
 
@@ -168,7 +168,7 @@ def sweep(a) -> int:
         hess = None
         if "gptq" in modes:
             t = time.time()
-            hess = calibration_hessians(model, None, td)
+            hess = calibration_hessians(ref_path)          # the f16 conversion made above
             timing["gptq_calibration_s"] = round(time.time() - t, 1)
             log(f"{name}: calibration Hessians in {timing['gptq_calibration_s']} s")
         ckpt = load_checkpoint(model)

@@ -74,7 +74,7 @@ def snr_rows(weights: dict[str, np.ndarray], label: str):
 
 def load_linears(model_dir: Path) -> dict[str, np.ndarray]:
     from nanoqwen_quant.convert import is_int4_linear
-    from nanoqwen_quant.hf import load_checkpoint
+    from nanoqwen_quant.load import load_checkpoint
     ck = load_checkpoint(model_dir)
     return {n: ck.read_f32(n) for n in ck.tensors if is_int4_linear(n)}
 

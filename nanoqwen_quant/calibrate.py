@@ -124,34 +124,35 @@ def collect_hessians(f16_path, ids: np.ndarray, context: int = CALIB_CONTEXT) ->
     return out
 
 
-def calibration_hessians(src, revision, work_dir, text: str | None = None,
-                         tokens: int = CALIB_TOKENS) -> dict[str, np.ndarray]:
-    """Convert src to f16 in work_dir, tokenize the calibration text with its tokenizer, collect the Hessians."""
-    from nanoqwen_format import open_file
-    from nanoqwen_rt.tokenizer import Tokenizer
-
-    from .convert import convert_checkpoint
-    from .hf import ConvertError, load_checkpoint
-    need = hessian_bytes(load_checkpoint(src, revision).config)          # refuse before converting anything
+def check_hessians_fit(config) -> None:
+    """Refuse --mode gptq before anything is converted when every layer's Hessians would not fit in memory."""
+    from .hf import ConvertError
+    need = hessian_bytes(config)
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if need > HESSIAN_RAM_FRACTION * ram:
         raise ConvertError(f"--mode gptq keeps every layer's Hessian in memory: {need / 2**30:.1f} GiB, more "
                            f"than {HESSIAN_RAM_FRACTION:.0%} of this machine's {ram / 2**30:.1f} GiB; use --mode mse")
-    f16 = convert_checkpoint(src, Path(work_dir) / "calibration-f16.nanoqwen", quant="none", revision=revision)
-    try:
-        with open_file(f16, verify_checksums=False) as f:
-            cfg = f.config
-            try:
-                tok = Tokenizer.from_file(f)
-            except Exception as e:
-                raise ConvertError(f"--mode gptq needs the checkpoint's tokenizer: {e}".splitlines()[0]) from None
-            ids = np.asarray(tok.encode(text if text is not None else default_calibration_text()), np.int32)
-        if len(ids) < 2:
-            raise ConvertError("calibration text gives fewer than 2 tokens")
-        ctx = min(CALIB_CONTEXT, int(cfg.max_positions))
-        return collect_hessians(f16, ids[:tokens], ctx)
-    finally:
-        f16.unlink(missing_ok=True)
+
+
+def calibration_hessians(f16_file, text: str | None = None, tokens: int = CALIB_TOKENS) -> dict[str, np.ndarray]:
+    """The Hessians of every linear from an unquantized (f16) conversion of the source: tokenize the calibration
+    text with the file's tokenizer and run the CPU backend over it. The caller makes the f16 file
+    (convert_checkpoint(..., quant="none")) and checks check_hessians_fit first."""
+    from nanoqwen_format import open_file
+    from nanoqwen_rt.tokenizer import Tokenizer
+
+    from .hf import ConvertError
+    with open_file(f16_file, verify_checksums=False) as f:
+        cfg = f.config
+        try:
+            tok = Tokenizer.from_file(f)
+        except Exception as e:
+            raise ConvertError(f"--mode gptq needs the checkpoint's tokenizer: {e}".splitlines()[0]) from None
+        ids = np.asarray(tok.encode(text if text is not None else default_calibration_text()), np.int32)
+    if len(ids) < 2:
+        raise ConvertError("calibration text gives fewer than 2 tokens")
+    ctx = min(CALIB_CONTEXT, int(cfg.max_positions))
+    return collect_hessians(f16_file, ids[:tokens], ctx)
 
 
 def calibration_workdir(out: Path) -> tempfile.TemporaryDirectory:
@@ -167,7 +168,7 @@ GPTQ_FLOPS_PER_S = 4e9
 
 def gptq_time_estimate(src, revision=None, threads: int | None = None) -> str:
     """One line for stderr before a --mode gptq conversion starts: its expected time and Hessian memory."""
-    from .hf import load_checkpoint
+    from .load import load_checkpoint
     cfg = load_checkpoint(src, revision).config
     fwd, gq = gptq_flops(cfg)
     secs = fwd / FORWARD_FLOPS_PER_S + gq / GPTQ_FLOPS_PER_S

@@ -25,7 +25,8 @@ import numpy as np
 from nanoqwen_format import BlobKind, DType, NanoqwenFormatError, NanoqwenWriter, TensorSpec, expected_tensors
 from nanoqwen_format.writer import file_kind, remove_stale_temp_files
 
-from .hf import EXTRA_FILES, Checkpoint, ConvertError, load_checkpoint
+from .hf import EXTRA_FILES, Checkpoint, ConvertError
+from .load import load_checkpoint
 from .cast import to_f16_bits
 from .one_line_errors import OneLineErrorCommand
 from .quantize import QuantizationError, can_quantize, check_shape, quantize
@@ -291,9 +292,11 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
         log(f"removed {len(removed)} temp file(s) left by converters that no longer run: "
             + ", ".join(f"{p} ({n / 2**20:.1f} MiB)" for p, n in removed))
     if n_int4 and mode == "gptq" and hessians is None:      # hessians given: calibration done by the caller
-        from .calibrate import calibration_hessians, calibration_workdir
-        with calibration_workdir(out) as td:
-            hessians = calibration_hessians(src, revision, td, calib_text)
+        from .calibrate import calibration_hessians, calibration_workdir, check_hessians_fit
+        check_hessians_fit(ckpt.config)                      # refuse before converting anything
+        with calibration_workdir(out) as td:                # the f16 copy is as large as the source: same disk
+            f16 = convert_checkpoint(src, Path(td) / "calibration-f16.nanoqwen", quant="none", revision=revision)
+            hessians = calibration_hessians(f16, calib_text)
     bar = _progress(ckpt.source_nbytes, progress)
     try:
         with NanoqwenWriter(out, ckpt.config, specs, [k for k, _ in blobs]) as w:

@@ -413,19 +413,19 @@ def checked_tensor(d: Path, found: dict[str, SourceTensor], name: str, shape, mi
     return t
 
 
-def load_checkpoint(src: str | os.PathLike, revision: str | None = None) -> Checkpoint:
-    """Open a checkpoint (local dir or hub id): config, tensor locations, checked against the config."""
-    source = resolve_source(src, revision)
+def read_hf_config(source: Source) -> dict:
+    """config.json of a checkpoint directory, as a JSON object."""
     d = source.path
-    if d.is_file():                                   # resolve_source only lets GGUF files through
-        from .sources.gguf_file import load_gguf
-        return load_gguf(source)
     cfg = _read_json(d / "config.json", "config")
     if not isinstance(cfg, dict):
         raise ConvertError(f"{d / 'config.json'}: expected a JSON object")
-    if cfg.get("quantization_config"):
-        from .sources import load_quantized
-        return load_quantized(source, cfg)
+    return cfg
+
+
+def load_hf(source: Source, cfg: dict) -> Checkpoint:
+    """An unquantized Hugging Face checkpoint directory: config, tensor locations, checked against the config.
+    (nanoqwen_quant.load.load_checkpoint picks this reader or one of nanoqwen_quant.sources.)"""
+    d = source.path
     gen = _read_json(d / "generation_config.json", "generation config") \
         if (d / "generation_config.json").exists() else None
     mc = model_config_from_hf(cfg, gen if isinstance(gen, dict) else None)

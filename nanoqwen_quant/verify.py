@@ -46,7 +46,8 @@ from nanoqwen_format.writer import file_kind
 
 from .cast import bf16_to_f32
 from .errstats import stats_int4, stats_plain
-from .hf import ConvertError, load_checkpoint
+from .hf import ConvertError
+from .load import load_checkpoint
 from .one_line_errors import OneLineErrorCommand
 from .quantize import dequantize
 

@@ -50,7 +50,7 @@ def test_f16_file_matches_transformers(f16):
 def test_gptq_beats_rtn_at_g64(f16, tmp_path):
     text = tmp_path / "calib.txt"
     text.write_text(default_calibration_text(6000))
-    hess = calibration_hessians(SMOL, None, tmp_path, text.read_text())
+    hess = calibration_hessians(f16, text.read_text())
     rtn = convert_checkpoint(SMOL, tmp_path / "rtn.nanoqwen", group_size=64)
     gptq = convert_checkpoint(SMOL, tmp_path / "gptq.nanoqwen", group_size=64, mode="gptq", hessians=hess)
     e_rtn = evaluate(rtn, f16, max_tokens=256)

@@ -6,7 +6,7 @@ from click.testing import CliRunner
 
 from nanoqwen_format import BlobKind, open_file
 from nanoqwen_quant.convert import main as convert_main
-from nanoqwen_quant.hf import load_checkpoint
+from nanoqwen_quant.load import load_checkpoint
 from nanoqwen_quant.quantize import quantize_reference
 from nanoqwen_quant.sources.awq import unpack_awq
 from nanoqwen_quant.verify import verify_file

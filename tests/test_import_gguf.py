@@ -12,7 +12,7 @@ gguf = pytest.importorskip("gguf")
 
 from nanoqwen_format import BlobKind, DType, open_file  # noqa: E402
 from nanoqwen_quant.convert import convert_checkpoint, main as convert_main  # noqa: E402
-from nanoqwen_quant.hf import load_checkpoint  # noqa: E402
+from nanoqwen_quant.load import load_checkpoint  # noqa: E402
 from nanoqwen_quant.verify import verify_file  # noqa: E402
 from quant_sources import assert_logits_match_transformers, write_gguf  # noqa: E402
 from synth import CHATML_TEMPLATE, load_source_f32, make_checkpoint  # noqa: E402

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from nanoqwen_format import BlobKind, DType, open_file
 from nanoqwen_quant.convert import convert_checkpoint, main as convert_main
-from nanoqwen_quant.hf import load_checkpoint
+from nanoqwen_quant.load import load_checkpoint
 from nanoqwen_quant.quantize import dequantize, quantize_reference
 from nanoqwen_quant.sources.gptq import unpack_along_cols, unpack_along_rows
 from nanoqwen_quant.verify import main as verify_main, verify_file

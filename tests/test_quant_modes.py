@@ -11,7 +11,7 @@ from nanoqwen_format import BlobKind, DType, open_file
 from nanoqwen_quant.calibrate import default_calibration_text, is_heldout
 from nanoqwen_quant.convert import main as convert_main
 from nanoqwen_quant.evaluate import evaluate
-from nanoqwen_quant.hf import load_checkpoint
+from nanoqwen_quant.load import load_checkpoint
 from nanoqwen_quant.quantize import quantize_reference
 from nanoqwen_quant.verify import main as verify_main
 

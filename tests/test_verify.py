@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from nanoqwen_format import BlobKind, DType, NanoqwenWriter, TensorSpec, open_file
 from nanoqwen_quant.convert import convert_checkpoint
-from nanoqwen_quant.hf import load_checkpoint
+from nanoqwen_quant.load import load_checkpoint
 from nanoqwen_quant.quantize import quantize
 from nanoqwen_quant.verify import INT4_MIN_SNR_DB, main as verify_main, verify_file
 from synth import load_source_f32, make_checkpoint
