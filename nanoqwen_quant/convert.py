@@ -201,6 +201,10 @@ def _fill_f16(ckpt: Checkpoint, name: str, a: int, b: int, out_rows: np.ndarray)
                            f"(|w| >= 65520); cannot store as f16")
 
 
+def _provenance_bytes(provenance: dict) -> bytes:
+    return json.dumps(provenance, indent=1, sort_keys=True).encode()
+
+
 def _blobs(ckpt: Checkpoint, provenance: dict) -> list[tuple[BlobKind, bytes]]:
     out = []
     tok = ckpt.extras.get("tokenizer.json")
@@ -229,7 +233,7 @@ def _blobs(ckpt: Checkpoint, provenance: dict) -> list[tuple[BlobKind, bytes]]:
     gen = ckpt.extras.get("generation_config.json")
     if gen is not None:
         out.append((BlobKind.GENERATION_CONFIG, gen.read_bytes()))
-    out.append((BlobKind.PROVENANCE, json.dumps(provenance, indent=1, sort_keys=True).encode()))
+    out.append((BlobKind.PROVENANCE, _provenance_bytes(provenance)))
     if tcfg_path is not None:
         out.append((BlobKind.TOKENIZER_CONFIG, tcfg_path.read_bytes()))
     return out
@@ -284,9 +288,7 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
         "source_files": {p.name: p.stat().st_size for p in sorted({t.file for t in ckpt.tensors.values()})},
         "missing_metadata": [f for f in EXTRA_FILES if f not in ckpt.extras],
     }
-    if isinstance(ckpt, ImportedCheckpoint):
-        provenance["import"] = ckpt.import_summary({s.name: s.group_size for s in specs if s.dtype == DType.INT4G})
-    blobs = _blobs(ckpt, provenance)
+    blobs = _blobs(ckpt, provenance)           # the provenance blob is encoded again after the tensors (import)
     removed = remove_stale_temp_files(out.parent)
     if removed and log is not None:
         log(f"removed {len(removed)} temp file(s) left by converters that no longer run: "
@@ -304,6 +306,10 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
             for spec in specs:
                 _convert_tensor(ckpt, spec, w, mode, bar, bufs, hessians)
             bufs.clear()
+            if isinstance(ckpt, ImportedCheckpoint):     # its requantization errors are known only now
+                provenance["import"] = ckpt.import_summary(
+                    {s.name: s.group_size for s in specs if s.dtype == DType.INT4G})
+                blobs = [(k, _provenance_bytes(provenance) if k == BlobKind.PROVENANCE else d) for k, d in blobs]
             for kind, data in blobs:
                 w.write_blob(kind, data)
     except NanoqwenFormatError as e:
@@ -315,7 +321,7 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
     finally:
         bar.close()
     if progress and log is not None:
-        for line in conversion_notes(ckpt, specs, quant, mode):
+        for line in conversion_notes(ckpt, specs, quant, mode, provenance.get("import")):
             log(line)
     return out
 
@@ -330,7 +336,8 @@ def keep_source_groups(ckpt: Checkpoint, specs: list[TensorSpec]) -> list[Tensor
     return out
 
 
-def conversion_notes(ckpt: Checkpoint, specs: list[TensorSpec], quant: str, mode: str = "rtn") -> list[str]:
+def conversion_notes(ckpt: Checkpoint, specs: list[TensorSpec], quant: str, mode: str = "rtn",
+                     import_info: dict | None = None) -> list[str]:
     """Lines for the user: linears that stayed f16 although int4 was asked for, and what an imported
     (already quantized) source became: exact repacks vs requantized tensors with their measured error."""
     lines = []
@@ -340,8 +347,8 @@ def conversion_notes(ckpt: Checkpoint, specs: list[TensorSpec], quant: str, mode
         lines.append(f"note: {len(fell)} of {sum(is_int4_linear(s.name) for s in specs)} linear tensors stay f16 "
                      f"(--fallback-f16): their in_features K ({', '.join(map(str, shapes))}) is not a multiple of the "
                      f"group size and of 32, which int4 needs; e.g. {fell[0].name}")
-    if isinstance(ckpt, ImportedCheckpoint):
-        info = ckpt.import_summary({s.name: s.group_size for s in specs if s.dtype == DType.INT4G})
+    if import_info is not None:                   # provenance["import"] of an already-quantized source
+        info = import_info
         groups = sorted({s.group_size for s in specs if s.dtype == DType.INT4G and ckpt.exact_int4_group(s.name)})
         lines.append(f"import: {info['format']} source: {info['exact_int4']} int4 tensors repacked losslessly"
                      + (f" (group size {', '.join(map(str, groups))} from the source)" if groups else "")
@@ -368,15 +375,19 @@ def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode:
     t = ckpt.tensors[spec.name]
     rows = t.shape[0]
     step = _rows_per_block(t.shape)
-    if spec.dtype == DType.INT4G and (packed := ckpt.int4_tensor(spec.name, spec.group_size, mode)) is not None:
-        w.write_int4(spec.name, *packed)                  # the source was quantized already (sources/)
+    qmode = "mse" if mode == "gptq" else mode            # gptq without a Hessian for this tensor: mse scales
+    h = hessians.get(spec.name) if hessians is not None and spec.dtype == DType.INT4G else None
+    # an already-quantized source (sources/): its exact repack, or its own requantization (with the error recorded)
+    # unless a Hessian asks for GPTQ, which the generic path below runs on the exact dequantized rows
+    if spec.dtype == DType.INT4G and (h is None or ckpt.exact_int4_group(spec.name) == spec.group_size) \
+            and (packed := ckpt.int4_tensor(spec.name, spec.group_size, qmode)) is not None:
+        w.write_int4(spec.name, *packed)
         bar.update(t.nbytes)
     elif spec.dtype == DType.INT4G:
         n, k = spec.shape
         g = spec.group_size
         qweight = np.empty((n, k // 8), np.uint32)       # (N, K/8) packed codes
         scales = np.empty((n, k // g), np.float16)        # (N, K/g)
-        h = hessians.get(spec.name) if hessians is not None else None
         u = None
         if h is not None:
             from .gptq import inverse_cholesky
@@ -389,7 +400,7 @@ def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode:
                     from .gptq import GPTQ_SCALE_MODE, gptq_quantize
                     qweight[a:b], scales[a:b] = gptq_quantize(block, h, g, GPTQ_SCALE_MODE, u=u)
                 else:
-                    quantize(block, g, "mse" if mode == "gptq" else mode, out=(qweight[a:b], scales[a:b]))
+                    quantize(block, g, qmode, out=(qweight[a:b], scales[a:b]))
             except QuantizationError as e:
                 raise QuantizationError(f"tensor {spec.name!r} rows {a}..{b}: {e}") from None
             bar.update((b - a) * t.row_bytes)

@@ -46,6 +46,21 @@ def test_awq_requantized(tmp_path, mode):
             np.testing.assert_array_equal(s.view(np.uint16), rs.view(np.uint16), err_msg=name)
         imp = f.blob_json(BlobKind.PROVENANCE)["import"]
         assert imp["format"] == "awq" and imp["requantized_int4"] == 14
+        # the requantization error reaches the file (the summary is taken after the tensors are written)
+        assert np.isfinite(imp["requant_snr_db_min"]) and imp["requant_rel_rmse_max"] > 0
+    assert verify_file(out, tmp_path / "awq")["ok"]
+
+
+def test_awq_requantized_with_gptq(tmp_path):
+    """--mode gptq on an already-quantized source: GPTQ runs on the exact dequantized weights (it failed after the
+    whole calibration, with 'mode: expected one of (rtn, mse)')."""
+    src = make_checkpoint(tmp_path / "src", **SMALL)
+    make_quantized(src, tmp_path / "awq", "awq")
+    out = tmp_path / "g.nanoqwen"
+    r = CliRunner().invoke(convert_main, [str(tmp_path / "awq"), "-o", str(out), "--mode", "gptq"])
+    assert r.exit_code == 0, r.output
+    with open_file(out) as f:
+        assert f.blob_json(BlobKind.PROVENANCE)["quantizer"]["mode"] == "gptq"
     assert verify_file(out, tmp_path / "awq")["ok"]
 
 
