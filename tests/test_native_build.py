@@ -73,6 +73,11 @@ def test_testing_library_exports_its_entry_points(libpath):
     lib.nq_last_error.restype = ctypes.c_char_p
     assert lib.nq_bench_gemv_int4_mode(0, 0, 128, 0, 1, None) == -1     # NQ_E_INVALID_ARG: NULL output
     assert b"bad argument" in lib.nq_last_error()
+    # a group that does not fit K is refused before anything divides by it (group 0 was a SIGFPE)
+    ms = ctypes.c_float()
+    for group in (0, 48):
+        assert lib.nq_bench_gemv_int4_mode(4096, 4096, group, 0, 1, ctypes.byref(ms)) == -1
+        assert b"group" in lib.nq_last_error()
 
 
 def test_sm90a_and_sm80_code_present(libpath):

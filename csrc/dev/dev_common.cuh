@@ -80,16 +80,6 @@ inline std::vector<float> gemv_ref(const Int4Weight& W, const std::vector<float>
   }
   return y;
 }
-inline std::vector<float> gemm_ref(const Int4Weight& W, const std::vector<float>& A, int M) {  // C = A W^T
-  std::vector<float> C((size_t)M * W.N);
-  for (int m = 0; m < M; m++)
-    for (int n = 0; n < W.N; n++) {
-      double acc = 0.0;
-      for (int k = 0; k < W.K; k++) acc += (double)A[(size_t)m * W.K + k] * W.w[(size_t)n * W.K + k];
-      C[(size_t)m * W.N + n] = (float)acc;
-    }
-  return C;
-}
 // x rounded to f16 and back: what a kernel that stages x as f16 multiplies
 inline std::vector<float> round_f16(std::vector<float> x) {
   for (float& v : x) v = __half2float(__float2half_rn(v));

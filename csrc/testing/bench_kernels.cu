@@ -53,12 +53,12 @@ extern "C" {
 
 int nq_bench_gemv_int4_mode(int32_t N, int32_t K, int32_t group, int32_t mode, int32_t iters, float* ms) {
   if (!ms || iters <= 0) return fail(NQ_E_INVALID_ARG, "nq_bench_gemv_int4_mode: bad argument");
-  NQ_TRY(check_nk(N, K));
+  NQ_TRY(check_int4(N, K, group));
   if (mode < GEMV_STORE || mode > GEMV_SWIGLU) return fail(NQ_E_INVALID_ARG, "mode %d", mode);
   NQ_TRY(gemv_prepare());
   // rotate over enough copies that the weights exceed the 60 MB L2 several times; SWIGLU reads two matrices
   const int mats = mode == GEMV_SWIGLU ? 2 : 1;
-  const size_t per_est = align128(align128((size_t)N * K / 2) + (size_t)N * (K / group) * 2);
+  const size_t per_est = int4_copy_bytes(N, K, group);
   const int copies = (int)std::max<size_t>(2, (512ull << 20) / (per_est * mats) + 1);
   DBuf w, dx, dxh, dn, dy;
   size_t per = 0;
@@ -100,8 +100,8 @@ int nq_bench_gemm_int4_multi(int32_t M, int32_t N, int32_t K, int32_t group, int
                              float* us) {
   if (!us || iters <= 0 || M <= 0 || nseg < 1 || nseg > 3)
     return fail(NQ_E_INVALID_ARG, "nq_bench_gemm_int4_multi: bad argument");
-  NQ_TRY(check_nk(N, K));
-  const size_t per_est = align128(align128((size_t)N * K / 2) + (size_t)N * (K / group) * 2);
+  NQ_TRY(check_int4(N, K, group));
+  const size_t per_est = int4_copy_bytes(N, K, group);
   const int copies = (int)std::max<size_t>(nseg, ((256ull << 20) / per_est + nseg) / nseg * nseg);
   DBuf w, da, dc;
   size_t per = 0;

@@ -51,7 +51,7 @@ extern "C" {
 int nq_test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K, int32_t group,
                       const float* x, const float* norm_w, float eps, float* y) {
   if (!qweight || !scales || !x || !y) return fail(NQ_E_INVALID_ARG, "nq_test_gemv_int4: NULL argument");
-  NQ_TRY(check_nk(N, K));
+  NQ_TRY(check_int4(N, K, group));
   NQ_TRY(gemv_prepare());
   DBuf w, dx, dn, dy;
   GemvArgs a;
@@ -72,7 +72,7 @@ int nq_test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scales, cons
                            const uint16_t* scales_up, int32_t N, int32_t K, int32_t group, const float* x,
                            const float* norm_w, float eps, int32_t mode, float* y) {
   if (!qweight || !scales || !x || !y) return fail(NQ_E_INVALID_ARG, "nq_test_gemv_int4_mode: NULL argument");
-  NQ_TRY(check_nk(N, K));
+  NQ_TRY(check_int4(N, K, group));
   if (mode != GEMV_ADD && mode != GEMV_SWIGLU) return fail(NQ_E_INVALID_ARG, "mode %d (1 = add, 2 = swiglu)", mode);
   if (mode == GEMV_SWIGLU && (!qweight_up || !scales_up)) return fail(NQ_E_INVALID_ARG, "swiglu needs the up weight");
   if (mode == GEMV_ADD && norm_w) return fail(NQ_E_INVALID_ARG, "add mode takes an f16 input without norm");
@@ -128,7 +128,7 @@ int nq_test_gemv_dense(const uint16_t* wbits, int32_t dtype, int32_t N, int32_t 
 int nq_test_gemm_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K, int32_t group,
                       const float* A, int32_t M, float* C) {
   if (!qweight || !scales || !A || !C) return fail(NQ_E_INVALID_ARG, "nq_test_gemm_int4: NULL argument");
-  NQ_TRY(check_nk(N, K));
+  NQ_TRY(check_int4(N, K, group));
   if (M <= 0) return fail(NQ_E_INVALID_ARG, "M=%d", M);
   DBuf w, da, dc;
   LinW W;
@@ -223,7 +223,7 @@ int nq_test_gemm_int4_multi(int32_t nseg, const uint32_t* const* qweights, const
   const float* Bs[3] = {nullptr, nullptr, nullptr};
   int off = 0;
   for (int i = 0; i < nseg; i++) {
-    NQ_TRY(check_nk(Ns[i], K));
+    NQ_TRY(check_int4(Ns[i], K, group));
     if (!qweights[i] || !scales[i]) return fail(NQ_E_INVALID_ARG, "segment %d: NULL weight", i);
     NQ_TRY(put_int4(w[i], qweights[i], scales[i], Ns[i], K, group, &W[i]));
     if (bias && bias[i]) {

@@ -46,11 +46,16 @@ inline int put_int4(DBuf& b, const uint32_t* qw, const uint16_t* sc, int N, int 
   return NQ_OK;
 }
 
+// Bytes of one int4 N x K matrix of group g placed as the file places it: qweight, pad to 128, scales, pad to 128.
+inline size_t int4_copy_bytes(int N, int K, int g) {
+  return align128(align128((size_t)N * K / 2) + (size_t)N * (K / g) * 2);
+}
+
 // Random int4 weights (codes from an LCG, every scale 2^-7) of `copies` N x K matrices placed back to back, each
 // as the file places one (qweight, pad to 128, scales, pad to 128); *per = bytes per copy.
 inline int put_random_int4(DBuf& b, int N, int K, int g, int copies, uint64_t seed, size_t* per) {
-  const size_t qbytes = (size_t)N * K / 2, off = align128(qbytes);
-  *per = align128(off + (size_t)N * (K / g) * 2);
+  const size_t off = align128((size_t)N * K / 2);
+  *per = int4_copy_bytes(N, K, g);
   NQ_TRY(b.alloc(*per * copies));
   std::vector<uint8_t> h(*per);
   uint64_t st = seed;
@@ -115,6 +120,12 @@ int time_ms(int warm, int iters, F run, float* ms) {
 
 inline int check_nk(int N, int K) {
   if (N <= 0 || K <= 0 || K % 32) return fail(NQ_E_INVALID_ARG, "N=%d, K=%d: need N > 0 and K a positive multiple of 32", N, K);
+  return NQ_OK;
+}
+// An int4 N x K matrix of group g: checked before anything divides by g (the kernels' own check comes later).
+inline int check_int4(int N, int K, int g) {
+  NQ_TRY(check_nk(N, K));
+  if (!contract::int4_group_ok(g, K)) return fail(NQ_E_INVALID_ARG, "group %d does not fit K=%d", g, K);
   return NQ_OK;
 }
 
