@@ -126,7 +126,8 @@ def test_chat_renders_template_and_streams(client, fake):
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 2
     rendered = fake.tokenizer.apply_chat_template([{"role": "user", "content": "hi there"}])
-    assert fake.calls[-1]["prompt"] == rendered
+    # the engine gets the rendered template as ids, encoded once by the server (usage counts the same ids)
+    assert fake.calls[-1]["prompt"] == fake.tokenizer.encode(rendered, add_bos=True)
     assert chunks[-1]["usage"]["prompt_tokens"] == len(fake.tokenizer.encode(rendered))
 
 
@@ -257,7 +258,8 @@ def test_queue_full_gets_429_and_all_others_complete(fake):
     results: dict[int, object] = {}
     with TestClient(app) as c:
         def post(i):
-            results[i] = c.post("/v1/completions", json={"model": MODEL, "prompt": f"p{i}", "max_tokens": 2})
+            # prompt i is one word of i + 1 letters: the fake tokenizer encodes it to the id list [i + 1]
+            results[i] = c.post("/v1/completions", json={"model": MODEL, "prompt": "p" * (i + 1), "max_tokens": 2})
 
         threads = [threading.Thread(target=post, args=(0,))]
         threads[0].start()
@@ -280,7 +282,7 @@ def test_queue_full_gets_429_and_all_others_complete(fake):
             t.join(60)
         assert all(results[i].status_code == 200 for i in range(3))
         # FIFO: the engine saw the prompts in arrival order
-        assert [call["prompt"] for call in fake.calls] == ["p0", "p1", "p2"]
+        assert [call["prompt"] for call in fake.calls] == [[1], [2], [3]]
         assert "nanoqwen_queue_rejected_total 1" in c.get("/metrics").text
 
 

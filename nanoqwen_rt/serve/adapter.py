@@ -95,14 +95,15 @@ class EngineAdapter:
                                 f"characters fits this model's context of {self.context_length} tokens",
                            param=param, code="context_length_exceeded")
 
-    def count_tokens(self, prompt: str | list[int], param: str = "prompt") -> int:
-        """Prompt length in tokens; token-id prompts are range-checked here (a 400 names the bad id)."""
+    def prompt_ids(self, prompt: str | list[int], param: str = "prompt") -> list[int]:
+        """The prompt as token ids, encoded once (the generation takes these ids, not the text again), as
+        Engine.encode would encode it; token-id prompts are range-checked here (a 400 names the bad id)."""
         from ..backends.base import InvalidTokenIds, check_token_ids
         from ..tokenizer import TokenizerError
         if isinstance(prompt, str):
             self.check_prompt_chars(prompt, param)
             try:
-                return len(self.engine.tokenizer.encode(prompt, add_bos=True))
+                return self.engine.tokenizer.encode(prompt, add_bos=True)
             except TokenizerError as e:
                 raise ApiError(400, f"'{param}': {_one_line(e)}", param=param, code="invalid_value") from None
         if prompt:       # an empty prompt is the caller's 400 ("encodes to zero tokens")
@@ -110,7 +111,7 @@ class EngineAdapter:
                 check_token_ids(prompt, self.vocab_rows)
             except InvalidTokenIds as e:
                 raise ApiError(400, str(e), param="prompt", code="invalid_value") from None
-        return len(prompt)
+        return list(prompt)
 
     def render_chat(self, messages: list[dict]) -> str:
         """The chat template applied with the generation prompt; a template failure is a 400."""
@@ -122,5 +123,5 @@ class EngineAdapter:
                            code="chat_template_error") from None
 
     def generate(self, prompt: str | list[int], **kwargs):
-        """Worker thread only. `prompt`: text (chat requests pass the rendered template) or token ids."""
+        """Worker thread only. `prompt`: the token ids from prompt_ids (or text, for other callers)."""
         return self.engine.generate(prompt, **kwargs)

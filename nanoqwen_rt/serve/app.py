@@ -157,13 +157,14 @@ class _Server:
             prompt, param = eng.render_chat(req.messages), "messages"
         else:
             prompt, param = req.prompt, "prompt"
-        n_prompt = eng.count_tokens(prompt, param)
+        ids = eng.prompt_ids(prompt, param)
+        n_prompt = len(ids)
         if n_prompt == 0:
             raise ApiError(400, f"'{param}' is empty: the prompt must encode to at least one token", param=param,
                            code="invalid_value")
         n_new = check_context(n_prompt, req.params.max_tokens, eng.context_length, param)
         kwargs = req.params.engine_kwargs(n_new)
-        return n_prompt, lambda: eng.generate(prompt, **kwargs)
+        return n_prompt, lambda: eng.generate(ids, **kwargs)
 
     async def collect(self, request: Request, job: Job, events: asyncio.Queue):
         """Wait for the whole answer; a client disconnect cancels the job (ClientGone). Returns (text, Finished)."""
