@@ -29,7 +29,7 @@ def _shapes():
 
 
 # odd N (the last row pair of the split kernel is a single row) and N below one row pair per warp of the grid
-SHAPES = _shapes() + [("odd-N", 4607, 3584), ("tiny", 3, 256)]
+SHAPES = _shapes() + [("odd-N", 4607, 3584), ("tiny", 3, 256), ("odd-K", 37, 96)]
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +77,10 @@ def rel_err(y, ref):
 
 
 @pytest.mark.parametrize("name,N,K", SHAPES, ids=[s[0] for s in SHAPES])
-@pytest.mark.parametrize("g", [128, 64])
+@pytest.mark.parametrize("g", [128, 64, 32, 256])
 def test_gemv_int4_vs_numpy(lib, name, N, K, g):
+    if K % g:
+        pytest.skip(f"K={K} is not a multiple of the group {g}")
     rng = np.random.default_rng()
     u, q, s = random_int4(rng, N, K, g)
     x = rng.standard_normal(K).astype(np.float32) * 3.0
@@ -94,8 +96,8 @@ def test_gemv_int4_vs_numpy(lib, name, N, K, g):
         assert np.isfinite(y).all(), "unwritten (NaN-poisoned) outputs"
         r = ref if with_norm else dequant(u, s, g) @ x.astype(np.float64)
         err = rel_err(y, r)
-        # x rounded to f16 (2^-12 relative) and f16 products with 8-deep f16 partial sums (~2^-12 each), everything
-        # else f32: ~5e-4 expected, 3e-3 allowed.
+        # x rounded to f16 (2^-12 relative); the tensor-core sums are f32 but carry a 1024 offset per value that a
+        # per-block correction removes (~2^10 x 2^-24 of sum |x|, ~1e-4 relative): ~5e-4 expected, 3e-3 allowed.
         tol = 3e-3
         assert err < tol, f"{name} g{g} norm {with_norm}: relative error {err:.2e}"
 

@@ -10,14 +10,15 @@ namespace dev {
 using GemvLaunch = std::function<void(const nq::GemvArgs&, int)>;
 
 // ref_x_f16: the kernel stages x as f16, so the reference multiplies f16(x) (else x itself). Returns 0.
-inline int run_gemv_shapes(const char* title, const GemvLaunch& launch, double tol, bool ref_x_f16) {
+inline int run_gemv_shapes(const char* title, const GemvLaunch& launch, double tol, bool ref_x_f16,
+                           const std::vector<Shape>& shapes = qwen7b_gemv_shapes()) {
   int dev = 0;
   cudaDeviceProp prop;
   DEV_CHECK(cudaGetDevice(&dev));
   DEV_CHECK(cudaGetDeviceProperties(&prop, dev));
   std::printf("%s on %s\n", title, prop.name);
   const int group = 128;
-  for (const Shape& sh : qwen7b_gemv_shapes()) {
+  for (const Shape& sh : shapes) {
     const Int4Weight W = random_int4(sh.N, sh.K, group, 1234u + sh.N);
     const std::vector<float> x = random_vector(sh.K, 99u + sh.K, 1.f);
     const std::vector<float> ref = gemv_ref(W, ref_x_f16 ? round_f16(x) : x);

@@ -222,12 +222,6 @@ __device__ __forceinline__ uint32_t dq_pair(uint32_t w, int s, __half2 s2) {
   const uint32_t h = and_or(w >> (4 * s), 0x000F000Fu, 0x64006400u);
   return h2_as_u32(__hmul2(__hsub2(u32_as_h2(h), k1032), s2));
 }
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 template <int STAGES, int MINB>
 __global__ void __launch_bounds__(MM_THREADS, MINB) gemm_int4_mma(const GemmGroup g, const __half* A, int lda, int M,

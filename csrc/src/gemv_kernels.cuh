@@ -48,8 +48,12 @@ __device__ float rms_inv(const GemvArgs& a, int K, float* red) {
   return rsqrtf(ss / (float)K + a.eps);
 }
 
-template <int WT>
+// HI16 (for csrc/dev/gemv_int4_tc.cuh, the tensor-core INT4 GEMV): the second and fourth f16 pair of every 8
+// values (.y, .w of a unit, the pairs its unpack takes "in place" as 1024 + 16u) are stored divided by 16 (exact:
+// a power of two).
+template <int WT, bool HI16 = false>
 __device__ void stage_x_f16(const GemvArgs& a, int K, uint4* xs, float* red) {
+  const __half2 k1_16 = __half2half2(__ushort_as_half((unsigned short)0x2C00));   // 1/16
   const int nunits = K >> 3, bd = blockDim.x;
   const bool norm = a.x_f16 == nullptr && a.norm_w != nullptr;
   const float inv = rms_inv(a, K, red);
@@ -66,6 +70,10 @@ __device__ void stage_x_f16(const GemvArgs& a, int K, uint4* xs, float* red) {
 #pragma unroll
       for (int b = 0; b < B; b++) {
         const int p = p0 + b * bd;
+        if (HI16) {
+          u[b].y = h2_as_u32(__hmul2(u32_as_h2(u[b].y), k1_16));
+          u[b].w = h2_as_u32(__hmul2(u32_as_h2(u[b].w), k1_16));
+        }
         if (p < nunits) xs[(WT == WT_INT4) ? (p & 3) * (K >> 5) + (p >> 2) : p] = u[b];
       }
     }
@@ -93,6 +101,9 @@ __device__ void stage_x_f16(const GemvArgs& a, int K, uint4* xs, float* red) {
             const float w[8] = {w0[b].x, w0[b].y, w0[b].z, w0[b].w, w1[b].x, w1[b].y, w1[b].z, w1[b].w};
 #pragma unroll
             for (int e = 0; e < 8; e++) f[e] = f[e] * inv * w[e];
+          }
+          if (HI16) {
+            f[2] *= 0.0625f; f[3] *= 0.0625f; f[6] *= 0.0625f; f[7] *= 0.0625f;
           }
           uint4 u;
           u.x = h2_as_u32(__floats2half2_rn(f[0], f[1]));
@@ -476,16 +487,19 @@ gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds)
 // since fewer warps per SM means fewer bytes in flight).
 struct SplitPlan { int ks_log2, grid, rounds; };
 
-SplitPlan plan_split(int ntasks, int nunits, int cap_blocks, int step_units) {
+// min_slice: the fewest units a split-K slice may have (one per lane for gemv_int4; csrc/dev kernels pass others);
+// overhead: a task's fixed cost in unit slots.
+SplitPlan plan_split(int ntasks, int nunits, int cap_blocks, int step_units, int min_slice = 32,
+                     int overhead = kTaskOverheadUnits) {
   SplitPlan best{0, 1, 1};
   double best_cost = 1e300;
   for (int ksl = 0; ksl <= 3; ksl++) {
     const int ks = 1 << ksl, G = kWarps >> ksl;
-    if (ks > 1 && nunits / ks < 32) break;                      // a slice keeps >= one unit per lane
+    if (ks > 1 && nunits / ks < min_slice) break;
     const int grid = std::max(1, std::min((ntasks + G - 1) / G, cap_blocks));
     const int rounds = (ntasks + grid * G - 1) / (grid * G);
     const int steps = ((nunits + ks - 1) / ks + step_units - 1) / step_units;
-    const double cost = (double)rounds * (steps * step_units + kTaskOverheadUnits) *
+    const double cost = (double)rounds * (steps * step_units + overhead) *
                         (1.0 + 0.5 * (1.0 - (double)grid / cap_blocks));
     if (cost < best_cost) { best_cost = cost; best = SplitPlan{ksl, grid, rounds}; }
   }
