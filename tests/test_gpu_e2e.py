@@ -26,6 +26,12 @@ CASES = {
     "qwen2-gqa7-int4-lmhead-int4": (dict(arch="qwen2", hidden=448, intermediate=384, n_layers=2, n_heads=7,
                                          n_kv_heads=1, vocab=448, seed=9),
                                     dict(quant="int4", group_size=64, lm_head="int4")),
+    # YaRN with a short original context, so that CTX (and the 1100-token prompt below) runs far beyond it
+    "qwen2-yarn4-int4g64": (dict(arch="qwen2", hidden=128, intermediate=256, n_layers=2, n_heads=2, n_kv_heads=1,
+                                 vocab=384, seed=11, max_positions=4096,
+                                 rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                               "original_max_position_embeddings": 64}),
+                            dict(quant="int4", group_size=64)),
 }
 
 
@@ -91,8 +97,9 @@ def test_logits_all_matches_cpu_and_decode_path(files, name):
         assert _rel_rows(step, la).max() < TOL
 
 
-def test_long_prompt_in_chunks_matches_cpu(files):
-    path = files["qwen2-d64-int4g64"]
+@pytest.mark.parametrize("name", ["qwen2-d64-int4g64", "qwen2-yarn4-int4g64"])
+def test_long_prompt_in_chunks_matches_cpu(files, name):
+    path = files[name]
     gpu, cpu = _backends(path, ctx=1200)
     with gpu, cpu:
         rng = np.random.default_rng()
@@ -275,3 +282,33 @@ def test_7b_shaped_vs_transformers(tmp_path):
         last = gpu.prefill(ids[:-1].astype(np.int32))
         assert _rel_rows(last, ref[-2]).max() < TOL
         assert _rel_rows(gpu.decode(int(ids[-1])), ref[-1]).max() < TOL
+
+
+def test_yarn_beyond_32k_vs_transformers(tmp_path):
+    """Qwen2.5's documented long-context setting (YaRN, factor 4 over 32,768 positions) on a tiny f16 model: a
+    33,000-token prompt, so the last positions lie beyond the original 32K. transformers' Qwen2ForCausalLM in
+    float32 on the GPU (the checkpoint itself) is the reference for the last 64 positions; the GPU prefill runs in
+    its 512-token chunks through the paged cache. (The CPU oracle is compared beyond the original context on the
+    qwen2-yarn4 case above; at 33K positions it would take minutes.)"""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from nanoqwen_quant.convert import convert_checkpoint
+    from nanoqwen_rt.backends.cuda import CudaBackend
+
+    T = 33_000
+    src = make_checkpoint(tmp_path / "yarn32k", arch="qwen2", hidden=128, intermediate=256, n_layers=2, n_heads=2,
+                          n_kv_heads=1, vocab=384, seed=13, dtype="f16", max_positions=131072,
+                          rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
+    path = convert_checkpoint(src, tmp_path / "yarn32k.nanoqwen", quant="none")
+    ids = np.random.default_rng().integers(0, 320, size=T, dtype=np.int64)
+    model = AutoModelForCausalLM.from_pretrained(src, torch_dtype=torch.float32, attn_implementation="sdpa").cuda()
+    with torch.no_grad():
+        ref = model(torch.from_numpy(ids)[None].cuda()).logits[0, -64:].double().cpu().numpy()   # (64, vocab)
+    del model
+    torch.cuda.empty_cache()
+    with CudaBackend(path, max_context=T + 8) as gpu:
+        gpu.prefill(ids[:-64].astype(np.int32))
+        got = np.stack([gpu.decode(int(t)) for t in ids[-64:]])
+    err = _rel_rows(got, ref)
+    assert err.max() < TOL, err.max()

@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define NQ_ABI_VERSION 1
+#define NQ_ABI_VERSION 2
 #if defined(__GNUC__)
 #define NQ_API __attribute__((visibility("default")))
 #else
@@ -28,7 +28,7 @@ enum nq_status {
   NQ_E_INVALID_ARG = -1,   /* a NULL handle, a size out of range, an id out of range */
   NQ_E_IO = -2,            /* open/mmap/read failed */
   NQ_E_FORMAT = -3,        /* the file breaks the NANOQWEN v1 spec (message names the rule and field) */
-  NQ_E_UNSUPPORTED = -4,   /* valid file, but a feature this backend does not run (e.g. yarn rope, f32 weights) */
+  NQ_E_UNSUPPORTED = -4,   /* valid file, but a feature this backend does not run (e.g. head_dim 96, f32 weights) */
   NQ_E_CUDA = -5,          /* a CUDA call or kernel launch failed (message names it) */
   NQ_E_CONTEXT_FULL = -6,  /* the tokens would not fit in the session's max_context */
   NQ_E_NO_DEVICE = -7,     /* no CUDA device */
@@ -45,6 +45,7 @@ typedef struct nq_config {
   double rope_theta;
   float rope_scaling_factor, rms_norm_eps;
   int32_t bos_token_id, eos_token_id, pad_token_id;
+  int32_t rope_original_max_positions;   /* yarn: the context the model was trained at; else 0 */
 } nq_config;
 
 typedef struct nq_sampling {

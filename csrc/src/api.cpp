@@ -65,7 +65,8 @@ std::string describe_json() {
   NQ_CFG(max_positions, "i32"); NQ_CFG(tied_embeddings, "i32"); NQ_CFG(qkv_bias, "i32");
   NQ_CFG(rope_scaling_type, "i32"); NQ_CFG(rope_theta, "f64"); NQ_CFG(rope_scaling_factor, "f32");
   NQ_CFG(rms_norm_eps, "f32"); NQ_CFG(bos_token_id, "i32"); NQ_CFG(eos_token_id, "i32");
-  field("pad_token_id", offsetof(nq_config, pad_token_id), "i32", true);
+  NQ_CFG(pad_token_id, "i32");
+  field("rope_original_max_positions", offsetof(nq_config, rope_original_max_positions), "i32", true);
 #undef NQ_CFG
   j += "}}, \"nq_sampling\": {\"size\": " + num(sizeof(nq_sampling)) + ", \"fields\": {";
   field("temperature", offsetof(nq_sampling, temperature), "f32");

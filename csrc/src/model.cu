@@ -155,10 +155,9 @@ struct Builder {
 };
 
 // The limits of this library's kernels (attention: head_dim 64/128, <= 8 query heads per KV head; GEMV/GEMM
-// tiles: multiples of 64; no yarn RoPE).
+// tiles: multiples of 64).
 int check_supported_config(const nq_config& c) {
   if (c.head_dim != 64 && c.head_dim != 128) return fail(NQ_E_UNSUPPORTED, "head_dim %d: the CUDA backend runs 64 or 128", c.head_dim);
-  if (c.rope_scaling_type == (int32_t)contract::kRopeYarn) return fail(NQ_E_UNSUPPORTED, "yarn rope scaling is not supported by the CUDA backend");
   if (c.hidden_size % 64 || c.intermediate_size % 64 || (c.n_heads * c.head_dim) % 64)
     return fail(NQ_E_UNSUPPORTED, "hidden_size %d, intermediate_size %d and n_heads*head_dim must be multiples of 64", c.hidden_size, c.intermediate_size);
   if (c.n_heads / c.n_kv_heads > 8) return fail(NQ_E_UNSUPPORTED, "more than 8 query heads per KV head");

@@ -168,6 +168,7 @@ int check_config(const uint8_t* cb, nq_config& c) {
   c.tied_embeddings = (cflags & ct::kConfigFlagTied) ? 1 : 0;
   c.qkv_bias = (cflags & ct::kConfigFlagQkvBias) ? 1 : 0;
   c.rope_theta = theta;
+  c.rope_original_max_positions = (int32_t)std::min<uint32_t>(orig, INT32_MAX);
   c.rope_scaling_type = (int32_t)rs_type;
   c.rope_scaling_factor = factor;
   c.rms_norm_eps = eps;

@@ -34,21 +34,43 @@ int dalloc(T** p, size_t n, const char* what) {
   return NQ_OK;
 }
 
-// HF rotary embedding: inv_freq = 1 / theta^(2i/D) in float32, angle = float32(pos * inv_freq) (linear scaling
-// divides inv_freq by the factor), cos/sin of that float32 angle.
+// HF rotary embedding (transformers' modeling_rope_utils, mirrored step for step by nanoqwen_rt/rope.py, which the
+// CPU tests check against transformers): inv_freq = 1 / theta^(2i/D) in float32 (the power rounded once), angle =
+// float32(pos * inv_freq), cos/sin of that angle. Linear scaling divides inv_freq by the factor. YaRN (beta_fast
+// 32, beta_slow 1, attention_factor 0.1 ln(factor) + 1) blends interpolated and extrapolated frequencies over a
+// linear ramp between the correction dimensions and multiplies cos and sin by the attention factor.
 std::vector<float2> rope_table(const nq_config& c, int max_ctx) {
   const int D = c.head_dim, half = D / 2;
-  std::vector<float> inv(half);
+  std::vector<float> pos_freq(half), inv(half);
   for (int i = 0; i < half; i++) {
     const float ex = (float)(2 * i) / (float)D;                       // float32 exponent, as torch
-    inv[i] = 1.0f / (float)std::pow(c.rope_theta, (double)ex);         // power rounded once to float32
+    pos_freq[i] = (float)std::pow(c.rope_theta, (double)ex);          // power rounded once to float32
+    inv[i] = 1.0f / pos_freq[i];
     if (c.rope_scaling_type == (int32_t)contract::kRopeLinear && c.rope_scaling_factor > 0.f) inv[i] /= c.rope_scaling_factor;
+  }
+  float attention = 1.f;
+  if (c.rope_scaling_type == (int32_t)contract::kRopeYarn) {
+    const double factor = c.rope_scaling_factor, orig = c.rope_original_max_positions, theta = c.rope_theta;
+    const double kBetaFast = 32.0, kBetaSlow = 1.0, kPi = 3.14159265358979323846;
+    auto correction_dim = [&](double rot) { return (D * std::log(orig / (rot * 2 * kPi))) / (2 * std::log(theta)); };
+    const double low = std::max(std::floor(correction_dim(kBetaFast)), 0.0);
+    double high = std::min(std::ceil(correction_dim(kBetaSlow)), (double)(D - 1));
+    if (low == high) high += 0.001;                                    // transformers: prevent a singularity
+    for (int i = 0; i < half; i++) {
+      float ramp = ((float)i - (float)low) / (float)(high - low);
+      ramp = std::min(std::max(ramp, 0.f), 1.f);
+      const float extrap = 1.f - ramp;
+      const float inv_extrap = 1.0f / pos_freq[i], inv_interp = 1.0f / ((float)factor * pos_freq[i]);
+      inv[i] = inv_interp * (1.f - extrap) + inv_extrap * extrap;
+    }
+    attention = factor <= 1.0 ? 1.f : (float)(0.1 * std::log(factor) + 1.0);
   }
   std::vector<float2> t((size_t)max_ctx * half);
   for (int p = 0; p < max_ctx; p++)
     for (int i = 0; i < half; i++) {
       const float ang = (float)p * inv[i];
-      t[(size_t)p * half + i] = make_float2((float)std::cos((double)ang), (float)std::sin((double)ang));
+      t[(size_t)p * half + i] = make_float2((float)std::cos((double)ang) * attention,
+                                            (float)std::sin((double)ang) * attention);
     }
   return t;
 }

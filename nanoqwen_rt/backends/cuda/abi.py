@@ -22,7 +22,7 @@ __all__ = ["NQ_ABI_VERSION", "NQ_STATUS", "NQ_OK", "NqConfig", "NqSampling", "TO
            "library_path", "load_library", "has_symbol", "call", "check", "error_for_status", "last_error"]
 
 #: the ABI version this binding is written against (nq_abi_version() must return it)
-NQ_ABI_VERSION = 1
+NQ_ABI_VERSION = 2
 
 # enum nq_status
 NQ_OK = 0
@@ -46,7 +46,8 @@ class NqConfig(ctypes.Structure):
         "arch", "n_layers", "hidden_size", "intermediate_size", "n_heads", "n_kv_heads", "head_dim", "vocab_rows",
         "max_positions", "tied_embeddings", "qkv_bias", "rope_scaling_type")] + [
         ("rope_theta", ctypes.c_double), ("rope_scaling_factor", ctypes.c_float), ("rms_norm_eps", ctypes.c_float),
-        ("bos_token_id", ctypes.c_int32), ("eos_token_id", ctypes.c_int32), ("pad_token_id", ctypes.c_int32)]
+        ("bos_token_id", ctypes.c_int32), ("eos_token_id", ctypes.c_int32), ("pad_token_id", ctypes.c_int32),
+        ("rope_original_max_positions", ctypes.c_int32)]
 
 
 class NqSampling(ctypes.Structure):
