@@ -6,7 +6,8 @@
 Each row: nq_bench_attention (libnanoqwen_testing) = `iters` launches captured in one CUDA graph (as the decode step is), K/V random f16
 rotated over enough layers' caches to exceed L2 (HBM reads, as in a real step), best of 3 replays; us per launch.
 Split parameters as a session derives them (csrc/src/session.cu) for each keys_per_split timed: decode
-n_split = min(128, 256 / n_kv, ceil(max_ctx / kps)); prefill n_split = min(16, ceil(max_ctx / kps)).
+n_split = min(128, budget / n_kv, ceil(max_ctx / kps)) with the session's budget of 256 blocks per launch (other
+budgets with --split-budget); prefill n_split = min(16, ceil(max_ctx / kps)).
 GB/s counts the K and V bytes of one KV head group read once per launch (decode only).
 """
 from __future__ import annotations
@@ -33,16 +34,19 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=56)
     ap.add_argument("--decode-kps", type=int, nargs="+", default=[32, 64, 128], help="keys per split to time (decode)")
     ap.add_argument("--prefill-kps", type=int, nargs="+", default=[64, 128, 256], help="keys per split (prefill)")
+    ap.add_argument("--split-budget", type=int, nargs="+", default=[256],
+                    help="decode: blocks per launch the split count is capped by (the session uses 256)")
+    ap.add_argument("--contexts", type=int, nargs="+", default=[65, 577, 2048, 8192], help="decode key counts")
     a = ap.parse_args()
     lib = load_testing_library()
     rows = []
     for name, (nh, nkv, d) in LAYOUTS.items():
-        cases = [("decode", n, 1, kps) for n in (65, 577, 2048, 8192) for kps in a.decode_kps] + \
-                [("prefill", 512, 512, kps) for kps in a.prefill_kps]
-        for mode, n_pos, m, kps in cases:
+        cases = [("decode", n, 1, kps, b) for n in a.contexts for kps in a.decode_kps for b in a.split_budget] + \
+                [("prefill", 512, 512, kps, 0) for kps in a.prefill_kps]
+        for mode, n_pos, m, kps, budget in cases:
             max_ctx = n_pos + 128
             if mode == "decode":
-                nsplit = max(1, min(128, 256 // nkv, (max_ctx + kps - 1) // kps))
+                nsplit = max(1, min(128, budget // nkv, (max_ctx + kps - 1) // kps))
             else:
                 nsplit = max(1, min(16, (max_ctx + kps - 1) // kps))
             us = ctypes.c_float(0.0)
@@ -50,7 +54,7 @@ def main() -> int:
             if rc != 0:
                 raise SystemExit(f"attention {name} {mode} {n_pos}: {lib.nq_last_error().decode()}")
             gbs = (2 * n_pos * nkv * d * 2) / (us.value * 1e-6) / 1e9 if mode == "decode" else float("nan")
-            rows.append({"layout": name, "mode": mode, "n_pos": n_pos, "M": m, "kps": kps, "n_split": nsplit,
+            rows.append({"layout": name, "mode": mode, "n_pos": n_pos, "M": m, "kps": kps, "n_split": nsplit, "budget": budget,
                          "us": us.value, "GBps": gbs})
             print(f"attn {name:5s} {mode:7s} n_pos={n_pos:5d} M={m:3d} kps={kps:3d} n_split={nsplit:3d}: {us.value:8.2f} us"
                   + (f"  {gbs:7.0f} GB/s" if mode == "decode" else ""), flush=True)

@@ -3,8 +3,9 @@
 # and end-to-end benchmarks, compute-sanitizer; full logs under $OUT, a short table last.
 #   device: run(command="bash bench/gpu_check.sh [STEPS]", carry=[".whl", "nanoqwen_rt/lib", "build/lib"])
 #   (nanoqwen_rt/lib: the product library; build/lib: the testing library the kernel tests and benches load)
-# STEPS: comma list of sass,tests,kbench,abench,bench,base,ncu,sanitize,hf7b (default: all but abench and base; ncu
-# and base need bench; base: the bench again with an earlier tree carried in .base/, see the step).
+# STEPS: comma list of sass,tests,kbench,abench,bench,long,base,ncu,sanitize,hf7b (default: all but abench, long and
+# base; ncu, long and base need bench; long: the bench at 8K and 32K-token prompts; base: the bench again with an
+# earlier tree carried in .base/, see the step).
 # The kernels that lost are timed by csrc/dev programs: `make -C csrc/dev` then build/dev/<name>.
 # Wheels for packages the image lacks (crc32c, ...) are read from .whl/ (README "Notes" of the device tool).
 set -uo pipefail
@@ -76,6 +77,14 @@ if has bench; then
   timeout 240 python3 -m nanoqwen_bench /tmp/q7b.nanoqwen --device cuda --json "$LOG/bench7b.json" \
     > "$LOG/bench7b.log" 2>&1
   note "bench 7B rc=$?"; tail -25 "$LOG/bench7b.log" | tee -a "$summary"
+  save
+fi
+if has long && [ -f /tmp/q7b.nanoqwen ]; then   # long prompts on the same file: TTFT and decode at 8K and 32K context
+  for n in 8192 32000; do
+    timeout 200 python3 -m nanoqwen_bench /tmp/q7b.nanoqwen --device cuda --no-peers --prompt-tokens $n \
+      --new-tokens 64 --repeats 2 --json "$LOG/bench7b_$n.json" > "$LOG/bench7b_$n.log" 2>&1
+    note "bench 7B, $n-token prompt rc=$?: $(grep -E '^(TTFT|decode|bytes read|MBU)' "$LOG/bench7b_$n.log" | tr -s ' ' | tr '\n' ';')"
+  done
   save
 fi
 if has base && [ -d "${NANOQWEN_BASE_DIR:-.base}" ]; then
