@@ -21,7 +21,7 @@ import numpy as np
 
 __all__ = ["LogitsSettings", "InvalidLogitsSettings", "TokenLogprob", "TokenConstraint", "LogitsPipeline",
            "apply_token_bitmask", "apply_token_bitmask_reference", "log_softmax", "token_logprob",
-           "MAX_TOP_LOGPROBS", "LOGIT_BIAS_RANGE", "PENALTY_RANGE"]
+           "MAX_TOP_LOGPROBS", "LOGIT_BIAS_RANGE", "PENALTY_RANGE", "MAX_LOGIT_BIAS"]
 
 #: most alternatives one position reports (OpenAI's limit for top_logprobs)
 MAX_TOP_LOGPROBS = 20
@@ -29,6 +29,9 @@ MAX_TOP_LOGPROBS = 20
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
 #: OpenAI's documented range of presence_penalty and frequency_penalty
 PENALTY_RANGE = (-2.0, 2.0)
+#: most logit_bias entries one request may give (OpenAI documents no limit; clients send a few hundred at most);
+#: the same number as NQ_MAX_LOGIT_BIAS (and MAX_TOP_LOGPROBS as NQ_MAX_TOP_LOGPROBS) in csrc/include/nanoqwen.h
+MAX_LOGIT_BIAS = 1024
 
 
 class InvalidLogitsSettings(ValueError):
@@ -45,6 +48,8 @@ class LogitsSettings:
     top_logprobs: int | None = None
 
     def __post_init__(self) -> None:
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise InvalidLogitsSettings(f"logit_bias has {len(self.logit_bias)} entries, at most {MAX_LOGIT_BIAS}")
         for k, v in self.logit_bias.items():
             if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < self.vocab_rows:
                 raise InvalidLogitsSettings(f"logit_bias: token id {k!r} outside [0, {self.vocab_rows})")

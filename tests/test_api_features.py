@@ -374,3 +374,14 @@ def test_server_auto_tools_render_through_template(qclient, qeng):
     ref, _ = _run(qeng.generate(rendered, max_new_tokens=8))
     parsed = parse_tool_calls(ref)
     assert (r.choices[0].message.content or "") == (parsed.content if parsed.tool_calls else ref)
+
+
+def test_limits_match_the_c_header():
+    """The Python edge checks the same limits the C ABI checks again (csrc/include/nanoqwen.h)."""
+    import re
+    from pathlib import Path
+    from nanoqwen_rt.logits import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS
+    header = (Path(__file__).resolve().parent.parent / "csrc" / "include" / "nanoqwen.h").read_text()
+    defines = dict(re.findall(r"#define (NQ_MAX_\w+) (\d+)", header))
+    assert int(defines["NQ_MAX_TOP_LOGPROBS"]) == MAX_TOP_LOGPROBS
+    assert int(defines["NQ_MAX_LOGIT_BIAS"]) == MAX_LOGIT_BIAS

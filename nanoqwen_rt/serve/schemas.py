@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..logits import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, PENALTY_RANGE
+
 # OpenAI allows at most 4 stop sequences; we keep the same limit so clients behave identically everywhere.
 MAX_STOP_SEQUENCES = 4
 # OpenAI's documented default for /v1/completions when max_tokens is absent.
@@ -19,11 +21,9 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16
 TEMPERATURE_RANGE = (0.0, 2.0)
 # Seeds are passed to numpy/CUDA RNGs as unsigned 64-bit values.
 SEED_RANGE = (0, 2**64 - 1)
-# OpenAI's documented ranges of logit_bias values, penalties and top_logprobs; completions' `logprobs` allows 5 at
-# OpenAI, we allow the chat endpoint's 20 on both.
-LOGIT_BIAS_RANGE = (-100.0, 100.0)
-PENALTY_RANGE = (-2.0, 2.0)
-MAX_TOP_LOGPROBS = 20
+# logit_bias values, penalties and top_logprobs: OpenAI's ranges, defined once in nanoqwen_rt.logits (completions'
+# `logprobs` allows 5 at OpenAI; we allow the chat endpoint's 20 on both).
+# (LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, PENALTY_RANGE imported above)
 # Most completions one /v1/completions request may ask for (`n`): they generate one after another, each one a
 # full generation, so a large n would hold the single sequence for n times as long.
 MAX_N = 8
@@ -191,6 +191,8 @@ def _logit_bias(body: dict, vocab_rows: int) -> dict[int, float]:
         return {}
     if not isinstance(v, dict):
         raise bad_param("logit_bias", "'logit_bias' must be an object {token id: bias}", code="invalid_type")
+    if len(v) > MAX_LOGIT_BIAS:
+        raise bad_param("logit_bias", f"'logit_bias' has {len(v)} entries, at most {MAX_LOGIT_BIAS}")
     out = {}
     for k, b in v.items():
         if not (isinstance(k, str) and k.isdigit() and int(k) < vocab_rows):
