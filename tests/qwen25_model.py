@@ -4,14 +4,14 @@ included. The FIM, tool-call and structured-output tests run on it: the embedded
 tokens.
 
 The tokenizer files come from the `shared/qwen2-tokenizer` folder beside the checkout (for a git worktree, beside
-the folder that holds it); tests skip, saying so, when it is absent. The weights are random (hidden 128, two layers,
+the folder that holds it), else from the copy in bench/assets/qwen2-tokenizer (vocab, merges, the 22 added tokens
+and the chat template, Apache-2.0), so the GPU machine, which gets the checkout alone, runs these tests too. The weights are random (hidden 128, two layers,
 151,936 embedding rows as in Qwen2.5-0.5B..3B, tied embeddings), so outputs are meaningless but deterministic;
 every test compares the server with the in-process Engine, never with hard-coded text.
 """
 from __future__ import annotations
 
 import json
-import os
 import threading
 from pathlib import Path
 
@@ -20,10 +20,18 @@ import pytest
 from synth import QWEN2_SPLIT_REGEX, make_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
-#: where the shared tokenizer folder is looked for: $NANOQWEN_QWEN2_TOKENIZER first (a checkout elsewhere), then
-#: shared/ beside the checkout, then beside the folder holding it (a git worktree)
-TOKENIZER_DIRS = ([Path(os.environ["NANOQWEN_QWEN2_TOKENIZER"])] if os.environ.get("NANOQWEN_QWEN2_TOKENIZER") else []) \
-    + [REPO.parent / "shared" / "qwen2-tokenizer", REPO.parent.parent / "shared" / "qwen2-tokenizer"]
+#: where the tokenizer files are looked for, in order: shared/ beside the checkout, beside the folder holding it
+#: (a git worktree), the copy in bench/assets
+TOKENIZER_DIRS = [REPO.parent / "shared" / "qwen2-tokenizer", REPO.parent.parent / "shared" / "qwen2-tokenizer",
+                  REPO / "bench" / "assets" / "qwen2-tokenizer"]
+#: Qwen2.5's tokenizer_config.json, less the fields set from the files (added tokens, chat template)
+TOKENIZER_CONFIG = {"add_prefix_space": False, "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+                    "bos_token": None, "clean_up_tokenization_spaces": False, "eos_token": "<|im_end|>",
+                    "errors": "replace", "model_max_length": 32768, "pad_token": "<|endoftext|>",
+                    "split_special_tokens": False, "tokenizer_class": "Qwen2Tokenizer", "unk_token": None}
+#: Qwen2.5-Instruct's generation_config.json
+GENERATION_CONFIG = {"bos_token_id": 151643, "do_sample": True, "eos_token_id": [151645, 151643],
+                     "pad_token_id": 151643, "repetition_penalty": 1.1, "temperature": 0.7, "top_k": 20, "top_p": 0.8}
 #: embedding rows of Qwen2.5-0.5B..3B (the vocabulary padded past its 151,665 tokens)
 VOCAB_ROWS = 151936
 
@@ -69,13 +77,13 @@ def make_qwen25_checkpoint(path: Path) -> Path:
                     tied=True, max_positions=2048, seed=11, tokenizer=False)
     (path / "tokenizer.json").write_text(build_tokenizer_json(tok_dir))
     added = json.loads((tok_dir / "qwen2.5-added-tokens.json").read_text())["added_tokens"]
-    cfg = json.loads((tok_dir / "tokenizer_config.json").read_text())
+    cfg = dict(TOKENIZER_CONFIG)
     cfg["added_tokens_decoder"] = {str(t["id"]): {"content": t["content"], "lstrip": False, "normalized": False,
                                                   "rstrip": False, "single_word": False, "special": t["special"]}
                                    for t in added}
     cfg["chat_template"] = (tok_dir / "qwen2.5-chat-template.jinja").read_text()
     (path / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
-    (path / "generation_config.json").write_text((tok_dir / "generation_config.json").read_text())
+    (path / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2))
     c = json.loads((path / "config.json").read_text())
     c["bos_token_id"], c["eos_token_id"] = 151643, 151645
     (path / "config.json").write_text(json.dumps(c, indent=2))

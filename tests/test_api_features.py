@@ -385,3 +385,24 @@ def test_limits_match_the_c_header():
     defines = dict(re.findall(r"#define (NQ_MAX_\w+) (\d+)", header))
     assert int(defines["NQ_MAX_TOP_LOGPROBS"]) == MAX_TOP_LOGPROBS
     assert int(defines["NQ_MAX_LOGIT_BIAS"]) == MAX_LOGIT_BIAS
+
+
+def test_cli_run_suffix(qpath, qeng, model_path, engine):
+    """`nanoqwen run --suffix`: the FIM middle on stdout, equal to Engine.fim; a file without FIM tokens: exit 1
+    with one line on stderr."""
+    import subprocess
+    import sys
+    pre, suf = "def area(r):\n    ", "\n    return a\n"
+    p = subprocess.run([sys.executable, "-m", "nanoqwen_rt.cli", "run", qpath, "-p", pre, "--suffix", suf,
+                        "--max-new-tokens", "10", "--device", "cpu"], capture_output=True, text=True,
+                       timeout=HANG_GUARD_S)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "".join(c.text for c in qeng.fim(pre, suf, max_new_tokens=10)) + "\n"
+    if engine.tokenizer.token_to_id("<|fim_prefix|>") is None:
+        p = subprocess.run([sys.executable, "-m", "nanoqwen_rt.cli", "run", model_path, "-p", "a", "--suffix", "b",
+                            "--device", "cpu"], capture_output=True, text=True, timeout=HANG_GUARD_S)
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        assert p.returncode == 1 and len(lines) == 1 and "FimUnsupported" in lines[0], p.stderr
+    p = subprocess.run([sys.executable, "-m", "nanoqwen_rt.cli", "run", qpath, "-p", "a", "--suffix", "b", "--chat"],
+                       capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert p.returncode == 2 and "--suffix" in p.stderr
