@@ -457,3 +457,59 @@ def test_shutdown_ends_a_live_stream_with_an_error_event_and_done(fake):
     assert json.loads(data[0])["choices"][0]["text"] == " w0"
     assert data[-1] == "[DONE]"
     assert json.loads(data[-2])["error"]["code"] == "server_shutdown"
+
+
+# ------------------------------------------------------------------ tool calls (parsing; the model side is in
+# tests/test_api_features.py)
+
+
+class _ToolTokenizer(_FakeTokenizer):
+    def apply_chat_template(self, messages, add_generation_prompt=True, tools=None):
+        return super().apply_chat_template(messages, add_generation_prompt) + (f" <tools {len(tools)}>" if tools else "")
+
+
+class _ScriptedEngine(FakeEngine):
+    """Answers with a fixed text, one character per token."""
+
+    def __init__(self, text):
+        super().__init__()
+        self.tokenizer = _ToolTokenizer()
+        self.text = text
+
+    def generate(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, stop_token_ids):
+        self.calls.append(dict(prompt=prompt))
+        chars = self.text
+        return iter([_Chunk(ch, [i], "stop" if i + 1 == len(chars) else None) for i, ch in enumerate(chars)])
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.mark.parametrize("text,calls,content,n_errors", [
+    ('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>', ["get_time"], None, 0),
+    ('Sure.\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>', ["get_time"], "Sure.", 0),
+    ('<tool_call>\n{"name": "get_time", "arguments": {}\n</tool_call>', [], None, 1),     # malformed JSON
+    ("no call at all", [], "no call at all", 0),
+])
+def test_tool_calls_parsed_never_500(text, calls, content, n_errors):
+    fake = _ScriptedEngine(text)
+    with TestClient(create_app(fake, model_name=MODEL, queue_size=2)) as c:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "time?"}], "tools": TOOLS}
+        r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        ch = r.json()["choices"][0]
+        assert [t["function"]["name"] for t in ch["message"].get("tool_calls", [])] == calls
+        assert ch["finish_reason"] == ("tool_calls" if calls else "stop")
+        assert ch["message"]["content"] == (content if content is not None else (None if calls else text))
+        assert len(ch.get("tool_call_errors", [])) == n_errors
+        assert fake.calls[-1]["prompt"] is not None
+        # streamed: the same calls (as tool_calls deltas) and the same content
+        r = c.post("/v1/chat/completions", json={**body, "stream": True})
+        chunks = [json.loads(ln[6:]) for ln in r.text.splitlines() if ln.startswith("data: {")]
+        deltas = [d for ch in chunks for d in ch["choices"][0]["delta"].get("tool_calls", [])]
+        assert [d["function"]["name"] for d in deltas] == calls
+        assert [d["index"] for d in deltas] == list(range(len(calls)))
+        streamed = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks)
+        assert streamed.strip() == (content if content is not None else ("" if calls else text))
+        assert chunks[-1]["choices"][0]["finish_reason"] == ("tool_calls" if calls else "stop")
+        assert len(chunks[-1]["choices"][0].get("tool_call_errors", [])) == n_errors
