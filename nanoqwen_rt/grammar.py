@@ -5,13 +5,13 @@ Why llguidance (compared on the package index and measured here; docs/structured
   dependencies; xgrammar (Apache-2.0) requires torch, transformers and triton, which the runtime never imports;
   outlines-core (Apache-2.0) compiles regular expressions only, so `json_object` (arbitrary nesting) has no exact
   form there, and it builds a whole-vocabulary index per schema up front;
-* JSON Schema and Lark grammars compiled lazily (no per-schema index build), a token mask in ~0.1-2 ms for
-  Qwen2.5's 151,936-row vocabulary on this machine's CPU;
+* JSON Schema and Lark grammars compiled lazily (no per-schema index build: 1-13 ms per schema), a token mask in
+  a median 0.04 ms for Qwen2.5's 151,936-row vocabulary on a 2-core CPU (bench/grammar_bench.py);
 * maintained by Microsoft (guidance), and the grammar engine behind llama.cpp's and vLLM's llguidance backends.
 
 The mask it writes is the int32 bitmask nanoqwen_rt.logits applies (`apply_token_bitmask`), the step the backends
-share. `GrammarCompiler` holds the llguidance tokenizer (built once per Engine: ~3 s for Qwen2.5's vocabulary on
-2 CPU cores) and makes one `GrammarConstraint` per generation.
+share. `GrammarCompiler` holds the llguidance tokenizer (built once per Engine: 4-5 s for Qwen2.5's vocabulary on
+2 quiet CPU cores) and makes one `GrammarConstraint` per generation.
 """
 from __future__ import annotations
 
