@@ -77,7 +77,11 @@ def main() -> int:
         out["decode_ms"] = timed(decode_only)
         out["logprobs5_ms"] = timed(steered(LogitsSettings(V, {}, 0.0, 0.0, 5)))
         out["steer5_ms"] = timed(steered(LogitsSettings(V, bias, 0.5, 0.5, 5)))
-        out["json_ms"] = timed(steered(LogitsSettings(V), constraint=lambda: eng.json_constraint(None)))
+        try:
+            import llguidance  # noqa: F401  (the grammar engine; the device image may lack it)
+            out["json_ms"] = timed(steered(LogitsSettings(V), constraint=lambda: eng.json_constraint(None)))
+        except ImportError:
+            print("json: skipped, llguidance is not installed (pip install llguidance, or its wheel in .whl/)")
         out["host5_ms"] = timed(steered(LogitsSettings(V, {}, 0.0, 0.0, 5), host=True))
         out["logprobs5_cost_vs_decode"] = (out["logprobs5_ms"] - out["decode_ms"]) / out["decode_ms"]
         out["tokens"] = n
