@@ -50,7 +50,7 @@ if has tests; then
   # NQ_TEST_K narrows the selection (pytest -k), e.g. to re-check one kernel quickly. The files are named: the
   # device image has no `openai`, which tests/test_server.py (CPU, CI) imports at collection.
   timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 -rfE \
-    tests/test_gpu_kernels.py tests/test_gpu_gemm.py tests/test_gpu_e2e.py tests/test_server_gpu.py tests/test_bench.py tests/test_cli.py \
+    tests/test_gpu_kernels.py tests/test_gpu_gemm.py tests/test_gpu_e2e.py tests/test_server_gpu.py tests/test_bench.py tests/test_cli.py tests/test_gpu_steer.py \
     -k "not 7b_shaped${NQ_TEST_K:+ and ($NQ_TEST_K)}" \
     > "$LOG/pytest_gpu.log" 2>&1
   rc=$?
@@ -77,6 +77,9 @@ if has bench; then
   timeout 240 python3 -m nanoqwen_bench /tmp/q7b.nanoqwen --device cuda --json "$LOG/bench7b.json" \
     > "$LOG/bench7b.log" 2>&1
   note "bench 7B rc=$?"; tail -25 "$LOG/bench7b.log" | tee -a "$summary"
+  # steered generation (logprobs, bias + penalties, JSON grammar) against plain decoding on the same file
+  timeout 240 python3 bench/steer_bench.py /tmp/q7b.nanoqwen --json "$LOG/steer7b.json" > "$LOG/steer7b.log" 2>&1
+  note "steer bench 7B rc=$?"; tail -10 "$LOG/steer7b.log" | tee -a "$summary"
   save
 fi
 if has long && [ -f /tmp/q7b.nanoqwen ]; then   # long prompts on the same file: TTFT and decode at 8K and 32K context

@@ -17,12 +17,12 @@ _WHERE = {
     **{name: ".engine" for name in (
         "ChatError", "DeviceUnavailable", "EmptyPrompt", "Engine", "EngineBusy", "EngineClosed", "EngineError",
         "GenerationChunk", "GenerationStats", "InvalidArgument", "NoTokenizer", "PromptTooLong",
-        "TokenIdOutOfRange")},
+        "TokenIdOutOfRange", "FimUnsupported", "TokenLogprob", "InvalidGrammar")},
 }
 
 __all__ = ["Engine", "GenerationChunk", "GenerationStats", "EngineError", "InvalidArgument", "PromptTooLong",
            "EmptyPrompt", "TokenIdOutOfRange", "DeviceUnavailable", "EngineClosed", "EngineBusy", "NoTokenizer",
-           "ChatError", "Backend", "BackendError", "ContextFull", "SamplingParams"]
+           "ChatError", "FimUnsupported", "TokenLogprob", "InvalidGrammar", "Backend", "BackendError", "ContextFull", "SamplingParams"]
 
 
 def __getattr__(name: str):
@@ -40,6 +40,6 @@ def __dir__():
 if TYPE_CHECKING:
     from .backends.base import Backend, BackendError, ContextFull
     from .engine import (ChatError, DeviceUnavailable, EmptyPrompt, Engine, EngineBusy, EngineClosed,
-                         EngineError, GenerationChunk, GenerationStats, InvalidArgument, NoTokenizer,
-                         PromptTooLong, TokenIdOutOfRange)
+                         EngineError, FimUnsupported, GenerationChunk, GenerationStats, InvalidArgument, InvalidGrammar,
+                         NoTokenizer, PromptTooLong, TokenIdOutOfRange, TokenLogprob)
     from .sampling import SamplingParams

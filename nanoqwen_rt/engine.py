@@ -27,12 +27,14 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from .backends.base import Backend, ContextFull, InvalidMaxContext, InvalidTokenIds
+from .fim import NoFimTokens, fim_prompt_ids, fim_stop_ids
+from .logits import InvalidLogitsSettings, LogitsPipeline, LogitsSettings, TokenConstraint, TokenLogprob
 from .sampling import InvalidSamplingParams, SamplingParams
 from .tokenizer import ChatTemplateError, Tokenizer, TokenizerError
 
 __all__ = ["Engine", "GenerationChunk", "GenerationStats", "EngineError", "PromptTooLong", "EmptyPrompt",
            "InvalidArgument", "DeviceUnavailable", "EngineClosed", "EngineBusy", "NoTokenizer", "ChatError",
-           "TokenIdOutOfRange"]
+           "TokenIdOutOfRange", "FimUnsupported", "TokenLogprob", "InvalidGrammar"]
 
 
 # -- errors ---------------------------------------------------------------------------------------------
@@ -77,12 +79,22 @@ class ChatError(InvalidArgument):
     """chat(): no chat template in the file, malformed messages, or the template raised."""
 
 
+class InvalidGrammar(InvalidArgument):
+    """json_constraint()/lark_constraint(): a schema or grammar the grammar engine refuses (message: its reason)."""
+
+
+class FimUnsupported(InvalidArgument):
+    """fim(): the file's tokenizer has no fill-in-the-middle (or repo / file) marker tokens."""
+
+
 # -- results --------------------------------------------------------------------------------------------
 @dataclass
 class GenerationChunk:
     text: str                      # new text (never contains a stop string or a stop token's text)
     token_ids: list[int]           # ids generated in this step (a stop id is listed; its text is not emitted)
     finish_reason: str | None = None   # None | "stop" | "length"
+    #: with generate(logprobs=N): one TokenLogprob per generated token whose text is emitted (a stop id has none)
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -144,6 +156,8 @@ class Engine:
         # file and device memory are never freed under a running step of another thread.
         self._step = threading.Lock()
         self._live_generation: weakref.ref | None = None   # the generator holding the sequence, if any
+        self._grammar_compiler = None                      # built on first use (nanoqwen_rt.grammar)
+        self._grammar_lock = threading.Lock()
         self.backend: Backend | None = None
         #: why device="auto" runs on the CPU (None when it runs on CUDA or the CPU was asked for)
         self.cpu_reason: str | None = None
@@ -271,11 +285,18 @@ class Engine:
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: Iterable[str] | None = None,
-                 stop_token_ids: Iterable[int] | None = None) -> Iterator[GenerationChunk]:
+                 stop_token_ids: Iterable[int] | None = None, *, logprobs: int | None = None,
+                 logit_bias: dict[int, float] | None = None, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0,
+                 constraint: TokenConstraint | None = None) -> Iterator[GenerationChunk]:
         """Stream a completion of `prompt` (text or ids). Arguments are validated now; tokens come lazily.
 
         stop_token_ids None → the file's default stop ids (eos); pass [] to disable them. `stop`: strings that
         end generation (not included in the text).
+        logprobs N (0..20): each chunk carries the sampled tokens' logprobs and the N most likely alternatives
+        (nanoqwen_rt.logits: computed from the logits the sampler used). logit_bias {token id: -100..100},
+        presence_penalty / frequency_penalty (-2..2): as OpenAI's. constraint: a grammar (json_constraint())
+        that masks the tokens it does not allow; the generation ends ("stop") once the grammar is complete.
         """
         t0 = time.perf_counter()
         be = self._check_open()
@@ -305,11 +326,20 @@ class Engine:
                 if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
                     raise InvalidArgument(f"stop_token_ids must be integers, found {t!r}")
                 stop_ids.add(int(t))
+        try:
+            settings = LogitsSettings(int(self.config.vocab_rows), dict(logit_bias or {}), presence_penalty,
+                                      frequency_penalty, logprobs)
+        except InvalidLogitsSettings as e:
+            raise InvalidArgument(str(e)) from None
         ids = self.encode(prompt)
         self._claim_sequence()
         try:
             with _named_input_errors():      # the backend checks ids and the context (eagerly, at this call)
-                token_iter = be.generate_ids(ids, params, int(max_new_tokens), stop_ids)
+                if settings.changes_logits or settings.top_logprobs is not None or constraint is not None:
+                    token_iter = be.generate_steered(ids, params, int(max_new_tokens), stop_ids,
+                                                     LogitsPipeline(settings, constraint))
+                else:
+                    token_iter = _plain_steps(be.generate_ids(ids, params, int(max_new_tokens), stop_ids))
         except BaseException:
             self._sequence.release()
             raise
@@ -319,20 +349,84 @@ class Engine:
         self._live_generation = weakref.ref(gen)
         return gen
 
-    def chat(self, messages: Sequence[dict], **kw) -> Iterator[GenerationChunk]:
-        """Apply the file's chat template (with the generation prompt) and generate(); same keyword arguments."""
+    def chat(self, messages: Sequence[dict], tools: Sequence[dict] | None = None, **kw) -> Iterator[GenerationChunk]:
+        """Apply the file's chat template (with the generation prompt) and generate(); same keyword arguments.
+        `tools`: OpenAI-style tool definitions, rendered by the template's own tools section (Qwen2.5's asks for
+        `<tool_call>{...}</tool_call>` answers; nanoqwen_rt.tools parses them)."""
+        return self.generate(self.render_chat(messages, tools), **kw)
+
+    def render_chat(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> str:
+        """The prompt text chat() generates from (ChatError on a bad conversation or template)."""
         if self.tokenizer is None:
             raise NoTokenizer("this file has no tokenizer, so no chat template")
         if not isinstance(messages, (list, tuple)):
             raise ChatError(f"messages must be a list of dicts, got {type(messages).__name__}")
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                      **({"tools": list(tools)} if tools else {}))
         except ChatTemplateError as e:
             raise ChatError(str(e)) from None
-        return self.generate(text, **kw)
+
+    def _grammars(self):
+        from .grammar import GrammarCompiler, GrammarError
+        if self.tokenizer is None:
+            raise NoTokenizer("this file has no tokenizer: a grammar constrains text, so it needs one")
+        with self._grammar_lock:
+            if self._grammar_compiler is None:
+                try:
+                    self._grammar_compiler = GrammarCompiler(self.tokenizer.json_text, int(self.config.vocab_rows),
+                                                             list(self.stop_token_ids))
+                except GrammarError as e:
+                    raise InvalidGrammar(str(e)) from None
+            return self._grammar_compiler
+
+    def json_constraint(self, schema: dict | None = None):
+        """A constraint for generate(constraint=...): the output is one JSON object (schema None) or one JSON
+        value valid against `schema`. Make one per generation (it holds the parse state). InvalidGrammar when the
+        grammar engine refuses the schema. The first call builds the grammar engine's tokenizer (seconds for a
+        150k vocabulary); later calls reuse it."""
+        from .grammar import GrammarError
+        try:
+            return self._grammars().json(schema)
+        except GrammarError as e:
+            raise InvalidGrammar(f"response format: {e}") from None
+
+    def lark_constraint(self, grammar: str):
+        """A constraint from a Lark grammar (llguidance's dialect; `%json {...}` embeds a JSON Schema)."""
+        from .grammar import GrammarError
+        try:
+            return self._grammars().lark(grammar)
+        except GrammarError as e:
+            raise InvalidGrammar(f"grammar: {e}") from None
+
+    def fim_ids(self, prefix: str, suffix: str = "", *, repo_name: str | None = None,
+                files: Sequence[tuple[str, str]] = (), path: str | None = None) -> list[int]:
+        """Token ids of Qwen2.5-Coder's fill-in-the-middle prompt (nanoqwen_rt.fim); FimUnsupported when the
+        tokenizer lacks the marker tokens."""
+        if self.tokenizer is None:
+            raise NoTokenizer("this file has no tokenizer: fill-in-the-middle needs its marker tokens")
+        for name, v in (("prefix", prefix), ("suffix", suffix)):
+            if not isinstance(v, str):
+                raise InvalidArgument(f"{name} must be str, got {type(v).__name__}")
+        try:
+            return fim_prompt_ids(self.tokenizer, prefix, suffix, repo_name=repo_name, files=list(files), path=path)
+        except NoFimTokens as e:
+            raise FimUnsupported(str(e)) from None
+        except (TokenizerError, ValueError, TypeError) as e:
+            raise InvalidArgument(f"fill-in-the-middle: {e}") from None
+
+    def fim(self, prefix: str, suffix: str = "", *, repo_name: str | None = None,
+            files: Sequence[tuple[str, str]] = (), path: str | None = None, **kw) -> Iterator[GenerationChunk]:
+        """Generate the code between `prefix` and `suffix` (Qwen2.5-Coder's FIM prompt). Repository form with
+        `repo_name`: `files` = the other files as (path, content), `path` = this file's path. Stops at the FIM end
+        tokens (nanoqwen_rt.fim.FIM_STOP_TOKENS) unless stop_token_ids is given. Other keyword arguments as
+        generate()."""
+        ids = self.fim_ids(prefix, suffix, repo_name=repo_name, files=files, path=path)
+        kw.setdefault("stop_token_ids", fim_stop_ids(self.tokenizer))
+        return self.generate(ids, **kw)
 
     # -- streaming ------------------------------------------------------------------------------------
-    def _stream(self, token_iter: Iterator[int], n_prompt: int, max_new: int, max_context: int, stop_ids: set[int],
+    def _stream(self, token_iter: Iterator[tuple[int, TokenLogprob | None, bool]], n_prompt: int, max_new: int, max_context: int, stop_ids: set[int],
                 stops_s: list[str], t0: float) -> Iterator[GenerationChunk]:
         st = self.stats
         dec = self.tokenizer.stream_decoder() if self.tokenizer is not None else None
@@ -341,7 +435,8 @@ class Engine:
         finish = None
         t_first = t_last = None
         try:
-            for tok in token_iter:
+            for tok, lp, complete in token_iter:
+                lps = [lp] if lp is not None else None
                 t_last = time.perf_counter()
                 if t_first is None:
                     t_first = t_last
@@ -350,7 +445,7 @@ class Engine:
                 if tok in stop_ids:
                     finish = "stop"
                     text = acc[emitted:] if dec is None else acc[emitted:] + dec.flush()
-                    yield GenerationChunk(_cut_stop(text, stops_s)[0], [tok], finish)
+                    yield GenerationChunk(_cut_stop(text, stops_s)[0], [tok], finish, [] if lps else None)
                     return
                 if dec is not None:
                     acc += dec.push([tok])
@@ -360,19 +455,19 @@ class Engine:
                     j = _find_stop(acc, emitted, stops_s)
                     if j >= 0:
                         finish = "stop"
-                        yield GenerationChunk(acc[emitted:j], [tok], finish)
+                        yield GenerationChunk(acc[emitted:j], [tok], finish, lps)
                         return
-                if end_now:
-                    finish = "length"
+                if end_now or complete:
+                    finish = "stop" if complete else "length"
                     rest = acc[emitted:] + (dec.flush() if dec is not None else "")
                     cut, hit = _cut_stop(rest, stops_s)
-                    yield GenerationChunk(cut, [tok], "stop" if hit else finish)
+                    yield GenerationChunk(cut, [tok], "stop" if hit else finish, lps)
                     finish = "stop" if hit else finish
                     return
                 safe = len(acc) - _held_back(acc, emitted, stops_s)
                 text = acc[emitted:safe]
                 emitted = safe
-                yield GenerationChunk(text, [tok], None)
+                yield GenerationChunk(text, [tok], None, lps)
         finally:
             if hasattr(token_iter, "close"):
                 token_iter.close()
@@ -423,6 +518,15 @@ class _Generation:
             self.close()
         except Exception:
             pass
+
+
+def _plain_steps(token_iter: Iterator[int]) -> Iterator[tuple[int, None, bool]]:
+    """generate_ids' ids in generate_steered's (token, logprob, complete) shape; closing this closes theirs."""
+    try:
+        for t in token_iter:
+            yield t, None, False
+    finally:
+        token_iter.close()
 
 
 @contextlib.contextmanager

@@ -69,6 +69,8 @@ class Tokenizer:
                  tokenizer_config: dict | None = None, generation_config: dict | None = None,
                  header_eos_token_id: int = -1):
         from tokenizers import Tokenizer as _HFTok
+        #: the tokenizer.json text this tokenizer was built from (the grammar engine builds its own from it)
+        self.json_text = tokenizer_json
         try:
             self._tok = _HFTok.from_str(tokenizer_json)
         except Exception as e:  # tokenizers raises a bare Exception on bad json
@@ -106,6 +108,8 @@ class Tokenizer:
             t = self._tok.token_to_id(self.special_tokens["bos_token"])
             self.bos_token_id = int(t) if t is not None else None
         self._max_token_chars: int | None = None
+        self._byte_decoder: dict[str, int] | None = None
+        self._added: set[int] = set()
 
     @classmethod
     def from_file(cls, f) -> "Tokenizer":
@@ -158,6 +162,25 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (OpenAI's logprobs `bytes`): a byte-level BPE piece mapped back through
+        GPT-2's byte↔character table, an added token's text, or (other tokenizers) its decoded text."""
+        if self._byte_decoder is None:
+            self._byte_decoder = _gpt2_byte_decoder() if json.loads(self.json_text).get("decoder", {}) \
+                .get("type") == "ByteLevel" else {}
+            self._added = {int(k) for k in self._tok.get_added_tokens_decoder()}
+        i = int(token_id)
+        piece = self._tok.id_to_token(i)
+        if piece is None:
+            return b""
+        if i in self._added or not self._byte_decoder:
+            return self.decode([i], skip_special_tokens=False).encode("utf-8") if i not in self._added \
+                else piece.encode("utf-8")
+        try:
+            return bytes(self._byte_decoder[c] for c in piece)
+        except KeyError:
+            return piece.encode("utf-8")
+
     def stream_decoder(self, skip_special_tokens: bool = True) -> "StreamDecoder":
         return StreamDecoder(self, skip_special_tokens)
 
@@ -192,6 +215,20 @@ class Tokenizer:
                                          add_generation_prompt=add_generation_prompt, **kw)
         except jinja2.exceptions.TemplateError as e:
             raise ChatTemplateError(f"chat template raised: {e}") from None
+
+
+def _gpt2_byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet (the `bytes_to_unicode` table byte-level BPE vocabularies are written in),
+    character → byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
 
 
 class StreamDecoder:

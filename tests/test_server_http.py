@@ -188,8 +188,21 @@ def test_models_health_metrics(client):
     ({"model": MODEL, "prompt": "p", "stop": ["a", "b", "c", "d", "e"]}, 400, "invalid_value", "stop"),
     ({"model": MODEL, "prompt": "p", "stop": [""]}, 400, "invalid_value", "stop"),
     ({"model": MODEL, "prompt": "p", "stop": 3}, 400, "invalid_type", "stop"),
-    ({"model": MODEL, "prompt": "p", "n": 2}, 400, "unsupported_value", "n"),
-    ({"model": MODEL, "prompt": "p", "logprobs": 3}, 400, "unsupported_parameter", "logprobs"),
+    ({"model": MODEL, "prompt": "p", "n": 9}, 400, "invalid_value", "n"),
+    ({"model": MODEL, "prompt": "p", "n": 0}, 400, "invalid_value", "n"),
+    ({"model": MODEL, "prompt": "p", "logprobs": 21}, 400, "invalid_value", "logprobs"),
+    ({"model": MODEL, "prompt": "p", "logprobs": True}, 400, "invalid_type", "logprobs"),
+    ({"model": MODEL, "prompt": "p", "suffix": 3}, 400, "invalid_type", "suffix"),
+    ({"model": MODEL, "prompt": [1, 2], "suffix": "x"}, 400, "invalid_value", "suffix"),
+    ({"model": MODEL, "prompt": "p", "suffix": "x", "echo": True}, 400, "unsupported_value", "echo"),
+    ({"model": MODEL, "prompt": "p", "logit_bias": {"100": 1}}, 400, "invalid_value", "logit_bias"),
+    ({"model": MODEL, "prompt": "p", "logit_bias": {"1": 101}}, 400, "invalid_value", "logit_bias"),
+    ({"model": MODEL, "prompt": "p", "logit_bias": [1]}, 400, "invalid_type", "logit_bias"),
+    ({"model": MODEL, "prompt": "p", "presence_penalty": 2.5}, 400, "invalid_value", "presence_penalty"),
+    ({"model": MODEL, "prompt": "p", "frequency_penalty": "x"}, 400, "invalid_type", "frequency_penalty"),
+    ({"model": MODEL, "prompt": "p", "tools": [{"type": "function"}]}, 400, "unsupported_parameter", "tools"),
+    ({"model": MODEL, "prompt": "p", "response_format": {"type": "json_object"}}, 400, "unsupported_parameter",
+     "response_format"),
     ({"model": MODEL, "prompt": "p", "stream": "yes"}, 400, "invalid_type", "stream"),
     ({"model": MODEL, "prompt": "p", "stream_options": {"include_usage": True}}, 400, "invalid_value",
      "stream_options"),
@@ -220,6 +233,28 @@ def test_completion_4xx(client, fake, payload, status, code, param):
      "messages[0].content"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "x " * CONTEXT}]}, "context_length_exceeded",
      "messages"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, "unsupported_value", "n"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "suffix": "y"}, "unsupported_parameter",
+     "suffix"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "invalid_value",
+     "top_logprobs"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tools": {"f": 1}}, "invalid_type", "tools"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+     "invalid_type", "tools"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "always"}, "invalid_value",
+     "tool_choice"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "invalid_value", "tool_choice"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
+     "invalid_value", "response_format"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema", "json_schema": {"schema": 3}}}, "invalid_type", "response_format"),
+    ({"model": MODEL, "messages": [{"role": "assistant", "content": None,
+                                    "tool_calls": [{"type": "function", "function": {"name": "f",
+                                                                                     "arguments": "{bad"}}]}]},
+     "invalid_value", "messages[0].tool_calls"),
 ])
 def test_chat_4xx(client, fake, payload, code, param):
     _err(client.post("/v1/chat/completions", json=payload), 400, code, param)
@@ -422,3 +457,59 @@ def test_shutdown_ends_a_live_stream_with_an_error_event_and_done(fake):
     assert json.loads(data[0])["choices"][0]["text"] == " w0"
     assert data[-1] == "[DONE]"
     assert json.loads(data[-2])["error"]["code"] == "server_shutdown"
+
+
+# ------------------------------------------------------------------ tool calls (parsing; the model side is in
+# tests/test_api_features.py)
+
+
+class _ToolTokenizer(_FakeTokenizer):
+    def apply_chat_template(self, messages, add_generation_prompt=True, tools=None):
+        return super().apply_chat_template(messages, add_generation_prompt) + (f" <tools {len(tools)}>" if tools else "")
+
+
+class _ScriptedEngine(FakeEngine):
+    """Answers with a fixed text, one character per token."""
+
+    def __init__(self, text):
+        super().__init__()
+        self.tokenizer = _ToolTokenizer()
+        self.text = text
+
+    def generate(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, stop_token_ids):
+        self.calls.append(dict(prompt=prompt))
+        chars = self.text
+        return iter([_Chunk(ch, [i], "stop" if i + 1 == len(chars) else None) for i, ch in enumerate(chars)])
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.mark.parametrize("text,calls,content,n_errors", [
+    ('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>', ["get_time"], None, 0),
+    ('Sure.\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>', ["get_time"], "Sure.", 0),
+    ('<tool_call>\n{"name": "get_time", "arguments": {}\n</tool_call>', [], None, 1),     # malformed JSON
+    ("no call at all", [], "no call at all", 0),
+])
+def test_tool_calls_parsed_never_500(text, calls, content, n_errors):
+    fake = _ScriptedEngine(text)
+    with TestClient(create_app(fake, model_name=MODEL, queue_size=2)) as c:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "time?"}], "tools": TOOLS}
+        r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        ch = r.json()["choices"][0]
+        assert [t["function"]["name"] for t in ch["message"].get("tool_calls", [])] == calls
+        assert ch["finish_reason"] == ("tool_calls" if calls else "stop")
+        assert ch["message"]["content"] == (content if content is not None else (None if calls else text))
+        assert len(ch.get("tool_call_errors", [])) == n_errors
+        assert fake.calls[-1]["prompt"] is not None
+        # streamed: the same calls (as tool_calls deltas) and the same content
+        r = c.post("/v1/chat/completions", json={**body, "stream": True})
+        chunks = [json.loads(ln[6:]) for ln in r.text.splitlines() if ln.startswith("data: {")]
+        deltas = [d for ch in chunks for d in ch["choices"][0]["delta"].get("tool_calls", [])]
+        assert [d["function"]["name"] for d in deltas] == calls
+        assert [d["index"] for d in deltas] == list(range(len(calls)))
+        streamed = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks)
+        assert streamed.strip() == (content if content is not None else ("" if calls else text))
+        assert chunks[-1]["choices"][0]["finish_reason"] == ("tool_calls" if calls else "stop")
+        assert len(chunks[-1]["choices"][0].get("tool_call_errors", [])) == n_errors

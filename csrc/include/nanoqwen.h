@@ -98,6 +98,21 @@ NQ_API int nq_logits_all(nq_session* s, const int32_t* tokens, int32_t n, float*
  * Stops early, too, when the context is full. out_tokens (may be NULL) receives the tokens; *n_out their count. */
 NQ_API int nq_generate(nq_session* s, int32_t max_new, const int32_t* stop_ids, int32_t n_stop,
                 nq_token_callback cb, void* user, int32_t* out_tokens, int32_t* n_out);
+/* One steered sampling step from the current logits, on the device (structured output, logit_bias, penalties,
+ * logprobs): x = logits - (frequency_penalty * count + presence_penalty * (count > 0)) over the tokens sampled since
+ * the last nq_session_reset; tokens whose bit in token_mask is 0 get -inf (token_mask: NULL, or ceil(vocab_rows/32)
+ * words, bit i of word i/32 = token i allowed; n_mask_words must say so); x[bias_ids[j]] += bias_values[j]
+ * (n_bias in [0, NQ_MAX_LOGIT_BIAS], ids in range, unique, values finite); then the device sampler with the
+ * session's sampling settings draws *out_token from x, and the token is counted. With top_n >= 0 (at most
+ * NQ_MAX_TOP_LOGPROBS): *out_logprob = log-softmax(x)[token], and the top_n largest entries of log-softmax(x)
+ * (descending, lower id first on ties, finite ones only: *out_n_top of them) in out_top_ids / out_top_logprobs.
+ * The token is not decoded: call nq_decode(token) for the next step. The mask must allow at least one token. */
+#define NQ_MAX_TOP_LOGPROBS 20   /* OpenAI's top_logprobs limit */
+#define NQ_MAX_LOGIT_BIAS 1024   /* OpenAI documents no limit; clients send a few hundred entries at most */
+NQ_API int nq_sample_steered(nq_session* s, const int32_t* bias_ids, const float* bias_values, int32_t n_bias,
+                             const int32_t* token_mask, int32_t n_mask_words, float presence_penalty,
+                             float frequency_penalty, int32_t top_n, int32_t* out_token, float* out_logprob,
+                             int32_t* out_top_ids, float* out_top_logprobs, int32_t* out_n_top);
 NQ_API void nq_session_free(nq_session* s);
 
 #ifdef __cplusplus

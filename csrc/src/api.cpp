@@ -237,6 +237,46 @@ int nq_generate(nq_session* s, int32_t max_new, const int32_t* stop_ids, int32_t
   NQ_GUARD_END
 }
 
+int nq_sample_steered(nq_session* s, const int32_t* bias_ids, const float* bias_values, int32_t n_bias,
+                      const int32_t* token_mask, int32_t n_mask_words, float presence_penalty, float frequency_penalty,
+                      int32_t top_n, int32_t* out_token, float* out_logprob, int32_t* out_top_ids,
+                      float* out_top_logprobs, int32_t* out_n_top) {
+  if (!s || !out_token) return fail(NQ_E_INVALID_ARG, "nq_sample_steered: NULL argument");
+  const int32_t V = s->s->m->cfg.vocab_rows;
+  if (!s->s->have_logits) return fail(NQ_E_INVALID_ARG, "sample_steered: no current logits (prefill or decode first)");
+  if (n_bias < 0 || n_bias > NQ_MAX_LOGIT_BIAS || (n_bias > 0 && (!bias_ids || !bias_values)))
+    return fail(NQ_E_INVALID_ARG, "sample_steered: n_bias %d outside [0, %d] or NULL bias arrays", n_bias, NQ_MAX_LOGIT_BIAS);
+  for (int32_t j = 0; j < n_bias; j++) {
+    if (bias_ids[j] < 0 || bias_ids[j] >= V)
+      return fail(NQ_E_INVALID_ARG, "sample_steered: bias token id %d out of range [0, %d)", bias_ids[j], V);
+    if (!std::isfinite(bias_values[j])) return fail(NQ_E_INVALID_ARG, "sample_steered: bias value %g is not finite", bias_values[j]);
+    for (int32_t k = 0; k < j; k++)
+      if (bias_ids[k] == bias_ids[j]) return fail(NQ_E_INVALID_ARG, "sample_steered: bias token id %d given twice", bias_ids[j]);
+  }
+  if (token_mask) {
+    const int32_t words = (V + 31) / 32;
+    if (n_mask_words != words)
+      return fail(NQ_E_INVALID_ARG, "sample_steered: token mask of %d words, vocab_rows %d needs %d", n_mask_words, V, words);
+    bool any = false;
+    for (int32_t w = 0; w < words && !any; w++) {
+      const uint32_t valid = (w == words - 1 && V % 32) ? ((1u << (V % 32)) - 1u) : 0xFFFFFFFFu;
+      any = ((uint32_t)token_mask[w] & valid) != 0;
+    }
+    if (!any) return fail(NQ_E_INVALID_ARG, "sample_steered: the token mask allows no token");
+  }
+  if (!std::isfinite(presence_penalty) || !std::isfinite(frequency_penalty))
+    return fail(NQ_E_INVALID_ARG, "sample_steered: penalties must be finite");
+  if (top_n < -1 || top_n > NQ_MAX_TOP_LOGPROBS)
+    return fail(NQ_E_INVALID_ARG, "sample_steered: top_n %d outside [-1, %d]", top_n, NQ_MAX_TOP_LOGPROBS);
+  if (top_n >= 0 && (!out_logprob || !out_n_top || (top_n > 0 && (!out_top_ids || !out_top_logprobs))))
+    return fail(NQ_E_INVALID_ARG, "sample_steered: NULL logprob output");
+  NQ_GUARD_BEGIN
+  return nq::session_sample_steered(s->s, bias_ids, bias_values, n_bias, token_mask, presence_penalty,
+                                    frequency_penalty, top_n, out_token, out_logprob, out_top_ids, out_top_logprobs,
+                                    out_n_top);
+  NQ_GUARD_END
+}
+
 void nq_session_free(nq_session* s) {
   if (!s) return;
   delete s->s;

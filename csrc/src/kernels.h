@@ -114,4 +114,27 @@ struct SampleArgs {
 };
 int sample(const SampleArgs& a, cudaStream_t st);
 
+// Steered sampling (steer.cu; CPU reference: nanoqwen_rt/logits.py) ---------------------------------------------
+struct SteerArgs {
+  const float* logits; float* out; int V;
+  const uint32_t* mask;          // device, ceil(V/32) words, or null: bit i of word i/32 = token i allowed
+  const int* counts;             // device [V] tokens generated so far, or null (no penalties)
+  float presence, frequency;
+  const int32_t* bias_ids; const float* bias_vals; int n_bias;   // device, sparse logit_bias
+};
+// out = logits - penalties, masked to -inf, + bias
+int steer_logits(const SteerArgs& a, cudaStream_t st);
+// counts[*token] += 1
+int count_token(int* counts, const int32_t* token, cudaStream_t st);
+// Most alternatives one step reports and most logit_bias entries (nanoqwen.h); the logits each block of the
+// first logprobs stage covers (152k rows -> ~150 blocks, about one per SM of an H200).
+constexpr int kMaxTopLogprobs = NQ_MAX_TOP_LOGPROBS;
+constexpr int kMaxLogitBias = NQ_MAX_LOGIT_BIAS;
+constexpr int kLogprobSlice = 1024;
+int logprob_blocks(int V);
+// out[0] = log-softmax(L)[*token]; out[1] = n finite top entries (int bits); out[2..] their logprobs, out_ids
+// their ids. part_f: logprob_blocks(V) * (2 + top_n) floats, part_i: logprob_blocks(V) * top_n ints.
+int token_logprobs(const float* L, int V, const int32_t* token, int top_n, float* part_f, int* part_i, float* out,
+                   int* out_ids, cudaStream_t st);
+
 }  // namespace nq

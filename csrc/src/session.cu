@@ -16,11 +16,13 @@ Session::~Session() {
   if (decode_sample) cudaGraphExecDestroy(decode_sample);
   if (decode_sample_graph) cudaGraphDestroy(decode_sample_graph);
   void* dev[] = {d_pos, d_token, d_counter, d_samp, d_page_table, d_rope, kv_base, x, qkv, att, hmlp, logits, part_o,
-                 part_ml, counters, d_tokens, X, Xn, QKV, ATT, G, U, HM};
+                 part_ml, counters, d_tokens, X, Xn, QKV, ATT, G, U, HM, d_steer, d_counts, d_mask, d_bias_ids,
+                 d_bias_vals, d_lp_part_f, d_lp_part_i, d_lp_out, d_lp_ids};
   for (void* p : dev)
     if (p) cudaFree(p);
   if (h_tokens) cudaFreeHost(h_tokens);
   if (h_ring) cudaFreeHost(h_ring);
+  if (h_steer_out) cudaFreeHost(h_steer_out);
   if (st) cudaStreamDestroy(st);
 }
 
@@ -113,12 +115,20 @@ int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) 
       (rc = dalloc(&s->Xn, (size_t)C * std::max(std::max(H, I), Nq), "Xn")) ||
       (rc = dalloc(&s->QKV, (size_t)C * Nqkv, "QKV")) || (rc = dalloc(&s->ATT, (size_t)C * Nq, "ATT")) ||
       (rc = dalloc(&s->G, (size_t)C * I, "G")) || (rc = dalloc(&s->U, (size_t)C * I, "U")) ||
-      (rc = dalloc(&s->HM, (size_t)C * I, "HM")))
+      (rc = dalloc(&s->HM, (size_t)C * I, "HM")) || (rc = dalloc(&s->d_steer, V, "steered logits")) ||
+      (rc = dalloc(&s->d_counts, V, "token counts")) || (rc = dalloc(&s->d_mask, (V + 31) / 32, "token mask")) ||
+      (rc = dalloc(&s->d_bias_ids, kMaxLogitBias, "logit bias")) ||
+      (rc = dalloc(&s->d_bias_vals, kMaxLogitBias, "logit bias")) ||
+      (rc = dalloc(&s->d_lp_part_f, (size_t)logprob_blocks(V) * (2 + kMaxTopLogprobs), "logprob partials")) ||
+      (rc = dalloc(&s->d_lp_part_i, (size_t)logprob_blocks(V) * kMaxTopLogprobs, "logprob partials")) ||
+      (rc = dalloc(&s->d_lp_out, 2 + kMaxTopLogprobs, "logprobs")) ||
+      (rc = dalloc(&s->d_lp_ids, kMaxTopLogprobs, "logprob ids")))
     return bail(rc);
   {
     cudaError_t e = cudaHostAlloc(&s->h_tokens, C * sizeof(int32_t), cudaHostAllocDefault);
     if (e == cudaSuccess) e = cudaHostAlloc(&s->h_ring, s->ring * sizeof(int32_t), cudaHostAllocMapped);
     if (e == cudaSuccess) e = cudaHostGetDevicePointer(&s->d_ring, s->h_ring, 0);
+    if (e == cudaSuccess) e = cudaHostAlloc(&s->h_steer_out, (3 + 2 * kMaxTopLogprobs) * sizeof(float), cudaHostAllocDefault);
     if (e != cudaSuccess) return bail(fail(cuda_status(e), "pinned host buffers: %s", cudaGetErrorString(e)));
   }
   s->kv.resize(c.n_layers);
@@ -134,7 +144,8 @@ int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) 
   if ((e = cudaMemcpy(s->d_page_table, pt.data(), pt.size() * 4, cudaMemcpyHostToDevice))) return fail_cuda(e, "page table upload");
   if ((e = cudaMemcpy(s->d_rope, rope.data(), rope.size() * sizeof(float2), cudaMemcpyHostToDevice))) return fail_cuda(e, "rope upload");
   if ((e = cudaMemset(s->counters, 0, (size_t)c.n_kv_heads * 4))) return fail_cuda(e, "counters");
-  if ((e = cudaMemset(s->d_pos, 0, 4)) || (e = cudaMemset(s->d_token, 0, 4)) || (e = cudaMemset(s->d_counter, 0, 8)))
+  if ((e = cudaMemset(s->d_pos, 0, 4)) || (e = cudaMemset(s->d_token, 0, 4)) || (e = cudaMemset(s->d_counter, 0, 8)) ||
+      (e = cudaMemset(s->d_counts, 0, (size_t)V * sizeof(int))))
     return fail_cuda(e, "state init");
   if ((e = cudaMemcpy(s->d_samp, &s->samp, sizeof(nq_sampling), cudaMemcpyHostToDevice))) return fail_cuda(e, "sampling upload");
   // capture decode_only (which == 0) and decode_sample (which == 1)
@@ -216,7 +227,56 @@ int session_reset(Session* s) {
   s->pos = 0;
   s->have_logits = false;
   NQ_CUDA(cudaMemsetAsync(s->d_pos, 0, 4, s->st));
+  NQ_CUDA(cudaMemsetAsync(s->d_counts, 0, (size_t)s->m->cfg.vocab_rows * sizeof(int), s->st));
   NQ_CUDA(cudaStreamSynchronize(s->st));
+  return NQ_OK;
+}
+
+int session_sample_steered(Session* s, const int32_t* bias_ids, const float* bias_vals, int n_bias,
+                           const int32_t* mask, float presence, float frequency, int top_n, int32_t* out_token,
+                           float* out_logprob, int32_t* out_top_ids, float* out_top_logprobs, int32_t* out_n_top) {
+  const int V = s->m->cfg.vocab_rows;
+  cudaStream_t st = s->st;
+  NQ_CUDA(cudaStreamSynchronize(st));
+  if (mask) NQ_CUDA(cudaMemcpyAsync(s->d_mask, mask, (size_t)((V + 31) / 32) * 4, cudaMemcpyHostToDevice, st));
+  if (n_bias > 0) {
+    NQ_CUDA(cudaMemcpyAsync(s->d_bias_ids, bias_ids, (size_t)n_bias * 4, cudaMemcpyHostToDevice, st));
+    NQ_CUDA(cudaMemcpyAsync(s->d_bias_vals, bias_vals, (size_t)n_bias * 4, cudaMemcpyHostToDevice, st));
+  }
+  SteerArgs a;
+  a.logits = s->logits; a.out = s->d_steer; a.V = V;
+  a.mask = mask ? s->d_mask : nullptr;
+  a.counts = (presence != 0.f || frequency != 0.f) ? s->d_counts : nullptr;
+  a.presence = presence; a.frequency = frequency;
+  a.bias_ids = s->d_bias_ids; a.bias_vals = s->d_bias_vals; a.n_bias = n_bias;
+  NQ_TRY(steer_logits(a, st));
+  SampleArgs sa;
+  sa.logits = s->d_steer; sa.V = V; sa.params = s->d_samp; sa.counter = s->d_counter;
+  sa.token_out = s->d_token; sa.host_ring = nullptr; sa.ring_size = 0;
+  NQ_TRY(sample(sa, st));
+  NQ_TRY(count_token(s->d_counts, s->d_token, st));
+  float* h = s->h_steer_out;
+  NQ_CUDA(cudaMemcpyAsync(h, s->d_token, 4, cudaMemcpyDeviceToHost, st));
+  if (top_n >= 0) {
+    NQ_TRY(token_logprobs(s->d_steer, V, s->d_token, top_n, s->d_lp_part_f, s->d_lp_part_i, s->d_lp_out,
+                          s->d_lp_ids, st));
+    NQ_CUDA(cudaMemcpyAsync(h + 1, s->d_lp_out, (2 + kMaxTopLogprobs) * sizeof(float), cudaMemcpyDeviceToHost, st));
+    NQ_CUDA(cudaMemcpyAsync(h + 3 + kMaxTopLogprobs, s->d_lp_ids, kMaxTopLogprobs * sizeof(int),
+                            cudaMemcpyDeviceToHost, st));
+  }
+  NQ_CUDA(cudaStreamSynchronize(st));
+  std::memcpy(out_token, h, 4);
+  if (top_n >= 0) {
+    *out_logprob = h[1];
+    int n_fin;
+    std::memcpy(&n_fin, h + 2, 4);
+    n_fin = std::max(0, std::min(n_fin, top_n));
+    for (int r = 0; r < n_fin; r++) {
+      out_top_logprobs[r] = h[3 + r];
+      std::memcpy(&out_top_ids[r], h + 3 + kMaxTopLogprobs + r, 4);
+    }
+    *out_n_top = n_fin;
+  }
   return NQ_OK;
 }
 

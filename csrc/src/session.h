@@ -45,6 +45,18 @@ struct Session {
   int32_t* h_ring = nullptr;
   int32_t* d_ring = nullptr;
   int ring = 64;
+  // steered sampling (nq_sample_steered): processed logits, token counts for the penalties, mask, sparse bias,
+  // the logprob stages, and the pinned result (token, logprob, n_top as int bits, top logprobs | top ids)
+  float* d_steer = nullptr;      // [V]
+  int* d_counts = nullptr;       // [V] tokens sampled since the last reset
+  uint32_t* d_mask = nullptr;    // [ceil(V/32)]
+  int32_t* d_bias_ids = nullptr; // [kMaxLogitBias]
+  float* d_bias_vals = nullptr;  // [kMaxLogitBias]
+  float* d_lp_part_f = nullptr;  // [logprob_blocks(V) * (2 + kMaxTopLogprobs)]
+  int* d_lp_part_i = nullptr;    // [logprob_blocks(V) * kMaxTopLogprobs]
+  float* d_lp_out = nullptr;     // [2 + kMaxTopLogprobs]
+  int* d_lp_ids = nullptr;       // [kMaxTopLogprobs]
+  float* h_steer_out = nullptr;  // pinned [1 + 2 + 2 * kMaxTopLogprobs]: token (int bits), d_lp_out, d_lp_ids
   // the two captured graphs: nq_decode replays decode_only, nq_generate replays decode_sample
   cudaGraph_t decode_only_graph = nullptr;
   cudaGraphExec_t decode_only = nullptr;         // decode step: embed(d_token) .. logits, pos++
@@ -62,6 +74,11 @@ int session_generate(Session* s, int max_new, const int32_t* stop, int n_stop, n
                      int32_t* out, int32_t* n_out);
 int session_reset(Session* s);
 int session_set_sampling(Session* s, const nq_sampling* sp);
+// One steered sampling step from the current logits (steer.cu's kernels, then the device sampler); see
+// nq_sample_steered in nanoqwen.h. top_n -1: no logprobs.
+int session_sample_steered(Session* s, const int32_t* bias_ids, const float* bias_vals, int n_bias,
+                           const int32_t* mask, float presence, float frequency, int top_n, int32_t* out_token,
+                           float* out_logprob, int32_t* out_top_ids, float* out_top_logprobs, int32_t* out_n_top);
 
 // enqueue the decode forward pass (used for graph capture)
 int enqueue_decode(Session* s);

@@ -168,6 +168,41 @@ class Backend(abc.ABC):
                 return
             logits = self._decode(tok)
 
+    def generate_steered(self, prompt_ids, params: SamplingParams, max_new_tokens: int,
+                         stop_token_ids: Iterable[int], pipeline) -> Iterator[tuple[int, object, bool]]:
+        """generate_ids for a request whose logits are processed before sampling (logit_bias, penalties, a
+        grammar's token mask) or reported (logprobs): `pipeline` is a nanoqwen_rt.logits.LogitsPipeline. Yields
+        (token id, TokenLogprob or None, complete); complete=True (the grammar is satisfied) ends the generation
+        like a stop id. Same checks and end rules as generate_ids. Runs on the host over the logits of
+        _prefill/_decode on every backend (the CUDA backend copies each step's logits out)."""
+        ids = check_token_ids(prompt_ids, self.config.vocab_rows)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
+                or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if ids.shape[0] >= self.max_context:
+            raise ContextFull(f"prompt of {ids.shape[0]} tokens leaves no room for a new token in "
+                              f"max_context={self.max_context}")
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        return self._generate_steered(ids, params, int(max_new_tokens), {int(t) for t in stop_token_ids},
+                                      pipeline)
+
+    def _generate_steered(self, ids: np.ndarray, params: SamplingParams, max_new_tokens: int, stops: set[int],
+                          pipeline) -> Iterator[tuple[int, object, bool]]:
+        sampler = Sampler(params)
+        self.reset()
+        raw = self._prefill(ids)
+        n_total = ids.shape[0]
+        for i in range(max_new_tokens):
+            logits = pipeline.process(raw)
+            tok = sampler(logits)
+            lp, complete = pipeline.after_sample(logits, tok)
+            yield tok, lp, complete
+            n_total += 1
+            if complete or tok in stops or i + 1 == max_new_tokens or n_total >= self.max_context:
+                return
+            raw = self._decode(tok)
+
     # -- lifetime -------------------------------------------------------------------------------------
     def close(self) -> None:
         """Release the file mapping / device memory. Idempotent."""

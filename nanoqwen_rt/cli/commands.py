@@ -224,8 +224,11 @@ def main():
 @click.option("--chat", "as_chat", is_flag=True,
               help="Wrap the prompt as one user message in the model's chat template.")
 @click.option("--system", default=None, metavar="TEXT", help="With --chat: a system message first.")
+@click.option("--suffix", default=None, metavar="TEXT",
+              help="Fill in the middle: generate the code between the prompt (the text before the cursor) and "
+                   "this text (after it), with Qwen2.5-Coder's FIM tokens; '-' reads it from stdin.")
 @_sampling_options(DEFAULT_MAX_NEW_TOKENS)
-def run(file, prompt, as_chat, system, max_new_tokens, temperature, top_k, top_p, seed, stop, device,
+def run(file, prompt, as_chat, system, suffix, max_new_tokens, temperature, top_k, top_p, seed, stop, device,
         max_context):
     """Complete PROMPT with the model in FILE, streaming the text to stdout.
 
@@ -234,8 +237,14 @@ def run(file, prompt, as_chat, system, max_new_tokens, temperature, top_k, top_p
     """
     if system is not None and not as_chat:
         raise click.UsageError("--system needs --chat")
+    if suffix is not None and as_chat:
+        raise click.UsageError("--suffix (fill in the middle) and --chat cannot be combined")
+    if prompt == "-" and suffix == "-":
+        raise click.UsageError("only one of --prompt and --suffix can read stdin")
     if prompt == "-":
         prompt = _read_stdin_text()
+    if suffix == "-":
+        suffix = _read_stdin_text()
     kwargs = _gen_kwargs(max_new_tokens, temperature, top_k, top_p, seed, stop)
     eng = _open(file, device, max_context)
     try:
@@ -245,7 +254,7 @@ def run(file, prompt, as_chat, system, max_new_tokens, temperature, top_k, top_p
         else:
             text = prompt
         try:   # the Engine checks the prompt (empty, too long for the context) when generate is called
-            chunks = eng.generate(text, **kwargs)
+            chunks = eng.generate(text, **kwargs) if suffix is None else eng.fim(text, suffix, **kwargs)
         except _engine_errors() as e:
             raise _fail(f"{type(e).__name__}: {e}") from None
         n_prompt = eng.stats.prompt_tokens

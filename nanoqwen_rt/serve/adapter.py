@@ -4,6 +4,7 @@ server's 4xx `ApiError`s (server side) or into one-line messages (CLI side, via 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from .schemas import ApiError
 
@@ -113,15 +114,87 @@ class EngineAdapter:
                 raise ApiError(400, str(e), param="prompt", code="invalid_value") from None
         return list(prompt)
 
-    def render_chat(self, messages: list[dict]) -> str:
-        """The chat template applied with the generation prompt; a template failure is a 400."""
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The chat template applied with the generation prompt (and the tools, through the template's own tools
+        section); a template failure is a 400."""
         from ..tokenizer import ChatTemplateError
         try:
+            if tools:
+                return self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
             return self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         except ChatTemplateError as e:
             raise ApiError(400, f"cannot apply the model's chat template: {_one_line(e)}", param="messages",
                            code="chat_template_error") from None
 
-    def generate(self, prompt: str | list[int], **kwargs):
-        """Worker thread only. `prompt`: the token ids from prompt_ids (or text, for other callers)."""
-        return self.engine.generate(prompt, **kwargs)
+    def fim_ids(self, prefix: str, suffix: str) -> list[int]:
+        """The fill-in-the-middle prompt's ids; a 400 when the model's tokenizer has no FIM tokens."""
+        from ..engine import FimUnsupported, InvalidArgument
+        self.check_prompt_chars(prefix + suffix, "prompt")
+        try:
+            return self.engine.fim_ids(prefix, suffix)
+        except FimUnsupported as e:
+            raise ApiError(400, _one_line(e), param="suffix", code="fim_unsupported") from None
+        except InvalidArgument as e:
+            raise ApiError(400, _one_line(e), param="prompt", code="invalid_value") from None
+
+    def fim_stop_ids(self) -> list[int]:
+        from ..fim import fim_stop_ids
+        return list(fim_stop_ids(self.engine.tokenizer))
+
+    def token_id(self, text: str) -> int | None:
+        return self.engine.tokenizer.token_to_id(text)
+
+    def constraint_factory(self, kind: str, spec, param: str):
+        """A callable making one fresh grammar constraint per generation: kind "json" (spec: a schema or None)
+        or "lark" (spec: the grammar). The first one is built now, so a schema the grammar engine refuses is a
+        400 before the request is queued (and the grammar engine's tokenizer is built off the worker)."""
+        from ..engine import InvalidGrammar
+        make = (lambda: self.engine.json_constraint(spec)) if kind == "json" else \
+            (lambda: self.engine.lark_constraint(spec))
+        try:
+            first = [make()]
+        except InvalidGrammar as e:
+            raise ApiError(400, _one_line(e), param=param, code="invalid_value") from None
+
+        def factory():
+            return first.pop() if first else make()
+        return factory
+
+    def token_text(self, token_id: int) -> str:
+        """One token as text for logprobs (an incomplete UTF-8 sequence shows as U+FFFD)."""
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.engine.tokenizer.token_bytes(token_id)
+
+    def generate(self, prompt: str | list[int], n: int = 1, make_constraint=None, **kwargs):
+        """Worker thread only. `prompt`: the token ids from prompt_ids (or text, for other callers). n > 1 or a
+        constraint: `ChoiceChunk`s of n generations, one after another (seed s → choice i uses s + i)."""
+        if n == 1 and make_constraint is None:
+            return self.engine.generate(prompt, **kwargs)
+        return self._choices(prompt, n, make_constraint, kwargs)
+
+    def _choices(self, prompt, n: int, make_constraint, kwargs: dict):
+        seed = kwargs.get("seed")
+        for i in range(n):
+            kw = dict(kwargs)
+            if seed is not None:
+                kw["seed"] = (seed + i) % 2**64
+            if make_constraint is not None:
+                kw["constraint"] = make_constraint()
+            gen = self.engine.generate(prompt, **kw)
+            try:
+                for c in gen:
+                    yield ChoiceChunk(i, c.text, c.token_ids, c.finish_reason, getattr(c, "logprobs", None))
+            finally:
+                gen.close()
+
+
+@dataclass
+class ChoiceChunk:
+    """A GenerationChunk of choice `index` (n > 1)."""
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list | None = None

@@ -20,6 +20,7 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -35,6 +36,7 @@ from starlette.staticfiles import StaticFiles
 from .adapter import EngineAdapter
 from .metrics import ServerMetrics
 from .queue import Failed, Finished, GenerationWorker, Job, Piece, QueueFull
+from ..tools import ToolCallStream, parse_tool_calls
 from .schemas import (ApiError, ChatRequest, CompletionRequest, check_context, parse_chat,
                              parse_completion)
 
@@ -144,30 +146,67 @@ class _Server:
         return await anyio.to_thread.run_sync(self.prepare, req, limiter=self._prepare_limiter)
 
     async def start(self, req: CompletionRequest | ChatRequest, id_prefix: str):
-        """Prepare `req` off the event loop and queue it: (prompt_tokens, job, events, response id, created)."""
-        n_prompt, start = await self.prepare_off_loop(req)
-        job, events = self.submit(n_prompt, start)
-        return n_prompt, job, events, f"{id_prefix}-{uuid.uuid4().hex}", int(time.time())
+        """Prepare `req` off the event loop and queue it: (Prepared, job, events, response id, created)."""
+        prep = await self.prepare_off_loop(req)
+        job, events = self.submit(prep.prompt_tokens, prep.start)
+        return prep, job, events, f"{id_prefix}-{uuid.uuid4().hex}", int(time.time())
 
-    def prepare(self, req: CompletionRequest | ChatRequest):
-        """Tokenize, check the context budget and return (prompt_tokens, start-callable)."""
+    def prepare(self, req: CompletionRequest | ChatRequest) -> "Prepared":
+        """Render / tokenize the prompt, check the context budget, build the grammar constraint if any; return
+        what the worker starts and what the response needs."""
         eng = self.engine
+        n = 1
+        echo = None
+        make_constraint = None
+        tools_active = False
+        kwargs_extra: dict = {}
         if isinstance(req, ChatRequest):
             # Rendered here (not by Engine.chat) so the usage count is exactly the text the engine receives.
-            prompt, param = eng.render_chat(req.messages), "messages"
+            tools_active = req.tools is not None and req.tool_choice != "none"
+            prompt, param = eng.render_chat(req.messages, req.tools if tools_active else None), "messages"
+            rf = req.response_format
+            if rf.type != "text":
+                make_constraint = eng.constraint_factory("json", rf.schema if rf.type == "json_schema" else None,
+                                                         "response_format")
+            elif tools_active and req.tool_choice != "auto":
+                make_constraint = eng.constraint_factory("lark", self.tool_grammar(req), "tool_choice")
+            ids = eng.prompt_ids(prompt, param)
         else:
-            prompt, param = req.prompt, "prompt"
-        ids = eng.prompt_ids(prompt, param)
+            param = "prompt"
+            n = req.n
+            if req.suffix is not None:
+                ids = eng.fim_ids(req.prompt, req.suffix)
+                if not req.params.ignore_eos:
+                    kwargs_extra["stop_token_ids"] = eng.fim_stop_ids()
+            else:
+                ids = eng.prompt_ids(req.prompt, param)
+            if req.echo:
+                echo = req.prompt if isinstance(req.prompt, str) else eng.engine.tokenizer.decode(req.prompt)
         n_prompt = len(ids)
         if n_prompt == 0:
             raise ApiError(400, f"'{param}' is empty: the prompt must encode to at least one token", param=param,
                            code="invalid_value")
         n_new = check_context(n_prompt, req.params.max_tokens, eng.context_length, param)
-        kwargs = req.params.engine_kwargs(n_new)
-        return n_prompt, lambda: eng.generate(ids, **kwargs)
+        kwargs = {**req.params.engine_kwargs(n_new), **kwargs_extra}
+        if n == 1 and make_constraint is None:
+            start = lambda: eng.generate(ids, **kwargs)                      # noqa: E731
+        else:
+            start = lambda: eng.generate(ids, n=n, make_constraint=make_constraint, **kwargs)   # noqa: E731
+        return Prepared(n_prompt, start, n, echo, tools_active)
+
+    def tool_grammar(self, req: ChatRequest) -> str:
+        """tool_choice "required" or a named function: the answer is forced to one such tool call."""
+        from ..tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, tool_call_grammar
+        open_id, close_id = self.engine.token_id(TOOL_CALL_OPEN), self.engine.token_id(TOOL_CALL_CLOSE)
+        if open_id is None or close_id is None:
+            raise ApiError(400, "this model's tokenizer has no <tool_call> tokens, so a tool call cannot be forced",
+                           param="tool_choice", code="unsupported_value")
+        name = req.tool_choice["function"]["name"] if isinstance(req.tool_choice, dict) else None
+        return tool_call_grammar(req.tools, open_id, close_id, name)
 
     async def collect(self, request: Request, job: Job, events: asyncio.Queue):
-        """Wait for the whole answer; a client disconnect cancels the job (ClientGone). Returns (text, Finished)."""
+        """Wait for the whole answer; a client disconnect cancels the job (ClientGone). Returns
+        ({choice index: _Choice}, Finished)."""
 
         async def watch_disconnect():
             while True:
@@ -177,34 +216,40 @@ class _Server:
                     return
 
         watcher = asyncio.create_task(watch_disconnect())
-        parts = []
+        choices: dict[int, _Choice] = {}
         try:
             while True:
                 ev = await events.get()
                 if isinstance(ev, Piece):
-                    parts.append(ev.text)
+                    c = choices.setdefault(ev.index, _Choice())
+                    c.parts.append(ev.text)
+                    if ev.logprobs:
+                        c.logprobs += ev.logprobs
+                    c.finish = ev.finish_reason or c.finish
                 elif isinstance(ev, Failed):
                     raise _engine_error(ev.error)
                 else:
                     if ev.cancelled:
                         raise ClientGone()
-                    return "".join(parts), ev
+                    return choices, ev
         finally:
             watcher.cancel()
             self.worker.withdraw(job)     # no-op when finished; frees the engine if this task is cancelled
 
-    def event_source(self, job: Job, events: asyncio.Queue, make_chunk, usage_chunk, role_chunk=None):
+    def event_source(self, job: Job, events: asyncio.Queue, on_piece, on_finish, usage_chunk, role_chunk=None):
         """The SSE response of one streaming request: `stream` below, told when the server shuts down."""
         shutdown = anyio.Event()
-        return EventSourceResponse(self.stream(job, events, make_chunk, usage_chunk, role_chunk, shutdown),
+        return EventSourceResponse(self.stream(job, events, on_piece, on_finish, usage_chunk, role_chunk, shutdown),
                                    shutdown_event=shutdown, shutdown_grace_period=STREAM_SHUTDOWN_GRACE_S)
 
-    async def stream(self, job: Job, events: asyncio.Queue, make_chunk, usage_chunk, role_chunk=None,
+    async def stream(self, job: Job, events: asyncio.Queue, on_piece, on_finish, usage_chunk, role_chunk=None,
                      shutdown: anyio.Event | None = None):
-        """Async generator of SSE events. `make_chunk(text, finish_reason)` builds one JSON chunk,
-        `usage_chunk(prompt_tokens, completion_tokens)` the optional usage chunk sent last, `role_chunk` an
-        optional first chunk (chat: the assistant role). When `shutdown` is set (SIGINT/SIGTERM) the stream
-        ends with an error event and `[DONE]`, never cut mid-way."""
+        """Async generator of SSE events. `on_piece(piece)` returns the JSON chunks of one Piece (its text,
+        logprobs, and the choice's finish chunk when the piece ends that choice); `on_finish(finished)` the
+        chunks still owed at the end (a finish chunk for every choice that has none yet); `usage_chunk(prompt_tokens,
+        completion_tokens)` the optional usage chunk sent last, `role_chunk` an optional first chunk (chat: the
+        assistant role). When `shutdown` is set (SIGINT/SIGTERM) the stream ends with an error event and
+        `[DONE]`, never cut mid-way."""
         shutdown_wait = asyncio.ensure_future(shutdown.wait()) if shutdown is not None else None
         get = None
         try:
@@ -225,15 +270,16 @@ class _Server:
                         return
                     ev = get.result()
                 if isinstance(ev, Piece):
-                    if ev.text:
-                        yield {"data": json.dumps(make_chunk(ev.text, None))}
+                    for c in on_piece(ev):
+                        yield {"data": json.dumps(c)}
                 elif isinstance(ev, Failed):
                     yield {"data": json.dumps(_engine_error(ev.error).body())}
                     return
                 else:
                     if ev.cancelled:
                         return
-                    yield {"data": json.dumps(make_chunk("", _finish(ev)))}
+                    for c in on_finish(ev):
+                        yield {"data": json.dumps(c)}
                     if usage_chunk is not None:
                         yield {"data": json.dumps(usage_chunk(job.prompt_tokens, ev.completion_tokens))}
                     yield {"data": "[DONE]"}
@@ -244,6 +290,28 @@ class _Server:
                 if pending is not None:
                     pending.cancel()
             self.worker.withdraw(job)
+
+
+@dataclass
+class Prepared:
+    """A request ready to queue: its prompt size, the worker's start callable, and what the answer needs."""
+    prompt_tokens: int
+    start: object
+    n: int = 1
+    echo: str | None = None          # completions echo: the prompt text before each choice's text
+    tools_active: bool = False       # chat: parse <tool_call> blocks out of the answer
+
+
+@dataclass
+class _Choice:
+    """One choice of a non-streaming answer, as it accumulates."""
+    parts: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    finish: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
 
 
 def _engine_error(e: BaseException) -> ApiError:
@@ -266,6 +334,26 @@ def _usage_chunk(make_chunk):
     def usage_chunk(prompt_tokens: int, completion_tokens: int) -> dict:
         return {**make_chunk("", None), "choices": [], "usage": _usage(prompt_tokens, completion_tokens)}
     return usage_chunk
+
+
+def _completion_logprobs(engine: EngineAdapter, lps: list, offset: int) -> dict:
+    """/v1/completions' logprobs object for these tokens; text offsets count from `offset`."""
+    tokens, offsets = [], []
+    for t in lps:
+        offsets.append(offset)
+        tokens.append(engine.token_text(t.token_id))
+        offset += len(tokens[-1])
+    return {"tokens": tokens, "token_logprobs": [t.logprob for t in lps],
+            "top_logprobs": [{engine.token_text(i): lp for i, lp in t.top} for t in lps], "text_offset": offsets}
+
+
+def _chat_logprobs(engine: EngineAdapter, lps: list) -> dict:
+    """/v1/chat/completions' logprobs object ({"content": [...]}) for these tokens."""
+    def entry(i: int, lp: float) -> dict:
+        b = engine.token_bytes(i)
+        return {"token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)}
+    return {"content": [{**entry(t.token_id, t.logprob), "top_logprobs": [entry(i, lp) for i, lp in t.top]}
+                        for t in lps]}
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -330,41 +418,118 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
 
     @endpoint("/v1/completions")
     async def completions(request):
-        req = parse_completion(await srv.read_json(request), srv.model_name)
-        n_prompt, job, events, cid, created = await srv.start(req, "cmpl")
+        req = parse_completion(await srv.read_json(request), srv.model_name, srv.engine.vocab_rows)
+        prep, job, events, cid, created = await srv.start(req, "cmpl")
+        want_lp = req.params.logprobs is not None
 
-        def chunk(text, finish):
+        def chunk(text, finish, index=0, lps=None, offset=0):
             return {"id": cid, "object": "text_completion", "created": created, "model": srv.model_name,
-                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+                    "choices": [{"index": index, "text": text,
+                                 "logprobs": _completion_logprobs(srv.engine, lps, offset) if want_lp and lps
+                                 else None, "finish_reason": finish}]}
 
         if req.stream:
+            offsets: dict[int, int] = {}
+            finished: set[int] = set()
+
+            def on_piece(ev: Piece) -> list[dict]:
+                out = []
+                i = ev.index
+                if i not in offsets:
+                    offsets[i] = 0
+                    if prep.echo:
+                        out.append(chunk(prep.echo, None, i))
+                        offsets[i] = len(prep.echo)
+                if ev.text or ev.logprobs:
+                    out.append(chunk(ev.text, None, i, ev.logprobs, offsets[i]))
+                    offsets[i] += sum(len(srv.engine.token_text(t.token_id)) for t in ev.logprobs or ())
+                if ev.finish_reason is not None:
+                    finished.add(i)
+                    out.append(chunk("", ev.finish_reason, i))
+                return out
+
+            def on_finish(ev: Finished) -> list[dict]:
+                return [chunk("", _finish(ev), i) for i in range(prep.n) if i not in finished]
+
             usage = _usage_chunk(chunk) if req.include_usage else None
-            return srv.event_source(job, events, chunk, usage)
-        text, fin = await srv.collect(request, job, events)
-        body = chunk(text, _finish(fin))
-        body["usage"] = _usage(n_prompt, fin.completion_tokens)
+            return srv.event_source(job, events, on_piece, on_finish, usage)
+        choices, fin = await srv.collect(request, job, events)
+        out = []
+        for i in range(prep.n):
+            c = choices.get(i, _Choice())
+            echo = prep.echo or ""
+            out.append(chunk(echo + c.text, c.finish or _finish(fin), i, c.logprobs, len(echo))["choices"][0])
+        body = chunk("", None)
+        body["choices"] = out
+        body["usage"] = _usage(prep.prompt_tokens, fin.completion_tokens)
         return JSONResponse(body)
 
     @endpoint("/v1/chat/completions")
     async def chat_completions(request):
-        req = parse_chat(await srv.read_json(request), srv.model_name)
-        n_prompt, job, events, cid, created = await srv.start(req, "chatcmpl")
+        req = parse_chat(await srv.read_json(request), srv.model_name, srv.engine.vocab_rows)
+        prep, job, events, cid, created = await srv.start(req, "chatcmpl")
+        want_lp = req.params.logprobs is not None
 
-        def chunk(text, finish, delta=None):
+        def chunk(text, finish, delta=None, lps=None):
             delta = delta if delta is not None else ({"content": text} if text else {})
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": srv.model_name,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+                    "choices": [{"index": 0, "delta": delta,
+                                 "logprobs": _chat_logprobs(srv.engine, lps) if want_lp and lps else None,
+                                 "finish_reason": finish}]}
 
         if req.stream:
+            calls = ToolCallStream() if prep.tools_active else None
+            state = {"finished": False}
+
+            def deltas(events_) -> list[dict]:
+                out = []
+                for kind, val in events_:
+                    if kind == "content" and val:
+                        out.append({"content": val})
+                    elif kind == "tool_call":
+                        out.append({"tool_calls": [{"index": calls.n_calls - 1, **val}]})
+                return out
+
+            def finish_chunks(reason: str) -> list[dict]:
+                state["finished"] = True
+                out = [chunk("", None, d) for d in deltas(calls.finish())] if calls is not None else []
+                last = chunk("", "tool_calls" if calls is not None and calls.n_calls else reason)
+                if calls is not None and calls.errors:
+                    last["choices"][0]["tool_call_errors"] = list(calls.errors)
+                return out + [last]
+
+            def on_piece(ev: Piece) -> list[dict]:
+                ds = deltas(calls.feed(ev.text)) if calls is not None else ([{"content": ev.text}] if ev.text else [])
+                if ev.logprobs and not ds:
+                    ds = [{}]
+                out = [chunk("", None, d, ev.logprobs if k == 0 else None) for k, d in enumerate(ds)]
+                if ev.finish_reason is not None:
+                    out += finish_chunks(ev.finish_reason)
+                return out
+
+            def on_finish(ev: Finished) -> list[dict]:
+                return [] if state["finished"] else finish_chunks(_finish(ev))
+
             usage = _usage_chunk(chunk) if req.include_usage else None
             role = chunk("", None, delta={"role": "assistant", "content": ""})
-            return srv.event_source(job, events, chunk, usage, role_chunk=role)
-        text, fin = await srv.collect(request, job, events)
+            return srv.event_source(job, events, on_piece, on_finish, usage, role_chunk=role)
+        choices, fin = await srv.collect(request, job, events)
+        c = choices.get(0, _Choice())
+        finish = c.finish or _finish(fin)
+        message = {"role": "assistant", "content": c.text}
+        choice = {"index": 0, "message": message, "logprobs": _chat_logprobs(srv.engine, c.logprobs) if want_lp
+                  else None, "finish_reason": finish}
+        if prep.tools_active:
+            parsed = parse_tool_calls(c.text)
+            if parsed.tool_calls:
+                message["content"] = parsed.content or None
+                message["tool_calls"] = parsed.tool_calls
+                choice["finish_reason"] = "tool_calls"
+            if parsed.errors:
+                choice["tool_call_errors"] = parsed.errors
         return JSONResponse({
             "id": cid, "object": "chat.completion", "created": created, "model": srv.model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                         "finish_reason": _finish(fin)}],
-            "usage": _usage(n_prompt, fin.completion_tokens)})
+            "choices": [choice], "usage": _usage(prep.prompt_tokens, fin.completion_tokens)})
 
     async def http_error(request, exc: HTTPException):
         err = ApiError(exc.status_code, exc.detail or "error",

@@ -37,6 +37,9 @@ class QueueFull(Exception):
 class Piece:
     text: str            # new text since the previous piece
     n_tokens: int        # tokens this piece accounts for
+    index: int = 0       # which choice (n > 1 generates several, one after another)
+    logprobs: list | None = None        # TokenLogprob per emitted token, when asked for
+    finish_reason: str | None = None    # set on the last piece of a choice
 
 
 @dataclass
@@ -189,8 +192,9 @@ class GenerationWorker:
                 m.completion_tokens.inc(k)
                 finish = piece.finish_reason
                 if piece.text or k:
-                    job.sink(Piece(piece.text, k))
-                if finish is not None or job.cancelled:
+                    job.sink(Piece(piece.text, k, getattr(piece, "index", 0), getattr(piece, "logprobs", None),
+                                   finish))
+                if job.cancelled:
                     break
         except Exception as e:               # the engine failed: report it to this request, keep serving
             job.sink(Failed(e))

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..logits import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, PENALTY_RANGE
+
 # OpenAI allows at most 4 stop sequences; we keep the same limit so clients behave identically everywhere.
 MAX_STOP_SEQUENCES = 4
 # OpenAI's documented default for /v1/completions when max_tokens is absent.
@@ -19,6 +21,12 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16
 TEMPERATURE_RANGE = (0.0, 2.0)
 # Seeds are passed to numpy/CUDA RNGs as unsigned 64-bit values.
 SEED_RANGE = (0, 2**64 - 1)
+# logit_bias values, penalties and top_logprobs: OpenAI's ranges, defined once in nanoqwen_rt.logits (completions'
+# `logprobs` allows 5 at OpenAI; we allow the chat endpoint's 20 on both).
+# (LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, PENALTY_RANGE imported above)
+# Most completions one /v1/completions request may ask for (`n`): they generate one after another, each one a
+# full generation, so a large n would hold the single sequence for n times as long.
+MAX_N = 8
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
@@ -53,11 +61,32 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False        # extension (vLLM-style): do not stop on the model's end-of-sequence ids
+    logprobs: int | None = None     # None: no logprobs; N: the sampled token's and the N most likely ones
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def engine_kwargs(self, max_new_tokens: int) -> dict:
-        return dict(max_new_tokens=max_new_tokens, temperature=self.temperature, top_k=self.top_k,
-                    top_p=self.top_p, seed=self.seed, stop=list(self.stop) or None,
-                    stop_token_ids=[] if self.ignore_eos else None)
+        """Engine.generate keyword arguments (the optional ones only when set)."""
+        kw = dict(max_new_tokens=max_new_tokens, temperature=self.temperature, top_k=self.top_k,
+                  top_p=self.top_p, seed=self.seed, stop=list(self.stop) or None,
+                  stop_token_ids=[] if self.ignore_eos else None)
+        if self.logprobs is not None:
+            kw["logprobs"] = self.logprobs
+        if self.logit_bias:
+            kw["logit_bias"] = dict(self.logit_bias)
+        if self.presence_penalty:
+            kw["presence_penalty"] = self.presence_penalty
+        if self.frequency_penalty:
+            kw["frequency_penalty"] = self.frequency_penalty
+        return kw
+
+
+@dataclass
+class ResponseFormat:
+    """response_format: "text", "json_object" (any JSON object) or "json_schema" (`schema`)."""
+    type: str = "text"
+    schema: dict | None = None
 
 
 @dataclass
@@ -66,14 +95,20 @@ class CompletionRequest:
     params: SamplingParams
     stream: bool
     include_usage: bool              # stream_options.include_usage
+    suffix: str | None = None        # fill in the middle: the text after the gap (prompt = the text before it)
+    echo: bool = False               # the prompt's text before each completion's
+    n: int = 1                       # completions, generated one after another
 
 
 @dataclass
 class ChatRequest:
-    messages: list[dict]             # [{"role": str, "content": str}], content flattened to text
+    messages: list[dict]             # [{"role", "content"[, "tool_calls"][, "tool_call_id"]}], content as text
     params: SamplingParams
     stream: bool
     include_usage: bool
+    tools: list[dict] | None = None  # OpenAI tool definitions (type "function"); None: no tools
+    tool_choice: str | dict = "auto"   # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
+    response_format: ResponseFormat = field(default_factory=ResponseFormat)
 
 
 # ---------------------------------------------------------------- field checkers
@@ -134,27 +169,50 @@ def _stop(body: dict) -> list[str]:
     return list(v)
 
 
-def _reject_unsupported(body: dict) -> None:
+def _reject_unsupported(body: dict, endpoint: str) -> None:
     """Fail closed on parameters that would change the answer's meaning if silently ignored."""
     n = body.get("n")
-    if n is not None and n != 1:
-        raise bad_param("n", "only n=1 is supported (one sequence generates at a time)", code="unsupported_value")
+    if endpoint == "chat" and n is not None and n != 1:
+        raise bad_param("n", "only n=1 is supported on /v1/chat/completions (use /v1/completions for n > 1)",
+                        code="unsupported_value")
     best_of = body.get("best_of")
     if best_of is not None and best_of != 1:
         raise bad_param("best_of", "only best_of=1 is supported", code="unsupported_value")
-    for name in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions", "logit_bias"):
-        v = body.get(name)
-        if v not in (None, False, 0, [], {}, ""):
-            raise bad_param(name, f"'{name}' is not supported by this server", code="unsupported_parameter")
-    rf = body.get("response_format")
-    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
-        raise bad_param("response_format", "only response_format {'type': 'text'} is supported",
-                        code="unsupported_value")
-    for name in ("presence_penalty", "frequency_penalty"):
-        v = body.get(name)
-        if v not in (None, 0, 0.0):
-            raise bad_param(name, f"'{name}' is not supported by this server (only 0)",
-                            code="unsupported_parameter")
+    names = ("functions", "function_call") + (("tools", "tool_choice", "response_format", "top_logprobs")
+                                              if endpoint == "completions" else ("suffix", "echo"))
+    for name in names:
+        if body.get(name) not in (None, False, [], {}, ""):
+            raise bad_param(name, f"'{name}' is not supported on this endpoint", code="unsupported_parameter")
+
+
+def _logit_bias(body: dict, vocab_rows: int) -> dict[int, float]:
+    v = body.get("logit_bias")
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise bad_param("logit_bias", "'logit_bias' must be an object {token id: bias}", code="invalid_type")
+    if len(v) > MAX_LOGIT_BIAS:
+        raise bad_param("logit_bias", f"'logit_bias' has {len(v)} entries, at most {MAX_LOGIT_BIAS}")
+    out = {}
+    for k, b in v.items():
+        if not (isinstance(k, str) and k.isdigit() and int(k) < vocab_rows):
+            raise bad_param("logit_bias", f"'logit_bias' key {k!r} is not a token id in [0, {vocab_rows})")
+        if not _is_number(b) or not LOGIT_BIAS_RANGE[0] <= b <= LOGIT_BIAS_RANGE[1]:
+            raise bad_param("logit_bias", f"'logit_bias' value for {k} must be a number in "
+                                          f"[{LOGIT_BIAS_RANGE[0]:g}, {LOGIT_BIAS_RANGE[1]:g}], got {b!r}")
+        out[int(k)] = float(b)
+    return out
+
+
+def _logprobs(body: dict, endpoint: str) -> int | None:
+    """completions: `logprobs: N` (int); chat: `logprobs: bool` + `top_logprobs: N`."""
+    if endpoint == "completions":
+        return _opt_int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
+    want = _opt_bool(body, "logprobs", False)
+    top = _opt_int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top is not None and not want:
+        raise bad_param("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+    return (top or 0) if want else None
 
 
 def _check_model(body: dict, model_name: str) -> None:
@@ -168,7 +226,7 @@ def _check_model(body: dict, model_name: str) -> None:
                        param="model", code="model_not_found")
 
 
-def _sampling(body: dict, default_max_tokens: int | None) -> SamplingParams:
+def _sampling(body: dict, default_max_tokens: int | None, endpoint: str, vocab_rows: int) -> SamplingParams:
     max_tokens = _opt_int(body, "max_tokens", 1)
     mct = _opt_int(body, "max_completion_tokens", 1)       # the newer chat name for the same limit
     if max_tokens is not None and mct is not None and max_tokens != mct:
@@ -187,6 +245,10 @@ def _sampling(body: dict, default_max_tokens: int | None) -> SamplingParams:
         seed=seed,
         stop=_stop(body),
         ignore_eos=_opt_bool(body, "ignore_eos", False),
+        logprobs=_logprobs(body, endpoint),
+        logit_bias=_logit_bias(body, vocab_rows),
+        presence_penalty=_opt_number(body, "presence_penalty", 0.0, *PENALTY_RANGE),
+        frequency_penalty=_opt_number(body, "frequency_penalty", 0.0, *PENALTY_RANGE),
     )
 
 
@@ -212,9 +274,10 @@ def _require_object(body: Any) -> dict:
 # ---------------------------------------------------------------- endpoints
 
 
-def parse_completion(body: Any, model_name: str) -> CompletionRequest:
+def parse_completion(body: Any, model_name: str, vocab_rows: int = 2**31 - 1) -> CompletionRequest:
     """Validate a /v1/completions body. The prompt is one string or one list of token ids (a batch of exactly
-    one of either is unwrapped); the ids' range is checked against the model by the server."""
+    one of either is unwrapped); the ids' range is checked against the model by the server. `suffix` (fill in
+    the middle) needs a text prompt; whether the model has FIM tokens is the server's check."""
     body = _require_object(body)
     _check_model(body, model_name)
     prompt = body.get("prompt")
@@ -226,9 +289,20 @@ def parse_completion(body: Any, model_name: str) -> CompletionRequest:
     if not (isinstance(prompt, str) or is_ids):
         raise bad_param("prompt", "'prompt' must be a string or a list of token ids (a batch of one at most)",
                         code="invalid_type")
-    _reject_unsupported(body)
+    _reject_unsupported(body, "completions")
+    suffix = body.get("suffix")
+    if suffix is not None:
+        if not isinstance(suffix, str):
+            raise bad_param("suffix", "'suffix' must be a string", code="invalid_type")
+        if not isinstance(prompt, str):
+            raise bad_param("suffix", "'suffix' (fill in the middle) needs a text prompt, not token ids")
+    echo = _opt_bool(body, "echo", False)
+    if echo and suffix is not None:
+        raise bad_param("echo", "'echo' and 'suffix' cannot be combined", code="unsupported_value")
+    n = _opt_int(body, "n", 1, MAX_N)
     stream, include_usage = _stream_flags(body)
-    return CompletionRequest(prompt, _sampling(body, DEFAULT_COMPLETION_MAX_TOKENS), stream, include_usage)
+    return CompletionRequest(prompt, _sampling(body, DEFAULT_COMPLETION_MAX_TOKENS, "completions", vocab_rows),
+                             stream, include_usage, suffix, echo, n if n is not None else 1)
 
 
 def _message_text(content: Any, i: int) -> str:
@@ -246,8 +320,79 @@ def _message_text(content: Any, i: int) -> str:
                     code="invalid_type")
 
 
-def parse_chat(body: Any, model_name: str) -> ChatRequest:
-    """Validate a /v1/chat/completions body; message contents are flattened to plain text."""
+def _tool_calls(v: Any, i: int) -> list[dict]:
+    """An assistant message's tool_calls, with each `arguments` JSON string parsed to the object the chat
+    template renders (OpenAI sends a string; Qwen's template writes `arguments | tojson`)."""
+    import json
+    param = f"messages[{i}].tool_calls"
+    if not isinstance(v, list):
+        raise bad_param(param, "'tool_calls' must be a list", code="invalid_type")
+    out = []
+    for j, tc in enumerate(v):
+        fn = tc.get("function") if isinstance(tc, dict) else None
+        if not (isinstance(fn, dict) and isinstance(fn.get("name"), str)):
+            raise bad_param(param, f"tool call {j} needs a function with a name", code="invalid_type")
+        args = fn.get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError as e:
+                raise bad_param(param, f"tool call {j}: 'arguments' is not valid JSON: {e}") from None
+        out.append({"id": tc.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}})
+    return out
+
+
+def _tools(body: dict) -> tuple[list[dict] | None, str | dict]:
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if tools is None or tools == []:
+        if choice not in (None, "none", "auto"):
+            raise bad_param("tool_choice", "'tool_choice' names a tool but 'tools' is empty")
+        return None, "none"
+    if not isinstance(tools, list):
+        raise bad_param("tools", "'tools' must be a list", code="invalid_type")
+    names = set()
+    for j, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not (isinstance(t, dict) and t.get("type") == "function" and isinstance(fn, dict)
+                and isinstance(fn.get("name"), str) and fn["name"]):
+            raise bad_param("tools", f"tool {j} must be {{'type': 'function', 'function': {{'name': ...}}}}",
+                            code="invalid_type")
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise bad_param("tools", f"tool {j}: 'parameters' must be a JSON schema object", code="invalid_type")
+        names.add(fn["name"])
+    if choice is None:
+        choice = "auto"
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        if not (choice.get("type") == "function" and isinstance(fn, dict) and fn.get("name") in names):
+            raise bad_param("tool_choice", "'tool_choice' must name one of the tools in 'tools'")
+    elif choice not in ("none", "auto", "required"):
+        raise bad_param("tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or "
+                                       "{'type': 'function', 'function': {'name': ...}}")
+    return tools, choice
+
+
+def _response_format(body: dict) -> ResponseFormat:
+    rf = body.get("response_format")
+    if rf is None:
+        return ResponseFormat()
+    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+        raise bad_param("response_format", "'response_format' must be {'type': 'text' | 'json_object' | "
+                                           "'json_schema', ...}")
+    if rf["type"] != "json_schema":
+        return ResponseFormat(rf["type"])
+    js = rf.get("json_schema")
+    if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
+        raise bad_param("response_format", "'json_schema' must be an object with a 'schema' object",
+                        code="invalid_type")
+    return ResponseFormat("json_schema", js.get("schema", {}))
+
+
+def parse_chat(body: Any, model_name: str, vocab_rows: int = 2**31 - 1) -> ChatRequest:
+    """Validate a /v1/chat/completions body; message contents are flattened to plain text, assistant tool calls
+    kept (their arguments parsed), tool results kept with their tool_call_id."""
     body = _require_object(body)
     _check_model(body, model_name)
     msgs = body.get("messages")
@@ -262,11 +407,23 @@ def parse_chat(body: Any, model_name: str) -> ChatRequest:
         role = m.get("role")
         if role not in ROLES:
             raise bad_param(f"messages[{i}].role", f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
-        out.append({"role": "system" if role == "developer" else role,
-                    "content": _message_text(m.get("content"), i)})
-    _reject_unsupported(body)
+        msg = {"role": "system" if role == "developer" else role}
+        if role == "assistant" and m.get("tool_calls"):
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], i)
+            msg["content"] = _message_text(m["content"], i) if m.get("content") is not None else ""
+        else:
+            msg["content"] = _message_text(m.get("content"), i)
+        if role == "tool" and isinstance(m.get("tool_call_id"), str):
+            msg["tool_call_id"] = m["tool_call_id"]
+        out.append(msg)
+    _reject_unsupported(body, "chat")
+    tools, tool_choice = _tools(body)
+    rf = _response_format(body)
+    if rf.type != "text" and tools is not None and tool_choice != "none":
+        raise bad_param("response_format", "'response_format' and 'tools' cannot be combined",
+                        code="unsupported_value")
     stream, include_usage = _stream_flags(body)
-    return ChatRequest(out, _sampling(body, None), stream, include_usage)
+    return ChatRequest(out, _sampling(body, None, "chat", vocab_rows), stream, include_usage, tools, tool_choice, rf)
 
 
 def check_context(prompt_tokens: int, max_tokens: int | None, context_length: int, prompt_param: str) -> int:

@@ -80,6 +80,8 @@ SIGNATURES = {
     "nq_get_logits": (ctypes.c_int, [_P, _F32P, ctypes.c_int32]),
     "nq_logits_all": (ctypes.c_int, [_P, _I32P, ctypes.c_int32, _F32P]),
     "nq_generate": (ctypes.c_int, [_P, ctypes.c_int32, _I32P, ctypes.c_int32, TOKEN_CALLBACK, _P, _I32P, _I32P]),
+    "nq_sample_steered": (ctypes.c_int, [_P, _I32P, _F32P, ctypes.c_int32, _I32P, ctypes.c_int32, ctypes.c_float,
+                                         ctypes.c_float, ctypes.c_int32, _I32P, _F32P, _I32P, _F32P, _I32P]),
     "nq_session_free": (None, [_P]),
 }
 #: production entry points newer than some libraries in use: bound when present; each caller says what it does

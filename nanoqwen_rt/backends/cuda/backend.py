@@ -15,6 +15,10 @@ Where one decode step happens (Engine.generate → ... → kernels):
   gate/up + SwiGLU), gemv (down_proj, residual add); then gemv (final RMSNorm + lm_head), then the sampler.
   `decode()` (one step, logits back to the host) goes ctypes nq_decode → session_decode → the decode-only graph
   (`graph_exec`) → the same kernels.
+  A steered generation (logprobs, logit_bias, penalties, a grammar: Backend.generate_steered) goes
+  CudaBackend._generate_steered: per token, the grammar's bitmask (host, llguidance) → ctypes nq_sample_steered →
+  session_sample_steered (penalties + mask + bias, the device sampler, log-softmax + top-N: csrc/src/steer.cu; only
+  the token and its logprobs are copied back) → nq_decode of that token (the decode-only graph).
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from typing import Iterator
 import numpy as np
 
 from ..base import Backend, BackendError, resolve_max_context
+from ...logits import TokenLogprob
 from ...sampling import SamplingParams
 from . import abi
 from .abi import (NQ_OK, TOKEN_CALLBACK, LibraryUnavailable, NqConfig, NqSampling, UnsupportedModel, check,
@@ -226,6 +231,62 @@ class CudaBackend(Backend):
         self.reset()
         check(self._lib, "nq_prefill", sess, _ptr(ids, ctypes.c_int32), ids.shape[0], what="prefill")
         yield from stream_tokens(self._lib, sess, max_new, stops)
+
+    # -- steered generation on the device -------------------------------------------------------------------
+    def sample_steered(self, bias_ids: np.ndarray, bias_vals: np.ndarray, mask: np.ndarray | None,
+                       presence: float, frequency: float, top_n: int) -> tuple[int, TokenLogprob | None]:
+        """One steered sampling step from the current logits, on the device (nq_sample_steered): bias_ids int32 /
+        bias_vals float32 (n,), mask int32 (ceil(vocab_rows / 32),) or None, top_n -1 for no logprobs. The token
+        is not decoded. Arguments as LogitsSettings checked them (the library checks them again)."""
+        tok = ctypes.c_int32()
+        lp = ctypes.c_float()
+        n_top = ctypes.c_int32()
+        k = max(top_n, 1)
+        top_ids = np.zeros(k, dtype=np.int32)          # (top_n,) filled by the library
+        top_lps = np.zeros(k, dtype=np.float32)
+        n_bias = int(bias_ids.shape[0])
+        check(self._lib, "nq_sample_steered", self._live(), _ptr(bias_ids, ctypes.c_int32),
+              _ptr(bias_vals, ctypes.c_float), n_bias,
+              _ptr(mask, ctypes.c_int32) if mask is not None else None, mask.shape[0] if mask is not None else 0,
+              float(presence), float(frequency), int(top_n), ctypes.byref(tok), ctypes.byref(lp),
+              _ptr(top_ids, ctypes.c_int32), _ptr(top_lps, ctypes.c_float), ctypes.byref(n_top),
+              what="steered sampling")
+        if top_n < 0:
+            return int(tok.value), None
+        n = int(n_top.value)
+        return int(tok.value), TokenLogprob(int(tok.value), float(lp.value),
+                                            tuple((int(i), float(v)) for i, v in zip(top_ids[:n], top_lps[:n])))
+
+    def _generate_steered(self, ids: np.ndarray, params: SamplingParams, max_new_tokens: int, stops: set[int],
+                          pipeline) -> Iterator[tuple[int, TokenLogprob | None, bool]]:
+        """The logits step of nanoqwen_rt.logits on the device: only the grammar's mask goes up and the token and
+        its logprobs come back per step (the penalties' counts live on the device, reset with the sequence)."""
+        s = pipeline.settings
+        sess = self._live()
+        bias = sorted(s.logit_bias.items())
+        bias_ids = np.array([k for k, _ in bias], dtype=np.int32)          # (n_bias,)
+        bias_vals = np.array([v for _, v in bias], dtype=np.float32)       # (n_bias,)
+        top_n = -1 if s.top_logprobs is None else int(s.top_logprobs)
+        constraint = pipeline.constraint
+        mask = np.zeros((self.config.vocab_rows + 31) // 32, dtype=np.int32) if constraint is not None else None
+        check(self._lib, "nq_session_set_sampling", sess, ctypes.byref(_sampling_struct(params)),
+              what="sampling settings")
+        self.reset()
+        check(self._lib, "nq_prefill", sess, _ptr(ids, ctypes.c_int32), ids.shape[0], what="prefill")
+        n_total = ids.shape[0]
+        for i in range(max_new_tokens):
+            if constraint is not None:
+                constraint.fill_bitmask(mask)
+            tok, lp = self.sample_steered(bias_ids, bias_vals, mask, s.presence_penalty, s.frequency_penalty, top_n)
+            complete = False
+            if constraint is not None:
+                constraint.accept(tok)
+                complete = constraint.complete
+            yield tok, lp, complete
+            n_total += 1
+            if complete or tok in stops or i + 1 == max_new_tokens or n_total >= self.max_context:
+                return
+            check(self._lib, "nq_decode", sess, tok, what="decode")
 
     # -- lifetime ------------------------------------------------------------------------------------------
     def close(self) -> None:
