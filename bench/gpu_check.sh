@@ -49,13 +49,13 @@ if has tests; then
   t0=$(date +%s)
   # NQ_TEST_K narrows the selection (pytest -k), e.g. to re-check one kernel quickly. The files are named: the
   # device image has no `openai`, which tests/test_server.py (CPU, CI) imports at collection.
-  timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 -rfE \
+  timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 -rfEs \
     tests/test_gpu_kernels.py tests/test_gpu_gemm.py tests/test_gpu_e2e.py tests/test_server_gpu.py tests/test_bench.py tests/test_cli.py tests/test_gpu_steer.py \
     -k "not 7b_shaped${NQ_TEST_K:+ and ($NQ_TEST_K)}" \
     > "$LOG/pytest_gpu.log" 2>&1
   rc=$?
   note "pytest -m gpu (kernels, e2e, server, CLI, bench; not the 7B-shaped one): rc=$rc in $(( $(date +%s) - t0 )) s: $(tail -1 "$LOG/pytest_gpu.log")"
-  grep -E "^(FAILED|ERROR)" "$LOG/pytest_gpu.log" | head -25 | tee -a "$summary"
+  grep -E "^(FAILED|ERROR|SKIPPED)" "$LOG/pytest_gpu.log" | head -25 | tee -a "$summary"
   save
 fi
 if has kbench; then
