@@ -58,3 +58,88 @@ def test_wheel_ships_a_built_libnanoqwen(tmp_path):
     names = zipfile.ZipFile(whl).namelist()
     assert "nanoqwen_rt/lib/libnanoqwen.so" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+
+
+# --- the quick-start scripts build the CUDA library only where it can run (tests and CI: wherever nvcc is) ---------
+
+NO_GPU_ANSWERS = {   # what nvidia-smi -L prints on a machine whose driver is installed but that has no usable GPU
+    "no device": ("No devices were found", 6),
+    "no driver": ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.", 9),
+}
+
+
+def _fake_toolchain(tmp_path, smi: tuple[str, int] | None):
+    """A folder to put first on PATH: an nvcc that works, a cmake that records that it was called (and fails, so
+    nothing is installed into the checkout), and an nvidia-smi answering `smi` (none when smi is None); plus a
+    stand-in virtual environment already marked as installed, so _env.sh goes straight to its build decision."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    marker = tmp_path / "cmake-called"
+    tools = {"nvcc": "exit 0", "cmake": f'echo "$@" >> "{marker}"; exit 3'}
+    if smi is not None:
+        text, rc = smi
+        tools["nvidia-smi"] = f"echo '{text}'; exit {rc}"
+    for name, body in tools.items():
+        (bin_ / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_ / name).chmod(0o755)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("#!/bin/sh\nexit 0\n")
+    (venv / "bin" / "python").chmod(0o755)
+    (venv / "bin" / "activate").write_text("")
+    for mode in ("demo", "test"):
+        (venv / f".nanoqwen-installed-{mode}").touch()
+    env = {"PATH": f"{bin_}:/usr/bin:/bin", "HOME": str(tmp_path), "NANOQWEN_VENV": str(venv),
+           "NANOQWEN_BUILD_DIR": str(tmp_path / "build")}
+    return env, marker
+
+
+def _source_env(mode: str, env: dict):
+    import subprocess
+    return subprocess.run(["bash", "-c", f'source scripts/_env.sh {mode}; echo "sourced ok"'], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("answer", sorted(NO_GPU_ANSWERS))
+def test_demo_does_not_build_the_library_with_nvcc_but_no_gpu(tmp_path, answer):
+    env, marker = _fake_toolchain(tmp_path, NO_GPU_ANSWERS[answer])
+    r = _source_env("demo", env)
+    assert r.returncode == 0 and "sourced ok" in r.stdout, r.stderr
+    assert not marker.exists(), "the demo ran cmake on a machine with no GPU"
+    assert "no NVIDIA GPU here" in r.stderr
+
+
+def test_demo_builds_the_library_when_a_gpu_is_listed(tmp_path):
+    env, marker = _fake_toolchain(tmp_path, ("GPU 0: NVIDIA H200 (UUID: GPU-00000000-0000-0000-0000-000000000000)", 0))
+    r = _source_env("demo", env)
+    assert marker.exists(), r.stderr                 # the build started (the stand-in cmake then fails it)
+    assert r.returncode != 0 and "sourced ok" not in r.stdout
+
+
+@pytest.mark.parametrize("answer", sorted(NO_GPU_ANSWERS))
+def test_tests_still_compile_the_library_without_a_gpu(tmp_path, answer):
+    env, marker = _fake_toolchain(tmp_path, NO_GPU_ANSWERS[answer])
+    r = _source_env("test", env)
+    assert marker.exists(), r.stderr                 # scripts/test.sh (and so CI) keeps its compile check
+    assert r.returncode != 0
+
+
+def test_without_nvidia_smi_a_device_node_decides(tmp_path):
+    import glob
+    import shutil
+    if shutil.which("nvidia-smi", path="/usr/bin:/bin"):
+        pytest.skip("nvidia-smi is installed in /usr/bin here, so it cannot be taken off PATH")
+    env, marker = _fake_toolchain(tmp_path, None)
+    r = _source_env("demo", env)
+    assert marker.exists() == bool(glob.glob("/dev/nvidia[0-9]*")), r.stderr
+
+
+def test_build_native_refuses_an_unknown_argument(tmp_path):
+    import subprocess
+    env, marker = _fake_toolchain(tmp_path, None)
+    r = subprocess.run(["bash", "scripts/build_native.sh", "--gpu"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--if-gpu" in r.stderr
+    assert not marker.exists()
