@@ -56,8 +56,8 @@ def _source_key(src: Path) -> str:
 
 
 def demo_model_path(log=None) -> Path:
-    """The embedded model as an INT4 .nanoqwen file, converted into the cache on first use (~10 s on 2 cores);
-    `log(message)` hears about that conversion. Raises DemoModelUnavailable (one line) when the source is missing
+    """The embedded model as an INT4 .nanoqwen file, converted into the cache on first use (8 s on 2 cores, up to
+    ~40 s in a fresh install, where numba compiles the quantizer first); `log(message)` hears about that conversion. Raises DemoModelUnavailable (one line) when the source is missing
     or the cache cannot be written."""
     src = demo_source_dir()
     out = cache_dir() / "demo" / _source_key(src) / DEMO_FILE_NAME

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def cache_home(tmp_path_factory):
-    """One cache for the module: the first test converts, the others reuse (conversion is ~10 s on 2 cores)."""
+    """One cache for the module: the first test converts, the others reuse (a conversion takes 8 s or more on 2 cores)."""
     home = tmp_path_factory.mktemp("xdg-cache")
     old = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(home)

@@ -150,7 +150,7 @@ def _file_arg():
         with_file = click.option("--demo", is_flag=True,
                                  help="Use the embedded model (tiny-py, a toy trained on Python's standard library) "
                                       "instead of FILE; its first use converts it to INT4 into ~/.cache/nanoqwen "
-                                      "(about 10 s).")(with_file)
+                                      "(up to ~40 s in a fresh install).")(with_file)
         return click.argument("file", required=False, type=click.Path(dir_okay=True, path_type=str),
                               metavar="FILE")(with_file)
     return decorate
