@@ -1,4 +1,4 @@
-"""nanoqwen_rt: the runtime. Public API: Engine (engine.py).
+"""nanoqwen_rt: the runtime. Public API: Engine (engine.py); demo_model_path() (demo.py): the embedded model.
 
 Layout: engine.py (the Engine API) → backends/ (base.py: the Backend contract; cpu/: numpy + numba reference;
 cuda/: ctypes binding of libnanoqwen) with sampling.py, tokenizer.py, rope.py beside it; serve/ is the OpenAI-compatible
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 _WHERE = {
     "Backend": ".backends.base", "BackendError": ".backends.base", "ContextFull": ".backends.base",
     "SamplingParams": ".sampling",
+    "demo_model_path": ".demo", "DemoModelUnavailable": ".demo",
     **{name: ".engine" for name in (
         "ChatError", "DeviceUnavailable", "EmptyPrompt", "Engine", "EngineBusy", "EngineClosed", "EngineError",
         "GenerationChunk", "GenerationStats", "InvalidArgument", "NoTokenizer", "PromptTooLong",
@@ -22,7 +23,12 @@ _WHERE = {
 
 __all__ = ["Engine", "GenerationChunk", "GenerationStats", "EngineError", "InvalidArgument", "PromptTooLong",
            "EmptyPrompt", "TokenIdOutOfRange", "DeviceUnavailable", "EngineClosed", "EngineBusy", "NoTokenizer",
+<<<<<<< HEAD
            "ChatError", "FimUnsupported", "TokenLogprob", "InvalidGrammar", "Backend", "BackendError", "ContextFull", "SamplingParams"]
+=======
+           "ChatError", "Backend", "BackendError", "ContextFull", "SamplingParams", "demo_model_path",
+           "DemoModelUnavailable"]
+>>>>>>> wip/pack
 
 
 def __getattr__(name: str):
@@ -40,6 +46,12 @@ def __dir__():
 if TYPE_CHECKING:
     from .backends.base import Backend, BackendError, ContextFull
     from .engine import (ChatError, DeviceUnavailable, EmptyPrompt, Engine, EngineBusy, EngineClosed,
+<<<<<<< HEAD
                          EngineError, FimUnsupported, GenerationChunk, GenerationStats, InvalidArgument, InvalidGrammar,
                          NoTokenizer, PromptTooLong, TokenIdOutOfRange, TokenLogprob)
+=======
+                         EngineError, GenerationChunk, GenerationStats, InvalidArgument, NoTokenizer,
+                         PromptTooLong, TokenIdOutOfRange)
+    from .demo import DemoModelUnavailable, demo_model_path
+>>>>>>> wip/pack
     from .sampling import SamplingParams

@@ -24,6 +24,11 @@ if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
   fi
   touch "$stamp"
 fi
-# The CUDA library: built (incrementally, ~2 s when unchanged) when nvcc is present, skipped otherwise.
-bash "$root/scripts/build_native.sh"
+# The CUDA library, built incrementally (~2 s when unchanged) when nvcc is present: for the tests always (the compile
+# check and the C loader tests run without a GPU), for the demo only when a GPU can run it.
+if [ "$1" = test ]; then
+  bash "$root/scripts/build_native.sh"
+else
+  bash "$root/scripts/build_native.sh" --if-gpu
+fi
 cd "$root"

@@ -2,9 +2,31 @@
 # Build libnanoqwen (csrc/) into nanoqwen_rt/lib/libnanoqwen.so and the kernel testing library into
 # build/lib/libnanoqwen_testing.so (tests and benchmarks only) when nvcc and cmake are present.
 # Without nvcc it prints one line and exits 0: the package then runs on the CPU backend only.
+# --if-gpu: build only when this machine has an NVIDIA GPU as well (the quick-start demo: a library that cannot run
+# here is not worth its ~50 s compile). Tests and CI call it without the flag, so csrc/ compiles wherever nvcc is.
 # Env: NANOQWEN_CUDA_ARCHS (default "90a;80"), NANOQWEN_BUILD_DIR (default build/csrc), JOBS (default nproc).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# An NVIDIA GPU is present when `nvidia-smi -L` lists one: it asks the driver (NVML), so a missing or broken driver
+# and a machine with no GPU all answer "none". /dev/nvidia0 alone would be wrong both ways: a container handed only
+# GPU 2 has /dev/nvidia2 and no /dev/nvidia0, and a device node can outlive a working driver. Containers given only
+# the driver's "compute" capability have no nvidia-smi; there a /dev/nvidia<N> node is the evidence left.
+gpu_present() {
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    timeout 30 nvidia-smi -L 2>/dev/null | grep -q '^GPU '
+  else
+    compgen -G '/dev/nvidia[0-9]*' >/dev/null
+  fi
+}
+case "${1:-}" in
+  "") ;;
+  --if-gpu)
+    if ! gpu_present; then
+      echo "[nanoqwen] no NVIDIA GPU here: skipping the CUDA library (CPU backend; scripts/build_native.sh builds it)" >&2
+      exit 0
+    fi ;;
+  *) echo "build_native.sh: unknown argument '$1' (the only one is --if-gpu)" >&2; exit 2 ;;
+esac
 if ! command -v nvcc >/dev/null 2>&1; then
   echo "[nanoqwen] nvcc not found: skipping the CUDA library (CPU backend only)" >&2
   exit 0

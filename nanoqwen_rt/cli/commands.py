@@ -10,6 +10,7 @@ everything else (device, stats) to stderr, so
 """
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
@@ -140,7 +141,34 @@ def _open(path: str, device: str, max_context: int | None):
 
 
 def _file_arg():
-    return click.argument("file", type=click.Path(dir_okay=True, path_type=str), metavar="FILE")
+    """FILE, or --demo: the embedded model (nanoqwen_rt.demo), converted to INT4 into the user's cache on first
+    use. The command receives the path either way."""
+    def decorate(command):
+        @functools.wraps(command)
+        def with_file(*args, file, demo, **kwargs):
+            return command(*args, file=_model_file(file, demo), **kwargs)
+        with_file = click.option("--demo", is_flag=True,
+                                 help="Use the embedded model (tiny-py, a toy trained on Python's standard library) "
+                                      "instead of FILE; its first use converts it to INT4 into ~/.cache/nanoqwen "
+                                      "(up to ~40 s in a fresh install).")(with_file)
+        return click.argument("file", required=False, type=click.Path(dir_okay=True, path_type=str),
+                              metavar="FILE")(with_file)
+    return decorate
+
+
+def _model_file(file: str | None, demo: bool) -> str:
+    if demo and file is not None:
+        raise click.UsageError(f"give FILE or --demo, not both (FILE: {file})", ctx=click.get_current_context())
+    if not demo:
+        if file is None:
+            raise click.UsageError("missing FILE (a .nanoqwen file; --demo runs the embedded model)",
+                                   ctx=click.get_current_context())
+        return file
+    from ..demo import DemoModelUnavailable, demo_model_path
+    try:
+        return str(demo_model_path(log=lambda message: click.echo(f"[nanoqwen] {message}", err=True)))
+    except DemoModelUnavailable as e:
+        raise _fail(str(e)) from None
 
 
 def _stats_line(eng, n_prompt: int) -> str:
@@ -214,6 +242,8 @@ def main():
     nanoqwen info FILE                         config, tensors, sizes, provenance
     nanoqwen serve FILE --port 8000            OpenAI-compatible HTTP server
     nanoqwen bench FILE                        GPU benchmark (needs the CUDA build)
+
+    --demo in place of FILE runs the embedded model: nanoqwen run --demo -p "def fibonacci(n):"
     """
 
 
