@@ -23,12 +23,8 @@ _WHERE = {
 
 __all__ = ["Engine", "GenerationChunk", "GenerationStats", "EngineError", "InvalidArgument", "PromptTooLong",
            "EmptyPrompt", "TokenIdOutOfRange", "DeviceUnavailable", "EngineClosed", "EngineBusy", "NoTokenizer",
-<<<<<<< HEAD
-           "ChatError", "FimUnsupported", "TokenLogprob", "InvalidGrammar", "Backend", "BackendError", "ContextFull", "SamplingParams"]
-=======
-           "ChatError", "Backend", "BackendError", "ContextFull", "SamplingParams", "demo_model_path",
-           "DemoModelUnavailable"]
->>>>>>> wip/pack
+           "ChatError", "FimUnsupported", "TokenLogprob", "InvalidGrammar", "Backend", "BackendError", "ContextFull",
+           "SamplingParams", "demo_model_path", "DemoModelUnavailable"]
 
 
 def __getattr__(name: str):
@@ -46,12 +42,7 @@ def __dir__():
 if TYPE_CHECKING:
     from .backends.base import Backend, BackendError, ContextFull
     from .engine import (ChatError, DeviceUnavailable, EmptyPrompt, Engine, EngineBusy, EngineClosed,
-<<<<<<< HEAD
                          EngineError, FimUnsupported, GenerationChunk, GenerationStats, InvalidArgument, InvalidGrammar,
                          NoTokenizer, PromptTooLong, TokenIdOutOfRange, TokenLogprob)
-=======
-                         EngineError, GenerationChunk, GenerationStats, InvalidArgument, NoTokenizer,
-                         PromptTooLong, TokenIdOutOfRange)
     from .demo import DemoModelUnavailable, demo_model_path
->>>>>>> wip/pack
     from .sampling import SamplingParams
