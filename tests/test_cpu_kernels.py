@@ -141,3 +141,19 @@ def test_attention_matches_reference(T, p0, H, G, hd):
     out = np.full((T, H * hd), np.nan, dtype=np.float32)
     attention(q, k, v, p0, out)
     np.testing.assert_allclose(out, attention_reference(q, k, v, p0), rtol=SMALL_OP_RTOL, atol=SMALL_OP_ATOL)
+
+
+@pytest.mark.parametrize("ns", [(40, 8, 8), (130, 64)])
+def test_gemv_int4_multi_matches_reference(ns):
+    """Several weights in one parallel region (q/k/v, gate/up): each output equals its own reference."""
+    from nanoqwen_rt.backends.cpu.kernels import _gemv_int4_multi_parallel, gemv_int4_multi
+    rng = np.random.default_rng(sum(ns))
+    K, g = 256, 64
+    qws = [_pack(rng.integers(0, 16, size=(n, K), dtype=np.uint8)) for n in ns]
+    scs = [(rng.random((n, K // g)) * 0.1 + 0.01).astype(np.float16) for n in ns]
+    x = rng.standard_normal(K).astype(np.float32)
+    for fn in (_gemv_int4_multi_parallel, gemv_int4_multi):
+        outs = tuple(np.full(n, np.nan, dtype=np.float32) for n in ns)
+        fn(x, tuple(qws), tuple(s.view(np.uint16) for s in scs), g, outs)
+        for qw, sc, o in zip(qws, scs, outs):
+            np.testing.assert_allclose(o, matmul_int4_reference(x[None], qw, sc, g)[0], rtol=RTOL, atol=ATOL)

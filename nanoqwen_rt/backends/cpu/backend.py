@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from ..base import Backend, BackendError, resolve_max_context
-from .kernels import (BF16_LUT, F16_LUT, attention, matmul_int4, matmul_u16, rms_norm, rows_u16, silu_mul,
+from .kernels import (BF16_LUT, F16_LUT, attention, gemv_int4_multi, matmul_int4, matmul_u16, rms_norm, rows_u16, silu_mul,
                       warmup_kernels)
 from ...rope import apply_rope, cos_sin, rope_parameters
 
@@ -71,6 +71,21 @@ class Linear:
         if self.bias is not None:
             y += self.bias
         return y
+
+
+def project(lins: tuple[Linear, ...], x: np.ndarray) -> list[np.ndarray]:
+    """[lin(x) for lin in lins]; for one token over int4 weights of one K and group (q/k/v, gate/up) the GEMVs run
+    as one parallel region (gemv_int4_multi) instead of one each."""
+    first = lins[0]
+    if x.shape[0] != 1 or any(l.kind != "INT4G" or l.group_size != first.group_size for l in lins):
+        return [l(x) for l in lins]
+    ys = [np.full((1, l.N), np.nan, dtype=np.float32) for l in lins]          # (1, N) each, poisoned
+    gemv_int4_multi(np.ascontiguousarray(x[0], dtype=np.float32), [l.qweight for l in lins],
+                    [l.scale_bits for l in lins], first.group_size, [y[0] for y in ys])
+    for l, y in zip(lins, ys):
+        if l.bias is not None:
+            y += l.bias
+    return ys
 
 
 class _Layer:
@@ -216,15 +231,16 @@ class CPUBackend(Backend):
         x = self._embed(ids)                                                         # (T, hidden)
         for li, L in enumerate(self.layers):
             h = self._norm(x, L.in_norm)
-            q = apply_rope(L.q(h).reshape(T, H, hd), cos, sin)                       # (T, H, hd)
-            k = apply_rope(L.k(h).reshape(T, G, hd), cos, sin)                       # (T, G, hd)
-            v = L.v(h).reshape(T, G, hd)                                             # (T, G, hd)
+            q, k, v = project((L.q, L.k, L.v), h)
+            q = apply_rope(q.reshape(T, H, hd), cos, sin)                            # (T, H, hd)
+            k = apply_rope(k.reshape(T, G, hd), cos, sin)                            # (T, G, hd)
+            v = v.reshape(T, G, hd)                                                  # (T, G, hd)
             self.k_cache[li, :, p0:p0 + T] = k.transpose(1, 0, 2)
             self.v_cache[li, :, p0:p0 + T] = v.transpose(1, 0, 2)
             x += L.o(self._attention(li, q, p0))
             h = self._norm(x, L.post_norm)
-            g = L.gate(h)
-            silu_mul(g, L.up(h), g)                                                  # g ← silu(gate) * up
+            g, u = project((L.gate, L.up), h)
+            silu_mul(g, u, g)                                                        # g ← silu(gate) * up
             x += L.down(g)
         self._pos = p0 + T
         return self._norm(x, self.final_norm)

@@ -21,13 +21,27 @@ tiles of a prefill run in numpy's BLAS threads. The slow references (`*_referenc
 """
 from __future__ import annotations
 
-import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+# numba runs the parallel GEMVs on its OpenMP pool (its default threading layer where libgomp is present). GNU
+# OpenMP's default wait policy makes idle pool threads spin; on a busy machine they then burn the time slices the
+# working threads need: measured on the shared 2-core box at load average 9, a 4864x896 INT4 GEMV took 33 ms per
+# call with the default policy, 4 ms serial and 1.1 ms with PASSIVE (sleeping) pool threads (bench/NOTES.md). So the
+# backend asks for PASSIVE for its process, unless the user chose a policy; libgomp reads it when it is first loaded,
+# which is numba's first parallel call (a libgomp loaded earlier by another library keeps its own setting).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+from llvmlite import ir  # noqa: E402
+from numba import njit, prange, types  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
+from threadpoolctl import ThreadpoolController  # noqa: E402
 
 __all__ = ["F16_LUT", "BF16_LUT", "PERM", "matmul_int4", "matmul_u16", "rows_u16", "gemv_int4", "gemm_int4",
-           "gemv_u16", "gemm_u16", "matmul_int4_reference", "matmul_u16_reference", "PARALLEL_MIN_WEIGHTS",
+           "gemv_u16", "gemm_u16", "gemv_int4_multi", "matmul_int4_reference", "matmul_u16_reference", "PARALLEL_MIN_WEIGHTS",
            "widen_f16_bits", "warmup_kernels", "rms_norm", "silu_mul", "attention", "rms_norm_reference",
            "silu_mul_reference", "attention_reference"]
 
@@ -47,6 +61,29 @@ PARALLEL_MIN_WEIGHTS = 1 << 21
 
 #: float32 elements of one dequantized prefill tile: 256 KB, so the tile and the BLAS packing of it stay in L2
 _TILE_ELEMENTS = 1 << 16
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_blas: ThreadpoolController | None = None
+
+
+def _worker_pool() -> tuple[ThreadPoolExecutor, int]:
+    """The prefill GEMMs' worker threads (one per core numba uses), started on first use."""
+    global _pool, _blas
+    with _pool_lock:
+        if _pool is None:
+            _blas = ThreadpoolController()
+            _pool = ThreadPoolExecutor(max_workers=numba.config.NUMBA_NUM_THREADS, thread_name_prefix="nanoqwen-cpu")
+        return _pool, numba.config.NUMBA_NUM_THREADS
+
+
+def _blas_single_threaded():
+    """Context: numpy's BLAS on one thread while our workers each run their own np.dot (its own thread pool would
+    oversubscribe the cores; measured at load 9: 76 tile products 41 ms single-threaded, 0.36-2.7 s on 2 BLAS
+    threads that spin-wait). OpenBLAS's setting is process-wide: other threads' BLAS calls share it meanwhile."""
+    _worker_pool()
+    return _blas.limit(limits=1, user_api="blas")
+
 
 # Fast-math flags of the f16/bf16 kernels: reassociation (vector sums) and FMA contraction, but NOT "no NaNs / no
 # infinities": a NaN or inf weight must reach the output as it would in the float64 reference.
@@ -172,6 +209,37 @@ def _gemv_int4_parallel(x, qweight, scale_bits, group_size, out):
                         min(N, (b + 1) * _ROW_BLOCK))
 
 
+@njit(parallel=True, cache=True, fastmath=True)
+def _gemv_int4_multi_parallel(x, qweights, scales, group_size, outs):
+    """outs[m] = W_m @ x for several int4g weights of the same K and group (one tuple entry each), in ONE parallel
+    region: the row blocks of all of them are one work list, so q/k/v (or gate/up) cost one thread hand-off."""
+    K = x.shape[0]
+    xp = np.empty((8, K // 8), dtype=np.float32)
+    xs = np.empty(K // group_size, dtype=np.float32)
+    _permute_x(x, group_size, xp, xs)
+    M = len(qweights)
+    first = np.zeros(M + 1, dtype=np.int64)          # first[m]: index of matrix m's first block in the work list
+    for m in range(M):
+        first[m + 1] = first[m] + (qweights[m].shape[0] + _ROW_BLOCK - 1) // _ROW_BLOCK
+    for b in prange(first[M]):
+        m = 0
+        while b >= first[m + 1]:
+            m += 1
+        n0 = (b - first[m]) * _ROW_BLOCK
+        _gemv_int4_rows(xp, xs, qweights[m], scales[m], group_size, outs[m], n0,
+                        min(qweights[m].shape[0], n0 + _ROW_BLOCK))
+
+
+def gemv_int4_multi(x, qweights, scales, group_size, outs):
+    """outs[m] = W_m @ x for a tuple of int4g weights sharing K and group_size (scales: their u16 f16-bit scales,
+    outs: f32 (N_m,) each): one parallel region for all when they are large together, else one serial GEMV each."""
+    if sum(q.shape[0] for q in qweights) * qweights[0].shape[1] * 8 >= PARALLEL_MIN_WEIGHTS:
+        _gemv_int4_multi_parallel(x, tuple(qweights), tuple(scales), group_size, tuple(outs))
+    else:
+        for qw, sc, o in zip(qweights, scales, outs):
+            _gemv_int4_serial(x, qw, sc, group_size, o)
+
+
 def gemv_int4(x, qweight, scale_bits, group_size, out):
     """out = W @ x. x: f32 (K,) contiguous; qweight: u32 (N, K/8); scale_bits: u16 (N, K/g) f16 bits; out: f32 (N,),
     every element written. Split over threads for large weights."""
@@ -181,7 +249,7 @@ def gemv_int4(x, qweight, scale_bits, group_size, out):
         _gemv_int4_serial(x, qweight, scale_bits, group_size, out)
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, nogil=True)
 def _dequant_int4_rows(qweight, scale_bits, group_size, n0, n1, w):
     """w[r, i*K/8 + j] = dequantized weight at k = 8j + PERM[i] of row n0 + r (f32 (n1 - n0, K)): the nibble-plane
     order of the packed words, so every store is contiguous; the input columns are permuted to match
@@ -208,19 +276,39 @@ def _tile_rows(K: int) -> int:
     return max(16, (_TILE_ELEMENTS // K) // 16 * 16)
 
 
+def _tiled_gemm(x_t, N, K, fill_tile, out):
+    """out (T, N) = x @ W.T where fill_tile(n0, n1, w) writes rows [n0, n1) of W (f32, in x_t's row order) into
+    w[:n1 - n0]. x_t: f32 (K, T) contiguous. The rows are split into one contiguous part per worker thread; each
+    worker dequantizes its tiles into its own buffer and multiplies them by single-threaded BLAS (np.dot releases
+    the GIL, the numba tile fillers are nogil), so the threads never wait for each other inside a matmul."""
+    rows = _tile_rows(K)
+    out_t = np.empty((N, x_t.shape[1]), dtype=np.float32)     # (N, T): the rows of one tile are contiguous here
+
+    def part(n_begin, n_end):
+        w = np.empty((rows, K), dtype=np.float32)
+        for n0 in range(n_begin, n_end, rows):
+            n1 = min(n_end, n0 + rows)
+            fill_tile(n0, n1, w)
+            np.dot(w[:n1 - n0], x_t, out=out_t[n0:n1])
+
+    pool, n_workers = _worker_pool()
+    per = -(-N // (n_workers * rows)) * rows                  # rows per worker, whole tiles
+    bounds = [(b, min(N, b + per)) for b in range(0, N, per)]
+    with _blas_single_threaded():
+        if len(bounds) == 1:
+            part(*bounds[0])
+        else:
+            for fut in [pool.submit(part, b0, b1) for b0, b1 in bounds]:
+                fut.result()
+    out[:] = out_t.T
+
+
 def gemm_int4(x, qweight, scale_bits, group_size, out):
     """out = x @ W.T for T tokens. x: f32 (T, K) contiguous; out: f32 (T, N). Tiles of rows are dequantized to f32
-    once and multiplied with all T tokens by BLAS (out^T rows of a tile are contiguous: np.dot writes them)."""
+    once and multiplied with all T tokens by BLAS (`_tiled_gemm`)."""
     N, K = qweight.shape[0], qweight.shape[1] * 8
-    rows = _tile_rows(K)
-    w = np.empty((rows, K), dtype=np.float32)
-    out_t = np.empty((N, x.shape[0]), dtype=np.float32)      # (N, T)
     x_t = np.ascontiguousarray(x[:, _plane_order(K)].T)       # (K, T), rows in the tiles' column order
-    for n0 in range(0, N, rows):
-        n1 = min(N, n0 + rows)
-        _dequant_int4_rows(qweight, scale_bits, group_size, n0, n1, w)
-        np.dot(w[:n1 - n0], x_t, out=out_t[n0:n1])
-    out[:] = out_t.T
+    _tiled_gemm(x_t, N, K, lambda n0, n1, w: _dequant_int4_rows(qweight, scale_bits, group_size, n0, n1, w), out)
 
 
 def matmul_int4(x, qweight, scale_bits, group_size, out):
@@ -267,7 +355,7 @@ def gemv_u16(x, w_bits, is_bf16, out):
         _gemv_u16_serial(x, w_bits, is_bf16, out)
 
 
-@njit(cache=True, fastmath=_FLOAT_FLAGS)
+@njit(cache=True, fastmath=_FLOAT_FLAGS, nogil=True)
 def _widen_u16_rows(w_bits, is_bf16, n0, n1, w):
     K = w_bits.shape[1]
     for r in range(n1 - n0):
@@ -282,15 +370,7 @@ def _widen_u16_rows(w_bits, is_bf16, n0, n1, w):
 def gemm_u16(x, w_bits, is_bf16, out):
     """out = x @ W.T for T tokens (tiles widened to f32, multiplied by BLAS; see gemm_int4)."""
     N, K = w_bits.shape
-    rows = _tile_rows(K)
-    w = np.empty((rows, K), dtype=np.float32)
-    out_t = np.empty((N, x.shape[0]), dtype=np.float32)
-    x_t = np.ascontiguousarray(x.T)
-    for n0 in range(0, N, rows):
-        n1 = min(N, n0 + rows)
-        _widen_u16_rows(w_bits, is_bf16, n0, n1, w)
-        np.dot(w[:n1 - n0], x_t, out=out_t[n0:n1])
-    out[:] = out_t.T
+    _tiled_gemm(np.ascontiguousarray(x.T), N, K, lambda n0, n1, w: _widen_u16_rows(w_bits, is_bf16, n0, n1, w), out)
 
 
 def matmul_u16(x, w_bits, is_bf16, out):
@@ -323,6 +403,8 @@ def warmup_kernels(kinds) -> None:
         sc = np.zeros((16, 1), dtype=np.uint16)
         _gemv_int4_serial(x1, qw, sc, 128, o1)
         _gemv_int4_parallel(x1, qw, sc, 128, o1)
+        for m in (2, 3):
+            _gemv_int4_multi_parallel(x1, (qw,) * m, (sc,) * m, 128, (o1,) * m)
         gemm_int4(x2, qw, sc, 128, o2)
     for kind in ("F16", "BF16"):
         if kind in kinds:
