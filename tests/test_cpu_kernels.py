@@ -5,7 +5,7 @@ import pytest
 from nanoqwen_rt.backends.cpu.kernels import (BF16_LUT, F16_LUT, PERM, _gemv_int4_parallel, _gemv_int4_serial,
                                               _gemv_u16_parallel, _gemv_u16_serial, gemm_int4, gemm_u16,
                                               matmul_int4, matmul_int4_reference, matmul_u16,
-                                              matmul_u16_reference, rows_u16, widen_f16_bits, attention,
+                                              matmul_u16_reference, rows_u16, widen_f16_bits, attention, attention_prefill,
                                               attention_reference, rms_norm, rms_norm_reference, silu_mul,
                                               silu_mul_reference)
 
@@ -138,9 +138,10 @@ def test_attention_matches_reference(T, p0, H, G, hd):
     v = rng.standard_normal((G, cap, hd)).astype(np.float32)
     k[:, p0 + T:] = np.nan                                   # slots past the sequence must never be read
     v[:, p0 + T:] = np.nan
-    out = np.full((T, H * hd), np.nan, dtype=np.float32)
-    attention(q, k, v, p0, out)
-    np.testing.assert_allclose(out, attention_reference(q, k, v, p0), rtol=SMALL_OP_RTOL, atol=SMALL_OP_ATOL)
+    for fn in (attention, attention_prefill):
+        out = np.full((T, H * hd), np.nan, dtype=np.float32)
+        fn(q, k, v, p0, out)
+        np.testing.assert_allclose(out, attention_reference(q, k, v, p0), rtol=SMALL_OP_RTOL, atol=SMALL_OP_ATOL)
 
 
 @pytest.mark.parametrize("ns", [(40, 8, 8), (130, 64)])

@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from ..base import Backend, BackendError, resolve_max_context
-from .kernels import (BF16_LUT, F16_LUT, attention, gemv_int4_multi, matmul_int4, matmul_u16, rms_norm, rows_u16, silu_mul,
+from .kernels import (BF16_LUT, F16_LUT, attention, attention_prefill, blas_single_threaded, gemv_int4_multi, matmul_int4, matmul_u16, rms_norm, rows_u16, silu_mul,
                       warmup_kernels)
 from ...rope import apply_rope, cos_sin, rope_parameters
 
@@ -211,7 +211,7 @@ class CPUBackend(Backend):
         k = self.k_cache[li, :, :L].astype(np.float32, copy=False)        # (G, L, hd): a view when the cache is f32
         v = self.v_cache[li, :, :L].astype(np.float32, copy=False)
         out = np.full((T, H * hd), np.nan, dtype=np.float32)
-        attention(q, k, v, p0, out)
+        (attention if T == 1 else attention_prefill)(q, k, v, p0, out)
         return out
 
     def _norm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -222,6 +222,12 @@ class CPUBackend(Backend):
     def _forward(self, ids: np.ndarray) -> np.ndarray:
         """Run ids at positions [pos, pos+T) (checked by the Backend edge: in range, within max_context); write the
         KV cache; return the final-normed hidden f32 (T, hidden)."""
+        if ids.shape[0] == 1:
+            return self._layers(ids)
+        with blas_single_threaded():         # the prompt's BLAS products run on the backend's workers, one each
+            return self._layers(ids)
+
+    def _layers(self, ids: np.ndarray) -> np.ndarray:
         cfg = self.config
         T = ids.shape[0]
         p0 = self._pos
