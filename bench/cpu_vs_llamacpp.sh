@@ -8,8 +8,8 @@
 # Steps (each skipped when its output exists, so a rerun only measures):
 #  1. llama.cpp: the llama-cpp-python sdist from the package index (`pip download --no-binary :all: --no-deps
 #     llama-cpp-python`; 0.3.36 when measured), unpacked; its vendor/llama.cpp is built for this CPU
-#     (-DGGML_NATIVE=ON, Release, CPU backend only, static) and only llama-bench, llama-quantize, llama-simple and
-#     llama-cli are built. Everything lives under WORK_DIR, outside the repository.
+#     (-DGGML_NATIVE=ON, Release, CPU backend only, static) and only llama-bench, llama-quantize and llama-simple are
+#     built (llama-cli drags in the whole server). Everything lives under WORK_DIR, outside the repository.
 #  2. A random Qwen2.5-0.5B-shaped checkpoint (bench/make_cpu_bench_checkpoint.py: real shapes and tokenizer, random
 #     bf16 weights, so SPEED only), converted to ours (nanoqwen-convert defaults: INT4 g128 RTN, f16 embeddings =
 #     tied lm_head) and to GGUF (the sdist's convert_hf_to_gguf.py to f16, then llama-quantize Q4_0; llama.cpp keeps
@@ -34,7 +34,7 @@ if [ ! -x "$W/build/bin/llama-bench" ]; then
   SRC="$W/${SDIST%.tar.gz}/vendor/llama.cpp"
   cmake -S "$SRC" -B "$W/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DBUILD_SHARED_LIBS=OFF \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF
-  cmake --build "$W/build" -j"$THREADS" --target llama-bench llama-quantize llama-simple llama-cli
+  cmake --build "$W/build" -j"$THREADS" --target llama-bench llama-quantize llama-simple
 fi
 SRC="$(ls -d "$W"/llama_cpp_python-*/vendor/llama.cpp | sort -V | tail -1)"
 

@@ -15,8 +15,8 @@ import os
 import numpy as np
 
 from ..base import Backend, BackendError, resolve_max_context
-from .kernels import (BF16_LUT, F16_LUT, attention, attention_prefill, blas_single_threaded, gemv_int4_multi, matmul_int4, matmul_u16, rms_norm, rows_u16, silu_mul,
-                      warmup_kernels)
+from .kernels import (BF16_LUT, F16_LUT, attention, attention_prefill, blas_single_threaded, gemv_int4_multi,
+                      matmul_int4, matmul_u16, rms_norm, rows_u16, silu_mul, warmup_kernels)
 from ...rope import apply_rope, cos_sin, rope_parameters
 
 __all__ = ["CPUBackend", "available", "Linear"]

@@ -12,12 +12,16 @@ Decode (one token, T == 1) runs a GEMV written so that LLVM vectorises it across
   * the offset of the codes (u - 8) is taken out of the loop: sum (u - 8) x = sum u x - 8 sum x, with sum x per
     group computed once per input (`xs`);
   * the per-word partial sums of a row go to a small scratch, then are summed per group and scaled once per group.
-Prefill (T > 1) dequantizes a tile of rows to float32 once (`_dequant_int4_rows`) and multiplies all T tokens
+Prefill (T > 1) dequantizes a tile of rows to float32 once (`_dequant_int4_rows`, columns in the words' nibble-plane
+order, the input columns permuted to match) and multiplies all T tokens
 with it through numpy's BLAS (``np.dot``), tile by tile, so the dequantization is paid once per weight per prompt
 and the multiply runs at BLAS speed; nothing of the size of the whole weight is materialised.
 
-Threads: a GEMV is split over row blocks by ``prange`` when the weight is large enough (PARALLEL_MIN_WEIGHTS); the
-tiles of a prefill run in numpy's BLAS threads. The slow references (`*_reference`) sit beside them for tests.
+Threads: a GEMV is split over row blocks by ``prange`` (numba's OpenMP pool, PASSIVE wait policy: see below) when
+the weight is large enough (PARALLEL_MIN_WEIGHTS); q/k/v and gate/up share one parallel region (gemv_int4_multi).
+A prompt's tiles are split between the backend's own worker threads (one per numba thread), each multiplying with
+numpy's BLAS held to one thread (blas_single_threaded): one hand-off per matmul, no thread waits inside it.
+The slow references (`*_reference`) sit beside the kernels for tests.
 """
 from __future__ import annotations
 
