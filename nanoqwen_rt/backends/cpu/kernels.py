@@ -3,7 +3,8 @@
 Every kernel computes ``out[t, n] = sum_k W[n, k] * x[t, k]`` with float32 accumulation, reading the weight in its
 stored form (zero-copy views of the mmap'd file):
   * int4g layout 1: ``qweight`` uint32 (N, K/8) + ``scales`` f16 bits as uint16 (N, K/g);
-  * f16 / bf16: uint16 bits (N, K), widened exactly with integer bit operations (`_widen_f16`, `_widen_bf16`).
+  * f16 / bf16: uint16 bits (N, K), widened exactly in registers (`_widen_f16`: the CPU's f16 conversion;
+    `_widen_bf16`: a shift).
 
 Decode (one token, T == 1) runs a GEMV written so that LLVM vectorises it across words of the packed row:
   * the input is first permuted to match the nibble order of a word (`_permute_x`: xp[i, j] = x[8j + PERM[i]]),
@@ -105,29 +106,20 @@ def _u32_as_f32(typingctx, u):
 
 
 @intrinsic
-def _f32_as_u32(typingctx, f):
-    """Reinterpret the bits of a float32 as a uint32 (LLVM bitcast)."""
-    sig = types.uint32(types.float32)
+def _f16_bits_as_f32(typingctx, h):
+    """float32 of the f16 whose bits are the uint16 h: LLVM `fpext half → float` (numba has no float16 type), which
+    x86 runs as vcvtph2ps, 16 at a time: exact for every pattern (subnormals, infinities, NaN)."""
+    sig = types.float32(types.uint16)
 
     def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
     return sig, codegen
 
 
 @njit(cache=True, inline="always")
 def _widen_f16(h):
-    """Exact float32 of f16 bits h (a uint16 or uint32 < 65536), branch-free so loops of it vectorise.
-
-    Magnitude: move exponent and mantissa up 13 bits and rebias the exponent (+112 << 23); inf/NaN (exponent 31)
-    rebias once more, to 255; subnormal and zero (exponent 0): rebias to 113 and subtract 2^-14, which leaves
-    mantissa * 2^-24 exactly (no float32 subnormal is ever formed). The sign bit is put back last."""
-    h = np.uint32(h)
-    e = h & np.uint32(0x7C00)
-    o = ((h & np.uint32(0x7FFF)) << np.uint32(13)) + np.uint32(0x38000000)
-    o = o + np.uint32(0x38000000) if e == np.uint32(0x7C00) else o
-    mag = _u32_as_f32(o)
-    mag = (_u32_as_f32(o + np.uint32(0x00800000)) - np.float32(2.0 ** -14)) if e == np.uint32(0) else mag
-    return _u32_as_f32(((h & np.uint32(0x8000)) << np.uint32(16)) | _f32_as_u32(mag))
+    """Exact float32 of f16 bits h (uint16)."""
+    return _f16_bits_as_f32(np.uint16(h))
 
 
 @njit(cache=True, inline="always")
