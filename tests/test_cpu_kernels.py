@@ -2,13 +2,29 @@
 import numpy as np
 import pytest
 
-from nanoqwen_rt.backends.cpu.kernels import (BF16_LUT, F16_LUT, PERM, _int4_parallel, _int4_serial, _u16_parallel,
-                                     _u16_serial, matmul_int4, matmul_int4_reference, matmul_u16,
-                                     matmul_u16_reference, rows_u16)
+from nanoqwen_rt.backends.cpu.kernels import (BF16_LUT, F16_LUT, PERM, _gemv_int4_parallel, _gemv_int4_serial,
+                                              _gemv_u16_parallel, _gemv_u16_serial, gemm_int4, gemm_u16,
+                                              matmul_int4, matmul_int4_reference, matmul_u16,
+                                              matmul_u16_reference, rows_u16, widen_f16_bits, attention, attention_prefill,
+                                              attention_reference, rms_norm, rms_norm_reference, silu_mul,
+                                              silu_mul_reference)
 
-# every kernel has a serial and a parallel (prange) variant; the public wrapper picks by size: test all three
-INT4_IMPLS = {"serial": _int4_serial, "parallel": _int4_parallel, "wrapper": matmul_int4}
-U16_IMPLS = {"serial": _u16_serial, "parallel": _u16_parallel, "wrapper": matmul_u16}
+
+def _per_token(gemv):
+    """A GEMV kernel (x (K,), ..., out (N,)) applied token by token, so it takes the (T, K) → (T, N) form."""
+    def run(x, w, *rest_and_out):
+        *rest, out = rest_and_out
+        for t in range(x.shape[0]):
+            gemv(x[t], w, *rest, out[t])
+    return run
+
+
+# every GEMV has a serial and a parallel (prange) variant, the GEMM (T > 1) its BLAS tiles; the public wrapper picks
+# by T and by size: test all of them
+INT4_IMPLS = {"gemv-serial": _per_token(_gemv_int4_serial), "gemv-parallel": _per_token(_gemv_int4_parallel),
+              "gemm": gemm_int4, "wrapper": matmul_int4}
+U16_IMPLS = {"gemv-serial": _per_token(_gemv_u16_serial), "gemv-parallel": _per_token(_gemv_u16_parallel),
+             "gemm": gemm_u16, "wrapper": matmul_u16}
 
 # float32 accumulation over K terms vs a float64 reference: the error grows ~ sqrt(K) * eps32 * sum|w*x|.
 # rtol/atol below leave a margin of ~10x over that for K ≤ 512 with unit-scale data.
@@ -44,7 +60,7 @@ def test_matmul_int4_matches_reference(impl, T, N, K, g):
     scales = (rng.random((N, K // g)) * 0.1 + 0.01).astype(np.float16)
     x = rng.standard_normal((T, K)).astype(np.float32)
     out = np.full((T, N), np.nan, dtype=np.float32)
-    INT4_IMPLS[impl](x, qw, scales.view(np.uint16), F16_LUT, g, out)
+    INT4_IMPLS[impl](x, qw, scales.view(np.uint16), g, out)
     ref = matmul_int4_reference(x, qw, scales, g)
     # reference built independently: dense dequant from u (not from the packed words)
     dense = np.repeat(scales.astype(np.float64), g, axis=1) * (u.astype(np.float64) - 8)
@@ -60,14 +76,26 @@ def test_matmul_u16_matches_reference(impl, kind, T, N, K):
     wf = rng.standard_normal((N, K)).astype(np.float32) * 0.1
     if kind == "f16":
         w = wf.astype(np.float16)
-        bits, lut = w.view(np.uint16), F16_LUT
+        bits = w.view(np.uint16)
     else:
         bits = (wf.view(np.uint32) >> 16).astype(np.uint16)
-        w, lut = bits, BF16_LUT
+        w = bits
     x = rng.standard_normal((T, K)).astype(np.float32)
     out = np.full((T, N), np.nan, dtype=np.float32)
-    U16_IMPLS[impl](x, bits, lut, out)
+    U16_IMPLS[impl](x, bits, kind == "bf16", out)
     np.testing.assert_allclose(out, matmul_u16_reference(x, w), rtol=RTOL, atol=ATOL)
+
+
+def test_widen_f16_exact_on_every_bit_pattern():
+    """The branch-free f16 → f32 widening of the GEMV kernels equals numpy's on all 65536 patterns (subnormals,
+    signed zeros, infinities bit-exact; NaN stays NaN)."""
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    ref = bits.view(np.float16).astype(np.float32)
+    out = np.full(65536, 7.0, dtype=np.float32)
+    widen_f16_bits(bits, out)
+    nan = np.isnan(ref)
+    assert np.array_equal(np.isnan(out), nan)
+    assert np.array_equal(out[~nan].view(np.uint32), ref[~nan].view(np.uint32))
 
 
 def test_rows_u16_gather():
@@ -80,3 +108,53 @@ def test_rows_u16_gather():
     bf = (rng.standard_normal((50, 24)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
     rows_u16(bf, ids, BF16_LUT, out)
     assert np.array_equal(out, (bf[ids].astype(np.uint32) << 16).view(np.float32))
+
+
+# per-layer ops vs float64 references: float32 sums of ≤ 1e3 unit-scale terms, ~1e-6 relative; 10x margin
+SMALL_OP_RTOL, SMALL_OP_ATOL = 1e-5, 1e-5
+
+
+@pytest.mark.parametrize("T,Hd", [(1, 896), (7, 96)])
+def test_rms_norm_and_silu_mul_match_reference(T, Hd):
+    rng = np.random.default_rng(T + Hd)
+    x = (rng.standard_normal((T, Hd)) * 3).astype(np.float32)
+    w = (1 + 0.1 * rng.standard_normal(Hd)).astype(np.float32)
+    out = np.full_like(x, np.nan)
+    rms_norm(x, w, 1e-6, out)
+    np.testing.assert_allclose(out, rms_norm_reference(x, w, 1e-6), rtol=SMALL_OP_RTOL, atol=SMALL_OP_ATOL)
+    up = rng.standard_normal((T, Hd)).astype(np.float32)
+    x[0, :4] = [-200.0, 200.0, 0.0, -90.0]                 # exp overflow side and the flat ends
+    out = np.full_like(x, np.nan)
+    silu_mul(x, up, out)
+    np.testing.assert_allclose(out, silu_mul_reference(x, up), rtol=SMALL_OP_RTOL, atol=SMALL_OP_ATOL)
+
+
+@pytest.mark.parametrize("T,p0,H,G,hd", [(1, 0, 4, 2, 16), (1, 37, 14, 2, 64), (9, 0, 4, 1, 32), (5, 11, 6, 3, 8)])
+def test_attention_matches_reference(T, p0, H, G, hd):
+    rng = np.random.default_rng(T * 100 + p0 + H)
+    cap = p0 + T + 3
+    q = rng.standard_normal((T, H, hd)).astype(np.float32)
+    k = rng.standard_normal((G, cap, hd)).astype(np.float32)
+    v = rng.standard_normal((G, cap, hd)).astype(np.float32)
+    k[:, p0 + T:] = np.nan                                   # slots past the sequence must never be read
+    v[:, p0 + T:] = np.nan
+    for fn in (attention, attention_prefill):
+        out = np.full((T, H * hd), np.nan, dtype=np.float32)
+        fn(q, k, v, p0, out)
+        np.testing.assert_allclose(out, attention_reference(q, k, v, p0), rtol=SMALL_OP_RTOL, atol=SMALL_OP_ATOL)
+
+
+@pytest.mark.parametrize("ns", [(40, 8, 8), (130, 64)])
+def test_gemv_int4_multi_matches_reference(ns):
+    """Several weights in one parallel region (q/k/v, gate/up): each output equals its own reference."""
+    from nanoqwen_rt.backends.cpu.kernels import _gemv_int4_multi_parallel, gemv_int4_multi
+    rng = np.random.default_rng(sum(ns))
+    K, g = 256, 64
+    qws = [_pack(rng.integers(0, 16, size=(n, K), dtype=np.uint8)) for n in ns]
+    scs = [(rng.random((n, K // g)) * 0.1 + 0.01).astype(np.float16) for n in ns]
+    x = rng.standard_normal(K).astype(np.float32)
+    for fn in (_gemv_int4_multi_parallel, gemv_int4_multi):
+        outs = tuple(np.full(n, np.nan, dtype=np.float32) for n in ns)
+        fn(x, tuple(qws), tuple(s.view(np.uint16) for s in scs), g, outs)
+        for qw, sc, o in zip(qws, scs, outs):
+            np.testing.assert_allclose(o, matmul_int4_reference(x[None], qw, sc, g)[0], rtol=RTOL, atol=ATOL)

@@ -15,8 +15,8 @@ import os
 import numpy as np
 
 from ..base import Backend, BackendError, resolve_max_context
-from .kernels import (BF16_LUT, F16_LUT, _int4_parallel, _int4_serial, _u16_parallel, _u16_serial,
-                          matmul_int4, matmul_u16, rows_u16)
+from .kernels import (BF16_LUT, F16_LUT, attention, attention_prefill, blas_single_threaded, gemv_int4_multi,
+                      matmul_int4, matmul_u16, rms_norm, rows_u16, silu_mul, warmup_kernels)
 from ...rope import apply_rope, cos_sin, rope_parameters
 
 __all__ = ["CPUBackend", "available", "Linear"]
@@ -47,7 +47,7 @@ class Linear:
         elif self.dtype in (DType.F16, DType.BF16):
             a = f.array(name)
             self.bits = a.view(np.uint16)                      # u16 (N, K)
-            self.lut = F16_LUT if self.dtype == DType.F16 else BF16_LUT
+            self.is_bf16 = self.dtype == DType.BF16
             self.N, self.K = a.shape
         elif self.dtype == DType.F32:
             self.w = f.array(name)                             # f32 (N, K)
@@ -57,20 +57,6 @@ class Linear:
         self.kind = self.dtype.name                                # "INT4G" | "F16" | "BF16" | "F32" (hot path)
         self.bias = f.float32(bias).reshape(-1) if bias is not None else None   # f32 (N,)
 
-    def warmup(self) -> None:
-        """Compile / load from numba's cache every kernel variant this weight can dispatch to (serial and
-        parallel, T == 1 and T > 1), on its first rows only, so the first real call (TTFT) pays no JIT cost."""
-        rows = slice(0, min(self.N, 64))
-        for T in (1, 2):
-            x = np.zeros((T, self.K), dtype=np.float32)
-            y = np.empty((T, rows.stop), dtype=np.float32)
-            if self.kind == "INT4G":
-                for fn in (_int4_serial, _int4_parallel):
-                    fn(x, self.qweight[rows], self.scale_bits[rows], F16_LUT, self.group_size, y)
-            elif self.kind in ("F16", "BF16"):
-                for fn in (_u16_serial, _u16_parallel):
-                    fn(x, self.bits[rows], self.lut, y)
-
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
         T = x.shape[0]
@@ -79,12 +65,27 @@ class Linear:
         else:
             y = np.full((T, self.N), np.nan, dtype=np.float32)     # (T, N) poisoned: every entry must be written
             if self.kind == "INT4G":
-                matmul_int4(x, self.qweight, self.scale_bits, F16_LUT, self.group_size, y)
+                matmul_int4(x, self.qweight, self.scale_bits, self.group_size, y)
             else:
-                matmul_u16(x, self.bits, self.lut, y)
+                matmul_u16(x, self.bits, self.is_bf16, y)
         if self.bias is not None:
             y += self.bias
         return y
+
+
+def project(lins: tuple[Linear, ...], x: np.ndarray) -> list[np.ndarray]:
+    """[lin(x) for lin in lins]; for one token over int4 weights of one K and group (q/k/v, gate/up) the GEMVs run
+    as one parallel region (gemv_int4_multi) instead of one each."""
+    first = lins[0]
+    if x.shape[0] != 1 or any(l.kind != "INT4G" or l.group_size != first.group_size for l in lins):
+        return [l(x) for l in lins]
+    ys = [np.full((1, l.N), np.nan, dtype=np.float32) for l in lins]          # (1, N) each, poisoned
+    gemv_int4_multi(np.ascontiguousarray(x[0], dtype=np.float32), [l.qweight for l in lins],
+                    [l.scale_bits for l in lins], first.group_size, [y[0] for y in ys])
+    for l, y in zip(lins, ys):
+        if l.bias is not None:
+            y += l.bias
+    return ys
 
 
 class _Layer:
@@ -101,16 +102,6 @@ class _Layer:
         self.gate = Linear(f, m + "gate_proj.weight")
         self.up = Linear(f, m + "up_proj.weight")
         self.down = Linear(f, m + "down_proj.weight")
-
-
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """HF Qwen2RMSNorm in float32: x * rsqrt(mean(x^2) + eps) * w. x (T, H)."""
-    var = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
-    return (x * (np.float32(1.0) / np.sqrt(var + np.float32(eps)))) * w
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (np.float32(1.0) + np.exp(-x))
 
 
 class CPUBackend(Backend):
@@ -153,12 +144,8 @@ class CPUBackend(Backend):
 
     def _warmup(self) -> None:
         """JIT / cache-load every kernel variant this model uses (one of each weight kind), so TTFT excludes it."""
-        seen = set()
-        for lin in [self.lm_head] + [l for L in self.layers[:1] for l in (L.q, L.k, L.v, L.o, L.gate, L.up,
-                                                                         L.down)]:
-            if lin.kind not in seen:
-                seen.add(lin.kind)
-                lin.warmup()
+        warmup_kernels({lin.kind for lin in [self.lm_head] + [l for L in self.layers for l in
+                                                               (L.q, L.k, L.v, L.o, L.gate, L.up, L.down)]})
         if self._emb_dtype.name != "F32":
             self._embed(np.zeros(1, dtype=np.int32))
 
@@ -219,30 +206,28 @@ class CPUBackend(Backend):
 
     def _attention(self, li: int, q: np.ndarray, p0: int) -> np.ndarray:
         """q: f32 (T, n_heads, hd) already rotated; cache holds positions [0, p0+T). → f32 (T, n_heads*hd)."""
-        cfg = self.config
         T, H, hd = q.shape
-        G = cfg.n_kv_heads
-        r = H // G                                   # query heads per kv head
         L = p0 + T
-        scale = np.float32(1.0 / np.sqrt(hd))        # HF: head_dim ** -0.5
-        # causal: query t (abs position p0+t) sees keys 0..p0+t
-        mask = np.arange(L)[None, :] > (p0 + np.arange(T))[:, None]          # (T, L) True = masked
-        out = np.empty((T, H, hd), dtype=np.float32)
-        for g in range(G):
-            K = self.k_cache[li, g, :L].astype(np.float32, copy=False)       # (L, hd)
-            V = self.v_cache[li, g, :L].astype(np.float32, copy=False)       # (L, hd)
-            Q = q[:, g * r:(g + 1) * r, :]                                   # (T, r, hd)
-            S = np.einsum("trd,ld->rtl", Q, K, dtype=np.float32) * scale     # (r, T, L)
-            S = np.where(mask[None], np.float32(-np.inf), S)
-            S = S - S.max(axis=-1, keepdims=True)
-            P = np.exp(S)
-            P /= P.sum(axis=-1, keepdims=True)
-            out[:, g * r:(g + 1) * r, :] = np.einsum("rtl,ld->trd", P, V, dtype=np.float32)
-        return out.reshape(T, H * hd)
+        k = self.k_cache[li, :, :L].astype(np.float32, copy=False)        # (G, L, hd): a view when the cache is f32
+        v = self.v_cache[li, :, :L].astype(np.float32, copy=False)
+        out = np.full((T, H * hd), np.nan, dtype=np.float32)
+        (attention if T == 1 else attention_prefill)(q, k, v, p0, out)
+        return out
+
+    def _norm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        out = np.full_like(x, np.nan)
+        rms_norm(x, w, self.config.rms_norm_eps, out)
+        return out
 
     def _forward(self, ids: np.ndarray) -> np.ndarray:
         """Run ids at positions [pos, pos+T) (checked by the Backend edge: in range, within max_context); write the
         KV cache; return the final-normed hidden f32 (T, hidden)."""
+        if ids.shape[0] == 1:
+            return self._layers(ids)
+        with blas_single_threaded():         # the prompt's BLAS products run on the backend's workers, one each
+            return self._layers(ids)
+
+    def _layers(self, ids: np.ndarray) -> np.ndarray:
         cfg = self.config
         T = ids.shape[0]
         p0 = self._pos
@@ -251,17 +236,20 @@ class CPUBackend(Backend):
         cos, sin = cos_sin(self.inv_freq, self.rope_scaling, np.arange(p0, p0 + T))   # (T, hd) each
         x = self._embed(ids)                                                         # (T, hidden)
         for li, L in enumerate(self.layers):
-            h = rms_norm(x, L.in_norm, cfg.rms_norm_eps)
-            q = apply_rope(L.q(h).reshape(T, H, hd), cos, sin)                       # (T, H, hd)
-            k = apply_rope(L.k(h).reshape(T, G, hd), cos, sin)                       # (T, G, hd)
-            v = L.v(h).reshape(T, G, hd)                                             # (T, G, hd)
+            h = self._norm(x, L.in_norm)
+            q, k, v = project((L.q, L.k, L.v), h)
+            q = apply_rope(q.reshape(T, H, hd), cos, sin)                            # (T, H, hd)
+            k = apply_rope(k.reshape(T, G, hd), cos, sin)                            # (T, G, hd)
+            v = v.reshape(T, G, hd)                                                  # (T, G, hd)
             self.k_cache[li, :, p0:p0 + T] = k.transpose(1, 0, 2)
             self.v_cache[li, :, p0:p0 + T] = v.transpose(1, 0, 2)
-            x = x + L.o(self._attention(li, q, p0))
-            h = rms_norm(x, L.post_norm, cfg.rms_norm_eps)
-            x = x + L.down(silu(L.gate(h)) * L.up(h))
+            x += L.o(self._attention(li, q, p0))
+            h = self._norm(x, L.post_norm)
+            g, u = project((L.gate, L.up), h)
+            silu_mul(g, u, g)                                                        # g ← silu(gate) * up
+            x += L.down(g)
         self._pos = p0 + T
-        return rms_norm(x, self.final_norm, cfg.rms_norm_eps)
+        return self._norm(x, self.final_norm)
 
     def _prefill(self, ids: np.ndarray) -> np.ndarray:
         h = self._forward(ids)

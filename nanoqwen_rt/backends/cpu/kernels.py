@@ -1,23 +1,56 @@
-"""numba kernels of the CPU backend: streaming GEMM/GEMV straight from the file's packed weights.
+"""numba kernels of the CPU backend: GEMV / GEMM straight from the file's packed weights.
 
 Every kernel computes ``out[t, n] = sum_k W[n, k] * x[t, k]`` with float32 accumulation, reading the weight in its
 stored form (zero-copy views of the mmap'd file):
   * int4g layout 1: ``qweight`` uint32 (N, K/8) + ``scales`` f16 bits as uint16 (N, K/g);
-  * f16 / bf16: uint16 bits (N, K), widened through a 65536-entry float32 lookup table (exact).
-Decode (T == 1) runs a fused unpack-multiply GEMV; prefill (T > 1) dequantizes ONE row into a float32 (K,)
-scratch buffer and reuses it for all T tokens, so it pays the dequantization once per row, and nothing of the
-size of the whole weight is ever materialised. Large weights are split over blocks of rows (numba prange),
-small ones run serially (thread hand-off costs more than it saves there). The slow references (`*_reference`) sit beside them for tests.
+  * f16 / bf16: uint16 bits (N, K), widened exactly in registers (`_widen_f16`: the CPU's f16 conversion;
+    `_widen_bf16`: a shift).
+
+Decode (one token, T == 1) runs a GEMV written so that LLVM vectorises it across words of the packed row:
+  * the input is first permuted to match the nibble order of a word (`_permute_x`: xp[i, j] = x[8j + PERM[i]]),
+    and pre-scaled by 2^-4i, so nibble i of word j is multiplied as ``float(w & (0xF << 4i)) * xp[i, j]``: one AND,
+    one int→float conversion and one FMA per nibble, with no shift and no gather;
+  * the offset of the codes (u - 8) is taken out of the loop: sum (u - 8) x = sum u x - 8 sum x, with sum x per
+    group computed once per input (`xs`);
+  * the per-word partial sums of a row go to a small scratch, then are summed per group and scaled once per group.
+Prefill (T > 1) dequantizes a tile of rows to float32 once (`_dequant_int4_rows`, columns in the words' nibble-plane
+order, the input columns permuted to match) and multiplies all T tokens
+with it through numpy's BLAS (``np.dot``), tile by tile, so the dequantization is paid once per weight per prompt
+and the multiply runs at BLAS speed; nothing of the size of the whole weight is materialised.
+
+Threads: a GEMV is split over row blocks by ``prange`` (numba's OpenMP pool, PASSIVE wait policy: see below) when
+the weight is large enough (PARALLEL_MIN_WEIGHTS); q/k/v and gate/up share one parallel region (gemv_int4_multi).
+A prompt's tiles are split between the backend's own worker threads (one per numba thread), each multiplying with
+numpy's BLAS held to one thread (blas_single_threaded): one hand-off per matmul, no thread waits inside it.
+The slow references (`*_reference`) sit beside the kernels for tests.
 """
 from __future__ import annotations
 
-import numpy as np
-from numba import njit, prange
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["F16_LUT", "BF16_LUT", "PERM", "matmul_int4", "matmul_u16", "rows_u16",
-           "matmul_int4_reference", "matmul_u16_reference", "PARALLEL_MIN_WEIGHTS"]
+# numba runs the parallel GEMVs on its OpenMP pool (its default threading layer where libgomp is present). GNU
+# OpenMP's default wait policy makes idle pool threads spin; on a busy machine they then burn the time slices the
+# working threads need: measured on the shared 2-core box at load average 9, a 4864x896 INT4 GEMV took 33 ms per
+# call with the default policy, 4 ms serial and 1.1 ms with PASSIVE (sleeping) pool threads (bench/NOTES.md). So the
+# backend asks for PASSIVE for its process, unless the user chose a policy; libgomp reads it when it is first loaded,
+# which is numba's first parallel call (a libgomp loaded earlier by another library keeps its own setting).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-#: float32 value of every f16 bit pattern (index = uint16 bits); exact widening
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+from llvmlite import ir  # noqa: E402
+from numba import njit, prange, types  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
+from threadpoolctl import ThreadpoolController  # noqa: E402
+
+__all__ = ["F16_LUT", "BF16_LUT", "PERM", "matmul_int4", "matmul_u16", "rows_u16", "gemv_int4", "gemm_int4",
+           "gemv_u16", "gemm_u16", "gemv_int4_multi", "matmul_int4_reference", "matmul_u16_reference", "PARALLEL_MIN_WEIGHTS",
+           "widen_f16_bits", "warmup_kernels", "blas_single_threaded", "rms_norm", "silu_mul", "attention", "attention_prefill", "rms_norm_reference",
+           "silu_mul_reference", "attention_reference"]
+
+#: float32 value of every f16 bit pattern (index = uint16 bits); exact widening (embedding gather, tests)
 F16_LUT: np.ndarray = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 #: float32 value of every bf16 bit pattern: bf16 is the top half of an f32
 BF16_LUT: np.ndarray = (np.arange(65536, dtype=np.uint32) << 16).view(np.float32).copy()
@@ -25,128 +58,323 @@ BF16_LUT: np.ndarray = (np.arange(65536, dtype=np.uint32) << 16).view(np.float32
 #: layout 1: nibble i of a word holds the value at k = 8j + PERM[i] (spec, docs/architecture.md)
 PERM = np.array([0, 2, 4, 6, 1, 3, 5, 7], dtype=np.int64)
 
-_ROW_BLOCK = 64   # rows per parallel work item: enough work per item to amortise the thread hand-off
+_ROW_BLOCK = 64   # rows per parallel work item of a GEMV: enough work per item to amortise the thread hand-off
 
-#: weights (N*K) from which the parallel kernels are used; below it the hand-off to numba's thread pool costs more
+#: weights (N*K) from which a GEMV is split over threads; below it the hand-off to numba's thread pool costs more
 #: than it saves (measured on the 2-core CI box: a 256x256 GEMV takes 25 us serial vs 400+ us parallel under load)
 PARALLEL_MIN_WEIGHTS = 1 << 21
 
+#: float32 elements of one dequantized prefill tile: 256 KB, so the tile and the BLAS packing of it stay in L2
+_TILE_ELEMENTS = 1 << 16
 
-@njit(cache=True, fastmath=True, inline="always")
-def _nib(word, shift):
-    """Signed code of one nibble as float32: u - 8."""
-    return np.float32((word >> shift) & 0xF) - np.float32(8.0)
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_blas: ThreadpoolController | None = None
 
 
-@njit(cache=True, fastmath=True, inline="always")
-def _row_times_tokens(w_row, x, out, n):
-    """out[:, n] = x @ w_row: one dequantized (K,) weight row against all T tokens (the GEMM paths' inner loop)."""
-    T, K = x.shape
-    for t in range(T):
+def _worker_pool() -> tuple[ThreadPoolExecutor, int]:
+    """The prefill GEMMs' worker threads (one per core numba uses), started on first use."""
+    global _pool, _blas
+    with _pool_lock:
+        if _pool is None:
+            _blas = ThreadpoolController()
+            _pool = ThreadPoolExecutor(max_workers=numba.config.NUMBA_NUM_THREADS, thread_name_prefix="nanoqwen-cpu")
+        return _pool, numba.config.NUMBA_NUM_THREADS
+
+
+def blas_single_threaded():
+    """Context: numpy's BLAS on one thread while our workers each run their own np.dot (its own thread pool would
+    oversubscribe the cores; measured at load 9: 76 tile products 41 ms single-threaded, 0.36-2.7 s on 2 BLAS
+    threads that spin-wait). OpenBLAS's setting is process-wide: other threads' BLAS calls share it meanwhile."""
+    _worker_pool()
+    return _blas.limit(limits=1, user_api="blas")
+
+
+# Fast-math flags of the f16/bf16 kernels: reassociation (vector sums) and FMA contraction, but NOT "no NaNs / no
+# infinities": a NaN or inf weight must reach the output as it would in the float64 reference.
+_FLOAT_FLAGS = {"reassoc", "contract", "nsz", "arcp"}
+
+
+@intrinsic
+def _u32_as_f32(typingctx, u):
+    """Reinterpret the bits of a uint32 as a float32 (LLVM bitcast)."""
+    sig = types.float32(types.uint32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return sig, codegen
+
+
+@intrinsic
+def _f16_bits_as_f32(typingctx, h):
+    """float32 of the f16 whose bits are the uint16 h: LLVM `fpext half → float` (numba has no float16 type), which
+    x86 runs as vcvtph2ps, 16 at a time: exact for every pattern (subnormals, infinities, NaN)."""
+    sig = types.float32(types.uint16)
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+    return sig, codegen
+
+
+@njit(cache=True, inline="always")
+def _widen_f16(h):
+    """Exact float32 of f16 bits h (uint16)."""
+    return _f16_bits_as_f32(np.uint16(h))
+
+
+@njit(cache=True, inline="always")
+def _widen_bf16(h):
+    return _u32_as_f32(np.uint32(h) << np.uint32(16))
+
+
+@njit(cache=True)
+def widen_f16_bits(bits, out):
+    """out[i] = float32 of f16 bits[i] (tests check `_widen_f16` on all 65536 patterns through this)."""
+    for i in range(bits.shape[0]):
+        out[i] = _widen_f16(bits[i])
+
+
+# ------------------------------------------------------------------------------------------------------ int4
+@njit(cache=True, fastmath=True)
+def _permute_x(x, group_size, xp, xs):
+    """xp[i, j] = x[8j + PERM[i]] * 2^-4i (f32 (8, K/8)); xs[g] = sum of x over group g (f32 (K/g,))."""
+    K = x.shape[0]
+    for j in range(K // 8):
+        b = 8 * j
+        xp[0, j] = x[b]
+        xp[1, j] = x[b + 2] * np.float32(2.0 ** -4)
+        xp[2, j] = x[b + 4] * np.float32(2.0 ** -8)
+        xp[3, j] = x[b + 6] * np.float32(2.0 ** -12)
+        xp[4, j] = x[b + 1] * np.float32(2.0 ** -16)
+        xp[5, j] = x[b + 3] * np.float32(2.0 ** -20)
+        xp[6, j] = x[b + 5] * np.float32(2.0 ** -24)
+        xp[7, j] = x[b + 7] * np.float32(2.0 ** -28)
+    for gi in range(K // group_size):
+        s = np.float32(0.0)
+        for k in range(gi * group_size, (gi + 1) * group_size):
+            s += x[k]
+        xs[gi] = s
+
+
+@njit(cache=True, fastmath=True)
+def _gemv_int4_rows(xp, xs, qweight, scale_bits, group_size, out, n0, n1):
+    """out[n] for rows [n0, n1) of an int4g layout-1 weight; xp, xs from _permute_x."""
+    KW = qweight.shape[1]
+    wpg = group_size // 8
+    n_groups = KW // wpg
+    part = np.empty(KW, dtype=np.float32)            # (K/8,) per-word partial sums of one row
+    for n in range(n0, n1):
+        # float(w & (0xF << 4i)) = u_i * 2^4i exactly (4 significant bits); xp[i] carries the 2^-4i
+        for j in range(KW):
+            w = qweight[n, j]
+            part[j] = (np.float32(w & np.uint32(0xF)) * xp[0, j]
+                       + np.float32(w & np.uint32(0xF0)) * xp[1, j]
+                       + np.float32(w & np.uint32(0xF00)) * xp[2, j]
+                       + np.float32(w & np.uint32(0xF000)) * xp[3, j]
+                       + np.float32(w & np.uint32(0xF0000)) * xp[4, j]
+                       + np.float32(w & np.uint32(0xF00000)) * xp[5, j]
+                       + np.float32(w & np.uint32(0xF000000)) * xp[6, j]
+                       + np.float32(w & np.uint32(0xF0000000)) * xp[7, j])
         acc = np.float32(0.0)
-        for k in range(K):
-            acc += w_row[k] * x[t, k]
-        out[t, n] = acc
+        for gi in range(n_groups):
+            a = np.float32(0.0)
+            for j in range(gi * wpg, (gi + 1) * wpg):
+                a += part[j]
+            acc += _widen_f16(scale_bits[n, gi]) * (a - np.float32(8.0) * xs[gi])
+        out[n] = acc
 
 
 @njit(cache=True, fastmath=True)
-def _int4_rows(x, qweight, scale_bits, lut, group_size, out, n0, n1):
-    """Rows [n0, n1) of out = x @ W.T for an int4g layout-1 weight (see matmul_int4)."""
-    T, K = x.shape
-    words_per_group = group_size // 8
-    n_groups = K // group_size
-    if T == 1:
-        # GEMV: fused unpack + multiply, one f32 partial sum per group, scaled once per group
-        for n in range(n0, n1):
-            acc = np.float32(0.0)
-            for gi in range(n_groups):
-                a = np.float32(0.0)
-                for jj in range(words_per_group):
-                    j = gi * words_per_group + jj
-                    w = qweight[n, j]
-                    b = 8 * j
-                    # nibble i → k = 8j + PERM[i], PERM = [0, 2, 4, 6, 1, 3, 5, 7]
-                    a += (_nib(w, 0) * x[0, b] + _nib(w, 4) * x[0, b + 2] + _nib(w, 8) * x[0, b + 4]
-                          + _nib(w, 12) * x[0, b + 6] + _nib(w, 16) * x[0, b + 1] + _nib(w, 20) * x[0, b + 3]
-                          + _nib(w, 24) * x[0, b + 5] + _nib(w, 28) * x[0, b + 7])
-                acc += lut[scale_bits[n, gi]] * a
-            out[0, n] = acc
-        return
-    # GEMM (prefill): dequantize one row into (K,) scratch once, reuse it for all T tokens
-    w_row = np.empty(K, dtype=np.float32)
-    for n in range(n0, n1):
-        for j in range(K // 8):
-            word = qweight[n, j]
-            s = lut[scale_bits[n, (8 * j) // group_size]]
-            b = 8 * j
-            w_row[b + 0] = s * _nib(word, 0)
-            w_row[b + 2] = s * _nib(word, 4)
-            w_row[b + 4] = s * _nib(word, 8)
-            w_row[b + 6] = s * _nib(word, 12)
-            w_row[b + 1] = s * _nib(word, 16)
-            w_row[b + 3] = s * _nib(word, 20)
-            w_row[b + 5] = s * _nib(word, 24)
-            w_row[b + 7] = s * _nib(word, 28)
-        _row_times_tokens(w_row, x, out, n)
+def _gemv_int4_serial(x, qweight, scale_bits, group_size, out):
+    K = x.shape[0]
+    xp = np.empty((8, K // 8), dtype=np.float32)
+    xs = np.empty(K // group_size, dtype=np.float32)
+    _permute_x(x, group_size, xp, xs)
+    _gemv_int4_rows(xp, xs, qweight, scale_bits, group_size, out, 0, qweight.shape[0])
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def _int4_parallel(x, qweight, scale_bits, lut, group_size, out):
+def _gemv_int4_parallel(x, qweight, scale_bits, group_size, out):
+    K = x.shape[0]
     N = qweight.shape[0]
+    xp = np.empty((8, K // 8), dtype=np.float32)
+    xs = np.empty(K // group_size, dtype=np.float32)
+    _permute_x(x, group_size, xp, xs)
     for b in prange((N + _ROW_BLOCK - 1) // _ROW_BLOCK):
-        _int4_rows(x, qweight, scale_bits, lut, group_size, out, b * _ROW_BLOCK, min(N, (b + 1) * _ROW_BLOCK))
-
-
-@njit(cache=True, fastmath=True)
-def _int4_serial(x, qweight, scale_bits, lut, group_size, out):
-    _int4_rows(x, qweight, scale_bits, lut, group_size, out, 0, qweight.shape[0])
-
-
-def matmul_int4(x, qweight, scale_bits, lut, group_size, out):
-    """out = x @ W.T. x: f32 (T, K) C-contiguous; qweight: u32 (N, K/8); scale_bits: u16 (N, K/g) f16 bits;
-    lut: F16_LUT; out: f32 (T, N), every element written. Parallel over row blocks for large weights."""
-    if qweight.shape[0] * qweight.shape[1] * 8 >= PARALLEL_MIN_WEIGHTS:
-        _int4_parallel(x, qweight, scale_bits, lut, group_size, out)
-    else:
-        _int4_serial(x, qweight, scale_bits, lut, group_size, out)
-
-
-@njit(cache=True, fastmath=True)
-def _u16_rows(x, w_bits, lut, out, n0, n1):
-    T, K = x.shape
-    if T == 1:
-        for n in range(n0, n1):
-            acc = np.float32(0.0)
-            for k in range(K):
-                acc += lut[w_bits[n, k]] * x[0, k]
-            out[0, n] = acc
-        return
-    w_row = np.empty(K, dtype=np.float32)          # (K,) one widened row
-    for n in range(n0, n1):
-        for k in range(K):
-            w_row[k] = lut[w_bits[n, k]]
-        _row_times_tokens(w_row, x, out, n)
+        _gemv_int4_rows(xp, xs, qweight, scale_bits, group_size, out, b * _ROW_BLOCK,
+                        min(N, (b + 1) * _ROW_BLOCK))
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def _u16_parallel(x, w_bits, lut, out):
+def _gemv_int4_multi_parallel(x, qweights, scales, group_size, outs):
+    """outs[m] = W_m @ x for several int4g weights of the same K and group (one tuple entry each), in ONE parallel
+    region: the row blocks of all of them are one work list, so q/k/v (or gate/up) cost one thread hand-off."""
+    K = x.shape[0]
+    xp = np.empty((8, K // 8), dtype=np.float32)
+    xs = np.empty(K // group_size, dtype=np.float32)
+    _permute_x(x, group_size, xp, xs)
+    M = len(qweights)
+    first = np.zeros(M + 1, dtype=np.int64)          # first[m]: index of matrix m's first block in the work list
+    for m in range(M):
+        first[m + 1] = first[m] + (qweights[m].shape[0] + _ROW_BLOCK - 1) // _ROW_BLOCK
+    for b in prange(first[M]):
+        m = 0
+        while b >= first[m + 1]:
+            m += 1
+        n0 = (b - first[m]) * _ROW_BLOCK
+        _gemv_int4_rows(xp, xs, qweights[m], scales[m], group_size, outs[m], n0,
+                        min(qweights[m].shape[0], n0 + _ROW_BLOCK))
+
+
+def gemv_int4_multi(x, qweights, scales, group_size, outs):
+    """outs[m] = W_m @ x for a tuple of int4g weights sharing K and group_size (scales: their u16 f16-bit scales,
+    outs: f32 (N_m,) each): one parallel region for all when they are large together, else one serial GEMV each."""
+    if sum(q.shape[0] for q in qweights) * qweights[0].shape[1] * 8 >= PARALLEL_MIN_WEIGHTS:
+        _gemv_int4_multi_parallel(x, tuple(qweights), tuple(scales), group_size, tuple(outs))
+    else:
+        for qw, sc, o in zip(qweights, scales, outs):
+            _gemv_int4_serial(x, qw, sc, group_size, o)
+
+
+def gemv_int4(x, qweight, scale_bits, group_size, out):
+    """out = W @ x. x: f32 (K,) contiguous; qweight: u32 (N, K/8); scale_bits: u16 (N, K/g) f16 bits; out: f32 (N,),
+    every element written. Split over threads for large weights."""
+    if qweight.shape[0] * qweight.shape[1] * 8 >= PARALLEL_MIN_WEIGHTS:
+        _gemv_int4_parallel(x, qweight, scale_bits, group_size, out)
+    else:
+        _gemv_int4_serial(x, qweight, scale_bits, group_size, out)
+
+
+@njit(cache=True, fastmath=True, nogil=True)
+def _dequant_int4_rows(qweight, scale_bits, group_size, n0, n1, w):
+    """w[r, i*K/8 + j] = dequantized weight at k = 8j + PERM[i] of row n0 + r (f32 (n1 - n0, K)): the nibble-plane
+    order of the packed words, so every store is contiguous; the input columns are permuted to match
+    (`_plane_order`)."""
+    KW = qweight.shape[1]
+    wpg = group_size // 8
+    sw = np.empty(KW, dtype=np.float32)              # (K/8,) the scale of each word's group
+    for r in range(n1 - n0):
+        n = n0 + r
+        for j in range(KW):
+            sw[j] = _widen_f16(scale_bits[n, j // wpg])
+        for i in range(8):
+            sh = np.uint32(4 * i)
+            for j in range(KW):
+                w[r, i * KW + j] = sw[j] * (np.float32((qweight[n, j] >> sh) & np.uint32(0xF)) - np.float32(8.0))
+
+
+def _plane_order(K: int) -> np.ndarray:
+    """Column k' = i*K/8 + j of a dequantized tile holds input column 8j + PERM[i]."""
+    return (8 * np.arange(K // 8)[None, :] + PERM[:, None]).reshape(-1)
+
+
+def _tile_rows(K: int) -> int:
+    return max(16, (_TILE_ELEMENTS // K) // 16 * 16)
+
+
+def _tiled_gemm(x_t, N, K, fill_tile, out):
+    """out (T, N) = x @ W.T where fill_tile(n0, n1, w) writes rows [n0, n1) of W (f32, in x_t's row order) into
+    w[:n1 - n0]. x_t: f32 (K, T) contiguous. The rows are split into one contiguous part per worker thread; each
+    worker dequantizes its tiles into its own buffer and multiplies them by single-threaded BLAS (np.dot releases
+    the GIL, the numba tile fillers are nogil), so the threads never wait for each other inside a matmul."""
+    rows = _tile_rows(K)
+    out_t = np.empty((N, x_t.shape[1]), dtype=np.float32)     # (N, T): the rows of one tile are contiguous here
+
+    def part(n_begin, n_end):
+        w = np.empty((rows, K), dtype=np.float32)
+        for n0 in range(n_begin, n_end, rows):
+            n1 = min(n_end, n0 + rows)
+            fill_tile(n0, n1, w)
+            np.dot(w[:n1 - n0], x_t, out=out_t[n0:n1])
+
+    pool, n_workers = _worker_pool()
+    per = -(-N // (n_workers * rows)) * rows                  # rows per worker, whole tiles
+    bounds = [(b, min(N, b + per)) for b in range(0, N, per)]
+    with blas_single_threaded():
+        if len(bounds) == 1:
+            part(*bounds[0])
+        else:
+            for fut in [pool.submit(part, b0, b1) for b0, b1 in bounds]:
+                fut.result()
+    out[:] = out_t.T
+
+
+def gemm_int4(x, qweight, scale_bits, group_size, out):
+    """out = x @ W.T for T tokens. x: f32 (T, K) contiguous; out: f32 (T, N). Tiles of rows are dequantized to f32
+    once and multiplied with all T tokens by BLAS (`_tiled_gemm`)."""
+    N, K = qweight.shape[0], qweight.shape[1] * 8
+    x_t = np.ascontiguousarray(x[:, _plane_order(K)].T)       # (K, T), rows in the tiles' column order
+    _tiled_gemm(x_t, N, K, lambda n0, n1, w: _dequant_int4_rows(qweight, scale_bits, group_size, n0, n1, w), out)
+
+
+def matmul_int4(x, qweight, scale_bits, group_size, out):
+    """out = x @ W.T. x: f32 (T, K) C-contiguous; qweight: u32 (N, K/8); scale_bits: u16 (N, K/g) f16 bits;
+    out: f32 (T, N), every element written. GEMV for one token, tiled BLAS GEMM for more."""
+    if x.shape[0] == 1:
+        gemv_int4(x[0], qweight, scale_bits, group_size, out[0])
+    else:
+        gemm_int4(x, qweight, scale_bits, group_size, out)
+
+
+# ------------------------------------------------------------------------------------------------ f16 / bf16
+@njit(cache=True, fastmath=_FLOAT_FLAGS)
+def _gemv_u16_rows(x, w_bits, is_bf16, out, n0, n1):
+    K = x.shape[0]
+    for n in range(n0, n1):
+        acc = np.float32(0.0)
+        if is_bf16:
+            for k in range(K):
+                acc += _widen_bf16(w_bits[n, k]) * x[k]
+        else:
+            for k in range(K):
+                acc += _widen_f16(w_bits[n, k]) * x[k]
+        out[n] = acc
+
+
+@njit(cache=True, fastmath=_FLOAT_FLAGS)
+def _gemv_u16_serial(x, w_bits, is_bf16, out):
+    _gemv_u16_rows(x, w_bits, is_bf16, out, 0, w_bits.shape[0])
+
+
+@njit(parallel=True, cache=True, fastmath=_FLOAT_FLAGS)
+def _gemv_u16_parallel(x, w_bits, is_bf16, out):
     N = w_bits.shape[0]
     for b in prange((N + _ROW_BLOCK - 1) // _ROW_BLOCK):
-        _u16_rows(x, w_bits, lut, out, b * _ROW_BLOCK, min(N, (b + 1) * _ROW_BLOCK))
+        _gemv_u16_rows(x, w_bits, is_bf16, out, b * _ROW_BLOCK, min(N, (b + 1) * _ROW_BLOCK))
 
 
-@njit(cache=True, fastmath=True)
-def _u16_serial(x, w_bits, lut, out):
-    _u16_rows(x, w_bits, lut, out, 0, w_bits.shape[0])
-
-
-def matmul_u16(x, w_bits, lut, out):
-    """out = x @ W.T. x: f32 (T, K); w_bits: u16 (N, K) f16 or bf16 bits; lut: F16_LUT or BF16_LUT;
-    out: f32 (T, N). Parallel over row blocks for large weights."""
+def gemv_u16(x, w_bits, is_bf16, out):
+    """out = W @ x. x: f32 (K,); w_bits: u16 (N, K) f16 (is_bf16 False) or bf16 bits; out: f32 (N,)."""
     if w_bits.shape[0] * w_bits.shape[1] >= PARALLEL_MIN_WEIGHTS:
-        _u16_parallel(x, w_bits, lut, out)
+        _gemv_u16_parallel(x, w_bits, is_bf16, out)
     else:
-        _u16_serial(x, w_bits, lut, out)
+        _gemv_u16_serial(x, w_bits, is_bf16, out)
+
+
+@njit(cache=True, fastmath=_FLOAT_FLAGS, nogil=True)
+def _widen_u16_rows(w_bits, is_bf16, n0, n1, w):
+    K = w_bits.shape[1]
+    for r in range(n1 - n0):
+        if is_bf16:
+            for k in range(K):
+                w[r, k] = _widen_bf16(w_bits[n0 + r, k])
+        else:
+            for k in range(K):
+                w[r, k] = _widen_f16(w_bits[n0 + r, k])
+
+
+def gemm_u16(x, w_bits, is_bf16, out):
+    """out = x @ W.T for T tokens (tiles widened to f32, multiplied by BLAS; see gemm_int4)."""
+    N, K = w_bits.shape
+    _tiled_gemm(np.ascontiguousarray(x.T), N, K, lambda n0, n1, w: _widen_u16_rows(w_bits, is_bf16, n0, n1, w), out)
+
+
+def matmul_u16(x, w_bits, is_bf16, out):
+    """out = x @ W.T. x: f32 (T, K); w_bits: u16 (N, K) f16 or bf16 bits (is_bf16); out: f32 (T, N)."""
+    if x.shape[0] == 1:
+        gemv_u16(x[0], w_bits, is_bf16, out[0])
+    else:
+        gemm_u16(x, w_bits, is_bf16, out)
 
 
 @njit(cache=True)
@@ -156,6 +384,33 @@ def rows_u16(w_bits, ids, lut, out):
         r = ids[t]
         for k in range(w_bits.shape[1]):
             out[t, k] = lut[w_bits[r, k]]
+
+
+def warmup_kernels(kinds) -> None:
+    """Compile / load from numba's cache every kernel variant the given weight kinds ("INT4G", "F16", "BF16")
+    dispatch to (serial and parallel GEMV, the GEMM tiles) and the per-layer ops, on tiny inputs, so the first real
+    call pays no JIT."""
+    x1 = np.ones(128, dtype=np.float32)
+    x2 = np.ones((2, 128), dtype=np.float32)
+    o1 = np.empty(16, dtype=np.float32)
+    o2 = np.empty((2, 16), dtype=np.float32)
+    if "INT4G" in kinds:
+        qw = np.zeros((16, 16), dtype=np.uint32)
+        sc = np.zeros((16, 1), dtype=np.uint16)
+        _gemv_int4_serial(x1, qw, sc, 128, o1)
+        _gemv_int4_parallel(x1, qw, sc, 128, o1)
+        for m in (2, 3):
+            _gemv_int4_multi_parallel(x1, (qw,) * m, (sc,) * m, 128, (o1,) * m)
+        gemm_int4(x2, qw, sc, 128, o2)
+    for kind in ("F16", "BF16"):
+        if kind in kinds:
+            wb = np.zeros((16, 128), dtype=np.uint16)
+            _gemv_u16_serial(x1, wb, kind == "BF16", o1)
+            _gemv_u16_parallel(x1, wb, kind == "BF16", o1)
+            gemm_u16(x2, wb, kind == "BF16", o2)
+    rms_norm(x2, x1, 1e-6, x2)
+    kv = np.ones((1, 2, 64), dtype=np.float32)
+    attention(np.ones((1, 2, 64), dtype=np.float32), kv, kv, 1, np.empty((1, 128), dtype=np.float32))
 
 
 # -- slow, obvious references (tests) ---------------------------------------------------------------------
@@ -178,3 +433,120 @@ def matmul_u16_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     else:
         wf = w.astype(np.float32)
     return x.astype(np.float64) @ wf.astype(np.float64).T
+
+
+# ------------------------------------------------------------------------------------- small per-layer ops
+# (Fast-math flags without "no infinities": the softmax starts from -inf and exp(-x) may overflow to inf.)
+# One compiled call each instead of a chain of numpy temporaries: at batch 1 a layer's norms, SwiGLU and attention
+# are a few thousand flops, and the numpy call overhead of the unfused versions cost more than the arithmetic.
+@njit(cache=True, fastmath=_FLOAT_FLAGS)
+def rms_norm(x, w, eps, out):
+    """out[t] = x[t] * rsqrt(mean(x[t]^2) + eps) * w (HF Qwen2RMSNorm, float32). x, out: f32 (T, H); w: f32 (H,)."""
+    T, H = x.shape
+    for t in range(T):
+        ss = np.float32(0.0)
+        for k in range(H):
+            ss += x[t, k] * x[t, k]
+        r = np.float32(1.0) / np.sqrt(ss / np.float32(H) + np.float32(eps))
+        for k in range(H):
+            out[t, k] = (x[t, k] * r) * w[k]
+
+
+def silu_mul(gate, up, out):
+    """out = silu(gate) * up = gate / (1 + exp(-gate)) * up, elementwise, f32 (T, I); out may be gate. numpy's
+    SIMD exp (a numba loop calls the scalar libm expf: 3.9 vs 1.4 ms at (128, 4864), best of 20). exp(-gate) overflows to
+    inf for gate < -88, which gives the exact limit 0: the warning is silenced."""
+    t = np.negative(gate)
+    with np.errstate(over="ignore"):
+        np.exp(t, out=t)
+    t += np.float32(1.0)
+    np.divide(gate, t, out=out)
+    out *= up
+
+
+@njit(cache=True, fastmath=_FLOAT_FLAGS)
+def attention(q, k_cache, v_cache, p0, out):
+    """Causal grouped-query attention of T queries at positions p0..p0+T-1 over cached keys/values 0..p0+T-1.
+
+    q: f32 (T, H, hd), already rotated; k_cache, v_cache: f32 (G, >= p0+T, hd) (one layer); out: f32 (T, H*hd).
+    Query head h reads kv head h // (H/G). Scores scaled by hd^-0.5, softmax in float32 with the max subtracted."""
+    T, H, hd = q.shape
+    G = k_cache.shape[0]
+    r = H // G
+    scale = np.float32(1.0) / np.sqrt(np.float32(hd))
+    s = np.empty(p0 + T, dtype=np.float32)
+    acc = np.empty(hd, dtype=np.float32)
+    for t in range(T):
+        L = p0 + t + 1                                  # keys 0..p0+t are visible to query t
+        for h in range(H):
+            g = h // r
+            m = np.float32(-np.inf)
+            for l in range(L):
+                d = np.float32(0.0)
+                for i in range(hd):
+                    d += q[t, h, i] * k_cache[g, l, i]
+                d *= scale
+                s[l] = d
+                m = max(m, d)
+            tot = np.float32(0.0)
+            for l in range(L):
+                e = np.exp(s[l] - m)
+                s[l] = e
+                tot += e
+            for i in range(hd):
+                acc[i] = np.float32(0.0)
+            for l in range(L):
+                p = s[l]
+                for i in range(hd):
+                    acc[i] += p * v_cache[g, l, i]
+            inv = np.float32(1.0) / tot
+            for i in range(hd):
+                out[t, h * hd + i] = acc[i] * inv
+
+
+def attention_prefill(q, k_cache, v_cache, p0, out):
+    """`attention` for many queries at once (a prompt): per kv head, the scores of all its query heads and tokens
+    are one batched BLAS product (r, T, hd) @ (hd, L), the causal mask and the softmax are whole-array numpy ops,
+    and the weighted sum of values is another batched product. Same arguments and result as `attention`."""
+    T, H, hd = q.shape
+    G = k_cache.shape[0]
+    r = H // G
+    L = p0 + T
+    scale = np.float32(1.0 / np.sqrt(hd))
+    masked = np.arange(L)[None, :] > (p0 + np.arange(T))[:, None]            # (T, L) True = key after the query
+    o = out.reshape(T, H, hd)
+    for g in range(G):
+        qg = q[:, g * r:(g + 1) * r, :].transpose(1, 0, 2)                  # (r, T, hd)
+        s = np.matmul(qg, k_cache[g, :L].T)                                  # (r, T, L)
+        s *= scale
+        s[:, masked] = -np.inf
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+        o[:, g * r:(g + 1) * r, :] = np.matmul(s, v_cache[g, :L]).transpose(1, 0, 2)
+
+
+# -- slow, obvious references of the small ops (tests) ----------------------------------------------------
+def rms_norm_reference(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """HF Qwen2RMSNorm in float64."""
+    x = x.astype(np.float64)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w.astype(np.float64)
+
+
+def silu_mul_reference(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    g = gate.astype(np.float64)
+    return g / (1.0 + np.exp(-g)) * up.astype(np.float64)
+
+
+def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, p0: int) -> np.ndarray:
+    """Dense masked softmax attention in float64. q (T, H, hd); k, v (G, >= p0+T, hd) → (T, H*hd)."""
+    T, H, hd = q.shape
+    G = k.shape[0]
+    L = p0 + T
+    kk = np.repeat(k[:, :L].astype(np.float64), H // G, axis=0)          # (H, L, hd)
+    vv = np.repeat(v[:, :L].astype(np.float64), H // G, axis=0)
+    s = np.einsum("thd,hld->htl", q.astype(np.float64), kk) / np.sqrt(hd)
+    s[:, np.arange(L)[None, :] > (p0 + np.arange(T))[:, None]] = -np.inf
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.einsum("htl,hld->thd", p, vv).reshape(T, H * hd)
