@@ -451,7 +451,7 @@ def fail(msg: str, code: int = 2) -> None:
 @click.option("--group-size", type=click.Choice([str(g) for g in GROUP_SIZES]), default="128", show_default=True)
 @click.option("--mode", type=click.Choice(list(MODES)), default="rtn", show_default=True,
               help="rtn: absmax scale; mse: per-group clipping search (slower, lower error); gptq: mse scales, "
-              "codes chosen with a calibration text's input statistics (slowest; prints its expected time)")
+              "codes chosen with a calibration text's input statistics, act-order (slowest; prints its expected time)")
 @click.option("--calib-text", type=click.Path(dir_okay=False, exists=True), default=None,
               help="--mode gptq: calibration text file (default: Python standard-library files)")
 @click.option("--lm-head", type=click.Choice(["fp16", "int4"]), default="fp16", show_default=True)
