@@ -95,6 +95,9 @@ def scales_weighted(w: np.ndarray, d: np.ndarray, g: int) -> np.ndarray:
     return best_s
 
 
+_LAST_U: list = [None, None]
+
+
 def gptq_general(w, h, g, scale_rule="mse", order="natural", dynamic=False, damp=0.01, block=128):
     """GPTQ variants, float64. scale_rule: rtn | mse | hmse (diag(H)-weighted mse); order: natural | act
     (columns by descending diag(H), scales fixed per plain group before the permutation: static groups);
@@ -115,8 +118,10 @@ def gptq_general(w, h, g, scale_rule="mse", order="natural", dynamic=False, damp
     if dynamic and order != "natural":
         raise ValueError("dynamic scales need natural order (plain groups)")
     scales = None if dynamic else pick(w, dh)
-    hp = np.asarray(h, np.float64)[np.ix_(perm, perm)]
-    u = inverse_cholesky(hp, damp)
+    key = (id(h), order, damp)                      # q/k/v (and gate/up) share one H: factor it once
+    if _LAST_U[0] != key:
+        _LAST_U[:] = [key, inverse_cholesky(np.asarray(h, np.float64)[np.ix_(perm, perm)], damp)]
+    u = _LAST_U[1]
     if not dynamic:                                    # the product's fast path (numba), same codes
         from nanoqwen_quant.gptq import gptq_codes
         return gptq_codes(w, u, scales, g, block, order=perm), scales
