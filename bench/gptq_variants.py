@@ -1,7 +1,13 @@
 """GPTQ variants at one group size, measured on a trained checkpoint's output (the experiment behind --mode gptq).
 
-    python bench/gptq_variants.py [--checkpoint smollm2-135m | --model DIR] [--group 64] [--tokens 2048]
-                                  [--calib-tokens 8192] [--variants rtn,mse,gptq,...] [--json OUT]
+    python bench/gptq_variants.py [--checkpoint smollm2-135m | --model DIR [--name NAME]] [--group 64]
+                                  [--tokens 2048] [--chunks 1] [--damp 0.01] [--variants rtn,gptq-act,...]
+                                  [--json OUT] [--hessians-only]
+
+Variants (VARIANTS below): rtn, mse; gptq (left to right, mse scales: --mode gptq before act-order), gptq-act
+(act-order, static groups: --mode gptq now), gptq-rtnscale / gptq-act-rtnscale (rtn scales), gptq-hmse /
+gptq-act-hmse (scale per group from the mse rule's candidates by diag(H)-weighted error), gptq-dyn-* (scales chosen
+on the error-updated weights when a group starts; slow numpy path). Measured ones: bench/NOTES.md.
 
 Every variant quantizes every q/k/v/o/gate/up/down weight of the checkpoint at --group and is scored like
 `nanoqwen-verify --eval` (nanoqwen_quant.evaluate: perplexity gap, mean / p99 KL, top-1 agreement against the
