@@ -26,7 +26,8 @@ Sweep: every mode x group size against the unquantized model (the source convert
 text of nanoqwen-verify --eval (nanoqwen_quant/data/eval_heldout.txt), with the numbers of nanoqwen_quant.evaluate:
 perplexity gap, mean / p99 KL(unquantized || int4) per token, top-1 agreement. The reference logits are computed
 once; gptq's Hessians once per model (calibration text: nanoqwen_quant.calibrate's default, disjoint from the
-evaluation text). --checkpoint names a trained checkpoint from bench/real_checkpoints.py (fetched into its cache).
+evaluation text; --hessians loads them when they were computed before). --checkpoint names a trained checkpoint
+from bench/real_checkpoints.py (fetched into its cache).
 Group sizes that a model's shapes cannot hold (K % g != 0) are reported as such, not run.
 """
 from __future__ import annotations
@@ -166,7 +167,11 @@ def sweep(a) -> int:
             ref_logits = [be.logits_all(w[:-1]) for w in windows]
         log(f"{name}: reference logits over {sum(len(w) - 1 for w in windows)} tokens ({time.time() - t0:.0f} s)")
         hess = None
-        if "gptq" in modes:
+        if "gptq" in modes and a.hessians:                 # the same calibration, computed before and saved
+            with np.load(a.hessians) as z:
+                hess = {k: z[k] for k in z.files}
+            log(f"{name}: calibration Hessians from {a.hessians}")
+        elif "gptq" in modes:
             t = time.time()
             hess = calibration_hessians(ref_path)          # the f16 conversion made above
             timing["gptq_calibration_s"] = round(time.time() - t, 1)
@@ -232,6 +237,9 @@ def main(argv=None) -> int:
     ap.add_argument("--groups", default="128,64,32")
     ap.add_argument("--modes", default="rtn,mse,gptq")
     ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--hessians", type=Path, default=None,
+                    help="--sweep: .npz of the default calibration's Hessians (bench/gptq_variants.py caches them "
+                         "as <cache>/<name>-hessians-chunk0.npz), instead of recomputing them")
     a = ap.parse_args(argv)
     if a.sweep:
         return sweep(a)

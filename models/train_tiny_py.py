@@ -7,7 +7,8 @@ What it does (every step is deterministic given --seed and the running interpret
 
 1. Data: every `.py` file of this interpreter's standard library (`sysconfig.get_paths()["stdlib"]`), excluding any
    path with a `test`, `tests`, `idlelib` or `site-packages` component and files over 200 KB, sorted by relative path.
-   A file is held out when the first 8 bytes of sha256(relative path) mod 10000 < HELDOUT_PER_10K (about 5 %).
+   A file is held out when the first 8 bytes of sha256(relative path) mod 10000 < 500 (about 5 %). The split
+   (files, size limit, rule) is nanoqwen_quant/stdlib_split.py's, shared with the calibration and evaluation texts.
 2. Tokenizer: byte-level BPE (Qwen2's pre-tokenizer split regex, see SPLIT_REGEX, + ByteLevel, ByteLevel decoder, no normalizer so
    every string round-trips exactly), vocab 4096 including the 3 special tokens, trained on the training files only.
 3. Chat examples: top-level functions (≤ 1500 chars) of a fixed ~1 in 2 subset of training files are wrapped in a
@@ -30,7 +31,6 @@ import math
 import os
 import platform
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -46,10 +46,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-# ---- data selection --------------------------------------------------------------------------------------------
-EXCLUDED_DIRS = frozenset({"test", "tests", "idlelib", "site-packages", "__pycache__"})
-MAX_FILE_BYTES = 200 * 1024
-HELDOUT_PER_10K = 500  # 5 % of files, chosen by hash of the relative path
+# ---- data selection: the split is nanoqwen_quant.stdlib_split's (shared with the calibration and evaluation texts)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nanoqwen_quant.stdlib_split import is_heldout, list_stdlib_files, read_text, stdlib_root  # noqa: E402
 
 # ---- tokenizer -------------------------------------------------------------------------------------------------
 VOCAB_SIZE = 4096
@@ -104,38 +103,9 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"]).resolve()
-
-
-def is_heldout(rel: str) -> bool:
-    h = int.from_bytes(hashlib.sha256(rel.encode("utf-8")).digest()[:8], "little")
-    return h % 10000 < HELDOUT_PER_10K
-
-
 def wants_chat_examples(rel: str) -> bool:
     h = int.from_bytes(hashlib.sha256(("chat:" + rel).encode("utf-8")).digest()[:8], "little")
     return h % 10000 < CHAT_EXAMPLE_PER_10K_FILES
-
-
-def list_stdlib_files(root: Path) -> list[str]:
-    """Relative posix paths of the selected stdlib `.py` files, sorted."""
-    out = []
-    for p in root.rglob("*.py"):
-        rel = p.relative_to(root)
-        if any(part in EXCLUDED_DIRS for part in rel.parts[:-1]):
-            continue
-        if not p.is_file() or p.stat().st_size > MAX_FILE_BYTES:
-            continue
-        out.append(rel.as_posix())
-    return sorted(out)
-
-
-def read_text(root: Path, rel: str) -> str | None:
-    try:
-        return (root / rel).read_text(encoding="utf-8")
-    except (UnicodeDecodeError, OSError):
-        return None
 
 
 def chat_examples(text: str) -> list[str]:

@@ -7,52 +7,35 @@ down_proj have their own. Activations come from the unquantized model (GPTQ's se
 quantized layers' outputs forward instead; not done here).
 
 Default calibration text: Python standard-library files of the running interpreter from the *training* side of
-models/tiny-py's held-out rule (sha256(relative path)[:8] little-endian mod 10000 >= 500), in hash order, so it
-never overlaps the held-out files that --eval and bench/quality.py measure on.
+the split in nanoqwen_quant.stdlib_split (the rule models/tiny-py was trained with), in hash order, so it never
+overlaps the held-out files that --eval and bench/quality.py measure on.
 """
 from __future__ import annotations
 
 import hashlib
 import os
-import sysconfig
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from .stdlib_split import is_heldout, list_stdlib_files, read_text, stdlib_root
+
 CALIB_TOKENS = 8192            # tokens of calibration text (GPTQ's paper: 128 x 2048; a small model needs fewer)
 CALIB_CONTEXT = 512            # tokens per calibration window
-HELDOUT_MOD, HELDOUT_BELOW = 10000, 500   # models/tiny-py's held-out rule (models/README.md)
-EXCLUDED_DIRS = {"test", "tests", "idlelib", "site-packages"}
-MAX_FILE_BYTES = 200_000
 # Refuse --mode gptq when the Hessians (float32, kept for every layer) need more than this fraction of RAM.
 HESSIAN_RAM_FRACTION = 0.5
 
 
-def is_heldout(rel: str) -> bool:
-    h = int.from_bytes(hashlib.sha256(rel.encode("utf-8")).digest()[:8], "little")
-    return h % HELDOUT_MOD < HELDOUT_BELOW
-
-
 def default_calibration_text(max_chars: int = 400_000) -> str:
     """Training-side standard-library .py files, in sha256 order, up to max_chars characters."""
-    root = Path(sysconfig.get_paths()["stdlib"]).resolve()
-    rels = []
-    for p in root.rglob("*.py"):
-        rel = p.relative_to(root).as_posix()
-        if EXCLUDED_DIRS & set(rel.split("/")[:-1]) or is_heldout(rel):
-            continue
-        try:
-            if p.stat().st_size <= MAX_FILE_BYTES:
-                rels.append(rel)
-        except OSError:
-            continue
+    root = stdlib_root()
+    rels = [r for r in list_stdlib_files(root) if not is_heldout(r)]
     rels.sort(key=lambda r: hashlib.sha256(r.encode("utf-8")).digest())
     parts, n = [], 0
     for rel in rels:
-        try:
-            t = (root / rel).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
+        t = read_text(root, rel)
+        if t is None:
             continue
         parts.append(t)
         n += len(t)

@@ -388,17 +388,17 @@ def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode:
         g = spec.group_size
         qweight = np.empty((n, k // 8), np.uint32)       # (N, K/8) packed codes
         scales = np.empty((n, k // g), np.float16)        # (N, K/g)
-        u = None
+        prepared = None
         if h is not None:
-            from .gptq import inverse_cholesky
-            u = inverse_cholesky(h)                       # once per tensor; rows are independent in GPTQ
+            from .gptq import gptq_prepare
+            prepared = gptq_prepare(h)                    # once per tensor; rows are independent in GPTQ
         for a in range(0, rows, step):
             b = min(rows, a + step)
             block = ckpt.read_rows(spec.name, a, b)
             try:
-                if u is not None:
+                if prepared is not None:
                     from .gptq import GPTQ_SCALE_MODE, gptq_quantize
-                    qweight[a:b], scales[a:b] = gptq_quantize(block, h, g, GPTQ_SCALE_MODE, u=u)
+                    qweight[a:b], scales[a:b] = gptq_quantize(block, h, g, GPTQ_SCALE_MODE, prepared=prepared)
                 else:
                     quantize(block, g, qmode, out=(qweight[a:b], scales[a:b]))
             except QuantizationError as e:
@@ -451,7 +451,7 @@ def fail(msg: str, code: int = 2) -> None:
 @click.option("--group-size", type=click.Choice([str(g) for g in GROUP_SIZES]), default="128", show_default=True)
 @click.option("--mode", type=click.Choice(list(MODES)), default="rtn", show_default=True,
               help="rtn: absmax scale; mse: per-group clipping search (slower, lower error); gptq: mse scales, "
-              "codes chosen with a calibration text's input statistics (slowest; prints its expected time)")
+              "codes chosen with a calibration text's input statistics, act-order (slowest; prints its expected time)")
 @click.option("--calib-text", type=click.Path(dir_okay=False, exists=True), default=None,
               help="--mode gptq: calibration text file (default: Python standard-library files)")
 @click.option("--lm-head", type=click.Choice(["fp16", "int4"]), default="fp16", show_default=True)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from nanoqwen_format.int4_layout import dequantize_int4_reference, unpack_int4_reference
-from nanoqwen_quant.gptq import (gptq_codes, gptq_codes_reference, gptq_objective, gptq_quantize, hessian,
-                                 inverse_cholesky)
+from nanoqwen_quant.gptq import (act_order, gptq_codes, gptq_codes_reference, gptq_objective, gptq_prepare,
+                                 gptq_quantize, hessian, inverse_cholesky)
 from nanoqwen_quant.quantize import QuantizationError, quantize
 
 
@@ -34,6 +34,41 @@ def test_blocked_equals_reference(g, seed):
     ref = gptq_codes_reference(w, u, scales, g)
     for block in (8, 128):                          # blocks smaller and larger than a group
         np.testing.assert_array_equal(gptq_codes(w, u, scales, g, block=block), ref)
+    for order in (act_order(h), rng.permutation(k)):          # act-order, and any other processing order
+        uo = inverse_cholesky(h[np.ix_(order, order)])
+        ref = gptq_codes_reference(w, uo, scales, g, order=order)
+        for block in (8, 128):
+            np.testing.assert_array_equal(gptq_codes(w, uo, scales, g, block=block, order=order), ref)
+
+
+def test_act_order_is_descending_hessian_diagonal_and_checked():
+    h = np.diag([1.0, 5.0, 3.0, 5.0])
+    np.testing.assert_array_equal(act_order(h), [1, 3, 2, 0])           # ties keep their column order
+    w = np.ones((2, 64), np.float32)
+    with pytest.raises(QuantizationError, match="permutation"):
+        gptq_codes(w, np.eye(64), np.ones((2, 2), np.float16), 32, order=np.zeros(64, np.int64))
+
+
+# Act-order against left-to-right on the calibration objective, summed over fixed seeds. On these synthetic
+# layers (unequal channel energy) it measured 15-22 % lower per seed; asked for: at least ACT_ORDER_MIN_GAIN lower
+# in total (act-order is a heuristic, not a guarantee per instance, so the margin is generous).
+ACT_ORDER_MIN_GAIN = 0.05
+
+
+def test_act_order_lowers_the_objective_in_total():
+    e_nat = e_act = 0.0
+    for seed in range(4):
+        rng = np.random.default_rng(900 + seed)
+        n, k, g = 48, 256, 64
+        w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+        h = hessian(_calibration(rng, 3 * k, k))
+        _, scales = quantize(w, g, "mse")
+        q_nat = gptq_codes(w, inverse_cholesky(h), scales, g)
+        order, u = gptq_prepare(h)
+        q_act = gptq_codes(w, u, scales, g, order=order)
+        e_nat += gptq_objective(w, q_nat, scales, g, h)
+        e_act += gptq_objective(w, q_act, scales, g, h)
+    assert e_act < (1 - ACT_ORDER_MIN_GAIN) * e_nat, (e_act, e_nat)
 
 
 @pytest.mark.parametrize("scale_mode", ["rtn", "mse"])

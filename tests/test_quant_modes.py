@@ -66,7 +66,7 @@ def test_gptq_file_verifies_and_beats_rtn_on_heldout_text(gptq_file):
     assert code == 0, out
     e_gptq = evaluate(path, TINY, max_tokens=1024)
     e_rtn = evaluate(d / "rtn.nanoqwen", TINY, max_tokens=1024)
-    # measured on the full sweep: KL 0.0032 (rtn) vs 0.0006 (gptq) at g128; ask for a clear win, not the number
+    # measured on the full sweep: KL 0.0032 (rtn) vs 0.00047 (gptq) at g128; ask for a clear win, not the number
     assert e_gptq["mean_kl"] < 0.6 * e_rtn["mean_kl"], (e_gptq["mean_kl"], e_rtn["mean_kl"])
     assert e_gptq["top1_agreement"] > e_rtn["top1_agreement"]
 
