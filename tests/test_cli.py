@@ -272,10 +272,19 @@ def test_chat_ctrl_c_stops_the_answer_not_the_program(model_path, engine, monkey
     assert a[1] == _ref(engine, messages=history, max_new_tokens=10, temperature=0.0)
 
 
+def _as_from_a_terminal():
+    """preexec_fn of the SIGINT tests' children: SIGINT unblocked and at its default disposition, as a shell in a
+    terminal starts a command. Both are inherited through fork and exec, and within a full test session the
+    runner's state is not that (the fresh-clone CI saw children ignore SIGINT there, never in a lone run)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_chat_sigint_at_the_prompt_keeps_running(model_path):
     """A real SIGINT while chat waits for input: a hint, then the next command still works."""
     proc = subprocess.Popen([sys.executable, "-m", "nanoqwen_rt.cli", "chat", model_path, "--device", "cpu"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_as_from_a_terminal)
     out = bytearray()
 
     def pump():
@@ -413,7 +422,7 @@ def test_ctrl_c_during_start_up_has_no_traceback(model_path):
     for needle in ("_multiarray_umath", "numba"):      # numpy's and numba's extension modules: engine imports
         for _attempt in range(3):
             p = subprocess.Popen([sys.executable, "-m", "nanoqwen_rt.cli", "run", model_path, "-p", "x", "-n", "2000"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_as_from_a_terminal)
             assert _wait_for_mapped(p.pid, needle, HANG_GUARD_S), needle
             if p.poll() is None:         # still running: the signal lands in the process (else this test's own
                 break                    # process was descheduled past the child's whole run: try again)
