@@ -9,6 +9,16 @@ namespace dev {
 // launch(args, rows) enqueues one STORE-mode GEMV y = W @ x (x f32, no RMSNorm) on the default stream.
 using GemvLaunch = std::function<void(const nq::GemvArgs&, int)>;
 
+// STORE-mode arguments y = W @ x for one INT4 weight whose file bytes are at `bytes` (a DeviceCopies copy).
+inline nq::GemvArgs store_args(const Int4Weight& W, const uint8_t* bytes, const float* x, float* y) {
+  nq::GemvArgs a;
+  a.seg[0].w = bytes;
+  a.seg[0].scales = reinterpret_cast<const __half*>(bytes + W.scales_offset());
+  a.seg[0].N = W.N; a.seg[0].K = W.K; a.seg[0].group = W.group; a.seg[0].type = nq::WT_INT4;
+  a.x_f32 = x; a.out_f32 = y; a.mode = nq::GEMV_STORE;
+  return a;
+}
+
 // ref_x_f16: the kernel stages x as f16, so the reference multiplies f16(x) (else x itself). Returns 0.
 inline int run_gemv_shapes(const char* title, const GemvLaunch& launch, double tol, bool ref_x_f16,
                            const std::vector<Shape>& shapes = qwen7b_gemv_shapes()) {
@@ -28,14 +38,7 @@ inline int run_gemv_shapes(const char* title, const GemvLaunch& launch, double t
     DEV_CHECK(cudaMalloc(&dy, sh.N * sizeof(float)));
     DEV_CHECK(cudaMemcpy(dx, x.data(), sh.K * sizeof(float), cudaMemcpyHostToDevice));
     DEV_CHECK(cudaMemset(dy, 0xff, sh.N * sizeof(float)));  // poison: NaN unless written
-    auto args = [&](int c) {
-      nq::GemvArgs a;
-      a.seg[0].w = wc.copy(c);
-      a.seg[0].scales = reinterpret_cast<const __half*>(wc.copy(c) + W.scales_offset());
-      a.seg[0].N = sh.N; a.seg[0].K = sh.K; a.seg[0].group = group; a.seg[0].type = nq::WT_INT4;
-      a.x_f32 = dx; a.out_f32 = dy; a.mode = nq::GEMV_STORE;
-      return a;
-    };
+    auto args = [&](int c) { return store_args(W, wc.copy(c), dx, dy); };
     launch(args(0), sh.N);
     DEV_CHECK(cudaDeviceSynchronize());
     std::vector<float> y(sh.N);

@@ -206,22 +206,6 @@ struct LoadsOnly {
   }
 };
 
-// read-only stream over the same bytes (16-byte non-allocating loads, 8 in flight per thread)
-constexpr int kCeilThreads = 256, kCeilInFlight = 8;
-__global__ void __launch_bounds__(kCeilThreads) read_ceiling(const uint4* p, size_t n16, unsigned* sink) {
-  const size_t stride = (size_t)gridDim.x * blockDim.x;
-  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  uint32_t acc = 0;
-  for (; i < n16; i += kCeilInFlight * stride) {
-    uint4 v[kCeilInFlight];
-#pragma unroll
-    for (int b = 0; b < kCeilInFlight; b++)
-      v[b] = i + b * stride < n16 ? ld_stream16(p + i + b * stride) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int b = 0; b < kCeilInFlight; b++) acc ^= v[b].x ^ v[b].y ^ v[b].z ^ v[b].w;
-  }
-  if (acc == 0x9E3779B9u) sink[blockIdx.x] = acc;
-}
 
 }  // namespace
 }  // namespace nq
@@ -242,17 +226,10 @@ void diagnostics(const std::vector<dev::Shape>& shapes, int sms) {
     DEV_CHECK(cudaMalloc(&dx, sh.K * sizeof(float)));
     DEV_CHECK(cudaMalloc(&dy, sh.N * sizeof(float)));
     DEV_CHECK(cudaMemset(dx, 0, sh.K * sizeof(float)));
-    auto args = [&](int c) {
-      nq::GemvArgs a;
-      a.seg[0].w = wc.copy(c);
-      a.seg[0].scales = reinterpret_cast<const __half*>(wc.copy(c) + W.scales_offset());
-      a.seg[0].N = sh.N; a.seg[0].K = sh.K; a.seg[0].group = 128; a.seg[0].type = nq::WT_INT4;
-      a.x_f32 = dx; a.out_f32 = dy; a.mode = nq::GEMV_STORE;
-      return a;
-    };
+    auto args = [&](int c) { return dev::store_args(W, wc.copy(c), dx, dy); };
     const size_t n16 = W.bytes() / 16;
     const double rd = dev::median_us([&](int i) {
-      nq::read_ceiling<<<sms * 8, nq::kCeilThreads>>>(reinterpret_cast<const uint4*>(wc.copy(i)), n16, sink);
+      dev::read_ceiling<<<sms * 8, dev::kCeilThreads>>>(reinterpret_cast<const uint4*>(wc.copy(i)), n16, sink);
     });
     const double l2 = dev::median_us([&](int i) {
       dev::must(nq::launch_gemv_int4<nq::GEMV_STORE, 2, nq::LoadsOnly<2>>(args(i), sh.N, sms, 0));

@@ -30,6 +30,7 @@
 // Build: make -C csrc/dev (-> build/dev/gemv_int4_stream; OpenMP runs the CPU reference on all host cores)
 // Run on the device: bash csrc/dev/gemv_int4_stream_run.sh (writes its logs to $OUT).
 #include "../src/gemv.cu"
+#include "dev_common.cuh"
 // nq::fail / pdl_enabled come from ../src/error.cpp, which the Makefile links into every dev program
 
 #include <algorithm>
@@ -607,22 +608,9 @@ __global__ void __launch_bounds__((W + 1) * 32, MINB) gemv_int4_stream_mma(const
   }
 }
 
-// ---- read-only ceiling over the same bytes -------------------------------------------------------------------
-constexpr int kCeilThreads = 256, kCeilInFlight = 8;
-__global__ void __launch_bounds__(kCeilThreads) read_ceiling(const uint4* p, size_t n16, unsigned* sink) {
-  const size_t stride = (size_t)gridDim.x * blockDim.x;
-  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  uint32_t acc = 0;
-  for (; i < n16; i += kCeilInFlight * stride) {   // kCeilInFlight loads issued before any use, tail predicated
-    uint4 v[kCeilInFlight];
-#pragma unroll
-    for (int b = 0; b < kCeilInFlight; b++)
-      v[b] = i + b * stride < n16 ? ld_stream16(p + i + b * stride) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int b = 0; b < kCeilInFlight; b++) acc ^= v[b].x ^ v[b].y ^ v[b].z ^ v[b].w;
-  }
-  if (acc == 0x9E3779B9u) sink[blockIdx.x] = acc;   // keeps the loads alive; practically never stores
-}
+using dev::kCeilInFlight;   // the read-only ceiling (dev_common.cuh)
+using dev::kCeilThreads;
+using dev::read_ceiling;
 
 // ---- random fill on the device (splitmix-style hash of (seed, index)) ----------------------------------------
 __device__ __host__ inline uint64_t mix64(uint64_t z) {

@@ -16,14 +16,7 @@ void time_only(const char* title, const std::vector<dev::Shape>& shapes, F launc
     DEV_CHECK(cudaMalloc(&dx, sh.K * sizeof(float)));
     DEV_CHECK(cudaMalloc(&dy, sh.N * sizeof(float)));
     DEV_CHECK(cudaMemset(dx, 0, sh.K * sizeof(float)));
-    auto args = [&](int c) {
-      nq::GemvArgs a;
-      a.seg[0].w = wc.copy(c);
-      a.seg[0].scales = reinterpret_cast<const __half*>(wc.copy(c) + W.scales_offset());
-      a.seg[0].N = sh.N; a.seg[0].K = sh.K; a.seg[0].group = 128; a.seg[0].type = nq::WT_INT4;
-      a.x_f32 = dx; a.out_f32 = dy; a.mode = nq::GEMV_STORE;
-      return a;
-    };
+    auto args = [&](int c) { return dev::store_args(W, wc.copy(c), dx, dy); };
     const double us = dev::median_us([&](int i) { dev::must(launch(args(i), sh.N)); });
     std::printf("  %-10s %8.2f us\n", sh.name, us);
     cudaFree(dx);
