@@ -94,7 +94,6 @@ def test_gemv_int4_vs_numpy(lib, name, N, K, g):
     w_norm = (1.0 + 0.3 * rng.standard_normal(K)).astype(np.float32)
     eps = 1e-6
     xn = x.astype(np.float64) / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps) * w_norm
-    ref = dequant(u, s, g) @ xn
     for with_norm in (True, False):
         y = np.empty(N, dtype=np.float32)
         _check(lib, lib.nq_test_gemv_int4(q.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
