@@ -18,6 +18,23 @@ struct LoadsOnlyUnits {
     return acc + __uint_as_float((w.x ^ w.y ^ w.z ^ w.w) & 0x3f7fffffu) * __half2float(s);
   }
 };
+// The library's arithmetic with 3 or 4 units per lane and row per pipeline stage (more bytes in flight per warp).
+template <int U_>
+struct F16UnitsU : F16Units {
+  static constexpr int kUnroll = U_;
+};
+
+// The library's launch with the split factor forced (the library picks it with plan_split's cost model).
+template <class Units = F16Units>
+int launch_forced_split(const GemvArgs& a, int rows, int sm_count, int ks_log2) {
+  const int ntasks = (rows + 1) / 2;
+  const int G = kWarps >> ks_log2;
+  const int grid = std::max(1, std::min((ntasks + G - 1) / G, sm_count * 2));
+  const int rounds = (ntasks + grid * G - 1) / (grid * G);
+  const size_t smem = (size_t)a.seg[0].K * 2 + (size_t)kWarps * rounds * 2 * sizeof(float);
+  return launch_pdl("gemv_int4", gemv_int4<GEMV_STORE, 2, Units>, dim3(grid), dim3(kThreads), smem, (cudaStream_t)0, a,
+                    rows, ntasks, ks_log2, rounds);
+}
 }  // namespace
 }  // namespace nq
 
@@ -31,6 +48,10 @@ int main() {
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, nq::kMaxDynSmem));
   DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4_v2<nq::GEMV_STORE, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  nq::kMaxDynSmem));
+  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4<nq::GEMV_STORE, 2, nq::F16UnitsU<3>>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, nq::kMaxDynSmem));
+  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4<nq::GEMV_STORE, 2, nq::F16UnitsU<4>>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, nq::kMaxDynSmem));
   const int sms = dev::sm_count();
   std::vector<dev::Shape> shapes = dev::qwen7b_gemv_shapes();
   shapes.push_back({"7B gate+up", 2 * 18944, 3584});
@@ -65,6 +86,11 @@ int main() {
   const std::vector<V> variants = {
       {"library gemv_int4 (cursors)", [&](const nq::GemvArgs& a, int r) { return nq::launch_gemv_int4<nq::GEMV_STORE, 2>(a, r, sms, 0); }},
       {"gemv_int4_v2 (indices)", [&](const nq::GemvArgs& a, int r) { return nq::launch_gemv_int4_v2<nq::GEMV_STORE, 2>(a, r, sms, 0); }},
+      {"library gemv_int4, 3 units per stage", [&](const nq::GemvArgs& a, int r) { return nq::launch_gemv_int4<nq::GEMV_STORE, 2, nq::F16UnitsU<3>>(a, r, sms, 0); }},
+      {"library gemv_int4, 4 units per stage", [&](const nq::GemvArgs& a, int r) { return nq::launch_gemv_int4<nq::GEMV_STORE, 2, nq::F16UnitsU<4>>(a, r, sms, 0); }},
+      {"library gemv_int4, split 1", [&](const nq::GemvArgs& a, int r) { return nq::launch_forced_split(a, r, sms, 0); }},
+      {"library gemv_int4, split 2", [&](const nq::GemvArgs& a, int r) { return nq::launch_forced_split(a, r, sms, 1); }},
+      {"library gemv_int4, split 4", [&](const nq::GemvArgs& a, int r) { return nq::launch_forced_split(a, r, sms, 2); }},
   };
   for (const V& v : variants) {
     const int rc = dev::run_gemv_shapes(v.name, [&](const nq::GemvArgs& a, int rows) {

@@ -517,9 +517,13 @@ gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds)
 
 // ---- host: gemv_int4 launch plan ----------------------------------------------------------------------------
 // Split factor KS chosen per shape by a small cost model (unit slots on the busiest warp's critical path:
-// rounds x (steps x 64 + per-task overhead), inflated up to 1.5x when the grid leaves resident block slots empty,
+// rounds x (steps x 64 + per-task overhead), inflated up to 1.25x when the grid leaves resident block slots empty,
 // since fewer warps per SM means fewer bytes in flight).
 struct SplitPlan { int ks_log2, grid, rounds; };
+// Weight of the empty block slots in the cost. 0.25: with 0.5 the 7B down projection took split 2 (15.33 us, two
+// rounds for 70 % of the warps) over split 1 (14.73 us, one round on 224 of 264 slots); no other Qwen2.5 shape's
+// choice changes (csrc/dev/gemv_int4_vs_v2, bench/NOTES.md "Session 5").
+constexpr double kEmptySlotPenalty = 0.25;
 
 // min_slice: the fewest units a split-K slice may have (one per lane for gemv_int4; csrc/dev kernels pass others);
 // overhead: a task's fixed cost in unit slots.
@@ -534,7 +538,7 @@ SplitPlan plan_split(int ntasks, int nunits, int cap_blocks, int step_units, int
     const int rounds = (ntasks + grid * G - 1) / (grid * G);
     const int steps = ((nunits + ks - 1) / ks + step_units - 1) / step_units;
     const double cost = (double)rounds * (steps * step_units + overhead) *
-                        (1.0 + 0.5 * (1.0 - (double)grid / cap_blocks));
+                        (1.0 + kEmptySlotPenalty * (1.0 - (double)grid / cap_blocks));
     if (cost < best_cost) { best_cost = cost; best = SplitPlan{ksl, grid, rounds}; }
   }
   return best;
