@@ -111,12 +111,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(const SampleArgs
     // the max value itself
     float v = -CUDART_INF_F;
     for (int i = tid; i < V; i += kSampleThreads) v = fmaxf(v, L[i]);
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = lane < 32 ? red[lane] : -CUDART_INF_F;
-    m_all = warp_max(v);
+    m_all = block_max(v, red);
   }
   if (temperature > 0.f) {
     const float invT = 1.f / temperature;
