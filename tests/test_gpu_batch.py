@@ -68,14 +68,17 @@ def _rel_rows(a, b):
     return np.linalg.norm(a - b, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
+# Up to 4 sequences the step runs the decode GEMVs per token row, above that the GEMMs (batch.cu kGemvRowsMax):
+# both are checked (the session swap below keeps the count).
+@pytest.mark.parametrize("lens", [[1, 5, 17], [1, 5, 17, 40, 33]], ids=["gemv-rows", "gemm"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_batched_decode_matches_each_sequence_alone(files, name):
+def test_batched_decode_matches_each_sequence_alone(files, name, lens):
     from nanoqwen_rt.backends.cuda import CudaBackend
     be = CudaBackend(files[name], max_context=CTX)
     try:
         rng = np.random.default_rng()
         V = be.config.vocab_rows
-        lens = [1, 5, 17, 40, 33]           # prompt lengths: every sequence at its own position
+        lens = list(lens)                    # prompt lengths: every sequence at its own position
         steps = 6
         seqs = [rng.integers(0, V, size=n + steps + 1) for n in lens]   # teacher-forced: step t feeds seq[n + t]
         sessions = [be.session] + [be.new_session(CTX) for _ in lens[1:]]

@@ -1,11 +1,17 @@
 // Batched decode step (batch.h). Per step: embed the n tokens; per layer RMSNorm -> q/k/v GEMM -> attention (rope,
 // cache write and split-K attention of each token in its own session's cache) -> o GEMM (+= residual) -> RMSNorm
 // -> gate/up GEMM -> SwiGLU -> down GEMM (+= residual); then the final RMSNorm, the lm_head GEMM, one device sample
-// per sequence with its session's settings, and every session's position + 1.
+// per sequence with its session's settings, and every session's position + 1. For n <= kGemvRowsMax the linear
+// layers run the decode GEMVs per token row instead of the GEMMs (same order of operations, fused the decode way).
 #include "batch.h"
 #include <algorithm>
 
 namespace nq {
+
+// Up to this many sequences, the linear layers run the decode GEMVs (RMSNorm, SwiGLU and the residual add fused),
+// one launch per token row: n weight passes at ~1.4 ms each (7B) against one pass of the prefill GEMMs, whose
+// 128-token tiles took ~10 ms per step at any n from 1 to 8 on the H200 (bench/NOTES.md "Session 5").
+constexpr int kGemvRowsMax = 4;
 
 Batch::~Batch() {
   if (st) cudaStreamSynchronize(st);
@@ -95,10 +101,20 @@ int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int
     NQ_CUDA(cudaMemcpyAsync(b->d_tokens, b->h_io, n * sizeof(int32_t), cudaMemcpyHostToDevice, st));
     NQ_CUDA(cudaMemcpyAsync(b->d_pos, b->h_io + b->max_batch, n * sizeof(int), cudaMemcpyHostToDevice, st));
     NQ_TRY(embed_rows(m.embed, m.embed_dtype, b->d_tokens, n, H, b->X, st));
+    const bool rows = n <= kGemvRowsMax;   // the decode GEMVs, one launch per token row (module comment)
     for (int l = 0; l < c.n_layers; l++) {
       const Layer& L = m.layers[l];
-      NQ_TRY(rmsnorm_rows(b->X, L.ln1, n, H, eps, b->Xn, st));
-      {
+      if (rows) {
+        for (int i = 0; i < n; i++) {
+          GemvArgs qa;
+          qa.seg[0] = L.q; qa.seg[1] = L.k; qa.seg[2] = L.v; qa.nseg = 3;
+          qa.bias[0] = L.bq; qa.bias[1] = L.bk; qa.bias[2] = L.bv;
+          qa.x_f32 = b->X + (size_t)i * H; qa.norm_w = L.ln1; qa.eps = eps;
+          qa.out_f32 = b->QKV + (size_t)i * Nqkv; qa.mode = GEMV_STORE;
+          NQ_TRY(gemv(qa, st));
+        }
+      } else {
+        NQ_TRY(rmsnorm_rows(b->X, L.ln1, n, H, eps, b->Xn, st));
         const LinW W3[3] = {L.q, L.k, L.v};
         float* const C3[3] = {b->QKV, b->QKV + Nq, b->QKV + Nq + Nkv};
         const float* const B3[3] = {L.bq, L.bk, L.bv};
@@ -112,6 +128,21 @@ int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int
       aa.part_o = b->part_o; aa.part_ml = b->part_ml; aa.counters = b->counters; aa.out = b->ATT;
       aa.pos_of = b->d_pos; aa.kv_of = b->d_kv + (size_t)l * b->max_batch; aa.page_table_of = b->d_pt;
       NQ_TRY(attention(aa, st));
+      if (rows) {
+        for (int i = 0; i < n; i++) {
+          GemvArgs oa;
+          oa.seg[0] = L.o; oa.x_f16 = b->ATT + (size_t)i * Nq; oa.out_f32 = b->X + (size_t)i * H; oa.mode = GEMV_ADD;
+          NQ_TRY(gemv(oa, st));
+          GemvArgs ga;
+          ga.seg[0] = L.gate; ga.up = L.up; ga.x_f32 = b->X + (size_t)i * H; ga.norm_w = L.ln2; ga.eps = eps;
+          ga.out_f16 = b->HM + (size_t)i * I; ga.mode = GEMV_SWIGLU;
+          NQ_TRY(gemv(ga, st));
+          GemvArgs da;
+          da.seg[0] = L.down; da.x_f16 = b->HM + (size_t)i * I; da.out_f32 = b->X + (size_t)i * H; da.mode = GEMV_ADD;
+          NQ_TRY(gemv(da, st));
+        }
+        continue;
+      }
       NQ_TRY(gemm(L.o, b->ATT, Nq, n, b->X, H, nullptr, true, st));
       NQ_TRY(rmsnorm_rows(b->X, L.ln2, n, H, eps, b->Xn, st));
       {
@@ -123,8 +154,17 @@ int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int
       NQ_TRY(swiglu_rows(b->G, b->U, n, I, b->HM, st));
       NQ_TRY(gemm(L.down, b->HM, I, n, b->X, H, nullptr, true, st));
     }
-    NQ_TRY(rmsnorm_rows(b->X, m.final_norm, n, H, eps, b->Xn, st));
-    NQ_TRY(gemm(m.lm_head, b->Xn, H, n, b->logits, V, nullptr, false, st));
+    if (rows) {
+      for (int i = 0; i < n; i++) {
+        GemvArgs la;
+        la.seg[0] = m.lm_head; la.x_f32 = b->X + (size_t)i * H; la.norm_w = m.final_norm; la.eps = eps;
+        la.out_f32 = b->logits + (size_t)i * V; la.mode = GEMV_STORE;
+        NQ_TRY(gemv(la, st));
+      }
+    } else {
+      NQ_TRY(rmsnorm_rows(b->X, m.final_norm, n, H, eps, b->Xn, st));
+      NQ_TRY(gemm(m.lm_head, b->Xn, H, n, b->logits, V, nullptr, false, st));
+    }
     for (int i = 0; i < n; i++) {
       SampleArgs sa;
       sa.logits = b->logits + (size_t)i * V; sa.V = V;
