@@ -544,8 +544,17 @@ class Engine:
         th.join()
 
     @property
+    def max_batch(self) -> int:
+        """Sequences the batched API runs at once (Engine(max_batch=...))."""
+        return self._max_batch
+
+    @property
     def looping(self) -> bool:
         return self._loop is not None
+
+    def open_batch(self) -> None:
+        """Make the batched API's scheduler and allocate its KV pages now (submit() does it on first use)."""
+        self._batch()
 
     def _batch(self) -> Scheduler:
         """The scheduler, made (and the KV pages allocated) on first use."""

@@ -42,12 +42,44 @@ class _FakeTokenizer:
                                                                                else "")
 
 
+class _FakeHandle:
+    """Engine.submit's handle over a fake generator: poll() computes one chunk itself (the fake has no batch for
+    step() to advance)."""
+
+    def __init__(self, it):
+        self._it = it
+        self.done = False
+
+    def poll(self):
+        if self.done:
+            return []
+        try:
+            return [next(self._it)]
+        except StopIteration:
+            self.done = True
+            return []
+
+    def close(self):
+        self.done = True
+        getattr(self._it, "close", lambda: None)()
+
+
 class FakeEngine:
     """Yields words 'w0 w1 ...'; `gate` (when set) makes every token wait for a permit, so tests can hold a
-    generation open without sleeping."""
+    generation open without sleeping. The batched API (submit / step / batch_stats) over the same generator."""
     device = "fake"
     max_context = CONTEXT
+    max_batch = 4
     config = SimpleNamespace(vocab_rows=100)
+
+    def submit(self, prompt, **kw):
+        return _FakeHandle(self.generate(prompt, **kw))
+
+    def step(self):
+        return 0
+
+    def batch_stats(self):
+        return None
 
     def __init__(self):
         self.tokenizer = _FakeTokenizer()
