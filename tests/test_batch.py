@@ -186,3 +186,16 @@ def test_bad_arguments_are_named_errors(model_file, eng):
         eng.submit("x", max_new_tokens=0)
     with pytest.raises(PromptTooLong):
         eng.submit([1] * eng.max_context)
+
+
+@pytest.mark.gpu
+def test_cuda_batch_runs_sequences_on_their_own_sessions(model_file):
+    """The CUDA backend's batched API (one library session per sequence, run one after another): each sequence
+    of a mixed batch yields the greedy tokens of Engine.generate on the same device, and the sessions are freed."""
+    kw = dict(max_new_tokens=20, temperature=0.0, stop_token_ids=[])
+    with Engine(model_file, device="cuda", max_batch=4) as e:
+        prompts = [_prompt_ids(e, n, i) for i, n in enumerate((5, 40, PREFILL_CHUNK_TOKENS + 30))]
+        got = _drain(e, [e.submit(p, **kw) for p in prompts[:2]], joiners=[(3, prompts[2], kw)])
+        for p, chunks in zip(prompts, got.values()):
+            assert [t for c in chunks for t in c.token_ids] == _alone(e, p, **kw)[0]
+        assert e.batch_stats().kv_pages_used == 0 and not e._scheduler.kv._sessions
