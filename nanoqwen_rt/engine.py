@@ -11,8 +11,9 @@ multi-byte character or a possible stop-string prefix is held back); the last ch
 (stop id or stop string; the stop string / stop token text is never included) or "length" (max_new_tokens
 reached or the context is full). Closing the iterator early is fine; `stats` then describes what ran.
 
-One Engine runs one sequence: while a generator from generate()/chat() is live (not exhausted, closed or
-garbage-collected), another generate/chat/logits call raises EngineBusy, from any thread.
+generate()/chat() run one sequence: while a generator from them is live (not exhausted, closed or
+garbage-collected), another generate/chat/logits call raises EngineBusy, from any thread. Many sequences at once go
+through the batched API: submit() → a BatchGeneration handle, step() / start_loop() (nanoqwen_rt/scheduler.py).
 """
 from __future__ import annotations
 
@@ -144,11 +145,11 @@ DEVICES = ("auto", "cpu", "cuda")
 
 
 class Engine:
-    """One model file, one backend, one sequence at a time.
+    """One model file, one backend: one sequence at a time through generate(), many through submit()/step().
 
     Sharing is refused, never silently wrong: while a generator returned by generate()/chat() is live (not yet
     exhausted, closed or garbage-collected), or a logits() call runs, any other generate/chat/logits call (this
-    thread or another) raises EngineBusy. The server serialises calls through its worker thread.
+    thread or another) raises EngineBusy. The server drives the batched API from its worker thread.
     """
 
     def __init__(self, path: str | os.PathLike, device: str = "auto", max_context: int | None = None,

@@ -353,6 +353,17 @@ def test_queue_full_gets_429_and_all_others_complete(fake):
         assert "nanoqwen_queue_rejected_total 1" in c.get("/metrics").text
 
 
+def test_request_larger_than_the_kv_pool_is_a_400_before_queueing(fake):
+    """A request needing more KV pages than the engine's whole pool could never run: 400 at once, nothing queued."""
+    fake.batch_stats = lambda: SimpleNamespace(kv_pages=2)          # 32 tokens of KV in all
+    with TestClient(create_app(fake, model_name=MODEL, queue_size=2)) as c:
+        ok = c.post("/v1/completions", json={"model": MODEL, "prompt": "a b c", "max_tokens": 30})
+        assert ok.status_code == 200                                # 3 + 30 - 1 = 32 positions: 2 pages
+        r = c.post("/v1/completions", json={"model": MODEL, "prompt": "a b c", "max_tokens": 31, "stream": True})
+        _err(r, 400, "invalid_value", "max_tokens")
+    assert len(fake.calls) == 1
+
+
 # ------------------------------------------------------------------ pure parts
 
 

@@ -103,6 +103,19 @@ class EngineAdapter:
         """The engine's BatchStats (None before its first request)."""
         return self.engine.batch_stats()
 
+    def check_pages(self, n_prompt: int, n_new: int, param: str) -> None:
+        """A 400 before queueing for a request that needs more KV pages than the engine's whole pool (it could
+        never run: Engine.submit would raise KvPoolTooSmall)."""
+        from ..kv_pool import pages_for
+        st = self.engine.batch_stats()
+        if st is None:
+            return
+        need = pages_for(min(n_prompt + n_new - 1, self.context_length))
+        if need > st.kv_pages:
+            raise ApiError(400, f"this request needs {need} KV pages (prompt {n_prompt} + up to {n_new} new tokens);"
+                                f" the server's pool has {st.kv_pages} (--kv-pages): ask for fewer tokens",
+                           param="max_tokens", code="invalid_value")
+
     def check_prompt_chars(self, text: str, param: str = "prompt") -> None:
         """A 400 (context_length_exceeded) for text longer than any prompt that fits the context."""
         if len(text) > self.max_prompt_chars:

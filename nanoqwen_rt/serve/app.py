@@ -191,6 +191,7 @@ class _Server:
             raise ApiError(400, f"'{param}' is empty: the prompt must encode to at least one token", param=param,
                            code="invalid_value")
         n_new = check_context(n_prompt, req.params.max_tokens, eng.context_length, param)
+        eng.check_pages(n_prompt, n_new, param)
         kwargs = {**req.params.engine_kwargs(n_new), **kwargs_extra}
         if n == 1 and make_constraint is None:
             start = lambda: eng.generate(ids, **kwargs)                      # noqa: E731
