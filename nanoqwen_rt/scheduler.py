@@ -106,7 +106,6 @@ class Scheduler:
         self.last_batch = 0
         self.tokens_total = 0
         self._recent: collections.deque[tuple[int, float]] = collections.deque(maxlen=RATE_WINDOW_STEPS)
-        self.on_step: Callable[[int, int, float], None] | None = None     # (batch size, tokens, seconds)
         self._closed = False
 
     # -- requests -----------------------------------------------------------------------------------------
@@ -185,8 +184,6 @@ class Scheduler:
         self.tokens_total += n_tok
         if batch:
             self._recent.append((n_tok, dt))
-            if self.on_step is not None:
-                self.on_step(len(batch), n_tok, dt)
         with self.changed:
             self.changed.notify_all()
         return n_tok
@@ -277,11 +274,12 @@ class Scheduler:
             self.changed.notify_all()
 
     def close(self, error: BaseException) -> None:
-        """End every sequence with `error` (the engine is closing; called with the step lock held)."""
+        """End every sequence with `error` (the engine is closing; called with the step lock held): their
+        consumers get the error once they have read the tokens already sampled."""
         self._closed = True
         for s in list(self._waiting) + self._running:
-            if not s.done or s in self._running:
-                s.error = s.error or error
+            if not s.done:
+                s.error = error
                 s.done = True
         self._waiting.clear()
         self._retire_done()

@@ -11,7 +11,7 @@ import pytest
 
 from nanoqwen_quant.convert import convert_checkpoint
 from nanoqwen_rt import Engine
-from nanoqwen_rt.engine import InvalidArgument, KvPoolTooSmall, PromptTooLong
+from nanoqwen_rt.engine import EngineClosed, InvalidArgument, KvPoolTooSmall, PromptTooLong
 from nanoqwen_rt.kv_pool import KV_PAGE_TOKENS
 from nanoqwen_rt.scheduler import PREFILL_CHUNK_TOKENS
 
@@ -86,6 +86,25 @@ def test_batch_invariance_mixed_lengths_and_join_times(eng):
     assert st.running == 0 and st.waiting == 0 and st.kv_pages_used == 0 and st.kv_pages_reserved == 0
 
 
+def test_a_long_prompt_enters_in_chunks_while_the_others_decode(eng):
+    """While a prompt of 3 chunks is computed, a running sequence still gets one token every step."""
+    kw = dict(max_new_tokens=30, temperature=0.0, stop_token_ids=[])
+    a = eng.submit("def fibonacci(n):", **kw)
+    while not a.poll():
+        eng.step()
+    fresh = np.random.default_rng(99).integers(10, eng.config.vocab_rows, 3 * PREFILL_CHUNK_TOKENS).tolist()
+    b = eng.submit(fresh, **kw)                            # ids no other test uses: no prefix-cache hit
+    got_b = []
+    for i in range(3):
+        eng.step()
+        assert len(a.poll()) == 1                          # a decoded its token in every step
+        got_b.append(len(b.poll()))
+    assert got_b == [0, 0, 1]                              # b's prompt took three steps, one chunk each
+    a.close()
+    b.close()
+    assert eng.batch_stats().kv_pages_used == 0
+
+
 def test_seeded_sampling_and_text_match_generate(eng):
     kw = dict(max_new_tokens=30, temperature=0.9, top_p=0.95, seed=1234, stop=["\n\n"])
     prompts = ["def fibonacci(n):", "import os\n", "class Stack:\n    def push(self, x):"]
@@ -155,9 +174,8 @@ def test_background_loop_serves_threads(model_file):
         assert results == refs
         e.stop_loop()
         assert e.batch_stats().kv_pages_used == 0
-        h = e.submit(prompts[0], **kw)
-        e.start_loop()
-    with pytest.raises(Exception):                     # closing the engine ends a live handle with EngineClosed
+        h = e.submit(prompts[0], **kw)                  # never stepped: still waiting when the engine closes
+    with pytest.raises(EngineClosed):
         list(h)
 
 
