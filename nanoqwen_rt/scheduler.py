@@ -110,16 +110,18 @@ class Scheduler:
 
     # -- requests -----------------------------------------------------------------------------------------
     def add(self, seq: _Seq) -> None:
-        """Queue a checked request; raises PoolTooSmall when it can never fit the pool."""
+        """Queue a checked request; raises PoolTooSmall when it can never fit the pool. Waits for a step that is
+        running (the request joins at the next step boundary anyway)."""
         need = self._capacity(seq)
         if pages_for(need) > self.pool.n_pages:
             raise PoolTooSmall(f"this request needs {pages_for(need)} KV pages of {KV_PAGE_TOKENS} tokens (prompt "
                                f"{seq.ids.shape[0]} + up to {seq.max_new} new tokens); the pool has "
                                f"{self.pool.n_pages}")
-        with self.changed:
+        with self.lock:                      # the step reads and edits the waiting list under this lock
             if self._closed:
                 raise RuntimeError("the scheduler is closed")
             self._waiting.append(seq)
+        with self.changed:
             self.changed.notify_all()
 
     def cancel(self, seq: _Seq) -> None:
