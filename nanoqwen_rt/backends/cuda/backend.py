@@ -30,14 +30,14 @@ from typing import Iterator
 
 import numpy as np
 
-from ..base import Backend, BackendError, resolve_max_context
+from ..base import Backend, BackendError, SequenceKv, resolve_max_context
 from ...logits import TokenLogprob
 from ...sampling import SamplingParams
 from . import abi
 from .abi import (NQ_OK, TOKEN_CALLBACK, LibraryUnavailable, NqConfig, NqSampling, UnsupportedModel, check,
                   error_for_status, has_symbol, load_library)
 
-__all__ = ["CudaBackend", "UnsupportedModel", "available", "unavailable_reason", "supports", "stream_tokens"]
+__all__ = ["CudaBackend", "SessionKv", "UnsupportedModel", "available", "unavailable_reason", "supports", "stream_tokens"]
 
 _P = ctypes.c_void_p
 
@@ -335,6 +335,11 @@ class CudaBackend(Backend):
         """This backend's own library session (the single-stream API's), e.g. as one of decode_batch's."""
         return self._live()
 
+    # -- many sequences ----------------------------------------------------------------------------------------
+    def sequence_kv(self, n_pages: int) -> "SessionKv":
+        """The batched API's KV store on this backend: one library session per sequence (see SessionKv)."""
+        return SessionKv(self)
+
     # -- lifetime ------------------------------------------------------------------------------------------
     def close(self) -> None:
         lib = getattr(self, "_lib", None)
@@ -359,3 +364,41 @@ class CudaBackend(Backend):
     def describe(self) -> str:
         return (f"cuda (libnanoqwen), {self.device_bytes / 1e9:.2f} GB of weights on the device, "
                 f"kv f16 paged, max_context {self.max_context}")
+
+
+class SessionKv(SequenceKv):
+    """The batched API on libnanoqwen today: one library session per sequence (nq_session_create with the
+    sequence's capacity: its own paged f16 KV cache and decode graph), and the sequences of a step run one after
+    another: nq_prefill for a prompt chunk, nq_decode for a token, then nq_get_logits (the scheduler samples on the
+    host). Correct, not faster than one stream: the weights are read once per sequence per step, not once per
+    step; the batched device step (small-M GEMM, batched paged attention) is not written yet. The library's pages
+    are its own, so the pool only counts pages here and prefix-cache hits do not apply (shares_pages False)."""
+
+    shares_pages = False
+
+    def __init__(self, be: CudaBackend):
+        self.be = be
+        self._sessions: dict[int, ctypes.c_void_p] = {}
+
+    def open(self, seq, capacity: int) -> None:
+        sess = _P()
+        greedy = NqSampling(0.0, 0, 1.0, 0)      # unused: the scheduler samples from the logits
+        check(self.be._lib, "nq_session_create", self.be._model, int(capacity), ctypes.byref(greedy),
+              ctypes.byref(sess), what="create a batch sequence's session")
+        self._sessions[seq.seq_id] = sess
+
+    def forward(self, seq, p0: int, ids: np.ndarray) -> np.ndarray:
+        lib, sess = self.be._lib, self._sessions[seq.seq_id]
+        if ids.shape[0] == 1 and p0 > 0:
+            check(lib, "nq_decode", sess, int(ids[0]), what="decode")
+        else:
+            check(lib, "nq_prefill", sess, _ptr(ids, ctypes.c_int32), ids.shape[0], what="prefill")
+        V = self.be.config.vocab_rows
+        out = np.empty(V, dtype=np.float32)      # (vocab_rows,) owned by the caller
+        check(lib, "nq_get_logits", sess, _ptr(out, ctypes.c_float), V, what="logits")
+        return out
+
+    def close(self, seq) -> None:
+        sess = self._sessions.pop(seq.seq_id, None)
+        if sess:
+            self.be._lib.nq_session_free(sess)
