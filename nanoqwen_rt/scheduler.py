@@ -16,10 +16,10 @@ Sampling runs on the host per sequence, exactly as Backend._generate_ids / _gene
 same LogitsPipeline, one per request), so a seeded or greedy request yields what Engine.generate yields for it, up
 to the float32 differences of computing its prompt in chunks (see tests/test_batch.py).
 
-How the backend computes a step: through its SequenceKv (Backend.sequence_kv), one sequence after another: the
-CPU backend (the oracle) runs each sequence's prefill chunk or decode token with the kernels of the
-single-sequence path over its pages; no backend batches the sequences of a step on the device yet (the batched
-GPU kernels are the next step of this work).
+How the backend computes a step: through its SequenceKv (Backend.sequence_kv). The decode tokens of all decoding
+sequences go in one forward_decode call: the CUDA backend runs them as ONE device step (nq_decode_batch: each weight
+read once for all of them, attention per sequence in its own cache), the CPU backend (the oracle) one sequence after
+another with the kernels of the single-sequence path over its pages. Prompt chunks run one sequence at a time.
 """
 from __future__ import annotations
 
@@ -166,10 +166,8 @@ class Scheduler:
         self._retire_cancelled()
         self._admit()
         batch = [s for s in self._running if s.pages is not None]
-        n_tok = 0
-        for s in batch:                                           # decodes first: one token each
-            if not s.prefilling and s.last is not None and not s.done:
-                n_tok += self._run(s, np.array([s.last], dtype=np.int32))
+        # decodes first: one token each, all in one SequenceKv.forward_decode call (one device step on CUDA)
+        n_tok = self._decode_all([s for s in batch if not s.prefilling and s.last is not None and not s.done])
         budget = PREFILL_CHUNK_TOKENS
         for s in batch:                                           # then prompt chunks, in arrival order
             if budget <= 0:
@@ -190,9 +188,42 @@ class Scheduler:
             self.changed.notify_all()
         return n_tok
 
+    def _decode_all(self, seqs: list) -> int:
+        """The last token of every sequence in `seqs` through ONE SequenceKv.forward_decode call, then each samples
+        as in _run. Returns the tokens sampled. A sequence whose pages cannot grow ends with that error; a failure
+        of the shared step ends every sequence in it with the error (the others of the engine go on)."""
+        ready, p0s = [], []
+        for s in seqs:
+            try:
+                p0 = len(s.pages.tokens)
+                new = self.pool.grow(s.pages, np.array([s.last], dtype=np.int32))
+                if new:
+                    self.kv.poison(new)
+            except Exception as e:          # noqa: BLE001 (reported to this request's consumer)
+                s.error = e
+                s.done = True
+                continue
+            ready.append(s)
+            p0s.append(p0)
+        if not ready:
+            return 0
+        try:
+            logits = self.kv.forward_decode([s.pages for s in ready], p0s,
+                                            np.array([s.last for s in ready], dtype=np.int32))
+        except Exception as e:              # noqa: BLE001 (reported to each request's consumer)
+            for s in ready:
+                s.error = e
+                s.done = True
+            return 0
+        n = 0
+        for s, lg in zip(ready, logits):
+            self.pool.publish(s.pages)
+            n += self._sample(s, lg)
+        return n
+
     def _run(self, s: _Seq, ids: np.ndarray) -> int:
-        """Compute ids for s (a prompt chunk or its last token), then sample when the prompt is done. Returns 1 when
-        a token was sampled. A backend failure ends this sequence with the error; the others go on."""
+        """Compute ids for s (a prompt chunk), then sample when the prompt is done. Returns 1 when a token was
+        sampled. A backend failure ends this sequence with the error; the others go on."""
         try:
             p0 = len(s.pages.tokens)
             new = self.pool.grow(s.pages, ids)
@@ -200,8 +231,19 @@ class Scheduler:
                 self.kv.poison(new)
             logits = self.kv.forward(s.pages, p0, ids)
             self.pool.publish(s.pages)
-            if s.prefilling:
-                return 0
+        except Exception as e:              # noqa: BLE001 (reported to this request's consumer)
+            s.error = e
+            s.done = True
+            return 0
+        if s.prefilling:
+            return 0
+        return self._sample(s, logits)
+
+    def _sample(self, s: _Seq, logits: np.ndarray) -> int:
+        """Sample s's next token from its logits (float32 (vocab_rows,)) through its pipeline and sampler, deliver it
+        and mark the sequence done at its end. Returns 1 (0 when sampling failed: the sequence ends with the
+        error)."""
+        try:
             if s.pipeline is not None:
                 logits = s.pipeline.process(logits)
                 tok = s.sampler(logits)

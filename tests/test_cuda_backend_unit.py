@@ -141,7 +141,8 @@ def test_no_device_is_named(fake_loaded):
 
 class _FakeSessionsLib(FakeLib):
     """Sessions whose "logits" are a function of the token history (argmax = (sum of ids + length) % vocab), to
-    test the batched API's plumbing on the CUDA backend: one session per sequence, prefill vs decode, frees."""
+    test the batched API's plumbing on the CUDA backend: one session per sequence, prompts through nq_prefill, the
+    decode tokens of a step through one nq_decode_batch, frees."""
 
     V = 50
 
@@ -178,6 +179,27 @@ class _FakeSessionsLib(FakeLib):
     def nq_session_free(self, sess):
         self.freed.append(sess.value)
 
+    def nq_batch_create(self, model, max_batch, out):
+        out._obj.value = 999
+        return abi.NQ_OK
+
+    def nq_decode_batch(self, batch, sessions, tokens, n, next_tokens, logits):
+        self.calls.append(f"decode_batch {n}")
+        toks = np.ctypeslib.as_array(tokens, shape=(n,))
+        nxt = np.ctypeslib.as_array(next_tokens, shape=(n,))
+        lg = np.ctypeslib.as_array(logits, shape=(n, self.V)) if logits else None
+        for i in range(n):
+            hist = self.sessions[sessions[i]]
+            hist.append(int(toks[i]))
+            nxt[i] = (sum(hist) + len(hist)) % self.V
+            if lg is not None:
+                lg[i] = 0.0
+                lg[i, nxt[i]] = 1.0
+        return abi.NQ_OK
+
+    def nq_batch_free(self, batch):
+        self.calls.append("batch_free")
+
 
 def test_batched_api_runs_one_library_session_per_sequence():
     from nanoqwen_rt.sampling import SamplingParams
@@ -185,6 +207,7 @@ def test_batched_api_runs_one_library_session_per_sequence():
     lib = _FakeSessionsLib()
     be = object.__new__(cuda_backend.CudaBackend)          # no device: only what the batched API touches
     be._lib, be._model, be._sess = lib, ctypes.c_void_p(1), ctypes.c_void_p()
+    be._batch, be._batch_cap = None, 0
     be.config = types.SimpleNamespace(vocab_rows=lib.V)
     be.max_context = 64
     sched = Scheduler(be, max_batch=2, kv_pages=16, lock=threading.Lock())
@@ -207,4 +230,7 @@ def test_batched_api_runs_one_library_session_per_sequence():
         sched.step()
     assert [got[i] for i in range(3)] == [expect(p, 6) for p in prompts]
     assert sorted(lib.freed) == [1, 2, 3] and sched.pool.used_pages == 0 and not sched.kv._sessions
-    assert lib.calls.count("prefill") == 3 and lib.calls.count("decode") == 3 * 5
+    # the prompts one at a time; the decode tokens of a step all in one batched call (2 sequences run at once)
+    batched = [int(c.split()[1]) for c in lib.calls if c.startswith("decode_batch")]
+    assert lib.calls.count("prefill") == 3 and "decode" not in lib.calls
+    assert sum(batched) == 3 * 5 and max(batched) == 2

@@ -243,6 +243,13 @@ class SequenceKv(abc.ABC):
     def forward(self, seq, p0: int, ids: np.ndarray) -> np.ndarray:
         """Run ids (int32 (T,)) at positions [p0, p0+T) of `seq`; float32 (vocab_rows,) logits of the last one."""
 
+    def forward_decode(self, seqs, p0s, tokens: np.ndarray) -> np.ndarray:
+        """One decode token for each of `seqs` (tokens int32 (n,), token i at position p0s[i] of seqs[i]): float32
+        (n, vocab_rows) logits. This default runs forward() per sequence; a backend that computes them in one device
+        step (CUDA: nq_decode_batch) overrides it."""
+        return np.stack([self.forward(s, int(p0), np.asarray([t], dtype=np.int32))
+                         for s, p0, t in zip(seqs, p0s, tokens)])
+
     @abc.abstractmethod
     def close(self, seq) -> None:
         """The sequence ended: free what open() made."""

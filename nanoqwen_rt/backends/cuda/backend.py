@@ -367,11 +367,11 @@ class CudaBackend(Backend):
 
 
 class SessionKv(SequenceKv):
-    """The batched API on libnanoqwen today: one library session per sequence (nq_session_create with the
-    sequence's capacity: its own paged f16 KV cache and decode graph), and the sequences of a step run one after
-    another: nq_prefill for a prompt chunk, nq_decode for a token, then nq_get_logits (the scheduler samples on the
-    host). Correct, not faster than one stream: the weights are read once per sequence per step, not once per
-    step; the batched device step (small-M GEMM, batched paged attention) is not written yet. The library's pages
+    """The batched API on libnanoqwen: one library session per sequence (nq_session_create with the sequence's
+    capacity: its own paged f16 KV cache and decode graph, the backend's weights). Prompt chunks run one sequence
+    after another (nq_prefill, then nq_get_logits); the decode tokens of a step run in ONE device step
+    (forward_decode → nq_decode_batch: the weights are read once per step for all the sequences); the scheduler
+    samples every sequence on the host from the logits. The library's pages
     are its own, so the pool only counts pages here and prefix-cache hits do not apply (shares_pages False)."""
 
     shares_pages = False
@@ -397,6 +397,12 @@ class SessionKv(SequenceKv):
         out = np.empty(V, dtype=np.float32)      # (vocab_rows,) owned by the caller
         check(lib, "nq_get_logits", sess, _ptr(out, ctypes.c_float), V, what="logits")
         return out
+
+    def forward_decode(self, seqs, p0s, tokens: np.ndarray) -> np.ndarray:
+        """The decode tokens of all these sequences in ONE device step (CudaBackend.decode_batch: every weight read
+        once for all of them); their logits come back for the scheduler's host sampling."""
+        _, logits = self.be.decode_batch([self._sessions[s.seq_id] for s in seqs], tokens, want_logits=True)
+        return logits
 
     def close(self, seq) -> None:
         sess = self._sessions.pop(seq.seq_id, None)
