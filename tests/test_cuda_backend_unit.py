@@ -230,7 +230,8 @@ def test_batched_api_runs_one_library_session_per_sequence():
         sched.step()
     assert [got[i] for i in range(3)] == [expect(p, 6) for p in prompts]
     assert sorted(lib.freed) == [1, 2, 3] and sched.pool.used_pages == 0 and not sched.kv._sessions
-    # the prompts one at a time; the decode tokens of a step all in one batched call (2 sequences run at once)
+    # the prompts one at a time; the decode tokens of a step in one batched call (2 sequences run at once), or,
+    # for a step with one decoding sequence, its own nq_decode
     batched = [int(c.split()[1]) for c in lib.calls if c.startswith("decode_batch")]
-    assert lib.calls.count("prefill") == 3 and "decode" not in lib.calls
-    assert sum(batched) == 3 * 5 and max(batched) == 2
+    assert lib.calls.count("prefill") == 3 and batched and min(batched) == max(batched) == 2
+    assert sum(batched) + lib.calls.count("decode") == 3 * 5
