@@ -45,10 +45,10 @@ namespace wg {
 
 constexpr int KB = 64;  // k per stage: one 128-byte (swizzle-atom) row of f16 per token
 
-template <int TN, int WGS, int STAGES>
+template <int TN, int WGS, int MT, int STAGES>
 struct Cfg {
   static constexpr int kThreads = 128 * WGS;
-  static constexpr int kRows = 64 * WGS;             // W rows per block
+  static constexpr int kRows = 64 * MT * WGS;        // W rows per block (MT m64 tiles per warpgroup)
   static constexpr int kActBytes = TN * KB * 2;      // TN token rows x 128 B, 128-byte swizzle
   static constexpr int kWBytes = kRows * KB / 2;     // raw int4 words: 32 B per W row
   static constexpr int kStageBytes = kActBytes + kWBytes;
@@ -56,6 +56,9 @@ struct Cfg {
   static_assert(kActBytes % 1024 == 0 && kWBytes % 1024 == 0, "stages must stay 1024-byte aligned");
   static_assert((TN * 8) % kThreads == 0, "activation chunks must split evenly over the threads");
   static_assert(STAGES >= 3, "the loop waits for stage kt+1 with STAGES-3 groups in flight");
+  static_assert((kRows * 2) % kThreads == 0, "W halves must split evenly over the threads");
+  static constexpr int kActPer = TN * 8 / kThreads;   // 16-byte activation chunks per thread per stage
+  static constexpr int kWPer = kRows * 2 / kThreads;  // 16-byte W halves per thread per stage
 };
 
 __device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr) {
@@ -76,10 +79,10 @@ __device__ __forceinline__ uint32_t dq(uint32_t w_shifted, uint32_t s2) {
   return nq::h2_as_u32(__hmul2(__hsub2(nq::u32_as_h2(h), k1032), nq::u32_as_h2(s2)));
 }
 
-template <int TN, int WGS, int STAGES>
+template <int TN, int WGS, int MT, int STAGES>
 __global__ void __launch_bounds__(128 * WGS, 1)
     gemm_int4_wgmma(const nq::GemmGroup g, const __half* A, int lda, int M, int ldc, int add, int* sem) {
-  using C_ = Cfg<TN, WGS, STAGES>;
+  using C_ = Cfg<TN, WGS, MT, STAGES>;
   extern __shared__ __align__(128) unsigned char wsm_raw[];
   const uint32_t raw_u32 = nq::smem_u32(wsm_raw);
   const uint32_t sbase = (raw_u32 + 1023u) & ~1023u;
@@ -94,69 +97,96 @@ __global__ void __launch_bounds__(128 * WGS, 1)
   const int KTall = W.K / KB, z = blockIdx.z, nz = gridDim.z;
   const int kt0 = (int)((long long)KTall * z / nz), KT = (int)((long long)KTall * (z + 1) / nz) - kt0;
 
-  // producer roles (every thread): activation chunks tid + i * kThreads, one 16-byte half of one W row
-  const int w_row = tid >> 1, w_half = tid & 1;
-  const bool w_ok = n0 + w_row < W.N;
-  const unsigned char* w_src = W.w + (size_t)(w_ok ? n0 + w_row : 0) * (W.K / 2) + w_half * 16;
+  // producer roles (every thread): activation chunks idx = tid + i * kThreads = (row a_r + i * kThreads / 8,
+  // chunk a_c): the row's swizzle (row & 7) is the same for every i since kThreads / 8 is a multiple of 8; W halves
+  // idx = tid + i * kThreads = (row idx / 2, half idx & 1)
+  const int a_r = tid >> 3, a_c = tid & 7;
+  constexpr int kARowStep = C_::kThreads / 8;
+  const uint32_t a_dst = a_r * 128 + ((a_c ^ (a_r & 7)) << 4);
+  const __half* a_src = A + (size_t)(m0 + a_r) * lda + a_c * 8;
+  const int a_rows_ok = M - m0 - a_r;  // chunk i is real iff i * kARowStep < a_rows_ok
+  const int w_half = tid & 1, w_row = tid >> 1;
+  constexpr int kWRowStep = C_::kThreads / 2;
+  const unsigned char* w_src = W.w + (size_t)(n0 + w_row) * (W.K / 2) + w_half * 16;
+  const int w_rows_ok = W.N - n0 - w_row;
   const uint32_t w_dst = C_::kActBytes + w_row * 32 + w_half * 16;
   auto issue = [&](int stage_idx, int k0) {
     const uint32_t buf = sbase + stage_idx * C_::kStageBytes;
 #pragma unroll
-    for (int i = 0; i < TN * 8 / C_::kThreads; i++) {
-      const int idx = tid + i * C_::kThreads, r = idx >> 3, c = idx & 7;
-      const bool ok = m0 + r < M;  // rows >= M: 16 zero bytes, nothing read
-      const __half* src = ok ? A + (size_t)(m0 + r) * lda + k0 + c * 8 : A;
-      nq::cp_async16(buf + r * 128 + ((c ^ (r & 7)) << 4), src, ok ? 16 : 0);
+    for (int i = 0; i < C_::kActPer; i++) {
+      const bool ok = i * kARowStep < a_rows_ok;  // rows >= M: 16 zero bytes, nothing read
+      nq::cp_async16(buf + a_dst + i * kARowStep * 128, ok ? a_src + (size_t)i * kARowStep * lda + k0 : A,
+                     ok ? 16 : 0);
     }
-    nq::cp_async16(buf + w_dst, w_ok ? (const void*)(w_src + k0 / 2) : (const void*)W.w, w_ok ? 16 : 0);
+#pragma unroll
+    for (int i = 0; i < C_::kWPer; i++) {
+      const bool ok = i * kWRowStep < w_rows_ok;
+      nq::cp_async16(buf + w_dst + i * kWRowStep * 32,
+                     ok ? (const void*)(w_src + (size_t)i * kWRowStep * (W.K / 2) + k0 / 2) : (const void*)W.w,
+                     ok ? 16 : 0);
+    }
   };
 
-  // consumer roles: warpgroup wg owns block rows wg*64 .. +63; this thread rows r0 and r0 + 8
+  // consumer roles: warpgroup wg owns block rows wg*64*MT .. +64*MT-1, m64 tile mt rows + 64 mt; in each, this
+  // thread holds rows r0 and r0 + 8 (r0 = 16 wq + gid)
   const int lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3, gid = lane >> 2, tig = lane & 3;
-  const int r0 = wg * 64 + wq * 16 + gid;
+  const int r0 = wg * 64 * MT + wq * 16 + gid;
   const int sh = 4 * tig;
-  const int groups = W.K / W.group;
-  const bool ok0 = n0 + r0 < W.N, ok1 = n0 + r0 + 8 < W.N;
-  const __half* s_row0 = W.scales + (size_t)(ok0 ? n0 + r0 : 0) * groups;
-  const __half* s_row1 = W.scales + (size_t)(ok1 ? n0 + r0 + 8 : 0) * groups;
-  // (s, s) pairs of rows r0 / r0 + 8 for the two 32-k halves of the stage at k0 (0 for rows beyond N)
-  auto load_scales = [&](int k0, uint32_t (&s)[2][2]) {
+  const int groups = W.K / W.group, gshift = __ffs(W.group) - 1;  // groups are powers of two (format rule)
+  // scale rows of r0 + 64 mt + 8 h; rows beyond N read row 0's (their outputs are never stored)
+  const __half* srow[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      const int gi = (k0 + 32 * h) / W.group;
-      const unsigned short b0 = ok0 ? __half_as_ushort(__ldg(s_row0 + gi)) : (unsigned short)0;
-      const unsigned short b1 = ok1 ? __half_as_ushort(__ldg(s_row1 + gi)) : (unsigned short)0;
-      s[0][h] = (uint32_t)b0 | ((uint32_t)b0 << 16);
-      s[1][h] = (uint32_t)b1 | ((uint32_t)b1 << 16);
+      const int n = n0 + r0 + 64 * mt + 8 * h;
+      srow[mt][h] = W.scales + (size_t)(n < W.N ? n : 0) * groups;
     }
-  };
-  auto dequant = [&](int stage_idx, const uint32_t (&s)[2][2], uint32_t (&fa)[4][4]) {
-    const unsigned char* wp = wsm + stage_idx * C_::kStageBytes + C_::kActBytes;
-    const uint4 x0 = *reinterpret_cast<const uint4*>(wp + r0 * 32);
-    const uint4 y0 = *reinterpret_cast<const uint4*>(wp + r0 * 32 + 16);
-    const uint4 x1 = *reinterpret_cast<const uint4*>(wp + (r0 + 8) * 32);
-    const uint4 y1 = *reinterpret_cast<const uint4*>(wp + (r0 + 8) * 32 + 16);
-    const uint32_t w0[8] = {x0.x, x0.y, x0.z, x0.w, y0.x, y0.y, y0.z, y0.w};
-    const uint32_t w1[8] = {x1.x, x1.y, x1.z, x1.w, y1.x, y1.y, y1.z, y1.w};
+  // (s, s) pairs of rows r0 + 64 mt + 8 h for the two 32-k halves q of the stage at k0
+  auto load_scales = [&](int k0, uint32_t (&s)[MT][2][2]) {
 #pragma unroll
-    for (int t = 0; t < 4; t++) {
-      fa[t][0] = dq(w0[2 * t] >> sh, s[0][t >> 1]);
-      fa[t][1] = dq(w1[2 * t] >> sh, s[1][t >> 1]);
-      fa[t][2] = dq(w0[2 * t + 1] >> sh, s[0][t >> 1]);
-      fa[t][3] = dq(w1[2 * t + 1] >> sh, s[1][t >> 1]);
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+          const unsigned short b = __half_as_ushort(__ldg(srow[mt][h] + ((k0 + 32 * q) >> gshift)));
+          s[mt][h][q] = (uint32_t)b | ((uint32_t)b << 16);
+        }
+  };
+  auto dequant = [&](int stage_idx, const uint32_t (&s)[MT][2][2], uint32_t (&fa)[MT][4][4]) {
+    const unsigned char* wp = wsm + stage_idx * C_::kStageBytes + C_::kActBytes;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+      const int ra = r0 + 64 * mt;
+      const uint4 x0 = *reinterpret_cast<const uint4*>(wp + ra * 32);
+      const uint4 y0 = *reinterpret_cast<const uint4*>(wp + ra * 32 + 16);
+      const uint4 x1 = *reinterpret_cast<const uint4*>(wp + (ra + 8) * 32);
+      const uint4 y1 = *reinterpret_cast<const uint4*>(wp + (ra + 8) * 32 + 16);
+      const uint32_t w0[8] = {x0.x, x0.y, x0.z, x0.w, y0.x, y0.y, y0.z, y0.w};
+      const uint32_t w1[8] = {x1.x, x1.y, x1.z, x1.w, y1.x, y1.y, y1.z, y1.w};
+#pragma unroll
+      for (int t = 0; t < 4; t++) {
+        fa[mt][t][0] = dq(w0[2 * t] >> sh, s[mt][0][t >> 1]);
+        fa[mt][t][1] = dq(w1[2 * t] >> sh, s[mt][1][t >> 1]);
+        fa[mt][t][2] = dq(w0[2 * t + 1] >> sh, s[mt][0][t >> 1]);
+        fa[mt][t][3] = dq(w1[2 * t + 1] >> sh, s[mt][1][t >> 1]);
+      }
     }
   };
 
-  float acc[TN / 2];
+  float acc[MT][TN / 2];
 #pragma unroll
-  for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int i = 0; i < TN / 2; i++) acc[mt][i] = 0.f;
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; s++) {
     if (s < KT) issue(s, (kt0 + s) * KB);
     nq::cp_async_commit();
   }
-  uint32_t fa[4][4], sc[2][2];
+  uint32_t fa[MT][4][4], sc[MT][2][2];
   load_scales(kt0 * KB, sc);
   nq::cp_async_wait<STAGES - 2>();
   fence_proxy_async();
@@ -169,7 +199,9 @@ __global__ void __launch_bounds__(128 * WGS, 1)
     const uint32_t act = sbase + rd * C_::kStageBytes;
     wg_fence();
 #pragma unroll
-    for (int t = 0; t < 4; t++) wgmma::mma_rs<TN>(acc, fa[t], desc_sw128(act + 32 * t));
+    for (int t = 0; t < 4; t++)
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) wgmma::mma_rs<TN>(acc[mt], fa[mt][t], desc_sw128(act + 32 * t));
     wg_commit();
     const bool more = kt + 1 < KT;
     if (more) {
@@ -189,12 +221,15 @@ __global__ void __launch_bounds__(128 * WGS, 1)
     }
     wg_wait0();
 #pragma unroll
-    for (int i = 0; i < TN / 2; i++) reg_fence(acc[i]);
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int i = 0; i < TN / 2; i++) reg_fence(acc[mt][i]);
     rd = rn;
   }
   nq::cp_async_wait<0>();
 
-  // epilogue: d[4j + 2h + e] = (block row r0 + 8h, token 8j + 2tig + e); serial split-K as gemm_int4_mma
+  // epilogue: acc[mt][4j + 2h + e] = (block row r0 + 64 mt + 8h, token 8j + 2tig + e); serial split-K as
+  // gemm_int4_mma
   float* const C = seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C;
   const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
   int* const tile_sem = sem ? sem + (blockIdx.y * gridDim.x + blockIdx.x) : nullptr;
@@ -210,22 +245,24 @@ __global__ void __launch_bounds__(128 * WGS, 1)
   }
   const bool first = z == 0, accumulate = add || !first;
 #pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int n = n0 + r0 + 8 * h;
-    if (n >= W.N) continue;
-    const float bn = (bias && first) ? bias[n] : 0.f;
+  for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-    for (int j = 0; j < TN / 8; j++)
+    for (int h = 0; h < 2; h++) {
+      const int n = n0 + r0 + 64 * mt + 8 * h;
+      if (n >= W.N) continue;
+      const float bn = (bias && first) ? bias[n] : 0.f;
 #pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const int m = m0 + 8 * j + 2 * tig + e;
-        if (m >= M) continue;
-        float* dst = C + (size_t)m * ldc + n;
-        float v = acc[4 * j + 2 * h + e] + bn;
-        if (accumulate) v += __ldcg(dst);
-        __stcg(dst, v);
-      }
-  }
+      for (int j = 0; j < TN / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int m = m0 + 8 * j + 2 * tig + e;
+          if (m >= M) continue;
+          float* dst = C + (size_t)m * ldc + n;
+          float v = acc[mt][4 * j + 2 * h + e] + bn;
+          if (accumulate) v += __ldcg(dst);
+          __stcg(dst, v);
+        }
+    }
   if (tile_sem && z + 1 < nz) {
     __threadfence();
     __syncthreads();
@@ -235,17 +272,17 @@ __global__ void __launch_bounds__(128 * WGS, 1)
 
 // Launch as gemm.cu launches gemm_int4_mma: `tiles` = W-row tiles of kRows over all segments; split-K by the
 // library's chooser (blocks per SM from the occupancy calculator) when allow_split.
-template <int TN, int WGS, int STAGES>
+template <int TN, int WGS, int MT, int STAGES>
 int launch_wgmma(const nq::GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add,
                  bool allow_split, cudaStream_t st) {
-  using C_ = Cfg<TN, WGS, STAGES>;
-  auto kern = gemm_int4_wgmma<TN, WGS, STAGES>;
+  using C_ = Cfg<TN, WGS, MT, STAGES>;
+  auto kern = gemm_int4_wgmma<TN, WGS, MT, STAGES>;
   static int per_sm = 0;
   if (!per_sm) {
     if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C_::kSmem) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, C_::kThreads, C_::kSmem) != cudaSuccess ||
         per_sm < 1)
-      return nq::fail(NQ_E_UNSUPPORTED, "wgmma: cannot fit TN=%d WGS=%d STAGES=%d", TN, WGS, STAGES);
+      return nq::fail(NQ_E_UNSUPPORTED, "wgmma: cannot fit TN=%d WGS=%d MT=%d STAGES=%d", TN, WGS, MT, STAGES);
   }
   const int mtiles = (M + TN - 1) / TN;
   int splits = allow_split ? nq::choose_splits(mtiles * tiles, g.s[0].W.K / KB, per_sm) : 1;
@@ -280,12 +317,15 @@ int launch_library(const nq::GemmGroup& g, int tiles, const __half* A, int lda, 
                    bool allow_split, cudaStream_t st) {
   return nq::launch_int4_mma<3, 2>(g, tiles, A, lda, M, ldc, add, allow_split, st);  // gemm.cu's build
 }
-// ordered from the smallest (safest) instantiation to the largest
+// ordered from the smallest (safest) instantiation to the largest; name = n<tokens per block>w<warpgroups>[m<m64
+// tiles per warpgroup>]
 const Kernel kKernels[] = {
-    {"n64w1", 64, 64, launch_wgmma<64, 1, 4>},
-    {"n128w2", 128, 128, launch_wgmma<128, 2, 4>},
-    {"n256w1", 64, 256, launch_wgmma<256, 1, 4>},
-    {"n256w2", 128, 256, launch_wgmma<256, 2, 4>},
+    {"n64w1", 64, 64, launch_wgmma<64, 1, 1, 4>},
+    {"n128w2", 128, 128, launch_wgmma<128, 2, 1, 4>},
+    {"n256w1", 64, 256, launch_wgmma<256, 1, 1, 4>},
+    {"n256w2", 128, 256, launch_wgmma<256, 2, 1, 4>},
+    {"n128w2m2", 256, 128, launch_wgmma<128, 2, 2, 4>},
+    {"n128w1m2", 128, 128, launch_wgmma<128, 1, 2, 4>},
     {"library", nq::MM_BN, nq::MM_BM, launch_library},
 };
 const Kernel* find_kernel(const std::string& name) {
@@ -439,6 +479,7 @@ void case_smoke(const Kernel& k) {
       {128, 256, 1024, 256, false, false, false, "group 256"},
       {96, 256, 512, 128, true, true, false, "bias + add"},
       {64, 128, 4096, 128, true, false, true, "split-K (64 k tiles)"},
+      {64, 128, 4096, 128, true, true, true, "split-K + bias + add"},
   };
   for (const S& s : ss) {
     const dev::Int4Weight W = dev::random_int4(s.N, s.K, s.group, 4321u + s.N + s.K);
