@@ -38,6 +38,8 @@
 //   proxy: every thread runs fence.proxy.async.shared::cta after its cp.async.wait_group and before the barrier.
 #include "gemm_dev.cuh"
 #include "wgmma_rs.cuh"
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cstring>
 #include <string>
 
@@ -305,6 +307,302 @@ int launch_wgmma(const nq::GemmGroup& g, int tiles, const __half* A, int lda, in
   return NQ_OK;
 }
 
+// ----------------------------------------------------------------------------------------- TMA, warp-specialised
+// gemm_int4_wgmma_tma: the same math with a producer warpgroup (the block's last; one thread issues) that loads each
+// stage with TMA (cp.async.bulk.tensor.2d): the activation box 64 k x TN tokens with the 128-byte swizzle (the
+// same smem layout the cp.async kernel writes by hand; rows >= M are zero-filled by the TMA unit), the raw W box
+// 32 bytes x kRows rows (no swizzle; rows >= N zero-filled). Full/empty mbarriers per stage replace the per-stage
+// __syncthreads: the consumers wait on full[s], dequantise, issue the stage's wgmmas, then wgmma.wait_group 1
+// (the previous stage's wgmmas are done) and release the previous stage (one arrive per consumer warp). So the
+// dequantisation of stage kt overlaps the wgmmas of stage kt-1 and the tensor pipe always has the next stage
+// queued. Tensor maps are encoded on the host per launch (cuTensorMapEncodeTiled through
+// cudaGetDriverEntryPointByVersion: no -lcuda).
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits for the phase of parity `parity`; a wait of more than ~2 s (a TMA that never completes: bad tensor map)
+// traps, so the case fails with an error instead of hanging the run.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  long long t0 = 0;
+  for (;;) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (done) return;
+    if (t0 == 0) t0 = clock64();
+    else if (clock64() - t0 > 4000000000ll) __trap();
+  }
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void consumer_bar(int threads) {  // named barrier 1: the consumer warps only
+  asm volatile("bar.sync 1, %0;\n" ::"r"(threads) : "memory");
+}
+
+template <int TN, int WGS, int MT, int STAGES>
+struct TmaCfg {
+  static constexpr int kConsumers = 128 * WGS;
+  static constexpr int kThreads = kConsumers + 128;  // + the producer warpgroup (one thread issues)
+  // register split by setmaxnreg (2 consumer warpgroups: 65536 registers over 384 threads give 168 each at launch)
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static_assert(WGS == 1 || 128 * (kProducerRegs + WGS * kConsumerRegs) <= 65536, "register file");
+  static constexpr int kRows = 64 * MT * WGS;
+  static constexpr int kActBytes = TN * KB * 2;
+  static constexpr int kWBytes = kRows * KB / 2;
+  static constexpr int kStageBytes = kActBytes + kWBytes;
+  static constexpr int kBarBytes = 2 * STAGES * 8;
+  static constexpr int kSmem = STAGES * kStageBytes + kBarBytes + 1024;
+  static_assert(kActBytes % 1024 == 0 && kWBytes % 1024 == 0, "stages must stay 1024-byte aligned");
+  static_assert(TN <= 256 && kRows <= 256, "a TMA box is at most 256 rows");
+};
+
+template <int TN, int WGS, int MT, int STAGES>
+__global__ void __launch_bounds__(128 * WGS + 128, 1)
+    gemm_int4_wgmma_tma(const nq::GemmGroup g, const __grid_constant__ CUtensorMap tmA,
+                        const __grid_constant__ CUtensorMap tmW0, const __grid_constant__ CUtensorMap tmW1,
+                        const __grid_constant__ CUtensorMap tmW2, int M, int ldc, int add, int* sem) {
+  using C_ = TmaCfg<TN, WGS, MT, STAGES>;
+  extern __shared__ __align__(128) unsigned char wsm_raw[];
+  const uint32_t raw_u32 = nq::smem_u32(wsm_raw);
+  const uint32_t sbase = (raw_u32 + 1023u) & ~1023u;
+  unsigned char* const wsm = wsm_raw + (sbase - raw_u32);
+  const uint32_t full0 = sbase + STAGES * C_::kStageBytes, empty0 = full0 + STAGES * 8;
+
+  const int by = blockIdx.y;
+  const int seg = (g.n > 2 && by >= g.tiles0 + g.tiles1) ? 2 : (g.n > 1 && by >= g.tiles0) ? 1 : 0;
+  const nq::LinW W = seg == 2 ? g.s[2].W : seg == 1 ? g.s[1].W : g.s[0].W;
+  const CUtensorMap* tmW = seg == 2 ? &tmW2 : seg == 1 ? &tmW1 : &tmW0;
+  const int n0 = (by - (seg == 2 ? g.tiles0 + g.tiles1 : seg == 1 ? g.tiles0 : 0)) * C_::kRows;
+  const int m0 = blockIdx.x * TN;
+  const int tid = threadIdx.x;
+  const int KTall = W.K / KB, z = blockIdx.z, nz = gridDim.z;
+  const int kt0 = (int)((long long)KTall * z / nz), KT = (int)((long long)KTall * (z + 1) / nz) - kt0;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; s++) {
+      mbar_init(full0 + 8 * s, 1);                      // the producer's expect_tx arrive (+ the TMA bytes)
+      mbar_init(empty0 + 8 * s, C_::kConsumers / 32);   // one arrive per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (tid >= C_::kConsumers) {  // producer warpgroup
+    if (WGS > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C_::kProducerRegs));
+    if (tid == C_::kConsumers) {
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmA)) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmW)) : "memory");
+      for (int kt = 0; kt < KT; kt++) {
+        const int s = kt % STAGES;
+        if (kt >= STAGES) mbar_wait(empty0 + 8 * s, ((kt / STAGES) - 1) & 1);
+        const uint32_t buf = sbase + s * C_::kStageBytes, full = full0 + 8 * s;
+        mbar_expect_tx(full, C_::kStageBytes);
+        const int k0 = (kt0 + kt) * KB;
+        tma_load_2d(buf, &tmA, k0, m0, full);
+        tma_load_2d(buf + C_::kActBytes, tmW, k0 / 2, n0, full);
+      }
+    }
+    return;
+  }
+
+  if (WGS > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C_::kConsumerRegs));
+  const int lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3, gid = lane >> 2, tig = lane & 3;
+  const int r0 = wg * 64 * MT + wq * 16 + gid;
+  const int sh = 4 * tig;
+  const int groups = W.K / W.group, gshift = __ffs(W.group) - 1;
+  const __half* srow[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int n = n0 + r0 + 64 * mt + 8 * h;
+      srow[mt][h] = W.scales + (size_t)(n < W.N ? n : 0) * groups;
+    }
+  auto load_scales = [&](int k0, uint32_t (&s)[MT][2][2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+          const unsigned short b = __half_as_ushort(__ldg(srow[mt][h] + ((k0 + 32 * q) >> gshift)));
+          s[mt][h][q] = (uint32_t)b | ((uint32_t)b << 16);
+        }
+  };
+  auto dequant = [&](int stage_idx, const uint32_t (&s)[MT][2][2], uint32_t (&fa)[MT][4][4]) {
+    const unsigned char* wp = wsm + stage_idx * C_::kStageBytes + C_::kActBytes;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+      const int ra = r0 + 64 * mt;
+      const uint4 x0 = *reinterpret_cast<const uint4*>(wp + ra * 32);
+      const uint4 y0 = *reinterpret_cast<const uint4*>(wp + ra * 32 + 16);
+      const uint4 x1 = *reinterpret_cast<const uint4*>(wp + (ra + 8) * 32);
+      const uint4 y1 = *reinterpret_cast<const uint4*>(wp + (ra + 8) * 32 + 16);
+      const uint32_t w0[8] = {x0.x, x0.y, x0.z, x0.w, y0.x, y0.y, y0.z, y0.w};
+      const uint32_t w1[8] = {x1.x, x1.y, x1.z, x1.w, y1.x, y1.y, y1.z, y1.w};
+#pragma unroll
+      for (int t = 0; t < 4; t++) {
+        fa[mt][t][0] = dq(w0[2 * t] >> sh, s[mt][0][t >> 1]);
+        fa[mt][t][1] = dq(w1[2 * t] >> sh, s[mt][1][t >> 1]);
+        fa[mt][t][2] = dq(w0[2 * t + 1] >> sh, s[mt][0][t >> 1]);
+        fa[mt][t][3] = dq(w1[2 * t + 1] >> sh, s[mt][1][t >> 1]);
+      }
+    }
+  };
+
+  float acc[MT][TN / 2];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int i = 0; i < TN / 2; i++) acc[mt][i] = 0.f;
+  uint32_t fa[MT][4][4], sc[MT][2][2];
+  load_scales(kt0 * KB, sc);
+  for (int kt = 0; kt < KT; kt++) {
+    const int s = kt % STAGES;
+    mbar_wait(full0 + 8 * s, (kt / STAGES) & 1);
+    dequant(s, sc, fa);  // while the wgmmas of stage kt-1 run
+    if (kt + 1 < KT) load_scales((kt0 + kt + 1) * KB, sc);
+    const uint32_t act = sbase + s * C_::kStageBytes;
+    wg_fence();
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) wgmma::mma_rs<TN>(acc[mt], fa[mt][t], desc_sw128(act + 32 * t));
+    wg_commit();
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // stage kt-1's wgmmas are done
+    __syncwarp();
+    if (kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((kt + STAGES - 1) % STAGES));
+  }
+  wg_wait0();
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int i = 0; i < TN / 2; i++) reg_fence(acc[mt][i]);
+
+  float* const C = seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C;
+  const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
+  int* const tile_sem = sem ? sem + (blockIdx.y * gridDim.x + blockIdx.x) : nullptr;
+  if (tile_sem && z > 0) {
+    if (tid == 0) {
+      int v;
+      do {
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(tile_sem) : "memory");
+        if (v != z) __nanosleep(64);
+      } while (v != z);
+    }
+    consumer_bar(C_::kConsumers);
+  }
+  const bool first = z == 0, accumulate = add || !first;
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int n = n0 + r0 + 64 * mt + 8 * h;
+      if (n >= W.N) continue;
+      const float bn = (bias && first) ? bias[n] : 0.f;
+#pragma unroll
+      for (int j = 0; j < TN / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int m = m0 + 8 * j + 2 * tig + e;
+          if (m >= M) continue;
+          float* dst = C + (size_t)m * ldc + n;
+          float v = acc[mt][4 * j + 2 * h + e] + bn;
+          if (accumulate) v += __ldcg(dst);
+          __stcg(dst, v);
+        }
+    }
+  if (tile_sem && z + 1 < nz) {
+    __threadfence();
+    consumer_bar(C_::kConsumers);
+    if (tid == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(tile_sem), "r"(z + 1) : "memory");
+  }
+}
+
+// cuTensorMapEncodeTiled from the driver, once
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  if (!fn) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
+            cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }
+  return fn;
+}
+// 2D row-major tensor of `rows` x `inner` elements (row pitch `pitch_bytes`), box box_inner x box_rows
+bool encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, uint64_t inner, uint64_t rows,
+               uint64_t pitch_bytes, uint32_t box_inner, uint32_t box_rows, CUtensorMapSwizzle swz) {
+  const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
+  if (!fn) return false;
+  const cuuint64_t dims[2] = {inner, rows};
+  const cuuint64_t strides[1] = {pitch_bytes};
+  const cuuint32_t box[2] = {box_inner, box_rows};
+  const cuuint32_t estr[2] = {1, 1};
+  return fn(map, type, 2, const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int TN, int WGS, int MT, int STAGES>
+int launch_wgmma_tma(const nq::GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add,
+                     bool allow_split, cudaStream_t st) {
+  using C_ = TmaCfg<TN, WGS, MT, STAGES>;
+  auto kern = gemm_int4_wgmma_tma<TN, WGS, MT, STAGES>;
+  static int per_sm = 0;
+  if (!per_sm) {
+    if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C_::kSmem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, C_::kThreads, C_::kSmem) != cudaSuccess ||
+        per_sm < 1)
+      return nq::fail(NQ_E_UNSUPPORTED, "wgmma_tma: cannot fit TN=%d WGS=%d MT=%d STAGES=%d", TN, WGS, MT, STAGES);
+  }
+  CUtensorMap tmA, tmW[3];
+  if (!encode_2d(&tmA, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, A, (uint64_t)g.s[0].W.K, (uint64_t)M, (uint64_t)lda * 2, KB,
+                 TN, CU_TENSOR_MAP_SWIZZLE_128B))
+    return nq::fail(NQ_E_CUDA, "wgmma_tma: activation tensor map");
+  for (int i = 0; i < 3; i++) {
+    const nq::LinW& W = g.s[i < g.n ? i : 0].W;
+    if (!encode_2d(&tmW[i], CU_TENSOR_MAP_DATA_TYPE_UINT8, W.w, (uint64_t)W.K / 2, (uint64_t)W.N, (uint64_t)W.K / 2,
+                   KB / 2, C_::kRows, CU_TENSOR_MAP_SWIZZLE_NONE))
+      return nq::fail(NQ_E_CUDA, "wgmma_tma: weight tensor map %d", i);
+  }
+  const int mtiles = (M + TN - 1) / TN;
+  int splits = allow_split ? nq::choose_splits(mtiles * tiles, g.s[0].W.K / KB, per_sm) : 1;
+  int* sem = nullptr;
+  if (splits > 1) {
+    const size_t bytes = (size_t)mtiles * tiles * sizeof(int);
+    if (cudaMallocAsync(reinterpret_cast<void**>(&sem), bytes, st) != cudaSuccess) {
+      (void)cudaGetLastError();
+      sem = nullptr;
+      splits = 1;
+    } else if (cudaMemsetAsync(sem, 0, bytes, st) != cudaSuccess) {
+      return nq::fail(NQ_E_CUDA, "wgmma_tma: memset");
+    }
+  }
+  dim3 grid(mtiles, tiles, splits);
+  kern<<<grid, C_::kThreads, C_::kSmem, st>>>(g, tmA, tmW[0], tmW[1], tmW[2], M, ldc, add ? 1 : 0, sem);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return nq::fail(NQ_E_CUDA, "wgmma_tma launch: %s", cudaGetErrorString(e));
+  if (sem) cudaFreeAsync(sem, st);
+  return NQ_OK;
+}
+
 // ------------------------------------------------------------------------------------------------------ harness
 using Launch = int (*)(const nq::GemmGroup&, int, const __half*, int, int, int, bool, bool, cudaStream_t);
 struct Kernel {
@@ -326,6 +624,9 @@ const Kernel kKernels[] = {
     {"n256w2", 128, 256, launch_wgmma<256, 2, 1, 4>},
     {"n128w2m2", 256, 128, launch_wgmma<128, 2, 2, 4>},
     {"n128w1m2", 128, 128, launch_wgmma<128, 1, 2, 4>},
+    {"tma_n64w1", 64, 64, launch_wgmma_tma<64, 1, 1, 4>},
+    {"tma_n256w2", 128, 256, launch_wgmma_tma<256, 2, 1, 4>},
+    {"tma_n128w2m2", 256, 128, launch_wgmma_tma<128, 2, 2, 5>},
     {"library", nq::MM_BN, nq::MM_BM, launch_library},
 };
 const Kernel* find_kernel(const std::string& name) {
