@@ -45,7 +45,10 @@
 
 namespace wg {
 
-constexpr int KB = 64;  // k per stage: one 128-byte (swizzle-atom) row of f16 per token
+constexpr int KB = 64;
+// dev-program knobs of the launchers: a forced split-K count (0 = the library's chooser) for the split sweep, and
+// the split count of the last launch, printed by the timing
+int g_force_splits = 0, g_last_splits = 1;  // k per stage: one 128-byte (swizzle-atom) row of f16 per token
 
 template <int TN, int WGS, int MT, int STAGES>
 struct Cfg {
@@ -73,6 +76,14 @@ __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // keeps the compiler from moving reads of an accumulator across the wgmma wait (the asm outputs look final to it)
 __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+// Rule for the register A operand: no instruction may write the A fragment registers while a wgmma that reads them
+// is in flight (the tensor core reads them when it dispatches the HGMMA, possibly hundreds of cycles after issue).
+// Both kernels therefore dequantise the next stage only after wgmma.wait_group 0. Run 1 of these programs
+// dequantised the next stage into a loop-carried fragment array while the wgmmas ran: ptxas gave the new values the
+// in-flight HGMMAs' registers (SASS: LDS.128 into R164..R167 between the HGMMA reading them and its
+// WARPGROUP.DEPBAR), and TN = 256 / MT = 2 builds read raw int4 words as f16 (NaN / 1e4 errors); TN <= 128 passed by
+// timing luck. Keeping both fragment sets alive by name (an empty asm use after the wait) made ptxas serialise every
+// wgmma instead (C7513). Overlap of dequantisation and MMA comes from the other warpgroup(s) instead.
 
 // f16 pair of nibble pair `sh` (already shifted word) times the (s, s) scale pair
 __device__ __forceinline__ uint32_t dq(uint32_t w_shifted, uint32_t s2) {
@@ -216,17 +227,16 @@ __global__ void __launch_bounds__(128 * WGS, 1)
       if (st < KT) issue((rd + STAGES - 1) % STAGES, (kt0 + st) * KB);
       nq::cp_async_commit();
     }
-    const int rn = rd + 1 == STAGES ? 0 : rd + 1;
-    if (more) {
-      dequant(rn, sc, fa);  // registers of stage kt+1 (the in-flight wgmmas still read the previous values)
-      if (kt + 2 < KT) load_scales((kt0 + kt + 2) * KB, sc);
-    }
-    wg_wait0();
+    rd = rd + 1 == STAGES ? 0 : rd + 1;
+    wg_wait0();  // before the fragments are rewritten (see the rule above)
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
       for (int i = 0; i < TN / 2; i++) reg_fence(acc[mt][i]);
-    rd = rn;
+    if (more) {
+      dequant(rd, sc, fa);
+      if (kt + 2 < KT) load_scales((kt0 + kt + 2) * KB, sc);
+    }
   }
   nq::cp_async_wait<0>();
 
@@ -288,6 +298,8 @@ int launch_wgmma(const nq::GemmGroup& g, int tiles, const __half* A, int lda, in
   }
   const int mtiles = (M + TN - 1) / TN;
   int splits = allow_split ? nq::choose_splits(mtiles * tiles, g.s[0].W.K / KB, per_sm) : 1;
+  if (g_force_splits > 0) splits = std::min(g_force_splits, g.s[0].W.K / KB);
+  g_last_splits = splits;
   int* sem = nullptr;
   if (splits > 1) {
     const size_t bytes = (size_t)mtiles * tiles * sizeof(int);
@@ -312,10 +324,9 @@ int launch_wgmma(const nq::GemmGroup& g, int tiles, const __half* A, int lda, in
 // stage with TMA (cp.async.bulk.tensor.2d): the activation box 64 k x TN tokens with the 128-byte swizzle (the
 // same smem layout the cp.async kernel writes by hand; rows >= M are zero-filled by the TMA unit), the raw W box
 // 32 bytes x kRows rows (no swizzle; rows >= N zero-filled). Full/empty mbarriers per stage replace the per-stage
-// __syncthreads: the consumers wait on full[s], dequantise, issue the stage's wgmmas, then wgmma.wait_group 1
-// (the previous stage's wgmmas are done) and release the previous stage (one arrive per consumer warp). So the
-// dequantisation of stage kt overlaps the wgmmas of stage kt-1 and the tensor pipe always has the next stage
-// queued. Tensor maps are encoded on the host per launch (cuTensorMapEncodeTiled through
+// __syncthreads: each consumer warpgroup waits on full[s], dequantises, issues the stage's wgmmas, waits for them
+// (wgmma.wait_group 0: the register-A rule above) and releases the stage (one arrive per consumer warp). The
+// warpgroups are not lined up by any block barrier, so one dequantises while the other's wgmmas run. Tensor maps are encoded on the host per launch (cuTensorMapEncodeTiled through
 // cudaGetDriverEntryPointByVersion: no -lcuda).
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -357,8 +368,10 @@ template <int TN, int WGS, int MT, int STAGES>
 struct TmaCfg {
   static constexpr int kConsumers = 128 * WGS;
   static constexpr int kThreads = kConsumers + 128;  // + the producer warpgroup (one thread issues)
-  // register split by setmaxnreg (2 consumer warpgroups: 65536 registers over 384 threads give 168 each at launch)
-  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  // register split by setmaxnreg (2 consumer warpgroups: 65536 registers over 384 threads give 168 each at launch;
+  // 3: 128 over 512)
+  static constexpr int kProducerRegs = 40, kConsumerRegs = WGS == 2 ? 232 : 152;
+  static_assert(WGS <= 3, "at most 3 consumer warpgroups");
   static_assert(WGS == 1 || 128 * (kProducerRegs + WGS * kConsumerRegs) <= 65536, "register file");
   static constexpr int kRows = 64 * MT * WGS;
   static constexpr int kActBytes = TN * KB * 2;
@@ -475,7 +488,7 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   for (int kt = 0; kt < KT; kt++) {
     const int s = kt % STAGES;
     mbar_wait(full0 + 8 * s, (kt / STAGES) & 1);
-    dequant(s, sc, fa);  // while the wgmmas of stage kt-1 run
+    dequant(s, sc, fa);  // the other warpgroup's wgmmas keep the tensor pipe busy meanwhile
     if (kt + 1 < KT) load_scales((kt0 + kt + 1) * KB, sc);
     const uint32_t act = sbase + s * C_::kStageBytes;
     wg_fence();
@@ -484,15 +497,14 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
 #pragma unroll
       for (int mt = 0; mt < MT; mt++) wgmma::mma_rs<TN>(acc[mt], fa[mt][t], desc_sw128(act + 32 * t));
     wg_commit();
-    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // stage kt-1's wgmmas are done
+    wg_wait0();  // before the fragments are rewritten (see the rule above); stage s is then free
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int i = 0; i < TN / 2; i++) reg_fence(acc[mt][i]);
     __syncwarp();
-    if (kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((kt + STAGES - 1) % STAGES));
+    if (lane == 0) mbar_arrive(empty0 + 8 * s);
   }
-  wg_wait0();
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int i = 0; i < TN / 2; i++) reg_fence(acc[mt][i]);
 
   float* const C = seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C;
   const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
@@ -584,6 +596,8 @@ int launch_wgmma_tma(const nq::GemmGroup& g, int tiles, const __half* A, int lda
   }
   const int mtiles = (M + TN - 1) / TN;
   int splits = allow_split ? nq::choose_splits(mtiles * tiles, g.s[0].W.K / KB, per_sm) : 1;
+  if (g_force_splits > 0) splits = std::min(g_force_splits, g.s[0].W.K / KB);
+  g_last_splits = splits;
   int* sem = nullptr;
   if (splits > 1) {
     const size_t bytes = (size_t)mtiles * tiles * sizeof(int);
@@ -613,7 +627,19 @@ struct Kernel {
 };
 int launch_library(const nq::GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add,
                    bool allow_split, cudaStream_t st) {
+  g_last_splits = allow_split ? nq::choose_splits(((M + nq::MM_BM - 1) / nq::MM_BM) * tiles, g.s[0].W.K / nq::MM_BK, 2)
+                              : 1;
   return nq::launch_int4_mma<3, 2>(g, tiles, A, lda, M, ldc, add, allow_split, st);  // gemm.cu's build
+}
+// tma_n256w2 when its grid fills the GPU at least once, else tma_n128w2 (twice the blocks): at M = 512 qkv has
+// 72 blocks of 128 x 256 on 132 SMs, o and down 56
+int launch_tma_auto(const nq::GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add,
+                    bool allow_split, cudaStream_t st) {
+  static int sms = 0;
+  if (!sms && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) sms = 132;
+  if ((long long)((M + 255) / 256) * tiles >= sms)
+    return launch_wgmma_tma<256, 2, 1, 4>(g, tiles, A, lda, M, ldc, add, allow_split, st);
+  return launch_wgmma_tma<128, 2, 1, 5>(g, tiles, A, lda, M, ldc, add, allow_split, st);
 }
 // ordered from the smallest (safest) instantiation to the largest; name = n<tokens per block>w<warpgroups>[m<m64
 // tiles per warpgroup>]
@@ -625,8 +651,11 @@ const Kernel kKernels[] = {
     {"n128w2m2", 256, 128, launch_wgmma<128, 2, 2, 4>},
     {"n128w1m2", 128, 128, launch_wgmma<128, 1, 2, 4>},
     {"tma_n64w1", 64, 64, launch_wgmma_tma<64, 1, 1, 4>},
+    {"tma_n128w2", 128, 128, launch_wgmma_tma<128, 2, 1, 5>},
     {"tma_n256w2", 128, 256, launch_wgmma_tma<256, 2, 1, 4>},
+    {"tma_n128w3", 192, 128, launch_wgmma_tma<128, 3, 1, 5>},
     {"tma_n128w2m2", 256, 128, launch_wgmma_tma<128, 2, 2, 5>},
+    {"tma_auto", 128, 0, launch_tma_auto},
     {"library", nq::MM_BN, nq::MM_BM, launch_library},
 };
 const Kernel* find_kernel(const std::string& name) {
@@ -801,9 +830,14 @@ void case_shapes(const Kernel& k, const std::vector<int>& Ms) {
 
 // timing: every kernel on the 7B shapes at M = 512 and 2048 (weights rotated over > 256 MB), split-K allowed; the
 // per-layer sum is qkv + o + gate+up (one 37888-row weight: the same tiles as gemm_multi's two segments) + down.
-void case_time(const std::vector<const Kernel*>& ks) {
+// Each entry is a kernel and a forced split count (0: the chooser's).
+struct TimeEntry {
+  const Kernel* k;
+  int splits;
+};
+void case_time(const std::vector<TimeEntry>& ks, const std::vector<int>& Ms) {
   const Shape7B shapes[] = {{"qkv", 4608, 3584}, {"o", 3584, 3584}, {"gate+up", 37888, 3584}, {"down", 3584, 18944}};
-  for (int M : {512, 2048}) {
+  for (int M : Ms) {
     std::printf("timing M = %d (us, TFLOP/s; median of 11 x 20 launches)\n", M);
     std::vector<double> layer(ks.size(), 0.0);
     for (const Shape7B& sh : shapes) {
@@ -819,7 +853,8 @@ void case_time(const std::vector<const Kernel*>& ks) {
       DEV_CHECK(cudaMemcpy(dA, Ah.data(), Ah.size() * 2, cudaMemcpyHostToDevice));
       std::printf("  %-8s N=%5d K=%5d:", sh.name, sh.N, sh.K);
       for (size_t ki = 0; ki < ks.size(); ki++) {
-        const Kernel& k = *ks[ki];
+        const Kernel& k = *ks[ki].k;
+        g_force_splits = ks[ki].splits;
         auto lin = [&](int c) {
           nq::LinW L;
           L.w = wc.copy(c);
@@ -833,7 +868,8 @@ void case_time(const std::vector<const Kernel*>& ks) {
         };
         const double us = dev::median_us(go, 20);
         layer[ki] += us;
-        std::printf("  %s %7.1f (%3.0f)", k.name, us, 2.0 * M * sh.N * sh.K / (us * 1e-6) / 1e12);
+        g_force_splits = 0;
+        std::printf("  %s %7.1f (%3.0f s%d)", k.name, us, 2.0 * M * sh.N * sh.K / (us * 1e-6) / 1e12, g_last_splits);
         std::fflush(stdout);
       }
       std::printf("\n");
@@ -843,7 +879,8 @@ void case_time(const std::vector<const Kernel*>& ks) {
     const double flop = 2.0 * M * 3584.0 * (4608 + 3584 + 37888) + 2.0 * M * 18944.0 * 3584;
     std::printf("  per layer:");
     for (size_t ki = 0; ki < ks.size(); ki++)
-      std::printf("  %s %7.1f us (%3.0f TFLOP/s, x28 = %.2f ms)", ks[ki]->name, layer[ki],
+      std::printf("  %s%s %7.1f us (%3.0f TFLOP/s, x28 = %.2f ms)", ks[ki].k->name,
+                  ks[ki].splits ? ("/s" + std::to_string(ks[ki].splits)).c_str() : "", layer[ki],
                   flop / (layer[ki] * 1e-6) / 1e12, 28 * layer[ki] / 1e3);
     std::printf("\n");
   }
@@ -856,7 +893,7 @@ int main(int argc, char** argv) {
   if (c.empty()) {
     std::printf("usage: gemm_int4_wgmma --case CASE\n  smoke:K   small shapes, tails, groups, bias/add, split-K\n"
                 "  shapes:K  the 7B shapes at M in {7, 64, 512, 513, 2048}\n  time:K1,K2,...  7B shapes at M 512 "
-                "and 2048\n kernels K:");
+                "and 2048\n  splits:K  split-K sweep at M = 512\n kernels K:");
     for (const wg::Kernel& k : wg::kKernels) std::printf(" %s", k.name);
     std::printf("\n");
     return argc > 1 && std::strcmp(argv[1], "--list") == 0 ? 0 : 2;
@@ -866,19 +903,27 @@ int main(int argc, char** argv) {
   std::printf("== case %s on %s\n", c.c_str(), prop.name);
   const size_t colon = c.find(':');
   const std::string what = c.substr(0, colon), arg = colon == std::string::npos ? "" : c.substr(colon + 1);
+  if (what == "splits") {  // split-K sweep of one kernel at M = 512
+    const wg::Kernel* k = wg::find_kernel(arg);
+    if (!k) { std::printf("unknown kernel '%s'\n", arg.c_str()); return 2; }
+    std::vector<wg::TimeEntry> es;
+    for (int sp : {0, 1, 2, 3, 4, 6, 8}) es.push_back({k, sp});
+    wg::case_time(es, {512});
+    return 0;
+  }
   if (what == "time") {
-    std::vector<const wg::Kernel*> ks;
+    std::vector<wg::TimeEntry> ks;
     size_t p = 0;
     while (p <= arg.size()) {
       const size_t q = arg.find(',', p);
       const std::string name = arg.substr(p, q == std::string::npos ? std::string::npos : q - p);
       const wg::Kernel* k = wg::find_kernel(name);
       if (!k) { std::printf("unknown kernel %s\n", name.c_str()); return 2; }
-      ks.push_back(k);
+      ks.push_back({k, 0});
       if (q == std::string::npos) break;
       p = q + 1;
     }
-    wg::case_time(ks);
+    wg::case_time(ks, {512, 2048});
     return 0;
   }
   const wg::Kernel* k = wg::find_kernel(arg);
