@@ -141,6 +141,7 @@ class CudaBackend(Backend):
         self.path = os.fspath(path)
         self._model = _P()
         self._sess = _P()
+        self._batch, self._batch_cap = None, 0     # nq_batch of decode_batch, created on first use
         if file is not None:          # else the C loader checks the file first, and the config is read after
             self.config = file.config
             self.max_context = resolve_max_context(self.config, max_context)
@@ -288,11 +289,60 @@ class CudaBackend(Backend):
                 return
             check(self._lib, "nq_decode", sess, tok, what="decode")
 
+    # -- many sequences in one step ------------------------------------------------------------------------
+    def new_session(self, max_context: int):
+        """A further library session on this backend's model (its own paged KV cache and decode graph, the shared
+        weights), for decode_batch; free it with free_session."""
+        sess = _P()
+        greedy = NqSampling(0.0, 0, 1.0, 0)
+        check(self._lib, "nq_session_create", self._model, int(max_context), ctypes.byref(greedy),
+              ctypes.byref(sess), what="create a session")
+        return sess
+
+    def free_session(self, sess) -> None:
+        if sess:
+            self._lib.nq_session_free(sess)
+
+    def decode_batch(self, sessions: list, tokens: np.ndarray, *, want_logits: bool = False):
+        """One token for each of these sessions (this backend's own `session` or new_session handles) in ONE forward
+        pass (nq_decode_batch: the weights are read once per step for all of them): tokens int32 (n,) are appended at
+        each session's position; returns the next tokens sampled on the device with each session's sampling
+        settings, int32 (n,), and with want_logits their logits, float32 (n, vocab_rows) (else None)."""
+        n = len(sessions)
+        if n == 0:
+            raise BackendError("decode_batch: no sessions")
+        if self._batch is None or self._batch_cap < n:
+            if self._batch is not None:
+                self._lib.nq_batch_free(self._batch)
+                self._batch = None
+            cap = min(abi.NQ_MAX_BATCH, max(8, 1 << (n - 1).bit_length()))
+            b = _P()
+            check(self._lib, "nq_batch_create", self._model, cap, ctypes.byref(b), what="create the batch")
+            self._batch, self._batch_cap = b, cap
+        handles = (_P * n)(*[s.value if isinstance(s, _P) else s for s in sessions])
+        toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        if toks.shape[0] != n:
+            raise BackendError(f"decode_batch: {n} sessions but {toks.shape[0]} tokens")
+        nxt = np.empty(n, dtype=np.int32)
+        logits = np.empty((n, self.config.vocab_rows), dtype=np.float32) if want_logits else None
+        check(self._lib, "nq_decode_batch", self._batch, handles, _ptr(toks, ctypes.c_int32), n,
+              _ptr(nxt, ctypes.c_int32), _ptr(logits, ctypes.c_float) if logits is not None else None,
+              what="batched decode")
+        return nxt, logits
+
+    @property
+    def session(self):
+        """This backend's own library session (the single-stream API's), e.g. as one of decode_batch's."""
+        return self._live()
+
     # -- lifetime ------------------------------------------------------------------------------------------
     def close(self) -> None:
         lib = getattr(self, "_lib", None)
         if lib is None:
             return
+        if getattr(self, "_batch", None):
+            lib.nq_batch_free(self._batch)
+            self._batch = None
         if getattr(self, "_sess", None):
             lib.nq_session_free(self._sess)
             self._sess = _P()
