@@ -1,54 +1,31 @@
 // INT4 (layout 1) x f16 prefill GEMM on Hopper wgmma (sm_90a), a standalone dev program: correctness against a
-// float64 CPU reference over the Qwen2.5-7B shapes and M in {7, 64, 512, 513, 2048}, and timing against the
-// library's gemm_int4_mma (mma.sync m16n8k16, gemm_kernels.cuh) launched as gemm.cu launches it.
+// float64 CPU reference over the Qwen2.5-7B shapes and M in {7, 64, 512, 513, 2048}, and timing of the builds
+// against each other, the library's gemm_int4_mma (mma.sync) and the product path (gemm.cu's gemm_multi).
 //   make -C csrc/dev ../../build/dev/gemm_int4_wgmma && build/dev/gemm_int4_wgmma --list
-//   build/dev/gemm_int4_wgmma --case smoke:n64w1     # one case per process: a fault in one leaves the others
+//   build/dev/gemm_int4_wgmma --case smoke:tma_n256w2     # one case per process: a fault in one leaves the others
 //
-// Same contract as gemm_int4_mma: C[M, N] (+)= A[M, K] @ W[N, K]^T (+ bias[N]), A f16 row-major (row stride lda),
-// W INT4 layout 1 with f16 scales, any group of the format (32, 64, 128, 256: a scale is looked up per 32 k), f32
-// C (row stride ldc), `add` accumulates into C, up to 3 segments sharing A (GemmGroup), serial split-K with the
-// library's split chooser. Needs K % 64 == 0, lda % 8 == 0, 16-byte aligned A.
-//
-// Design (bench/NOTES.md, "wgmma prefill GEMM"):
-// * The kernel computes C^T = W A^T: the wgmma M dimension (64 per warpgroup) is the W row, its N dimension (TN =
-//   64, 128 or 256 per instruction) the token. The dequantised weights are the A operand FROM REGISTERS (each
-//   thread writes its fragment directly: no shared-memory round trip for the f16 weights); the activations are the
-//   B operand from shared memory, K-major (each token row's 64 k = 128 bytes), 128-byte swizzle.
-// * Register A fragment of wgmma m64nNk16 (PTX ISA, "Register Fragments"): warp w of the warpgroup holds rows
-//   16w..16w+15 in the mma.m16n8k16 A layout: a01 = (row gid, k 2tig,+1), a23 = (gid+8, 2tig,+1),
-//   a45 = (gid, 2tig+8,+9), a67 = (gid+8, 2tig+8,+9), lane = 4 gid + tig. The B side's k order is fixed by the
-//   descriptor (slot k = real k of the 16-k step, since the activations are stored as they are), so thread tig
-//   needs real k 16t+2tig,+1 (word 2t) and 16t+8+2tig,+1 (word 2t+1) of each 16-k step t: in layout 1 that is
-//   nibble pair tig of every word ((w >> 4 tig) & 0x000F000F = codes of k 8j+2tig, 8j+2tig+1). Each thread
-//   therefore reads all 8 words of its 2 rows per 64-k stage (2 x LDS.128 per row, the 4 tig lanes reading the same
-//   address) and dequantises one pair per word: the same ALU count per weight as gemm_int4_mma (shift, LOP3,
-//   HSUB2, HMUL2 per pair: (u - 8) * scale rounded once, the library's f16 dequantisation), but ONCE per W tile per
-//   block instead of once per token-warp.
-// * Accumulator of m64nNk16: d[4j + 2h + e] = (W row 16w + gid + 8h, token 8j + 2tig + e).
-// * Shared-memory descriptor (PTX ISA, "Matrix Descriptor"): start address >> 4 (bits 0-13), leading byte offset
-//   (unused for swizzled K-major: 1), stride byte offset >> 4 (bits 32-45) = 1024 B between 8-row core-matrix
-//   groups, base offset 0 (every stage's activation tile is 1024-byte aligned), swizzle 1 = 128 B (bits 62-63).
-//   The 128-byte swizzle XORs byte-address bits 4-6 with bits 7-9: the 16-byte chunk c of token row r lives at
-//   r * 128 + ((c ^ (r & 7)) << 4). The 16-k step t of a stage starts 32 t bytes into the atom (the swizzle
-//   applies to the absolute address bits, so advancing the start address inside the atom is allowed).
-// * Pipeline: STAGES-deep cp.async ring (activation tile TN x 64 f16, raw W words 64 WGS x 32 B) issued by every
-//   thread, one __syncthreads per stage; the dequantisation of stage kt+1 runs while the wgmmas of stage kt are in
-//   flight (wgmma.commit_group, then wgmma.wait_group 0 at the end of the iteration); scales come from global memory
-//   into registers one stage ahead. cp.async writes through the generic proxy and wgmma reads through the async
-//   proxy: every thread runs fence.proxy.async.shared::cta after its cp.async.wait_group and before the barrier.
+// Two kernels, one contract (gemm_int4_mma's: C[M, N] (+)= A[M, K] @ W[N, K]^T (+ bias[N]), f32 C, segments):
+// * the library's gemm_int4_wgmma (csrc/src/gemm_wgmma.cuh: TMA producer warpgroup, mbarriers, 2-3 consumer
+//   warpgroups; its header holds the design) in the three builds gemm.cu chooses from (tma_*), and
+// * gemm_int4_wgmma_cpasync below, the first version: every thread issues cp.async for the stage (activations
+//   written 128-byte swizzled by hand, the layout TMA writes), one __syncthreads per stage, the same dequantisation
+//   and wgmma (register A operand, the register-A rule of gemm_wgmma.cuh), MT m64 tiles per warpgroup and the
+//   library's serial split-K. It lost to the TMA kernel on every shape (bench/NOTES.md) and stays as the reference
+//   point of that comparison.
+// check_wgmma_sass.py checks the register-A rule on this program's and the library's SASS.
 #include "gemm_dev.cuh"
+#include "gemm_wgmma.cuh"
+#include "gemm.cu"  // the product entry point gemm_multi (gemm.cu picks the kernel)
 #include "wgmma_rs.cuh"
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cstring>
 #include <string>
 
 namespace wg {
 
-constexpr int KB = 64;
+constexpr int KB = nq::WG_KB;  // k per stage: one 128-byte (swizzle-atom) row of f16 per token
 // dev-program knobs of the launchers: a forced split-K count (0 = the library's chooser) for the split sweep, and
 // the split count of the last launch, printed by the timing
-int g_force_splits = 0, g_last_splits = 1;  // k per stage: one 128-byte (swizzle-atom) row of f16 per token
+int g_force_splits = 0, g_last_splits = 1;
 
 template <int TN, int WGS, int MT, int STAGES>
 struct Cfg {
@@ -66,35 +43,21 @@ struct Cfg {
   static constexpr int kWPer = kRows * 2 / kThreads;  // 16-byte W halves per thread per stage
 };
 
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr) {
-  return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-         ((uint64_t)1 << 62);
-}
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // keeps the compiler from moving reads of an accumulator across the wgmma wait (the asm outputs look final to it)
 __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-// Rule for the register A operand: no instruction may write the A fragment registers while a wgmma that reads them
-// is in flight (the tensor core reads them when it dispatches the HGMMA, possibly hundreds of cycles after issue).
-// Both kernels therefore dequantise the next stage only after wgmma.wait_group 0. Run 1 of these programs
-// dequantised the next stage into a loop-carried fragment array while the wgmmas ran: ptxas gave the new values the
-// in-flight HGMMAs' registers (SASS: LDS.128 into R164..R167 between the HGMMA reading them and its
-// WARPGROUP.DEPBAR), and TN = 256 / MT = 2 builds read raw int4 words as f16 (NaN / 1e4 errors); TN <= 128 passed by
-// timing luck. Keeping both fragment sets alive by name (an empty asm use after the wait) made ptxas serialise every
-// wgmma instead (C7513). Overlap of dequantisation and MMA comes from the other warpgroup(s) instead.
-
-// f16 pair of nibble pair `sh` (already shifted word) times the (s, s) scale pair
+// The register-A rule (gemm_wgmma.cuh) holds here too: the next stage is dequantised after wgmma.wait_group 0.
+// f16 pair of the nibble pair in the low bits of each half of an already shifted word, times (s, s)
 __device__ __forceinline__ uint32_t dq(uint32_t w_shifted, uint32_t s2) {
-  const __half2 k1032 = __half2half2(__ushort_as_half((unsigned short)0x6408));  // 1032.0
-  const uint32_t h = nq::and_or(w_shifted, 0x000F000Fu, 0x64006400u);
-  return nq::h2_as_u32(__hmul2(__hsub2(nq::u32_as_h2(h), k1032), nq::u32_as_h2(s2)));
+  return nq::dq_pair(w_shifted, 0, nq::u32_as_h2(s2));
 }
 
 template <int TN, int WGS, int MT, int STAGES>
 __global__ void __launch_bounds__(128 * WGS, 1)
-    gemm_int4_wgmma(const nq::GemmGroup g, const __half* A, int lda, int M, int ldc, int add, int* sem) {
+    gemm_int4_wgmma_cpasync(const nq::GemmGroup g, const __half* A, int lda, int M, int ldc, int add, int* sem) {
   using C_ = Cfg<TN, WGS, MT, STAGES>;
   extern __shared__ __align__(128) unsigned char wsm_raw[];
   const uint32_t raw_u32 = nq::smem_u32(wsm_raw);
@@ -214,7 +177,7 @@ __global__ void __launch_bounds__(128 * WGS, 1)
 #pragma unroll
     for (int t = 0; t < 4; t++)
 #pragma unroll
-      for (int mt = 0; mt < MT; mt++) wgmma::mma_rs<TN>(acc[mt], fa[mt][t], desc_sw128(act + 32 * t));
+      for (int mt = 0; mt < MT; mt++) wgmma::mma_rs<TN>(acc[mt], fa[mt][t], nq::wg_desc_sw128(act + 32 * t));
     wg_commit();
     const bool more = kt + 1 < KT;
     if (more) {
@@ -288,7 +251,7 @@ template <int TN, int WGS, int MT, int STAGES>
 int launch_wgmma(const nq::GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add,
                  bool allow_split, cudaStream_t st) {
   using C_ = Cfg<TN, WGS, MT, STAGES>;
-  auto kern = gemm_int4_wgmma<TN, WGS, MT, STAGES>;
+  auto kern = gemm_int4_wgmma_cpasync<TN, WGS, MT, STAGES>;
   static int per_sm = 0;
   if (!per_sm) {
     if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C_::kSmem) != cudaSuccess ||
@@ -319,304 +282,6 @@ int launch_wgmma(const nq::GemmGroup& g, int tiles, const __half* A, int lda, in
   return NQ_OK;
 }
 
-// ----------------------------------------------------------------------------------------- TMA, warp-specialised
-// gemm_int4_wgmma_tma: the same math with a producer warpgroup (the block's last; one thread issues) that loads each
-// stage with TMA (cp.async.bulk.tensor.2d): the activation box 64 k x TN tokens with the 128-byte swizzle (the
-// same smem layout the cp.async kernel writes by hand; rows >= M are zero-filled by the TMA unit), the raw W box
-// 32 bytes x kRows rows (no swizzle; rows >= N zero-filled). Full/empty mbarriers per stage replace the per-stage
-// __syncthreads: each consumer warpgroup waits on full[s], dequantises, issues the stage's wgmmas, waits for them
-// (wgmma.wait_group 0: the register-A rule above) and releases the stage (one arrive per consumer warp). The
-// warpgroups are not lined up by any block barrier, so one dequantises while the other's wgmmas run. Tensor maps are encoded on the host per launch (cuTensorMapEncodeTiled through
-// cudaGetDriverEntryPointByVersion: no -lcuda).
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Waits for the phase of parity `parity`; a wait of more than ~2 s (a TMA that never completes: bad tensor map)
-// traps, so the case fails with an error instead of hanging the run.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  long long t0 = 0;
-  for (;;) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-    if (done) return;
-    if (t0 == 0) t0 = clock64();
-    else if (clock64() - t0 > 4000000000ll) __trap();
-  }
-}
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
-          "r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
-__device__ __forceinline__ void consumer_bar(int threads) {  // named barrier 1: the consumer warps only
-  asm volatile("bar.sync 1, %0;\n" ::"r"(threads) : "memory");
-}
-
-template <int TN, int WGS, int MT, int STAGES>
-struct TmaCfg {
-  static constexpr int kConsumers = 128 * WGS;
-  static constexpr int kThreads = kConsumers + 128;  // + the producer warpgroup (one thread issues)
-  // register split by setmaxnreg (2 consumer warpgroups: 65536 registers over 384 threads give 168 each at launch;
-  // 3: 128 over 512)
-  static constexpr int kProducerRegs = 40, kConsumerRegs = WGS == 2 ? 232 : 152;
-  static_assert(WGS <= 3, "at most 3 consumer warpgroups");
-  static_assert(WGS == 1 || 128 * (kProducerRegs + WGS * kConsumerRegs) <= 65536, "register file");
-  static constexpr int kRows = 64 * MT * WGS;
-  static constexpr int kActBytes = TN * KB * 2;
-  static constexpr int kWBytes = kRows * KB / 2;
-  static constexpr int kStageBytes = kActBytes + kWBytes;
-  static constexpr int kBarBytes = 2 * STAGES * 8;
-  static constexpr int kSmem = STAGES * kStageBytes + kBarBytes + 1024;
-  static_assert(kActBytes % 1024 == 0 && kWBytes % 1024 == 0, "stages must stay 1024-byte aligned");
-  static_assert(TN <= 256 && kRows <= 256, "a TMA box is at most 256 rows");
-};
-
-template <int TN, int WGS, int MT, int STAGES>
-__global__ void __launch_bounds__(128 * WGS + 128, 1)
-    gemm_int4_wgmma_tma(const nq::GemmGroup g, const __grid_constant__ CUtensorMap tmA,
-                        const __grid_constant__ CUtensorMap tmW0, const __grid_constant__ CUtensorMap tmW1,
-                        const __grid_constant__ CUtensorMap tmW2, int M, int ldc, int add, int* sem) {
-  using C_ = TmaCfg<TN, WGS, MT, STAGES>;
-  extern __shared__ __align__(128) unsigned char wsm_raw[];
-  const uint32_t raw_u32 = nq::smem_u32(wsm_raw);
-  const uint32_t sbase = (raw_u32 + 1023u) & ~1023u;
-  unsigned char* const wsm = wsm_raw + (sbase - raw_u32);
-  const uint32_t full0 = sbase + STAGES * C_::kStageBytes, empty0 = full0 + STAGES * 8;
-
-  const int by = blockIdx.y;
-  const int seg = (g.n > 2 && by >= g.tiles0 + g.tiles1) ? 2 : (g.n > 1 && by >= g.tiles0) ? 1 : 0;
-  const nq::LinW W = seg == 2 ? g.s[2].W : seg == 1 ? g.s[1].W : g.s[0].W;
-  const CUtensorMap* tmW = seg == 2 ? &tmW2 : seg == 1 ? &tmW1 : &tmW0;
-  const int n0 = (by - (seg == 2 ? g.tiles0 + g.tiles1 : seg == 1 ? g.tiles0 : 0)) * C_::kRows;
-  const int m0 = blockIdx.x * TN;
-  const int tid = threadIdx.x;
-  const int KTall = W.K / KB, z = blockIdx.z, nz = gridDim.z;
-  const int kt0 = (int)((long long)KTall * z / nz), KT = (int)((long long)KTall * (z + 1) / nz) - kt0;
-
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; s++) {
-      mbar_init(full0 + 8 * s, 1);                      // the producer's expect_tx arrive (+ the TMA bytes)
-      mbar_init(empty0 + 8 * s, C_::kConsumers / 32);   // one arrive per consumer warp
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-
-  if (tid >= C_::kConsumers) {  // producer warpgroup
-    if (WGS > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C_::kProducerRegs));
-    if (tid == C_::kConsumers) {
-      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmA)) : "memory");
-      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmW)) : "memory");
-      for (int kt = 0; kt < KT; kt++) {
-        const int s = kt % STAGES;
-        if (kt >= STAGES) mbar_wait(empty0 + 8 * s, ((kt / STAGES) - 1) & 1);
-        const uint32_t buf = sbase + s * C_::kStageBytes, full = full0 + 8 * s;
-        mbar_expect_tx(full, C_::kStageBytes);
-        const int k0 = (kt0 + kt) * KB;
-        tma_load_2d(buf, &tmA, k0, m0, full);
-        tma_load_2d(buf + C_::kActBytes, tmW, k0 / 2, n0, full);
-      }
-    }
-    return;
-  }
-
-  if (WGS > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C_::kConsumerRegs));
-  const int lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3, gid = lane >> 2, tig = lane & 3;
-  const int r0 = wg * 64 * MT + wq * 16 + gid;
-  const int sh = 4 * tig;
-  const int groups = W.K / W.group, gshift = __ffs(W.group) - 1;
-  const __half* srow[MT][2];
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const int n = n0 + r0 + 64 * mt + 8 * h;
-      srow[mt][h] = W.scales + (size_t)(n < W.N ? n : 0) * groups;
-    }
-  auto load_scales = [&](int k0, uint32_t (&s)[MT][2][2]) {
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-      for (int h = 0; h < 2; h++)
-#pragma unroll
-        for (int q = 0; q < 2; q++) {
-          const unsigned short b = __half_as_ushort(__ldg(srow[mt][h] + ((k0 + 32 * q) >> gshift)));
-          s[mt][h][q] = (uint32_t)b | ((uint32_t)b << 16);
-        }
-  };
-  auto dequant = [&](int stage_idx, const uint32_t (&s)[MT][2][2], uint32_t (&fa)[MT][4][4]) {
-    const unsigned char* wp = wsm + stage_idx * C_::kStageBytes + C_::kActBytes;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-      const int ra = r0 + 64 * mt;
-      const uint4 x0 = *reinterpret_cast<const uint4*>(wp + ra * 32);
-      const uint4 y0 = *reinterpret_cast<const uint4*>(wp + ra * 32 + 16);
-      const uint4 x1 = *reinterpret_cast<const uint4*>(wp + (ra + 8) * 32);
-      const uint4 y1 = *reinterpret_cast<const uint4*>(wp + (ra + 8) * 32 + 16);
-      const uint32_t w0[8] = {x0.x, x0.y, x0.z, x0.w, y0.x, y0.y, y0.z, y0.w};
-      const uint32_t w1[8] = {x1.x, x1.y, x1.z, x1.w, y1.x, y1.y, y1.z, y1.w};
-#pragma unroll
-      for (int t = 0; t < 4; t++) {
-        fa[mt][t][0] = dq(w0[2 * t] >> sh, s[mt][0][t >> 1]);
-        fa[mt][t][1] = dq(w1[2 * t] >> sh, s[mt][1][t >> 1]);
-        fa[mt][t][2] = dq(w0[2 * t + 1] >> sh, s[mt][0][t >> 1]);
-        fa[mt][t][3] = dq(w1[2 * t + 1] >> sh, s[mt][1][t >> 1]);
-      }
-    }
-  };
-
-  float acc[MT][TN / 2];
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int i = 0; i < TN / 2; i++) acc[mt][i] = 0.f;
-  uint32_t fa[MT][4][4], sc[MT][2][2];
-  load_scales(kt0 * KB, sc);
-  for (int kt = 0; kt < KT; kt++) {
-    const int s = kt % STAGES;
-    mbar_wait(full0 + 8 * s, (kt / STAGES) & 1);
-    dequant(s, sc, fa);  // the other warpgroup's wgmmas keep the tensor pipe busy meanwhile
-    if (kt + 1 < KT) load_scales((kt0 + kt + 1) * KB, sc);
-    const uint32_t act = sbase + s * C_::kStageBytes;
-    wg_fence();
-#pragma unroll
-    for (int t = 0; t < 4; t++)
-#pragma unroll
-      for (int mt = 0; mt < MT; mt++) wgmma::mma_rs<TN>(acc[mt], fa[mt][t], desc_sw128(act + 32 * t));
-    wg_commit();
-    wg_wait0();  // before the fragments are rewritten (see the rule above); stage s is then free
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-      for (int i = 0; i < TN / 2; i++) reg_fence(acc[mt][i]);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty0 + 8 * s);
-  }
-
-  float* const C = seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C;
-  const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
-  int* const tile_sem = sem ? sem + (blockIdx.y * gridDim.x + blockIdx.x) : nullptr;
-  if (tile_sem && z > 0) {
-    if (tid == 0) {
-      int v;
-      do {
-        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(tile_sem) : "memory");
-        if (v != z) __nanosleep(64);
-      } while (v != z);
-    }
-    consumer_bar(C_::kConsumers);
-  }
-  const bool first = z == 0, accumulate = add || !first;
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const int n = n0 + r0 + 64 * mt + 8 * h;
-      if (n >= W.N) continue;
-      const float bn = (bias && first) ? bias[n] : 0.f;
-#pragma unroll
-      for (int j = 0; j < TN / 8; j++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-          const int m = m0 + 8 * j + 2 * tig + e;
-          if (m >= M) continue;
-          float* dst = C + (size_t)m * ldc + n;
-          float v = acc[mt][4 * j + 2 * h + e] + bn;
-          if (accumulate) v += __ldcg(dst);
-          __stcg(dst, v);
-        }
-    }
-  if (tile_sem && z + 1 < nz) {
-    __threadfence();
-    consumer_bar(C_::kConsumers);
-    if (tid == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(tile_sem), "r"(z + 1) : "memory");
-  }
-}
-
-// cuTensorMapEncodeTiled from the driver, once
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  if (!fn) {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
-            cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }
-  return fn;
-}
-// 2D row-major tensor of `rows` x `inner` elements (row pitch `pitch_bytes`), box box_inner x box_rows
-bool encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, uint64_t inner, uint64_t rows,
-               uint64_t pitch_bytes, uint32_t box_inner, uint32_t box_rows, CUtensorMapSwizzle swz) {
-  const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
-  if (!fn) return false;
-  const cuuint64_t dims[2] = {inner, rows};
-  const cuuint64_t strides[1] = {pitch_bytes};
-  const cuuint32_t box[2] = {box_inner, box_rows};
-  const cuuint32_t estr[2] = {1, 1};
-  return fn(map, type, 2, const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
-            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-template <int TN, int WGS, int MT, int STAGES>
-int launch_wgmma_tma(const nq::GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add,
-                     bool allow_split, cudaStream_t st) {
-  using C_ = TmaCfg<TN, WGS, MT, STAGES>;
-  auto kern = gemm_int4_wgmma_tma<TN, WGS, MT, STAGES>;
-  static int per_sm = 0;
-  if (!per_sm) {
-    if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C_::kSmem) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, C_::kThreads, C_::kSmem) != cudaSuccess ||
-        per_sm < 1)
-      return nq::fail(NQ_E_UNSUPPORTED, "wgmma_tma: cannot fit TN=%d WGS=%d MT=%d STAGES=%d", TN, WGS, MT, STAGES);
-  }
-  CUtensorMap tmA, tmW[3];
-  if (!encode_2d(&tmA, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, A, (uint64_t)g.s[0].W.K, (uint64_t)M, (uint64_t)lda * 2, KB,
-                 TN, CU_TENSOR_MAP_SWIZZLE_128B))
-    return nq::fail(NQ_E_CUDA, "wgmma_tma: activation tensor map");
-  for (int i = 0; i < 3; i++) {
-    const nq::LinW& W = g.s[i < g.n ? i : 0].W;
-    if (!encode_2d(&tmW[i], CU_TENSOR_MAP_DATA_TYPE_UINT8, W.w, (uint64_t)W.K / 2, (uint64_t)W.N, (uint64_t)W.K / 2,
-                   KB / 2, C_::kRows, CU_TENSOR_MAP_SWIZZLE_NONE))
-      return nq::fail(NQ_E_CUDA, "wgmma_tma: weight tensor map %d", i);
-  }
-  const int mtiles = (M + TN - 1) / TN;
-  int splits = allow_split ? nq::choose_splits(mtiles * tiles, g.s[0].W.K / KB, per_sm) : 1;
-  if (g_force_splits > 0) splits = std::min(g_force_splits, g.s[0].W.K / KB);
-  g_last_splits = splits;
-  int* sem = nullptr;
-  if (splits > 1) {
-    const size_t bytes = (size_t)mtiles * tiles * sizeof(int);
-    if (cudaMallocAsync(reinterpret_cast<void**>(&sem), bytes, st) != cudaSuccess) {
-      (void)cudaGetLastError();
-      sem = nullptr;
-      splits = 1;
-    } else if (cudaMemsetAsync(sem, 0, bytes, st) != cudaSuccess) {
-      return nq::fail(NQ_E_CUDA, "wgmma_tma: memset");
-    }
-  }
-  dim3 grid(mtiles, tiles, splits);
-  kern<<<grid, C_::kThreads, C_::kSmem, st>>>(g, tmA, tmW[0], tmW[1], tmW[2], M, ldc, add ? 1 : 0, sem);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return nq::fail(NQ_E_CUDA, "wgmma_tma launch: %s", cudaGetErrorString(e));
-  if (sem) cudaFreeAsync(sem, st);
-  return NQ_OK;
-}
-
 // ------------------------------------------------------------------------------------------------------ harness
 using Launch = int (*)(const nq::GemmGroup&, int, const __half*, int, int, int, bool, bool, cudaStream_t);
 struct Kernel {
@@ -629,34 +294,37 @@ int launch_library(const nq::GemmGroup& g, int tiles, const __half* A, int lda, 
                    bool allow_split, cudaStream_t st) {
   g_last_splits = allow_split ? nq::choose_splits(((M + nq::MM_BM - 1) / nq::MM_BM) * tiles, g.s[0].W.K / nq::MM_BK, 2)
                               : 1;
-  return nq::launch_int4_mma<3, 2>(g, tiles, A, lda, M, ldc, add, allow_split, st);  // gemm.cu's build
+  return nq::launch_int4_mma<3, 2>(g, tiles, A, lda, M, ldc, add, allow_split, st);  // gemm.cu's mma.sync build
 }
-// tma_n256w2 when its grid fills the GPU at least once, else tma_n128w2 (twice the blocks): at M = 512 qkv has
-// 72 blocks of 128 x 256 on 132 SMs, o and down 56
-int launch_tma_auto(const nq::GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add,
-                    bool allow_split, cudaStream_t st) {
-  static int sms = 0;
-  if (!sms && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) sms = 132;
-  if ((long long)((M + 255) / 256) * tiles >= sms)
-    return launch_wgmma_tma<256, 2, 1, 4>(g, tiles, A, lda, M, ldc, add, allow_split, st);
-  return launch_wgmma_tma<128, 2, 1, 5>(g, tiles, A, lda, M, ldc, add, allow_split, st);
+// the library's gemm_int4_wgmma builds (gemm_wgmma.cuh; no split-K)
+template <int TN, int WGS, int STAGES>
+int launch_lib_wgmma(const nq::GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add, bool,
+                     cudaStream_t st) {
+  g_last_splits = 1;
+  return nq::launch_int4_wgmma<TN, WGS, STAGES>(g, tiles, A, lda, M, ldc, add, st);
+}
+// the product path: nq::gemm_multi (gemm.cu), which picks the kernel and the block shape itself
+int launch_product(const nq::GemmGroup& g, int, const __half* A, int lda, int M, int ldc, bool add, bool,
+                   cudaStream_t st) {
+  nq::LinW W[3];
+  float* C[3];
+  const float* B[3];
+  for (int i = 0; i < g.n; i++) W[i] = g.s[i].W, C[i] = g.s[i].C, B[i] = g.s[i].bias;
+  g_last_splits = 0;
+  return nq::gemm_multi(W, C, B, g.n, A, lda, M, ldc, add, st);
 }
 // ordered from the smallest (safest) instantiation to the largest; name = n<tokens per block>w<warpgroups>[m<m64
-// tiles per warpgroup>]
+// tiles per warpgroup>]; the cp.async builds (this file) first, then the library's TMA builds
 const Kernel kKernels[] = {
     {"n64w1", 64, 64, launch_wgmma<64, 1, 1, 4>},
     {"n128w2", 128, 128, launch_wgmma<128, 2, 1, 4>},
-    {"n256w1", 64, 256, launch_wgmma<256, 1, 1, 4>},
     {"n256w2", 128, 256, launch_wgmma<256, 2, 1, 4>},
     {"n128w2m2", 256, 128, launch_wgmma<128, 2, 2, 4>},
-    {"n128w1m2", 128, 128, launch_wgmma<128, 1, 2, 4>},
-    {"tma_n64w1", 64, 64, launch_wgmma_tma<64, 1, 1, 4>},
-    {"tma_n128w2", 128, 128, launch_wgmma_tma<128, 2, 1, 5>},
-    {"tma_n256w2", 128, 256, launch_wgmma_tma<256, 2, 1, 4>},
-    {"tma_n128w3", 192, 128, launch_wgmma_tma<128, 3, 1, 5>},
-    {"tma_n128w2m2", 256, 128, launch_wgmma_tma<128, 2, 2, 5>},
-    {"tma_auto", 128, 0, launch_tma_auto},
+    {"tma_n128w2", 128, 128, launch_lib_wgmma<128, 2, 5>},
+    {"tma_n256w2", 128, 256, launch_lib_wgmma<256, 2, 4>},
+    {"tma_n128w3", 192, 128, launch_lib_wgmma<128, 3, 5>},
     {"library", nq::MM_BN, nq::MM_BM, launch_library},
+    {"product", 128, 0, launch_product},
 };
 const Kernel* find_kernel(const std::string& name) {
   for (const Kernel& k : kKernels)
@@ -837,11 +505,14 @@ struct TimeEntry {
 };
 void case_time(const std::vector<TimeEntry>& ks, const std::vector<int>& Ms) {
   const Shape7B shapes[] = {{"qkv", 4608, 3584}, {"o", 3584, 3584}, {"gate+up", 37888, 3584}, {"down", 3584, 18944}};
+  std::vector<dev::Int4Weight> Ws;  // generated once for every M (the 37888-row weight takes seconds)
+  for (const Shape7B& sh : shapes) Ws.push_back(dev::random_int4(sh.N, sh.K, 128, 1234u + sh.N));
   for (int M : Ms) {
     std::printf("timing M = %d (us, TFLOP/s; median of 11 x 20 launches)\n", M);
     std::vector<double> layer(ks.size(), 0.0);
-    for (const Shape7B& sh : shapes) {
-      const dev::Int4Weight W = dev::random_int4(sh.N, sh.K, 128, 1234u + sh.N);
+    for (size_t si = 0; si < 4; si++) {
+      const Shape7B& sh = shapes[si];
+      const dev::Int4Weight& W = Ws[si];
       const std::vector<float> Af = acts(M, sh.K);
       std::vector<__half> Ah(Af.size());
       for (size_t i = 0; i < Af.size(); i++) Ah[i] = __float2half_rn(Af[i]);
@@ -893,7 +564,8 @@ int main(int argc, char** argv) {
   if (c.empty()) {
     std::printf("usage: gemm_int4_wgmma --case CASE\n  smoke:K   small shapes, tails, groups, bias/add, split-K\n"
                 "  shapes:K  the 7B shapes at M in {7, 64, 512, 513, 2048}\n  time:K1,K2,...  7B shapes at M 512 "
-                "and 2048\n  splits:K  split-K sweep at M = 512\n kernels K:");
+                "and 2048\n  timesmall:K1,...  the same at M in {1, 8, 32, 64, 128, 256}\n  splits:K  split-K sweep at M "
+                "= 512\n kernels K:");
     for (const wg::Kernel& k : wg::kKernels) std::printf(" %s", k.name);
     std::printf("\n");
     return argc > 1 && std::strcmp(argv[1], "--list") == 0 ? 0 : 2;
@@ -911,7 +583,7 @@ int main(int argc, char** argv) {
     wg::case_time(es, {512});
     return 0;
   }
-  if (what == "time") {
+  if (what == "time" || what == "timesmall") {
     std::vector<wg::TimeEntry> ks;
     size_t p = 0;
     while (p <= arg.size()) {
@@ -923,7 +595,8 @@ int main(int argc, char** argv) {
       if (q == std::string::npos) break;
       p = q + 1;
     }
-    wg::case_time(ks, {512, 2048});
+    if (what == "time") wg::case_time(ks, {512, 2048});
+    else wg::case_time(ks, {1, 8, 32, 64, 128, 256});
     return 0;
   }
   const wg::Kernel* k = wg::find_kernel(arg);
