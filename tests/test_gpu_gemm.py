@@ -7,9 +7,10 @@ groups 32/64/128, bias and residual add on and off, 1-3 segments in one launch (
 lda > K (the columns past K hold NaN: reading one poisons the result) and ldc > sum of N (the columns no segment
 owns must come back bit-identical), and two runs giving identical bits (serial split-K, used where the grid leaves
 SMs idle, adds the partials in a fixed order).
-Cases that split (gemm_int4_mma below 128 tokens, gemm.cu choose_splits, 132 SMs): M17-N1000 (3 splits). From
-M = 128 on a Hopper GPU the wgmma kernel runs, with each of its three block shapes (gemm.cu choose_wgmma) among the
-cases: 128 x 256 (M2048, M513-N18944), 128 x 128 (M512 o/down-shaped), 192 x 128 (M512 q/k/v-shaped).
+Cases that split (gemm_int4_mma, gemm.cu choose_splits, 132 SMs): M17-N1000 (3 splits). On a Hopper GPU from
+M = 128 with >= 66 blocks, gemm_int4_wgmma runs instead, each of its block shapes (gemm.cu choose_wgmma) in some
+case: 128 x 256 (M2048-N3584), 128 x 128 (M512-N3584-K18944, M128-N9000+4100), 192 x 128 (M512 q/k/v segments,
+M513-N18944, M512-N4864+4864); the other cases run gemm_int4_mma.
 Fresh random inputs every call; outputs poisoned with NaN when not accumulating.
 """
 from __future__ import annotations
@@ -115,7 +116,7 @@ CASES = [  # (M, [N per segment], K, group, lda pad, ldc pad, bias, add)
     (512, [3584], 18944, 128, 0, 0, False, True),        # down + residual
     (513, [18944], 3584, 256, 0, 0, False, False),       # gate, one token past a tile, group 256
     (2048, [3584], 3584, 64, 0, 0, True, True),          # o, bias and residual add
-    (128, [200, 77], 512, 128, 0, 0, True, True),        # the smallest wgmma M, segment tails
+    (128, [9000, 4100], 512, 64, 0, 0, True, True),      # the smallest wgmma M (104 blocks), segment tails
 ]
 
 
