@@ -1,13 +1,16 @@
-"""Prefill INT4 GEMM (gemm_int4_mma, csrc/src/gemm_kernels.cuh) vs a float64 numpy reference, through
-libnanoqwen_testing's nq_test_gemm_int4_multi (GPU only).
+"""Prefill INT4 GEMM (gemm_multi: gemm_int4_wgmma, csrc/src/gemm_wgmma.cuh, on a Hopper GPU from 128 tokens on;
+gemm_int4_mma, csrc/src/gemm_kernels.cuh, otherwise) vs a float64 numpy reference, through libnanoqwen_testing's
+nq_test_gemm_int4_multi (GPU only).
 
 Covers what the kernels' tiling needs: M and N not multiples of the 128 x 128 tile (M 1 .. 512, N down to 3),
 groups 32/64/128, bias and residual add on and off, 1-3 segments in one launch (q/k/v, gate/up), row strides
 lda > K (the columns past K hold NaN: reading one poisons the result) and ldc > sum of N (the columns no segment
 owns must come back bit-identical), and two runs giving identical bits (serial split-K, used where the grid leaves
 SMs idle, adds the partials in a fixed order).
-Cases that split (gemm.cu choose_splits, 132 SMs): M17-N1000 (3 splits), M200-N3584-K18944 (4), M129-N512+512 (3),
-and the 512 x 3584 x 3584 comparison (2).
+Cases that split (gemm_int4_mma, gemm.cu choose_splits, 132 SMs): M17-N1000 (3 splits). On a Hopper GPU from
+M = 128 with >= 66 blocks, gemm_int4_wgmma runs instead, each of its block shapes (gemm.cu choose_wgmma) in some
+case: 128 x 256 (M2048-N3584), 128 x 128 (M512-N3584-K18944, M128-N9000+4100), 192 x 128 (M512 q/k/v segments,
+M513-N18944, M512-N4864+4864); the other cases run gemm_int4_mma.
 Fresh random inputs every call; outputs poisoned with NaN when not accumulating.
 """
 from __future__ import annotations
@@ -105,6 +108,15 @@ CASES = [  # (M, [N per segment], K, group, lda pad, ldc pad, bias, add)
     (64, [3, 40, 130], 256, 32, 16, 2, True, True),      # tiny segments, bias and residual add
     (200, [3584], 18944, 128, 0, 0, False, True),        # 7B down + residual, M not a multiple of 128
     (129, [512, 512], 3584, 128, 0, 0, True, False),     # 7B k/v-shaped pair, one row past a tile
+    # the 7B shapes at the M of issue 12 (1, 7, 64: gemm_int4_mma; 512, 513, 2048: gemm_int4_wgmma), groups 32..256
+    (1, [3584], 18944, 256, 0, 0, False, True),          # down, one token
+    (7, [3584, 512, 512], 3584, 32, 0, 0, True, False),  # q/k/v, group 32
+    (64, [3584], 3584, 64, 8, 0, False, False),           # o
+    (512, [3584, 512, 512], 3584, 32, 8, 4, True, False),  # q/k/v segments, strides wider than the data
+    (512, [3584], 18944, 128, 0, 0, False, True),        # down + residual
+    (513, [18944], 3584, 256, 0, 0, False, False),       # gate, one token past a tile, group 256
+    (2048, [3584], 3584, 64, 0, 0, True, True),          # o, bias and residual add
+    (128, [9000, 4100], 512, 64, 0, 0, True, True),      # the smallest wgmma M (104 blocks), segment tails
 ]
 
 
@@ -116,12 +128,13 @@ def test_gemm_int4_multi_vs_numpy(lib, case):
     segs, A, lda, bias, C, ldc, ref, owned = make_case(rng, M, Ns, K, g, lda_pad, ldc_pad, with_bias, add)
     rc, out = run_gemm(lib, segs, A, K, g, lda, bias, C, ldc, add)
     assert rc == 0, lib.nq_last_error().decode()
-    check(out, ref, C, owned, "gemm_int4_mma")
+    check(out, ref, C, owned, "gemm")
 
 
 @pytest.mark.parametrize("M,N,K", [(512, 3584, 18944), (17, 1000, 3584)])
 def test_gemm_split_k_is_deterministic(lib, M, N, K):
-    """Split-K adds the partials of a tile in split order: two runs on the same inputs give the same bits."""
+    """Split-K (gemm_int4_mma) adds the partials of a tile in split order, and gemm_int4_wgmma (M = 512 here, on a
+    Hopper GPU) does not split: two runs on the same inputs give the same bits."""
     rng = np.random.default_rng()
     segs, A, lda, bias, C, ldc, ref, owned = make_case(rng, M, [N], K, 128, 0, 0, True, True)
     outs = []
@@ -129,7 +142,7 @@ def test_gemm_split_k_is_deterministic(lib, M, N, K):
         rc, out = run_gemm(lib, segs, A, K, 128, lda, bias, C, ldc, True)
         assert rc == 0, lib.nq_last_error().decode()
         outs.append(out)
-    check(outs[0], ref, C, owned, "gemm_int4_mma")
+    check(outs[0], ref, C, owned, "gemm")
     assert np.array_equal(outs[0], outs[1]), "two runs of the same GEMM differ"
 
 

@@ -1,6 +1,9 @@
-// Prefill GEMM entry points (kernels: gemm_kernels.cuh). INT4 weights run gemm_int4_mma with 3 cp.async stages at
-// 2 blocks/SM and serial split-K where the grid leaves SMs idle; f16/bf16 weights run the wmma kernel.
+// Prefill GEMM entry points (kernels: gemm_kernels.cuh, gemm_wgmma.cuh). INT4 weights run gemm_int4_wgmma (wgmma +
+// TMA) on a Hopper GPU from kWgmmaMinM tokens on, with the block shape chosen per call (choose_wgmma); otherwise
+// gemm_int4_mma with 3 cp.async stages at 2 blocks/SM and serial split-K where the grid leaves SMs idle; f16/bf16
+// weights run the wmma kernel.
 #include "gemm_kernels.cuh"
+#include "gemm_wgmma.cuh"
 #include "format_contract.h"
 
 namespace nq {
@@ -8,6 +11,65 @@ namespace {
 // gemm_int4_mma's build: 3 stages at 2 blocks/SM with split-K beat 4 stages at 1 block/SM and the unsplit build
 // on the 7B prefill (csrc/dev/gemm_int4_mma_variants.cu, bench/NOTES.md).
 constexpr int kMmaStages = 3, kMmaBlocksPerSm = 2;
+
+// When gemm_int4_wgmma runs: from one full 128-token block on, and only if its grid has at least half as many blocks
+// as the GPU has SMs (it does not split K; gemm_int4_mma splits K over idle SMs). At M = 512 every 7B projection
+// has >= 96 blocks (measured: 1.8x faster per layer); at M = 128 the 7B q/k/v, o and down grids (19-36 blocks) stay
+// on gemm_int4_mma. Below 128 tokens (batched decode, short prompts) gemm_int4_mma runs as before: the wgmma kernel
+// is correct there (M = 7 and 64 validated) but was not timed against it.
+constexpr int kWgmmaMinM = 128;
+
+// gemm_int4_wgmma's builds and their throughput per SM in full waves (TFLOP/s, 7B gate+up at M = 512 on the H200,
+// csrc/dev/gemm_int4_wgmma.cu, bench/NOTES.md: 529 in 5 rounds of 4.48 waves, 516 in 6 full rounds, 452 in 9 rounds of
+// 8.97 waves): 128 W rows x 256 tokens (2 consumer warpgroups, 4 stages), 128 x 128 (2, 5 stages), 192 x 128 (3, 5).
+struct WgShape {
+  int tn, wgs;
+  double rate;
+};
+constexpr WgShape kWgShapes[3] = {{256, 2, 590.0}, {128, 2, 453.0}, {128, 3, 516.0}};
+
+// The build with the least estimated time: (rounds of one block per SM) x (block FLOPs / rate). At M = 512 this
+// picks 192 x 128 for qkv (96 blocks: one round), 128 x 128 for o and down (112 blocks), 128 x 256 for gate+up
+// (592 blocks), as the measurements ranked them.
+// Returns the build index and its block count in *blocks.
+int choose_wgmma(const LinW* W, int n, int M, int sms, long long* blocks) {
+  int best = 0;
+  double best_cost = 0.0;
+  for (int c = 0; c < 3; c++) {
+    const int rows = 64 * kWgShapes[c].wgs;
+    long long tiles = 0;
+    for (int i = 0; i < n; i++) tiles += (W[i].N + rows - 1) / rows;
+    const long long b = (long long)((M + kWgShapes[c].tn - 1) / kWgShapes[c].tn) * tiles;
+    const double cost = (double)((b + sms - 1) / sms) * rows * kWgShapes[c].tn / kWgShapes[c].rate;
+    if (c == 0 || cost < best_cost) best = c, best_cost = cost, *blocks = b;
+  }
+  return best;
+}
+
+// Whether gemm_int4_wgmma runs on the current device: compute capability 9.x, the library built for sm_90a (the
+// kernel's binary and PTX are sm_90), and the driver's tensor-map encoder present. Cached per device.
+bool wgmma_available(int* sms) {
+  static int state[16] = {0}, nsm[16] = {0};  // 0 unknown, 1 yes, 2 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (!state[dev]) {
+    int major = 0;
+    cudaFuncAttributes fa;
+    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    major == 9 &&
+                    cudaDeviceGetAttribute(&nsm[dev], cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+                    cudaFuncGetAttributes(&fa, gemm_int4_wgmma<256, 2, 4>) == cudaSuccess && fa.binaryVersion >= 90 &&
+                    fa.ptxVersion >= 90 &&  // not an sm_80 build JIT-compiled for this GPU (its kernel is empty)
+                    wg_encode_fn() != nullptr;
+    if (!ok) (void)cudaGetLastError();
+    state[dev] = ok ? 1 : 2;
+  }
+  *sms = nsm[dev];
+  return state[dev] == 1;
+}
 }  // namespace
 
 int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, const __half* A, int lda, int M,
@@ -40,8 +102,27 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
     if (i == 1) g.tiles1 = t;
     tiles += t;
   }
-  if (W[0].type == WT_INT4)
+  if (W[0].type == WT_INT4) {
+    int sms = 0;
+    bool tma_ok = reinterpret_cast<uintptr_t>(A) % 16 == 0;  // TMA: 16-byte aligned bases (lda % 8 == 0 above)
+    for (int i = 0; i < n; i++) tma_ok = tma_ok && reinterpret_cast<uintptr_t>(W[i].w) % 16 == 0;
+    long long blocks = 0;
+    const int c = M >= kWgmmaMinM && tma_ok && wgmma_available(&sms) ? choose_wgmma(W, n, M, sms, &blocks) : -1;
+    if (c >= 0 && 2 * blocks >= sms) {
+      const int rows = 64 * kWgShapes[c].wgs;
+      int wt = 0;
+      for (int i = 0; i < n; i++) {
+        const int t = (W[i].N + rows - 1) / rows;
+        if (i == 0) g.tiles0 = t;
+        if (i == 1) g.tiles1 = t;
+        wt += t;
+      }
+      if (c == 0) return launch_int4_wgmma<256, 2, 4>(g, wt, A, lda, M, ldc, add, st);
+      if (c == 1) return launch_int4_wgmma<128, 2, 5>(g, wt, A, lda, M, ldc, add, st);
+      return launch_int4_wgmma<128, 3, 5>(g, wt, A, lda, M, ldc, add, st);
+    }
     return launch_int4_mma<kMmaStages, kMmaBlocksPerSm>(g, tiles, A, lda, M, ldc, add, /*allow_split=*/true, st);
+  }
   if (W[0].type == WT_F16) return launch_gemm<WT_F16>(g, tiles, A, lda, M, ldc, add, st);
   if (W[0].type == WT_BF16) return launch_gemm<WT_BF16>(g, tiles, A, lda, M, ldc, add, st);
   return fail(NQ_E_UNSUPPORTED, "gemm: weight type %d", W[0].type);

@@ -1,0 +1,298 @@
+// gemm_int4_wgmma: the INT4 (layout 1) x f16 prefill GEMM on Hopper wgmma + TMA (sm_90a only; launchers:
+// gemm.cu). Same contract as gemm_int4_mma (gemm_kernels.cuh): C[M, N] (+)= A[M, K] @ W[N, K]^T (+ bias), A f16
+// (row stride lda), f32 C (row stride ldc), 1-3 segments sharing A (GemmGroup), any group of the format.
+// Development, variants and measurements: csrc/dev/gemm_int4_wgmma.cu, bench/NOTES.md ("wgmma prefill GEMM").
+//
+// * C^T = W A^T: wgmma's M (64 rows per consumer warpgroup) = W rows, its N (TN = 128 or 256) = tokens. The
+//   dequantised weights are the A operand FROM REGISTERS; the activations are the B operand from shared memory,
+//   K-major, 128-byte swizzle.
+// * Register A fragment of wgmma m64nNk16 (PTX ISA, "Register Fragments"): warp w of the warpgroup holds rows
+//   16w..16w+15 in the mma.m16n8k16 A layout: a01 = (row gid, k 2tig,+1), a23 = (gid+8, 2tig,+1), a45 = (gid,
+//   2tig+8,+9), a67 = (gid+8, 2tig+8,+9), lane = 4 gid + tig. The B side's k order is that of the activations as
+//   stored, so thread tig needs real k 16t+2tig,+1 (word 2t) and 16t+8+2tig,+1 (word 2t+1) of 16-k step t: in
+//   layout 1 that is nibble pair tig of every word ((w >> 4 tig) & 0x000F000F = codes of k 8j+2tig, 8j+2tig+1).
+//   Each thread reads the 8 words of each of its 2 rows per 64-k stage and dequantises one pair per word with
+//   gemm_int4_mma's arithmetic (dq_pair: bit-identical f16 weights), once per W tile per block.
+// * Accumulator of m64nNk16: d[4j + 2h + e] = (W row 16w + gid + 8h, token 8j + 2tig + e).
+// * Shared-memory descriptor (PTX ISA, "Matrix Descriptor"): start address >> 4 (bits 0-13), leading byte offset
+//   1 (unused for swizzled K-major), stride byte offset 1024 B >> 4 (8-row core-matrix groups), base offset 0 (every
+//   stage's activation tile is 1024-byte aligned), swizzle mode 1 = 128 B (bits 62-63). The 128-byte swizzle XORs
+//   address bits 4-6 with bits 7-9 (chunk c of token row r at r*128 + ((c ^ (r & 7)) << 4), which is what the TMA
+//   unit writes with CU_TENSOR_MAP_SWIZZLE_128B); 16-k step t starts 32 t bytes into the atom.
+// * Warp specialisation: the last warpgroup is the producer (one thread issues; setmaxnreg.dec), loading each
+//   64-k stage with TMA (cp.async.bulk.tensor.2d): the activation box 64 k x TN tokens (128-byte swizzle) and the raw
+//   W box 32 bytes x rows (no swizzle); rows beyond M or N are zero-filled by the TMA unit. Full/empty mbarriers per
+//   stage. Each consumer warpgroup (setmaxnreg.inc) waits on full[s], dequantises into registers, issues the
+//   stage's 4 wgmmas, waits for them and releases the stage (one arrive per consumer warp). No block barrier lines
+//   the warpgroups up, so one dequantises while another's wgmmas run.
+// * The register-A rule: nothing may write the A fragment registers while a wgmma reading them is in flight (the
+//   tensor core reads them when it dispatches the HGMMA, up to hundreds of cycles after issue), hence
+//   wgmma.wait_group 0 before the next dequantisation. Dequantising the next stage during the wgmmas let ptxas give
+//   the new values the in-flight HGMMAs' registers (NaN results, bench/NOTES.md); csrc/dev/check_wgmma_sass.py
+//   checks the rule on the SASS.
+// * Scales: __ldg into registers one stage ahead (groups are powers of two: the index is a shift), per 32-k half.
+// * No split-K: every split count > 1 was slower on the 7B shapes (bench/NOTES.md); small grids take a narrower
+//   block instead (gemm.cu's choice).
+// * Tensor maps are encoded on the host per launch (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion:
+//   no -lcuda) and passed as __grid_constant__ parameters, so a captured launch replays with the pointers it had.
+#pragma once
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include "gemm_kernels.cuh"
+#include "wgmma_rs.cuh"
+
+// sm_90a device code only (wgmma, setmaxnreg, TMA); the sm_80 build compiles the kernels empty and the host never
+// launches them there (wgmma_available()).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define NQ_WGMMA_DEVICE 1
+#else
+#define NQ_WGMMA_DEVICE 0
+#endif
+
+namespace nq {
+namespace {
+
+constexpr int WG_KB = 64;  // k per stage: one 128-byte (swizzle-atom) row of f16 per token
+
+template <int TN, int WGS, int STAGES>
+struct WgCfg {
+  static constexpr int kConsumers = 128 * WGS;
+  static constexpr int kThreads = kConsumers + 128;  // + the producer warpgroup
+  static constexpr int kRows = 64 * WGS;             // W rows per block
+  static constexpr int kActBytes = TN * WG_KB * 2;   // TN token rows x 128 B
+  static constexpr int kWBytes = kRows * WG_KB / 2;  // raw int4 words: 32 B per W row
+  static constexpr int kStageBytes = kActBytes + kWBytes;
+  static constexpr int kSmem = STAGES * kStageBytes + 2 * STAGES * 8 + 1024;  // + mbarriers + 1024-B alignment slack
+  // setmaxnreg split of the 65536 registers: the producer keeps 40, the consumers take the rest
+  static constexpr int kProducerRegs = 40, kConsumerRegs = WGS == 2 ? 232 : 152;
+  static_assert(WGS == 2 || WGS == 3, "2 or 3 consumer warpgroups");
+  static_assert(128 * (kProducerRegs + WGS * kConsumerRegs) <= 65536, "register file");
+  static_assert(kActBytes % 1024 == 0 && kWBytes % 1024 == 0, "stages must stay 1024-byte aligned");
+  static_assert(TN <= 256 && kRows <= 256, "a TMA box is at most 256 rows");
+};
+
+__device__ __forceinline__ uint64_t wg_desc_sw128(uint32_t saddr) {
+  return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+         ((uint64_t)1 << 62);
+}
+
+#if NQ_WGMMA_DEVICE
+__device__ __forceinline__ void wg_mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void wg_mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void wg_mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void wg_mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void wg_tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+// keeps the compiler from moving reads of an accumulator across the wgmma wait
+__device__ __forceinline__ void wg_reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+#endif
+
+template <int TN, int WGS, int STAGES>
+__global__ void __launch_bounds__(128 * WGS + 128, 1)
+    gemm_int4_wgmma(const GemmGroup g, const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmW0,
+                    const __grid_constant__ CUtensorMap tmW1, const __grid_constant__ CUtensorMap tmW2, int M, int ldc,
+                    int add) {
+#if NQ_WGMMA_DEVICE
+  using C_ = WgCfg<TN, WGS, STAGES>;
+  extern __shared__ __align__(128) unsigned char wsm_raw[];
+  const uint32_t raw_u32 = smem_u32(wsm_raw);
+  const uint32_t sbase = (raw_u32 + 1023u) & ~1023u;
+  unsigned char* const wsm = wsm_raw + (sbase - raw_u32);
+  const uint32_t full0 = sbase + STAGES * C_::kStageBytes, empty0 = full0 + STAGES * 8;
+
+  const int by = blockIdx.y;  // W-row tile over all segments; blockIdx.x = token tile (fastest: W read ~once)
+  const int seg = (g.n > 2 && by >= g.tiles0 + g.tiles1) ? 2 : (g.n > 1 && by >= g.tiles0) ? 1 : 0;
+  const LinW W = seg == 2 ? g.s[2].W : seg == 1 ? g.s[1].W : g.s[0].W;
+  const CUtensorMap* tmW = seg == 2 ? &tmW2 : seg == 1 ? &tmW1 : &tmW0;
+  const int n0 = (by - (seg == 2 ? g.tiles0 + g.tiles1 : seg == 1 ? g.tiles0 : 0)) * C_::kRows;
+  const int m0 = blockIdx.x * TN;
+  const int tid = threadIdx.x;
+  const int KT = W.K / WG_KB;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; s++) {
+      wg_mbar_init(full0 + 8 * s, 1);                     // the producer's expect_tx arrive (+ the TMA bytes)
+      wg_mbar_init(empty0 + 8 * s, C_::kConsumers / 32);  // one arrive per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (tid >= C_::kConsumers) {  // producer warpgroup
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C_::kProducerRegs));
+    if (tid == C_::kConsumers) {
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmA)) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmW)) : "memory");
+      for (int kt = 0; kt < KT; kt++) {
+        const int s = kt % STAGES;
+        if (kt >= STAGES) wg_mbar_wait(empty0 + 8 * s, ((kt / STAGES) - 1) & 1);
+        const uint32_t buf = sbase + s * C_::kStageBytes, full = full0 + 8 * s;
+        wg_mbar_expect_tx(full, C_::kStageBytes);
+        wg_tma_load_2d(buf, &tmA, kt * WG_KB, m0, full);
+        wg_tma_load_2d(buf + C_::kActBytes, tmW, kt * WG_KB / 2, n0, full);
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C_::kConsumerRegs));
+
+  // consumer: warpgroup wg owns block rows 64 wg .. 64 wg + 63; this thread rows r0 and r0 + 8
+  const int lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3, gid = lane >> 2, tig = lane & 3;
+  const int r0 = wg * 64 + wq * 16 + gid;
+  const int sh = 4 * tig;
+  const int groups = W.K / W.group, gshift = __ffs(W.group) - 1;  // groups are powers of two (format rule)
+  // scale rows of r0 and r0 + 8; rows beyond N read row 0's (their outputs are never stored)
+  const __half* srow0 = W.scales + (size_t)(n0 + r0 < W.N ? n0 + r0 : 0) * groups;
+  const __half* srow1 = W.scales + (size_t)(n0 + r0 + 8 < W.N ? n0 + r0 + 8 : 0) * groups;
+  auto load_scales = [&](int k0, uint32_t (&s)[2][2]) {  // (s, s) pairs [row r0 / r0+8][32-k half]
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+      const unsigned short b0 = __half_as_ushort(__ldg(srow0 + ((k0 + 32 * q) >> gshift)));
+      const unsigned short b1 = __half_as_ushort(__ldg(srow1 + ((k0 + 32 * q) >> gshift)));
+      s[0][q] = (uint32_t)b0 | ((uint32_t)b0 << 16);
+      s[1][q] = (uint32_t)b1 | ((uint32_t)b1 << 16);
+    }
+  };
+
+  float acc[TN / 2];
+#pragma unroll
+  for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;
+  uint32_t fa[4][4], sc[2][2];
+  load_scales(0, sc);
+  for (int kt = 0; kt < KT; kt++) {
+    const int s = kt % STAGES;
+    wg_mbar_wait(full0 + 8 * s, (kt / STAGES) & 1);
+    {  // dequantise rows r0 and r0 + 8 of this stage into the A fragments of the 4 16-k steps
+      const unsigned char* wp = wsm + s * C_::kStageBytes + C_::kActBytes;
+      const uint4 x0 = *reinterpret_cast<const uint4*>(wp + r0 * 32);
+      const uint4 y0 = *reinterpret_cast<const uint4*>(wp + r0 * 32 + 16);
+      const uint4 x1 = *reinterpret_cast<const uint4*>(wp + (r0 + 8) * 32);
+      const uint4 y1 = *reinterpret_cast<const uint4*>(wp + (r0 + 8) * 32 + 16);
+      const uint32_t w0[8] = {x0.x, x0.y, x0.z, x0.w, y0.x, y0.y, y0.z, y0.w};
+      const uint32_t w1[8] = {x1.x, x1.y, x1.z, x1.w, y1.x, y1.y, y1.z, y1.w};
+#pragma unroll
+      for (int t = 0; t < 4; t++) {
+        fa[t][0] = dq_pair(w0[2 * t] >> sh, 0, u32_as_h2(sc[0][t >> 1]));
+        fa[t][1] = dq_pair(w1[2 * t] >> sh, 0, u32_as_h2(sc[1][t >> 1]));
+        fa[t][2] = dq_pair(w0[2 * t + 1] >> sh, 0, u32_as_h2(sc[0][t >> 1]));
+        fa[t][3] = dq_pair(w1[2 * t + 1] >> sh, 0, u32_as_h2(sc[1][t >> 1]));
+      }
+    }
+    if (kt + 1 < KT) load_scales((kt + 1) * WG_KB, sc);
+    const uint32_t act = sbase + s * C_::kStageBytes;
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int t = 0; t < 4; t++) wgmma::mma_rs<TN>(acc, fa[t], wg_desc_sw128(act + 32 * t));
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");  // the register-A rule; stage s is free
+#pragma unroll
+    for (int i = 0; i < TN / 2; i++) wg_reg_fence(acc[i]);
+    __syncwarp();
+    if (lane == 0) wg_mbar_arrive(empty0 + 8 * s);
+  }
+
+  // epilogue: acc[4j + 2h + e] = (block row r0 + 8h, token 8j + 2tig + e)
+  float* const C = seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C;
+  const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int n = n0 + r0 + 8 * h;
+    if (n >= W.N) continue;
+    const float bn = bias ? bias[n] : 0.f;
+#pragma unroll
+    for (int j = 0; j < TN / 8; j++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int m = m0 + 8 * j + 2 * tig + e;
+        if (m >= M) continue;
+        float* dst = C + (size_t)m * ldc + n;
+        float v = acc[4 * j + 2 * h + e] + bn;
+        if (add) v += *dst;
+        *dst = v;
+      }
+  }
+#endif
+}
+
+// cuTensorMapEncodeTiled from the driver, looked up once (null if the driver lacks it)
+inline PFN_cuTensorMapEncodeTiled_v12000 wg_encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static bool looked = false;
+  if (!looked) {
+    looked = true;
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
+            cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    else
+      (void)cudaGetLastError();
+  }
+  return fn;
+}
+// 2D row-major tensor of `rows` x `inner` elements (row pitch `pitch_bytes`), box box_inner x box_rows
+inline bool wg_encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, uint64_t inner, uint64_t rows,
+                         uint64_t pitch_bytes, uint32_t box_inner, uint32_t box_rows, CUtensorMapSwizzle swz) {
+  const PFN_cuTensorMapEncodeTiled_v12000 fn = wg_encode_fn();
+  if (!fn) return false;
+  const cuuint64_t dims[2] = {inner, rows};
+  const cuuint64_t strides[1] = {pitch_bytes};
+  const cuuint32_t box[2] = {box_inner, box_rows};
+  const cuuint32_t estr[2] = {1, 1};
+  return fn(map, type, 2, const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// One launch of gemm_int4_wgmma<TN, WGS, STAGES>; `tiles` = W-row tiles of 64 WGS rows over all segments.
+template <int TN, int WGS, int STAGES>
+int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add,
+                      cudaStream_t st) {
+  using C_ = WgCfg<TN, WGS, STAGES>;
+  auto kern = gemm_int4_wgmma<TN, WGS, STAGES>;
+  static bool raised = false;
+  if (!raised) {
+    NQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C_::kSmem));
+    raised = true;
+  }
+  if (tiles > 65535) return fail(NQ_E_UNSUPPORTED, "gemm: %d N tiles (at most 65535)", tiles);
+  CUtensorMap tmA, tmW[3];
+  if (!wg_encode_2d(&tmA, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, A, (uint64_t)g.s[0].W.K, (uint64_t)M, (uint64_t)lda * 2,
+                    WG_KB, TN, CU_TENSOR_MAP_SWIZZLE_128B))
+    return fail(NQ_E_CUDA, "gemm: cuTensorMapEncodeTiled failed for the activations (M=%d, K=%d, lda=%d)", M,
+                g.s[0].W.K, lda);
+  for (int i = 0; i < 3; i++) {
+    const LinW& W = g.s[i < g.n ? i : 0].W;
+    if (!wg_encode_2d(&tmW[i], CU_TENSOR_MAP_DATA_TYPE_UINT8, W.w, (uint64_t)W.K / 2, (uint64_t)W.N,
+                      (uint64_t)W.K / 2, WG_KB / 2, C_::kRows, CU_TENSOR_MAP_SWIZZLE_NONE))
+      return fail(NQ_E_CUDA, "gemm: cuTensorMapEncodeTiled failed for weight segment %d (N=%d, K=%d)", i, W.N, W.K);
+  }
+  dim3 grid((M + TN - 1) / TN, tiles);
+  kern<<<grid, C_::kThreads, C_::kSmem, st>>>(g, tmA, tmW[0], tmW[1], tmW[2], M, ldc, add ? 1 : 0);
+  NQ_LAUNCH_CHECK("gemm_int4_wgmma");
+  return NQ_OK;
+}
+
+}  // namespace
+}  // namespace nq
