@@ -81,7 +81,7 @@ if has bench; then
   timeout 240 python3 bench/steer_bench.py /tmp/q7b.nanoqwen --json "$LOG/steer7b.json" > "$LOG/steer7b.log" 2>&1
   note "steer bench 7B rc=$?"; tail -10 "$LOG/steer7b.log" | tee -a "$summary"
   # many sequences per step (nq_decode_batch) against the single stream, same file
-  timeout 240 python3 bench/batch_bench.py /tmp/q7b.nanoqwen --json "$LOG/batch7b.json" > "$LOG/batch7b.log" 2>&1
+  timeout 240 python3 bench/batch_bench.py /tmp/q7b.nanoqwen --batch 1,4,8,32,64 --json "$LOG/batch7b.json" > "$LOG/batch7b.log" 2>&1
   note "batch bench 7B rc=$?"; tail -6 "$LOG/batch7b.log" | tee -a "$summary"
   save
 fi
