@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from qwen25_model import build_qwen25_model_file, find_tokenizer_dir
+from schema_suite import SCHEMAS
 from test_server_model import HANG_GUARD_S, running_server
 
 from nanoqwen_rt.logits import (InvalidLogitsSettings, LogitsPipeline, LogitsSettings, apply_token_bitmask,
@@ -198,23 +199,6 @@ def test_logit_bias_forces_a_token(qeng):
     _, chunks = _run(qeng.generate("x", max_new_tokens=3, logit_bias={target: 5.0}, frequency_penalty=2.0,
                                    presence_penalty=2.0, stop_token_ids=[]))
     assert [c.token_ids[0] for c in chunks].count(target) <= 2
-
-
-SCHEMAS = [
-    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                      "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-     "required": ["name", "age"], "additionalProperties": False},
-    {"type": "object", "properties": {"ok": {"type": "boolean"}, "tags": {"type": "array", "maxItems": 3,
-                                                                           "items": {"enum": ["a", "b", "c"]}}},
-     "required": ["ok", "tags"], "additionalProperties": False},
-    {"type": "array", "items": {"type": "integer", "minimum": -5, "maximum": 5}, "minItems": 1, "maxItems": 4},
-    {"type": "object", "properties": {"kind": {"const": "point"},
-                                      "xy": {"type": "array", "items": {"type": "number", "minimum": 0,
-                                                                        "maximum": 1}, "minItems": 2, "maxItems": 2}},
-     "required": ["kind", "xy"], "additionalProperties": False},
-    {"type": "object", "properties": {"choice": {"anyOf": [{"type": "null"}, {"enum": ["x", "y"]}]}},
-     "required": ["choice"], "additionalProperties": False},
-]
 
 
 @pytest.mark.parametrize("schema", SCHEMAS)
