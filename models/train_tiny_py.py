@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Train the embedded default model `models/tiny-py/` from scratch, reproducibly, on a GPU or the CPU.
 
-    python models/train_tiny_py.py --device cuda --out models/tiny-py     # ~1 min on one H200 (the shipped model)
+    python models/train_tiny_py.py --device cuda --out models/tiny-py     # ~2 min on one H200 (the shipped model)
     python models/train_tiny_py.py --device cpu --threads 2 --out /tmp/x  # the same on 2 cores: hours
 
 What it does (every step is deterministic given --seed and the running interpreter's standard library):
@@ -19,10 +19,11 @@ What it does (every step is deterministic given --seed and the running interpret
    code and stops. They are mixed into the training stream; the held-out loss is on plain held-out files only.
 4. Fill-in-the-middle examples, in Qwen2.5-Coder's PSM order:
    `<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>{middle}<|endoftext|>`. Every training file is cut
-   into chunks of whole lines (≤ FIM_CHUNK_CHARS characters), each chunk is split at two uniformly random character
-   positions into prefix / middle / suffix (random.Random seeded by --seed), and each part is tokenized on its own,
-   as nanoqwen_rt.fim builds the prompt at inference. A fixed FIM_FRACTION of every batch's windows start at a FIM
-   example (the rest are windows of the plain stream), so each such window holds one whole example.
+   into chunks of whole lines (≤ FIM_CHUNK_CHARS characters), each chunk is split into prefix / middle / suffix
+   (fim_split: half at two uniformly random character positions, half after the indentation of a line and at the
+   end of that line or of one of the next two; random.Random seeded by --seed), and each part is tokenized on its
+   own, as nanoqwen_rt.fim builds the prompt at inference. A fixed FIM_FRACTION of every batch's windows start at a
+   FIM example (the rest are windows of the plain stream), so each such window holds one whole example.
 5. Model: Qwen2ForCausalLM, hidden 256, 4 layers, 4 query heads / 2 KV heads (head_dim 64), MLP 768, tied
    embeddings, rope_theta 1e4, qkv bias, eager attention; trained in float32 with AdamW + linear warmup + cosine
    decay on random 256-token windows, deterministic: torch.use_deterministic_algorithms, and on CUDA
@@ -108,9 +109,14 @@ CHAT_EXAMPLE_MAX_CHARS = 1500
 # A FIM example's source chunk: whole lines, at most this many characters (~190 tokens at 3.1 characters per token,
 # so prefix + suffix + middle + 4 markers fit one 257-token training window; longer examples are dropped).
 FIM_CHUNK_CHARS = 600
-# Share of each batch's windows that are FIM examples: a quarter, so that plain completion (run, chat, the
-# server) keeps most of the training budget.
-FIM_FRACTION = 0.25
+# Share of each batch's windows that are FIM examples: half (StarCoder's FIM rate); with
+# DEFAULTS' 3000 steps plain completion (run, chat, the server) still sees 24,000 windows.
+FIM_FRACTION = 0.5
+# Share of the FIM chunks split at line boundaries (fim_split): a model this small trained on character-level splits
+# alone began every middle as the rest of a word ("elf" after `    `), the wrong guess at an editor's cursor.
+FIM_LINE_SPLIT_SHARE = 0.5
+# A line-split middle is 1 to this many lines (uniform): the completions an editor asks for.
+FIM_LINE_MAX_LINES = 3
 # Held-out FIM examples scored at the end (loss of the middle + <|endoftext|> tokens), for training_info.json.
 FIM_HELDOUT_EXAMPLES = 256
 
@@ -134,9 +140,9 @@ MODEL_CONFIG = dict(
 SAVE_DTYPE = torch.float16
 
 # ---- training defaults ------------------------------------------------------------------------------------------
-# 2000 steps: ~2 epochs of the plain stream (the 700 of the CPU-trained model, 0.9 epochs, left the held-out loss
-# still falling); about a minute on one GPU.
-DEFAULTS = dict(seed=1234, steps=2000, batch_size=16, context=256, lr=3e-3, min_lr_ratio=0.1, warmup=30,
+# 3000 steps: 24,000 plain windows, ~2 epochs of the plain stream (the 700 of the CPU-trained model, 0.9 epochs,
+# left the held-out loss still falling), and as many FIM windows; 1.5 minutes on one H200.
+DEFAULTS = dict(seed=1234, steps=3000, batch_size=16, context=256, lr=3e-3, min_lr_ratio=0.1, warmup=30,
                 weight_decay=0.1, grad_clip=1.0, eval_every=100, eval_windows=64, threads=DEFAULT_THREADS)
 DEVICES = ("cpu", "cuda")
 
@@ -191,15 +197,30 @@ def fim_chunks(text: str) -> list[str]:
     return [c for c in chunks if c.strip()]
 
 
+def fim_split(c: str, rng: random.Random) -> tuple[int, int]:
+    """Where the middle of chunk `c` starts and ends, drawn from `rng`. A FIM_LINE_SPLIT_SHARE of the chunks are cut
+    where an editor's cursor usually is: the middle starts after the indentation of a random line and ends at the
+    end of that line or of one of the next FIM_LINE_MAX_LINES - 1 (the suffix then starts with the newline); the
+    others at two uniformly random character positions (the split of StarCoder's FIM training)."""
+    if rng.random() < FIM_LINE_SPLIT_SHARE:
+        starts = [0] + [k + 1 for k, ch in enumerate(c) if ch == "\n" and k + 1 < len(c)]
+        s = starts[rng.randrange(len(starts))]
+        i = s + len(c[s:]) - len(c[s:].lstrip(" \t"))                 # after the line's indentation
+        ends = ([k for k in range(i, len(c)) if c[k] == "\n"] + [len(c)])[:FIM_LINE_MAX_LINES]
+        return i, ends[rng.randrange(len(ends))]
+    i, j = sorted((rng.randint(0, len(c)), rng.randint(0, len(c))))
+    return i, j
+
+
 def fim_examples(texts: list[str], tok, rng: random.Random, max_tokens: int) -> list[list[int]]:
     """PSM token sequences <|fim_prefix|> prefix <|fim_suffix|> suffix <|fim_middle|> middle <|endoftext|> of every
-    chunk of `texts` (two uniform split points per chunk, drawn from `rng` in order); each part is encoded on its own,
-    as nanoqwen_rt.fim encodes a prompt. Examples longer than max_tokens are dropped."""
+    chunk of `texts` (split by fim_split, drawn from `rng` in order); each part is encoded on its own, as
+    nanoqwen_rt.fim encodes a prompt. Examples longer than max_tokens are dropped."""
     ids = {t: tok.token_to_id(t) for t in (FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE, EOT)}
     parts = []
     for text in texts:
         for c in fim_chunks(text):
-            i, j = sorted((rng.randint(0, len(c)), rng.randint(0, len(c))))
+            i, j = fim_split(c, rng)
             parts += [c[:i], c[j:], c[i:j]]          # prefix, suffix, middle
     enc = tok.encode_batch(parts)
     out = []
@@ -532,7 +553,9 @@ def main(argv=None) -> int:
         "n_chat_examples": len(chat_docs),
         "n_train_tokens": len(train_stream),
         "fim": {"format": "PSM: <|fim_prefix|>prefix<|fim_suffix|>suffix<|fim_middle|>middle<|endoftext|>",
-                "chunk_chars": FIM_CHUNK_CHARS, "fraction_of_windows": FIM_FRACTION, "windows_per_batch": n_fim,
+                "chunk_chars": FIM_CHUNK_CHARS, "line_split_share": FIM_LINE_SPLIT_SHARE,
+                "line_split_max_lines": FIM_LINE_MAX_LINES,
+                "fraction_of_windows": FIM_FRACTION, "windows_per_batch": n_fim,
                 "n_examples": len(fim), "n_tokens": len(fim_stream), "n_heldout_examples": len(fim_heldout),
                 "heldout_middle_tokens": n_fim_tok, "heldout_middle_loss_saved_dtype": fim16},
         "n_heldout_tokens_scored": n_tok,
