@@ -11,11 +11,13 @@ multi-byte character or a possible stop-string prefix is held back); the last ch
 (stop id or stop string; the stop string / stop token text is never included) or "length" (max_new_tokens
 reached or the context is full). Closing the iterator early is fine; `stats` then describes what ran.
 
-One Engine runs one sequence: while a generator from generate()/chat() is live (not exhausted, closed or
-garbage-collected), another generate/chat/logits call raises EngineBusy, from any thread.
+generate()/chat() run one sequence: while a generator from them is live (not exhausted, closed or
+garbage-collected), another generate/chat/logits call raises EngineBusy, from any thread. Many sequences at once go
+through the batched API: submit() → a BatchGeneration handle, step() / start_loop() (nanoqwen_rt/scheduler.py).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import threading
@@ -26,15 +28,19 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .backends.base import Backend, ContextFull, InvalidMaxContext, InvalidTokenIds
+from .backends.base import Backend, BackendError, ContextFull, InvalidMaxContext, InvalidTokenIds, check_token_ids
+from .kv_pool import KV_PAGE_TOKENS
 from .fim import NoFimTokens, fim_prompt_ids, fim_stop_ids
 from .logits import InvalidLogitsSettings, LogitsPipeline, LogitsSettings, TokenConstraint, TokenLogprob
+from .kv_pool import PoolTooSmall
 from .sampling import InvalidSamplingParams, SamplingParams
+from .scheduler import DEFAULT_MAX_BATCH, BatchStats, Scheduler, _Seq, default_kv_pages
 from .tokenizer import ChatTemplateError, Tokenizer, TokenizerError
 
 __all__ = ["Engine", "GenerationChunk", "GenerationStats", "EngineError", "PromptTooLong", "EmptyPrompt",
            "InvalidArgument", "DeviceUnavailable", "EngineClosed", "EngineBusy", "NoTokenizer", "ChatError",
-           "TokenIdOutOfRange", "FimUnsupported", "TokenLogprob", "InvalidGrammar"]
+           "TokenIdOutOfRange", "FimUnsupported", "TokenLogprob", "InvalidGrammar", "KvPoolTooSmall",
+           "BatchGeneration", "BatchStats"]
 
 
 # -- errors ---------------------------------------------------------------------------------------------
@@ -81,6 +87,11 @@ class ChatError(InvalidArgument):
 
 class InvalidGrammar(InvalidArgument):
     """json_constraint()/lark_constraint(): a schema or grammar the grammar engine refuses (message: its reason)."""
+
+
+class KvPoolTooSmall(InvalidArgument):
+    """submit(): the request (prompt + max_new_tokens) needs more KV pages than the engine's whole pool
+    (Engine(kv_pages=...)); it could never run."""
 
 
 class FimUnsupported(InvalidArgument):
@@ -134,18 +145,27 @@ DEVICES = ("auto", "cpu", "cuda")
 
 
 class Engine:
-    """One model file, one backend, one sequence at a time.
+    """One model file, one backend: one sequence at a time through generate(), many through submit()/step().
 
     Sharing is refused, never silently wrong: while a generator returned by generate()/chat() is live (not yet
     exhausted, closed or garbage-collected), or a logits() call runs, any other generate/chat/logits call (this
-    thread or another) raises EngineBusy. The server serialises calls through its worker thread.
+    thread or another) raises EngineBusy. The server drives the batched API from its worker thread.
     """
 
     def __init__(self, path: str | os.PathLike, device: str = "auto", max_context: int | None = None,
-                 verify_checksums: bool = True):
+                 verify_checksums: bool = True, *, max_batch: int = DEFAULT_MAX_BATCH, kv_pages: int | None = None):
         from nanoqwen_format import open_file
         if device not in DEVICES:
             raise DeviceUnavailable(f"unknown device {device!r}: expected one of {', '.join(DEVICES)}")
+        for name, v in (("max_batch", max_batch), ("kv_pages", kv_pages)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
+                raise InvalidArgument(f"{name} must be a positive integer, got {v!r}")
+        # the batched API (submit/step): its scheduler and KV pages are made on the first submit()
+        self._max_batch = int(max_batch)
+        self._kv_pages = None if kv_pages is None else int(kv_pages)
+        self._scheduler: Scheduler | None = None
+        self._batch_lock = threading.Lock()
+        self._loop: tuple[threading.Thread, threading.Event] | None = None
         self.path = os.fspath(path)
         self._file = open_file(self.path, verify_checksums=verify_checksums)   # raises NanoqwenFormatError
         self._closed = False
@@ -197,6 +217,8 @@ class Engine:
         token); a generator still live afterwards raises EngineClosed on its next step."""
         if getattr(self, "_closed", True) and self.backend is None and getattr(self, "_file", None) is None:
             return
+        if getattr(self, "_loop", None) is not None:
+            self.stop_loop()             # before the step lock: the loop thread may be waiting for it
         step = getattr(self, "_step", None)
         with step if step is not None else contextlib.nullcontext():
             self._close_now()
@@ -206,6 +228,8 @@ class Engine:
         live = self._live_generation() if getattr(self, "_live_generation", None) is not None else None
         if live is not None:
             live.close()            # stops its backend stream (CUDA: the nq_generate thread) before the free
+        if getattr(self, "_scheduler", None) is not None:
+            self._scheduler.close(EngineClosed("the engine was closed during this generation"))
         if self.backend is not None:
             self.backend.close()
             self.backend = None
@@ -300,6 +324,31 @@ class Engine:
         """
         t0 = time.perf_counter()
         be = self._check_open()
+        params, stop_ids, stops_s, settings = self._request_settings(
+            max_new_tokens, temperature, top_k, top_p, seed, stop, stop_token_ids, logprobs, logit_bias,
+            presence_penalty, frequency_penalty)
+        ids = self.encode(prompt)
+        self._claim_sequence()
+        try:
+            with _named_input_errors():      # the backend checks ids and the context (eagerly, at this call)
+                if settings.changes_logits or settings.top_logprobs is not None or constraint is not None:
+                    token_iter = be.generate_steered(ids, params, int(max_new_tokens), stop_ids,
+                                                     LogitsPipeline(settings, constraint))
+                else:
+                    token_iter = _plain_steps(be.generate_ids(ids, params, int(max_new_tokens), stop_ids))
+        except BaseException:
+            self._sequence.release()
+            raise
+        self.stats = GenerationStats(prompt_tokens=int(ids.shape[0]))
+        gen = _Generation(self, self._stream(token_iter, ids.shape[0], int(max_new_tokens), be.max_context,
+                                             stop_ids, stops_s, t0))
+        self._live_generation = weakref.ref(gen)
+        return gen
+
+    def _request_settings(self, max_new_tokens, temperature, top_k, top_p, seed, stop, stop_token_ids, logprobs,
+                          logit_bias, presence_penalty, frequency_penalty):
+        """generate()/submit()'s argument checks, one place: (SamplingParams, stop ids, stop strings,
+        LogitsSettings), or a named InvalidArgument / NoTokenizer."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
                 or max_new_tokens < 1:
             raise InvalidArgument(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -331,23 +380,7 @@ class Engine:
                                       frequency_penalty, logprobs)
         except InvalidLogitsSettings as e:
             raise InvalidArgument(str(e)) from None
-        ids = self.encode(prompt)
-        self._claim_sequence()
-        try:
-            with _named_input_errors():      # the backend checks ids and the context (eagerly, at this call)
-                if settings.changes_logits or settings.top_logprobs is not None or constraint is not None:
-                    token_iter = be.generate_steered(ids, params, int(max_new_tokens), stop_ids,
-                                                     LogitsPipeline(settings, constraint))
-                else:
-                    token_iter = _plain_steps(be.generate_ids(ids, params, int(max_new_tokens), stop_ids))
-        except BaseException:
-            self._sequence.release()
-            raise
-        self.stats = GenerationStats(prompt_tokens=int(ids.shape[0]))
-        gen = _Generation(self, self._stream(token_iter, ids.shape[0], int(max_new_tokens), be.max_context,
-                                             stop_ids, stops_s, t0))
-        self._live_generation = weakref.ref(gen)
-        return gen
+        return params, stop_ids, stops_s, settings
 
     def chat(self, messages: Sequence[dict], tools: Sequence[dict] | None = None, **kw) -> Iterator[GenerationChunk]:
         """Apply the file's chat template (with the generation prompt) and generate(); same keyword arguments.
@@ -425,10 +458,126 @@ class Engine:
         kw.setdefault("stop_token_ids", fim_stop_ids(self.tokenizer))
         return self.generate(ids, **kw)
 
+    # -- many sequences (the batched API) ---------------------------------------------------------------
+    def submit(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
+               top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop: Iterable[str] | None = None,
+               stop_token_ids: Iterable[int] | None = None, *, logprobs: int | None = None,
+               logit_bias: dict[int, float] | None = None, presence_penalty: float = 0.0,
+               frequency_penalty: float = 0.0, constraint: TokenConstraint | None = None) -> "BatchGeneration":
+        """Queue a generation on the engine's batch and return its handle at once (no compute here). Same
+        arguments, checks and chunks as generate(). Many handles may be live at once, from any threads.
+
+        The work happens in step() (nanoqwen_rt/scheduler.py): iterating a handle calls step() itself while it has
+        no chunk ready (so a plain `for chunk in handle` works); start_loop() runs steps on a background thread
+        instead; `handle.poll()` returns the chunks ready now without stepping. Closing (or dropping) a handle
+        cancels its sequence and returns its KV pages at once. The first submit() allocates the KV pages
+        (Engine(kv_pages=...), max_batch sequences at a time). A request that needs more pages than the pool has
+        raises KvPoolTooSmall; one that needs more than are free waits for running sequences to end.
+        """
+        t0 = time.perf_counter()
+        be = self._check_open()
+        params, stop_ids, stops_s, settings = self._request_settings(
+            max_new_tokens, temperature, top_k, top_p, seed, stop, stop_token_ids, logprobs, logit_bias,
+            presence_penalty, frequency_penalty)
+        with _named_input_errors():
+            ids = check_token_ids(self.encode(prompt), int(self.config.vocab_rows))
+        if ids.shape[0] >= be.max_context:
+            raise PromptTooLong(f"prompt of {ids.shape[0]} tokens leaves no room for a new token in "
+                                f"max_context={be.max_context}")
+        pipeline = LogitsPipeline(settings, constraint) if (settings.changes_logits or constraint is not None
+                                                            or settings.top_logprobs is not None) else None
+        sched = self._batch()
+        handle = BatchGeneration(self, sched, int(ids.shape[0]), int(max_new_tokens), be.max_context, stop_ids,
+                                 stops_s, t0)
+        seq = _Seq(ids, params, int(max_new_tokens), stop_ids, pipeline, handle._push)
+        handle._seq = seq
+        try:
+            sched.add(seq)
+        except PoolTooSmall as e:
+            handle._live = False
+            raise KvPoolTooSmall(str(e)) from None
+        return handle
+
+    def step(self) -> int:
+        """One step of the batch (admit, one decode token per running sequence, prompt chunks, retire): see
+        nanoqwen_rt/scheduler.py. Returns the tokens sampled. A no-op before the first submit()."""
+        self._check_open()
+        sched = self._scheduler
+        return sched.step() if sched is not None else 0
+
+    def batch_stats(self) -> BatchStats | None:
+        """Running / waiting sequences, KV pages used / free / cached, prefix-cache hits, tokens/s (None before
+        the first submit())."""
+        sched = self._scheduler
+        return sched.stats() if sched is not None else None
+
+    def start_loop(self) -> None:
+        """Run step() on a background daemon thread whenever the batch has work, until stop_loop() or close();
+        handles then wait for their chunks instead of stepping. Idempotent."""
+        self._check_open()
+        if self._loop is not None:
+            return
+        sched = self._batch()
+        stop = threading.Event()
+
+        def loop():
+            while not stop.is_set():
+                if sched.has_work:
+                    sched.step()
+                else:
+                    with sched.changed:
+                        if not sched.has_work and not stop.is_set():
+                            sched.changed.wait()
+        th = threading.Thread(target=loop, name="nanoqwen-batch", daemon=True)
+        self._loop = (th, stop)
+        th.start()
+
+    def stop_loop(self) -> None:
+        """Stop the background loop (after its current step). Handles go back to stepping themselves."""
+        loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        th, stop = loop
+        stop.set()
+        sched = self._scheduler
+        with sched.changed:
+            sched.changed.notify_all()
+        th.join()
+
+    @property
+    def max_batch(self) -> int:
+        """Sequences the batched API runs at once (Engine(max_batch=...))."""
+        return self._max_batch
+
+    @property
+    def looping(self) -> bool:
+        return self._loop is not None
+
+    def open_batch(self) -> None:
+        """Make the batched API's scheduler and allocate its KV pages now (submit() does it on first use)."""
+        self._batch()
+
+    def _batch(self) -> Scheduler:
+        """The scheduler, made (and the KV pages allocated) on first use."""
+        with self._batch_lock:
+            if self._scheduler is None:
+                be = self._check_open()
+                cfg = self.config
+                page_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * KV_PAGE_TOKENS * cfg.head_dim * 4   # f32 rows
+                n_pages = self._kv_pages or default_kv_pages(be.max_context, self._max_batch, page_bytes)
+                try:
+                    self._scheduler = Scheduler(be, self._max_batch, n_pages, self._step)
+                except BackendError as e:
+                    raise DeviceUnavailable(str(e)) from None
+            return self._scheduler
+
     # -- streaming ------------------------------------------------------------------------------------
-    def _stream(self, token_iter: Iterator[tuple[int, TokenLogprob | None, bool]], n_prompt: int, max_new: int, max_context: int, stop_ids: set[int],
-                stops_s: list[str], t0: float) -> Iterator[GenerationChunk]:
-        st = self.stats
+    def _stream(self, token_iter: Iterator[tuple[int, TokenLogprob | None, bool]], n_prompt: int, max_new: int,
+                max_context: int, stop_ids: set[int], stops_s: list[str], t0: float,
+                st: GenerationStats | None = None) -> Iterator[GenerationChunk]:
+        """Token ids → text chunks (stop ids and strings, held-back stop prefixes, the finish reason); the timings
+        go to `st` (the engine's stats by default)."""
+        st = self.stats if st is None else st
         dec = self.tokenizer.stream_decoder() if self.tokenizer is not None else None
         acc = ""          # all text decoded so far
         emitted = 0       # chars of acc already yielded
@@ -512,6 +661,101 @@ class _Generation:
             self._chunks.close()
         finally:
             self._engine._sequence.release()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class BatchGeneration:
+    """The handle Engine.submit() returns: an iterator of GenerationChunk (the same chunks generate() yields for
+    the request), fed by the engine's steps. `stats`: this request's GenerationStats (ttft_s counts from submit(),
+    so it includes the time spent waiting for a batch slot or KV pages). Iterating steps the engine while no chunk
+    is ready (or waits for the background loop's steps); poll() never steps. close() cancels the sequence: its
+    KV pages return to the pool at once (or after the step now running). Thread-safe against the stepping
+    thread; one consumer per handle."""
+
+    def __init__(self, engine: Engine, sched: Scheduler, n_prompt: int, max_new: int, max_context: int,
+                 stop_ids: set[int], stops_s: list[str], t0: float):
+        self._engine = engine
+        self._sched = sched
+        self._seq: _Seq | None = None
+        self._q: collections.deque = collections.deque()       # (token, logprob, complete) not yet consumed
+        self.stats = GenerationStats(prompt_tokens=n_prompt)
+        self._chunks = engine._stream(self._tokens(), n_prompt, max_new, max_context, stop_ids, stops_s, t0,
+                                      self.stats)
+        self._live = True
+
+    def _push(self, tok: int, lp, complete: bool) -> None:
+        """Called by the stepping thread, under the step lock, for each token sampled for this sequence."""
+        self._q.append((tok, lp, complete))
+
+    def _tokens(self):
+        while True:
+            if self._q:
+                yield self._q.popleft()
+            elif self._seq.done:
+                return
+            else:
+                raise AssertionError("BatchGeneration: a chunk was asked for before its token was sampled")
+
+    def _wait_for_token(self) -> None:
+        seq, sched = self._seq, self._sched
+        while not self._q and not seq.done:
+            if self._engine.looping:
+                with sched.changed:
+                    if not self._q and not seq.done and self._engine.looping:
+                        sched.changed.wait(0.25)
+            else:
+                self._engine._check_open()
+                sched.step()
+
+    def __iter__(self) -> "BatchGeneration":
+        return self
+
+    def __next__(self) -> GenerationChunk:
+        if not self._live:
+            raise StopIteration
+        try:
+            self._wait_for_token()
+            if not self._q and self._seq.error is not None:
+                raise self._seq.error
+            chunk = next(self._chunks)
+        except BaseException:         # StopIteration, an error, Ctrl-C: this generation is over either way
+            self.close()
+            raise
+        if chunk.finish_reason is not None:
+            self.close()              # a stop string ends it here: the sequence leaves the batch now
+            self.stats.finish_reason = chunk.finish_reason
+        return chunk
+
+    def poll(self) -> list[GenerationChunk]:
+        """The chunks ready now (possibly none), without stepping the engine. Raises what the generation raised."""
+        out = []
+        while self._live and (self._q or self._seq.done):
+            try:
+                out.append(next(self))
+            except StopIteration:
+                break
+        return out
+
+    @property
+    def done(self) -> bool:
+        """True once every chunk was consumed (or the handle was closed)."""
+        return not self._live
+
+    def close(self) -> None:
+        """Cancel the generation (if it still runs) and free its KV pages. Idempotent."""
+        if not self._live:
+            return
+        self._live = False
+        try:
+            self._chunks.close()
+        finally:
+            if self._seq is not None:
+                self._sched.cancel(self._seq)
 
     def __del__(self):
         try:

@@ -382,6 +382,8 @@ def test_limits_match_the_c_header():
     defines = dict(re.findall(r"#define (NQ_MAX_\w+) (\d+)", header))
     assert int(defines["NQ_MAX_TOP_LOGPROBS"]) == MAX_TOP_LOGPROBS
     assert int(defines["NQ_MAX_LOGIT_BIAS"]) == MAX_LOGIT_BIAS
+    from nanoqwen_rt.backends.cuda.abi import NQ_MAX_BATCH
+    assert int(defines["NQ_MAX_BATCH"]) == NQ_MAX_BATCH
 
 
 def test_cli_run_suffix(qpath, qeng, no_fim_model_path):

@@ -137,3 +137,101 @@ def test_no_device_is_named(fake_loaded):
     lib.nq_device_count = lambda: 0
     fake_loaded(lib)
     assert "sees no CUDA device (nq_device_count() = 0)" in cuda_backend.unavailable_reason()
+
+
+class _FakeSessionsLib(FakeLib):
+    """Sessions whose "logits" are a function of the token history (argmax = (sum of ids + length) % vocab), to
+    test the batched API's plumbing on the CUDA backend: one session per sequence, prompts through nq_prefill, the
+    decode tokens of a step through one nq_decode_batch, frees."""
+
+    V = 50
+
+    def __init__(self):
+        super().__init__()
+        self.sessions: dict[int, list] = {}
+        self.freed: list[int] = []
+        self.calls: list[str] = []
+        self._next = 1
+
+    def nq_session_create(self, model, max_ctx, sampling, out):
+        sid, self._next = self._next, self._next + 1
+        self.sessions[sid] = []
+        out._obj.value = sid
+        return abi.NQ_OK
+
+    def nq_prefill(self, sess, ids, n):
+        self.calls.append("prefill")
+        self.sessions[sess.value] += np.ctypeslib.as_array(ids, shape=(n,)).tolist()
+        return abi.NQ_OK
+
+    def nq_decode(self, sess, tok):
+        self.calls.append("decode")
+        self.sessions[sess.value].append(int(tok))
+        return abi.NQ_OK
+
+    def nq_get_logits(self, sess, out, n):
+        hist = self.sessions[sess.value]
+        a = np.ctypeslib.as_array(out, shape=(n,))
+        a[:] = 0.0
+        a[(sum(hist) + len(hist)) % self.V] = 1.0
+        return abi.NQ_OK
+
+    def nq_session_free(self, sess):
+        self.freed.append(sess.value)
+
+    def nq_batch_create(self, model, max_batch, out):
+        out._obj.value = 999
+        return abi.NQ_OK
+
+    def nq_decode_batch(self, batch, sessions, tokens, n, next_tokens, logits):
+        self.calls.append(f"decode_batch {n}")
+        toks = np.ctypeslib.as_array(tokens, shape=(n,))
+        nxt = np.ctypeslib.as_array(next_tokens, shape=(n,))
+        lg = np.ctypeslib.as_array(logits, shape=(n, self.V)) if logits else None
+        for i in range(n):
+            hist = self.sessions[sessions[i]]
+            hist.append(int(toks[i]))
+            nxt[i] = (sum(hist) + len(hist)) % self.V
+            if lg is not None:
+                lg[i] = 0.0
+                lg[i, nxt[i]] = 1.0
+        return abi.NQ_OK
+
+    def nq_batch_free(self, batch):
+        self.calls.append("batch_free")
+
+
+def test_batched_api_runs_one_library_session_per_sequence():
+    from nanoqwen_rt.sampling import SamplingParams
+    from nanoqwen_rt.scheduler import Scheduler, _Seq
+    lib = _FakeSessionsLib()
+    be = object.__new__(cuda_backend.CudaBackend)          # no device: only what the batched API touches
+    be._lib, be._model, be._sess = lib, ctypes.c_void_p(1), ctypes.c_void_p()
+    be._batch, be._batch_cap = None, 0
+    be.config = types.SimpleNamespace(vocab_rows=lib.V)
+    be.max_context = 64
+    sched = Scheduler(be, max_batch=2, kv_pages=16, lock=threading.Lock())
+    assert sched.kv.shares_pages is False                   # the library's pages are its own: no prefix reuse
+
+    def expect(prompt, n):                                  # what the fake's logits make greedy sampling pick
+        hist, out = list(prompt), []
+        for _ in range(n):
+            t = (sum(hist) + len(hist)) % lib.V
+            out.append(t)
+            hist.append(t)
+        return out
+
+    got = {0: [], 1: [], 2: []}
+    prompts = [[3, 4, 5], [7] * 20, [1, 2]]
+    for i, p in enumerate(prompts):
+        sched.add(_Seq(np.array(p, dtype=np.int32), SamplingParams(0.0, 0, 1.0, None), 6, set(),
+                       None, lambda t, lp, c, i=i: got[i].append(t)))
+    for _ in range(40):
+        sched.step()
+    assert [got[i] for i in range(3)] == [expect(p, 6) for p in prompts]
+    assert sorted(lib.freed) == [1, 2, 3] and sched.pool.used_pages == 0 and not sched.kv._sessions
+    # the prompts one at a time; the decode tokens of a step in one batched call (2 sequences run at once), or,
+    # for a step with one decoding sequence, its own nq_decode
+    batched = [int(c.split()[1]) for c in lib.calls if c.startswith("decode_batch")]
+    assert lib.calls.count("prefill") == 3 and batched and min(batched) == max(batched) == 2
+    assert sum(batched) + lib.calls.count("decode") == 3 * 5

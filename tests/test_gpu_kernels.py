@@ -71,6 +71,13 @@ def test_pack_fast_matches_reference():
     np.testing.assert_allclose(dequant(u, s, 32), dequantize_int4_reference(q, s, 32), rtol=0, atol=0)
 
 
+# INT4 GEMV with f16 arithmetic against float64 (test_gemv_int4_vs_numpy): the rigorous per-row bound (x to f16:
+# u = 2^-11; f16 partial sums of 16 products: gamma_9 ~ 9u; 10u = 4.9e-3 of sum |w x|, with margin), and the typical
+# relative error over many rows (random rounding: ~5e-4 measured on every Qwen2.5 shape, 3e-3 allowed).
+GEMV_F16_WORST = 5.5e-3
+GEMV_F16_REL = 3e-3
+
+
 def rel_err(y, ref):
     return float(np.linalg.norm(y.astype(np.float64) - ref) / np.linalg.norm(ref))
 
@@ -87,19 +94,23 @@ def test_gemv_int4_vs_numpy(lib, name, N, K, g):
     w_norm = (1.0 + 0.3 * rng.standard_normal(K)).astype(np.float32)
     eps = 1e-6
     xn = x.astype(np.float64) / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps) * w_norm
-    ref = dequant(u, s, g) @ xn
     for with_norm in (True, False):
         y = np.empty(N, dtype=np.float32)
         _check(lib, lib.nq_test_gemv_int4(q.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
                                           s.view(np.uint16).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)),
                                           N, K, g, _f32p(x), _f32p(w_norm) if with_norm else None, eps, _f32p(y)))
         assert np.isfinite(y).all(), "unwritten (NaN-poisoned) outputs"
-        r = ref if with_norm else dequant(u, s, g) @ x.astype(np.float64)
-        err = rel_err(y, r)
-        # x rounded to f16 (2^-12 relative); the tensor-core sums are f32 but carry a 1024 offset per value that a
-        # per-block correction removes (~2^10 x 2^-24 of sum |x|, ~1e-4 relative): ~5e-4 expected, 3e-3 allowed.
-        tol = 3e-3
-        assert err < tol, f"{name} g{g} norm {with_norm}: relative error {err:.2e}"
+        xin = xn if with_norm else x.astype(np.float64)
+        r = dequant(u, s, g) @ xin
+        # Worst case, per row: x rounded to f16 (u = 2^-11 of each product) and the kernel's f16 partial sums of 16
+        # products (two chains of 8 fused multiply-adds, then one add: gamma_9 ~ 9u of the sum of |products|);
+        # the f32 part above is negligible. A rigorous bound, so it holds for every draw.
+        bound = np.abs(dequant(u, s, g)) @ np.abs(xin)
+        worst = float(np.max(np.abs(y - r) / bound))
+        assert worst < GEMV_F16_WORST, f"{name} g{g} norm {with_norm}: error {worst:.2e} of sum |w x|"
+        if N >= 16:  # with 3 rows the norm below is one draw of a heavy-tailed ratio (~0.5 % of draws > 3e-3)
+            err = rel_err(y, r)
+            assert err < GEMV_F16_REL, f"{name} g{g} norm {with_norm}: relative error {err:.2e}"
 
 
 # shapes per mode as the decode step uses them; the split-K kernel picks 1, 2 or 4 warps per row pair among these
@@ -133,9 +144,9 @@ def test_gemv_int4_add_mode_vs_numpy(lib, name, N, K):
                                            _f32p(y)))
     assert np.isfinite(y).all()
     # same arithmetic as test_gemv_int4_vs_numpy (x is given in f16 here, so exact); the residual add in f32
-    # adds ~6e-8 x |y0|: 3e-3
+    # adds ~6e-8 x |y0|
     err = rel_err(y - y0, prod)
-    assert err < 3e-3, f"{name}: relative error {err:.2e}"
+    assert err < GEMV_F16_REL, f"{name}: relative error {err:.2e}"
 
 
 @pytest.mark.parametrize("name,N,K", SWIGLU_SHAPES, ids=[s[0] for s in SWIGLU_SHAPES])
@@ -155,7 +166,7 @@ def test_gemv_int4_swiglu_mode_vs_numpy(lib, name, N, K):
     _check(lib, lib.nq_test_gemv_int4_mode(_u32p(qg), _u16p(sg), _u32p(qu), _u16p(su), N, K, g, _f32p(x),
                                            _f32p(w_norm), eps, 2, _f32p(y)))
     assert np.isfinite(y).all(), "unwritten (NaN-poisoned) outputs"
-    # product of two GEMV results (each within 3e-3, see above; silu is 1-Lipschitz-ish in g, so the relative
+    # product of two GEMV results (each within GEMV_F16_REL, see above; silu is 1-Lipschitz-ish in g, so the relative
     # errors add) rounded to f16 (2^-11): 8e-3
     err = rel_err(y, ref)
     assert err < 8e-3, f"{name}: relative error {err:.2e}"

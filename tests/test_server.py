@@ -29,7 +29,9 @@ QUEUE_SIZE = 2
 def server(model_path, tmp_path_factory):
     """Base URL of a running server; the process is always terminated by the finalizer."""
     log_path = tmp_path_factory.mktemp("server") / "server.log"
-    with running_server(model_path, log_path, "--queue-size", str(QUEUE_SIZE), "--api-key", KEY,
+    # --max-batch 1: one request generates at a time, so the queue and 429 tests below control what waits;
+    # continuous batching has its own server in tests/test_server_batch.py
+    with running_server(model_path, log_path, "--queue-size", str(QUEUE_SIZE), "--max-batch", "1", "--api-key", KEY,
                         "--model-name", MODEL, "--log-level", "warning") as (base, proc):
         yield base
     assert proc.returncode in (0, -15), log_path.read_text()       # clean shutdown on SIGTERM

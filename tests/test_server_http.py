@@ -42,12 +42,44 @@ class _FakeTokenizer:
                                                                                else "")
 
 
+class _FakeHandle:
+    """Engine.submit's handle over a fake generator: poll() computes one chunk itself (the fake has no batch for
+    step() to advance)."""
+
+    def __init__(self, it):
+        self._it = it
+        self.done = False
+
+    def poll(self):
+        if self.done:
+            return []
+        try:
+            return [next(self._it)]
+        except StopIteration:
+            self.done = True
+            return []
+
+    def close(self):
+        self.done = True
+        getattr(self._it, "close", lambda: None)()
+
+
 class FakeEngine:
     """Yields words 'w0 w1 ...'; `gate` (when set) makes every token wait for a permit, so tests can hold a
-    generation open without sleeping."""
+    generation open without sleeping. The batched API (submit / step / batch_stats) over the same generator."""
     device = "fake"
     max_context = CONTEXT
+    max_batch = 4
     config = SimpleNamespace(vocab_rows=100)
+
+    def submit(self, prompt, **kw):
+        return _FakeHandle(self.generate(prompt, **kw))
+
+    def step(self):
+        return 0
+
+    def batch_stats(self):
+        return None
 
     def __init__(self):
         self.tokenizer = _FakeTokenizer()
@@ -319,6 +351,17 @@ def test_queue_full_gets_429_and_all_others_complete(fake):
         # FIFO: the engine saw the prompts in arrival order
         assert [call["prompt"] for call in fake.calls] == [[1], [2], [3]]
         assert "nanoqwen_queue_rejected_total 1" in c.get("/metrics").text
+
+
+def test_request_larger_than_the_kv_pool_is_a_400_before_queueing(fake):
+    """A request needing more KV pages than the engine's whole pool could never run: 400 at once, nothing queued."""
+    fake.batch_stats = lambda: SimpleNamespace(kv_pages=2)          # 32 tokens of KV in all
+    with TestClient(create_app(fake, model_name=MODEL, queue_size=2)) as c:
+        ok = c.post("/v1/completions", json={"model": MODEL, "prompt": "a b c", "max_tokens": 30})
+        assert ok.status_code == 200                                # 3 + 30 - 1 = 32 positions: 2 pages
+        r = c.post("/v1/completions", json={"model": MODEL, "prompt": "a b c", "max_tokens": 31, "stream": True})
+        _err(r, 400, "invalid_value", "max_tokens")
+    assert len(fake.calls) == 1
 
 
 # ------------------------------------------------------------------ pure parts

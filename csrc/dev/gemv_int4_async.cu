@@ -1,3 +1,4 @@
+// "The library kernel" below is the library's gemv_int4 of that time, kept as gemv_int4_v2 (gemv_int4_v2.cuh).
 // INT4 GEMV with a per-thread cp.async ring: more weight bytes in flight without registers. It LOST (H200,
 // bench/NOTES.md "Session 4"): 7B gate+up 25.7 us at S = 3, 26.4 at S = 4, 31.4 at S = 6 (deeper is slower) vs the
 // library's 23.9; and the diagnostics below showed why: the library kernel's loads alone (its exact access pattern
@@ -20,6 +21,7 @@
 //
 //   make -C csrc/dev && build/dev/gemv_int4_async
 #include "gemv_dev.cuh"
+#include "gemv_int4_v2.cuh"
 #include "cp_async.cuh"
 
 // dynamic shared memory per block: the H200 opt-in maximum (227 KB) less room for the static part
@@ -212,9 +214,9 @@ struct LoadsOnly {
 
 // Time-only diagnostics on each shape: the read-only stream over the weight bytes, and gemv_int4's loads alone.
 void diagnostics(const std::vector<dev::Shape>& shapes, int sms) {
-  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4<nq::GEMV_STORE, 2, nq::LoadsOnly<2>>,
+  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4_v2<nq::GEMV_STORE, 2, nq::LoadsOnly<2>>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, nq::kMaxDynSmem));
-  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4<nq::GEMV_STORE, 2, nq::LoadsOnly<4>>,
+  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4_v2<nq::GEMV_STORE, 2, nq::LoadsOnly<4>>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, nq::kMaxDynSmem));
   unsigned* sink = nullptr;
   DEV_CHECK(cudaMalloc(&sink, 4096 * sizeof(unsigned)));
@@ -232,10 +234,10 @@ void diagnostics(const std::vector<dev::Shape>& shapes, int sms) {
       dev::read_ceiling<<<sms * 8, dev::kCeilThreads>>>(reinterpret_cast<const uint4*>(wc.copy(i)), n16, sink);
     });
     const double l2 = dev::median_us([&](int i) {
-      dev::must(nq::launch_gemv_int4<nq::GEMV_STORE, 2, nq::LoadsOnly<2>>(args(i), sh.N, sms, 0));
+      dev::must(nq::launch_gemv_int4_v2<nq::GEMV_STORE, 2, nq::LoadsOnly<2>>(args(i), sh.N, sms, 0));
     });
     const double l4 = dev::median_us([&](int i) {
-      dev::must(nq::launch_gemv_int4<nq::GEMV_STORE, 2, nq::LoadsOnly<4>>(args(i), sh.N, sms, 0));
+      dev::must(nq::launch_gemv_int4_v2<nq::GEMV_STORE, 2, nq::LoadsOnly<4>>(args(i), sh.N, sms, 0));
     });
     std::printf("  %-10s %10.2f %10.2f %10.2f %10.1f\n", sh.name, rd, l2, l4, W.bytes() / 1e6);
     cudaFree(dx);
@@ -255,7 +257,7 @@ void set_smem() {
 }
 
 int main() {
-  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4<nq::GEMV_STORE, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4_v2<nq::GEMV_STORE, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  nq::kMaxDynSmem));
   set_smem<2, 3>();
   set_smem<2, 4>();
@@ -266,7 +268,7 @@ int main() {
   const int sms = dev::sm_count();
   struct V { const char* name; std::function<int(const nq::GemvArgs&, int)> f; };
   const std::vector<V> variants = {
-      {"library gemv_int4 (2 blocks/SM, registers)", [&](const nq::GemvArgs& a, int r) { return nq::launch_gemv_int4<nq::GEMV_STORE, 2>(a, r, sms, 0); }},
+      {"gemv_int4_v2 (the library kernel then; 2 blocks/SM)", [&](const nq::GemvArgs& a, int r) { return nq::launch_gemv_int4_v2<nq::GEMV_STORE, 2>(a, r, sms, 0); }},
       {"async ring S=3, 2 blocks/SM", [&](const nq::GemvArgs& a, int r) { return nq::launch_gemv_int4_async<nq::GEMV_STORE, 2, 3>(a, r, sms, 0); }},
       {"async ring S=4, 2 blocks/SM", [&](const nq::GemvArgs& a, int r) { return nq::launch_gemv_int4_async<nq::GEMV_STORE, 2, 4>(a, r, sms, 0); }},
       {"async ring S=6, 2 blocks/SM", [&](const nq::GemvArgs& a, int r) { return nq::launch_gemv_int4_async<nq::GEMV_STORE, 2, 6>(a, r, sms, 0); }},

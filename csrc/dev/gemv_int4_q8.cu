@@ -1,9 +1,11 @@
+// "gemv_int4" below is the library's kernel of that time, kept as gemv_int4_v2 (gemv_int4_v2.cuh).
 // gemv_int4's split-K skeleton with int8 activations: x quantised per 32 values in a vectorised per-block prologue,
 // dp4a on the codes, 4 units per lane and row per stage (the int8 path needs 98 instead of 128 registers). Lost to
 // the f16 unpack: 7B per-layer GEMVs 51.6 vs 50.5 us (gate/up 21.50 vs 23.85 won, qkv/o/down lost to the
 // prologue), decode 2.206 vs 2.122 ms/token on the H200 (bench/NOTES.md, "INT8-activation GEMV on the v2 kernel").
 //   make -C csrc/dev && build/dev/gemv_int4_q8
 #include "gemv_dev.cuh"
+#include "gemv_int4_v2.cuh"
 #include "int8_x.cuh"
 
 namespace nq {
@@ -36,10 +38,10 @@ struct Q8Units {
 constexpr double kTolInt8Activations = 1.5e-2;
 
 int main() {
-  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4<nq::GEMV_STORE, 2, nq::Q8Units>,
+  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4_v2<nq::GEMV_STORE, 2, nq::Q8Units>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, nq::kMaxDynSmem));
   const int sms = dev::sm_count();
   return dev::run_gemv_shapes("gemv_int4 with int8 x + dp4a", [&](const nq::GemvArgs& a, int rows) {
-    dev::must(nq::launch_gemv_int4<nq::GEMV_STORE, 2, nq::Q8Units>(a, rows, sms, 0));
+    dev::must(nq::launch_gemv_int4_v2<nq::GEMV_STORE, 2, nq::Q8Units>(a, rows, sms, 0));
   }, kTolInt8Activations, false);
 }

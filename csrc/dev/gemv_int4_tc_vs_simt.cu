@@ -1,8 +1,9 @@
-// The INT4 GEMV on tensor cores (gemv_int4_tc.cuh) against the library's CUDA-core kernel (gemv_int4), same run,
+// The INT4 GEMV on tensor cores (gemv_int4_tc.cuh) against the library's CUDA-core kernel of that time (gemv_int4_v2.cuh), same run,
 // same weights. Both validate against the CPU reference (x rounded to f16), then each shape is timed (weights
 // rotated > 256 MB); last, the tensor-core kernel's loads alone and its arithmetic alone (time only).
 //   make -C csrc/dev && build/dev/gemv_int4_tc_vs_simt
 #include "gemv_dev.cuh"
+#include "gemv_int4_v2.cuh"
 #include "gemv_int4_tc.cuh"
 
 // Time-only runs of a launch over the shapes (results are not checked: diagnostic variants compute no GEMV).
@@ -29,7 +30,7 @@ void time_only(const char* title, const std::vector<dev::Shape>& shapes, F launc
 constexpr double kTolF16Unpack = 3e-3;
 
 int main() {
-  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4<nq::GEMV_STORE, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4_v2<nq::GEMV_STORE, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  nq::kMaxDynSmem));
   DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4_tc<nq::GEMV_STORE, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  nq::kMaxDynSmem));
@@ -41,7 +42,7 @@ int main() {
   shapes.push_back({"0.5B gate", 4864, 896});
   shapes.push_back({"odd 1000x384", 1000, 384});
   int rc = dev::run_gemv_shapes("gemv_int4 (CUDA cores, 2 blocks/SM)", [&](const nq::GemvArgs& a, int rows) {
-    dev::must(nq::launch_gemv_int4<nq::GEMV_STORE, 2>(a, rows, sms, 0));
+    dev::must(nq::launch_gemv_int4_v2<nq::GEMV_STORE, 2>(a, rows, sms, 0));
   }, kTolF16Unpack, true, shapes);
   rc |= dev::run_gemv_shapes("gemv_int4_tc (tensor cores, 2 blocks/SM)", [&](const nq::GemvArgs& a, int rows) {
     dev::must(nq::launch_gemv_int4_tc<nq::GEMV_STORE, 2>(a, rows, sms, 0));

@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define NQ_ABI_VERSION 2
+#define NQ_ABI_VERSION 3
 #if defined(__GNUC__)
 #define NQ_API __attribute__((visibility("default")))
 #else
@@ -37,6 +37,7 @@ enum nq_status {
 
 typedef struct nq_model nq_model;
 typedef struct nq_session nq_session;
+typedef struct nq_batch nq_batch;
 
 /* Model dimensions as read from the header (ModelConfig). */
 typedef struct nq_config {
@@ -116,6 +117,19 @@ NQ_API int nq_sample_steered(nq_session* s, const int32_t* bias_ids, const float
                              float frequency_penalty, int32_t top_n, int32_t* out_token, float* out_logprob,
                              int32_t* out_top_ids, float* out_top_logprobs, int32_t* out_n_top);
 NQ_API void nq_session_free(nq_session* s);
+
+/* Batched decode: one token for each of n sessions of one model in one forward pass (the weights are read once per
+ * step for all of them). max_batch in [1, NQ_MAX_BATCH]. */
+#define NQ_MAX_BATCH 256
+NQ_API int nq_batch_create(nq_model* m, int32_t max_batch, nq_batch** out);
+/* sessions[i] (n in [1, max_batch] distinct sessions of the batch's model, not in use by another call) takes
+ * tokens[i] at its position; next_tokens[i] is then sampled with that session's sampling settings (its own device
+ * sampler state, as nq_generate); logits: NULL, or n * vocab_rows floats that receive each sequence's logits. Every
+ * position advances by one; afterwards nq_get_logits of these sessions fails until their next nq_decode or
+ * nq_prefill. A session at its max_context: NQ_E_CONTEXT_FULL, and nothing is done. */
+NQ_API int nq_decode_batch(nq_batch* b, nq_session* const* sessions, const int32_t* tokens, int32_t n,
+                           int32_t* next_tokens, float* logits);
+NQ_API void nq_batch_free(nq_batch* b);
 
 #ifdef __cplusplus
 }

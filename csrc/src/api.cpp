@@ -1,14 +1,17 @@
 // The C ABI (include/nanoqwen.h): every argument is checked here, once (token ids, context limits, sampling
 // parameters, sizes), then the C++ internals run. No exception crosses it.
+#include "batch.h"
 #include "session.h"
 #include "format_contract.h"
 #include <cmath>
 #include <cstddef>
 #include <new>
 #include <string>
+#include <vector>
 
 struct nq_model { nq::Model* m; };
 struct nq_session { nq::Session* s; };
+struct nq_batch { nq::Batch* b; };
 
 using nq::fail;
 
@@ -281,6 +284,46 @@ void nq_session_free(nq_session* s) {
   if (!s) return;
   delete s->s;
   delete s;
+}
+
+int nq_batch_create(nq_model* m, int32_t max_batch, nq_batch** out) {
+  if (!m || !out) return fail(NQ_E_INVALID_ARG, "nq_batch_create: NULL argument");
+  if (max_batch < 1 || max_batch > NQ_MAX_BATCH)
+    return fail(NQ_E_INVALID_ARG, "max_batch %d out of range [1, %d]", max_batch, NQ_MAX_BATCH);
+  NQ_GUARD_BEGIN
+  nq::Batch* b = nullptr;
+  NQ_TRY(nq::batch_create(m->m, max_batch, &b));
+  *out = new nq_batch{b};
+  return NQ_OK;
+  NQ_GUARD_END
+}
+
+int nq_decode_batch(nq_batch* b, nq_session* const* sessions, const int32_t* tokens, int32_t n, int32_t* next_tokens,
+                    float* logits) {
+  if (!b || !sessions || !tokens || !next_tokens) return fail(NQ_E_INVALID_ARG, "nq_decode_batch: NULL argument");
+  if (n < 1 || n > b->b->max_batch)
+    return fail(NQ_E_INVALID_ARG, "nq_decode_batch: n %d out of range [1, %d]", n, b->b->max_batch);
+  NQ_GUARD_BEGIN
+  std::vector<nq::Session*> ss(n);
+  for (int32_t i = 0; i < n; i++) {
+    if (!sessions[i]) return fail(NQ_E_INVALID_ARG, "nq_decode_batch: session %d is NULL", i);
+    nq::Session* s = sessions[i]->s;
+    if (s->m != b->b->m) return fail(NQ_E_INVALID_ARG, "nq_decode_batch: session %d belongs to another model", i);
+    for (int32_t j = 0; j < i; j++)
+      if (ss[j] == s) return fail(NQ_E_INVALID_ARG, "nq_decode_batch: session %d appears twice (also at %d)", i, j);
+    NQ_TRY(check_tokens(*s, tokens + i, 1));
+    if (s->pos + 1 > s->max_ctx)
+      return fail(NQ_E_CONTEXT_FULL, "context full: session %d at position %d, max_context %d", i, s->pos, s->max_ctx);
+    ss[i] = s;
+  }
+  return nq::batch_decode(b->b, ss.data(), tokens, n, next_tokens, logits);
+  NQ_GUARD_END
+}
+
+void nq_batch_free(nq_batch* b) {
+  if (!b) return;
+  delete b->b;
+  delete b;
 }
 
 }  // extern "C"

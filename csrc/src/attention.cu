@@ -1,6 +1,7 @@
 // Paged-KV attention (decode and prefill share it) + RoPE/KV-cache write.
 //
-// Grid (n_kv, n_split, M): block (h, s, t) serves query token t (position *pos0 + t) for the G = n_heads/n_kv
+// Grid (n_kv, n_split, M): block (h, s, t) serves query token t (position *pos0 + t; in a batched decode, token t of
+// sequence t at pos_of[t] in kv_of[t] through page_table_of[t]) for the G = n_heads/n_kv
 // query heads of KV head h, over keys [s*kps, min((s+1)*kps, pos+1)): the G heads share one read of K and V.
 // kps = max(keys_per_split, ceil32((pos+1)/n_split)) is computed from the position at run time, so every split
 // has work at any context length and one captured graph serves all positions; blocks past the last used split
@@ -51,22 +52,23 @@ struct AttnSmem {
   int last;
 };
 
-__device__ __forceinline__ size_t kv_row(const AttnArgs& a, int key, int h, int D) {
-  const int page = a.page_table[key / kPage];
-  return (((size_t)page * a.n_kv + h) * kPage + (key % kPage)) * (size_t)D;
+__device__ __forceinline__ size_t kv_row(const int* page_table, int n_kv, int key, int h, int D) {
+  const int page = page_table[key / kPage];
+  return (((size_t)page * n_kv + h) * kPage + (key % kPage)) * (size_t)D;
 }
 
 // cp.async the K and V rows of keys [kt0, min(kt0 + kKT, k1)) into buffer `buf` (the row at `skip` excepted:
 // the decode block fills it from registers); one commit group per tile.
 template <int D>
-__device__ __forceinline__ void load_tile(const AttnArgs& a, AttnSmem<D>& S, int buf, int kt0, int k1, int h, int skip) {
+__device__ __forceinline__ void load_tile(const KvLayer& kv, const int* pt, int n_kv, AttnSmem<D>& S, int buf, int kt0,
+                                          int k1, int h, int skip) {
   constexpr int CPR = D / 8;  // 16-byte chunks per row
   for (int c = threadIdx.x; c < kKT * CPR; c += kAttnThreads) {
     const int j = c / CPR, part = c % CPR, key = kt0 + j;
     if (key < k1 && key != skip) {
-      const size_t off = kv_row(a, key, h, D) + part * 8;
-      cp_async16(&S.u.t.k[buf][j][part * 8], a.kv.k + off);
-      cp_async16(&S.u.t.v[buf][j][part * 8], a.kv.v + off);
+      const size_t off = kv_row(pt, n_kv, key, h, D) + part * 8;
+      cp_async16(&S.u.t.k[buf][j][part * 8], kv.k + off);
+      cp_async16(&S.u.t.v[buf][j][part * 8], kv.v + off);
     }
   }
   cp_async_commit();
@@ -83,7 +85,9 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
   const int h = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
   const int G = a.n_heads / a.n_kv;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int pos = *a.pos0 + t;
+  const int pos = a.pos_of ? a.pos_of[t] : *a.pos0 + t;
+  const KvLayer kv = a.kv_of ? a.kv_of[t] : a.kv;                  // this token's sequence: its cache
+  const int* pt = a.page_table_of ? a.page_table_of[t] : a.page_table;   // and its page table
   const int n_keys = pos + 1;
   // keys per split: at least keys_per_split, and large enough that n_split splits cover the n_keys keys
   const int kps = max(a.keys_per_split, ((n_keys + a.n_split - 1) / a.n_split + kKT - 1) / kKT * kKT);
@@ -94,8 +98,8 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
   const bool own = a.write_kv && pos >= k0 && pos < k1;  // this block writes the cache row at pos
   const int skip = own ? pos : -1;
 
-  load_tile<D>(a, S, 0, k0, k1, h, skip);
-  if (ntiles > 1) load_tile<D>(a, S, 1, k0 + kKT, k1, h, skip);
+  load_tile<D>(kv, pt, a.n_kv, S, 0, k0, k1, h, skip);
+  if (ntiles > 1) load_tile<D>(kv, pt, a.n_kv, S, 1, k0 + kKT, k1, h, skip);
 
   const float* qkv = a.qkv + (size_t)t * a.qkv_stride;
   const float2* rope = a.rope + (size_t)pos * (D / 2);
@@ -111,14 +115,14 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
   if (own) {
     const float* kin = qkv + a.n_heads * D + h * D;
     const float* vin = qkv + (a.n_heads + a.n_kv) * D + h * D;
-    const size_t idx = kv_row(a, pos, h, D);
+    const size_t idx = kv_row(pt, a.n_kv, pos, h, D);
     for (int i = tid; i < D / 2; i += kAttnThreads) {
       const float2 cs = rope[i];
       const float x0 = kin[i], x1 = kin[i + D / 2];
       const __half k0h = __float2half_rn(x0 * cs.x - x1 * cs.y), k1h = __float2half_rn(x1 * cs.x + x0 * cs.y);
       const __half v0h = __float2half_rn(vin[i]), v1h = __float2half_rn(vin[i + D / 2]);
-      a.kv.k[idx + i] = k0h; a.kv.k[idx + i + D / 2] = k1h;
-      a.kv.v[idx + i] = v0h; a.kv.v[idx + i + D / 2] = v1h;
+      kv.k[idx + i] = k0h; kv.k[idx + i + D / 2] = k1h;
+      kv.v[idx + i] = v0h; kv.v[idx + i + D / 2] = v1h;
       S.knew[i] = k0h; S.knew[i + D / 2] = k1h;
       S.vnew[i] = v0h; S.vnew[i + D / 2] = v1h;
     }
@@ -200,7 +204,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
       }
     }
     __syncthreads();  // buffer `buf`, p and corr are free
-    if (it + 2 < ntiles) load_tile<D>(a, S, buf, kt0 + 2 * kKT, k1, h, skip);
+    if (it + 2 < ntiles) load_tile<D>(kv, pt, a.n_kv, S, buf, kt0 + 2 * kKT, k1, h, skip);
   }
 
   __half* out = a.out + (size_t)t * a.n_heads * D + h * G * D;
@@ -318,7 +322,7 @@ __device__ __forceinline__ void load_tile_rows(const AttnArgs& a, PrefSmem<D>& S
   for (int c = threadIdx.x; c < kKT * CPR; c += kAttnThreads) {
     const int j = c / CPR, part = c % CPR, key = kt0 + j;
     if (key < k1) {
-      const size_t off = kv_row(a, key, h, D) + part * 8;
+      const size_t off = kv_row(a.page_table, a.n_kv, key, h, D) + part * 8;
       cp_async16(&S.k[buf][j][part * 8], a.kv.k + off);
       cp_async16(&S.v[buf][j][part * 8], a.kv.v + off);
     } else {
@@ -502,13 +506,15 @@ int attention(const AttnArgs& a, cudaStream_t st) {
   if (a.keys_per_split <= 0 || a.keys_per_split % 32)
     return fail(NQ_E_INVALID_ARG, "attention: keys_per_split %d", a.keys_per_split);
   if (a.D != 128 && a.D != 64) return fail(NQ_E_UNSUPPORTED, "attention: head_dim %d (64 or 128)", a.D);
-  if (a.M > 1) {  // prefill: kPQ query tokens per block, no splits (the cache rows were written by rope_kv_write)
+  if (a.M > 1 && a.pos_of == nullptr) {  // prefill: kPQ query tokens per block, no splits (rope_kv_write wrote the cache)
     if (a.write_kv) return fail(NQ_E_INVALID_ARG, "attention: write_kv with M = %d > 1", a.M);
     const dim3 grid(a.n_kv, (a.M + kPQ - 1) / kPQ);
     if (a.D == 128) return launch_prefill<128>(grid, a, st);
     return launch_prefill<64>(grid, a, st);
   }
-  const dim3 grid(a.n_kv, a.n_split, 1);
+  if (a.M > 1 && !(a.write_kv && a.kv_of && a.page_table_of))
+    return fail(NQ_E_INVALID_ARG, "attention: a batched decode of %d sequences needs write_kv, kv_of, page_table_of", a.M);
+  const dim3 grid(a.n_kv, a.n_split, a.M);
   if (a.D == 128) return launch_pdl("attn_kernel", attn_kernel<128>, grid, dim3(kAttnThreads), 0, st, a);
   return launch_pdl("attn_kernel", attn_kernel<64>, grid, dim3(kAttnThreads), 0, st, a);
 }

@@ -15,6 +15,16 @@ const char* last_error();
 // The status of a failed CUDA call: NQ_E_OUT_OF_MEMORY for an allocation failure, else NQ_E_CUDA.
 inline int cuda_status(cudaError_t e) { return e == cudaErrorMemoryAllocation ? NQ_E_OUT_OF_MEMORY : NQ_E_CUDA; }
 
+// cudaMalloc of n elements (at least one) with a named error.
+template <class T>
+int dalloc(T** p, size_t n, const char* what) {
+  const size_t bytes = (n > 0 ? n : 1) * sizeof(T);
+  cudaError_t e = cudaMalloc(reinterpret_cast<void**>(p), bytes);
+  if (e != cudaSuccess)
+    return fail(cuda_status(e), "cudaMalloc for %s (%zu bytes): %s", what, bytes, cudaGetErrorString(e));
+  return NQ_OK;
+}
+
 }  // namespace nq
 
 // Evaluate a CUDA runtime call; on error record "<what>: <cuda message>" and return NQ_E_CUDA

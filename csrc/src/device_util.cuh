@@ -26,6 +26,18 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return warp_sum(t);
 }
 
+// Maximum over the block (-inf if every value is -inf); `red` is >= 32 floats of shared memory. Every thread gets
+// the result.
+__device__ __forceinline__ float block_max(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  const float t = lane < nw ? red[lane] : -__int_as_float(0x7f800000);
+  return warp_max(t);
+}
+
 // 16-byte streaming load: read once, do not keep in L1.
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {
   uint4 r;

@@ -80,7 +80,26 @@ int gemv(const GemvArgs& a, cudaStream_t st) {
   const size_t smem = (size_t)K * 2;
   if (smem > (size_t)kMaxDynSmem) return fail(NQ_E_UNSUPPORTED, "gemv: K=%d too large", K);
   if (w0.type == WT_INT4) {
-    if (!contract::int4_group_ok(w0.group, K)) return fail(NQ_E_INVALID_ARG, "gemv: group %d with K=%d", w0.group, K);
+    for (int s = 0; s < a.nseg; s++)
+      if (!contract::int4_group_ok(a.seg[s].group, K))
+        return fail(NQ_E_INVALID_ARG, "gemv: group %d with K=%d", a.seg[s].group, K);
+    if (a.mode == GEMV_SWIGLU && a.up.group != w0.group)
+      return fail(NQ_E_UNSUPPORTED, "gemv: gate and up have different group sizes (%d, %d)", w0.group, a.up.group);
+    bool one_group = true;
+    for (int s = 1; s < a.nseg; s++) one_group = one_group && a.seg[s].group == w0.group;
+    if (!one_group) {  // gemv_int4 takes one group size per launch: one launch per segment
+      int off = 0;
+      for (int s = 0; s < a.nseg; s++) {
+        GemvArgs b = a;
+        b.nseg = 1;
+        b.seg[0] = a.seg[s];
+        b.bias[0] = a.bias[s];
+        b.out_f32 = a.out_f32 + off;
+        NQ_TRY(dispatch_int4(b, a.seg[s].N, st));
+        off += a.seg[s].N;
+      }
+      return NQ_OK;
+    }
     return dispatch_int4(a, rows, st);
   }
   if (w0.type == WT_F16) return dispatch_dense<WT_F16>(a, rows, smem, st);

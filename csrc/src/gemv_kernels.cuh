@@ -341,29 +341,42 @@ __device__ __forceinline__ RowRef locate_int4_fast(const GemvArgs& a, int r) {
 // ---- gemv_int4: INT4 weights, split-K warp groups, one pipeline per warp across rows ----------------------------
 // Work: a "task" is a row pair (2t, 2t+1) (STORE/ADD; an odd last row is paired with itself and its second result
 // dropped) or the (gate t, up t) pair (SWIGLU). A group of KS = 2^ks_log2 warps of one block shares each task, warp
-// s of the group taking units [s*chunk, min(nunits, (s+1)*chunk)) of both rows (split K), so that small-N shapes
-// still give every resident warp work. Group gid takes tasks gid, gid + NG, ... (NG groups in the grid).
+// s of the group taking units [s*chunk, min(nunits, (s+1)*chunk)) of both rows (split K; chunk is a multiple of 8
+// units, so every slice starts on a scale-group boundary for groups up to 256), so that small-N shapes still give
+// every resident warp work. Group gid takes tasks gid, gid + NG, ... (NG groups in the grid).
 // Each warp runs ONE software pipeline over the flattened sequence (task i, step j) of all its tasks: the loads of
 // the next step -- also when it belongs to the next task -- are in flight while the current step is computed, so a
-// row boundary costs no exposed memory latency (a per-row pipeline drains and refills at every row: 2 steps per row
-// on the 7B gate/up shapes). Ping-pong register buffers (no copies between stages). The first step's loads are issued
-// before the PDL wait (weights never depend on the previous kernel).
+// row boundary costs no exposed memory latency. Ping-pong register buffers (no copies between stages). The first
+// step's loads are issued before the PDL wait (weights never depend on the previous kernel).
+// Cursors, not per-unit indices: the load side keeps one 32-bit unit cursor shared by both rows (row bases change
+// only between tasks), the compute side another that also addresses x. Every task of a warp has the same slice, so only
+// its last step can be partial, and the lanes that step covers are one bit mask computed once (`tail`): the full
+// steps carry no per-unit bounds checks and no index arithmetic (ncu counted 39 such instructions per unit and row
+// in the index-based version, a third of its issue slots: bench/NOTES.md "Session 4", "Session 5").
 // Results: each warp's per-task partial pair goes to shared memory part[warp][round][2]; after one __syncthreads
 // the block sums the KS partials of each task in slice order (deterministic) and applies the epilogue.
-// The unit arithmetic of gemv_int4: x staging, and acc + scale * (one 16-byte unit of a row . x). The library runs
-// F16Units; csrc/dev/gemv_int4_q8.cu plugs in int8 activations.
+// The unit arithmetic of gemv_int4: x staging, and acc + scale * (one 16-byte unit of a row . x) with xp pointing at
+// the unit's x in plane 0 of the transposed staging (planes nunits apart). The library runs F16Units.
 struct F16Units {
-  static constexpr int kUnroll = nq::kUnroll;  // units per lane and row per pipeline stage
+  static constexpr int kUnroll = 2;  // units per lane and row per pipeline stage
   __device__ static void stage(const GemvArgs& a, int K, uint4* smem, float* red) {
     stage_x_f16<WT_INT4>(a, K, smem, red);
   }
-  __device__ static float fma(const uint4 w, __half s, const uint4* smem, int nunits, int m, float acc) {
-    return fmaf(__half2float(s), unit_dot_f16(w, smem, nunits, m), acc);
+  // The two f16x2 chains of a unit (8 products per half each) are added in f16 (one more rounding of a sum of 16
+  // products, unit_dot_f16's bound becomes gamma_9 of the same magnitudes) before the one conversion to f32.
+  __device__ static float fma(const uint4 w, __half s, const uint4* xp, int nunits, float acc) {
+    const __half2 z = __float2half2_rn(0.f);
+    const __half2 p = word_dot(w.y, xp[nunits], word_dot(w.x, xp[0], z));
+    const __half2 q = word_dot(w.w, xp[3 * nunits], word_dot(w.z, xp[2 * nunits], z));
+    const float2 f = __half22float2(__hadd2(p, q));
+    return fmaf(__half2float(s), f.x + f.y, acc);
   }
 };
 constexpr int kTaskOverheadUnits = 48;          // per-task fixed cost (2 warp sums, partial store), in unit slots
+constexpr int kSliceAlignUnits = 8;             // split-K slices start on multiples of this many units (group 256)
 
 // MINB: resident blocks per SM the registers are budgeted for (the library runs 2: bench/NOTES.md).
+// All segments (and `up`) share one group size (gemv() splits launches where they do not).
 template <int MODE, int MINB, class Units = F16Units>
 __global__ void __launch_bounds__(kThreads, MINB)
 gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds) {
@@ -372,59 +385,80 @@ gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds)
   constexpr int U = Units::kUnroll;
   constexpr int kStepUnits = 32 * U;
   const int K = a.seg[0].K, nunits = K >> 5;
+  const int gs = __ffs(a.seg[0].group) - 6;            // log2(units per scale group): 0..3 for groups 32..256
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int KS = 1 << ks_log2, G = kWarps >> ks_log2;
   const int gid = blockIdx.x * G + (warp >> ks_log2), NG = gridDim.x * G;
-  const int chunk = (nunits + KS - 1) >> ks_log2;
+  const int chunk = ((nunits + KS - 1) / KS + kSliceAlignUnits - 1) & ~(kSliceAlignUnits - 1);
   const int lo = min(nunits, (warp & (KS - 1)) * chunk), hi = min(nunits, lo + chunk);
   const int my_tasks = gid < ntasks ? (ntasks - 1 - gid) / NG + 1 : 0;   // <= rounds
   const int nsteps = (hi - lo + kStepUnits - 1) / kStepUnits;   // steps per task; 0: empty slice
   const int total = my_tasks * nsteps;
   float* part = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + (size_t)K * 2);  // [kWarps][rounds][2]
+  unsigned tail = 0;                     // bit u: this lane's unit u of a task's last step lies inside the slice
+#pragma unroll
+  for (int u = 0; u < U; u++)
+    if (lo + (nsteps - 1) * kStepUnits + u * 32 + lane < hi) tail |= 1u << u;
 
-  RowRef l0, l1;                         // the rows of the task being loaded
-  auto task_refs = [&](int i) {
+  const uint4 *b0 = nullptr, *b1 = nullptr;   // the two rows of the task being loaded (units)
+  const __half *c0 = nullptr, *c1 = nullptr;  // and their scales
+  auto seek = [&](int i) {               // the rows of task i
     const int t = gid + i * NG;
+    RowRef r0, r1;
     if (MODE == GEMV_SWIGLU) {
-      l0 = row_ref_int4_fast(a.seg[0], t);
-      l1 = row_ref_int4_fast(a.up, t);
+      r0 = row_ref_int4_fast(a.seg[0], t);
+      r1 = row_ref_int4_fast(a.up, t);
     } else {
-      l0 = locate_int4_fast(a, 2 * t);
-      l1 = locate_int4_fast(a, min(2 * t + 1, total_rows - 1));
+      r0 = locate_int4_fast(a, 2 * t);
+      r1 = locate_int4_fast(a, min(2 * t + 1, total_rows - 1));
     }
+    b0 = r0.w;
+    b1 = r1.w;
+    c0 = r0.s;
+    c1 = r1.s;
   };
-  int li = 0, lj = 0;                    // next step to load: task li, step lj
+  // One 32-bit cursor per side, shared by both rows: the unit of this lane's first load of the next step to load
+  // (lo_ ...), and of the step being computed (co, which also addresses x).
+  const int first = lo + lane;
+  int lo_ = first, lj = 0, li = 0;       // next step to load: task li, step lj
   auto load = [&](uint4 (&w0)[U], uint4 (&w1)[U], __half (&s0)[U], __half (&s1)[U]) {
-    const int base = lo + lj * kStepUnits + lane;
+    const bool last = lj == nsteps - 1;
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      const int m = base + u * 32;
-      if (m < hi) {
-        w0[u] = ld_stream16(l0.w + m);
-        w1[u] = ld_stream16(l1.w + m);
-        s0[u] = l0.s[m >> l0.gshift];
-        s1[u] = l1.s[m >> l1.gshift];
+      if (!last || ((tail >> u) & 1)) {
+        const int m = lo_ + u * 32;
+        w0[u] = ld_stream16(b0 + m);
+        w1[u] = ld_stream16(b1 + m);
+        s0[u] = c0[m >> gs];
+        s1[u] = c1[m >> gs];
       }
     }
-    if (++lj == nsteps) {
+    if (!last) {
+      lj++;
+      lo_ += kStepUnits;
+    } else {
       lj = 0;
-      if (++li < my_tasks) task_refs(li);
+      lo_ = first;
+      if (++li < my_tasks) seek(li);
     }
   };
-  int ci = 0, cj = 0;                    // step being computed: task ci, step cj
+  int cj = 0, ci = 0, co = first;        // step being computed: task ci, step cj
   float acc0 = 0.f, acc1 = 0.f;
   auto compute = [&](const uint4 (&w0)[U], const uint4 (&w1)[U], const __half (&s0)[U], const __half (&s1)[U]) {
-    const int base = lo + cj * kStepUnits + lane;
+    const bool last = cj == nsteps - 1;
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      const int m = base + u * 32;
-      if (m < hi) {
-        acc0 = Units::fma(w0[u], s0[u], smem, nunits, m, acc0);
-        acc1 = Units::fma(w1[u], s1[u], smem, nunits, m, acc1);
+      if (!last || ((tail >> u) & 1)) {
+        acc0 = Units::fma(w0[u], s0[u], smem + co + u * 32, nunits, acc0);
+        acc1 = Units::fma(w1[u], s1[u], smem + co + u * 32, nunits, acc1);
       }
     }
-    if (++cj == nsteps) {              // task ci complete (uniform over the warp)
+    if (!last) {
+      cj++;
+      co += kStepUnits;
+    } else {                             // task ci complete (uniform over the warp)
       cj = 0;
+      co = first;
       const float y0 = warp_sum(acc0), y1 = warp_sum(acc1);
       if (lane == 0) {
         part[(warp * rounds + ci) * 2] = y0;
@@ -439,7 +473,7 @@ gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds)
   uint4 wa0[U], wa1[U], wb0[U], wb1[U];
   __half sa0[U], sa1[U], sb0[U], sb1[U];
   if (total > 0) {
-    task_refs(0);
+    seek(0);
     load(wa0, wa1, sa0, sa1);
   }
   pdl_wait();     // x / out were written by the previous kernel
@@ -483,9 +517,13 @@ gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds)
 
 // ---- host: gemv_int4 launch plan ----------------------------------------------------------------------------
 // Split factor KS chosen per shape by a small cost model (unit slots on the busiest warp's critical path:
-// rounds x (steps x 64 + per-task overhead), inflated up to 1.5x when the grid leaves resident block slots empty,
+// rounds x (steps x 64 + per-task overhead), inflated up to 1.25x when the grid leaves resident block slots empty,
 // since fewer warps per SM means fewer bytes in flight).
 struct SplitPlan { int ks_log2, grid, rounds; };
+// Weight of the empty block slots in the cost. 0.25: with 0.5 the 7B down projection took split 2 (15.33 us, two
+// rounds for 70 % of the warps) over split 1 (14.73 us, one round on 224 of 264 slots); no other Qwen2.5 shape's
+// choice changes (csrc/dev/gemv_int4_vs_v2, bench/NOTES.md "Session 5").
+constexpr double kEmptySlotPenalty = 0.25;
 
 // min_slice: the fewest units a split-K slice may have (one per lane for gemv_int4; csrc/dev kernels pass others);
 // overhead: a task's fixed cost in unit slots.
@@ -500,7 +538,7 @@ SplitPlan plan_split(int ntasks, int nunits, int cap_blocks, int step_units, int
     const int rounds = (ntasks + grid * G - 1) / (grid * G);
     const int steps = ((nunits + ks - 1) / ks + step_units - 1) / step_units;
     const double cost = (double)rounds * (steps * step_units + overhead) *
-                        (1.0 + 0.5 * (1.0 - (double)grid / cap_blocks));
+                        (1.0 + kEmptySlotPenalty * (1.0 - (double)grid / cap_blocks));
     if (cost < best_cost) { best_cost = cost; best = SplitPlan{ksl, grid, rounds}; }
   }
   return best;

@@ -92,6 +92,11 @@ struct AttnArgs {
   float* part_ml;          // [M][n_heads][n_split][2]
   int* counters;           // [M][n_kv], zero before, left zero after
   __half* out;             // [M][n_heads*D]
+  // Batched decode: M sequences, one query token each, every one at its own position in its own cache (attn_kernel
+  // with grid z = M, write_kv). Device arrays [M]; null for one sequence (then *pos0 + t, kv and page_table).
+  const int* pos_of = nullptr;
+  const KvLayer* kv_of = nullptr;            // this layer's cache of each sequence
+  const int* const* page_table_of = nullptr;
 };
 int attention(const AttnArgs& a, cudaStream_t st);
 // Prefill: rope(k) and v of M tokens into the cache at *pos0 .. *pos0+M-1.
@@ -103,6 +108,8 @@ int rope_kv_write(const float* qkv, int qkv_stride, int M, const int* pos0, KvLa
 int embed_token(const void* table, int dtype, const int32_t* d_token, int H, float* x, cudaStream_t st);
 // *pos += n
 int advance_pos(int* pos, int n, cudaStream_t st);
+// *pos_of[i] = pos[i] + 1 for i < n (a batched decode step's sessions)
+int advance_positions(int* const* pos_of, const int* pos, int n, cudaStream_t st);
 
 struct SampleArgs {
   const float* logits; int V;

@@ -50,6 +50,13 @@ __global__ void advance_pos_kernel(int* pos, int n) {
   *pos += n;
 }
 
+// Batched decode: each session's device position becomes this step's position + 1.
+__global__ void advance_positions_kernel(int* const* pos_of, const int* pos, int n) {
+  pdl_wait();
+  pdl_trigger();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) *pos_of[i] = pos[i] + 1;
+}
+
 // ---- sampler -------------------------------------------------------------------------------------------------
 constexpr int kSampleThreads = 1024;
 
@@ -111,12 +118,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(const SampleArgs
     // the max value itself
     float v = -CUDART_INF_F;
     for (int i = tid; i < V; i += kSampleThreads) v = fmaxf(v, L[i]);
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = lane < 32 ? red[lane] : -CUDART_INF_F;
-    m_all = warp_max(v);
+    m_all = block_max(v, red);
   }
   if (temperature > 0.f) {
     const float invT = 1.f / temperature;
@@ -235,6 +237,10 @@ int swiglu_rows(const float* G, const float* U, int M, int I, __half* H, cudaStr
 }
 int advance_pos(int* pos, int n, cudaStream_t st) {
   return launch_pdl("advance_pos_kernel", advance_pos_kernel, dim3(1), dim3(1), 0, st, pos, n);
+}
+
+int advance_positions(int* const* pos_of, const int* pos, int n, cudaStream_t st) {
+  return launch_pdl("advance_positions_kernel", advance_positions_kernel, dim3(1), dim3(128), 0, st, pos_of, pos, n);
 }
 int sample(const SampleArgs& a, cudaStream_t st) {
   return launch_pdl("sample_kernel", sample_kernel, dim3(1), dim3(kSampleThreads), 0, st, a);

@@ -4,6 +4,7 @@
 //   -> o_proj GEMV (+= residual) -> gate/up GEMV (RMSNorm fused, SwiGLU epilogue) -> down GEMV (+= residual)
 // then the lm_head GEMV (final RMSNorm fused) and pos += 1. Everything reads position/token from device memory.
 #include "session.h"
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -27,14 +28,6 @@ Session::~Session() {
 }
 
 namespace {
-
-template <class T>
-int dalloc(T** p, size_t n, const char* what) {
-  cudaError_t e = cudaMalloc(reinterpret_cast<void**>(p), std::max<size_t>(n, 1) * sizeof(T));
-  if (e != cudaSuccess)
-    return fail(cuda_status(e), "cudaMalloc for %s (%zu bytes): %s", what, n * sizeof(T), cudaGetErrorString(e));
-  return NQ_OK;
-}
 
 // HF rotary embedding (transformers' modeling_rope_utils, mirrored step for step by nanoqwen_rt/rope.py, which the
 // CPU tests check against transformers): inv_freq = 1 / theta^(2i/D) in float32 (the power rounded once), angle =
@@ -81,8 +74,10 @@ std::vector<float2> rope_table(const nq_config& c, int max_ctx) {
 
 int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) {
   const nq_config& c = m->cfg;
+  static std::atomic<uint64_t> next_serial{1};
   Session* s = new Session();
   s->m = m;
+  s->serial = next_serial++;
   s->max_ctx = max_ctx;
   if (sp) s->samp = *sp;
   auto bail = [&](int rc) { delete s; return rc; };

@@ -6,6 +6,7 @@ namespace nq {
 
 struct Session {
   Model* m = nullptr;
+  uint64_t serial = 0;           // unique per session of the process (a Batch recognises its bound sessions by it)
   int max_ctx = 0, max_pages = 0;
   int pos = 0;                   // host mirror of *d_pos
   bool have_logits = false;

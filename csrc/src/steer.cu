@@ -72,12 +72,7 @@ __global__ void __launch_bounds__(kTopThreads) logprob_partial_kernel(const floa
   const int lo = b * slice, hi = min(V, lo + slice);
   float m = -CUDART_INF_F;
   for (int i = lo + tid; i < hi; i += blockDim.x) m = fmaxf(m, L[i]);
-  m = warp_max(m);
-  __syncthreads();
-  if ((tid & 31) == 0) red[tid >> 5] = m;
-  __syncthreads();
-  m = (tid & 31) < (blockDim.x >> 5) ? red[tid & 31] : -CUDART_INF_F;
-  m = warp_max(m);
+  m = block_max(m, red);
   float s = 0.f;
   if (m > -CUDART_INF_F)
     for (int i = lo + tid; i < hi; i += blockDim.x) s += __expf(L[i] - m);
@@ -111,12 +106,7 @@ __global__ void __launch_bounds__(kTopThreads) logprob_final_kernel(const float*
   const int tid = threadIdx.x, stride = 2 + top_n;
   float m = -CUDART_INF_F;
   for (int b = tid; b < n_blocks; b += blockDim.x) m = fmaxf(m, part_f[(size_t)b * stride]);
-  m = warp_max(m);
-  __syncthreads();
-  if ((tid & 31) == 0) red[tid >> 5] = m;
-  __syncthreads();
-  m = (tid & 31) < (blockDim.x >> 5) ? red[tid & 31] : -CUDART_INF_F;
-  m = warp_max(m);
+  m = block_max(m, red);
   float s = 0.f;
   for (int b = tid; b < n_blocks; b += blockDim.x) {
     const float bm = part_f[(size_t)b * stride];

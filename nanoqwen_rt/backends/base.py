@@ -35,7 +35,7 @@ import numpy as np
 
 from ..sampling import Sampler, SamplingParams
 
-__all__ = ["Backend", "ContextFull", "BackendError", "InvalidTokenIds", "InvalidMaxContext", "check_token_ids",
+__all__ = ["Backend", "SequenceKv", "ContextFull", "BackendError", "InvalidTokenIds", "InvalidMaxContext", "check_token_ids",
            "resolve_max_context"]
 
 
@@ -203,6 +203,12 @@ class Backend(abc.ABC):
                 return
             raw = self._decode(tok)
 
+    # -- many sequences (the Engine's batched API: nanoqwen_rt/scheduler.py) -----------------------------
+    def sequence_kv(self, n_pages: int) -> "SequenceKv":
+        """The KV store of many sequences at once, for the scheduler. A backend that runs no batched sequences
+        raises BackendError."""
+        raise BackendError(f"the {self.name} backend runs no batched sequences")
+
     # -- lifetime -------------------------------------------------------------------------------------
     def close(self) -> None:
         """Release the file mapping / device memory. Idempotent."""
@@ -217,6 +223,39 @@ class Backend(abc.ABC):
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+class SequenceKv(abc.ABC):
+    """The KV rows of many sequences, each named by its nanoqwen_rt.kv_pool.SequencePages (seq_id, page table).
+    The scheduler calls open() when it admits a sequence, forward() for each prefill chunk or decode token, and
+    close() when the sequence ends. Arguments are checked by the scheduler (ids in range, positions within the
+    pages the pool gave the sequence, p0 = the tokens already written)."""
+
+    #: True when forward() reads and writes the rows in the pool's pages, so prefix-cache pages can be shared;
+    #: False when the backend keeps each sequence's rows elsewhere (the pool then only counts pages)
+    shares_pages: bool = False
+
+    @abc.abstractmethod
+    def open(self, seq, capacity: int) -> None:
+        """A new sequence that will hold at most `capacity` positions."""
+
+    @abc.abstractmethod
+    def forward(self, seq, p0: int, ids: np.ndarray) -> np.ndarray:
+        """Run ids (int32 (T,)) at positions [p0, p0+T) of `seq`; float32 (vocab_rows,) logits of the last one."""
+
+    def forward_decode(self, seqs, p0s, tokens: np.ndarray) -> np.ndarray:
+        """One decode token for each of `seqs` (tokens int32 (n,), token i at position p0s[i] of seqs[i]): float32
+        (n, vocab_rows) logits. This default runs forward() per sequence; a backend that computes them in one device
+        step (CUDA: nq_decode_batch) overrides it."""
+        return np.stack([self.forward(s, int(p0), np.asarray([t], dtype=np.int32))
+                         for s, p0, t in zip(seqs, p0s, tokens)])
+
+    @abc.abstractmethod
+    def close(self, seq) -> None:
+        """The sequence ended: free what open() made."""
+
+    def poison(self, pages) -> None:
+        """Pages the pool just handed out: fill their rows with NaN (a backend without page rows does nothing)."""
 
 
 def check_token_ids(ids, vocab_rows: int) -> np.ndarray:

@@ -16,6 +16,8 @@ import sys
 
 import click
 
+from ..kv_pool import KV_PAGE_TOKENS
+from ..scheduler import CPU_KV_BUDGET_BYTES, DEFAULT_MAX_BATCH
 from ..serve.adapter import LoadError, load_engine, require_file
 from .info import file_info, format_info
 from .line_reader import input_function
@@ -133,9 +135,9 @@ def _gen_kwargs(max_new_tokens, temperature, top_k, top_p, seed, stop) -> dict:
                 stop=list(stop) or None)
 
 
-def _open(path: str, device: str, max_context: int | None):
+def _open(path: str, device: str, max_context: int | None, **batch):
     try:
-        return load_engine(path, device, max_context)
+        return load_engine(path, device, max_context, **batch)
     except LoadError as e:
         raise _fail(str(e)) from None
 
@@ -440,7 +442,13 @@ def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out, 
 @click.option("--api-key", default=None, envvar="NANOQWEN_API_KEY", show_envvar=True,
               help="Require 'Authorization: Bearer KEY' on /v1/* (401 otherwise).")
 @click.option("--queue-size", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Requests that may wait while one generates; more get 429 + Retry-After.")
+              help="Requests that may wait while --max-batch generate; more get 429 + Retry-After.")
+@click.option("--max-batch", type=click.IntRange(min=1, max=1024), default=DEFAULT_MAX_BATCH, show_default=True,
+              help="Requests that generate together (continuous batching).")
+@click.option("--kv-pages", type=click.IntRange(min=1), default=None,
+              help=f"KV pages of {KV_PAGE_TOKENS} tokens shared by the batch and the prefix cache (default: "
+                   f"--max-batch full contexts, at most {CPU_KV_BUDGET_BYTES >> 30} GiB of float32 rows, at least one "
+                   f"full context). A request that needs more pages than are free waits for running ones to end.")
 @click.option("--model-name", default=None, help="Model id clients send (default: FILE's name without "
                                                   ".nanoqwen).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
@@ -453,18 +461,20 @@ def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out, 
               help="A client must send a request's headers, and then its body, within this many seconds each.")
 @click.option("--keep-alive-timeout", type=click.IntRange(min=1, max=3600), default=DEFAULT_KEEP_ALIVE_S,
               show_default=True, metavar="SECONDS", help="Close an idle keep-alive connection after this long.")
-def serve(file, host, port, api_key, queue_size, model_name, device, max_context, log_level, read_timeout,
-          keep_alive_timeout):
+def serve(file, host, port, api_key, queue_size, max_batch, kv_pages, model_name, device, max_context, log_level,
+          read_timeout, keep_alive_timeout):
     """Serve FILE over an OpenAI-compatible HTTP API.
 
     \b
     GET  /health  /metrics (Prometheus)  /v1/models
     POST /v1/completions  /v1/chat/completions   (stream: true → server-sent events)
-    One request generates at a time; others wait in a FIFO of --queue-size.
+    Up to --max-batch requests generate together (continuous batching, prefix cache
+    over --kv-pages); others wait in a FIFO of --queue-size.
     Sampling: temperature, top_p, seed, stop, max_tokens; extensions top_k, ignore_eos.
     """
     import uvicorn
 
+    from ..engine import EngineError
     from ..serve.app import GRACEFUL_SHUTDOWN_S, create_app
     from ..serve.adapter import default_model_name
     from ..serve.protocol import HeaderDeadlineH11Protocol
@@ -474,15 +484,17 @@ def serve(file, host, port, api_key, queue_size, model_name, device, max_context
         raise click.BadParameter("must not be empty", param_hint="'--model-name'")
     _require_file(file)
     _check_can_listen(host, port)          # before the (slow) model load; uvicorn would say it in 5 log lines
-    eng = _open(file, device, max_context)
+    eng = _open(file, device, max_context, max_batch=max_batch, kv_pages=kv_pages)
     try:
+        eng.open_batch()                   # the KV pages now, so a pool that does not fit fails at start
         app = create_app(eng, model_name=model_name or default_model_name(file), api_key=api_key,
                          queue_size=queue_size, body_timeout_s=read_timeout)
-    except LoadError as e:
+    except (LoadError, EngineError, MemoryError) as e:
         eng.close()
-        raise _fail(str(e)) from None
+        raise _fail(f"{type(e).__name__}: {e}" if not isinstance(e, LoadError) else str(e)) from None
     click.echo(f"[nanoqwen] serving {file} as '{model_name or default_model_name(file)}' on "
-               f"http://{host}:{port} (device={eng.device}, context={eng.max_context}, queue={queue_size})",
+               f"http://{host}:{port} (device={eng.device}, context={eng.max_context}, queue={queue_size}, "
+               f"max batch={max_batch}, KV pages={eng.batch_stats().kv_pages})",
                err=True)
     if api_key is None and not _is_loopback(host):
         click.echo(f"[nanoqwen] warning: listening on {host} without --api-key: anyone who can reach this "

@@ -4,6 +4,7 @@ server's 4xx `ApiError`s (server side) or into one-line messages (CLI side, via 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 from .schemas import ApiError
@@ -44,14 +45,17 @@ def open_model_file(path: str, verify_checksums: bool = True):
         raise LoadError(f"{path}: cannot read: {type(e).__name__}: {_one_line(e)}") from None
 
 
-def load_engine(path: str, device: str = "auto", max_context: int | None = None):
-    """Open `path` as an Engine; every expected failure becomes a LoadError with a one-line message."""
+def load_engine(path: str, device: str = "auto", max_context: int | None = None, *, max_batch: int | None = None,
+                kv_pages: int | None = None):
+    """Open `path` as an Engine (max_batch / kv_pages: its batched API's settings, None = the defaults); every
+    expected failure becomes a LoadError with a one-line message."""
     from ..backends.base import BackendError
     from ..engine import Engine, EngineError
 
     require_file(path)
+    batch = {k: v for k, v in (("max_batch", max_batch), ("kv_pages", kv_pages)) if v is not None}
     try:
-        return Engine(path, device=device, max_context=max_context)
+        return Engine(path, device=device, max_context=max_context, **batch)
     except _format_error_types() as e:
         raise LoadError(f"{path}: not a valid {FILE_SUFFIX} file: {type(e).__name__}: {_one_line(e)}") from None
     except (EngineError, BackendError) as e:
@@ -75,7 +79,9 @@ class EngineAdapter:
     """Engine calls made by the server. Tokenization runs on a threadpool thread (HF `tokenizers` is thread-safe
     and does not touch the engine's sequence state), after a length cut (`max_prompt_chars`): `tokenizers` holds
     the GIL while it encodes, so an unbounded prompt would stall the event loop however it is scheduled.
-    `generate` runs only on the worker thread."""
+    `generate` runs only on the worker thread: it submits to the engine's batch (Engine.submit) and returns an
+    iterator that yields each chunk, or None after a step that produced none for this request (its prompt is
+    still being computed, or it waits for KV pages), so the worker can go on to the other requests."""
 
     def __init__(self, engine):
         if getattr(engine, "tokenizer", None) is None:
@@ -88,6 +94,27 @@ class EngineAdapter:
         #: longest text prompt (characters) that can fit the context: no token covers more characters than the
         #: longest vocabulary entry, so a longer prompt is refused without tokenizing it
         self.max_prompt_chars: int = self.context_length * int(engine.tokenizer.max_token_chars)
+        #: sequences the engine's batch runs at once (the worker runs as many requests)
+        self.max_batch: int = int(engine.max_batch)
+        #: called after each engine step the server makes: (sequences in the step, seconds)
+        self.on_step = None
+
+    def batch_stats(self):
+        """The engine's BatchStats (None before its first request)."""
+        return self.engine.batch_stats()
+
+    def check_pages(self, n_prompt: int, n_new: int, param: str) -> None:
+        """A 400 before queueing for a request that needs more KV pages than the engine's whole pool (it could
+        never run: Engine.submit would raise KvPoolTooSmall)."""
+        from ..kv_pool import pages_for
+        st = self.engine.batch_stats()
+        if st is None:
+            return
+        need = pages_for(min(n_prompt + n_new - 1, self.context_length))
+        if need > st.kv_pages:
+            raise ApiError(400, f"this request needs {need} KV pages (prompt {n_prompt} + up to {n_new} new tokens);"
+                                f" the server's pool has {st.kv_pages} (--kv-pages): ask for fewer tokens",
+                           param="max_tokens", code="invalid_value")
 
     def check_prompt_chars(self, text: str, param: str = "prompt") -> None:
         """A 400 (context_length_exceeded) for text longer than any prompt that fits the context."""
@@ -168,26 +195,65 @@ class EngineAdapter:
         return self.engine.tokenizer.token_bytes(token_id)
 
     def generate(self, prompt: str | list[int], n: int = 1, make_constraint=None, **kwargs):
-        """Worker thread only. `prompt`: the token ids from prompt_ids (or text, for other callers). n > 1 or a
-        constraint: `ChoiceChunk`s of n generations, one after another (seed s → choice i uses s + i)."""
+        """Worker thread only. `prompt`: the token ids from prompt_ids (or text, for other callers). Returns an
+        iterator of chunks and Nones (see the class docstring). n > 1 or a constraint: `ChoiceChunk`s of n
+        generations (seed s → choice i uses s + i)."""
         if n == 1 and make_constraint is None:
-            return self.engine.generate(prompt, **kwargs)
+            return self._stepped(self.engine.submit(prompt, **kwargs))
         return self._choices(prompt, n, make_constraint, kwargs)
 
+    def _stepped(self, handle, index: int | None = None):
+        """The handle's chunks (as ChoiceChunks of `index` when given), stepping the engine when none is ready;
+        None after a step that gave this handle nothing. Closing this generator closes the handle (its sequence
+        leaves the batch and frees its pages)."""
+        try:
+            while True:
+                ready = handle.poll()
+                if not ready and not handle.done:
+                    t0 = time.perf_counter()
+                    self.engine.step()
+                    if self.on_step is not None:
+                        st = self.engine.batch_stats()
+                        self.on_step(st.last_batch if st is not None else 0, time.perf_counter() - t0)
+                    ready = handle.poll()
+                for c in ready:
+                    yield c if index is None else ChoiceChunk(index, c.text, c.token_ids, c.finish_reason,
+                                                              getattr(c, "logprobs", None))
+                if handle.done:
+                    return
+                if not ready:
+                    yield None
+        finally:
+            handle.close()
+
     def _choices(self, prompt, n: int, make_constraint, kwargs: dict):
+        """n choices on the batch: the first is submitted alone, the others once its prompt is computed, so they
+        find the prompt's full pages in the prefix cache instead of computing them again."""
         seed = kwargs.get("seed")
-        for i in range(n):
-            kw = dict(kwargs)
-            if seed is not None:
-                kw["seed"] = (seed + i) % 2**64
-            if make_constraint is not None:
-                kw["constraint"] = make_constraint()
-            gen = self.engine.generate(prompt, **kw)
-            try:
-                for c in gen:
-                    yield ChoiceChunk(i, c.text, c.token_ids, c.finish_reason, getattr(c, "logprobs", None))
-            finally:
-                gen.close()
+        its = []
+        try:
+            for i in range(n):
+                kw = dict(kwargs)
+                if seed is not None:
+                    kw["seed"] = (seed + i) % 2**64
+                if make_constraint is not None:
+                    kw["constraint"] = make_constraint()
+                its.append(self._stepped(self.engine.submit(prompt, **kw), i))
+                if i == 0 and n > 1:
+                    for c in its[0]:            # the first choice until its first token: the prompt is cached
+                        yield c
+                        if c is not None:
+                            break
+            live = list(its)
+            while live:                         # then every choice one chunk (or None) per round
+                for it in list(live):
+                    try:
+                        yield next(it)
+                    except StopIteration:
+                        live.remove(it)
+        finally:
+            for it in its:
+                it.close()
 
 
 @dataclass

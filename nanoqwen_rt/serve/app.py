@@ -3,10 +3,12 @@
 Routes: GET / (the chat page, static/index.html; its files under /static), GET /health, GET /metrics (Prometheus text), GET /v1/models[/{id}], POST /v1/completions,
 POST /v1/chat/completions (both with `"stream": true` → SSE chunks ending in `data: [DONE]`).
 
-Concurrency model: one sequence generates at a time. Requests wait in a bounded FIFO (`queue.py`); a full
-queue answers 429 + Retry-After. The engine runs on the worker thread only; handlers await events from it, so the
-event loop stays free for other clients, /health and /metrics. A client that disconnects (streaming or not)
-cancels its job: the worker stops between two tokens, or the job leaves the queue before it starts.
+Concurrency model: continuous batching (`queue.py`): up to --max-batch requests generate together on the engine's
+batch (Engine.submit/step), joining at step boundaries; the others wait in a bounded FIFO, and a full FIFO answers
+429 + Retry-After. The engine runs on the worker thread only; handlers await events from it, so the event loop
+stays free for other clients, /health and /metrics. A client that disconnects (streaming or not) cancels its job:
+its sequence leaves the batch at the next step and its KV pages return to the pool, or the job leaves the queue
+before it starts.
 
 Every client mistake is an OpenAI-style 4xx body (`schemas.ApiError`); only a failure inside the engine
 itself is a 500.
@@ -79,7 +81,9 @@ class _Server:
         self.model_name = model_name
         self.api_key = api_key
         self.metrics = ServerMetrics()
-        self.worker = GenerationWorker(queue_size, self.metrics)
+        self.metrics.watch_batch(engine.batch_stats)
+        engine.on_step = lambda batch, _seconds: self.metrics.batch_size.observe(batch) if batch else None
+        self.worker = GenerationWorker(queue_size, self.metrics, engine.max_batch)
         self.created = int(time.time())
         # Prompt preparation (template + tokenization) runs on threadpool threads, at most this many at once:
         # tokenizing holds the GIL, so parallel ones would only add memory, not speed.
@@ -187,6 +191,7 @@ class _Server:
             raise ApiError(400, f"'{param}' is empty: the prompt must encode to at least one token", param=param,
                            code="invalid_value")
         n_new = check_context(n_prompt, req.params.max_tokens, eng.context_length, param)
+        eng.check_pages(n_prompt, n_new, param)
         kwargs = {**req.params.engine_kwargs(n_new), **kwargs_extra}
         if n == 1 and make_constraint is None:
             start = lambda: eng.generate(ids, **kwargs)                      # noqa: E731
@@ -393,7 +398,8 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
     @endpoint("/health", needs_auth=False)
     async def health(request):
         return JSONResponse({"status": "ok", "model": srv.model_name, "device": srv.engine.device,
-                             "queue_depth": srv.worker.depth, "queue_size": srv.worker.queue_size})
+                             "queue_depth": srv.worker.depth, "queue_size": srv.worker.queue_size,
+                             "max_batch": srv.worker.max_batch})
 
     @endpoint("/metrics", needs_auth=False)
     async def metrics(request):

@@ -14,12 +14,13 @@ import os
 
 import numpy as np
 
-from ..base import Backend, BackendError, resolve_max_context
+from ..base import Backend, BackendError, SequenceKv, resolve_max_context
 from .kernels import (BF16_LUT, F16_LUT, attention, attention_prefill, blas_single_threaded, gemv_int4_multi,
                       matmul_int4, matmul_u16, rms_norm, rows_u16, silu_mul, warmup_kernels)
 from ...rope import apply_rope, cos_sin, rope_parameters
+from nanoqwen_format.shapes import KV_PAGE_TOKENS
 
-__all__ = ["CPUBackend", "available", "Linear"]
+__all__ = ["CPUBackend", "PagedKv", "available", "Linear"]
 
 # Positions the KV cache holds before its first growth: a typical prompt plus its answer, a few MB even for a 7B
 # model, so a short request never pays for a context-sized allocation.
@@ -204,12 +205,10 @@ class CPUBackend(Backend):
         rows_u16(self._emb.view(np.uint16), ids, lut, out)
         return out
 
-    def _attention(self, li: int, q: np.ndarray, p0: int) -> np.ndarray:
-        """q: f32 (T, n_heads, hd) already rotated; cache holds positions [0, p0+T). → f32 (T, n_heads*hd)."""
+    def _attention(self, q: np.ndarray, p0: int, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """q: f32 (T, n_heads, hd) already rotated; k, v: f32 (G, p0+T, hd), the keys and values of positions
+        [0, p0+T). → f32 (T, n_heads*hd)."""
         T, H, hd = q.shape
-        L = p0 + T
-        k = self.k_cache[li, :, :L].astype(np.float32, copy=False)        # (G, L, hd): a view when the cache is f32
-        v = self.v_cache[li, :, :L].astype(np.float32, copy=False)
         out = np.full((T, H * hd), np.nan, dtype=np.float32)
         (attention if T == 1 else attention_prefill)(q, k, v, p0, out)
         return out
@@ -222,17 +221,24 @@ class CPUBackend(Backend):
     def _forward(self, ids: np.ndarray) -> np.ndarray:
         """Run ids at positions [pos, pos+T) (checked by the Backend edge: in range, within max_context); write the
         KV cache; return the final-normed hidden f32 (T, hidden)."""
-        if ids.shape[0] == 1:
-            return self._layers(ids)
-        with blas_single_threaded():         # the prompt's BLAS products run on the backend's workers, one each
-            return self._layers(ids)
+        p0 = self._pos
+        self._reserve(p0 + ids.shape[0])
+        h = self._run(ids, p0, _ContiguousKv(self))
+        self._pos = p0 + ids.shape[0]
+        return h
 
-    def _layers(self, ids: np.ndarray) -> np.ndarray:
+    def _run(self, ids: np.ndarray, p0: int, kv) -> np.ndarray:
+        """The forward pass of ids at positions [p0, p0+T) over the KV rows of `kv` (_ContiguousKv: this backend's
+        one sequence; PagedKv: one sequence of a batch); returns the final-normed hidden f32 (T, hidden)."""
+        if ids.shape[0] == 1:
+            return self._layers(ids, p0, kv)
+        with blas_single_threaded():         # the prompt's BLAS products run on the backend's workers, one each
+            return self._layers(ids, p0, kv)
+
+    def _layers(self, ids: np.ndarray, p0: int, kv) -> np.ndarray:
         cfg = self.config
         T = ids.shape[0]
-        p0 = self._pos
         H, G, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self._reserve(p0 + T)
         cos, sin = cos_sin(self.inv_freq, self.rope_scaling, np.arange(p0, p0 + T))   # (T, hd) each
         x = self._embed(ids)                                                         # (T, hidden)
         for li, L in enumerate(self.layers):
@@ -240,15 +246,12 @@ class CPUBackend(Backend):
             q, k, v = project((L.q, L.k, L.v), h)
             q = apply_rope(q.reshape(T, H, hd), cos, sin)                            # (T, H, hd)
             k = apply_rope(k.reshape(T, G, hd), cos, sin)                            # (T, G, hd)
-            v = v.reshape(T, G, hd)                                                  # (T, G, hd)
-            self.k_cache[li, :, p0:p0 + T] = k.transpose(1, 0, 2)
-            self.v_cache[li, :, p0:p0 + T] = v.transpose(1, 0, 2)
-            x += L.o(self._attention(li, q, p0))
+            kv.store(li, p0, k, v.reshape(T, G, hd))
+            x += L.o(self._attention(q, p0, *kv.load(li, p0 + T)))
             h = self._norm(x, L.post_norm)
             g, u = project((L.gate, L.up), h)
             silu_mul(g, u, g)                                                        # g ← silu(gate) * up
             x += L.down(g)
-        self._pos = p0 + T
         return self._norm(x, self.final_norm)
 
     def _prefill(self, ids: np.ndarray) -> np.ndarray:
@@ -262,3 +265,82 @@ class CPUBackend(Backend):
     def _logits_all(self, ids: np.ndarray) -> np.ndarray:
         self.reset()
         return self.lm_head(self._forward(ids))
+
+    # -- many sequences ------------------------------------------------------------------------------
+    def sequence_kv(self, n_pages: int) -> "PagedKv":
+        """The KV store of the batched API: n_pages pages of KV_PAGE_TOKENS positions (see PagedKv)."""
+        return PagedKv(self, n_pages)
+
+
+class _ContiguousKv:
+    """The single sequence's KV rows: backend.k_cache / v_cache (n_layers, G, capacity, hd), positions in order."""
+
+    def __init__(self, be: CPUBackend):
+        self.be = be
+
+    def store(self, li: int, p0: int, k: np.ndarray, v: np.ndarray) -> None:
+        """k, v: f32 (T, G, hd) of positions [p0, p0+T)."""
+        T = k.shape[0]
+        self.be.k_cache[li, :, p0:p0 + T] = k.transpose(1, 0, 2)
+        self.be.v_cache[li, :, p0:p0 + T] = v.transpose(1, 0, 2)
+
+    def load(self, li: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """f32 (G, n, hd) keys and values of positions [0, n) (views when the cache is f32)."""
+        return (self.be.k_cache[li, :, :n].astype(np.float32, copy=False),
+                self.be.v_cache[li, :, :n].astype(np.float32, copy=False))
+
+
+class PagedKv(SequenceKv):
+    """KV rows of many sequences in pages (nanoqwen_rt.kv_pool owns the page bookkeeping): k, v are f32
+    (n_layers, n_pages, G, KV_PAGE_TOKENS, hd); a sequence's page table (SequencePages.pages) maps its position p
+    to page pages[p // P], slot p % P. Pages are NaN when allocated and poisoned again when the pool hands one
+    out, so a read of a row nobody wrote poisons the logits. The CPU oracle runs the sequences of a step one
+    after another (forward is per sequence) with the same kernels as the single-sequence path; a prefix-cache
+    hit reuses the cached pages' rows (shares_pages), so its prefill computes only the rest of the prompt."""
+
+    shares_pages = True
+
+    def __init__(self, be: CPUBackend, n_pages: int):
+        cfg = be.config
+        self.be = be
+        self.page_tokens = KV_PAGE_TOKENS
+        shape = (cfg.n_layers, int(n_pages), cfg.n_kv_heads, KV_PAGE_TOKENS, cfg.head_dim)
+        self.k = np.full(shape, np.nan, dtype=np.float32)
+        self.v = np.full(shape, np.nan, dtype=np.float32)
+        self._pages = np.zeros(0, dtype=np.int64)     # the page table of the sequence being computed
+
+    @staticmethod
+    def page_bytes(config) -> int:
+        """Bytes one page takes (keys and values, all layers)."""
+        return 2 * config.n_layers * config.n_kv_heads * KV_PAGE_TOKENS * config.head_dim * 4
+
+    def poison(self, pages) -> None:
+        idx = np.asarray(pages, dtype=np.int64)
+        self.k[:, idx] = np.nan
+        self.v[:, idx] = np.nan
+
+    def open(self, seq, capacity: int) -> None:
+        """Nothing to set up: a sequence's rows live in the pages its page table lists."""
+
+    def close(self, seq) -> None:
+        """Nothing to free here: the pool takes the pages back."""
+
+    def forward(self, seq, p0: int, ids: np.ndarray) -> np.ndarray:
+        """Run ids (int32 (T,), checked) at positions [p0, p0+T) of `seq` (its page table covers them); return the
+        float32 (vocab_rows,) logits after the last one."""
+        self._pages = np.asarray(seq.pages, dtype=np.int64)
+        h = self.be._run(ids, p0, self)
+        return self.be.lm_head(h[-1:])[0]
+
+    def store(self, li: int, p0: int, k: np.ndarray, v: np.ndarray) -> None:
+        pos = np.arange(p0, p0 + k.shape[0])
+        pg, sl = self._pages[pos // KV_PAGE_TOKENS], pos % KV_PAGE_TOKENS
+        self.k[li, pg, :, sl] = k                        # (T, G, hd) rows, one per position
+        self.v[li, pg, :, sl] = v
+
+    def load(self, li: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        used = self._pages[:-(-n // KV_PAGE_TOKENS)]
+        G, hd = self.k.shape[2], self.k.shape[4]
+        k = self.k[li, used].transpose(1, 0, 2, 3).reshape(G, -1, hd)[:, :n]       # (G, n, hd) gathered copy
+        v = self.v[li, used].transpose(1, 0, 2, 3).reshape(G, -1, hd)[:, :n]
+        return k, v

@@ -22,7 +22,9 @@ __all__ = ["NQ_ABI_VERSION", "NQ_STATUS", "NQ_OK", "NqConfig", "NqSampling", "TO
            "library_path", "load_library", "has_symbol", "call", "check", "error_for_status", "last_error"]
 
 #: the ABI version this binding is written against (nq_abi_version() must return it)
-NQ_ABI_VERSION = 2
+NQ_ABI_VERSION = 3
+#: most sessions one nq_decode_batch step takes (nanoqwen.h NQ_MAX_BATCH)
+NQ_MAX_BATCH = 256
 
 # enum nq_status
 NQ_OK = 0
@@ -83,6 +85,9 @@ SIGNATURES = {
     "nq_sample_steered": (ctypes.c_int, [_P, _I32P, _F32P, ctypes.c_int32, _I32P, ctypes.c_int32, ctypes.c_float,
                                          ctypes.c_float, ctypes.c_int32, _I32P, _F32P, _I32P, _F32P, _I32P]),
     "nq_session_free": (None, [_P]),
+    "nq_batch_create": (ctypes.c_int, [_P, ctypes.c_int32, ctypes.POINTER(_P)]),
+    "nq_decode_batch": (ctypes.c_int, [_P, ctypes.POINTER(_P), _I32P, ctypes.c_int32, _I32P, _F32P]),
+    "nq_batch_free": (None, [_P]),
 }
 #: production entry points newer than some libraries in use: bound when present; each caller says what it does
 #: without one (supports() names the missing symbol; CudaBackend lets nq_model_open give the reason instead)

@@ -31,14 +31,14 @@ from typing import Iterator
 
 import numpy as np
 
-from ..base import Backend, BackendError, resolve_max_context
+from ..base import Backend, BackendError, SequenceKv, resolve_max_context
 from ...logits import TokenLogprob
 from ...sampling import SamplingParams
 from . import abi
 from .abi import (NQ_OK, TOKEN_CALLBACK, LibraryUnavailable, NqConfig, NqSampling, UnsupportedModel, check,
                   error_for_status, has_symbol, load_library)
 
-__all__ = ["CudaBackend", "UnsupportedModel", "available", "unavailable_reason", "supports", "stream_tokens"]
+__all__ = ["CudaBackend", "SessionKv", "UnsupportedModel", "available", "unavailable_reason", "supports", "stream_tokens"]
 
 _P = ctypes.c_void_p
 
@@ -142,6 +142,7 @@ class CudaBackend(Backend):
         self.path = os.fspath(path)
         self._model = _P()
         self._sess = _P()
+        self._batch, self._batch_cap = None, 0     # nq_batch of decode_batch, created on first use
         if file is not None:          # else the C loader checks the file first, and the config is read after
             self.config = file.config
             self.max_context = resolve_max_context(self.config, max_context)
@@ -292,11 +293,65 @@ class CudaBackend(Backend):
             check(self._lib, "nq_decode", sess, tok, what="decode")
             yield tok, lp, complete
 
+    # -- many sequences in one step ------------------------------------------------------------------------
+    def new_session(self, max_context: int):
+        """A further library session on this backend's model (its own paged KV cache and decode graph, the shared
+        weights), for decode_batch; free it with free_session."""
+        sess = _P()
+        greedy = NqSampling(0.0, 0, 1.0, 0)
+        check(self._lib, "nq_session_create", self._model, int(max_context), ctypes.byref(greedy),
+              ctypes.byref(sess), what="create a session")
+        return sess
+
+    def free_session(self, sess) -> None:
+        if sess:
+            self._lib.nq_session_free(sess)
+
+    def decode_batch(self, sessions: list, tokens: np.ndarray, *, want_logits: bool = False):
+        """One token for each of these sessions (this backend's own `session` or new_session handles) in ONE forward
+        pass (nq_decode_batch: the weights are read once per step for all of them): tokens int32 (n,) are appended at
+        each session's position; returns the next tokens sampled on the device with each session's sampling
+        settings, int32 (n,), and with want_logits their logits, float32 (n, vocab_rows) (else None)."""
+        n = len(sessions)
+        if n == 0:
+            raise BackendError("decode_batch: no sessions")
+        if self._batch is None or self._batch_cap < n:
+            if self._batch is not None:
+                self._lib.nq_batch_free(self._batch)
+                self._batch = None
+            cap = min(abi.NQ_MAX_BATCH, max(8, 1 << (n - 1).bit_length()))
+            b = _P()
+            check(self._lib, "nq_batch_create", self._model, cap, ctypes.byref(b), what="create the batch")
+            self._batch, self._batch_cap = b, cap
+        handles = (_P * n)(*[s.value if isinstance(s, _P) else s for s in sessions])
+        toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        if toks.shape[0] != n:
+            raise BackendError(f"decode_batch: {n} sessions but {toks.shape[0]} tokens")
+        nxt = np.empty(n, dtype=np.int32)
+        logits = np.empty((n, self.config.vocab_rows), dtype=np.float32) if want_logits else None
+        check(self._lib, "nq_decode_batch", self._batch, handles, _ptr(toks, ctypes.c_int32), n,
+              _ptr(nxt, ctypes.c_int32), _ptr(logits, ctypes.c_float) if logits is not None else None,
+              what="batched decode")
+        return nxt, logits
+
+    @property
+    def session(self):
+        """This backend's own library session (the single-stream API's), e.g. as one of decode_batch's."""
+        return self._live()
+
+    # -- many sequences ----------------------------------------------------------------------------------------
+    def sequence_kv(self, n_pages: int) -> "SessionKv":
+        """The batched API's KV store on this backend: one library session per sequence (see SessionKv)."""
+        return SessionKv(self)
+
     # -- lifetime ------------------------------------------------------------------------------------------
     def close(self) -> None:
         lib = getattr(self, "_lib", None)
         if lib is None:
             return
+        if getattr(self, "_batch", None):
+            lib.nq_batch_free(self._batch)
+            self._batch = None
         if getattr(self, "_sess", None):
             lib.nq_session_free(self._sess)
             self._sess = _P()
@@ -313,3 +368,50 @@ class CudaBackend(Backend):
     def describe(self) -> str:
         return (f"cuda (libnanoqwen), {self.device_bytes / 1e9:.2f} GB of weights on the device, "
                 f"kv f16 paged, max_context {self.max_context}")
+
+
+class SessionKv(SequenceKv):
+    """The batched API on libnanoqwen: one library session per sequence (nq_session_create with the sequence's
+    capacity: its own paged f16 KV cache and decode graph, the backend's weights). Prompt chunks run one sequence
+    after another (nq_prefill, then nq_get_logits); the decode tokens of a step run in ONE device step
+    (forward_decode → nq_decode_batch: the weights are read once per step for all the sequences); the scheduler
+    samples every sequence on the host from the logits. The library's pages
+    are its own, so the pool only counts pages here and prefix-cache hits do not apply (shares_pages False)."""
+
+    shares_pages = False
+
+    def __init__(self, be: CudaBackend):
+        self.be = be
+        self._sessions: dict[int, ctypes.c_void_p] = {}
+
+    def open(self, seq, capacity: int) -> None:
+        sess = _P()
+        greedy = NqSampling(0.0, 0, 1.0, 0)      # unused: the scheduler samples from the logits
+        check(self.be._lib, "nq_session_create", self.be._model, int(capacity), ctypes.byref(greedy),
+              ctypes.byref(sess), what="create a batch sequence's session")
+        self._sessions[seq.seq_id] = sess
+
+    def forward(self, seq, p0: int, ids: np.ndarray) -> np.ndarray:
+        lib, sess = self.be._lib, self._sessions[seq.seq_id]
+        if ids.shape[0] == 1 and p0 > 0:
+            check(lib, "nq_decode", sess, int(ids[0]), what="decode")
+        else:
+            check(lib, "nq_prefill", sess, _ptr(ids, ctypes.c_int32), ids.shape[0], what="prefill")
+        V = self.be.config.vocab_rows
+        out = np.empty(V, dtype=np.float32)      # (vocab_rows,) owned by the caller
+        check(lib, "nq_get_logits", sess, _ptr(out, ctypes.c_float), V, what="logits")
+        return out
+
+    def forward_decode(self, seqs, p0s, tokens: np.ndarray) -> np.ndarray:
+        """The decode tokens of all these sequences in ONE device step (CudaBackend.decode_batch: every weight read
+        once for all of them); their logits come back for the scheduler's host sampling. A single sequence takes
+        its session's captured decode graph instead (nq_decode: faster than the ungraphed batched step at n = 1)."""
+        if len(seqs) == 1:
+            return self.forward(seqs[0], int(p0s[0]), np.asarray(tokens[:1], dtype=np.int32))[None]
+        _, logits = self.be.decode_batch([self._sessions[s.seq_id] for s in seqs], tokens, want_logits=True)
+        return logits
+
+    def close(self, seq) -> None:
+        sess = self._sessions.pop(seq.seq_id, None)
+        if sess:
+            self.be._lib.nq_session_free(sess)

@@ -1,0 +1,193 @@
+// Batched decode step (batch.h). Per step: embed the n tokens; per layer RMSNorm -> q/k/v GEMM -> attention (rope,
+// cache write and split-K attention of each token in its own session's cache) -> o GEMM (+= residual) -> RMSNorm
+// -> gate/up GEMM -> SwiGLU -> down GEMM (+= residual); then the final RMSNorm, the lm_head GEMM, one device sample
+// per sequence with its session's settings, and every session's position + 1. For n <= kGemvRowsMax the linear
+// layers run the decode GEMVs per token row instead of the GEMMs (same order of operations, fused the decode way).
+#include "batch.h"
+#include <algorithm>
+
+namespace nq {
+
+// Up to this many sequences, the linear layers run the decode GEMVs (RMSNorm, SwiGLU and the residual add fused),
+// one launch per token row: n weight passes at ~1.4 ms each (7B) against one pass of the prefill GEMMs, whose
+// 128-token tiles took ~10 ms per step at any n from 1 to 8 on the H200 (bench/NOTES.md "Session 5").
+constexpr int kGemvRowsMax = 4;
+
+Batch::~Batch() {
+  if (st) cudaStreamSynchronize(st);
+  void* dev[] = {d_tokens, d_pos, d_kv, d_pt, d_pos_of, d_next, X, Xn, QKV, ATT, G, U, HM, logits, part_o, part_ml,
+                 counters};
+  for (void* p : dev)
+    if (p) cudaFree(p);
+  if (h_io) cudaFreeHost(h_io);
+  if (st) cudaStreamDestroy(st);
+}
+
+int batch_create(Model* m, int max_batch, Batch** out) {
+  const nq_config& c = m->cfg;
+  Batch* b = new Batch();
+  auto bail = [&](int rc) { delete b; return rc; };
+  b->m = m;
+  b->max_batch = max_batch;
+  b->n_split = std::max(1, std::min(128, 256 / c.n_kv_heads));   // as a session's decode at long contexts
+  const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_rows;
+  const int Nq = c.n_heads * D, Nqkv = Nq + 2 * c.n_kv_heads * D;
+  const size_t B = (size_t)max_batch;
+  cudaError_t e = cudaStreamCreateWithFlags(&b->st, cudaStreamNonBlocking);
+  if (e != cudaSuccess) return bail(fail(cuda_status(e), "cudaStreamCreate: %s", cudaGetErrorString(e)));
+  int rc = NQ_OK;
+  if ((rc = dalloc(&b->d_tokens, B, "batch tokens")) || (rc = dalloc(&b->d_pos, B, "batch positions")) ||
+      (rc = dalloc(&b->d_kv, (size_t)c.n_layers * B, "batch caches")) || (rc = dalloc(&b->d_pt, B, "batch page tables")) ||
+      (rc = dalloc(&b->d_pos_of, B, "batch position pointers")) || (rc = dalloc(&b->d_next, B, "batch samples")) ||
+      (rc = dalloc(&b->X, B * H, "batch X")) || (rc = dalloc(&b->Xn, B * H, "batch Xn")) ||
+      (rc = dalloc(&b->QKV, B * Nqkv, "batch QKV")) || (rc = dalloc(&b->ATT, B * Nq, "batch ATT")) ||
+      (rc = dalloc(&b->G, B * I, "batch G")) || (rc = dalloc(&b->U, B * I, "batch U")) ||
+      (rc = dalloc(&b->HM, B * I, "batch HM")) || (rc = dalloc(&b->logits, B * V, "batch logits")) ||
+      (rc = dalloc(&b->part_o, B * c.n_heads * b->n_split * D, "batch attention partials")) ||
+      (rc = dalloc(&b->part_ml, B * c.n_heads * b->n_split * 2, "batch attention (m, l)")) ||
+      (rc = dalloc(&b->counters, B * c.n_kv_heads, "batch attention counters")))
+    return bail(rc);
+  if ((e = cudaMallocHost(&b->h_io, 2 * B * sizeof(int32_t))) != cudaSuccess)
+    return bail(fail(cuda_status(e), "cudaMallocHost (batch staging): %s", cudaGetErrorString(e)));
+  if ((e = cudaMemsetAsync(b->counters, 0, B * c.n_kv_heads * sizeof(int), b->st)) != cudaSuccess ||
+      (e = cudaStreamSynchronize(b->st)) != cudaSuccess)
+    return bail(fail(cuda_status(e), "batch init: %s", cudaGetErrorString(e)));
+  *out = b;
+  return NQ_OK;
+}
+
+namespace {
+// Point the batch at these sessions' caches, page tables and positions (when the set or its order changed).
+int bind(Batch* b, Session* const* ss, int n) {
+  bool same = (int)b->bound.size() == n;
+  for (int i = 0; same && i < n; i++) same = b->bound[i] == ss[i]->serial;
+  if (same) return NQ_OK;
+  const int L = b->m->cfg.n_layers;
+  std::vector<KvLayer> kv((size_t)L * b->max_batch);
+  std::vector<const int*> pt(n);
+  std::vector<int*> pos_of(n);
+  for (int i = 0; i < n; i++) {
+    for (int l = 0; l < L; l++) kv[(size_t)l * b->max_batch + i] = ss[i]->kv[l];
+    pt[i] = ss[i]->d_page_table;
+    pos_of[i] = ss[i]->d_pos;
+  }
+  NQ_CUDA(cudaMemcpyAsync(b->d_kv, kv.data(), kv.size() * sizeof(KvLayer), cudaMemcpyHostToDevice, b->st));
+  NQ_CUDA(cudaMemcpyAsync(b->d_pt, pt.data(), n * sizeof(const int*), cudaMemcpyHostToDevice, b->st));
+  NQ_CUDA(cudaMemcpyAsync(b->d_pos_of, pos_of.data(), n * sizeof(int*), cudaMemcpyHostToDevice, b->st));
+  NQ_CUDA(cudaStreamSynchronize(b->st));   // the host vectors go out of scope
+  b->bound.resize(n);
+  for (int i = 0; i < n; i++) b->bound[i] = ss[i]->serial;
+  return NQ_OK;
+}
+}  // namespace
+
+int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int32_t* next, float* logits_host) {
+  const Model& m = *b->m;
+  const nq_config& c = m.cfg;
+  const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_rows;
+  const int Nq = c.n_heads * D, Nkv = c.n_kv_heads * D, Nqkv = Nq + 2 * Nkv;
+  const float eps = c.rms_norm_eps;
+  cudaStream_t st = b->st;
+  NQ_TRY(bind(b, ss, n));
+  // the rope table of the session with the longest context covers every position (same model, same table)
+  const Session* longest = ss[0];
+  for (int i = 1; i < n; i++)
+    if (ss[i]->max_ctx > longest->max_ctx) longest = ss[i];
+  for (int i = 0; i < n; i++) {
+    b->h_io[i] = tokens[i];
+    b->h_io[b->max_batch + i] = ss[i]->pos;
+  }
+  auto run = [&]() -> int {
+    NQ_CUDA(cudaMemcpyAsync(b->d_tokens, b->h_io, n * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+    NQ_CUDA(cudaMemcpyAsync(b->d_pos, b->h_io + b->max_batch, n * sizeof(int), cudaMemcpyHostToDevice, st));
+    NQ_TRY(embed_rows(m.embed, m.embed_dtype, b->d_tokens, n, H, b->X, st));
+    const bool rows = n <= kGemvRowsMax;   // the decode GEMVs, one launch per token row (module comment)
+    for (int l = 0; l < c.n_layers; l++) {
+      const Layer& L = m.layers[l];
+      if (rows) {
+        for (int i = 0; i < n; i++) {
+          GemvArgs qa;
+          qa.seg[0] = L.q; qa.seg[1] = L.k; qa.seg[2] = L.v; qa.nseg = 3;
+          qa.bias[0] = L.bq; qa.bias[1] = L.bk; qa.bias[2] = L.bv;
+          qa.x_f32 = b->X + (size_t)i * H; qa.norm_w = L.ln1; qa.eps = eps;
+          qa.out_f32 = b->QKV + (size_t)i * Nqkv; qa.mode = GEMV_STORE;
+          NQ_TRY(gemv(qa, st));
+        }
+      } else {
+        NQ_TRY(rmsnorm_rows(b->X, L.ln1, n, H, eps, b->Xn, st));
+        const LinW W3[3] = {L.q, L.k, L.v};
+        float* const C3[3] = {b->QKV, b->QKV + Nq, b->QKV + Nq + Nkv};
+        const float* const B3[3] = {L.bq, L.bk, L.bv};
+        NQ_TRY(gemm_multi(W3, C3, B3, 3, b->Xn, H, n, Nqkv, false, st));
+      }
+      AttnArgs aa;
+      aa.qkv = b->QKV; aa.qkv_stride = Nqkv; aa.M = n; aa.pos0 = b->d_pos;
+      aa.kv = ss[0]->kv[l]; aa.page_table = ss[0]->d_page_table; aa.rope = longest->d_rope;
+      aa.n_heads = c.n_heads; aa.n_kv = c.n_kv_heads; aa.D = D;
+      aa.keys_per_split = 32; aa.n_split = b->n_split; aa.write_kv = true;
+      aa.part_o = b->part_o; aa.part_ml = b->part_ml; aa.counters = b->counters; aa.out = b->ATT;
+      aa.pos_of = b->d_pos; aa.kv_of = b->d_kv + (size_t)l * b->max_batch; aa.page_table_of = b->d_pt;
+      NQ_TRY(attention(aa, st));
+      if (rows) {
+        for (int i = 0; i < n; i++) {
+          GemvArgs oa;
+          oa.seg[0] = L.o; oa.x_f16 = b->ATT + (size_t)i * Nq; oa.out_f32 = b->X + (size_t)i * H; oa.mode = GEMV_ADD;
+          NQ_TRY(gemv(oa, st));
+          GemvArgs ga;
+          ga.seg[0] = L.gate; ga.up = L.up; ga.x_f32 = b->X + (size_t)i * H; ga.norm_w = L.ln2; ga.eps = eps;
+          ga.out_f16 = b->HM + (size_t)i * I; ga.mode = GEMV_SWIGLU;
+          NQ_TRY(gemv(ga, st));
+          GemvArgs da;
+          da.seg[0] = L.down; da.x_f16 = b->HM + (size_t)i * I; da.out_f32 = b->X + (size_t)i * H; da.mode = GEMV_ADD;
+          NQ_TRY(gemv(da, st));
+        }
+        continue;
+      }
+      NQ_TRY(gemm(L.o, b->ATT, Nq, n, b->X, H, nullptr, true, st));
+      NQ_TRY(rmsnorm_rows(b->X, L.ln2, n, H, eps, b->Xn, st));
+      {
+        const LinW W2[2] = {L.gate, L.up};
+        float* const C2[2] = {b->G, b->U};
+        const float* const B2[2] = {nullptr, nullptr};
+        NQ_TRY(gemm_multi(W2, C2, B2, 2, b->Xn, H, n, I, false, st));
+      }
+      NQ_TRY(swiglu_rows(b->G, b->U, n, I, b->HM, st));
+      NQ_TRY(gemm(L.down, b->HM, I, n, b->X, H, nullptr, true, st));
+    }
+    if (rows) {
+      for (int i = 0; i < n; i++) {
+        GemvArgs la;
+        la.seg[0] = m.lm_head; la.x_f32 = b->X + (size_t)i * H; la.norm_w = m.final_norm; la.eps = eps;
+        la.out_f32 = b->logits + (size_t)i * V; la.mode = GEMV_STORE;
+        NQ_TRY(gemv(la, st));
+      }
+    } else {
+      NQ_TRY(rmsnorm_rows(b->X, m.final_norm, n, H, eps, b->Xn, st));
+      NQ_TRY(gemm(m.lm_head, b->Xn, H, n, b->logits, V, nullptr, false, st));
+    }
+    for (int i = 0; i < n; i++) {
+      SampleArgs sa;
+      sa.logits = b->logits + (size_t)i * V; sa.V = V;
+      sa.params = ss[i]->d_samp; sa.counter = ss[i]->d_counter;
+      sa.token_out = b->d_next + i; sa.host_ring = nullptr; sa.ring_size = 0;
+      NQ_TRY(sample(sa, st));
+    }
+    NQ_TRY(advance_positions(b->d_pos_of, b->d_pos, n, st));
+    NQ_CUDA(cudaMemcpyAsync(b->h_io, b->d_next, n * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+    if (logits_host)
+      NQ_CUDA(cudaMemcpyAsync(logits_host, b->logits, (size_t)n * V * sizeof(float), cudaMemcpyDeviceToHost, st));
+    return NQ_OK;
+  };
+  const int rc = run();
+  const cudaError_t e = cudaStreamSynchronize(st);
+  if (rc != NQ_OK) return rc;
+  if (e != cudaSuccess) return fail(cuda_status(e), "batched decode: %s", cudaGetErrorString(e));
+  for (int i = 0; i < n; i++) {
+    next[i] = b->h_io[i];
+    ss[i]->pos += 1;
+    ss[i]->have_logits = false;   // this step's logits are the batch's, not in the session
+  }
+  return NQ_OK;
+}
+
+}  // namespace nq

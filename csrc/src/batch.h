@@ -1,0 +1,44 @@
+// Batched decode: one token for each of up to max_batch sessions of one model in one forward pass. The linear
+// layers run as one GEMM over the n tokens (every weight is read once per step for all the sequences); attention
+// runs each token against its own session's cache at its own position (attn_kernel, grid z = n).
+#pragma once
+#include "session.h"
+
+namespace nq {
+
+struct Batch {
+  Model* m = nullptr;
+  int max_batch = 0;
+  int n_split = 1;                 // decode attention splits per (token, KV head)
+  cudaStream_t st = nullptr;
+  // a step's inputs, and per sequence where its state lives
+  int32_t* d_tokens = nullptr;     // [max_batch] the tokens fed
+  int* d_pos = nullptr;            // [max_batch] their positions
+  KvLayer* d_kv = nullptr;         // [n_layers][max_batch] each sequence's cache, per layer
+  const int** d_pt = nullptr;      // [max_batch] each sequence's page table
+  int** d_pos_of = nullptr;        // [max_batch] each session's device position (advanced after the step)
+  int32_t* d_next = nullptr;       // [max_batch] sampled tokens
+  int32_t* h_io = nullptr;         // pinned [2 * max_batch]: tokens and positions in, sampled tokens out
+  std::vector<uint64_t> bound;     // serials of the sessions d_kv, d_pt and d_pos_of describe, in order
+  // activations, [max_batch] rows
+  float* X = nullptr;              // [H] residual stream
+  __half* Xn = nullptr;            // [H] normed
+  float* QKV = nullptr;            // [Nq + 2 Nkv]
+  __half* ATT = nullptr;           // [Nq]
+  float* G = nullptr;              // [I]
+  float* U = nullptr;              // [I]
+  __half* HM = nullptr;            // [I]
+  float* logits = nullptr;         // [V]
+  float* part_o = nullptr;         // attention partials [max_batch][n_heads][n_split][D]
+  float* part_ml = nullptr;        // [max_batch][n_heads][n_split][2]
+  int* counters = nullptr;         // [max_batch][n_kv], zero between launches
+  ~Batch();
+};
+
+int batch_create(Model* m, int max_batch, Batch** out);
+// sessions[i] takes tokens[i] at its position; next[i] is then sampled with sessions[i]'s settings (its device
+// sampler state), logits (n x vocab_rows host floats) if not null. Every position advances by one. The C ABI
+// (api.cpp) has checked the arguments: distinct idle sessions of b's model, tokens in range, room in every context.
+int batch_decode(Batch* b, Session* const* sessions, const int32_t* tokens, int n, int32_t* next, float* logits);
+
+}  // namespace nq

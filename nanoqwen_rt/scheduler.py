@@ -1,0 +1,329 @@
+"""The scheduler behind the Engine's batched API (Engine.submit / Engine.step): many sequences share one backend
+and one KV page pool (nanoqwen_rt/kv_pool.py).
+
+One step (Scheduler.step), under the engine's step lock:
+  1. sequences cancelled since the last step leave, and their pages go back to the pool;
+  2. waiting requests are admitted in arrival order while fewer than max_batch run and the pool can reserve their
+     pages (prompt + max new tokens); the first one that does not fit waits, and so do the ones behind it (FIFO);
+     a prefix-cache hit gives a new sequence the KV rows of its prompt's cached leading pages;
+  3. every decoding sequence decodes its last token and samples the next one;
+  4. prefilling sequences compute their prompts in chunks, in arrival order, at most PREFILL_CHUNK_TOKENS prompt
+     tokens per step in all, so a long prompt never holds the decodes of step 3 back for longer than one chunk;
+     a sequence whose prompt is done samples its first token;
+  5. finished sequences (stop id, max new tokens, full context, a grammar that completed) leave at once.
+
+Sampling runs on the host per sequence, exactly as Backend._generate_ids / _generate_steered do (same Sampler,
+same LogitsPipeline, one per request), so a seeded or greedy request yields what Engine.generate yields for it, up
+to the float32 differences of computing its prompt in chunks (see tests/test_batch.py).
+
+How the backend computes a step: through its SequenceKv (Backend.sequence_kv). The decode tokens of all decoding
+sequences go in one forward_decode call: the CUDA backend runs them as ONE device step (nq_decode_batch: each weight
+read once for all of them, attention per sequence in its own cache), the CPU backend (the oracle) one sequence after
+another with the kernels of the single-sequence path over its pages. Prompt chunks run one sequence at a time.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+from .kv_pool import KV_PAGE_TOKENS, KvPool, PoolFull, PoolTooSmall, SequencePages, pages_for
+from .sampling import Sampler
+
+__all__ = ["Scheduler", "BatchStats", "DEFAULT_MAX_BATCH", "PREFILL_CHUNK_TOKENS", "default_kv_pages"]
+
+# Sequences that run at once unless the caller says otherwise: enough for a small team on one CPU or GPU, and
+# what the server's --max-batch defaults to.
+DEFAULT_MAX_BATCH = 16
+# Prompt tokens computed per step, over all prefilling sequences: one chunk of a long prompt costs a CPU step about
+# as much as a few dozen decode tokens, so running decodes still advance every step while a long prompt enters.
+PREFILL_CHUNK_TOKENS = 256
+# The KV pages a CPU engine takes when none are asked for: max_batch full contexts, but at most this many bytes
+# of f32 rows (1 GiB: fits next to the weights on a laptop), and never less than one full context.
+CPU_KV_BUDGET_BYTES = 1 << 30
+# Steps whose tokens and time the tokens/s figure averages: recent enough to follow the load.
+RATE_WINDOW_STEPS = 32
+
+
+def default_kv_pages(max_context: int, max_batch: int, page_bytes: int,
+                     budget_bytes: int = CPU_KV_BUDGET_BYTES) -> int:
+    """Pages for max_batch sequences of max_context positions, within budget_bytes, at least one full context."""
+    per_seq = pages_for(max_context)
+    return max(per_seq, min(per_seq * max_batch, budget_bytes // page_bytes))
+
+
+class BatchStats:
+    """A snapshot of the scheduler for monitoring (the server's /metrics)."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class _Seq:
+    """One request in the scheduler: its prompt, sampling state, pages and the tokens it produced."""
+
+    def __init__(self, ids: np.ndarray, params, max_new: int, stops: set[int], pipeline, on_token: Callable):
+        self.ids = ids                      # int32 (n_prompt,), checked
+        self.sampler = Sampler(params)
+        self.pipeline = pipeline            # LogitsPipeline or None
+        self.max_new = max_new
+        self.stops = stops
+        self.on_token = on_token            # (token, TokenLogprob | None, complete) → None; called in the step
+        self.pages: SequencePages | None = None
+        self.n_new = 0                      # tokens sampled
+        self.last: int | None = None        # the sampled token not yet decoded
+        self.cancelled = False
+        self.done = False
+        self.error: BaseException | None = None
+        self.on_end: Callable | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.pages is not None and len(self.pages.tokens) < self.ids.shape[0]
+
+
+class Scheduler:
+    """Continuous batching over one backend (see the module docstring). `lock` is the engine's step lock: every
+    public method that touches the backend holds it."""
+
+    def __init__(self, backend, max_batch: int, kv_pages: int, lock: threading.Lock):
+        self.backend = backend
+        self.max_batch = int(max_batch)
+        self.max_context = int(backend.max_context)
+        self.kv = backend.sequence_kv(kv_pages)
+        self.pool = KvPool(kv_pages)
+        self.lock = lock
+        self.changed = threading.Condition(threading.Lock())     # notified after every step and every end
+        self._waiting: collections.deque[_Seq] = collections.deque()
+        self._running: list[_Seq] = []
+        self.steps = 0
+        self.last_batch = 0
+        self.tokens_total = 0
+        self._recent: collections.deque[tuple[int, float]] = collections.deque(maxlen=RATE_WINDOW_STEPS)
+        self._closed = False
+
+    # -- requests -----------------------------------------------------------------------------------------
+    def add(self, seq: _Seq) -> None:
+        """Queue a checked request; raises PoolTooSmall when it can never fit the pool. Waits for a step that is
+        running (the request joins at the next step boundary anyway)."""
+        need = self._capacity(seq)
+        if pages_for(need) > self.pool.n_pages:
+            raise PoolTooSmall(f"this request needs {pages_for(need)} KV pages of {KV_PAGE_TOKENS} tokens (prompt "
+                               f"{seq.ids.shape[0]} + up to {seq.max_new} new tokens); the pool has "
+                               f"{self.pool.n_pages}")
+        with self.lock:                      # the step reads and edits the waiting list under this lock
+            if self._closed:
+                raise RuntimeError("the scheduler is closed")
+            self._waiting.append(seq)
+        with self.changed:
+            self.changed.notify_all()
+
+    def cancel(self, seq: _Seq) -> None:
+        """The consumer went away: the sequence leaves now if no step is running, else at the next step's start
+        (a step computes at most one more token for it)."""
+        seq.cancelled = True
+        if self.lock.acquire(blocking=False):
+            try:
+                self._retire_cancelled()
+            finally:
+                self.lock.release()
+
+    def _capacity(self, seq: _Seq) -> int:
+        """Positions the sequence can ever write: the prompt and every sampled token but the last (never decoded),
+        within the context."""
+        return min(seq.ids.shape[0] + seq.max_new - 1, self.max_context)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def stats(self) -> BatchStats:
+        tok = sum(n for n, _ in self._recent)
+        sec = sum(s for _, s in self._recent)
+        return BatchStats(running=len(self._running), waiting=len(self._waiting),
+                          max_batch=self.max_batch, last_batch=self.last_batch, steps=self.steps,
+                          kv_pages=self.pool.n_pages, kv_pages_used=self.pool.used_pages,
+                          kv_pages_free=self.pool.free_pages, kv_pages_cached=self.pool.cached_pages,
+                          kv_pages_reserved=self.pool.reserved_pages,
+                          prefix_hit_pages=self.pool.prefix_hit_pages, prefix_hit_tokens=self.pool.prefix_hit_tokens,
+                          tokens_total=self.tokens_total, tokens_per_s=tok / sec if sec > 0 else 0.0)
+
+    # -- the step -----------------------------------------------------------------------------------------
+    def step(self) -> int:
+        """One scheduler step (module docstring). Returns the number of tokens sampled. Call with the engine's
+        step lock NOT held (it is taken here)."""
+        with self.lock:
+            return 0 if self._closed else self._step_locked()
+
+    def _step_locked(self) -> int:
+        t0 = time.perf_counter()
+        self._retire_cancelled()
+        self._admit()
+        batch = [s for s in self._running if s.pages is not None]
+        # decodes first: one token each, all in one SequenceKv.forward_decode call (one device step on CUDA)
+        n_tok = self._decode_all([s for s in batch if not s.prefilling and s.last is not None and not s.done])
+        budget = PREFILL_CHUNK_TOKENS
+        for s in batch:                                           # then prompt chunks, in arrival order
+            if budget <= 0:
+                break
+            if s.prefilling and not s.done:
+                start = len(s.pages.tokens)
+                chunk = s.ids[start:start + budget]
+                budget -= chunk.shape[0]
+                n_tok += self._run(s, chunk)
+        self._retire_done()
+        dt = time.perf_counter() - t0
+        self.steps += 1
+        self.last_batch = len(batch)
+        self.tokens_total += n_tok
+        if batch:
+            self._recent.append((n_tok, dt))
+        with self.changed:
+            self.changed.notify_all()
+        return n_tok
+
+    def _decode_all(self, seqs: list) -> int:
+        """The last token of every sequence in `seqs` through ONE SequenceKv.forward_decode call, then each samples
+        as in _run. Returns the tokens sampled. A sequence whose pages cannot grow ends with that error; a failure
+        of the shared step ends every sequence in it with the error (the others of the engine go on)."""
+        ready, p0s = [], []
+        for s in seqs:
+            try:
+                p0 = len(s.pages.tokens)
+                new = self.pool.grow(s.pages, np.array([s.last], dtype=np.int32))
+                if new:
+                    self.kv.poison(new)
+            except Exception as e:          # noqa: BLE001 (reported to this request's consumer)
+                s.error = e
+                s.done = True
+                continue
+            ready.append(s)
+            p0s.append(p0)
+        if not ready:
+            return 0
+        try:
+            logits = self.kv.forward_decode([s.pages for s in ready], p0s,
+                                            np.array([s.last for s in ready], dtype=np.int32))
+        except Exception as e:              # noqa: BLE001 (reported to each request's consumer)
+            for s in ready:
+                s.error = e
+                s.done = True
+            return 0
+        n = 0
+        for s, lg in zip(ready, logits):
+            self.pool.publish(s.pages)
+            n += self._sample(s, lg)
+        return n
+
+    def _run(self, s: _Seq, ids: np.ndarray) -> int:
+        """Compute ids for s (a prompt chunk), then sample when the prompt is done. Returns 1 when a token was
+        sampled. A backend failure ends this sequence with the error; the others go on."""
+        try:
+            p0 = len(s.pages.tokens)
+            new = self.pool.grow(s.pages, ids)
+            if new:
+                self.kv.poison(new)
+            logits = self.kv.forward(s.pages, p0, ids)
+            self.pool.publish(s.pages)
+        except Exception as e:              # noqa: BLE001 (reported to this request's consumer)
+            s.error = e
+            s.done = True
+            return 0
+        if s.prefilling:
+            return 0
+        return self._sample(s, logits)
+
+    def _sample(self, s: _Seq, logits: np.ndarray) -> int:
+        """Sample s's next token from its logits (float32 (vocab_rows,)) through its pipeline and sampler, deliver it
+        and mark the sequence done at its end. Returns 1 (0 when sampling failed: the sequence ends with the
+        error)."""
+        try:
+            if s.pipeline is not None:
+                logits = s.pipeline.process(logits)
+                tok = s.sampler(logits)
+                lp, complete = s.pipeline.after_sample(logits, tok)
+            else:
+                tok = s.sampler(logits)
+                lp, complete = None, False
+        except Exception as e:              # noqa: BLE001 (reported to this request's consumer)
+            s.error = e
+            s.done = True
+            return 0
+        s.n_new += 1
+        s.last = tok
+        n_total = s.ids.shape[0] + s.n_new
+        end = complete or tok in s.stops or s.n_new >= s.max_new or n_total >= self.max_context
+        s.on_token(tok, lp, complete)        # before `done`: a consumer that sees done has every token
+        if end:
+            s.done = True
+        return 1
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.max_batch:
+            s = self._waiting[0]
+            if s.cancelled:
+                self._waiting.popleft()
+                self._end(s)
+                continue
+            try:
+                s.pages = self.pool.admit(s.ids.tolist(), self._capacity(s), use_cache=self.kv.shares_pages)
+            except PoolTooSmall as e:       # the pool shrank below it (cannot happen today: checked in add)
+                self._waiting.popleft()
+                s.error = e
+                self._end(s)
+                continue
+            except PoolFull:
+                return                      # head of line waits for pages; the others wait behind it
+            self._waiting.popleft()
+            try:
+                self.kv.open(s.pages, self._capacity(s))
+            except Exception as e:          # noqa: BLE001
+                s.error = e
+                self.pool.release(s.pages)
+                self._end(s)
+                continue
+            self._running.append(s)
+
+    def _retire_cancelled(self) -> None:
+        for s in [s for s in self._waiting if s.cancelled]:
+            self._waiting.remove(s)
+            self._end(s)
+        for s in self._running:
+            if s.cancelled:
+                s.done = True
+        self._retire_done()
+
+    def _retire_done(self) -> None:
+        keep = []
+        for s in self._running:
+            if s.done:
+                self.kv.close(s.pages)
+                self.pool.release(s.pages)
+                self._end(s)
+            else:
+                keep.append(s)
+        self._running = keep
+
+    def _end(self, s: _Seq) -> None:
+        s.done = True
+        if s.on_end is not None:
+            s.on_end()
+        with self.changed:
+            self.changed.notify_all()
+
+    def close(self, error: BaseException) -> None:
+        """End every sequence with `error` (the engine is closing; called with the step lock held): their
+        consumers get the error once they have read the tokens already sampled."""
+        self._closed = True
+        for s in list(self._waiting) + self._running:
+            if not s.done:
+                s.error = error
+                s.done = True
+        self._waiting.clear()
+        self._retire_done()

@@ -1,0 +1,145 @@
+"""Batched decode on the GPU (nq_decode_batch through CudaBackend.decode_batch): n sessions of one model, each at its
+own position in its own cache, in one forward pass. Reference: each sequence alone through nq_logits_all (the
+single-sequence batched pass, itself checked against the CPU oracle in test_gpu_e2e)."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from synth import make_checkpoint  # noqa: E402  (tests/synth.py)
+
+pytestmark = pytest.mark.gpu
+
+CTX = 128
+CASES = {
+    "qwen2-int4g64": (dict(arch="qwen2", hidden=128, intermediate=256, n_layers=2, n_heads=2, n_kv_heads=1,
+                           vocab=384, seed=21), dict(quant="int4", group_size=64)),
+    # 7 query heads per KV head (the kernel's G), an INT4 lm_head
+    "qwen2-gqa7-int4": (dict(arch="qwen2", hidden=448, intermediate=384, n_layers=2, n_heads=7, n_kv_heads=1,
+                             vocab=448, seed=23), dict(quant="int4", group_size=64, lm_head="int4")),
+    "llama-f16": (dict(arch="llama", hidden=256, intermediate=768, n_layers=2, n_heads=4, n_kv_heads=2, vocab=320,
+                       qkv_bias=False, seed=25), dict(quant="none")),
+}
+# Both paths run the same GEMM kernels on the linear layers; attention differs: the batched step runs the split-K
+# decode kernel (f32 scores and sums), the reference the tensor-core prefill kernel (f16 probabilities): ~1e-3 on
+# the logits after a few layers; 1e-2 leaves room without hiding a wrong cache, position or page table (O(1)).
+BATCH_TOL = 1e-2
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    from nanoqwen_quant.convert import convert_checkpoint
+    d = tmp_path_factory.mktemp("gpu_batch")
+    out = {}
+    for name, (mk, cv) in CASES.items():
+        make_checkpoint(d / name, dtype="bf16", **mk)
+        out[name] = convert_checkpoint(d / name, d / f"{name}.nanoqwen", **cv)
+    return out
+
+
+def _i32(a):
+    return np.ascontiguousarray(a, dtype=np.int32).ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+
+
+def _prefill(be, sess, ids):
+    from nanoqwen_rt.backends.cuda.abi import check
+    ids = np.ascontiguousarray(ids, dtype=np.int32)
+    check(be._lib, "nq_prefill", sess, _i32(ids), ids.shape[0], what="prefill")
+
+
+def _alone(be, ids):
+    """Logits of every position of `ids` through nq_logits_all on a fresh session: float32 (len(ids), V)."""
+    from nanoqwen_rt.backends.cuda.abi import check
+    sess = be.new_session(CTX)
+    try:
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        out = np.full((ids.shape[0], be.config.vocab_rows), np.nan, dtype=np.float32)
+        check(be._lib, "nq_logits_all", sess, _i32(ids), ids.shape[0],
+              out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), what="logits_all")
+        return out
+    finally:
+        be.free_session(sess)
+
+
+def _rel_rows(a, b):
+    a, b = np.atleast_2d(a).astype(np.float64), np.atleast_2d(b).astype(np.float64)
+    return np.linalg.norm(a - b, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+# Up to 4 sequences the step runs the decode GEMVs per token row, above that the GEMMs (batch.cu kGemvRowsMax):
+# both are checked (the session swap below keeps the count).
+@pytest.mark.parametrize("lens", [[1, 5, 17], [1, 5, 17, 40, 33]], ids=["gemv-rows", "gemm"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_batched_decode_matches_each_sequence_alone(files, name, lens):
+    from nanoqwen_rt.backends.cuda import CudaBackend
+    be = CudaBackend(files[name], max_context=CTX)
+    try:
+        rng = np.random.default_rng()
+        V = be.config.vocab_rows
+        lens = list(lens)                    # prompt lengths: every sequence at its own position
+        steps = 6
+        seqs = [rng.integers(0, V, size=n + steps + 1) for n in lens]   # teacher-forced: step t feeds seq[n + t]
+        sessions = [be.session] + [be.new_session(CTX) for _ in lens[1:]]
+        for sess, seq, n in zip(sessions, seqs, lens):
+            _prefill(be, sess, seq[:n])
+        got = []
+        for t in range(steps):
+            toks = np.array([seq[n + t] for seq, n in zip(seqs, lens)], dtype=np.int32)
+            nxt, lg = be.decode_batch(sessions, toks, want_logits=True)
+            assert np.isfinite(lg).all()
+            # greedy sessions sample the argmax (the sampler breaks ties towards the lower id, as argmax does)
+            np.testing.assert_array_equal(nxt, lg.argmax(axis=-1))
+            got.append(lg)
+        from nanoqwen_rt.backends.cuda.abi import check
+        for i, (sess, seq, n) in enumerate(zip(sessions, seqs, lens)):
+            p = ctypes.c_int32()
+            check(be._lib, "nq_session_position", sess, ctypes.byref(p), what="position")
+            assert p.value == n + steps
+            ref = _alone(be, seq)[n:n + steps]
+            err = _rel_rows(np.stack([g[i] for g in got]), ref).max()
+            assert err < BATCH_TOL, f"sequence {i} (prompt {n}): relative error {err:.2e}"
+        # a session freed and another created (possibly at the same address) is bound afresh
+        be.free_session(sessions.pop(2))
+        lens.pop(2)
+        seqs.pop(2)
+        fresh = rng.integers(0, V, size=9)
+        sessions.append(be.new_session(CTX))
+        _prefill(be, sessions[-1], fresh[:8])
+        toks = np.array([seq[n + steps] for seq, n in zip(seqs, lens)] + [fresh[8]], dtype=np.int32)
+        _, lg = be.decode_batch(sessions, toks, want_logits=True)
+        refs = [_alone(be, seq)[n + steps] for seq, n in zip(seqs, lens)] + [_alone(be, fresh)[8]]
+        err = _rel_rows(lg, np.stack(refs)).max()
+        assert err < BATCH_TOL, f"after a session change: relative error {err:.2e}"
+        for s in sessions[1:]:
+            be.free_session(s)
+    finally:
+        be.close()
+
+
+def test_batched_decode_refuses_bad_calls(files):
+    from nanoqwen_rt.backends.base import ContextFull
+    from nanoqwen_rt.backends.cuda import CudaBackend
+    be = CudaBackend(files["qwen2-int4g64"], max_context=CTX)
+    other = CudaBackend(files["qwen2-int4g64"], max_context=CTX)
+    try:
+        _prefill(be, be.session, [1, 2, 3])
+        _prefill(other, other.session, [1, 2, 3])
+        with pytest.raises(ValueError, match="appears twice"):
+            be.decode_batch([be.session, be.session], np.array([1, 2]))
+        with pytest.raises(ValueError, match="another model"):
+            be.decode_batch([be.session, other.session], np.array([1, 2]))
+        with pytest.raises(ValueError, match="out of range"):
+            be.decode_batch([be.session], np.array([be.config.vocab_rows]))
+        small = be.new_session(4)
+        _prefill(be, small, [1, 2, 3, 4])
+        with pytest.raises(ContextFull, match="context full"):
+            be.decode_batch([be.session, small], np.array([1, 2]))
+        be.free_session(small)
+        nxt, _ = be.decode_batch([be.session], np.array([5]))     # nothing was done by the refused calls
+        assert 0 <= int(nxt[0]) < be.config.vocab_rows
+        assert be.position == 4
+    finally:
+        other.close()
+        be.close()
