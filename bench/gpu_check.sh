@@ -79,7 +79,9 @@ if has bench; then
   note "bench 7B rc=$?"; tail -25 "$LOG/bench7b.log" | tee -a "$summary"
   # steered generation (logprobs, bias + penalties, JSON grammar) against plain decoding on the same file
   timeout 240 python3 bench/steer_bench.py /tmp/q7b.nanoqwen --json "$LOG/steer7b.json" > "$LOG/steer7b.log" 2>&1
-  note "steer bench 7B rc=$?"; tail -10 "$LOG/steer7b.log" | tee -a "$summary"
+  note "steer bench 7B rc=$?"
+  grep -E "(plain|decode|logprobs5|steer5|host5)_ms:|cost_vs|_tokens:|_decode_ms_per_token|_setup_ms|_host_mask_ms_per_token|suite_ms|skipped" \
+    "$LOG/steer7b.log" | tee -a "$summary"
   # many sequences per step (nq_decode_batch) against the single stream, same file
   timeout 240 python3 bench/batch_bench.py /tmp/q7b.nanoqwen --batch 1,4,8,32,64 --json "$LOG/batch7b.json" > "$LOG/batch7b.log" 2>&1
   note "batch bench 7B rc=$?"; tail -6 "$LOG/batch7b.log" | tee -a "$summary"

@@ -34,3 +34,10 @@ def engine(model_path):
     eng = Engine(model_path, device="cpu")
     yield eng
     eng.close()
+
+
+@pytest.fixture(scope="module")
+def no_fim_model_path(tmp_path_factory):
+    """A model file whose tokenizer lacks the FIM tokens (tests/test_server_model.py: built once per session)."""
+    from test_server_model import build_no_fim_model_file
+    return build_no_fim_model_file(tmp_path_factory.mktemp("no-fim"))

@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from qwen25_model import build_qwen25_model_file, find_tokenizer_dir
+from schema_suite import SCHEMAS
 from test_server_model import HANG_GUARD_S, running_server
 
 from nanoqwen_rt.logits import (InvalidLogitsSettings, LogitsPipeline, LogitsSettings, apply_token_bitmask,
@@ -165,12 +166,18 @@ def test_fim_generation_stops_at_fim_tokens(qeng):
     assert chunks[-1].finish_reason == "stop" and chunks[-1].token_ids == [sep] and len(chunks) == 1
 
 
-def test_fim_unsupported_without_tokens(engine):
-    from nanoqwen_rt import FimUnsupported
-    if engine.tokenizer.token_to_id("<|fim_prefix|>") is not None:
-        pytest.skip("the test model has FIM tokens")
-    with pytest.raises(FimUnsupported, match="fill-in-the-middle"):
-        engine.fim("a", "b")
+def test_fim_unsupported_without_tokens(no_fim_model_path, tmp_path):
+    """A file whose tokenizer has no FIM tokens: FimUnsupported in Python, a 400 fim_unsupported from the server."""
+    import httpx
+    from nanoqwen_rt import Engine, FimUnsupported
+    with Engine(no_fim_model_path, device="cpu") as eng:
+        assert eng.tokenizer.token_to_id("<|fim_prefix|>") is None
+        with pytest.raises(FimUnsupported, match="fill-in-the-middle"):
+            eng.fim("a", "b")
+    with running_server(no_fim_model_path, tmp_path / "server.log", "--model-name", "no-fim") as (base, _):
+        r = httpx.post(base + "/v1/completions", json={"model": "no-fim", "prompt": "x", "suffix": "y"},
+                       timeout=HANG_GUARD_S)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "fim_unsupported", r.text
 
 
 def test_logprobs_match_cpu_oracle(qeng):
@@ -198,23 +205,6 @@ def test_logit_bias_forces_a_token(qeng):
     _, chunks = _run(qeng.generate("x", max_new_tokens=3, logit_bias={target: 5.0}, frequency_penalty=2.0,
                                    presence_penalty=2.0, stop_token_ids=[]))
     assert [c.token_ids[0] for c in chunks].count(target) <= 2
-
-
-SCHEMAS = [
-    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                      "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-     "required": ["name", "age"], "additionalProperties": False},
-    {"type": "object", "properties": {"ok": {"type": "boolean"}, "tags": {"type": "array", "maxItems": 3,
-                                                                           "items": {"enum": ["a", "b", "c"]}}},
-     "required": ["ok", "tags"], "additionalProperties": False},
-    {"type": "array", "items": {"type": "integer", "minimum": -5, "maximum": 5}, "minItems": 1, "maxItems": 4},
-    {"type": "object", "properties": {"kind": {"const": "point"},
-                                      "xy": {"type": "array", "items": {"type": "number", "minimum": 0,
-                                                                        "maximum": 1}, "minItems": 2, "maxItems": 2}},
-     "required": ["kind", "xy"], "additionalProperties": False},
-    {"type": "object", "properties": {"choice": {"anyOf": [{"type": "null"}, {"enum": ["x", "y"]}]}},
-     "required": ["choice"], "additionalProperties": False},
-]
 
 
 @pytest.mark.parametrize("schema", SCHEMAS)
@@ -396,7 +386,7 @@ def test_limits_match_the_c_header():
     assert int(defines["NQ_MAX_BATCH"]) == NQ_MAX_BATCH
 
 
-def test_cli_run_suffix(qpath, qeng, model_path, engine):
+def test_cli_run_suffix(qpath, qeng, no_fim_model_path):
     """`nanoqwen run --suffix`: the FIM middle on stdout, equal to Engine.fim; a file without FIM tokens: exit 1
     with one line on stderr."""
     import subprocess
@@ -407,11 +397,10 @@ def test_cli_run_suffix(qpath, qeng, model_path, engine):
                        timeout=HANG_GUARD_S)
     assert p.returncode == 0, p.stderr
     assert p.stdout == "".join(c.text for c in qeng.fim(pre, suf, max_new_tokens=10)) + "\n"
-    if engine.tokenizer.token_to_id("<|fim_prefix|>") is None:
-        p = subprocess.run([sys.executable, "-m", "nanoqwen_rt.cli", "run", model_path, "-p", "a", "--suffix", "b",
-                            "--device", "cpu"], capture_output=True, text=True, timeout=HANG_GUARD_S)
-        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-        assert p.returncode == 1 and len(lines) == 1 and "FimUnsupported" in lines[0], p.stderr
+    p = subprocess.run([sys.executable, "-m", "nanoqwen_rt.cli", "run", no_fim_model_path, "-p", "a", "--suffix",
+                        "b", "--device", "cpu"], capture_output=True, text=True, timeout=HANG_GUARD_S)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 1 and len(lines) == 1 and "FimUnsupported" in lines[0], p.stderr
     p = subprocess.run([sys.executable, "-m", "nanoqwen_rt.cli", "run", qpath, "-p", "a", "--suffix", "b", "--chat"],
                        capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert p.returncode == 2 and "--suffix" in p.stderr

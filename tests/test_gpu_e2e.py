@@ -220,6 +220,10 @@ def test_c_loader_rejects_corrupt_files(files, tmp_path):
 
 
 # ---- the embedded model: 128 greedy tokens identical to the CPU backend ------------------------------------
+# Greedy decoding on the two backends may part only at a near tie: where the CPU's two best logits are closer than
+# this. The logits agree to ~1e-3 of the row norm (TOL's comment), ~0.01 per logit on this model (|logit| ~ 10);
+# 0.05 is five times that, and a wrong kernel moves the logits by O(1).
+GREEDY_TIE_MARGIN = 0.05
 def _embedded_file(tmp_path_factory):
     src = ROOT / "models" / "tiny-py"
     assert (src / "config.json").exists(), "the embedded model models/tiny-py is part of the repository"
@@ -236,7 +240,13 @@ def test_embedded_model_greedy_128_identical(tmp_path_factory):
         prompt = np.array([3, 10, 20, 30, 40, 50], dtype=np.int32) % gpu.config.vocab_rows
         g = list(gpu.generate_ids(prompt, SamplingParams(temperature=0.0), 128))
         c = list(cpu.generate_ids(prompt, SamplingParams(temperature=0.0), 128))
-        assert g == c
+        if g != c:      # then only at a near tie of the CPU's, and the GPU took the CPU's second choice
+            i = next(k for k, (a, b) in enumerate(zip(g, c)) if a != b)
+            cpu.reset()
+            x = cpu.prefill(np.concatenate([prompt, np.array(c[:i], dtype=np.int32)]))    # (vocab_rows,)
+            second, first = np.argsort(x)[-2:]
+            assert (first, second) == (c[i], g[i]) and x[first] - x[second] < GREEDY_TIE_MARGIN, \
+                (i, float(x[first] - x[second]))
 
 
 # ---- 7B shapes vs transformers ----------------------------------------------------------------------------

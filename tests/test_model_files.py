@@ -234,14 +234,20 @@ def test_file_selection_excludes_tests_idlelib_site_packages_and_big_files(tmp_p
 def test_greedy_completion_of_fibonacci_is_python_like(hf_model, hf_tokenizer):
     import torch
 
-    prompt = "def fibonacci(n):"
-    ids = hf_tokenizer(prompt, return_tensors="pt").input_ids
-    with torch.no_grad():
-        out = hf_model.generate(ids, max_new_tokens=48, do_sample=False)
-    text = hf_tokenizer.decode(out[0, ids.shape[1]:])
-    # A function header is followed by a newline and an indented body that uses Python keywords.
-    assert re.match(r"\s*\n(    |\t)\S", text), repr(text)
-    assert re.search(r"\b(return|if|for|while|yield|raise|else|pass)\b", text), repr(text)
+    def greedy(prompt: str) -> str:
+        ids = hf_tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = hf_model.generate(ids, max_new_tokens=48, do_sample=False)
+        return hf_tokenizer.decode(out[0, ids.shape[1]:])
+
+    keyword = r"\b(return|if|for|while|yield|raise|else|pass)\b"
+    # A function header is followed by a newline and an indented body that opens as Python does: a docstring (as
+    # most standard-library functions do) or a statement.
+    text = greedy("def fibonacci(n):")
+    assert re.match(r'\s*\n(    |\t)("""|\'\'\'|' + keyword + ")", text), repr(text)
+    # With the docstring given, the body is code.
+    text = greedy('def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n')
+    assert re.match(r"(    |\t)\S", text) and re.search(keyword, text), repr(text)
 
 
 def test_heldout_text_is_predicted_far_better_than_uniform(hf_model, raw_tokenizer):

@@ -76,6 +76,17 @@ def test_greedy_completion_equals_engine(client, engine):
     assert r.usage.total_tokens == r.usage.prompt_tokens + n_tok
 
 
+def test_fim_completion_equals_engine(client, engine):
+    """`suffix` on /v1/completions (the README's fill-in-the-middle example against the demo's file) equals
+    Engine.fim on the same file, text and finish reason. (A file without FIM tokens: test_api_features.)"""
+    pre, suf = "class Point:\n    def __init__(self, x, y):\n        ", "\n        self.y = y\n"
+    chunks = list(engine.fim(pre, suf, max_new_tokens=24, stop=["\n"]))
+    r = client.completions.create(model=MODEL, prompt=pre, suffix=suf, stop="\n", max_tokens=24, temperature=0)
+    assert r.choices[0].text == "".join(c.text for c in chunks)
+    assert r.choices[0].finish_reason == chunks[-1].finish_reason
+    assert r.usage.completion_tokens == engine.stats.completion_tokens
+
+
 def test_token_id_prompt_equals_engine(client, engine):
     ids = engine.tokenizer.encode(PROMPT)
     text, n_tok, _ = _ref(engine, ids, max_new_tokens=12, temperature=0.0)
@@ -179,7 +190,6 @@ def test_4xx_cases(server, engine):
         ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 30}, None, 400, "invalid_value"),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, None, 400,
          "unsupported_value"),
-        ("/v1/completions", {"model": MODEL, "prompt": "x", "suffix": "y"}, None, 400, "fim_unsupported"),
         ("/v1/chat/completions", {"model": MODEL, "messages": "hi"}, None, 400, "invalid_type"),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": ctx}, None, 400,
          "context_length_exceeded"),

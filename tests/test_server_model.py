@@ -89,17 +89,30 @@ def build_model_file(tmp_dir: Path) -> str:
             return env
         from nanoqwen_quant.convert import convert_checkpoint
         tmp_dir = Path(tmp_dir)
-        if (TINY_PY / "config.json").is_file():
-            src = TINY_PY
-        else:
-            from synth import make_checkpoint
-            # head_dim 64, K = 128 / 256: every linear takes INT4 group 128; context 1024 like tiny-py.
-            src = make_checkpoint(tmp_dir / "synth-src", hidden=128, intermediate=256, n_layers=2, n_heads=2,
-                                  n_kv_heads=1, vocab=320, tied=True, max_positions=1024, seed=7)
+        src = TINY_PY if (TINY_PY / "config.json").is_file() else _synth_checkpoint(tmp_dir / "synth-src")
         out = tmp_dir / "test-model.int4.nanoqwen"
         convert_checkpoint(src, out, quant="int4")
         _built["path"] = str(out)
         return str(out)
+
+
+def _synth_checkpoint(path: Path) -> Path:
+    from synth import make_checkpoint
+    # head_dim 64, K = 128 / 256: every linear takes INT4 group 128; context 1024 like tiny-py.
+    return make_checkpoint(path, hidden=128, intermediate=256, n_layers=2, n_heads=2, n_kv_heads=1, vocab=320,
+                           tied=True, max_positions=1024, seed=7)
+
+
+def build_no_fim_model_file(tmp_dir: Path) -> str:
+    """A file whose tokenizer has no fill-in-the-middle tokens (tests/synth.py's 320-token BPE): where FIM must be
+    refused with a named error. Built into `tmp_dir` on first use; cached for the session."""
+    with _lock:
+        if "no_fim" not in _built:
+            from nanoqwen_quant.convert import convert_checkpoint
+            out = Path(tmp_dir) / "no-fim.int4.nanoqwen"
+            convert_checkpoint(_synth_checkpoint(Path(tmp_dir) / "no-fim-src"), out, quant="int4")
+            _built["no_fim"] = str(out)
+        return _built["no_fim"]
 
 
 def test_model_file_is_usable_for_cli_and_server(tmp_path_factory):

@@ -88,7 +88,9 @@ NQ_API int nq_session_reset(nq_session* s);
 NQ_API int nq_session_position(const nq_session* s, int32_t* pos);
 /* Append n tokens (batched tensor-core pass); afterwards the session's logits are those of the last one. */
 NQ_API int nq_prefill(nq_session* s, const int32_t* tokens, int32_t n);
-/* Append one token (one CUDA graph replay); afterwards the logits are those of this token. */
+/* Append one token (one CUDA graph replay); afterwards the logits are those of this token. Returns once the step
+ * is enqueued: every later call on the session waits for it first (so the host may work while the device runs
+ * the step), and a device error of the step is reported by that later call. */
 NQ_API int nq_decode(nq_session* s, int32_t token);
 /* Copy the current logits (vocab_rows floats) to host memory. */
 NQ_API int nq_get_logits(nq_session* s, float* out, int32_t n);

@@ -88,6 +88,8 @@ int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int
   const int Nq = c.n_heads * D, Nkv = c.n_kv_heads * D, Nqkv = Nq + 2 * Nkv;
   const float eps = c.rms_norm_eps;
   cudaStream_t st = b->st;
+  // a session's own step (nq_decode returns once it is enqueued) finishes before this one reads its cache
+  for (int i = 0; i < n; i++) NQ_CUDA(cudaStreamSynchronize(ss[i]->st));
   NQ_TRY(bind(b, ss, n));
   // the rope table of the session with the longest context covers every position (same model, same table)
   const Session* longest = ss[0];

@@ -349,12 +349,13 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
   return NQ_OK;
 }
 
+// Enqueues the step and returns without waiting for it: every later call on the session starts by synchronizing
+// its stream, so the host can work meanwhile (a steered generation computes the next grammar mask here).
 int session_decode(Session* s, int32_t token) {
-  NQ_CUDA(cudaStreamSynchronize(s->st));
+  NQ_CUDA(cudaStreamSynchronize(s->st));  // h_tokens is reused
   s->h_tokens[0] = token;
   NQ_CUDA(cudaMemcpyAsync(s->d_token, s->h_tokens, 4, cudaMemcpyHostToDevice, s->st));
   NQ_CUDA(cudaGraphLaunch(s->decode_only, s->st));
-  NQ_CUDA(cudaStreamSynchronize(s->st));
   s->pos += 1;
   s->have_logits = true;
   return NQ_OK;
@@ -368,6 +369,7 @@ int session_generate(Session* s, int max_new, const int32_t* stop, int n_stop, n
   *n_out = 0;
   if (max_new == 0) return NQ_OK;
   cudaStream_t st = s->st;
+  NQ_CUDA(cudaStreamSynchronize(st));  // an enqueued nq_decode finishes first (counter0 below is read off-stream)
   const int start_pos = s->pos;
   // how many tokens can be produced: each produced token except the last is decoded (needs a free slot)
   // (Backend contract: generation ends when prompt + generated reaches max_context; the ABI checked pos < max_ctx)

@@ -18,7 +18,8 @@ Where one decode step happens (Engine.generate → ... → kernels):
   A steered generation (logprobs, logit_bias, penalties, a grammar: Backend.generate_steered) goes
   CudaBackend._generate_steered: per token, the grammar's bitmask (host, llguidance) → ctypes nq_sample_steered →
   session_sample_steered (penalties + mask + bias, the device sampler, log-softmax + top-N: csrc/src/steer.cu; only
-  the token and its logprobs are copied back) → nq_decode of that token (the decode-only graph).
+  the token and its logprobs are copied back) → nq_decode of that token (the decode-only graph), which returns once
+  the step is enqueued, so the next token's mask is computed on the host while the device runs the step.
 """
 from __future__ import annotations
 
@@ -277,17 +278,20 @@ class CudaBackend(Backend):
         n_total = ids.shape[0]
         for i in range(max_new_tokens):
             if constraint is not None:
-                constraint.fill_bitmask(mask)
+                constraint.fill_bitmask(mask)      # on the host, while the device runs the step enqueued below
             tok, lp = self.sample_steered(bias_ids, bias_vals, mask, s.presence_penalty, s.frequency_penalty, top_n)
             complete = False
             if constraint is not None:
                 constraint.accept(tok)
                 complete = constraint.complete
-            yield tok, lp, complete
             n_total += 1
             if complete or tok in stops or i + 1 == max_new_tokens or n_total >= self.max_context:
+                yield tok, lp, complete
                 return
+            # nq_decode returns once the step is enqueued (nq_sample_steered waits for it): the caller's work on
+            # this token and the next mask overlap the device's forward pass
             check(self._lib, "nq_decode", sess, tok, what="decode")
+            yield tok, lp, complete
 
     # -- many sequences in one step ------------------------------------------------------------------------
     def new_session(self, max_context: int):
