@@ -55,6 +55,44 @@ inline int run_gemv_shapes(const char* title, const GemvLaunch& launch, double t
   return 0;
 }
 
+// Let `kernel` use up to nq::kMaxDynSmem of dynamic shared memory (each GEMV instantiation a program launches).
+template <class Kernel>
+void raise_smem(Kernel kernel) {
+  DEV_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, nq::kMaxDynSmem));
+}
+
+// Time-only diagnostics, one row per shape: the read-only stream over the weight bytes, then each launch of
+// `columns` (STORE args of random INT4 weights and an all-zero x; the results are not checked: diagnostic
+// variants compute no GEMV). A launch returns its status (NQ_OK).
+struct TimedLaunch { const char* label; std::function<int(const nq::GemvArgs&, int)> launch; };
+inline void time_diagnostics(const char* title, const std::vector<Shape>& shapes, int sms,
+                             const std::vector<TimedLaunch>& columns) {
+  unsigned* sink = nullptr;
+  DEV_CHECK(cudaMalloc(&sink, 4096 * sizeof(unsigned)));
+  std::printf("%s (time only, us)\n  %-12s %10s", title, "shape", "read");
+  for (const TimedLaunch& c : columns) std::printf(" %14s", c.label);
+  std::printf(" %10s\n", "MB");
+  for (const Shape& sh : shapes) {
+    const Int4Weight W = random_int4(sh.N, sh.K, 128, 1234u + sh.N);
+    DeviceCopies wc(W.file_bytes);
+    float *dx = nullptr, *dy = nullptr;
+    DEV_CHECK(cudaMalloc(&dx, sh.K * sizeof(float)));
+    DEV_CHECK(cudaMalloc(&dy, sh.N * sizeof(float)));
+    DEV_CHECK(cudaMemset(dx, 0, sh.K * sizeof(float)));
+    auto args = [&](int c) { return store_args(W, wc.copy(c), dx, dy); };
+    const size_t n16 = W.bytes() / 16;
+    std::printf("  %-12s %10.2f", sh.name, median_us([&](int i) {
+      read_ceiling<<<sms * 8, kCeilThreads>>>(reinterpret_cast<const uint4*>(wc.copy(i)), n16, sink);
+    }));
+    for (const TimedLaunch& c : columns)
+      std::printf(" %14.2f", median_us([&](int i) { must(c.launch(args(i), sh.N)); }));
+    std::printf(" %10.1f\n", W.bytes() / 1e6);
+    cudaFree(dx);
+    cudaFree(dy);
+  }
+  cudaFree(sink);
+}
+
 inline int sm_count() {
   int dev = 0, n = 0;
   DEV_CHECK(cudaGetDevice(&dev));

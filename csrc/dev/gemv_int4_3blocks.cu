@@ -11,8 +11,7 @@
 constexpr double kTolF16Unpack = 3e-3;
 
 int main() {
-  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4_v2<nq::GEMV_STORE, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 nq::kMaxDynSmem));
+  dev::raise_smem(nq::gemv_int4_v2<nq::GEMV_STORE, 3>);
   const int sms = dev::sm_count();
   return dev::run_gemv_shapes("gemv_int4 at 3 blocks/SM", [&](const nq::GemvArgs& a, int rows) {
     dev::must(nq::launch_gemv_int4_v2<nq::GEMV_STORE, 3>(a, rows, sms, 0));

@@ -214,36 +214,12 @@ struct LoadsOnly {
 
 // Time-only diagnostics on each shape: the read-only stream over the weight bytes, and gemv_int4's loads alone.
 void diagnostics(const std::vector<dev::Shape>& shapes, int sms) {
-  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4_v2<nq::GEMV_STORE, 2, nq::LoadsOnly<2>>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, nq::kMaxDynSmem));
-  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4_v2<nq::GEMV_STORE, 2, nq::LoadsOnly<4>>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, nq::kMaxDynSmem));
-  unsigned* sink = nullptr;
-  DEV_CHECK(cudaMalloc(&sink, 4096 * sizeof(unsigned)));
-  std::printf("diagnostics (time only)\n  %-10s %10s %10s %10s %10s\n", "shape", "read us", "loads U=2", "loads U=4", "MB");
-  for (const dev::Shape& sh : shapes) {
-    const dev::Int4Weight W = dev::random_int4(sh.N, sh.K, 128, 1234u + sh.N);
-    dev::DeviceCopies wc(W.file_bytes);
-    float *dx = nullptr, *dy = nullptr;
-    DEV_CHECK(cudaMalloc(&dx, sh.K * sizeof(float)));
-    DEV_CHECK(cudaMalloc(&dy, sh.N * sizeof(float)));
-    DEV_CHECK(cudaMemset(dx, 0, sh.K * sizeof(float)));
-    auto args = [&](int c) { return dev::store_args(W, wc.copy(c), dx, dy); };
-    const size_t n16 = W.bytes() / 16;
-    const double rd = dev::median_us([&](int i) {
-      dev::read_ceiling<<<sms * 8, dev::kCeilThreads>>>(reinterpret_cast<const uint4*>(wc.copy(i)), n16, sink);
-    });
-    const double l2 = dev::median_us([&](int i) {
-      dev::must(nq::launch_gemv_int4_v2<nq::GEMV_STORE, 2, nq::LoadsOnly<2>>(args(i), sh.N, sms, 0));
-    });
-    const double l4 = dev::median_us([&](int i) {
-      dev::must(nq::launch_gemv_int4_v2<nq::GEMV_STORE, 2, nq::LoadsOnly<4>>(args(i), sh.N, sms, 0));
-    });
-    std::printf("  %-10s %10.2f %10.2f %10.2f %10.1f\n", sh.name, rd, l2, l4, W.bytes() / 1e6);
-    cudaFree(dx);
-    cudaFree(dy);
-  }
-  cudaFree(sink);
+  dev::raise_smem(nq::gemv_int4_v2<nq::GEMV_STORE, 2, nq::LoadsOnly<2>>);
+  dev::raise_smem(nq::gemv_int4_v2<nq::GEMV_STORE, 2, nq::LoadsOnly<4>>);
+  dev::time_diagnostics("diagnostics", shapes, sms, {
+      {"loads U=2", [&](const nq::GemvArgs& a, int r) { return nq::launch_gemv_int4_v2<nq::GEMV_STORE, 2, nq::LoadsOnly<2>>(a, r, sms, 0); }},
+      {"loads U=4", [&](const nq::GemvArgs& a, int r) { return nq::launch_gemv_int4_v2<nq::GEMV_STORE, 2, nq::LoadsOnly<4>>(a, r, sms, 0); }},
+  });
 }
 
 // Same arithmetic as the library kernel (tests/test_gpu_kernels.py uses the same bound): x in f16, f16 partial
@@ -257,8 +233,7 @@ void set_smem() {
 }
 
 int main() {
-  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4_v2<nq::GEMV_STORE, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 nq::kMaxDynSmem));
+  dev::raise_smem(nq::gemv_int4_v2<nq::GEMV_STORE, 2>);
   set_smem<2, 3>();
   set_smem<2, 4>();
   set_smem<2, 6>();

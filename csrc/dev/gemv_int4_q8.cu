@@ -38,8 +38,7 @@ struct Q8Units {
 constexpr double kTolInt8Activations = 1.5e-2;
 
 int main() {
-  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4_v2<nq::GEMV_STORE, 2, nq::Q8Units>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, nq::kMaxDynSmem));
+  dev::raise_smem(nq::gemv_int4_v2<nq::GEMV_STORE, 2, nq::Q8Units>);
   const int sms = dev::sm_count();
   return dev::run_gemv_shapes("gemv_int4 with int8 x + dp4a", [&](const nq::GemvArgs& a, int rows) {
     dev::must(nq::launch_gemv_int4_v2<nq::GEMV_STORE, 2, nq::Q8Units>(a, rows, sms, 0));

@@ -42,45 +42,19 @@ int launch_forced_split(const GemvArgs& a, int rows, int sm_count, int ks_log2) 
 constexpr double kTolF16Unpack = 3e-3;
 
 int main() {
-  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4<nq::GEMV_STORE, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 nq::kMaxDynSmem));
-  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4<nq::GEMV_STORE, 2, nq::LoadsOnlyUnits>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, nq::kMaxDynSmem));
-  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4_v2<nq::GEMV_STORE, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 nq::kMaxDynSmem));
-  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4<nq::GEMV_STORE, 2, nq::F16UnitsU<3>>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, nq::kMaxDynSmem));
-  DEV_CHECK(cudaFuncSetAttribute(nq::gemv_int4<nq::GEMV_STORE, 2, nq::F16UnitsU<4>>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, nq::kMaxDynSmem));
+  dev::raise_smem(nq::gemv_int4<nq::GEMV_STORE, 2>);
+  dev::raise_smem(nq::gemv_int4<nq::GEMV_STORE, 2, nq::LoadsOnlyUnits>);
+  dev::raise_smem(nq::gemv_int4_v2<nq::GEMV_STORE, 2>);
+  dev::raise_smem(nq::gemv_int4<nq::GEMV_STORE, 2, nq::F16UnitsU<3>>);
+  dev::raise_smem(nq::gemv_int4<nq::GEMV_STORE, 2, nq::F16UnitsU<4>>);
   const int sms = dev::sm_count();
   std::vector<dev::Shape> shapes = dev::qwen7b_gemv_shapes();
   shapes.push_back({"7B gate+up", 2 * 18944, 3584});
   shapes.push_back({"0.5B qkv", 1152, 896});
   shapes.push_back({"0.5B down", 896, 4864});
-
-  unsigned* sink = nullptr;
-  DEV_CHECK(cudaMalloc(&sink, 4096 * sizeof(unsigned)));
-  std::printf("diagnostics (time only)\n  %-10s %10s %12s %10s\n", "shape", "read us", "loads only", "MB");
-  for (const dev::Shape& sh : shapes) {
-    const dev::Int4Weight W = dev::random_int4(sh.N, sh.K, 128, 1234u + sh.N);
-    dev::DeviceCopies wc(W.file_bytes);
-    float *dx = nullptr, *dy = nullptr;
-    DEV_CHECK(cudaMalloc(&dx, sh.K * sizeof(float)));
-    DEV_CHECK(cudaMalloc(&dy, sh.N * sizeof(float)));
-    DEV_CHECK(cudaMemset(dx, 0, sh.K * sizeof(float)));
-    auto args = [&](int c) { return dev::store_args(W, wc.copy(c), dx, dy); };
-    const size_t n16 = W.bytes() / 16;
-    const double rd = dev::median_us([&](int i) {
-      dev::read_ceiling<<<sms * 8, dev::kCeilThreads>>>(reinterpret_cast<const uint4*>(wc.copy(i)), n16, sink);
-    });
-    const double lo = dev::median_us([&](int i) {
-      dev::must(nq::launch_gemv_int4<nq::GEMV_STORE, 2, nq::LoadsOnlyUnits>(args(i), sh.N, sms, 0));
-    });
-    std::printf("  %-10s %10.2f %12.2f %10.1f\n", sh.name, rd, lo, W.bytes() / 1e6);
-    cudaFree(dx);
-    cudaFree(dy);
-  }
-  cudaFree(sink);
+  dev::time_diagnostics("diagnostics", shapes, sms, {
+      {"loads only", [&](const nq::GemvArgs& a, int r) { return nq::launch_gemv_int4<nq::GEMV_STORE, 2, nq::LoadsOnlyUnits>(a, r, sms, 0); }},
+  });
 
   struct V { const char* name; std::function<int(const nq::GemvArgs&, int)> f; };
   const std::vector<V> variants = {
