@@ -377,3 +377,20 @@ def load_source_f32(path) -> dict[str, np.ndarray]:
                 arr = np.frombuffer(buf, np.float32).copy()
             out[name] = arr.reshape(meta["shape"])
     return out
+
+
+def convert_cases(directory: Path, cases: dict) -> dict:
+    """For each name -> (make_checkpoint kwargs, convert_checkpoint kwargs) of `cases`: a bf16 checkpoint in
+    directory/name and its .nanoqwen conversion; returns name -> the .nanoqwen path."""
+    from nanoqwen_quant.convert import convert_checkpoint
+    out = {}
+    for name, (mk, cv) in cases.items():
+        make_checkpoint(directory / name, dtype="bf16", **mk)
+        out[name] = convert_checkpoint(directory / name, directory / f"{name}.nanoqwen", **cv)
+    return out
+
+
+def rel_rows(a, b) -> np.ndarray:
+    """Relative error of each row of a against b (float64 norms)."""
+    a, b = np.atleast_2d(a).astype(np.float64), np.atleast_2d(b).astype(np.float64)
+    return np.linalg.norm(a - b, axis=-1) / np.linalg.norm(b, axis=-1)

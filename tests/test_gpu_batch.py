@@ -8,7 +8,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from synth import make_checkpoint  # noqa: E402  (tests/synth.py)
+from synth import convert_cases, rel_rows  # noqa: E402  (tests/synth.py)
 
 pytestmark = pytest.mark.gpu
 
@@ -30,13 +30,7 @@ BATCH_TOL = 1e-2
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    from nanoqwen_quant.convert import convert_checkpoint
-    d = tmp_path_factory.mktemp("gpu_batch")
-    out = {}
-    for name, (mk, cv) in CASES.items():
-        make_checkpoint(d / name, dtype="bf16", **mk)
-        out[name] = convert_checkpoint(d / name, d / f"{name}.nanoqwen", **cv)
-    return out
+    return convert_cases(tmp_path_factory.mktemp("gpu_batch"), CASES)
 
 
 def _i32(a):
@@ -61,11 +55,6 @@ def _alone(be, ids):
         return out
     finally:
         be.free_session(sess)
-
-
-def _rel_rows(a, b):
-    a, b = np.atleast_2d(a).astype(np.float64), np.atleast_2d(b).astype(np.float64)
-    return np.linalg.norm(a - b, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
 # Up to 4 sequences the step runs the decode GEMVs per token row, above that the GEMMs (batch.cu kGemvRowsMax):
@@ -98,7 +87,7 @@ def test_batched_decode_matches_each_sequence_alone(files, name, lens):
             check(be._lib, "nq_session_position", sess, ctypes.byref(p), what="position")
             assert p.value == n + steps
             ref = _alone(be, seq)[n:n + steps]
-            err = _rel_rows(np.stack([g[i] for g in got]), ref).max()
+            err = rel_rows(np.stack([g[i] for g in got]), ref).max()
             assert err < BATCH_TOL, f"sequence {i} (prompt {n}): relative error {err:.2e}"
         # a session freed and another created (possibly at the same address) is bound afresh
         be.free_session(sessions.pop(2))
@@ -110,7 +99,7 @@ def test_batched_decode_matches_each_sequence_alone(files, name, lens):
         toks = np.array([seq[n + steps] for seq, n in zip(seqs, lens)] + [fresh[8]], dtype=np.int32)
         _, lg = be.decode_batch(sessions, toks, want_logits=True)
         refs = [_alone(be, seq)[n + steps] for seq, n in zip(seqs, lens)] + [_alone(be, fresh)[8]]
-        err = _rel_rows(lg, np.stack(refs)).max()
+        err = rel_rows(lg, np.stack(refs)).max()
         assert err < BATCH_TOL, f"after a session change: relative error {err:.2e}"
         for s in sessions[1:]:
             be.free_session(s)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from synth import make_checkpoint  # noqa: E402  (tests/synth.py)
+from synth import convert_cases, make_checkpoint, rel_rows  # noqa: E402  (tests/synth.py)
 
 pytestmark = pytest.mark.gpu
 
@@ -37,13 +37,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    from nanoqwen_quant.convert import convert_checkpoint
-    d = tmp_path_factory.mktemp("gpu_e2e")
-    out = {}
-    for name, (mk, cv) in CASES.items():
-        make_checkpoint(d / name, dtype="bf16", **mk)
-        out[name] = convert_checkpoint(d / name, d / f"{name}.nanoqwen", **cv)
-    return out
+    return convert_cases(tmp_path_factory.mktemp("gpu_e2e"), CASES)
 
 
 def _backends(path, ctx=CTX):
@@ -51,11 +45,6 @@ def _backends(path, ctx=CTX):
     from nanoqwen_rt.backends.cuda import CudaBackend
     # the CPU oracle with an f16 KV cache, as the GPU keeps it
     return CudaBackend(path, max_context=ctx), CPUBackend(path, max_context=ctx, kv_dtype="f16")
-
-
-def _rel_rows(a, b):
-    a, b = np.atleast_2d(a).astype(np.float64), np.atleast_2d(b).astype(np.float64)
-    return np.linalg.norm(a - b, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
 # GPU activations enter every GEMV as f16 (2^-12 relative) and int4 products use f16 partial sums; a few layers
@@ -72,14 +61,14 @@ def test_prefill_decode_logits_match_cpu(files, name):
         prompt = rng.integers(0, V, size=int(rng.integers(20, 90)), dtype=np.int32)
         g, c = gpu.prefill(prompt), cpu.prefill(prompt)
         assert np.isfinite(g).all() and g.shape == (V,)
-        assert _rel_rows(g, c).max() < TOL
+        assert rel_rows(g, c).max() < TOL
         for t in rng.integers(0, V, size=12):
             g, c = gpu.decode(int(t)), cpu.decode(int(t))
-            assert _rel_rows(g, c).max() < TOL
+            assert rel_rows(g, c).max() < TOL
         assert gpu.position == cpu.position == prompt.shape[0] + 12
         # a second prefill continues the sequence (chunked prompt)
         more = rng.integers(0, V, size=9, dtype=np.int32)
-        assert _rel_rows(gpu.prefill(more), cpu.prefill(more)).max() < TOL
+        assert rel_rows(gpu.prefill(more), cpu.prefill(more)).max() < TOL
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -90,11 +79,11 @@ def test_logits_all_matches_cpu_and_decode_path(files, name):
         ids = rng.integers(0, gpu.config.vocab_rows, size=70, dtype=np.int32)
         la = gpu.logits_all(ids)
         assert la.shape == (70, gpu.config.vocab_rows) and np.isfinite(la).all()
-        assert _rel_rows(la, cpu.logits_all(ids)).max() < TOL
+        assert rel_rows(la, cpu.logits_all(ids)).max() < TOL
         assert gpu.position == 70
         gpu.reset()
         step = np.stack([gpu.decode(int(t)) for t in ids])      # the graph (GEMV) path, token by token
-        assert _rel_rows(step, la).max() < TOL
+        assert rel_rows(step, la).max() < TOL
 
 
 @pytest.mark.parametrize("name", ["qwen2-d64-int4g64", "qwen2-yarn4-int4g64"])
@@ -104,8 +93,8 @@ def test_long_prompt_in_chunks_matches_cpu(files, name):
     with gpu, cpu:
         rng = np.random.default_rng()
         ids = rng.integers(0, gpu.config.vocab_rows, size=1100, dtype=np.int32)   # > one 512-token chunk
-        assert _rel_rows(gpu.prefill(ids), cpu.prefill(ids)).max() < TOL
-        assert _rel_rows(gpu.decode(5), cpu.decode(5)).max() < TOL
+        assert rel_rows(gpu.prefill(ids), cpu.prefill(ids)).max() < TOL
+        assert rel_rows(gpu.decode(5), cpu.decode(5)).max() < TOL
 
 
 def _greedy_close(gpu_tokens, cpu_logits_fn, prompt):
@@ -286,12 +275,12 @@ def test_7b_shaped_vs_transformers(tmp_path):
     torch.cuda.empty_cache()
     with CudaBackend(path, max_context=128) as gpu:
         la = gpu.logits_all(ids.astype(np.int32))
-        err = _rel_rows(la, ref)
+        err = rel_rows(la, ref)
         assert err.max() < TOL, err.max()
         gpu.reset()
         last = gpu.prefill(ids[:-1].astype(np.int32))
-        assert _rel_rows(last, ref[-2]).max() < TOL
-        assert _rel_rows(gpu.decode(int(ids[-1])), ref[-1]).max() < TOL
+        assert rel_rows(last, ref[-2]).max() < TOL
+        assert rel_rows(gpu.decode(int(ids[-1])), ref[-1]).max() < TOL
 
 
 def test_yarn_beyond_32k_vs_transformers(tmp_path):
@@ -320,5 +309,5 @@ def test_yarn_beyond_32k_vs_transformers(tmp_path):
     with CudaBackend(path, max_context=T + 8) as gpu:
         gpu.prefill(ids[:-64].astype(np.int32))
         got = np.stack([gpu.decode(int(t)) for t in ids[-64:]])
-    err = _rel_rows(got, ref)
+    err = rel_rows(got, ref)
     assert err.max() < TOL, err.max()
