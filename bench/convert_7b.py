@@ -31,7 +31,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from synth import SafetensorsStreamWriter, f32_to_bf16_bits, tensor_shapes  # noqa: E402
+from synth import SafetensorsStreamWriter, f32_to_bf16_bits, qwen2_bpe_tokenizer, tensor_shapes  # noqa: E402
 
 QWEN25_CODER_7B_INSTRUCT_CONFIG = {
     "architectures": ["Qwen2ForCausalLM"],
@@ -60,9 +60,6 @@ QWEN25_CODER_7B_INSTRUCT_CONFIG = {
     "vocab_size": 152064,
 }
 TOKENIZER_DIRS = [Path("/work/shared/qwen2-tokenizer"), ROOT / "bench" / "assets" / "qwen2-tokenizer"]
-QWEN2_SPLIT_REGEX = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
 POOL = 64 * 1024 * 1024           # bf16 values in the random pool (128 MiB)
 BLOCK = 16 * 1024 * 1024          # values written per block
 N_SHARDS = 4
@@ -77,16 +74,8 @@ def find_tokenizer_dir() -> Path:
 
 def build_tokenizer_json(tok_dir: Path) -> str:
     """tokenizer.json equivalent to Qwen2's, from the slow-tokenizer files."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    bpe = models.BPE.from_file(str(tok_dir / "vocab.json"), str(tok_dir / "merges.txt"), unk_token=None,
-                               fuse_unk=False, byte_fallback=False)
-    tok = Tokenizer(bpe)
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
+    from tokenizers import AddedToken
+    tok = qwen2_bpe_tokenizer(tok_dir)
     added = {}
     if (tok_dir / "added_tokens.json").exists():
         added = json.loads((tok_dir / "added_tokens.json").read_text())

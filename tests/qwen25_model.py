@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from synth import QWEN2_SPLIT_REGEX, make_checkpoint
+from synth import make_checkpoint, qwen2_bpe_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 #: where the tokenizer files are looked for, in order: shared/ beside the checkout, beside the folder holding it
@@ -50,16 +50,8 @@ def find_tokenizer_dir() -> Path:
 
 def build_tokenizer_json(tok_dir: Path) -> str:
     """Qwen2.5's tokenizer.json from vocab.json + merges.txt + the 22 added tokens (special flag as listed)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    bpe = models.BPE.from_file(str(tok_dir / "vocab.json"), str(tok_dir / "merges.txt"), unk_token=None,
-                               fuse_unk=False, byte_fallback=False)
-    tok = Tokenizer(bpe)
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
+    from tokenizers import AddedToken
+    tok = qwen2_bpe_tokenizer(tok_dir)
     added = json.loads((tok_dir / "qwen2.5-added-tokens.json").read_text())["added_tokens"]
     for t in sorted(added, key=lambda t: t["id"]):
         tok.add_tokens([AddedToken(t["content"], special=t["special"], normalized=False)])

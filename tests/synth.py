@@ -182,6 +182,22 @@ def random_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) -
 
 
 # ---------------------------------------------------------------- tokenizer
+def qwen2_bpe_tokenizer(tok_dir: Path):
+    """Qwen2's byte-level BPE from the slow-tokenizer files tok_dir/vocab.json + merges.txt (NFC, Qwen2's split
+    regex, byte-level pre-tokenizer and decoder), before any added token: a `tokenizers.Tokenizer`."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    bpe = models.BPE.from_file(str(Path(tok_dir) / "vocab.json"), str(Path(tok_dir) / "merges.txt"), unk_token=None,
+                               fuse_unk=False, byte_fallback=False)
+    tok = Tokenizer(bpe)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
 def build_tiny_tokenizer_json(vocab_size: int) -> str:
     """Train a byte-level BPE (Qwen2-style pre-tokenizer) on a few lines; specials appended last. Deterministic."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
