@@ -2,7 +2,7 @@
 
     python bench/gptq_variants.py [--checkpoint smollm2-135m | --model DIR [--name NAME]] [--group 64]
                                   [--tokens 2048] [--chunks 1] [--damp 0.01] [--variants rtn,gptq-act,...]
-                                  [--json OUT] [--hessians-only]
+                                  [--json OUT] [--hessians-only] [--fallback-f16]
 
 Variants (VARIANTS below): rtn, mse; gptq (left to right, mse scales: --mode gptq before act-order), gptq-act
 (act-order, static groups: --mode gptq now), gptq-rtnscale / gptq-act-rtnscale (rtn scales), gptq-hmse /
@@ -180,15 +180,22 @@ def dequantized(variant: str, w: np.ndarray, h, g: int, damp: float) -> np.ndarr
     return (np.repeat(scales, g, axis=1) * codes).astype(np.float32)
 
 
-def run_variant(variant, ckpt, f16, hess, g, damp, ref_logits, windows, ctx):
+def run_variant(variant, ckpt, f16, hess, g, damp, ref_logits, windows, ctx, fallback_f16=False):
+    """fallback_f16: linears whose K the group does not divide keep the f16 file's weights (the converter's
+    --fallback-f16), instead of failing."""
     from nanoqwen_quant.evaluate import compare_logits, summarize
+    from nanoqwen_quant.quantize import can_quantize
     from nanoqwen_rt.backends.cpu import CPUBackend
     t = time.time()
+    kept_f16 = 0
     with CPUBackend(f16, max_context=ctx + 1) as be:
         for li, L in enumerate(be.layers):
             for attr, nm in zip(("q", "k", "v", "o", "gate", "up", "down"), LINEARS):
                 name = f"model.layers.{li}.{nm}.weight"
                 lin = getattr(L, attr)
+                if fallback_f16 and not can_quantize(ckpt.tensors[name].shape, g):
+                    kept_f16 += 1
+                    continue
                 w = ckpt.read_rows(name, 0, lin.N)
                 lin.w = dequantized(variant, w, None if hess is None else hess.get(name), g, damp)
                 lin.kind = "F32"
@@ -196,6 +203,8 @@ def run_variant(variant, ckpt, f16, hess, g, damp, ref_logits, windows, ctx):
         parts = [compare_logits(r, be.logits_all(w[:-1]), w[1:]) for r, w in zip(ref_logits, windows)]
     r = summarize(parts)
     r.update(variant=variant, group=g, damp=damp, quantize_s=round(tq, 1), total_s=round(time.time() - t, 1))
+    if fallback_f16:
+        r.update(fallback_f16=kept_f16)
     return r
 
 
@@ -212,6 +221,8 @@ def main(argv=None) -> int:
     ap.add_argument("--damp", type=float, default=0.01)
     ap.add_argument("--variants", default="rtn,gptq")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--fallback-f16", action="store_true",
+                    help="keep linears whose K --group does not divide in f16 (the converter's --fallback-f16)")
     a = ap.parse_args(argv)
     if a.model is not None:
         model, name = a.model, a.name or a.model.stem
@@ -255,7 +266,7 @@ def main(argv=None) -> int:
     out = a.json or ROOT / "bench" / f"gptq_variants_{name}.json"
     rows = json.loads(out.read_text())["rows"] if out.exists() else []
     for v in variants:
-        r = run_variant(v, ckpt, f16, hess, a.group, a.damp, ref_logits, windows, ctx)
+        r = run_variant(v, ckpt, f16, hess, a.group, a.damp, ref_logits, windows, ctx, a.fallback_f16)
         r.update(calib_tokens=8192 * a.chunks if v.startswith("gptq") else 0,
                  date_utc=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"))
         rows.append(r)

@@ -29,7 +29,7 @@ from .hf import EXTRA_FILES, Checkpoint, ConvertError
 from .load import load_checkpoint
 from .cast import to_f16_bits
 from .one_line_errors import OneLineErrorCommand
-from .quantize import QuantizationError, can_quantize, check_shape, quantize
+from .quantize import K_MULTIPLE, QuantizationError, can_quantize, check_shape, quantize
 from .sources import ImportedCheckpoint
 
 INT4_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -160,6 +160,11 @@ def is_int4_linear(name: str) -> bool:
     return len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in INT4_LINEARS
 
 
+def group_size_that_fits(shapes) -> int | None:
+    """The largest group size the CLI offers that int4 can use for every (N, K) shape, or None."""
+    return next((g for g in sorted(GROUP_SIZES, reverse=True) if all(can_quantize(sh, g) for sh in shapes)), None)
+
+
 def plan_tensors(ckpt: Checkpoint, *, quant: str, group_size: int, lm_head: str, fallback_f16: bool
                  ) -> list[TensorSpec]:
     """TensorSpec per tensor, in expected_tensors order. Shapes that int4 cannot hold raise ConvertError, or
@@ -172,7 +177,8 @@ def plan_tensors(ckpt: Checkpoint, *, quant: str, group_size: int, lm_head: str,
                 try:
                     check_shape(shape, group_size, name)
                 except QuantizationError as e:
-                    hint = "--group-size 64 or " if group_size > 64 and can_quantize(shape, 64) else ""
+                    g = group_size_that_fits([shape])
+                    hint = f"--group-size {g} or " if g else ""
                     raise ConvertError(f"{e}; use {hint}--fallback-f16 (keeps such tensors in f16)") from None
             want_int4 = False
         if want_int4:
@@ -321,7 +327,7 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
     finally:
         bar.close()
     if progress and log is not None:
-        for line in conversion_notes(ckpt, specs, quant, mode, provenance.get("import")):
+        for line in conversion_notes(ckpt, specs, quant, mode, provenance.get("import"), group_size):
             log(line)
     return out
 
@@ -336,17 +342,30 @@ def keep_source_groups(ckpt: Checkpoint, specs: list[TensorSpec]) -> list[Tensor
     return out
 
 
+def fallback_note(fell: list[TensorSpec], n_linears: int, group_size: int) -> str:
+    """The line saying which linears --fallback-f16 kept in f16 and why: K not a multiple of 32 (no group size
+    can hold them) or only not of the group size asked for (then the largest group size that holds them all)."""
+    ks = sorted({s.shape[1] for s in fell})
+    why = []
+    if bad32 := [k for k in ks if k % K_MULTIPLE]:
+        why.append(f"in_features K = {', '.join(map(str, bad32))} is not a multiple of {K_MULTIPLE}, which int4 "
+                   f"needs at every group size")
+    if badg := [k for k in ks if not k % K_MULTIPLE]:
+        why.append(f"in_features K = {', '.join(map(str, badg))} is not a multiple of the group size {group_size}")
+    g = group_size_that_fits([s.shape for s in fell])
+    hint = f"; --group-size {g} stores them in int4" if g else ""
+    return (f"note: {len(fell)} of {n_linears} linear tensors stay f16 although int4 was asked for "
+            f"(--fallback-f16): {'; '.join(why)}{hint}; e.g. {fell[0].name}")
+
+
 def conversion_notes(ckpt: Checkpoint, specs: list[TensorSpec], quant: str, mode: str = "rtn",
-                     import_info: dict | None = None) -> list[str]:
+                     import_info: dict | None = None, group_size: int = 128) -> list[str]:
     """Lines for the user: linears that stayed f16 although int4 was asked for, and what an imported
     (already quantized) source became: exact repacks vs requantized tensors with their measured error."""
     lines = []
     fell = [s for s in specs if quant == "int4" and s.dtype == DType.F16 and is_int4_linear(s.name)]
     if fell:
-        shapes = sorted({s.shape[1] for s in fell})
-        lines.append(f"note: {len(fell)} of {sum(is_int4_linear(s.name) for s in specs)} linear tensors stay f16 "
-                     f"(--fallback-f16): their in_features K ({', '.join(map(str, shapes))}) is not a multiple of the "
-                     f"group size and of 32, which int4 needs; e.g. {fell[0].name}")
+        lines.append(fallback_note(fell, sum(is_int4_linear(s.name) for s in specs), group_size))
     if import_info is not None:                   # provenance["import"] of an already-quantized source
         info = import_info
         groups = sorted({s.group_size for s in specs if s.dtype == DType.INT4G and ckpt.exact_int4_group(s.name)})
@@ -507,8 +526,8 @@ def main(src, out, force, quant, group_size, mode, lm_head, revision, fallback_f
             click.echo("warning: --lm-head int4 has no effect: embeddings are tied (no lm_head tensor); the shared "
                        "embedding stays f16", err=True)
         if missing:
-            click.echo(f"warning: {src} has no {', '.join(missing)}; the file carries none "
-                       f"(nanoqwen needs tokenizer.json to tokenize)", err=True)
+            need = " (nanoqwen needs tokenizer.json to tokenize)" if "tokenizer.json" in missing else ""
+            click.echo(f"warning: {src} has no {', '.join(missing)}; the file carries none{need}", err=True)
         size = os.path.getsize(path)
         click.echo(f"wrote {path} ({size / 2**20:.1f} MiB) in {time.perf_counter() - t0:.1f} s", err=True)
 
