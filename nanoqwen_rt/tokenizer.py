@@ -62,6 +62,29 @@ def _compile_template(source: str):
     return env.from_string(source)
 
 
+def _post_processor_bos(post_processor) -> int | None:
+    """The id of the special token a `tokenizers` post-processor puts before a single sequence (a
+    TemplateProcessing whose `single` template starts with one special token, alone or in a Sequence of
+    processors), else None."""
+    if post_processor is None:
+        return None
+    try:
+        state = json.loads(post_processor.__getstate__())
+    except (TypeError, ValueError):
+        return None
+    procs = state.get("processors", []) if state.get("type") == "Sequence" else [state]
+    for pp in procs:
+        if not isinstance(pp, dict) or pp.get("type") != "TemplateProcessing":
+            continue
+        single = pp.get("single") or []
+        first = single[0].get("SpecialToken") if single and isinstance(single[0], dict) else None
+        if isinstance(first, dict):
+            ids = (pp.get("special_tokens") or {}).get(first.get("id"), {}).get("ids") or []
+            if len(ids) == 1 and isinstance(ids[0], int):
+                return ids[0]
+    return None
+
+
 class Tokenizer:
     """Tokenizer of one model. Build with `Tokenizer.from_file(nanoqwen_file)` or `Tokenizer(json_str, ...)`."""
 
@@ -101,12 +124,17 @@ class Tokenizer:
                 stops.append(int(t))
         #: ids that end generation by default (generation_config eos ids, then the header's eos id)
         self.stop_token_ids: tuple[int, ...] = tuple(stops)
-        #: the BOS id a plain text prompt starts with, when tokenizer_config says add_bos_token (Llama-family
-        #: tokenizers; Qwen's says false or nothing), else None
+        #: the BOS id a plain text prompt starts with, else None: tokenizer_config's bos_token when it says
+        #: add_bos_token (Llama-2-family configs; Qwen's says false or nothing); without that key, the special
+        #: token that tokenizer.json's post-processor puts first (Llama-3-style TemplateProcessing), which is what
+        #: transformers adds to a text prompt by default
         self.bos_token_id: int | None = None
-        if self.tokenizer_config.get("add_bos_token") is True and "bos_token" in self.special_tokens:
+        add_bos = self.tokenizer_config.get("add_bos_token")
+        if add_bos is True and "bos_token" in self.special_tokens:
             t = self._tok.token_to_id(self.special_tokens["bos_token"])
             self.bos_token_id = int(t) if t is not None else None
+        elif add_bos is None:
+            self.bos_token_id = _post_processor_bos(self._tok.post_processor)
         self._max_token_chars: int | None = None
         self._byte_decoder: dict[str, int] | None = None
         self._added: set[int] = set()
