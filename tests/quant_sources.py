@@ -186,11 +186,12 @@ def random_k_quant_blocks(rows: int, cols: int, qtype_name: str, rng) -> np.ndar
 
 
 def write_gguf(src: Path, out: Path, *, linear_type: str = "F32", embed_type: str = "F16", arch: str = "qwen2",
-               tokenizer: bool = True, seed: int = 0) -> dict:
+               tokenizer: bool = True, seed: int = 0, spm_model: bytes | None = None) -> dict:
     """The synthetic HF checkpoint at `src` → a GGUF file like llama.cpp's convert_hf_to_gguf writes (llama q/k
     rows permuted; 1-D tensors F32). Linears stored as `linear_type` (quantized by gguf.quants where the package
-    can; K-quants get random blocks, then their meaning is the package's dequantization). Returns {hf name: float32
-    values the file means}."""
+    can; K-quants get random blocks, then their meaning is the package's dequantization). spm_model: a
+    SentencePiece model (serialized proto) written as a "llama" vocabulary instead of the checkpoint's tokenizer,
+    as convert_hf_to_gguf's _create_vocab_sentencepiece does. Returns {hf name: float32 values the file means}."""
     import gguf
     T = gguf.GGMLQuantizationType
     cfg = json.loads((src / "config.json").read_text())
@@ -205,7 +206,25 @@ def write_gguf(src: Path, out: Path, *, linear_type: str = "F32", embed_type: st
     wr.add_head_count_kv(cfg["num_key_value_heads"])
     wr.add_rope_freq_base(cfg["rope_theta"])
     wr.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    if tokenizer:
+    if spm_model is not None:
+        import sentencepiece
+        sp = sentencepiece.SentencePieceProcessor(model_proto=spm_model)
+        T_ = gguf.TokenType
+        tokens, scores, types = [], [], []
+        for i in range(sp.get_piece_size()):
+            tokens.append(sp.id_to_piece(i))
+            scores.append(sp.get_score(i))
+            types.append(T_.UNKNOWN if sp.is_unknown(i) else T_.CONTROL if sp.is_control(i) else
+                         T_.UNUSED if sp.is_unused(i) else T_.BYTE if sp.is_byte(i) else
+                         T_.USER_DEFINED if sp.id_to_piece(i).startswith("<|") else T_.NORMAL)
+        wr.add_tokenizer_model("llama")
+        wr.add_token_list(tokens)
+        wr.add_token_scores(scores)
+        wr.add_token_types(types)
+        wr.add_bos_token_id(sp.bos_id())
+        wr.add_eos_token_id(sp.eos_id())
+        wr.add_unk_token_id(sp.unk_id())
+    elif tokenizer:
         tj = json.loads((src / "tokenizer.json").read_text())
         tcfg = json.loads((src / "tokenizer_config.json").read_text())
         added = {a["id"]: a for a in tj["added_tokens"]}

@@ -170,3 +170,71 @@ def test_engine_on_a_gguf_converted_file(tmp_path):
         chunks = list(eng.chat([{"role": "user", "content": "def f():"}], max_new_tokens=4))
         assert 1 <= sum(len(c.token_ids) for c in chunks) <= 4
         assert chunks[-1].finish_reason in ("stop", "length")
+
+
+# -- SentencePiece ("llama") vocabularies: Llama 2, TinyLlama, llama2.c --------------------------------------------
+SPM_TEXTS = [TEXT, "  leading spaces", "a  b   c", "tabs\t\tand\n\nnewlines  ", "x", " ", "", "日本語 テキスト",
+             "class Point:\n    def __init__(self, x, y):\n        self.x = x\n", "über 🙂 emoji!!"]
+
+
+def _spm_model(vocab_size: int) -> bytes:
+    """A SentencePiece BPE model trained here (Python text; byte fallback; one user-defined piece)."""
+    import io
+    sentencepiece = pytest.importorskip("sentencepiece")
+    from synth import _TRAIN_TEXT
+    buf = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(_TRAIN_TEXT * 20), model_writer=buf, vocab_size=vocab_size, model_type="bpe",
+        byte_fallback=True, character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, user_defined_symbols=["<|x|>"],
+        normalization_rule_name="identity", remove_extra_whitespaces=False, minloglevel=2)
+    return buf.getvalue()
+
+
+def test_sentencepiece_vocabulary_tokenizes_like_sentencepiece(tmp_path):
+    """A "llama" GGUF vocabulary (pieces, scores, types as llama.cpp's converter writes them) → the rebuilt
+    tokenizer.json gives SentencePiece's own ids and text back, the Engine puts the BOS first (llama.cpp's default
+    for these vocabularies), and a user-defined piece stays whole. One rule follows llama.cpp, not SentencePiece:
+    text after a special piece gets its own "▁" prefix."""
+    import sentencepiece
+    from tokenizers import Tokenizer
+    from nanoqwen_rt.engine import Engine
+    model = _spm_model(420)
+    sp = sentencepiece.SentencePieceProcessor(model_proto=model)
+    src = make_checkpoint(tmp_path / "src", **dict(LLAMA, vocab=sp.get_piece_size()), tokenizer=False)
+    g = tmp_path / "m.gguf"
+    write_gguf(src, g, arch="llama", spm_model=model)
+    r = CliRunner().invoke(convert_main, [str(g), "-o", str(tmp_path / "m.nanoqwen"), "--quant", "none"])
+    assert r.exit_code == 0 and "tokenizer not rebuilt" not in r.output, r.output
+    with open_file(tmp_path / "m.nanoqwen") as f:
+        ours = Tokenizer.from_str(f.blob_text(BlobKind.TOKENIZER_JSON))
+        tcfg = f.blob_json(BlobKind.TOKENIZER_CONFIG)
+        assert f.blob_json(BlobKind.PROVENANCE)["import"]["tokenizer"] == "rebuilt"
+    assert (tcfg["bos_token"], tcfg["eos_token"], tcfg["unk_token"], tcfg["add_bos_token"]) == ("<s>", "</s>", "<unk>",
+                                                                                                True)
+    for text in SPM_TEXTS:
+        want = sp.encode(text)
+        assert ours.encode(text, add_special_tokens=False).ids == want, text
+        assert ours.decode(want, skip_special_tokens=False) == sp.decode(want), text
+    assert any(sp.id_to_piece(i).startswith("<0x") for i in sp.encode(SPM_TEXTS[-1]))    # byte fallback was used
+    x = sp.piece_to_id("<|x|>")
+    assert ours.encode("a<|x|>b", add_special_tokens=False).ids == sp.encode("a") + [x] + sp.encode("b")
+    with Engine(tmp_path / "m.nanoqwen", device="cpu") as eng:
+        assert eng.encode(TEXT).tolist() == [sp.bos_id()] + sp.encode(TEXT)
+        chunks = list(eng.generate(TEXT, max_new_tokens=6, temperature=0.0))
+        ids = [i for c in chunks for i in c.token_ids]
+        assert len(ids) >= 1 and "".join(c.text for c in chunks) == ours.decode(ids)      # streamed = whole
+
+
+def test_sentencepiece_vocabulary_without_scores_is_not_rebuilt():
+    """A "llama" vocabulary whose scores are missing cannot give merges: no tokenizer, and the reason says why."""
+    from nanoqwen_quant.sources.gguf_file import tokenizer_json_from_gguf
+
+    class Fake:                     # the reader's metadata as tokenizer_json_from_gguf reads it, scores left out
+        def get_field(self, key):
+            vals = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "a", "b", "ab"],
+                    "tokenizer.ggml.token_type": [2, 1, 1, 1]}
+            if key not in vals:
+                return None
+            return type("F", (), {"contents": lambda self, v=vals[key]: v})()
+    text, why = tokenizer_json_from_gguf(Fake())
+    assert text is None and "scores" in why

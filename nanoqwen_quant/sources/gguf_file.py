@@ -11,8 +11,14 @@ dequantizer, tokenizer.json and chat template rebuilt from the `tokenizer.*` met
   negative whenever the block's largest-magnitude value is positive, which layout 1's scales (>= 0) cannot hold.
 * Tokenizer: `tokenizer.ggml.model == "gpt2"` (byte-level BPE: Qwen2, Llama 3, GPT-2 style) with a known
   `tokenizer.ggml.pre` becomes a tokenizers BPE tokenizer.json (control tokens → special added tokens,
-  user-defined → added tokens, unused [PAD] rows dropped). Other tokenizers (SentencePiece "llama", unknown pre)
-  are not rebuilt: the file then carries no tokenizer and the converter says so.
+  user-defined → added tokens, unused [PAD] rows dropped). `"llama"` (SentencePiece BPE: Llama 2, TinyLlama,
+  llama2.c) becomes the tokenizers form of a SentencePiece BPE model, the pipeline of Llama 2's tokenizer.json:
+  merges recovered from the piece scores (`tokenizer.ggml.scores`: SentencePiece merges the best-scored pair
+  first), byte fallback to the `<0xXX>` pieces, "▁" for spaces with one prepended to each stretch of text
+  between special tokens, as llama.cpp tokenizes (`tokenizer.ggml.add_space_prefix`, default true); a BOS is
+  added unless `tokenizer.ggml.add_bos_token` says false (llama.cpp's default for these vocabularies). Checked
+  against SentencePiece itself (tests/test_import_gguf.py). Other tokenizers (unknown pre, other models) are not
+  rebuilt: the file then carries no tokenizer and the converter says so.
 """
 from __future__ import annotations
 
@@ -47,7 +53,8 @@ LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
 PRE_REGEX = {"qwen2": QWEN2_REGEX, "llama-bpe": LLAMA3_REGEX, "llama3": LLAMA3_REGEX}
 PRE_NFC = {"qwen2"}                               # Qwen2's tokenizer.json normalizes to NFC
 PRE_GPT2 = {"gpt-2", "gpt2", "default"}           # plain ByteLevel pre-tokenizer with its own regex
-TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED = 1, 3, 4, 5
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
+SPM_SPACE = "\u2581"                              # SentencePiece's "▁", the space inside pieces
 ROPE_TYPES = {"none": None, "linear": "linear", "yarn": "yarn"}
 _BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
 
@@ -118,13 +125,75 @@ def hf_config_from_gguf(reader, arch: str, vocab_rows: int, tied: bool, has_qkv_
     return cfg
 
 
+def spm_merges(tokens: list[str], scores: list[float], types: list[int]) -> list[str]:
+    """BPE merges of a SentencePiece BPE vocabulary, from its piece scores: every normal piece that splits into
+    two normal pieces gives the merge of those two, ranked by the merged piece's score (best first), ties by the
+    halves' lengths, then their ids (transformers' `generate_merges` order)."""
+    normal = {t: i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == TOKEN_NORMAL and t}
+    found = []
+    for piece, i in normal.items():
+        if " " in piece:                   # never in a SentencePiece vocabulary (spaces are ▁); the merge syntax
+            continue
+        local = [(piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in normal and piece[k:] in normal]
+        local.sort(key=lambda lr: (normal[lr[0]], normal[lr[1]]))
+        found.extend((float(scores[i]), len(lr[0]), len(lr[1]), lr) for lr in local)
+    found.sort(key=lambda x: x[:3], reverse=True)       # stable: equal keys keep the id order above
+    return [f"{lr[0]} {lr[1]}" for *_, lr in found]
+
+
+def spm_tokenizer_json(tokens: list[str], scores: list[float], types: list[int], unk_id: int | None,
+                       add_space_prefix: bool) -> dict:
+    """tokenizer.json of a SentencePiece BPE vocabulary: the pipeline of Llama 2's own tokenizer.json (BPE with
+    byte fallback, ▁ normalizer, ByteFallback/Fuse decoder) with merges from the scores."""
+    vocab, added = {}, []
+    for i, (tok, ty) in enumerate(zip(tokens, types)):
+        vocab.setdefault(tok, i)
+        if ty in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED):
+            added.append({"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": ty != TOKEN_USER_DEFINED})
+    decoder = [{"type": "Replace", "pattern": {"String": SPM_SPACE}, "content": " "}, {"type": "ByteFallback"},
+               {"type": "Fuse"}]
+    if add_space_prefix:
+        decoder.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
+    unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
+    # spaces → ▁, and one ▁ before the text (before every stretch of text between special tokens, as llama.cpp
+    # does); a normalizer, not Metaspace, which skips the prefix when the text already starts with a space
+    space = [{"type": "Prepend", "prepend": SPM_SPACE}] if add_space_prefix else []
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": {"type": "Sequence", "normalizers": space + [
+                {"type": "Replace", "pattern": {"String": " "}, "content": SPM_SPACE}]},
+            "pre_tokenizer": None, "post_processor": None, "decoder": {"type": "Sequence", "decoders": decoder},
+            "model": {"type": "BPE", "dropout": None, "unk_token": unk, "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                      "vocab": vocab, "merges": spm_merges(tokens, scores, types)}}
+
+
+def _loads(text: str) -> tuple[str | None, str]:
+    try:
+        from tokenizers import Tokenizer
+        Tokenizer.from_str(text)
+    except Exception as e:
+        return None, f"the rebuilt tokenizer does not load ({e})".splitlines()[0]
+    return text, ""
+
+
 def tokenizer_json_from_gguf(reader) -> tuple[str | None, str]:
     """(tokenizer.json text, "") or (None, why not)."""
     model = _field(reader, "tokenizer.ggml.model")
     if model is None:
         return None, "no tokenizer.ggml.model metadata"
+    if model == "llama":
+        tokens = _field(reader, "tokenizer.ggml.tokens")
+        scores = _field(reader, "tokenizer.ggml.scores")
+        types = _field(reader, "tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens or [])
+        if not tokens or scores is None or not (len(tokens) == len(scores) == len(types)):
+            return None, "tokenizer.ggml.tokens / scores / token_type missing or of different lengths"
+        unk = _field(reader, "tokenizer.ggml.unknown_token_id")
+        tj = spm_tokenizer_json(list(tokens), list(scores), list(types), None if unk is None else int(unk),
+                                bool(_field(reader, "tokenizer.ggml.add_space_prefix", True)))
+        return _loads(json.dumps(tj, ensure_ascii=False))
     if model != "gpt2":
-        return None, f"tokenizer.ggml.model {model!r} (only byte-level BPE 'gpt2' tokenizers are rebuilt)"
+        return None, f"tokenizer.ggml.model {model!r} (rebuilt: 'gpt2' byte-level BPE, 'llama' SentencePiece BPE)"
     pre = _field(reader, "tokenizer.ggml.pre", "default")
     if pre not in PRE_REGEX and pre not in PRE_GPT2:
         return None, f"tokenizer.ggml.pre {pre!r} (rebuilt: {', '.join(sorted(PRE_REGEX) + sorted(PRE_GPT2))})"
@@ -155,13 +224,7 @@ def tokenizer_json_from_gguf(reader) -> tuple[str | None, str]:
           "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                     "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
                     "vocab": vocab, "merges": list(merges)}}
-    text = json.dumps(tj, ensure_ascii=False)
-    try:
-        from tokenizers import Tokenizer
-        Tokenizer.from_str(text)
-    except Exception as e:
-        return None, f"the rebuilt tokenizer does not load ({e})".splitlines()[0]
-    return text, ""
+    return _loads(json.dumps(tj, ensure_ascii=False))
 
 
 def load_gguf(source: Source) -> ImportedCheckpoint:
@@ -240,10 +303,13 @@ def load_gguf(source: Source) -> ImportedCheckpoint:
         (d / "tokenizer.json").write_text(tok_text, encoding="utf-8")
         extras["tokenizer.json"] = d / "tokenizer.json"
     tcfg = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
-    for key, field in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("pad_token", "padding_token_id")):
+    for key, field in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("pad_token", "padding_token_id"),
+                       ("unk_token", "unknown_token_id")):
         i = _field(reader, f"tokenizer.ggml.{field}")
         tcfg[key] = tokens[i] if i is not None and 0 <= i < len(tokens) else None
     add_bos = _field(reader, "tokenizer.ggml.add_bos_token")
+    if add_bos is None and _field(reader, "tokenizer.ggml.model") == "llama":
+        add_bos = True                # llama.cpp adds a BOS to a SentencePiece vocabulary that does not say
     if add_bos is not None:
         tcfg["add_bos_token"] = bool(add_bos)
     tmpl = _field(reader, "tokenizer.chat_template")
