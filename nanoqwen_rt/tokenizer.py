@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from typing import Any, Iterable, Sequence
 
@@ -24,6 +25,7 @@ class ChatTemplateError(ValueError):
     """No chat template in the file, bad messages, or the template raised (raise_exception / jinja error)."""
 
 
+_SPM_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")       # a SentencePiece byte-fallback piece
 # the named special tokens transformers passes to chat templates (PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES)
 _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
@@ -137,6 +139,7 @@ class Tokenizer:
             self.bos_token_id = _post_processor_bos(self._tok.post_processor)
         self._max_token_chars: int | None = None
         self._byte_decoder: dict[str, int] | None = None
+        self._sentencepiece = False          # a SentencePiece tokenizer (set with _byte_decoder)
         self._added: set[int] = set()
 
     @classmethod
@@ -192,15 +195,20 @@ class Tokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for (OpenAI's logprobs `bytes`): a byte-level BPE piece mapped back through
-        GPT-2's byte↔character table, an added token's text, or (other tokenizers) its decoded text."""
+        GPT-2's byte↔character table, an added token's text, a SentencePiece piece with ▁ as a space and
+        `<0xHH>` as its byte, or (other tokenizers) its decoded text."""
         if self._byte_decoder is None:
-            self._byte_decoder = _gpt2_byte_decoder() if json.loads(self.json_text).get("decoder", {}) \
-                .get("type") == "ByteLevel" else {}
+            dec = json.loads(self.json_text).get("decoder") or {}
+            self._byte_decoder = _gpt2_byte_decoder() if dec.get("type") == "ByteLevel" else {}
+            self._sentencepiece = any(d.get("type") == "ByteFallback" for d in dec.get("decoders") or [])
             self._added = {int(k) for k in self._tok.get_added_tokens_decoder()}
         i = int(token_id)
         piece = self._tok.id_to_token(i)
         if piece is None:
             return b""
+        if self._sentencepiece and i not in self._added:
+            m = _SPM_BYTE.fullmatch(piece)
+            return bytes([int(m.group(1), 16)]) if m else piece.replace("\u2581", " ").encode("utf-8")
         if i in self._added or not self._byte_decoder:
             return self.decode([i], skip_special_tokens=False).encode("utf-8") if i not in self._added \
                 else piece.encode("utf-8")

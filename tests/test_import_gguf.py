@@ -223,6 +223,9 @@ def test_sentencepiece_vocabulary_tokenizes_like_sentencepiece(tmp_path):
         chunks = list(eng.generate(TEXT, max_new_tokens=6, temperature=0.0))
         ids = [i for c in chunks for i in c.token_ids]
         assert len(ids) >= 1 and "".join(c.text for c in chunks) == ours.decode(ids)      # streamed = whole
+        # logprobs' per-token bytes: ▁ is a space, <0xHH> its byte; together the text with its prefix space
+        text = SPM_TEXTS[-1]
+        assert b"".join(eng.tokenizer.token_bytes(i) for i in sp.encode(text)) == (" " + text).encode("utf-8")
 
 
 def test_sentencepiece_vocabulary_without_scores_is_not_rebuilt():
