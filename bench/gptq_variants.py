@@ -3,6 +3,7 @@
     python bench/gptq_variants.py [--checkpoint smollm2-135m | --model DIR [--name NAME]] [--group 64]
                                   [--tokens 2048] [--chunks 1] [--damp 0.01] [--variants rtn,gptq-act,...]
                                   [--json OUT] [--hessians-only] [--fallback-f16]
+                                  [--class-groups down_proj=32,...]
 
 Variants (VARIANTS below): rtn, mse; gptq (left to right, mse scales: --mode gptq before act-order), gptq-act
 (act-order, static groups: --mode gptq now), gptq-rtnscale / gptq-act-rtnscale (rtn scales), gptq-hmse /
@@ -180,9 +181,11 @@ def dequantized(variant: str, w: np.ndarray, h, g: int, damp: float) -> np.ndarr
     return (np.repeat(scales, g, axis=1) * codes).astype(np.float32)
 
 
-def run_variant(variant, ckpt, f16, hess, g, damp, ref_logits, windows, ctx, fallback_f16=False):
+def run_variant(variant, ckpt, f16, hess, g, damp, ref_logits, windows, ctx, fallback_f16=False,
+                class_groups=None):
     """fallback_f16: linears whose K the group does not divide keep the f16 file's weights (the converter's
-    --fallback-f16), instead of failing."""
+    --fallback-f16), instead of failing. class_groups: {"down_proj": 32, ...} group sizes per linear class instead
+    of g (a per-tensor choice)."""
     from nanoqwen_quant.evaluate import compare_logits, summarize
     from nanoqwen_quant.quantize import can_quantize
     from nanoqwen_rt.backends.cpu import CPUBackend
@@ -193,11 +196,12 @@ def run_variant(variant, ckpt, f16, hess, g, damp, ref_logits, windows, ctx, fal
             for attr, nm in zip(("q", "k", "v", "o", "gate", "up", "down"), LINEARS):
                 name = f"model.layers.{li}.{nm}.weight"
                 lin = getattr(L, attr)
-                if fallback_f16 and not can_quantize(ckpt.tensors[name].shape, g):
+                gt = (class_groups or {}).get(nm.split(".")[-1], g)
+                if fallback_f16 and not can_quantize(ckpt.tensors[name].shape, gt):
                     kept_f16 += 1
                     continue
                 w = ckpt.read_rows(name, 0, lin.N)
-                lin.w = dequantized(variant, w, None if hess is None else hess.get(name), g, damp)
+                lin.w = dequantized(variant, w, None if hess is None else hess.get(name), gt, damp)
                 lin.kind = "F32"
         tq = time.time() - t
         parts = [compare_logits(r, be.logits_all(w[:-1]), w[1:]) for r, w in zip(ref_logits, windows)]
@@ -205,6 +209,8 @@ def run_variant(variant, ckpt, f16, hess, g, damp, ref_logits, windows, ctx, fal
     r.update(variant=variant, group=g, damp=damp, quantize_s=round(tq, 1), total_s=round(time.time() - t, 1))
     if fallback_f16:
         r.update(fallback_f16=kept_f16)
+    if class_groups:
+        r.update(class_groups=class_groups)
     return r
 
 
@@ -223,7 +229,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--fallback-f16", action="store_true",
                     help="keep linears whose K --group does not divide in f16 (the converter's --fallback-f16)")
+    ap.add_argument("--class-groups", default="",
+                    help="group size per linear class instead of --group, e.g. down_proj=32,o_proj=64")
     a = ap.parse_args(argv)
+    class_groups = {k: int(v) for k, v in (kv.split("=") for kv in a.class_groups.split(",") if kv)}
     if a.model is not None:
         model, name = a.model, a.name or a.model.stem
     else:
@@ -266,11 +275,12 @@ def main(argv=None) -> int:
     out = a.json or ROOT / "bench" / f"gptq_variants_{name}.json"
     rows = json.loads(out.read_text())["rows"] if out.exists() else []
     for v in variants:
-        r = run_variant(v, ckpt, f16, hess, a.group, a.damp, ref_logits, windows, ctx, a.fallback_f16)
+        r = run_variant(v, ckpt, f16, hess, a.group, a.damp, ref_logits, windows, ctx, a.fallback_f16,
+                        class_groups)
         r.update(calib_tokens=8192 * a.chunks if v.startswith("gptq") else 0,
                  date_utc=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M"))
         rows.append(r)
-        log(f"{name} g{a.group} {v} damp {a.damp} calib {r['calib_tokens']}: ppl {r['ppl']:.4f} vs "
+        log(f"{name} g{a.group} {a.class_groups} {v} damp {a.damp} calib {r['calib_tokens']}: ppl {r['ppl']:.4f} vs "
             f"{r['ppl_source']:.4f} ({100 * r['ppl_gap']:+.2f} %), KL {r['mean_kl']:.5f}, p99 {r['p99_kl']:.4f}, "
             f"top-1 {100 * r['top1_agreement']:.2f} % ({r['quantize_s']} s quantize, {r['total_s']} s)")
         tmp = out.with_suffix(".json.tmp")
