@@ -381,9 +381,12 @@ def conversion_notes(ckpt: Checkpoint, specs: list[TensorSpec], quant: str, mode
                          f"{info['requant_snr_db_min']:.2f} dB, mean {info['requant_snr_db_mean']:.2f} dB, "
                          f"max rel-RMSE {info['requant_rel_rmse_max']:.4g} (nanoqwen-verify --source gives it "
                          f"per tensor)")
-            if mode == "rtn":   # bench/NOTES.md "Importing quantized checkpoints": mse recovers most of the loss
-                lines.append("import: hint: --mode mse requantizes an already-quantized source with less error "
-                             "(synthetic weights: +0.6 to +3.3 dB SNR over rtn against the original weights)")
+            # bench/RESULTS.md "Imported checkpoints": mse gives 0.47-0.95 of rtn's KL on requantized GPTQ / AWQ
+            # sources; on GGUF sources (other block sizes and grids) it measured worse perplexity than rtn on both
+            # trained checkpoints, so no hint there
+            if mode == "rtn" and info["format"] in ("gptq", "awq"):
+                lines.append("import: hint: --mode mse requantizes a GPTQ / AWQ source with less loss (measured: "
+                             "0.47-0.95 of rtn's KL against the source)")
     return lines
 
 

@@ -38,6 +38,7 @@ def test_awq_requantized(tmp_path, mode):
     r = CliRunner().invoke(convert_main, [str(tmp_path / "awq"), "-o", str(out), "--mode", mode])
     assert r.exit_code == 0, r.output
     assert "import: awq source: 0 int4 tensors repacked losslessly" in r.output and "asymmetric" in r.output
+    assert ("import: hint: --mode mse" in r.output) == (mode == "rtn"), r.output
     with open_file(out) as f:
         for name, w in meaning.items():
             q, s = f.int4(name)
