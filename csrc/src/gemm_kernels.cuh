@@ -390,19 +390,21 @@ __global__ void __launch_bounds__(MM_THREADS, MINB) gemm_int4_mma(const GemmGrou
 }
 
 // Serial split-K for grids that leave SMs idle (7B down/o/q at M = 512: 112 blocks on 132 SMs): the split count
-// minimising (rounds of resident blocks) x (k tiles per split), each split keeping >= 16 k tiles (the pipeline
-// prologue and the serial epilogue stay small against it). 1 = no split.
-int choose_splits(int blocks, int ktiles, int blocks_per_sm) {
+// minimising (rounds of resident blocks) x (k tiles per split), at most max_splits splits of at least min_ktiles k
+// tiles each (the pipeline prologue and the serial epilogue stay small against it). 1 = no split. Grids of one
+// round or more are left unsplit unless fill_rounds (then a split may also fill a partial last round).
+int choose_splits(long long blocks, int ktiles, int blocks_per_sm, int max_splits = 8, int min_ktiles = 16,
+                  bool fill_rounds = false) {
   static int sms[16] = {0};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return 1;
   if (!sms[dev] && cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 1;
-  const int slots = sms[dev] * blocks_per_sm;
-  if (blocks >= slots) return 1;
+  const long long slots = (long long)sms[dev] * blocks_per_sm;
+  if (blocks >= slots && !fill_rounds) return 1;
   int best = 1;
-  long long best_cost = (long long)ktiles;  // one round
-  for (int s = 2; s <= 8 && ktiles / s >= 16; s++) {
-    const long long cost = (long long)((blocks * s + slots - 1) / slots) * ((ktiles + s - 1) / s);
+  long long best_cost = (blocks + slots - 1) / slots * ktiles;
+  for (int s = 2; s <= max_splits && ktiles / s >= min_ktiles; s++) {
+    const long long cost = (blocks * s + slots - 1) / slots * ((ktiles + s - 1) / s);
     if (cost < best_cost) best = s, best_cost = cost;
   }
   return best;

@@ -31,8 +31,9 @@
 //   the new values the in-flight HGMMAs' registers (NaN results, bench/NOTES.md); csrc/dev/check_wgmma_sass.py
 //   checks the rule on the SASS.
 // * Scales: __ldg into registers one stage ahead (groups are powers of two: the index is a shift), per 32-k half.
-// * No split-K: every split count > 1 was slower on the 7B shapes (bench/NOTES.md); small grids take a narrower
-//   block instead (gemm.cu's choice).
+// * Serial split-K (gemm_int4_mma's: split z adds its partial after split z - 1, in order): at prefill sizes every
+//   split count > 1 was slower on the 7B shapes (bench/NOTES.md) and small grids take a narrower block instead; the
+//   few-token builds (batched decode, TN 16-64) split K so that their grids fill the GPU (gemm.cu's choice).
 // * Tensor maps are encoded on the host per launch (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion:
 //   no -lcuda) and passed as __grid_constant__ parameters, so a captured launch replays with the pointers it had.
 #pragma once
@@ -54,7 +55,7 @@ namespace {
 
 constexpr int WG_KB = 64;  // k per stage: one 128-byte (swizzle-atom) row of f16 per token
 
-template <int TN, int WGS, int STAGES>
+template <int TN, int WGS, int STAGES, int MINB>
 struct WgCfg {
   static constexpr int kConsumers = 128 * WGS;
   static constexpr int kThreads = kConsumers + 128;  // + the producer warpgroup
@@ -63,10 +64,17 @@ struct WgCfg {
   static constexpr int kWBytes = kRows * WG_KB / 2;  // raw int4 words: 32 B per W row
   static constexpr int kStageBytes = kActBytes + kWBytes;
   static constexpr int kSmem = STAGES * kStageBytes + 2 * STAGES * 8 + 1024;  // + mbarriers + 1024-B alignment slack
-  // setmaxnreg split of the 65536 registers: the producer keeps 40, the consumers take the rest
-  static constexpr int kProducerRegs = 40, kConsumerRegs = WGS == 2 ? 232 : 152;
+  // setmaxnreg split of the block's registers (65536 / MINB): the producer keeps 40, the consumers take the rest
+  // (the launch gives every thread kLaunchRegs, rounded down to the allocation unit of 8)
+  static constexpr int kLaunchRegs = (65536 / MINB / kThreads) / 8 * 8 > 255 ? 255 : (65536 / MINB / kThreads) / 8 * 8;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs =
+      MINB == 1 ? (WGS == 2 ? 232 : 152) : ((kLaunchRegs * kThreads - kProducerRegs * 128) / kConsumers) / 8 * 8;
   static_assert(WGS == 2 || WGS == 3, "2 or 3 consumer warpgroups");
-  static_assert(128 * (kProducerRegs + WGS * kConsumerRegs) <= 65536, "register file");
+  static_assert(MINB == 1 || MINB == 2, "1 or 2 blocks per SM");
+  static_assert(128 * (kProducerRegs + WGS * kConsumerRegs) <= 65536 / MINB, "register file");
+  static_assert(MINB == 1 || kConsumerRegs >= TN / 2 + 64, "consumer registers: accumulators + fragments + words");
+  static_assert(MINB * kSmem <= 227 * 1024, "shared memory per SM");
   static_assert(kActBytes % 1024 == 0 && kWBytes % 1024 == 0, "stages must stay 1024-byte aligned");
   static_assert(TN <= 256 && kRows <= 256, "a TMA box is at most 256 rows");
 };
@@ -107,13 +115,13 @@ __device__ __forceinline__ void wg_tma_load_2d(uint32_t dst, const CUtensorMap* 
 __device__ __forceinline__ void wg_reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 #endif
 
-template <int TN, int WGS, int STAGES>
-__global__ void __launch_bounds__(128 * WGS + 128, 1)
+template <int TN, int WGS, int STAGES, int MINB>
+__global__ void __launch_bounds__(128 * WGS + 128, MINB)
     gemm_int4_wgmma(const GemmGroup g, const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmW0,
                     const __grid_constant__ CUtensorMap tmW1, const __grid_constant__ CUtensorMap tmW2, int M, int ldc,
-                    int add) {
+                    int add, int* sem) {
 #if NQ_WGMMA_DEVICE
-  using C_ = WgCfg<TN, WGS, STAGES>;
+  using C_ = WgCfg<TN, WGS, STAGES, MINB>;
   extern __shared__ __align__(128) unsigned char wsm_raw[];
   const uint32_t raw_u32 = smem_u32(wsm_raw);
   const uint32_t sbase = (raw_u32 + 1023u) & ~1023u;
@@ -127,7 +135,10 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   const int n0 = (by - (seg == 2 ? g.tiles0 + g.tiles1 : seg == 1 ? g.tiles0 : 0)) * C_::kRows;
   const int m0 = blockIdx.x * TN;
   const int tid = threadIdx.x;
-  const int KT = W.K / WG_KB;
+  // serial split-K (gridDim.z splits; sem != null), as gemm_int4_mma: split z owns k stages [kt0, kt0 + KT) and adds
+  // its partial into C after split z - 1 of the same tile did (fixed order: deterministic)
+  const int KTall = W.K / WG_KB, z = blockIdx.z, nz = gridDim.z;
+  const int kt0 = (int)((long long)KTall * z / nz), KT = (int)((long long)KTall * (z + 1) / nz) - kt0;
 
   if (tid == 0) {
 #pragma unroll
@@ -149,8 +160,8 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
         if (kt >= STAGES) wg_mbar_wait(empty0 + 8 * s, ((kt / STAGES) - 1) & 1);
         const uint32_t buf = sbase + s * C_::kStageBytes, full = full0 + 8 * s;
         wg_mbar_expect_tx(full, C_::kStageBytes);
-        wg_tma_load_2d(buf, &tmA, kt * WG_KB, m0, full);
-        wg_tma_load_2d(buf + C_::kActBytes, tmW, kt * WG_KB / 2, n0, full);
+        wg_tma_load_2d(buf, &tmA, (kt0 + kt) * WG_KB, m0, full);
+        wg_tma_load_2d(buf + C_::kActBytes, tmW, (kt0 + kt) * WG_KB / 2, n0, full);
       }
     }
     return;
@@ -179,7 +190,7 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
 #pragma unroll
   for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;
   uint32_t fa[4][4], sc[2][2];
-  load_scales(0, sc);
+  load_scales(kt0 * WG_KB, sc);
   for (int kt = 0; kt < KT; kt++) {
     const int s = kt % STAGES;
     wg_mbar_wait(full0 + 8 * s, (kt / STAGES) & 1);
@@ -199,7 +210,7 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
         fa[t][3] = dq_pair(w1[2 * t + 1] >> sh, 0, u32_as_h2(sc[1][t >> 1]));
       }
     }
-    if (kt + 1 < KT) load_scales((kt + 1) * WG_KB, sc);
+    if (kt + 1 < KT) load_scales((kt0 + kt + 1) * WG_KB, sc);
     const uint32_t act = sbase + s * C_::kStageBytes;
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
@@ -215,11 +226,23 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   // epilogue: acc[4j + 2h + e] = (block row r0 + 8h, token 8j + 2tig + e)
   float* const C = seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C;
   const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
+  int* const tile_sem = sem ? sem + (blockIdx.y * gridDim.x + blockIdx.x) : nullptr;
+  if (tile_sem && z > 0) {  // wait for split z - 1 of this tile (dispatched before this block: lower linear index)
+    if (tid == 0) {
+      int v;
+      do {
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(tile_sem) : "memory");
+        if (v != z) __nanosleep(64);
+      } while (v != z);
+    }
+    asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");  // the consumers only (the producer left)
+  }
+  const bool first = z == 0, accumulate = add || !first;  // splits after the first add to what C holds
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const int n = n0 + r0 + 8 * h;
     if (n >= W.N) continue;
-    const float bn = bias ? bias[n] : 0.f;
+    const float bn = (bias && first) ? bias[n] : 0.f;
 #pragma unroll
     for (int j = 0; j < TN / 8; j++)
 #pragma unroll
@@ -228,9 +251,14 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
         if (m >= M) continue;
         float* dst = C + (size_t)m * ldc + n;
         float v = acc[4 * j + 2 * h + e] + bn;
-        if (add) v += *dst;
-        *dst = v;
+        if (accumulate) v += __ldcg(dst);  // L2: an earlier split's block on another SM wrote it
+        __stcg(dst, v);
       }
+  }
+  if (tile_sem && z + 1 < nz) {  // hand the tile to split z + 1
+    __threadfence();
+    asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
+    if (tid == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(tile_sem), "r"(z + 1) : "memory");
   }
 #endif
 }
@@ -265,12 +293,13 @@ inline bool wg_encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void*
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// One launch of gemm_int4_wgmma<TN, WGS, STAGES>; `tiles` = W-row tiles of 64 WGS rows over all segments.
-template <int TN, int WGS, int STAGES>
-int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add,
+// One launch of gemm_int4_wgmma<TN, WGS, STAGES, MINB>; `tiles` = W-row tiles of 64 WGS rows over all segments,
+// `splits` = serial split-K count (1: none).
+template <int TN, int WGS, int STAGES, int MINB>
+int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add, int splits,
                       cudaStream_t st) {
-  using C_ = WgCfg<TN, WGS, STAGES>;
-  auto kern = gemm_int4_wgmma<TN, WGS, STAGES>;
+  using C_ = WgCfg<TN, WGS, STAGES, MINB>;
+  auto kern = gemm_int4_wgmma<TN, WGS, STAGES, MINB>;
   static bool raised = false;
   if (!raised) {
     NQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C_::kSmem));
@@ -288,9 +317,22 @@ int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, i
                       (uint64_t)W.K / 2, WG_KB / 2, C_::kRows, CU_TENSOR_MAP_SWIZZLE_NONE))
       return fail(NQ_E_CUDA, "gemm: cuTensorMapEncodeTiled failed for weight segment %d (N=%d, K=%d)", i, W.N, W.K);
   }
-  dim3 grid((M + TN - 1) / TN, tiles);
-  kern<<<grid, C_::kThreads, C_::kSmem, st>>>(g, tmA, tmW[0], tmW[1], tmW[2], M, ldc, add ? 1 : 0);
+  const int mtiles = (M + TN - 1) / TN;
+  int* sem = nullptr;
+  if (splits > 1) {  // per-launch tile semaphores, stream-ordered (no state shared between streams or launches)
+    const size_t bytes = (size_t)mtiles * tiles * sizeof(int);
+    if (cudaMallocAsync(reinterpret_cast<void**>(&sem), bytes, st) != cudaSuccess) {
+      (void)cudaGetLastError();  // no stream-ordered allocator here: run unsplit
+      sem = nullptr;
+      splits = 1;
+    } else {
+      NQ_CUDA(cudaMemsetAsync(sem, 0, bytes, st));
+    }
+  }
+  dim3 grid(mtiles, tiles, splits > 1 ? splits : 1);
+  kern<<<grid, C_::kThreads, C_::kSmem, st>>>(g, tmA, tmW[0], tmW[1], tmW[2], M, ldc, add ? 1 : 0, sem);
   NQ_LAUNCH_CHECK("gemm_int4_wgmma");
+  if (sem) NQ_CUDA(cudaFreeAsync(sem, st));
   return NQ_OK;
 }
 
