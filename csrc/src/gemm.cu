@@ -19,10 +19,10 @@ constexpr int kMmaStages = 3, kMmaBlocksPerSm = 2;
 constexpr int kWgmmaMinM = 128;
 
 // Few-token builds of gemm_int4_wgmma (M < kWgmmaMinM: the batched decode step, short prompts): the token tile is M
-// rounded up to 16, 32 or 64 (two 64-token tiles above 64), 128 W rows per block (2 consumer warpgroups), kSmallStages
-// 64-k stages in flight, and serial split-K filling kSmallBlocksPerSm blocks per SM. At these M the work is the
-// weight stream (the FLOPs are ~M/2 per weight byte), so the stages are there to keep bytes in flight.
-constexpr int kSmallStages = 8, kSmallBlocksPerSm = 1;
+// rounded up to 16, 32 or 64 (two 64-token tiles above 64), 64 kSmallWgs W rows per block, kSmallStages 64-k stages
+// in flight, and split-K filling kSmallBlocksPerSm blocks per SM. At these M the work is the weight stream (the FLOPs
+// are ~M/2 per weight byte), so the stages are there to keep bytes in flight.
+constexpr int kSmallWgs = 3, kSmallStages = 8, kSmallBlocksPerSm = 1;
 // split-K bounds of the few-token builds: at least kSmallMinStages 64-k stages per split (the pipeline fill is ~8),
 // at most kSmallMaxSplits splits (each adds one read-modify-write of the C tile, small at these M)
 constexpr int kSmallMinStages = 8, kSmallMaxSplits = 16;
@@ -69,7 +69,7 @@ bool wgmma_available(int* sms) {
     const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                     major == 9 &&
                     cudaDeviceGetAttribute(&nsm[dev], cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-                    cudaFuncGetAttributes(&fa, gemm_int4_wgmma<256, 2, 4, 1>) == cudaSuccess && fa.binaryVersion >= 90 &&
+                    cudaFuncGetAttributes(&fa, gemm_int4_wgmma<256, 2, 4, 1, false>) == cudaSuccess && fa.binaryVersion >= 90 &&
                     fa.ptxVersion >= 90 &&  // not an sm_80 build JIT-compiled for this GPU (its kernel is empty)
                     wg_encode_fn() != nullptr;
     if (!ok) (void)cudaGetLastError();
@@ -132,7 +132,7 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
     if (M < kWgmmaMinM && tma_ok && wgmma_available(&sms)) {  // few tokens: the weight stream, split over the SMs
       int wt = 0;
       for (int i = 0; i < n; i++) {
-        const int t = (W[i].N + 127) / 128;
+        const int t = (W[i].N + 64 * kSmallWgs - 1) / (64 * kSmallWgs);
         if (i == 0) g.tiles0 = t;
         if (i == 1) g.tiles1 = t;
         wt += t;
@@ -140,9 +140,11 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
       const int tn = M <= 16 ? 16 : M <= 32 ? 32 : 64;
       const int splits = choose_splits((long long)((M + tn - 1) / tn) * wt, W[0].K / WG_KB, kSmallBlocksPerSm,
                                        kSmallMaxSplits, kSmallMinStages, /*fill_rounds=*/true);
-      if (tn == 16) return launch_int4_wgmma<16, 2, kSmallStages, kSmallBlocksPerSm>(g, wt, A, lda, M, ldc, add, splits, st);
-      if (tn == 32) return launch_int4_wgmma<32, 2, kSmallStages, kSmallBlocksPerSm>(g, wt, A, lda, M, ldc, add, splits, st);
-      return launch_int4_wgmma<64, 2, kSmallStages, kSmallBlocksPerSm>(g, wt, A, lda, M, ldc, add, splits, st);
+      if (tn == 16)
+        return launch_int4_wgmma<16, kSmallWgs, kSmallStages, kSmallBlocksPerSm>(g, wt, A, lda, M, ldc, add, splits, st);
+      if (tn == 32)
+        return launch_int4_wgmma<32, kSmallWgs, kSmallStages, kSmallBlocksPerSm>(g, wt, A, lda, M, ldc, add, splits, st);
+      return launch_int4_wgmma<64, kSmallWgs, kSmallStages, kSmallBlocksPerSm>(g, wt, A, lda, M, ldc, add, splits, st);
     }
     return launch_int4_mma<kMmaStages, kMmaBlocksPerSm>(g, tiles, A, lda, M, ldc, add, /*allow_split=*/true, st);
   }

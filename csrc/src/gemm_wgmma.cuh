@@ -30,10 +30,14 @@
 //   wgmma.wait_group 0 before the next dequantisation. Dequantising the next stage during the wgmmas let ptxas give
 //   the new values the in-flight HGMMAs' registers (NaN results, bench/NOTES.md); csrc/dev/check_wgmma_sass.py
 //   checks the rule on the SASS.
-// * Scales: __ldg into registers one stage ahead (groups are powers of two: the index is a shift), per 32-k half.
-// * Serial split-K (gemm_int4_mma's: split z adds its partial after split z - 1, in order): at prefill sizes every
-//   split count > 1 was slower on the 7B shapes (bench/NOTES.md) and small grids take a narrower block instead; the
-//   few-token builds (batched decode, TN 16-64) split K so that their grids fill the GPU (gemm.cu's choice).
+// * Split-K. The prefill builds do not split: every split count > 1 was slower on the 7B shapes (bench/NOTES.md), and
+//   small grids take a narrower block instead. The few-token builds (batched decode, TN 16-64: the weight stream)
+//   split K so that their grids fill the GPU (gemm.cu's choice), and reduce in parallel: every split stores its
+//   partial, the tile's last split sums them in split order (deterministic). gemm_int4_mma's serial order (split z
+//   adds into C after split z - 1) costs a global round trip per split, which at these sizes is most of a launch.
+// * Scales: the prefill builds __ldg them into registers one stage ahead (groups are powers of two: the index is a
+//   shift), per 32-k half. The few-token builds copy the block's scales once into shared memory: their stages are
+//   too short to hide a DRAM latency each.
 // * Tensor maps are encoded on the host per launch (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion:
 //   no -lcuda) and passed as __grid_constant__ parameters, so a captured launch replays with the pointers it had.
 #pragma once
@@ -55,7 +59,7 @@ namespace {
 
 constexpr int WG_KB = 64;  // k per stage: one 128-byte (swizzle-atom) row of f16 per token
 
-template <int TN, int WGS, int STAGES, int MINB>
+template <int TN, int WGS, int STAGES, int MINB, bool SMEM_SCALES>
 struct WgCfg {
   static constexpr int kConsumers = 128 * WGS;
   static constexpr int kThreads = kConsumers + 128;  // + the producer warpgroup
@@ -63,7 +67,10 @@ struct WgCfg {
   static constexpr int kActBytes = TN * WG_KB * 2;   // TN token rows x 128 B
   static constexpr int kWBytes = kRows * WG_KB / 2;  // raw int4 words: 32 B per W row
   static constexpr int kStageBytes = kActBytes + kWBytes;
-  static constexpr int kSmem = STAGES * kStageBytes + 2 * STAGES * 8 + 1024;  // + mbarriers + 1024-B alignment slack
+  // the scales of the block's rows over its k range, loaded once (SMEM_SCALES and when they fit; else per stage)
+  static constexpr int kScaleBytes = SMEM_SCALES ? 48 * 1024 : 0;
+  // stages, mbarriers, scales, 1024-B alignment slack
+  static constexpr int kSmem = STAGES * kStageBytes + 2 * STAGES * 8 + kScaleBytes + 1024;
   // setmaxnreg split of the block's registers (65536 / MINB): the producer keeps 40, the consumers take the rest
   // (the launch gives every thread kLaunchRegs, rounded down to the allocation unit of 8)
   static constexpr int kLaunchRegs = (65536 / MINB / kThreads) / 8 * 8 > 255 ? 255 : (65536 / MINB / kThreads) / 8 * 8;
@@ -115,13 +122,13 @@ __device__ __forceinline__ void wg_tma_load_2d(uint32_t dst, const CUtensorMap* 
 __device__ __forceinline__ void wg_reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 #endif
 
-template <int TN, int WGS, int STAGES, int MINB>
+template <int TN, int WGS, int STAGES, int MINB, bool SMEM_SCALES>
 __global__ void __launch_bounds__(128 * WGS + 128, MINB)
     gemm_int4_wgmma(const GemmGroup g, const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmW0,
                     const __grid_constant__ CUtensorMap tmW1, const __grid_constant__ CUtensorMap tmW2, int M, int ldc,
-                    int add, int* sem) {
+                    int add, int* sem, float* part) {
 #if NQ_WGMMA_DEVICE
-  using C_ = WgCfg<TN, WGS, STAGES, MINB>;
+  using C_ = WgCfg<TN, WGS, STAGES, MINB, SMEM_SCALES>;
   extern __shared__ __align__(128) unsigned char wsm_raw[];
   const uint32_t raw_u32 = smem_u32(wsm_raw);
   const uint32_t sbase = (raw_u32 + 1023u) & ~1023u;
@@ -173,14 +180,29 @@ __global__ void __launch_bounds__(128 * WGS + 128, MINB)
   const int r0 = wg * 64 + wq * 16 + gid;
   const int sh = 4 * tig;
   const int groups = W.K / W.group, gshift = __ffs(W.group) - 1;  // groups are powers of two (format rule)
-  // scale rows of r0 and r0 + 8; rows beyond N read row 0's (their outputs are never stored)
+  // Scales. The few-token builds (SMEM_SCALES) copy those of the block's rows over its k range into shared memory
+  // once: with a short stage, a scale load from global memory one stage ahead stays exposed (one DRAM latency per
+  // stage). Otherwise (or when they do not fit) each stage's scales come from global memory one stage ahead.
+  // Rows beyond N read row 0's (their outputs are never stored).
+  const int sg0 = (kt0 * WG_KB) >> gshift, scols = ((((kt0 + KT) * WG_KB - 1) >> gshift) + 1) - sg0;
+  const bool smem_scales = SMEM_SCALES && KT > 0 && C_::kRows * scols * 2 <= C_::kScaleBytes;
+  const unsigned short* const ssc = reinterpret_cast<const unsigned short*>(wsm + STAGES * C_::kStageBytes + 2 * STAGES * 8);
+  if (smem_scales) {
+    unsigned short* const dst = reinterpret_cast<unsigned short*>(wsm + STAGES * C_::kStageBytes + 2 * STAGES * 8);
+    for (int i = tid; i < C_::kRows * scols; i += C_::kConsumers) {
+      const int r = i / scols, c = i - r * scols;
+      dst[i] = __half_as_ushort(__ldg(W.scales + (size_t)(n0 + r < W.N ? n0 + r : 0) * groups + sg0 + c));
+    }
+    asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
+  }
   const __half* srow0 = W.scales + (size_t)(n0 + r0 < W.N ? n0 + r0 : 0) * groups;
   const __half* srow1 = W.scales + (size_t)(n0 + r0 + 8 < W.N ? n0 + r0 + 8 : 0) * groups;
   auto load_scales = [&](int k0, uint32_t (&s)[2][2]) {  // (s, s) pairs [row r0 / r0+8][32-k half]
 #pragma unroll
     for (int q = 0; q < 2; q++) {
-      const unsigned short b0 = __half_as_ushort(__ldg(srow0 + ((k0 + 32 * q) >> gshift)));
-      const unsigned short b1 = __half_as_ushort(__ldg(srow1 + ((k0 + 32 * q) >> gshift)));
+      const int gi = (k0 + 32 * q) >> gshift;
+      const unsigned short b0 = smem_scales ? ssc[r0 * scols + gi - sg0] : __half_as_ushort(__ldg(srow0 + gi));
+      const unsigned short b1 = smem_scales ? ssc[(r0 + 8) * scols + gi - sg0] : __half_as_ushort(__ldg(srow1 + gi));
       s[0][q] = (uint32_t)b0 | ((uint32_t)b0 << 16);
       s[1][q] = (uint32_t)b1 | ((uint32_t)b1 << 16);
     }
@@ -227,7 +249,37 @@ __global__ void __launch_bounds__(128 * WGS + 128, MINB)
   float* const C = seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C;
   const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
   int* const tile_sem = sem ? sem + (blockIdx.y * gridDim.x + blockIdx.x) : nullptr;
-  if (tile_sem && z > 0) {  // wait for split z - 1 of this tile (dispatched before this block: lower linear index)
+  bool first = z == 0;
+  if (part && nz > 1) {
+    // parallel split-K: every split stores its partial (thread-major, TN/2 floats per thread); the tile's last split to
+    // finish (tile counter in sem) sums all of them in split order, so the result does not depend on which one that is
+    const size_t ntile = (size_t)gridDim.x * gridDim.y, tl = (size_t)blockIdx.y * gridDim.x + blockIdx.x;
+    auto slot = [&](int zz) {
+      return reinterpret_cast<float4*>(part + (((size_t)zz * ntile + tl) * C_::kConsumers + tid) * (TN / 2));
+    };
+    float4* const mine = slot(z);
+#pragma unroll
+    for (int i = 0; i < TN / 8; i++)
+      __stcg(mine + i, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+    __threadfence();
+    asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
+    __shared__ int s_last;
+    if (tid == 0) s_last = atomicAdd(tile_sem, 1) == nz - 1;
+    asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
+    if (!s_last) return;
+    __threadfence();
+#pragma unroll
+    for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;
+    for (int zz = 0; zz < nz; zz++) {
+      const float4* const p = slot(zz);
+#pragma unroll
+      for (int i = 0; i < TN / 8; i++) {
+        const float4 v = __ldcg(p + i);
+        acc[4 * i] += v.x, acc[4 * i + 1] += v.y, acc[4 * i + 2] += v.z, acc[4 * i + 3] += v.w;
+      }
+    }
+    first = true;
+  } else if (tile_sem && z > 0) {  // serial: wait for split z - 1 of this tile (dispatched before: lower linear index)
     if (tid == 0) {
       int v;
       do {
@@ -237,7 +289,7 @@ __global__ void __launch_bounds__(128 * WGS + 128, MINB)
     }
     asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");  // the consumers only (the producer left)
   }
-  const bool first = z == 0, accumulate = add || !first;  // splits after the first add to what C holds
+  const bool accumulate = add || !first;  // serial splits after the first add to what C holds
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const int n = n0 + r0 + 8 * h;
@@ -255,7 +307,7 @@ __global__ void __launch_bounds__(128 * WGS + 128, MINB)
         __stcg(dst, v);
       }
   }
-  if (tile_sem && z + 1 < nz) {  // hand the tile to split z + 1
+  if (tile_sem && !part && z + 1 < nz) {  // serial: hand the tile to split z + 1
     __threadfence();
     asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
     if (tid == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(tile_sem), "r"(z + 1) : "memory");
@@ -293,13 +345,13 @@ inline bool wg_encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void*
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// One launch of gemm_int4_wgmma<TN, WGS, STAGES, MINB>; `tiles` = W-row tiles of 64 WGS rows over all segments,
-// `splits` = serial split-K count (1: none).
-template <int TN, int WGS, int STAGES, int MINB>
+// One launch of gemm_int4_wgmma<TN, WGS, STAGES, MINB, SMEM_SCALES>; `tiles` = W-row tiles of 64 WGS rows over all
+// segments, `splits` = split-K count (1: none), reduced in parallel by each tile's last split (PAR_SPLIT) or serially.
+template <int TN, int WGS, int STAGES, int MINB, bool SMEM_SCALES = (TN < 128), bool PAR_SPLIT = (TN < 128)>
 int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add, int splits,
                       cudaStream_t st) {
-  using C_ = WgCfg<TN, WGS, STAGES, MINB>;
-  auto kern = gemm_int4_wgmma<TN, WGS, STAGES, MINB>;
+  using C_ = WgCfg<TN, WGS, STAGES, MINB, SMEM_SCALES>;
+  auto kern = gemm_int4_wgmma<TN, WGS, STAGES, MINB, SMEM_SCALES>;
   static bool raised = false;
   if (!raised) {
     NQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C_::kSmem));
@@ -319,18 +371,23 @@ int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, i
   }
   const int mtiles = (M + TN - 1) / TN;
   int* sem = nullptr;
-  if (splits > 1) {  // per-launch tile semaphores, stream-ordered (no state shared between streams or launches)
-    const size_t bytes = (size_t)mtiles * tiles * sizeof(int);
-    if (cudaMallocAsync(reinterpret_cast<void**>(&sem), bytes, st) != cudaSuccess) {
+  float* part = nullptr;
+  if (splits > 1) {
+    // per-launch tile semaphores (serial) or tile counters + partials (PAR_SPLIT), stream-ordered: no state shared
+    // between streams or launches
+    const size_t sem_bytes = ((size_t)mtiles * tiles * sizeof(int) + 255) / 256 * 256;
+    const size_t part_bytes = PAR_SPLIT ? (size_t)splits * mtiles * tiles * C_::kConsumers * (TN / 2) * sizeof(float) : 0;
+    if (cudaMallocAsync(reinterpret_cast<void**>(&sem), sem_bytes + part_bytes, st) != cudaSuccess) {
       (void)cudaGetLastError();  // no stream-ordered allocator here: run unsplit
       sem = nullptr;
       splits = 1;
     } else {
-      NQ_CUDA(cudaMemsetAsync(sem, 0, bytes, st));
+      NQ_CUDA(cudaMemsetAsync(sem, 0, sem_bytes, st));
+      if (PAR_SPLIT) part = reinterpret_cast<float*>(reinterpret_cast<char*>(sem) + sem_bytes);
     }
   }
   dim3 grid(mtiles, tiles, splits > 1 ? splits : 1);
-  kern<<<grid, C_::kThreads, C_::kSmem, st>>>(g, tmA, tmW[0], tmW[1], tmW[2], M, ldc, add ? 1 : 0, sem);
+  kern<<<grid, C_::kThreads, C_::kSmem, st>>>(g, tmA, tmW[0], tmW[1], tmW[2], M, ldc, add ? 1 : 0, sem, part);
   NQ_LAUNCH_CHECK("gemm_int4_wgmma");
   if (sem) NQ_CUDA(cudaFreeAsync(sem, st));
   return NQ_OK;
