@@ -69,7 +69,7 @@ bool wgmma_available(int* sms) {
     const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                     major == 9 &&
                     cudaDeviceGetAttribute(&nsm[dev], cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-                    cudaFuncGetAttributes(&fa, gemm_int4_wgmma<256, 2, 4, 1, false>) == cudaSuccess && fa.binaryVersion >= 90 &&
+                    cudaFuncGetAttributes(&fa, gemm_int4_wgmma<256, 2, 4, 1, 1>) == cudaSuccess && fa.binaryVersion >= 90 &&
                     fa.ptxVersion >= 90 &&  // not an sm_80 build JIT-compiled for this GPU (its kernel is empty)
                     wg_encode_fn() != nullptr;
     if (!ok) (void)cudaGetLastError();

@@ -35,9 +35,7 @@
 //   split K so that their grids fill the GPU (gemm.cu's choice), and reduce in parallel: every split stores its
 //   partial, the tile's last split sums them in split order (deterministic). gemm_int4_mma's serial order (split z
 //   adds into C after split z - 1) costs a global round trip per split, which at these sizes is most of a launch.
-// * Scales: the prefill builds __ldg them into registers one stage ahead (groups are powers of two: the index is a
-//   shift), per 32-k half. The few-token builds copy the block's scales once into shared memory: their stages are
-//   too short to hide a DRAM latency each.
+// * Scales: __ldg into registers one stage ahead (groups are powers of two: the index is a shift), per 32-k half.
 // * Tensor maps are encoded on the host per launch (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion:
 //   no -lcuda) and passed as __grid_constant__ parameters, so a captured launch replays with the pointers it had.
 #pragma once
@@ -59,7 +57,7 @@ namespace {
 
 constexpr int WG_KB = 64;  // k per stage: one 128-byte (swizzle-atom) row of f16 per token
 
-template <int TN, int WGS, int STAGES, int MINB, bool SMEM_SCALES>
+template <int TN, int WGS, int STAGES, int MINB, int NACC>
 struct WgCfg {
   static constexpr int kConsumers = 128 * WGS;
   static constexpr int kThreads = kConsumers + 128;  // + the producer warpgroup
@@ -67,20 +65,19 @@ struct WgCfg {
   static constexpr int kActBytes = TN * WG_KB * 2;   // TN token rows x 128 B
   static constexpr int kWBytes = kRows * WG_KB / 2;  // raw int4 words: 32 B per W row
   static constexpr int kStageBytes = kActBytes + kWBytes;
-  // the scales of the block's rows over its k range, loaded once (SMEM_SCALES and when they fit; else per stage)
-  static constexpr int kScaleBytes = SMEM_SCALES ? 48 * 1024 : 0;
-  // stages, mbarriers, scales, 1024-B alignment slack
-  static constexpr int kSmem = STAGES * kStageBytes + 2 * STAGES * 8 + kScaleBytes + 1024;
+  static constexpr int kSmem = STAGES * kStageBytes + 2 * STAGES * 8 + 1024;  // + mbarriers + 1024-B alignment slack
   // setmaxnreg split of the block's registers (65536 / MINB): the producer keeps 40, the consumers take the rest
   // (the launch gives every thread kLaunchRegs, rounded down to the allocation unit of 8)
   static constexpr int kLaunchRegs = (65536 / MINB / kThreads) / 8 * 8 > 255 ? 255 : (65536 / MINB / kThreads) / 8 * 8;
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs =
-      MINB == 1 ? (WGS == 2 ? 232 : 152) : ((kLaunchRegs * kThreads - kProducerRegs * 128) / kConsumers) / 8 * 8;
-  static_assert(WGS == 2 || WGS == 3, "2 or 3 consumer warpgroups");
+      MINB == 1 && WGS == 2 ? 232 : MINB == 1 && WGS == 3 ? 152
+                                  : ((kLaunchRegs * kThreads - kProducerRegs * 128) / kConsumers) / 8 * 8;
+  static_assert(WGS >= 2 && WGS <= 4, "2 to 4 consumer warpgroups");
+  static_assert(NACC == 1 || NACC == 2 || NACC == 4, "accumulator sets: 1, 2 or 4");
   static_assert(MINB == 1 || MINB == 2, "1 or 2 blocks per SM");
   static_assert(128 * (kProducerRegs + WGS * kConsumerRegs) <= 65536 / MINB, "register file");
-  static_assert(MINB == 1 || kConsumerRegs >= TN / 2 + 64, "consumer registers: accumulators + fragments + words");
+  static_assert(kConsumerRegs >= NACC * TN / 2 + 64, "consumer registers: accumulators + fragments + words");
   static_assert(MINB * kSmem <= 227 * 1024, "shared memory per SM");
   static_assert(kActBytes % 1024 == 0 && kWBytes % 1024 == 0, "stages must stay 1024-byte aligned");
   static_assert(TN <= 256 && kRows <= 256, "a TMA box is at most 256 rows");
@@ -122,13 +119,13 @@ __device__ __forceinline__ void wg_tma_load_2d(uint32_t dst, const CUtensorMap* 
 __device__ __forceinline__ void wg_reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 #endif
 
-template <int TN, int WGS, int STAGES, int MINB, bool SMEM_SCALES>
+template <int TN, int WGS, int STAGES, int MINB, int NACC>
 __global__ void __launch_bounds__(128 * WGS + 128, MINB)
     gemm_int4_wgmma(const GemmGroup g, const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmW0,
                     const __grid_constant__ CUtensorMap tmW1, const __grid_constant__ CUtensorMap tmW2, int M, int ldc,
                     int add, int* sem, float* part) {
 #if NQ_WGMMA_DEVICE
-  using C_ = WgCfg<TN, WGS, STAGES, MINB, SMEM_SCALES>;
+  using C_ = WgCfg<TN, WGS, STAGES, MINB, NACC>;
   extern __shared__ __align__(128) unsigned char wsm_raw[];
   const uint32_t raw_u32 = smem_u32(wsm_raw);
   const uint32_t sbase = (raw_u32 + 1023u) & ~1023u;
@@ -180,37 +177,28 @@ __global__ void __launch_bounds__(128 * WGS + 128, MINB)
   const int r0 = wg * 64 + wq * 16 + gid;
   const int sh = 4 * tig;
   const int groups = W.K / W.group, gshift = __ffs(W.group) - 1;  // groups are powers of two (format rule)
-  // Scales. The few-token builds (SMEM_SCALES) copy those of the block's rows over its k range into shared memory
-  // once: with a short stage, a scale load from global memory one stage ahead stays exposed (one DRAM latency per
-  // stage). Otherwise (or when they do not fit) each stage's scales come from global memory one stage ahead.
-  // Rows beyond N read row 0's (their outputs are never stored).
-  const int sg0 = (kt0 * WG_KB) >> gshift, scols = ((((kt0 + KT) * WG_KB - 1) >> gshift) + 1) - sg0;
-  const bool smem_scales = SMEM_SCALES && KT > 0 && C_::kRows * scols * 2 <= C_::kScaleBytes;
-  const unsigned short* const ssc = reinterpret_cast<const unsigned short*>(wsm + STAGES * C_::kStageBytes + 2 * STAGES * 8);
-  if (smem_scales) {
-    unsigned short* const dst = reinterpret_cast<unsigned short*>(wsm + STAGES * C_::kStageBytes + 2 * STAGES * 8);
-    for (int i = tid; i < C_::kRows * scols; i += C_::kConsumers) {
-      const int r = i / scols, c = i - r * scols;
-      dst[i] = __half_as_ushort(__ldg(W.scales + (size_t)(n0 + r < W.N ? n0 + r : 0) * groups + sg0 + c));
-    }
-    asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
-  }
+  // scale rows of r0 and r0 + 8; rows beyond N read row 0's (their outputs are never stored)
   const __half* srow0 = W.scales + (size_t)(n0 + r0 < W.N ? n0 + r0 : 0) * groups;
   const __half* srow1 = W.scales + (size_t)(n0 + r0 + 8 < W.N ? n0 + r0 + 8 : 0) * groups;
   auto load_scales = [&](int k0, uint32_t (&s)[2][2]) {  // (s, s) pairs [row r0 / r0+8][32-k half]
 #pragma unroll
     for (int q = 0; q < 2; q++) {
-      const int gi = (k0 + 32 * q) >> gshift;
-      const unsigned short b0 = smem_scales ? ssc[r0 * scols + gi - sg0] : __half_as_ushort(__ldg(srow0 + gi));
-      const unsigned short b1 = smem_scales ? ssc[(r0 + 8) * scols + gi - sg0] : __half_as_ushort(__ldg(srow1 + gi));
+      const unsigned short b0 = __half_as_ushort(__ldg(srow0 + ((k0 + 32 * q) >> gshift)));
+      const unsigned short b1 = __half_as_ushort(__ldg(srow1 + ((k0 + 32 * q) >> gshift)));
       s[0][q] = (uint32_t)b0 | ((uint32_t)b0 << 16);
       s[1][q] = (uint32_t)b1 | ((uint32_t)b1 << 16);
     }
   };
 
-  float acc[TN / 2];
+  // NACC independent accumulator sets: 16-k step t of a stage goes into set t % NACC, so consecutive wgmmas do not
+  // wait for each other's results (few-token builds, whose wgmmas are short); summed in set order at the end
+  float acc[TN / 2], acc2[NACC > 1 ? NACC - 1 : 1][TN / 2];
 #pragma unroll
   for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;
+#pragma unroll
+  for (int a = 0; a < NACC - 1; a++)
+#pragma unroll
+    for (int i = 0; i < TN / 2; i++) acc2[a][i] = 0.f;
   uint32_t fa[4][4], sc[2][2];
   load_scales(kt0 * WG_KB, sc);
   for (int kt = 0; kt < KT; kt++) {
@@ -236,15 +224,26 @@ __global__ void __launch_bounds__(128 * WGS + 128, MINB)
     const uint32_t act = sbase + s * C_::kStageBytes;
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-    for (int t = 0; t < 4; t++) wgmma::mma_rs<TN>(acc, fa[t], wg_desc_sw128(act + 32 * t));
+    for (int t = 0; t < 4; t++) {
+      if (t % NACC == 0) wgmma::mma_rs<TN>(acc, fa[t], wg_desc_sw128(act + 32 * t));
+      else wgmma::mma_rs<TN>(acc2[t % NACC - 1], fa[t], wg_desc_sw128(act + 32 * t));
+    }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");  // the register-A rule; stage s is free
 #pragma unroll
     for (int i = 0; i < TN / 2; i++) wg_reg_fence(acc[i]);
+#pragma unroll
+    for (int a = 0; a < NACC - 1; a++)
+#pragma unroll
+      for (int i = 0; i < TN / 2; i++) wg_reg_fence(acc2[a][i]);
     __syncwarp();
     if (lane == 0) wg_mbar_arrive(empty0 + 8 * s);
   }
 
+#pragma unroll
+  for (int a = 0; a < NACC - 1; a++)
+#pragma unroll
+    for (int i = 0; i < TN / 2; i++) acc[i] += acc2[a][i];
   // epilogue: acc[4j + 2h + e] = (block row r0 + 8h, token 8j + 2tig + e)
   float* const C = seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C;
   const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
@@ -345,13 +344,13 @@ inline bool wg_encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void*
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// One launch of gemm_int4_wgmma<TN, WGS, STAGES, MINB, SMEM_SCALES>; `tiles` = W-row tiles of 64 WGS rows over all
+// One launch of gemm_int4_wgmma<TN, WGS, STAGES, MINB, NACC>; `tiles` = W-row tiles of 64 WGS rows over all
 // segments, `splits` = split-K count (1: none), reduced in parallel by each tile's last split (PAR_SPLIT) or serially.
-template <int TN, int WGS, int STAGES, int MINB, bool SMEM_SCALES = (TN < 128), bool PAR_SPLIT = (TN < 128)>
+template <int TN, int WGS, int STAGES, int MINB, int NACC = 1, bool PAR_SPLIT = (TN < 128)>
 int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add, int splits,
                       cudaStream_t st) {
-  using C_ = WgCfg<TN, WGS, STAGES, MINB, SMEM_SCALES>;
-  auto kern = gemm_int4_wgmma<TN, WGS, STAGES, MINB, SMEM_SCALES>;
+  using C_ = WgCfg<TN, WGS, STAGES, MINB, NACC>;
+  auto kern = gemm_int4_wgmma<TN, WGS, STAGES, MINB, NACC>;
   static bool raised = false;
   if (!raised) {
     NQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C_::kSmem));
