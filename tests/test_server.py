@@ -243,6 +243,15 @@ def test_cut_tool_call_is_reported_not_a_crash(client, engine):
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
+def test_forced_tool_call_with_a_schema_the_grammar_refuses_is_400(server):
+    bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "no-such-type"}}}]
+    r = _post(server, "/v1/chat/completions", {"model": MODEL, "messages": TOOL_MSGS, "tools": bad,
+                                               "tool_choice": "required"})
+    _assert_error(r, 400, "invalid_value")
+    assert r.json()["error"]["param"] == "tool_choice" and "no-such-type" in r.json()["error"]["message"]
+    assert "\n" not in r.json()["error"]["message"]
+
+
 def test_auto_tools_on_a_template_without_tools_section(server, client, engine):
     """tool_choice "auto" (also the default with tools) needs the template to show the model the tools; the demo's
     template cannot, so it is a 400 naming why. "none" is a plain chat."""
