@@ -18,7 +18,8 @@ import httpx
 import openai
 import pytest
 
-from test_server_model import HANG_GUARD_S, PROMPT, free_port as _free_port, running_server, stop_server
+from test_server_model import (HANG_GUARD_S, PROMPT, TOOL_MAX_TOKENS, TOOL_MSGS, TOOLS, free_port as _free_port,
+                               running_server, stop_server)
 
 MODEL = "test-model"
 KEY = "test-key-123"
@@ -158,21 +159,6 @@ def test_seeded_sampling_equals_engine(client, engine):
 
 
 # ------------------------------------------------------------------ tool calls on the demo's file
-
-# Two tools: one with bounded arguments, one with none (tool_choice "required" may pick either).
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
-                                      "parameters": {"type": "object", "properties": {
-                                          "city": {"type": "string", "maxLength": 20},
-                                          "unit": {"enum": ["celsius", "fahrenheit"]}},
-                                          "required": ["city", "unit"], "additionalProperties": False}}},
-    {"type": "function", "function": {"name": "now", "description": "The time",
-                                      "parameters": {"type": "object", "properties": {},
-                                                     "additionalProperties": False}}},
-]
-TOOL_MSGS = [{"role": "user", "content": "What is the weather in Paris?"}]
-TOOL_MAX_TOKENS = 100          # the longest forced call above is ~60 tokens in the demo's vocabulary
-
 
 def _ref_tool_call(engine, choice, **kw) -> tuple[dict, str]:
     """The oracle: Engine.chat on the same file, parsed; (its one call, the raw answer)."""
