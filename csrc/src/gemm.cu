@@ -19,10 +19,10 @@ constexpr int kMmaStages = 3, kMmaBlocksPerSm = 2;
 constexpr int kWgmmaMinM = 128;
 
 // Few-token builds of gemm_int4_wgmma (M < kWgmmaMinM: the batched decode step, short prompts): the token tile is M
-// rounded up to 16, 32 or 64 (two 64-token tiles above 64), 64 kSmallWgs W rows per block, kSmallStages 64-k stages
-// in flight, and split-K filling kSmallBlocksPerSm blocks per SM. At these M the work is the weight stream (the FLOPs
-// are ~M/2 per weight byte), so the stages are there to keep bytes in flight.
-constexpr int kSmallWgs = 3, kSmallStages = 8, kSmallBlocksPerSm = 1;
+// rounded up to 16, 32 or 64 (two 64-token tiles above 64), 64 kSmallWgs W rows per block, stages of kSmallSub 64-k
+// sub-tiles (kSmallStages in flight; at 64 tokens 6 stages of 2, whose fragments fit the registers), and split-K filling
+// kSmallBlocksPerSm blocks per SM. At these M the work is the weight stream (the FLOPs are ~M/2 per weight byte).
+constexpr int kSmallWgs = 3, kSmallSub = 4, kSmallStages = 4, kSmallBlocksPerSm = 1;
 // split-K bounds of the few-token builds: at least kSmallMinStages 64-k stages per split (the pipeline fill is ~8),
 // at most kSmallMaxSplits splits (each adds one read-modify-write of the C tile, small at these M)
 constexpr int kSmallMinStages = 8, kSmallMaxSplits = 16;
@@ -125,9 +125,9 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
         if (i == 1) g.tiles1 = t;
         wt += t;
       }
-      if (c == 0) return launch_int4_wgmma<256, 2, 4, 1>(g, wt, A, lda, M, ldc, add, 1, st);
-      if (c == 1) return launch_int4_wgmma<128, 2, 5, 1>(g, wt, A, lda, M, ldc, add, 1, st);
-      return launch_int4_wgmma<128, 3, 5, 1>(g, wt, A, lda, M, ldc, add, 1, st);
+      if (c == 0) return launch_int4_wgmma<256, 2, 4, 1, 1>(g, wt, A, lda, M, ldc, add, 1, st);
+      if (c == 1) return launch_int4_wgmma<128, 2, 5, 1, 1>(g, wt, A, lda, M, ldc, add, 1, st);
+      return launch_int4_wgmma<128, 3, 5, 1, 1>(g, wt, A, lda, M, ldc, add, 1, st);
     }
     if (M < kWgmmaMinM && tma_ok && wgmma_available(&sms)) {  // few tokens: the weight stream, split over the SMs
       int wt = 0;
@@ -141,10 +141,12 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
       const int splits = choose_splits((long long)((M + tn - 1) / tn) * wt, W[0].K / WG_KB, kSmallBlocksPerSm,
                                        kSmallMaxSplits, kSmallMinStages, /*fill_rounds=*/true);
       if (tn == 16)
-        return launch_int4_wgmma<16, kSmallWgs, kSmallStages, kSmallBlocksPerSm>(g, wt, A, lda, M, ldc, add, splits, st);
+        return launch_int4_wgmma<16, kSmallWgs, kSmallStages, kSmallBlocksPerSm, kSmallSub>(g, wt, A, lda, M, ldc, add,
+                                                                                            splits, st);
       if (tn == 32)
-        return launch_int4_wgmma<32, kSmallWgs, kSmallStages, kSmallBlocksPerSm>(g, wt, A, lda, M, ldc, add, splits, st);
-      return launch_int4_wgmma<64, kSmallWgs, kSmallStages, kSmallBlocksPerSm>(g, wt, A, lda, M, ldc, add, splits, st);
+        return launch_int4_wgmma<32, kSmallWgs, kSmallStages, kSmallBlocksPerSm, kSmallSub>(g, wt, A, lda, M, ldc, add,
+                                                                                            splits, st);
+      return launch_int4_wgmma<64, kSmallWgs, 6, kSmallBlocksPerSm, 2>(g, wt, A, lda, M, ldc, add, splits, st);
     }
     return launch_int4_mma<kMmaStages, kMmaBlocksPerSm>(g, tiles, A, lda, M, ldc, add, /*allow_split=*/true, st);
   }

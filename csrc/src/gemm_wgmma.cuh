@@ -35,6 +35,9 @@
 //   split K so that their grids fill the GPU (gemm.cu's choice), and reduce in parallel: every split stores its
 //   partial, the tile's last split sums them in split order (deterministic). gemm_int4_mma's serial order (split z
 //   adds into C after split z - 1) costs a global round trip per split, which at these sizes is most of a launch.
+// * Stages of KSUB 64-k sub-tiles (each an activation atom and a raw W box, as above): the prefill builds take 1,
+//   the few-token builds 4, whose per-stage work (mbarrier wait and arrive, wgmma fence/commit/wait, loop and scale
+//   addressing: ~90 of the ~160 instructions of a 1-sub-tile stage in their SASS) is then paid once per 256 k.
 // * Scales: __ldg into registers one stage ahead (groups are powers of two: the index is a shift), per 32-k half.
 // * Tensor maps are encoded on the host per launch (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion:
 //   no -lcuda) and passed as __grid_constant__ parameters, so a captured launch replays with the pointers it had.
@@ -57,14 +60,15 @@ namespace {
 
 constexpr int WG_KB = 64;  // k per stage: one 128-byte (swizzle-atom) row of f16 per token
 
-template <int TN, int WGS, int STAGES, int MINB, int NACC>
+template <int TN, int WGS, int STAGES, int MINB, int KSUB>
 struct WgCfg {
   static constexpr int kConsumers = 128 * WGS;
   static constexpr int kThreads = kConsumers + 128;  // + the producer warpgroup
   static constexpr int kRows = 64 * WGS;             // W rows per block
-  static constexpr int kActBytes = TN * WG_KB * 2;   // TN token rows x 128 B
-  static constexpr int kWBytes = kRows * WG_KB / 2;  // raw int4 words: 32 B per W row
-  static constexpr int kStageBytes = kActBytes + kWBytes;
+  static constexpr int kActBytes = TN * WG_KB * 2;   // a 64-k sub-tile of the activations: TN token rows x 128 B
+  static constexpr int kWBytes = kRows * WG_KB / 2;  // a 64-k sub-tile of raw int4 words: 32 B per W row
+  static constexpr int kSubBytes = kActBytes + kWBytes;
+  static constexpr int kStageBytes = KSUB * kSubBytes;  // a stage: KSUB sub-tiles, each [activations][W words]
   static constexpr int kSmem = STAGES * kStageBytes + 2 * STAGES * 8 + 1024;  // + mbarriers + 1024-B alignment slack
   // setmaxnreg split of the block's registers (65536 / MINB): the producer keeps 40, the consumers take the rest
   // (the launch gives every thread kLaunchRegs, rounded down to the allocation unit of 8)
@@ -74,12 +78,13 @@ struct WgCfg {
       MINB == 1 && WGS == 2 ? 232 : MINB == 1 && WGS == 3 ? 152
                                   : ((kLaunchRegs * kThreads - kProducerRegs * 128) / kConsumers) / 8 * 8;
   static_assert(WGS >= 2 && WGS <= 4, "2 to 4 consumer warpgroups");
-  static_assert(NACC == 1 || NACC == 2 || NACC == 4, "accumulator sets: 1, 2 or 4");
+  static_assert(KSUB == 1 || KSUB == 2 || KSUB == 4, "64-k sub-tiles per stage: 1, 2 or 4");
   static_assert(MINB == 1 || MINB == 2, "1 or 2 blocks per SM");
   static_assert(128 * (kProducerRegs + WGS * kConsumerRegs) <= 65536 / MINB, "register file");
-  static_assert(kConsumerRegs >= NACC * TN / 2 + 64, "consumer registers: accumulators + fragments + words");
+  // accumulators, the A fragments and scales of a stage, the words of a sub-tile, addresses
+  static_assert(kConsumerRegs >= TN / 2 + 20 * KSUB + 48, "consumer registers");
   static_assert(MINB * kSmem <= 227 * 1024, "shared memory per SM");
-  static_assert(kActBytes % 1024 == 0 && kWBytes % 1024 == 0, "stages must stay 1024-byte aligned");
+  static_assert(kActBytes % 1024 == 0 && kWBytes % 1024 == 0, "sub-tiles must stay 1024-byte aligned");
   static_assert(TN <= 256 && kRows <= 256, "a TMA box is at most 256 rows");
 };
 
@@ -119,13 +124,13 @@ __device__ __forceinline__ void wg_tma_load_2d(uint32_t dst, const CUtensorMap* 
 __device__ __forceinline__ void wg_reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 #endif
 
-template <int TN, int WGS, int STAGES, int MINB, int NACC>
+template <int TN, int WGS, int STAGES, int MINB, int KSUB>
 __global__ void __launch_bounds__(128 * WGS + 128, MINB)
     gemm_int4_wgmma(const GemmGroup g, const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmW0,
                     const __grid_constant__ CUtensorMap tmW1, const __grid_constant__ CUtensorMap tmW2, int M, int ldc,
                     int add, int* sem, float* part) {
 #if NQ_WGMMA_DEVICE
-  using C_ = WgCfg<TN, WGS, STAGES, MINB, NACC>;
+  using C_ = WgCfg<TN, WGS, STAGES, MINB, KSUB>;
   extern __shared__ __align__(128) unsigned char wsm_raw[];
   const uint32_t raw_u32 = smem_u32(wsm_raw);
   const uint32_t sbase = (raw_u32 + 1023u) & ~1023u;
@@ -139,10 +144,11 @@ __global__ void __launch_bounds__(128 * WGS + 128, MINB)
   const int n0 = (by - (seg == 2 ? g.tiles0 + g.tiles1 : seg == 1 ? g.tiles0 : 0)) * C_::kRows;
   const int m0 = blockIdx.x * TN;
   const int tid = threadIdx.x;
-  // serial split-K (gridDim.z splits; sem != null), as gemm_int4_mma: split z owns k stages [kt0, kt0 + KT) and adds
-  // its partial into C after split z - 1 of the same tile did (fixed order: deterministic)
+  // split-K (gridDim.z splits; sem != null): split z owns the 64-k sub-tiles [kt0, kt0 + KT), in NS stages of KSUB
+  // (the last one possibly shorter)
   const int KTall = W.K / WG_KB, z = blockIdx.z, nz = gridDim.z;
   const int kt0 = (int)((long long)KTall * z / nz), KT = (int)((long long)KTall * (z + 1) / nz) - kt0;
+  const int NS = (KT + KSUB - 1) / KSUB;
 
   if (tid == 0) {
 #pragma unroll
@@ -159,13 +165,16 @@ __global__ void __launch_bounds__(128 * WGS + 128, MINB)
     if (tid == C_::kConsumers) {
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmA)) : "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmW)) : "memory");
-      for (int kt = 0; kt < KT; kt++) {
-        const int s = kt % STAGES;
-        if (kt >= STAGES) wg_mbar_wait(empty0 + 8 * s, ((kt / STAGES) - 1) & 1);
+      for (int ks = 0; ks < NS; ks++) {
+        const int s = ks % STAGES, nsub = min(KSUB, KT - ks * KSUB);
+        if (ks >= STAGES) wg_mbar_wait(empty0 + 8 * s, ((ks / STAGES) - 1) & 1);
         const uint32_t buf = sbase + s * C_::kStageBytes, full = full0 + 8 * s;
-        wg_mbar_expect_tx(full, C_::kStageBytes);
-        wg_tma_load_2d(buf, &tmA, (kt0 + kt) * WG_KB, m0, full);
-        wg_tma_load_2d(buf + C_::kActBytes, tmW, (kt0 + kt) * WG_KB / 2, n0, full);
+        wg_mbar_expect_tx(full, nsub * C_::kSubBytes);
+        for (int q = 0; q < nsub; q++) {
+          const int kt = kt0 + ks * KSUB + q;
+          wg_tma_load_2d(buf + q * C_::kSubBytes, &tmA, kt * WG_KB, m0, full);
+          wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, tmW, kt * WG_KB / 2, n0, full);
+        }
       }
     }
     return;
@@ -190,22 +199,23 @@ __global__ void __launch_bounds__(128 * WGS + 128, MINB)
     }
   };
 
-  // NACC independent accumulator sets: 16-k step t of a stage goes into set t % NACC, so consecutive wgmmas do not
-  // wait for each other's results (few-token builds, whose wgmmas are short); summed in set order at the end
-  float acc[TN / 2], acc2[NACC > 1 ? NACC - 1 : 1][TN / 2];
+  float acc[TN / 2];
 #pragma unroll
   for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;
+  // a stage's A fragments (KSUB sub-tiles x 4 16-k steps) and scales; the scales of the next stage are loaded while
+  // this one's wgmmas run
+  uint32_t fa[KSUB][4][4], sc[KSUB][2][2];
 #pragma unroll
-  for (int a = 0; a < NACC - 1; a++)
+  for (int q = 0; q < KSUB; q++)
+    if (q < KT) load_scales((kt0 + q) * WG_KB, sc[q]);
+  for (int ks = 0; ks < NS; ks++) {
+    const int s = ks % STAGES, nsub = min(KSUB, KT - ks * KSUB);
+    wg_mbar_wait(full0 + 8 * s, (ks / STAGES) & 1);
 #pragma unroll
-    for (int i = 0; i < TN / 2; i++) acc2[a][i] = 0.f;
-  uint32_t fa[4][4], sc[2][2];
-  load_scales(kt0 * WG_KB, sc);
-  for (int kt = 0; kt < KT; kt++) {
-    const int s = kt % STAGES;
-    wg_mbar_wait(full0 + 8 * s, (kt / STAGES) & 1);
-    {  // dequantise rows r0 and r0 + 8 of this stage into the A fragments of the 4 16-k steps
-      const unsigned char* wp = wsm + s * C_::kStageBytes + C_::kActBytes;
+    for (int q = 0; q < KSUB; q++) {
+      if (q >= nsub) break;
+      // dequantise rows r0 and r0 + 8 of sub-tile q into the A fragments of its 4 16-k steps
+      const unsigned char* wp = wsm + s * C_::kStageBytes + q * C_::kSubBytes + C_::kActBytes;
       const uint4 x0 = *reinterpret_cast<const uint4*>(wp + r0 * 32);
       const uint4 y0 = *reinterpret_cast<const uint4*>(wp + r0 * 32 + 16);
       const uint4 x1 = *reinterpret_cast<const uint4*>(wp + (r0 + 8) * 32);
@@ -214,36 +224,32 @@ __global__ void __launch_bounds__(128 * WGS + 128, MINB)
       const uint32_t w1[8] = {x1.x, x1.y, x1.z, x1.w, y1.x, y1.y, y1.z, y1.w};
 #pragma unroll
       for (int t = 0; t < 4; t++) {
-        fa[t][0] = dq_pair(w0[2 * t] >> sh, 0, u32_as_h2(sc[0][t >> 1]));
-        fa[t][1] = dq_pair(w1[2 * t] >> sh, 0, u32_as_h2(sc[1][t >> 1]));
-        fa[t][2] = dq_pair(w0[2 * t + 1] >> sh, 0, u32_as_h2(sc[0][t >> 1]));
-        fa[t][3] = dq_pair(w1[2 * t + 1] >> sh, 0, u32_as_h2(sc[1][t >> 1]));
+        fa[q][t][0] = dq_pair(w0[2 * t] >> sh, 0, u32_as_h2(sc[q][0][t >> 1]));
+        fa[q][t][1] = dq_pair(w1[2 * t] >> sh, 0, u32_as_h2(sc[q][1][t >> 1]));
+        fa[q][t][2] = dq_pair(w0[2 * t + 1] >> sh, 0, u32_as_h2(sc[q][0][t >> 1]));
+        fa[q][t][3] = dq_pair(w1[2 * t + 1] >> sh, 0, u32_as_h2(sc[q][1][t >> 1]));
       }
     }
-    if (kt + 1 < KT) load_scales((kt0 + kt + 1) * WG_KB, sc);
-    const uint32_t act = sbase + s * C_::kStageBytes;
+    const int nnext = min(KSUB, KT - (ks + 1) * KSUB);
+#pragma unroll
+    for (int q = 0; q < KSUB; q++)
+      if (q < nnext) load_scales((kt0 + (ks + 1) * KSUB + q) * WG_KB, sc[q]);
+    const uint32_t stage = sbase + s * C_::kStageBytes;
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-    for (int t = 0; t < 4; t++) {
-      if (t % NACC == 0) wgmma::mma_rs<TN>(acc, fa[t], wg_desc_sw128(act + 32 * t));
-      else wgmma::mma_rs<TN>(acc2[t % NACC - 1], fa[t], wg_desc_sw128(act + 32 * t));
+    for (int q = 0; q < KSUB; q++) {
+      if (q >= nsub) break;
+#pragma unroll
+      for (int t = 0; t < 4; t++) wgmma::mma_rs<TN>(acc, fa[q][t], wg_desc_sw128(stage + q * C_::kSubBytes + 32 * t));
     }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");  // the register-A rule; stage s is free
 #pragma unroll
     for (int i = 0; i < TN / 2; i++) wg_reg_fence(acc[i]);
-#pragma unroll
-    for (int a = 0; a < NACC - 1; a++)
-#pragma unroll
-      for (int i = 0; i < TN / 2; i++) wg_reg_fence(acc2[a][i]);
     __syncwarp();
     if (lane == 0) wg_mbar_arrive(empty0 + 8 * s);
   }
 
-#pragma unroll
-  for (int a = 0; a < NACC - 1; a++)
-#pragma unroll
-    for (int i = 0; i < TN / 2; i++) acc[i] += acc2[a][i];
   // epilogue: acc[4j + 2h + e] = (block row r0 + 8h, token 8j + 2tig + e)
   float* const C = seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C;
   const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
@@ -344,13 +350,13 @@ inline bool wg_encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void*
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// One launch of gemm_int4_wgmma<TN, WGS, STAGES, MINB, NACC>; `tiles` = W-row tiles of 64 WGS rows over all
+// One launch of gemm_int4_wgmma<TN, WGS, STAGES, MINB, KSUB>; `tiles` = W-row tiles of 64 WGS rows over all
 // segments, `splits` = split-K count (1: none), reduced in parallel by each tile's last split (PAR_SPLIT) or serially.
-template <int TN, int WGS, int STAGES, int MINB, int NACC = 1, bool PAR_SPLIT = (TN < 128)>
+template <int TN, int WGS, int STAGES, int MINB, int KSUB, bool PAR_SPLIT = (TN < 128)>
 int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add, int splits,
                       cudaStream_t st) {
-  using C_ = WgCfg<TN, WGS, STAGES, MINB, NACC>;
-  auto kern = gemm_int4_wgmma<TN, WGS, STAGES, MINB, NACC>;
+  using C_ = WgCfg<TN, WGS, STAGES, MINB, KSUB>;
+  auto kern = gemm_int4_wgmma<TN, WGS, STAGES, MINB, KSUB>;
   static bool raised = false;
   if (!raised) {
     NQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C_::kSmem));
