@@ -12,7 +12,6 @@ GPU time, which against the step's wall time (bench/batch_bench.py) shows the ho
 """
 from __future__ import annotations
 
-import csv
 import ctypes
 import os
 import re
@@ -46,16 +45,8 @@ def run(path: str, n: int) -> None:
 
 
 def summarize(csv_path: str) -> None:
-    rows = []
-    with open(csv_path, newline="") as f:
-        lines = [ln for ln in f if ln.startswith('"')]
-    for r in csv.DictReader(lines):
-        if r.get("Metric Name") != "gpu__time_duration.sum":
-            continue
-        unit = r.get("Metric Unit", "ns")
-        v = float(r["Metric Value"].replace(",", ""))
-        us = v / 1e3 if unit in ("nsecond", "ns") else (v if unit in ("usecond", "us") else v * 1e3)
-        rows.append((r["Kernel Name"], us))
+    from profile_decode import kernel_times      # bench/ (this script's folder)
+    rows = kernel_times(csv_path)
     starts = [i for i, (name, _) in enumerate(rows) if "embed_rows_kernel" in name]
     if not starts:
         print("no batched step found")

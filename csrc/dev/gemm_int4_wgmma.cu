@@ -209,13 +209,7 @@ __global__ void __launch_bounds__(128 * WGS, 1)
   const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
   int* const tile_sem = sem ? sem + (blockIdx.y * gridDim.x + blockIdx.x) : nullptr;
   if (tile_sem && z > 0) {
-    if (tid == 0) {
-      int v;
-      do {
-        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(tile_sem) : "memory");
-        if (v != z) __nanosleep(64);
-      } while (v != z);
-    }
+    if (tid == 0) nq::split_wait_turn(tile_sem, z);
     __syncthreads();
   }
   const bool first = z == 0, accumulate = add || !first;
@@ -241,7 +235,7 @@ __global__ void __launch_bounds__(128 * WGS, 1)
   if (tile_sem && z + 1 < nz) {
     __threadfence();
     __syncthreads();
-    if (tid == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(tile_sem), "r"(z + 1) : "memory");
+    if (tid == 0) nq::split_hand_over(tile_sem, z + 1);
   }
 }
 

@@ -223,6 +223,20 @@ __device__ __forceinline__ uint32_t dq_pair(uint32_t w, int s, __half2 s2) {
   return h2_as_u32(__hmul2(__hsub2(u32_as_h2(h), k1032), s2));
 }
 
+// Serial split-K (here and in gemm_int4_wgmma): split z of a tile adds its partial into C after split z - 1 did.
+// Thread 0 of split z's block waits for its turn (the tile's semaphore reaching z) ...
+__device__ __forceinline__ void split_wait_turn(const int* tile_sem, int z) {
+  int v;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(tile_sem) : "memory");
+    if (v != z) __nanosleep(64);
+  } while (v != z);
+}
+// ... and, once the block's stores are fenced, hands the tile to split `next`.
+__device__ __forceinline__ void split_hand_over(int* tile_sem, int next) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(tile_sem), "r"(next) : "memory");
+}
+
 template <int STAGES, int MINB>
 __global__ void __launch_bounds__(MM_THREADS, MINB) gemm_int4_mma(const GemmGroup g, const __half* A, int lda, int M,
                                                                int ldc, int add, int* sem) {
@@ -353,13 +367,7 @@ __global__ void __launch_bounds__(MM_THREADS, MINB) gemm_int4_mma(const GemmGrou
   const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
   int* const tile_sem = sem ? sem + (blockIdx.y * gridDim.x + blockIdx.x) : nullptr;
   if (tile_sem && z > 0) {  // wait for split z - 1 of this tile (dispatched before this block: lower linear index)
-    if (tid == 0) {
-      int v;
-      do {
-        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(tile_sem) : "memory");
-        if (v != z) __nanosleep(64);
-      } while (v != z);
-    }
+    if (tid == 0) split_wait_turn(tile_sem, z);
     __syncthreads();
   }
   const bool first = z == 0, accumulate = add || !first;  // splits after the first add to what C holds
@@ -385,7 +393,7 @@ __global__ void __launch_bounds__(MM_THREADS, MINB) gemm_int4_mma(const GemmGrou
   if (tile_sem && z + 1 < nz) {  // hand the tile to split z + 1
     __threadfence();
     __syncthreads();
-    if (tid == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(tile_sem), "r"(z + 1) : "memory");
+    if (tid == 0) split_hand_over(tile_sem, z + 1);
   }
 }
 

@@ -292,13 +292,7 @@ __global__ void __launch_bounds__(128 * WGS + 128, MINB)
     }
     first = true;
   } else if (tile_sem && z > 0) {  // serial: wait for split z - 1 of this tile (dispatched before: lower linear index)
-    if (tid == 0) {
-      int v;
-      do {
-        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(tile_sem) : "memory");
-        if (v != z) __nanosleep(64);
-      } while (v != z);
-    }
+    if (tid == 0) split_wait_turn(tile_sem, z);
     asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");  // the consumers only (the producer left)
   }
   const bool accumulate = add || !first;  // serial splits after the first add to what C holds
@@ -322,7 +316,7 @@ __global__ void __launch_bounds__(128 * WGS + 128, MINB)
   if (tile_sem && !part && z + 1 < nz) {  // serial: hand the tile to split z + 1
     __threadfence();
     asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
-    if (tid == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(tile_sem), "r"(z + 1) : "memory");
+    if (tid == 0) split_hand_over(tile_sem, z + 1);
   }
 #endif
 }
