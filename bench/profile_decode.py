@@ -29,7 +29,8 @@ def run(path: str) -> None:
         be.decode(23)
 
 
-def summarize(csv_path: str) -> None:
+def kernel_times(csv_path: str) -> list[tuple[str, float]]:
+    """(kernel name, µs) of every kernel in an ncu --csv report of gpu__time_duration.sum, in launch order."""
     rows = []
     with open(csv_path, newline="") as f:
         lines = [ln for ln in f if ln.startswith('"')]
@@ -40,6 +41,11 @@ def summarize(csv_path: str) -> None:
         v = float(r["Metric Value"].replace(",", ""))
         us = v / 1e3 if unit == "nsecond" or unit == "ns" else (v if unit in ("usecond", "us") else v * 1e3)
         rows.append((r["Kernel Name"], us))
+    return rows
+
+
+def summarize(csv_path: str) -> None:
+    rows = kernel_times(csv_path)
     starts = [i for i, (n, _) in enumerate(rows) if "embed_token_kernel" in n]
     if not starts:
         print("no decode step found")

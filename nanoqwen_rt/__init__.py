@@ -18,13 +18,13 @@ _WHERE = {
     **{name: ".engine" for name in (
         "ChatError", "DeviceUnavailable", "EmptyPrompt", "Engine", "EngineBusy", "EngineClosed", "EngineError",
         "GenerationChunk", "GenerationStats", "InvalidArgument", "NoTokenizer", "PromptTooLong",
-        "TokenIdOutOfRange", "FimUnsupported", "TokenLogprob", "InvalidGrammar")},
+        "TokenIdOutOfRange", "FimUnsupported", "ToolsUnsupported", "TokenLogprob", "InvalidGrammar")},
 }
 
 __all__ = ["Engine", "GenerationChunk", "GenerationStats", "EngineError", "InvalidArgument", "PromptTooLong",
            "EmptyPrompt", "TokenIdOutOfRange", "DeviceUnavailable", "EngineClosed", "EngineBusy", "NoTokenizer",
-           "ChatError", "FimUnsupported", "TokenLogprob", "InvalidGrammar", "Backend", "BackendError", "ContextFull",
-           "SamplingParams", "demo_model_path", "DemoModelUnavailable"]
+           "ChatError", "FimUnsupported", "ToolsUnsupported", "TokenLogprob", "InvalidGrammar", "Backend",
+           "BackendError", "ContextFull", "SamplingParams", "demo_model_path", "DemoModelUnavailable"]
 
 
 def __getattr__(name: str):
@@ -43,6 +43,6 @@ if TYPE_CHECKING:
     from .backends.base import Backend, BackendError, ContextFull
     from .engine import (ChatError, DeviceUnavailable, EmptyPrompt, Engine, EngineBusy, EngineClosed,
                          EngineError, FimUnsupported, GenerationChunk, GenerationStats, InvalidArgument, InvalidGrammar,
-                         NoTokenizer, PromptTooLong, TokenIdOutOfRange, TokenLogprob)
+                         NoTokenizer, PromptTooLong, TokenIdOutOfRange, TokenLogprob, ToolsUnsupported)
     from .demo import DemoModelUnavailable, demo_model_path
     from .sampling import SamplingParams

@@ -36,11 +36,13 @@ from .kv_pool import PoolTooSmall
 from .sampling import InvalidSamplingParams, SamplingParams
 from .scheduler import DEFAULT_MAX_BATCH, BatchStats, Scheduler, _Seq, default_kv_pages
 from .tokenizer import ChatTemplateError, Tokenizer, TokenizerError
+from .tools import (TOOL_CALL_CLOSE, TOOL_CALL_OPEN, InvalidTools, check_tools, forced_tool_name,
+                    tool_call_grammar)
 
 __all__ = ["Engine", "GenerationChunk", "GenerationStats", "EngineError", "PromptTooLong", "EmptyPrompt",
            "InvalidArgument", "DeviceUnavailable", "EngineClosed", "EngineBusy", "NoTokenizer", "ChatError",
-           "TokenIdOutOfRange", "FimUnsupported", "TokenLogprob", "InvalidGrammar", "KvPoolTooSmall",
-           "BatchGeneration", "BatchStats"]
+           "TokenIdOutOfRange", "FimUnsupported", "ToolsUnsupported", "TokenLogprob", "InvalidGrammar",
+           "KvPoolTooSmall", "BatchGeneration", "BatchStats"]
 
 
 # -- errors ---------------------------------------------------------------------------------------------
@@ -83,6 +85,11 @@ class NoTokenizer(EngineError):
 
 class ChatError(InvalidArgument):
     """chat(): no chat template in the file, malformed messages, or the template raised."""
+
+
+class ToolsUnsupported(ChatError):
+    """chat()/render_chat() with tools and tool_choice "auto" on a file whose chat template has no tools section:
+    the model would never see the tools (a forced tool_choice still works: its grammar carries them)."""
 
 
 class InvalidGrammar(InvalidArgument):
@@ -382,23 +389,67 @@ class Engine:
             raise InvalidArgument(str(e)) from None
         return params, stop_ids, stops_s, settings
 
-    def chat(self, messages: Sequence[dict], tools: Sequence[dict] | None = None, **kw) -> Iterator[GenerationChunk]:
+    def chat(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
+             tool_choice: str | dict | None = None, **kw) -> Iterator[GenerationChunk]:
         """Apply the file's chat template (with the generation prompt) and generate(); same keyword arguments.
         `tools`: OpenAI-style tool definitions, rendered by the template's own tools section (Qwen2.5's asks for
-        `<tool_call>{...}</tool_call>` answers; nanoqwen_rt.tools parses them)."""
-        return self.generate(self.render_chat(messages, tools), **kw)
+        `<tool_call>{...}</tool_call>` answers; nanoqwen_rt.tools.parse_tool_calls parses them). `tool_choice`
+        as OpenAI's: "auto" (the default with tools), "none", "required" or {"type": "function", "function":
+        {"name": ...}}; the last two force one valid call with a grammar (tool_choice_grammar), so they cannot be
+        combined with `constraint`. See render_chat for a template without a tools section."""
+        prompt = self.render_chat(messages, tools, tool_choice)
+        grammar = self.tool_choice_grammar(tools, tool_choice)
+        if grammar is not None:
+            if kw.get("constraint") is not None:
+                raise InvalidArgument("a forced tool_choice already constrains the answer; drop constraint=")
+            kw["constraint"] = self.lark_constraint(grammar)
+        return self.generate(prompt, **kw)
 
-    def render_chat(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> str:
-        """The prompt text chat() generates from (ChatError on a bad conversation or template)."""
+    def render_chat(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
+                    tool_choice: str | dict | None = None) -> str:
+        """The prompt text chat() generates from (ChatError on a bad conversation or template). The tools are
+        rendered unless tool_choice is "none". A template without a tools section (Tokenizer.renders_tools; the
+        embedded demo model's) never shows them to the model: with tool_choice "auto" that is ToolsUnsupported,
+        since the model could not know the tools; a forced tool_choice renders the conversation alone, the
+        grammar carrying the tools' names and schemas."""
         if self.tokenizer is None:
             raise NoTokenizer("this file has no tokenizer, so no chat template")
         if not isinstance(messages, (list, tuple)):
             raise ChatError(f"messages must be a list of dicts, got {type(messages).__name__}")
+        tools, choice = self._check_tools(tools, tool_choice)
         try:
+            if tools is not None and choice != "none" and not self.tokenizer.renders_tools:
+                if choice == "auto":
+                    raise ToolsUnsupported(
+                        "this file's chat template has no tools section, so with tool_choice 'auto' the model "
+                        "would never see the tools; force a call (tool_choice 'required' or a named function: a "
+                        "grammar then carries the tools) or pass tool_choice 'none'")
+                tools = None
             return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                      **({"tools": list(tools)} if tools else {}))
+                                                      **({"tools": tools} if tools and choice != "none" else {}))
         except ChatTemplateError as e:
             raise ChatError(str(e)) from None
+
+    def tool_choice_grammar(self, tools: Sequence[dict] | None, tool_choice: str | dict | None) -> str | None:
+        """The Lark grammar a forced tool_choice ("required" or a named function) puts on the answer: exactly one
+        `<tool_call>` of such a tool, its arguments valid against the tool's `parameters`
+        (nanoqwen_rt.tools.tool_call_grammar); None for "auto" / "none" / no tools. The markers are matched as
+        the tokenizer's `<tool_call>` / `</tool_call>` tokens where it has them (Qwen2.5's), as text where not
+        (the embedded demo model's)."""
+        tools, choice = self._check_tools(tools, tool_choice)
+        if tools is None or choice in ("auto", "none"):
+            return None
+        if self.tokenizer is None:
+            raise NoTokenizer("this file has no tokenizer: a forced tool call is text, so it needs one")
+        ids = (self.tokenizer.token_to_id(TOOL_CALL_OPEN), self.tokenizer.token_to_id(TOOL_CALL_CLOSE))
+        return tool_call_grammar(tools, forced_tool_name(choice), None if None in ids else ids)
+
+    @staticmethod
+    def _check_tools(tools, tool_choice):
+        try:
+            return check_tools(tools, tool_choice)
+        except InvalidTools as e:
+            raise InvalidArgument(str(e)) from None
 
     def _grammars(self):
         from .grammar import GrammarCompiler, GrammarError

@@ -25,6 +25,13 @@ class ChatTemplateError(ValueError):
     """No chat template in the file, bad messages, or the template raised (raise_exception / jinja error)."""
 
 
+# A conversation and a tool that probe whether a chat template has a tools section (Tokenizer.renders_tools): the
+# name is one no template writes by itself.
+_TOOLS_PROBE_MESSAGES = [{"role": "user", "content": "hello"}]
+_TOOLS_PROBE_NAME = "nanoqwen_tools_probe"
+_TOOLS_PROBE = [{"type": "function", "function": {"name": _TOOLS_PROBE_NAME, "description": "probe",
+                                                  "parameters": {"type": "object", "properties": {}}}}]
+
 _SPM_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")       # a SentencePiece byte-fallback piece
 # the named special tokens transformers passes to chat templates (PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES)
 _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -108,6 +115,7 @@ class Tokenizer:
             tmpl = named.get("default")
         self.chat_template: str | None = tmpl if isinstance(tmpl, str) and tmpl else None
         self._compiled = None
+        self._renders_tools: bool | None = None
         self.special_tokens: dict[str, str] = {}
         for k in _SPECIAL_TOKEN_KEYS:
             t = _token_text(self.tokenizer_config.get(k))
@@ -251,6 +259,21 @@ class Tokenizer:
                                          add_generation_prompt=add_generation_prompt, **kw)
         except jinja2.exceptions.TemplateError as e:
             raise ChatTemplateError(f"chat template raised: {e}") from None
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template has a tools section: a tool passed as `tools` appears in the rendered prompt
+        (Qwen2.5's template lists them in `<tools>`; a template without such a section, like the embedded demo
+        model's, ignores the variable). Found by rendering a probe once; a template that raises when given tools
+        has none. ChatTemplateError when there is no template or it cannot render a plain conversation."""
+        if self._renders_tools is None:
+            self.apply_chat_template(_TOOLS_PROBE_MESSAGES)
+            try:
+                rendered = self.apply_chat_template(_TOOLS_PROBE_MESSAGES, tools=_TOOLS_PROBE)
+            except ChatTemplateError:
+                rendered = ""
+            self._renders_tools = _TOOLS_PROBE_NAME in rendered
+        return self._renders_tools
 
 
 def _gpt2_byte_decoder() -> dict[str, int]:

@@ -1,6 +1,7 @@
 """Tool calls in Qwen2.5's format: the model answers `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`
 (the chat template's tools section asks for exactly this). Parsed here into OpenAI `tool_calls`, whole answers
-(`parse_tool_calls`) and streamed ones (`ToolCallStream`).
+(`parse_tool_calls`) and streamed ones (`ToolCallStream`); `check_tools` validates OpenAI `tools` / `tool_choice`
+(for the Engine and the server alike) and `tool_call_grammar` forces one call.
 
 A block whose JSON does not parse, or lacks a string "name" / an object "arguments", is not a tool call: it stays in
 the message content as the model wrote it, and the parse reports why (`error`), so the caller can tell the client
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from .grammar import JSON_LAYOUT
 
 __all__ = ["TOOL_CALL_OPEN", "TOOL_CALL_CLOSE", "ParsedAnswer", "parse_tool_calls", "ToolCallStream",
-           "tool_call_grammar"]
+           "InvalidTools", "check_tools", "forced_tool_name", "tool_call_grammar"]
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -129,10 +130,63 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def tool_call_grammar(tools: list[dict], open_id: int, close_id: int, name: str | None = None) -> str:
+class InvalidTools(ValueError):
+    """`tools` / `tool_choice` malformed: `param` names which, `code` is the OpenAI error code."""
+
+    def __init__(self, param: str, message: str, code: str = "invalid_value"):
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+def check_tools(tools, tool_choice=None) -> tuple[list[dict] | None, str | dict]:
+    """OpenAI `tools` / `tool_choice`, checked once for the Engine and the server: returns (tools, choice), tools
+    None when there are none (choice then "none"), choice "auto" when tools are given without one. InvalidTools
+    names what is wrong."""
+    if tools is None or (isinstance(tools, (list, tuple)) and len(tools) == 0):
+        if tool_choice not in (None, "none", "auto"):
+            raise InvalidTools("tool_choice", "'tool_choice' names a tool but 'tools' is empty")
+        return None, "none"
+    if not isinstance(tools, (list, tuple)):
+        raise InvalidTools("tools", "'tools' must be a list", code="invalid_type")
+    names = set()
+    for j, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not (isinstance(t, dict) and t.get("type") == "function" and isinstance(fn, dict)
+                and isinstance(fn.get("name"), str) and fn["name"]):
+            raise InvalidTools("tools", f"tool {j} must be {{'type': 'function', 'function': {{'name': ...}}}}",
+                               code="invalid_type")
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise InvalidTools("tools", f"tool {j}: 'parameters' must be a JSON schema object", code="invalid_type")
+        names.add(fn["name"])
+    if tool_choice is None:
+        tool_choice = "auto"
+    if isinstance(tool_choice, dict):
+        fn = tool_choice.get("function")
+        if not (tool_choice.get("type") == "function" and isinstance(fn, dict) and fn.get("name") in names):
+            raise InvalidTools("tool_choice", "'tool_choice' must name one of the tools in 'tools'")
+    elif not isinstance(tool_choice, str) or tool_choice not in ("none", "auto", "required"):
+        raise InvalidTools("tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or "
+                                          "{'type': 'function', 'function': {'name': ...}}")
+    return list(tools), tool_choice
+
+
+def forced_tool_name(tool_choice: str | dict) -> str | None:
+    """The tool a checked `tool_choice` forces: its name for {"type": "function", ...}, None otherwise."""
+    return tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
+
+
+def tool_call_grammar(tools: list[dict], name: str | None = None,
+                      marker_ids: tuple[int, int] | None = None) -> str:
     """A Lark grammar (llguidance dialect) for exactly one tool call of Qwen2.5's form: of the tool `name`, or of
     any of `tools` (tool_choice "required"). The arguments follow each tool's JSON-schema `parameters`.
-    `<tool_call>` / `</tool_call>` are added tokens, which llguidance matches by id (`<[id]>`), not by text."""
+
+    The markers: where the tokenizer has `<tool_call>` / `</tool_call>` as added tokens (Qwen2.5's; `marker_ids`
+    their ids), llguidance matches them by id (`<[id]>`): the one token the model was trained to write. Where it
+    has none (the embedded demo model), the grammar spells them as text, which the ordinary byte-level pieces
+    produce. The grammar fixes the structure either way; the markers are kept as text rather than dropped so the
+    answer reads the same on both kinds of tokenizer and one parser (`parse_tool_calls`, `ToolCallStream`) serves
+    forced and free answers alike, for the price of a few forced tokens."""
     alts = []
     for t in tools:
         fn = t["function"]
@@ -141,7 +195,13 @@ def tool_call_grammar(tools: list[dict], open_id: int, close_id: int, name: str 
         alts.append({"type": "object", "properties": {"name": {"const": fn["name"]},
                                                       "arguments": fn.get("parameters") or {"type": "object"}},
                      "required": ["name", "arguments"], "additionalProperties": False})
+    if not alts:
+        raise ValueError(f"no tool named {name!r} among the tools" if name is not None else "no tools to call")
     schema = dict(alts[0]) if len(alts) == 1 else {"anyOf": alts}
     schema["x-guidance"] = JSON_LAYOUT
-    return (f'start: <[{int(open_id)}]> "\\n" call "\\n" <[{int(close_id)}]>\n'
+    if marker_ids is not None:
+        open_, close = (f"<[{int(i)}]>" for i in marker_ids)
+    else:
+        open_, close = json.dumps(TOOL_CALL_OPEN), json.dumps(TOOL_CALL_CLOSE)
+    return (f'start: {open_} "\\n" call "\\n" {close}\n'
             "call: %json " + json.dumps(schema, separators=(",", ":")) + "\n")

@@ -373,6 +373,44 @@ def test_server_auto_tools_render_through_template(qclient, qeng):
     assert (r.choices[0].message.content or "") == (parsed.content if parsed.tool_calls else ref)
 
 
+def test_engine_tool_choice_on_both_kinds_of_file(qeng, engine):
+    """Engine.render_chat / tool_choice_grammar / chat with tool_choice, on a Qwen2.5 file (tools section,
+    `<tool_call>` tokens: matched by id) and on the demo's file (neither: markers as text, "auto" refused)."""
+    from nanoqwen_rt import InvalidArgument, ToolsUnsupported
+    from nanoqwen_rt.tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    assert qeng.tokenizer.renders_tools
+    ids = [qeng.tokenizer.token_to_id(t) for t in (TOOL_CALL_OPEN, TOOL_CALL_CLOSE)]
+    grammar = qeng.tool_choice_grammar(TOOLS, named)
+    assert all(f"<[{i}]>" in grammar for i in ids) and TOOL_CALL_OPEN not in grammar
+    for choice in (None, "auto", "required", named):
+        assert qeng.render_chat(msgs, TOOLS, choice) == qeng.render_chat(msgs, TOOLS) != qeng.render_chat(msgs)
+    assert qeng.render_chat(msgs, TOOLS, "none") == qeng.render_chat(msgs)
+    assert qeng.tool_choice_grammar(TOOLS, "auto") is None and qeng.tool_choice_grammar(None, None) is None
+
+    if engine.tokenizer.renders_tools:
+        pytest.skip("this test model's chat template has a tools section (NANOQWEN_TEST_MODEL)")
+    assert engine.tokenizer.token_to_id(TOOL_CALL_OPEN) is None
+    grammar = engine.tool_choice_grammar(TOOLS, "required")
+    assert json.dumps(TOOL_CALL_OPEN) in grammar and json.dumps(TOOL_CALL_CLOSE) in grammar and "<[" not in grammar
+    for choice in (None, "auto"):
+        with pytest.raises(ToolsUnsupported, match="tools section"):
+            engine.render_chat(msgs, TOOLS, choice)
+    for choice in ("none", "required", named):           # forced: the grammar, not the prompt, carries the tools
+        assert engine.render_chat(msgs, TOOLS, choice) == engine.render_chat(msgs)
+    text = "".join(c.text for c in engine.chat(msgs, TOOLS, named, max_new_tokens=100))
+    (call,) = parse_tool_calls(text).tool_calls
+    assert call["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), TOOLS[0]["function"]["parameters"])
+    with pytest.raises(InvalidArgument, match="constraint"):
+        engine.chat(msgs, TOOLS, "required", constraint=engine.json_constraint())
+    for tools, choice in ((TOOLS, "always"), (TOOLS, {"type": "function", "function": {"name": "nope"}}),
+                          (None, "required"), ([{"type": "function"}], "required")):
+        with pytest.raises(InvalidArgument):
+            engine.chat(msgs, tools, choice)
+
+
 def test_limits_match_the_c_header():
     """The Python edge checks the same limits the C ABI checks again (csrc/include/nanoqwen.h)."""
     import re

@@ -132,3 +132,40 @@ def test_batched_decode_refuses_bad_calls(files):
     finally:
         other.close()
         be.close()
+
+
+@pytest.mark.parametrize("n", [3, 6], ids=["gemv-rows", "gemm"])
+def test_batched_sampler_draws_with_each_sessions_settings(files, n):
+    """The batched step draws every sequence's token in one launch (one block each) with its own session's
+    settings, seed and draw counter: each token equals the single-row sampler's (nq_test_sample) on the same
+    logits with that session's settings and counter."""
+    from nq_testing_lib import load_testing_library
+    from nanoqwen_rt.backends.cuda import CudaBackend
+    from nanoqwen_rt.backends.cuda.abi import NqSampling, check
+    tlib = load_testing_library()
+    be = CudaBackend(files["qwen2-int4g64"], max_context=CTX)
+    try:
+        rng = np.random.default_rng()
+        V = be.config.vocab_rows
+        sessions = [be.session] + [be.new_session(CTX) for _ in range(n - 1)]
+        # settings per session: greedy, plain temperature, top-k, top-p, and their mixes, each with its own seed
+        kinds = [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.8, 5, 1.0), (1.2, 0, 0.9), (1.0, 8, 0.8), (0.6, 0, 1.0)]
+        settings = [NqSampling(*kinds[i % len(kinds)], int(rng.integers(1, 2**31))) for i in range(n)]
+        for sess, sp in zip(sessions, settings):
+            check(be._lib, "nq_session_set_sampling", sess, ctypes.byref(sp), what="sampling settings")
+            _prefill(be, sess, rng.integers(0, V, size=int(rng.integers(1, 20))))
+        toks = rng.integers(0, V, size=n).astype(np.int32)
+        for step in range(4):                       # the counter of every session advances with each draw
+            nxt, lg = be.decode_batch(sessions, toks, want_logits=True)
+            for i, sp in enumerate(settings):
+                out = ctypes.c_int32(-1)
+                logits = np.ascontiguousarray(lg[i], dtype=np.float32)
+                rc = tlib.nq_test_sample(logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), V,
+                                         ctypes.byref(sp), step, ctypes.byref(out))
+                assert rc == 0
+                assert int(nxt[i]) == out.value, f"step {step}, sequence {i} ({sp.temperature}, {sp.top_k}, {sp.top_p})"
+            toks = nxt.astype(np.int32)
+        for s in sessions[1:]:
+            be.free_session(s)
+    finally:
+        be.close()

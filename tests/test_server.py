@@ -18,7 +18,8 @@ import httpx
 import openai
 import pytest
 
-from test_server_model import HANG_GUARD_S, PROMPT, free_port as _free_port, running_server, stop_server
+from test_server_model import (HANG_GUARD_S, PROMPT, TOOL_MAX_TOKENS, TOOL_MSGS, TOOLS, free_port as _free_port,
+                               running_server, stop_server)
 
 MODEL = "test-model"
 KEY = "test-key-123"
@@ -155,6 +156,102 @@ def test_seeded_sampling_equals_engine(client, engine):
                                          extra_body={"ignore_eos": True, "top_k": 0}, **kw).choices[0].text
                for _ in range(2)]
     assert answers == [text, text]
+
+
+# ------------------------------------------------------------------ tool calls on the demo's file
+
+def _ref_tool_call(engine, choice, **kw) -> tuple[dict, str]:
+    """The oracle: Engine.chat on the same file, parsed; (its one call, the raw answer)."""
+    from nanoqwen_rt.tools import parse_tool_calls
+    text = "".join(c.text for c in engine.chat(TOOL_MSGS, TOOLS, choice, max_new_tokens=TOOL_MAX_TOKENS, **kw))
+    parsed = parse_tool_calls(text)
+    assert len(parsed.tool_calls) == 1 and not parsed.errors and parsed.content == "", text   # the grammar's form
+    return parsed.tool_calls[0], text
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}},
+                                    {"type": "function", "function": {"name": "now"}}], ids=["required", "named",
+                                                                                             "named-no-args"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_forced_tool_call_equals_engine(client, engine, choice, temperature):
+    """A forced tool_choice on the demo's file (a tokenizer without <tool_call> tokens and a template without a
+    tools section): one call, its arguments valid against the tool's schema, equal to Engine.chat's, streamed and
+    not."""
+    jsonschema = pytest.importorskip("jsonschema")
+    kw = dict(temperature=temperature, seed=5)
+    want, _ = _ref_tool_call(engine, choice, **kw)
+    r = client.chat.completions.create(model=MODEL, messages=TOOL_MSGS, tools=TOOLS, tool_choice=choice,
+                                       max_tokens=TOOL_MAX_TOKENS, **kw)
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert r.choices[0].message.content is None
+    (call,) = r.choices[0].message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    if isinstance(choice, dict):
+        assert call.function.name == choice["function"]["name"]
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+    assert (call.function.name, call.function.arguments) == (want["function"]["name"],
+                                                             want["function"]["arguments"])
+    # the tools are not in the prompt (the template has no tools section): the grammar carried them
+    rendered = engine.tokenizer.apply_chat_template(TOOL_MSGS, add_generation_prompt=True)
+    if not engine.tokenizer.renders_tools:
+        assert r.usage.prompt_tokens == len(engine.tokenizer.encode(rendered))
+
+    chunks = list(client.chat.completions.create(model=MODEL, messages=TOOL_MSGS, tools=TOOLS, tool_choice=choice,
+                                                 max_tokens=TOOL_MAX_TOKENS, stream=True, **kw))
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert [(d.index, d.function.name, d.function.arguments) for d in deltas] == \
+        [(0, call.function.name, call.function.arguments)]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ""
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+
+def test_cut_tool_call_is_reported_not_a_crash(client, engine):
+    """A forced call that max_tokens cuts is malformed JSON: a 200 whose content is the text as generated,
+    finish_reason "length" and the reason in tool_call_errors, streamed and not; the server goes on serving."""
+    choice = "required"
+    _, full = _ref_tool_call(engine, choice, temperature=0.0)
+    cut = "".join(c.text for c in engine.chat(TOOL_MSGS, TOOLS, choice, max_new_tokens=12, temperature=0.0))
+    assert full.startswith(cut) and len(cut) < len(full)
+    r = client.chat.completions.with_raw_response.create(model=MODEL, messages=TOOL_MSGS, tools=TOOLS,
+                                                         tool_choice=choice, max_tokens=12, temperature=0)
+    body = json.loads(r.text)["choices"][0]
+    assert r.status_code == 200 and body["finish_reason"] == "length"
+    assert body["message"]["content"] == cut and "tool_calls" not in body["message"]
+    assert len(body["tool_call_errors"]) == 1 and "not valid JSON" in body["tool_call_errors"][0]
+    chunks = list(client.chat.completions.create(model=MODEL, messages=TOOL_MSGS, tools=TOOLS, tool_choice=choice,
+                                                 max_tokens=12, temperature=0, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == cut
+    last = chunks[-1].choices[0]
+    assert last.finish_reason == "length" and len(last.model_extra["tool_call_errors"]) == 1
+    assert not any(c.choices[0].delta.tool_calls for c in chunks if c.choices)
+    r = client.chat.completions.create(model=MODEL, messages=TOOL_MSGS, max_tokens=4, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_forced_tool_call_with_a_schema_the_grammar_refuses_is_400(server):
+    bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "no-such-type"}}}]
+    r = _post(server, "/v1/chat/completions", {"model": MODEL, "messages": TOOL_MSGS, "tools": bad,
+                                               "tool_choice": "required"})
+    _assert_error(r, 400, "invalid_value")
+    assert r.json()["error"]["param"] == "tool_choice" and "no-such-type" in r.json()["error"]["message"]
+    assert "\n" not in r.json()["error"]["message"]
+
+
+def test_auto_tools_on_a_template_without_tools_section(server, client, engine):
+    """tool_choice "auto" (also the default with tools) needs the template to show the model the tools; the demo's
+    template cannot, so it is a 400 naming why. "none" is a plain chat."""
+    if engine.tokenizer.renders_tools:
+        pytest.skip("this test model's chat template has a tools section (NANOQWEN_TEST_MODEL)")
+    for extra in ({}, {"tool_choice": "auto"}):
+        r = _post(server, "/v1/chat/completions", {"model": MODEL, "messages": TOOL_MSGS, "tools": TOOLS, **extra})
+        _assert_error(r, 400, "tools_unsupported")
+        assert r.json()["error"]["param"] == "tool_choice" and "tools section" in r.json()["error"]["message"]
+    text, n_tok, finish = _ref(engine, messages=TOOL_MSGS, max_new_tokens=8, temperature=0.0)
+    r = client.chat.completions.create(model=MODEL, messages=TOOL_MSGS, tools=TOOLS, tool_choice="none",
+                                       max_tokens=8, temperature=0)
+    assert (r.choices[0].message.content, r.choices[0].finish_reason) == (text, finish)
+    assert r.choices[0].message.tool_calls is None
 
 
 # ------------------------------------------------------------------ raw HTTP: 4xx

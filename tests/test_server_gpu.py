@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from test_server_model import HANG_GUARD_S, PROMPT, stop_server
+from test_server_model import HANG_GUARD_S, PROMPT, TOOL_MAX_TOKENS, TOOL_MSGS, TOOLS, stop_server
 
 pytestmark = pytest.mark.gpu
 httpx = pytest.importorskip("httpx")
@@ -28,6 +28,18 @@ def reference(model_path):
                                                      stop_token_ids=[]))
 
 
+@pytest.fixture(scope="module")
+def tool_reference(model_path):
+    """The forced tool call (tool_choice "required", greedy) from the in-process CUDA engine: (name, arguments)."""
+    from nanoqwen_rt import Engine
+    from nanoqwen_rt.tools import parse_tool_calls
+    with Engine(model_path, device="cuda") as eng:
+        text = "".join(c.text for c in eng.chat(TOOL_MSGS, TOOLS, "required", max_new_tokens=TOOL_MAX_TOKENS,
+                                                temperature=0.0))
+    (call,) = parse_tool_calls(text).tool_calls
+    return call["function"]["name"], call["function"]["arguments"]
+
+
 def test_cli_run_on_cuda(model_path, reference):
     p = subprocess.run([sys.executable, "-m", "nanoqwen_rt.cli", "run", model_path, "-p", PROMPT, "-n", "32",
                         "--device", "cuda"], capture_output=True, text=True, timeout=HANG_GUARD_S)
@@ -38,7 +50,7 @@ def test_cli_run_on_cuda(model_path, reference):
     assert reference.startswith(p.stdout[:-1]) and p.stdout.endswith("\n")
 
 
-def test_server_on_cuda(model_path, reference, tmp_path):
+def test_server_on_cuda(model_path, reference, tool_reference, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -74,5 +86,14 @@ def test_server_on_cuda(model_path, reference, tmp_path):
         assert "".join(text) == reference
         metrics = httpx.get(base + "/metrics", timeout=30).text
         assert "nanoqwen_time_per_output_token_seconds_count" in metrics
+        # a forced tool call (the grammar's mask applied on the device) equals the in-process CUDA engine's
+        body = {"model": "m", "messages": TOOL_MSGS, "tools": TOOLS, "tool_choice": "required",
+                "max_tokens": TOOL_MAX_TOKENS, "temperature": 0}
+        r = httpx.post(base + "/v1/chat/completions", json=body, timeout=HANG_GUARD_S)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", choice
+        (call,) = choice["message"]["tool_calls"]
+        assert (call["function"]["name"], call["function"]["arguments"]) == tool_reference
     finally:
         stop_server(proc, log)

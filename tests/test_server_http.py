@@ -87,6 +87,14 @@ class FakeEngine:
         self.started = threading.Event()
         self.calls: list[dict] = []
 
+    def render_chat(self, messages, tools=None, tool_choice=None):
+        """Engine.render_chat's shape over the fake template (the rules for tools: tests/test_api_features.py)."""
+        kw = {"tools": tools} if tools and tool_choice != "none" else {}
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kw)
+
+    def tool_choice_grammar(self, tools, tool_choice):
+        return None
+
     def generate(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, stop_token_ids):
         self.calls.append(dict(prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                                top_p=top_p, seed=seed, stop=stop, stop_token_ids=stop_token_ids))

@@ -25,6 +25,22 @@ PROMPT = "def fibonacci(n):"
 #: generation): a hang guard that fails a hung test instead of blocking CI, never a speed requirement
 HANG_GUARD_S = 180.0
 
+#: the tool-call tests' tools (test_server, test_server_gpu): one with bounded arguments, one with none
+#: (tool_choice "required" may pick either)
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                      "parameters": {"type": "object", "properties": {
+                                          "city": {"type": "string", "maxLength": 20},
+                                          "unit": {"enum": ["celsius", "fahrenheit"]}},
+                                          "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "now", "description": "The time",
+                                      "parameters": {"type": "object", "properties": {},
+                                                     "additionalProperties": False}}},
+]
+TOOL_MSGS = [{"role": "user", "content": "What is the weather in Paris?"}]
+#: max_tokens of those tests: the longest forced call of these tools is ~60 tokens in the demo's vocabulary
+TOOL_MAX_TOKENS = 100
+
 _lock = threading.Lock()
 _built: dict[str, str] = {}
 

@@ -209,13 +209,7 @@ __global__ void __launch_bounds__(128 * WGS, 1)
   const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
   int* const tile_sem = sem ? sem + (blockIdx.y * gridDim.x + blockIdx.x) : nullptr;
   if (tile_sem && z > 0) {
-    if (tid == 0) {
-      int v;
-      do {
-        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(tile_sem) : "memory");
-        if (v != z) __nanosleep(64);
-      } while (v != z);
-    }
+    if (tid == 0) nq::split_wait_turn(tile_sem, z);
     __syncthreads();
   }
   const bool first = z == 0, accumulate = add || !first;
@@ -241,7 +235,7 @@ __global__ void __launch_bounds__(128 * WGS, 1)
   if (tile_sem && z + 1 < nz) {
     __threadfence();
     __syncthreads();
-    if (tid == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(tile_sem), "r"(z + 1) : "memory");
+    if (tid == 0) nq::split_hand_over(tile_sem, z + 1);
   }
 }
 
@@ -296,12 +290,19 @@ int launch_library(const nq::GemmGroup& g, int tiles, const __half* A, int lda, 
                               : 1;
   return nq::launch_int4_mma<3, 2>(g, tiles, A, lda, M, ldc, add, allow_split, st);  // gemm.cu's mma.sync build
 }
-// the library's gemm_int4_wgmma builds (gemm_wgmma.cuh; no split-K)
-template <int TN, int WGS, int STAGES>
-int launch_lib_wgmma(const nq::GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add, bool,
-                     cudaStream_t st) {
-  g_last_splits = 1;
-  return nq::launch_int4_wgmma<TN, WGS, STAGES>(g, tiles, A, lda, M, ldc, add, st);
+// the library's gemm_int4_wgmma builds (gemm_wgmma.cuh): the prefill builds (TN >= 128) unsplit, the few-token
+// builds split as gemm.cu splits them (or g_force_splits)
+template <int TN, int WGS, int STAGES, int MINB, int KSUB = 1, bool PAR_SPLIT = (TN < 128)>
+int launch_lib_wgmma(const nq::GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add,
+                     bool allow_split, cudaStream_t st) {
+  int splits = 1;
+  if (TN < 128 && allow_split)
+    splits = nq::choose_splits((long long)((M + TN - 1) / TN) * tiles, g.s[0].W.K / KB, MINB, nq::kSmallMaxSplits,
+                               nq::kSmallMinStages, /*fill_rounds=*/true);
+  if (g_force_splits > 0) splits = std::min(g_force_splits, g.s[0].W.K / KB);
+  g_last_splits = splits;
+  return nq::launch_int4_wgmma<TN, WGS, STAGES, MINB, KSUB, PAR_SPLIT>(g, tiles, A, lda, M, ldc, add, splits,
+                                                                               st);
 }
 // the product path: nq::gemm_multi (gemm.cu), which picks the kernel and the block shape itself
 int launch_product(const nq::GemmGroup& g, int, const __half* A, int lda, int M, int ldc, bool add, bool,
@@ -320,9 +321,18 @@ const Kernel kKernels[] = {
     {"n128w2", 128, 128, launch_wgmma<128, 2, 1, 4>},
     {"n256w2", 128, 256, launch_wgmma<256, 2, 1, 4>},
     {"n128w2m2", 256, 128, launch_wgmma<128, 2, 2, 4>},
-    {"tma_n128w2", 128, 128, launch_lib_wgmma<128, 2, 5>},
-    {"tma_n256w2", 128, 256, launch_lib_wgmma<256, 2, 4>},
-    {"tma_n128w3", 192, 128, launch_lib_wgmma<128, 3, 5>},
+    {"tma_n128w2", 128, 128, launch_lib_wgmma<128, 2, 5, 1>},
+    {"tma_n256w2", 128, 256, launch_lib_wgmma<256, 2, 4, 1>},
+    {"tma_n128w3", 192, 128, launch_lib_wgmma<128, 3, 5, 1>},
+    // few-token builds (batched decode): s<stages>, k<64-k sub-tiles per stage>; split-K reduced in parallel unless
+    // _ser (serial, the prefill builds' way)
+    {"tma_n16w3s8", 192, 16, launch_lib_wgmma<16, 3, 8, 1>},
+    {"tma_n32w3s8", 192, 32, launch_lib_wgmma<32, 3, 8, 1>},
+    {"tma_n32w3s8_ser", 192, 32, launch_lib_wgmma<32, 3, 8, 1, 1, false>},
+    {"tma_n16w3s4k4", 192, 16, launch_lib_wgmma<16, 3, 4, 1, 4>},
+    {"tma_n32w3s6k2", 192, 32, launch_lib_wgmma<32, 3, 6, 1, 2>},
+    {"tma_n32w3s4k4", 192, 32, launch_lib_wgmma<32, 3, 4, 1, 4>},
+    {"tma_n64w3s6k2", 192, 64, launch_lib_wgmma<64, 3, 6, 1, 2>},
     {"library", nq::MM_BN, nq::MM_BM, launch_library},
     {"product", 128, 0, launch_product},
 };
@@ -557,6 +567,31 @@ void case_time(const std::vector<TimeEntry>& ks, const std::vector<int>& Ms) {
   }
 }
 
+// the f16 lm_head (151936 x 3584, 1.09 GB) through the product gemm at the few-token M of a batched decode step
+void time_lm_head(const std::vector<int>& Ms) {
+  const int N = 151936, K = 3584;
+  unsigned char* dW = nullptr;
+  DEV_CHECK(cudaMalloc(&dW, (size_t)N * K * 2));
+  DEV_CHECK(cudaMemset(dW, 0x2c, (size_t)N * K * 2));  // f16 0x2c2c ~ 0.065: finite, timing only
+  for (int M : Ms) {
+    __half* dA = nullptr;
+    float* dC = nullptr;
+    DEV_CHECK(cudaMalloc(&dA, (size_t)M * K * 2));
+    DEV_CHECK(cudaMemset(dA, 0x2c, (size_t)M * K * 2));
+    DEV_CHECK(cudaMalloc(&dC, (size_t)M * N * 4));
+    nq::LinW L;
+    L.w = dW;
+    L.scales = nullptr;
+    L.N = N; L.K = K; L.group = 0; L.type = nq::WT_F16;
+    auto go = [&](int) { dev::must(nq::gemm(L, dA, K, M, dC, N, nullptr, false, 0)); };
+    const double us = dev::median_us(go, 5);
+    std::printf("  f16 lm_head M=%3d: %8.1f us (%.2f TB/s of weights)\n", M, us, (double)N * K * 2 / (us * 1e-6) / 1e12);
+    cudaFree(dA);
+    cudaFree(dC);
+  }
+  cudaFree(dW);
+}
+
 }  // namespace wg
 
 int main(int argc, char** argv) {
@@ -564,7 +599,8 @@ int main(int argc, char** argv) {
   if (c.empty()) {
     std::printf("usage: gemm_int4_wgmma --case CASE\n  smoke:K   small shapes, tails, groups, bias/add, split-K\n"
                 "  shapes:K  the 7B shapes at M in {7, 64, 512, 513, 2048}\n  time:K1,K2,...  7B shapes at M 512 "
-                "and 2048\n  timesmall:K1,...  the same at M in {1, 8, 32, 64, 128, 256}\n  splits:K  split-K sweep at M "
+                "and 2048\n  timesmall:K1,...  the same at M in {1, 8, 32, 64, 128, 256}\n  timebatch:K1,...  the same at M in {5, 8, 16, "
+                "32, 64} (batched decode), then the f16 lm_head there\n  splits:K  split-K sweep at M "
                 "= 512\n kernels K:");
     for (const wg::Kernel& k : wg::kKernels) std::printf(" %s", k.name);
     std::printf("\n");
@@ -583,7 +619,7 @@ int main(int argc, char** argv) {
     wg::case_time(es, {512});
     return 0;
   }
-  if (what == "time" || what == "timesmall") {
+  if (what == "time" || what == "timesmall" || what == "timebatch") {
     std::vector<wg::TimeEntry> ks;
     size_t p = 0;
     while (p <= arg.size()) {
@@ -596,6 +632,7 @@ int main(int argc, char** argv) {
       p = q + 1;
     }
     if (what == "time") wg::case_time(ks, {512, 2048});
+    else if (what == "timebatch") wg::case_time(ks, {5, 8, 16, 32, 64}), wg::time_lm_head({5, 8, 16, 32, 64});
     else wg::case_time(ks, {1, 8, 32, 64, 128, 256});
     return 0;
   }

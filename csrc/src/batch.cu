@@ -1,7 +1,7 @@
 // Batched decode step (batch.h). Per step: embed the n tokens; per layer RMSNorm -> q/k/v GEMM -> attention (rope,
 // cache write and split-K attention of each token in its own session's cache) -> o GEMM (+= residual) -> RMSNorm
-// -> gate/up GEMM -> SwiGLU -> down GEMM (+= residual); then the final RMSNorm, the lm_head GEMM, one device sample
-// per sequence with its session's settings, and every session's position + 1. For n <= kGemvRowsMax the linear
+// -> gate/up GEMM -> SwiGLU -> down GEMM (+= residual); then the final RMSNorm, the lm_head GEMM, one device draw
+// per sequence with its session's settings (one launch), and every session's position + 1. For n <= kGemvRowsMax the linear
 // layers run the decode GEMVs per token row instead of the GEMMs (same order of operations, fused the decode way).
 #include "batch.h"
 #include <algorithm>
@@ -15,7 +15,7 @@ constexpr int kGemvRowsMax = 4;
 
 Batch::~Batch() {
   if (st) cudaStreamSynchronize(st);
-  void* dev[] = {d_tokens, d_pos, d_kv, d_pt, d_pos_of, d_next, X, Xn, QKV, ATT, G, U, HM, logits, part_o, part_ml,
+  void* dev[] = {d_tokens, d_pos, d_kv, d_pt, d_pos_of, d_next, d_samp, X, Xn, QKV, ATT, G, U, HM, logits, part_o, part_ml,
                  counters};
   for (void* p : dev)
     if (p) cudaFree(p);
@@ -39,6 +39,7 @@ int batch_create(Model* m, int max_batch, Batch** out) {
   if ((rc = dalloc(&b->d_tokens, B, "batch tokens")) || (rc = dalloc(&b->d_pos, B, "batch positions")) ||
       (rc = dalloc(&b->d_kv, (size_t)c.n_layers * B, "batch caches")) || (rc = dalloc(&b->d_pt, B, "batch page tables")) ||
       (rc = dalloc(&b->d_pos_of, B, "batch position pointers")) || (rc = dalloc(&b->d_next, B, "batch samples")) ||
+      (rc = dalloc(&b->d_samp, B, "batch sampler arguments")) ||
       (rc = dalloc(&b->X, B * H, "batch X")) || (rc = dalloc(&b->Xn, B * H, "batch Xn")) ||
       (rc = dalloc(&b->QKV, B * Nqkv, "batch QKV")) || (rc = dalloc(&b->ATT, B * Nq, "batch ATT")) ||
       (rc = dalloc(&b->G, B * I, "batch G")) || (rc = dalloc(&b->U, B * I, "batch U")) ||
@@ -66,14 +67,21 @@ int bind(Batch* b, Session* const* ss, int n) {
   std::vector<KvLayer> kv((size_t)L * b->max_batch);
   std::vector<const int*> pt(n);
   std::vector<int*> pos_of(n);
+  std::vector<SampleArgs> samp(n);
+  const int V = b->m->cfg.vocab_rows;
   for (int i = 0; i < n; i++) {
     for (int l = 0; l < L; l++) kv[(size_t)l * b->max_batch + i] = ss[i]->kv[l];
     pt[i] = ss[i]->d_page_table;
     pos_of[i] = ss[i]->d_pos;
+    SampleArgs& sa = samp[i];
+    sa.logits = b->logits + (size_t)i * V; sa.V = V;
+    sa.params = ss[i]->d_samp; sa.counter = ss[i]->d_counter;
+    sa.token_out = b->d_next + i; sa.host_ring = nullptr; sa.ring_size = 0;
   }
   NQ_CUDA(cudaMemcpyAsync(b->d_kv, kv.data(), kv.size() * sizeof(KvLayer), cudaMemcpyHostToDevice, b->st));
   NQ_CUDA(cudaMemcpyAsync(b->d_pt, pt.data(), n * sizeof(const int*), cudaMemcpyHostToDevice, b->st));
   NQ_CUDA(cudaMemcpyAsync(b->d_pos_of, pos_of.data(), n * sizeof(int*), cudaMemcpyHostToDevice, b->st));
+  NQ_CUDA(cudaMemcpyAsync(b->d_samp, samp.data(), n * sizeof(SampleArgs), cudaMemcpyHostToDevice, b->st));
   NQ_CUDA(cudaStreamSynchronize(b->st));   // the host vectors go out of scope
   b->bound.resize(n);
   for (int i = 0; i < n; i++) b->bound[i] = ss[i]->serial;
@@ -167,13 +175,7 @@ int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int
       NQ_TRY(rmsnorm_rows(b->X, m.final_norm, n, H, eps, b->Xn, st));
       NQ_TRY(gemm(m.lm_head, b->Xn, H, n, b->logits, V, nullptr, false, st));
     }
-    for (int i = 0; i < n; i++) {
-      SampleArgs sa;
-      sa.logits = b->logits + (size_t)i * V; sa.V = V;
-      sa.params = ss[i]->d_samp; sa.counter = ss[i]->d_counter;
-      sa.token_out = b->d_next + i; sa.host_ring = nullptr; sa.ring_size = 0;
-      NQ_TRY(sample(sa, st));
-    }
+    NQ_TRY(sample_rows(b->d_samp, n, st));   // one block per sequence, its session's settings (bound above)
     NQ_TRY(advance_positions(b->d_pos_of, b->d_pos, n, st));
     NQ_CUDA(cudaMemcpyAsync(b->h_io, b->d_next, n * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
     if (logits_host)

@@ -18,8 +18,10 @@ struct Batch {
   const int** d_pt = nullptr;      // [max_batch] each sequence's page table
   int** d_pos_of = nullptr;        // [max_batch] each session's device position (advanced after the step)
   int32_t* d_next = nullptr;       // [max_batch] sampled tokens
+  SampleArgs* d_samp = nullptr;    // [max_batch] each sequence's sampler arguments (its logits row, its session's
+                                   // settings and counter, its d_next slot)
   int32_t* h_io = nullptr;         // pinned [2 * max_batch]: tokens and positions in, sampled tokens out
-  std::vector<uint64_t> bound;     // serials of the sessions d_kv, d_pt and d_pos_of describe, in order
+  std::vector<uint64_t> bound;     // serials of the sessions d_kv, d_pt, d_pos_of and d_samp describe, in order
   // activations, [max_batch] rows
   float* X = nullptr;              // [H] residual stream
   __half* Xn = nullptr;            // [H] normed

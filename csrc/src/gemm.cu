@@ -15,9 +15,17 @@ constexpr int kMmaStages = 3, kMmaBlocksPerSm = 2;
 // When gemm_int4_wgmma runs: from one full 128-token block on, and only if its grid has at least half as many blocks
 // as the GPU has SMs (it does not split K; gemm_int4_mma splits K over idle SMs). At M = 512 every 7B projection
 // has >= 96 blocks (measured: 1.8x faster per layer); at M = 128 the 7B q/k/v, o and down grids (19-36 blocks) stay
-// on gemm_int4_mma. Below 128 tokens (batched decode, short prompts) gemm_int4_mma runs as before: the wgmma kernel
-// is correct there (M = 7 and 64 validated) but was not timed against it.
+// on gemm_int4_mma. Below 128 tokens (batched decode, short prompts) the few-token builds below run instead.
 constexpr int kWgmmaMinM = 128;
+
+// Few-token builds of gemm_int4_wgmma (M < kWgmmaMinM: the batched decode step, short prompts): the token tile is M
+// rounded up to 16, 32 or 64 (two 64-token tiles above 64), 64 kSmallWgs W rows per block, stages of kSmallSub 64-k
+// sub-tiles (kSmallStages in flight; at 64 tokens 6 stages of 2, whose fragments fit the registers), and split-K filling
+// kSmallBlocksPerSm blocks per SM. At these M the work is the weight stream (the FLOPs are ~M/2 per weight byte).
+constexpr int kSmallWgs = 3, kSmallSub = 4, kSmallStages = 4, kSmallBlocksPerSm = 1;
+// split-K bounds of the few-token builds: at least kSmallMinStages 64-k stages per split (the pipeline fill is ~8),
+// at most kSmallMaxSplits splits (each adds one read-modify-write of the C tile, small at these M)
+constexpr int kSmallMinStages = 8, kSmallMaxSplits = 16;
 
 // gemm_int4_wgmma's builds and their throughput per SM in full waves (TFLOP/s, 7B gate+up at M = 512 on the H200,
 // csrc/dev/gemm_int4_wgmma.cu, bench/NOTES.md: 529 in 5 rounds of 4.48 waves, 516 in 6 full rounds, 452 in 9 rounds of
@@ -61,7 +69,7 @@ bool wgmma_available(int* sms) {
     const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                     major == 9 &&
                     cudaDeviceGetAttribute(&nsm[dev], cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-                    cudaFuncGetAttributes(&fa, gemm_int4_wgmma<256, 2, 4>) == cudaSuccess && fa.binaryVersion >= 90 &&
+                    cudaFuncGetAttributes(&fa, gemm_int4_wgmma<256, 2, 4, 1, 1>) == cudaSuccess && fa.binaryVersion >= 90 &&
                     fa.ptxVersion >= 90 &&  // not an sm_80 build JIT-compiled for this GPU (its kernel is empty)
                     wg_encode_fn() != nullptr;
     if (!ok) (void)cudaGetLastError();
@@ -117,9 +125,28 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
         if (i == 1) g.tiles1 = t;
         wt += t;
       }
-      if (c == 0) return launch_int4_wgmma<256, 2, 4>(g, wt, A, lda, M, ldc, add, st);
-      if (c == 1) return launch_int4_wgmma<128, 2, 5>(g, wt, A, lda, M, ldc, add, st);
-      return launch_int4_wgmma<128, 3, 5>(g, wt, A, lda, M, ldc, add, st);
+      if (c == 0) return launch_int4_wgmma<256, 2, 4, 1, 1>(g, wt, A, lda, M, ldc, add, 1, st);
+      if (c == 1) return launch_int4_wgmma<128, 2, 5, 1, 1>(g, wt, A, lda, M, ldc, add, 1, st);
+      return launch_int4_wgmma<128, 3, 5, 1, 1>(g, wt, A, lda, M, ldc, add, 1, st);
+    }
+    if (M < kWgmmaMinM && tma_ok && wgmma_available(&sms)) {  // few tokens: the weight stream, split over the SMs
+      int wt = 0;
+      for (int i = 0; i < n; i++) {
+        const int t = (W[i].N + 64 * kSmallWgs - 1) / (64 * kSmallWgs);
+        if (i == 0) g.tiles0 = t;
+        if (i == 1) g.tiles1 = t;
+        wt += t;
+      }
+      const int tn = M <= 16 ? 16 : M <= 32 ? 32 : 64;
+      const int splits = choose_splits((long long)((M + tn - 1) / tn) * wt, W[0].K / WG_KB, kSmallBlocksPerSm,
+                                       kSmallMaxSplits, kSmallMinStages, /*fill_rounds=*/true);
+      if (tn == 16)
+        return launch_int4_wgmma<16, kSmallWgs, kSmallStages, kSmallBlocksPerSm, kSmallSub>(g, wt, A, lda, M, ldc, add,
+                                                                                            splits, st);
+      if (tn == 32)
+        return launch_int4_wgmma<32, kSmallWgs, kSmallStages, kSmallBlocksPerSm, kSmallSub>(g, wt, A, lda, M, ldc, add,
+                                                                                            splits, st);
+      return launch_int4_wgmma<64, kSmallWgs, 6, kSmallBlocksPerSm, 2>(g, wt, A, lda, M, ldc, add, splits, st);
     }
     return launch_int4_mma<kMmaStages, kMmaBlocksPerSm>(g, tiles, A, lda, M, ldc, add, /*allow_split=*/true, st);
   }

@@ -223,6 +223,20 @@ __device__ __forceinline__ uint32_t dq_pair(uint32_t w, int s, __half2 s2) {
   return h2_as_u32(__hmul2(__hsub2(u32_as_h2(h), k1032), s2));
 }
 
+// Serial split-K (here and in gemm_int4_wgmma): split z of a tile adds its partial into C after split z - 1 did.
+// Thread 0 of split z's block waits for its turn (the tile's semaphore reaching z) ...
+__device__ __forceinline__ void split_wait_turn(const int* tile_sem, int z) {
+  int v;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(tile_sem) : "memory");
+    if (v != z) __nanosleep(64);
+  } while (v != z);
+}
+// ... and, once the block's stores are fenced, hands the tile to split `next`.
+__device__ __forceinline__ void split_hand_over(int* tile_sem, int next) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(tile_sem), "r"(next) : "memory");
+}
+
 template <int STAGES, int MINB>
 __global__ void __launch_bounds__(MM_THREADS, MINB) gemm_int4_mma(const GemmGroup g, const __half* A, int lda, int M,
                                                                int ldc, int add, int* sem) {
@@ -353,13 +367,7 @@ __global__ void __launch_bounds__(MM_THREADS, MINB) gemm_int4_mma(const GemmGrou
   const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
   int* const tile_sem = sem ? sem + (blockIdx.y * gridDim.x + blockIdx.x) : nullptr;
   if (tile_sem && z > 0) {  // wait for split z - 1 of this tile (dispatched before this block: lower linear index)
-    if (tid == 0) {
-      int v;
-      do {
-        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(tile_sem) : "memory");
-        if (v != z) __nanosleep(64);
-      } while (v != z);
-    }
+    if (tid == 0) split_wait_turn(tile_sem, z);
     __syncthreads();
   }
   const bool first = z == 0, accumulate = add || !first;  // splits after the first add to what C holds
@@ -385,24 +393,26 @@ __global__ void __launch_bounds__(MM_THREADS, MINB) gemm_int4_mma(const GemmGrou
   if (tile_sem && z + 1 < nz) {  // hand the tile to split z + 1
     __threadfence();
     __syncthreads();
-    if (tid == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(tile_sem), "r"(z + 1) : "memory");
+    if (tid == 0) split_hand_over(tile_sem, z + 1);
   }
 }
 
 // Serial split-K for grids that leave SMs idle (7B down/o/q at M = 512: 112 blocks on 132 SMs): the split count
-// minimising (rounds of resident blocks) x (k tiles per split), each split keeping >= 16 k tiles (the pipeline
-// prologue and the serial epilogue stay small against it). 1 = no split.
-int choose_splits(int blocks, int ktiles, int blocks_per_sm) {
+// minimising (rounds of resident blocks) x (k tiles per split), at most max_splits splits of at least min_ktiles k
+// tiles each (the pipeline prologue and the serial epilogue stay small against it). 1 = no split. Grids of one
+// round or more are left unsplit unless fill_rounds (then a split may also fill a partial last round).
+int choose_splits(long long blocks, int ktiles, int blocks_per_sm, int max_splits = 8, int min_ktiles = 16,
+                  bool fill_rounds = false) {
   static int sms[16] = {0};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return 1;
   if (!sms[dev] && cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 1;
-  const int slots = sms[dev] * blocks_per_sm;
-  if (blocks >= slots) return 1;
+  const long long slots = (long long)sms[dev] * blocks_per_sm;
+  if (blocks >= slots && !fill_rounds) return 1;
   int best = 1;
-  long long best_cost = (long long)ktiles;  // one round
-  for (int s = 2; s <= 8 && ktiles / s >= 16; s++) {
-    const long long cost = (long long)((blocks * s + slots - 1) / slots) * ((ktiles + s - 1) / s);
+  long long best_cost = (blocks + slots - 1) / slots * ktiles;
+  for (int s = 2; s <= max_splits && ktiles / s >= min_ktiles; s++) {
+    const long long cost = (blocks * s + slots - 1) / slots * ((ktiles + s - 1) / s);
     if (cost < best_cost) best = s, best_cost = cost;
   }
   return best;

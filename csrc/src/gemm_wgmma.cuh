@@ -30,9 +30,15 @@
 //   wgmma.wait_group 0 before the next dequantisation. Dequantising the next stage during the wgmmas let ptxas give
 //   the new values the in-flight HGMMAs' registers (NaN results, bench/NOTES.md); csrc/dev/check_wgmma_sass.py
 //   checks the rule on the SASS.
+// * Split-K. The prefill builds do not split: every split count > 1 was slower on the 7B shapes (bench/NOTES.md), and
+//   small grids take a narrower block instead. The few-token builds (batched decode, TN 16-64: the weight stream)
+//   split K so that their grids fill the GPU (gemm.cu's choice), and reduce in parallel: every split stores its
+//   partial, the tile's last split sums them in split order (deterministic). gemm_int4_mma's serial order (split z
+//   adds into C after split z - 1) costs a global round trip per split, which at these sizes is most of a launch.
+// * Stages of KSUB 64-k sub-tiles (each an activation atom and a raw W box, as above): the prefill builds take 1,
+//   the few-token builds 4, whose per-stage work (mbarrier wait and arrive, wgmma fence/commit/wait, loop and scale
+//   addressing: ~90 of the ~160 instructions of a 1-sub-tile stage in their SASS) is then paid once per 256 k.
 // * Scales: __ldg into registers one stage ahead (groups are powers of two: the index is a shift), per 32-k half.
-// * No split-K: every split count > 1 was slower on the 7B shapes (bench/NOTES.md); small grids take a narrower
-//   block instead (gemm.cu's choice).
 // * Tensor maps are encoded on the host per launch (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion:
 //   no -lcuda) and passed as __grid_constant__ parameters, so a captured launch replays with the pointers it had.
 #pragma once
@@ -54,20 +60,31 @@ namespace {
 
 constexpr int WG_KB = 64;  // k per stage: one 128-byte (swizzle-atom) row of f16 per token
 
-template <int TN, int WGS, int STAGES>
+template <int TN, int WGS, int STAGES, int MINB, int KSUB>
 struct WgCfg {
   static constexpr int kConsumers = 128 * WGS;
   static constexpr int kThreads = kConsumers + 128;  // + the producer warpgroup
   static constexpr int kRows = 64 * WGS;             // W rows per block
-  static constexpr int kActBytes = TN * WG_KB * 2;   // TN token rows x 128 B
-  static constexpr int kWBytes = kRows * WG_KB / 2;  // raw int4 words: 32 B per W row
-  static constexpr int kStageBytes = kActBytes + kWBytes;
+  static constexpr int kActBytes = TN * WG_KB * 2;   // a 64-k sub-tile of the activations: TN token rows x 128 B
+  static constexpr int kWBytes = kRows * WG_KB / 2;  // a 64-k sub-tile of raw int4 words: 32 B per W row
+  static constexpr int kSubBytes = kActBytes + kWBytes;
+  static constexpr int kStageBytes = KSUB * kSubBytes;  // a stage: KSUB sub-tiles, each [activations][W words]
   static constexpr int kSmem = STAGES * kStageBytes + 2 * STAGES * 8 + 1024;  // + mbarriers + 1024-B alignment slack
-  // setmaxnreg split of the 65536 registers: the producer keeps 40, the consumers take the rest
-  static constexpr int kProducerRegs = 40, kConsumerRegs = WGS == 2 ? 232 : 152;
-  static_assert(WGS == 2 || WGS == 3, "2 or 3 consumer warpgroups");
-  static_assert(128 * (kProducerRegs + WGS * kConsumerRegs) <= 65536, "register file");
-  static_assert(kActBytes % 1024 == 0 && kWBytes % 1024 == 0, "stages must stay 1024-byte aligned");
+  // setmaxnreg split of the block's registers (65536 / MINB): the producer keeps 40, the consumers take the rest
+  // (the launch gives every thread kLaunchRegs, rounded down to the allocation unit of 8)
+  static constexpr int kLaunchRegs = (65536 / MINB / kThreads) / 8 * 8 > 255 ? 255 : (65536 / MINB / kThreads) / 8 * 8;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs =
+      MINB == 1 && WGS == 2 ? 232 : MINB == 1 && WGS == 3 ? 152
+                                  : ((kLaunchRegs * kThreads - kProducerRegs * 128) / kConsumers) / 8 * 8;
+  static_assert(WGS >= 2 && WGS <= 4, "2 to 4 consumer warpgroups");
+  static_assert(KSUB == 1 || KSUB == 2 || KSUB == 4, "64-k sub-tiles per stage: 1, 2 or 4");
+  static_assert(MINB == 1 || MINB == 2, "1 or 2 blocks per SM");
+  static_assert(128 * (kProducerRegs + WGS * kConsumerRegs) <= 65536 / MINB, "register file");
+  // accumulators, the A fragments and scales of a stage, the words of a sub-tile, addresses
+  static_assert(kConsumerRegs >= TN / 2 + 20 * KSUB + 48, "consumer registers");
+  static_assert(MINB * kSmem <= 227 * 1024, "shared memory per SM");
+  static_assert(kActBytes % 1024 == 0 && kWBytes % 1024 == 0, "sub-tiles must stay 1024-byte aligned");
   static_assert(TN <= 256 && kRows <= 256, "a TMA box is at most 256 rows");
 };
 
@@ -107,13 +124,13 @@ __device__ __forceinline__ void wg_tma_load_2d(uint32_t dst, const CUtensorMap* 
 __device__ __forceinline__ void wg_reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 #endif
 
-template <int TN, int WGS, int STAGES>
-__global__ void __launch_bounds__(128 * WGS + 128, 1)
+template <int TN, int WGS, int STAGES, int MINB, int KSUB>
+__global__ void __launch_bounds__(128 * WGS + 128, MINB)
     gemm_int4_wgmma(const GemmGroup g, const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmW0,
                     const __grid_constant__ CUtensorMap tmW1, const __grid_constant__ CUtensorMap tmW2, int M, int ldc,
-                    int add) {
+                    int add, int* sem, float* part) {
 #if NQ_WGMMA_DEVICE
-  using C_ = WgCfg<TN, WGS, STAGES>;
+  using C_ = WgCfg<TN, WGS, STAGES, MINB, KSUB>;
   extern __shared__ __align__(128) unsigned char wsm_raw[];
   const uint32_t raw_u32 = smem_u32(wsm_raw);
   const uint32_t sbase = (raw_u32 + 1023u) & ~1023u;
@@ -127,7 +144,15 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   const int n0 = (by - (seg == 2 ? g.tiles0 + g.tiles1 : seg == 1 ? g.tiles0 : 0)) * C_::kRows;
   const int m0 = blockIdx.x * TN;
   const int tid = threadIdx.x;
-  const int KT = W.K / WG_KB;
+  // split-K (gridDim.z splits; sem != null): split z owns the 64-k sub-tiles [kt0, kt0 + KT), in NS stages of KSUB
+  // (the last one possibly shorter)
+  // The prefill builds (TN >= 128) never split (gemm.cu), so their k range is constant-folded to the whole of K: the
+  // split offsets in their loop's scale addressing cost ~14 % of their speed (SASS: 164 vs 144 instructions a stage).
+  constexpr bool kSplits = TN < 128;
+  const int KTall = W.K / WG_KB, z = kSplits ? blockIdx.z : 0, nz = kSplits ? gridDim.z : 1;
+  const int kt0 = kSplits ? (int)((long long)KTall * z / nz) : 0;
+  const int KT = kSplits ? (int)((long long)KTall * (z + 1) / nz) - kt0 : KTall;
+  const int NS = (KT + KSUB - 1) / KSUB;
 
   if (tid == 0) {
 #pragma unroll
@@ -144,13 +169,16 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
     if (tid == C_::kConsumers) {
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmA)) : "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmW)) : "memory");
-      for (int kt = 0; kt < KT; kt++) {
-        const int s = kt % STAGES;
-        if (kt >= STAGES) wg_mbar_wait(empty0 + 8 * s, ((kt / STAGES) - 1) & 1);
+      for (int ks = 0; ks < NS; ks++) {
+        const int s = ks % STAGES, nsub = KSUB == 1 ? 1 : min(KSUB, KT - ks * KSUB);
+        if (ks >= STAGES) wg_mbar_wait(empty0 + 8 * s, ((ks / STAGES) - 1) & 1);
         const uint32_t buf = sbase + s * C_::kStageBytes, full = full0 + 8 * s;
-        wg_mbar_expect_tx(full, C_::kStageBytes);
-        wg_tma_load_2d(buf, &tmA, kt * WG_KB, m0, full);
-        wg_tma_load_2d(buf + C_::kActBytes, tmW, kt * WG_KB / 2, n0, full);
+        wg_mbar_expect_tx(full, nsub * C_::kSubBytes);
+        for (int q = 0; q < nsub; q++) {
+          const int kt = kt0 + ks * KSUB + q;
+          wg_tma_load_2d(buf + q * C_::kSubBytes, &tmA, kt * WG_KB, m0, full);
+          wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, tmW, kt * WG_KB / 2, n0, full);
+        }
       }
     }
     return;
@@ -165,26 +193,36 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   // scale rows of r0 and r0 + 8; rows beyond N read row 0's (their outputs are never stored)
   const __half* srow0 = W.scales + (size_t)(n0 + r0 < W.N ? n0 + r0 : 0) * groups;
   const __half* srow1 = W.scales + (size_t)(n0 + r0 + 8 < W.N ? n0 + r0 + 8 : 0) * groups;
-  auto load_scales = [&](int k0, uint32_t (&s)[2][2]) {  // (s, s) pairs [row r0 / r0+8][32-k half]
+  // The scales' raw bits [row r0 / r0+8][32-k half], loaded a stage ahead and paired (s, s) only where the next
+  // stage dequantises: pairing them here made the thread wait for the loads before it issued this stage's wgmmas
+  // (SASS: the PRMTs right after the LDGs, ahead of WARPGROUP.ARRIVE), a global-memory latency in every stage.
+  auto load_scales = [&](int k0, uint32_t (&s)[2][2]) {
 #pragma unroll
     for (int q = 0; q < 2; q++) {
-      const unsigned short b0 = __half_as_ushort(__ldg(srow0 + ((k0 + 32 * q) >> gshift)));
-      const unsigned short b1 = __half_as_ushort(__ldg(srow1 + ((k0 + 32 * q) >> gshift)));
-      s[0][q] = (uint32_t)b0 | ((uint32_t)b0 << 16);
-      s[1][q] = (uint32_t)b1 | ((uint32_t)b1 << 16);
+      s[0][q] = __half_as_ushort(__ldg(srow0 + ((k0 + 32 * q) >> gshift)));
+      s[1][q] = __half_as_ushort(__ldg(srow1 + ((k0 + 32 * q) >> gshift)));
     }
   };
+  auto pair = [](uint32_t b) { return u32_as_h2(b | (b << 16)); };
 
   float acc[TN / 2];
 #pragma unroll
   for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;
-  uint32_t fa[4][4], sc[2][2];
-  load_scales(0, sc);
-  for (int kt = 0; kt < KT; kt++) {
-    const int s = kt % STAGES;
-    wg_mbar_wait(full0 + 8 * s, (kt / STAGES) & 1);
-    {  // dequantise rows r0 and r0 + 8 of this stage into the A fragments of the 4 16-k steps
-      const unsigned char* wp = wsm + s * C_::kStageBytes + C_::kActBytes;
+  // a stage's A fragments (KSUB sub-tiles x 4 16-k steps) and scales; the scales of the next stage are loaded while
+  // this one's wgmmas run
+  uint32_t fa[KSUB][4][4], sc[KSUB][2][2];
+#pragma unroll
+  for (int q = 0; q < KSUB; q++)
+    if (q < KT) load_scales((kt0 + q) * WG_KB, sc[q]);
+  for (int ks = 0; ks < NS; ks++) {
+    // (constant for one sub-tile per stage, so the prefill builds' loop has no sub-tile branches)
+    const int s = ks % STAGES, nsub = KSUB == 1 ? 1 : min(KSUB, KT - ks * KSUB);
+    wg_mbar_wait(full0 + 8 * s, (ks / STAGES) & 1);
+#pragma unroll
+    for (int q = 0; q < KSUB; q++) {
+      if (q >= nsub) break;
+      // dequantise rows r0 and r0 + 8 of sub-tile q into the A fragments of its 4 16-k steps
+      const unsigned char* wp = wsm + s * C_::kStageBytes + q * C_::kSubBytes + C_::kActBytes;
       const uint4 x0 = *reinterpret_cast<const uint4*>(wp + r0 * 32);
       const uint4 y0 = *reinterpret_cast<const uint4*>(wp + r0 * 32 + 16);
       const uint4 x1 = *reinterpret_cast<const uint4*>(wp + (r0 + 8) * 32);
@@ -193,17 +231,24 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
       const uint32_t w1[8] = {x1.x, x1.y, x1.z, x1.w, y1.x, y1.y, y1.z, y1.w};
 #pragma unroll
       for (int t = 0; t < 4; t++) {
-        fa[t][0] = dq_pair(w0[2 * t] >> sh, 0, u32_as_h2(sc[0][t >> 1]));
-        fa[t][1] = dq_pair(w1[2 * t] >> sh, 0, u32_as_h2(sc[1][t >> 1]));
-        fa[t][2] = dq_pair(w0[2 * t + 1] >> sh, 0, u32_as_h2(sc[0][t >> 1]));
-        fa[t][3] = dq_pair(w1[2 * t + 1] >> sh, 0, u32_as_h2(sc[1][t >> 1]));
+        fa[q][t][0] = dq_pair(w0[2 * t] >> sh, 0, pair(sc[q][0][t >> 1]));
+        fa[q][t][1] = dq_pair(w1[2 * t] >> sh, 0, pair(sc[q][1][t >> 1]));
+        fa[q][t][2] = dq_pair(w0[2 * t + 1] >> sh, 0, pair(sc[q][0][t >> 1]));
+        fa[q][t][3] = dq_pair(w1[2 * t + 1] >> sh, 0, pair(sc[q][1][t >> 1]));
       }
     }
-    if (kt + 1 < KT) load_scales((kt + 1) * WG_KB, sc);
-    const uint32_t act = sbase + s * C_::kStageBytes;
+    const int nnext = KSUB == 1 ? (ks + 1 < KT ? 1 : 0) : min(KSUB, KT - (ks + 1) * KSUB);
+#pragma unroll
+    for (int q = 0; q < KSUB; q++)
+      if (q < nnext) load_scales((kt0 + (ks + 1) * KSUB + q) * WG_KB, sc[q]);
+    const uint32_t stage = sbase + s * C_::kStageBytes;
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-    for (int t = 0; t < 4; t++) wgmma::mma_rs<TN>(acc, fa[t], wg_desc_sw128(act + 32 * t));
+    for (int q = 0; q < KSUB; q++) {
+      if (q >= nsub) break;
+#pragma unroll
+      for (int t = 0; t < 4; t++) wgmma::mma_rs<TN>(acc, fa[q][t], wg_desc_sw128(stage + q * C_::kSubBytes + 32 * t));
+    }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");  // the register-A rule; stage s is free
 #pragma unroll
@@ -215,11 +260,47 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   // epilogue: acc[4j + 2h + e] = (block row r0 + 8h, token 8j + 2tig + e)
   float* const C = seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C;
   const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
+  int* const tile_sem = sem ? sem + (blockIdx.y * gridDim.x + blockIdx.x) : nullptr;
+  bool first = z == 0;
+  if (part && nz > 1) {
+    // parallel split-K: every split stores its partial (thread-major, TN/2 floats per thread); the tile's last split to
+    // finish (tile counter in sem) sums all of them in split order, so the result does not depend on which one that is
+    const size_t ntile = (size_t)gridDim.x * gridDim.y, tl = (size_t)blockIdx.y * gridDim.x + blockIdx.x;
+    auto slot = [&](int zz) {
+      return reinterpret_cast<float4*>(part + (((size_t)zz * ntile + tl) * C_::kConsumers + tid) * (TN / 2));
+    };
+    float4* const mine = slot(z);
+#pragma unroll
+    for (int i = 0; i < TN / 8; i++)
+      __stcg(mine + i, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+    __threadfence();
+    asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
+    __shared__ int s_last;
+    if (tid == 0) s_last = atomicAdd(tile_sem, 1) == nz - 1;
+    asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
+    if (!s_last) return;
+    __threadfence();
+#pragma unroll
+    for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;
+    for (int zz = 0; zz < nz; zz++) {
+      const float4* const p = slot(zz);
+#pragma unroll
+      for (int i = 0; i < TN / 8; i++) {
+        const float4 v = __ldcg(p + i);
+        acc[4 * i] += v.x, acc[4 * i + 1] += v.y, acc[4 * i + 2] += v.z, acc[4 * i + 3] += v.w;
+      }
+    }
+    first = true;
+  } else if (tile_sem && z > 0) {  // serial: wait for split z - 1 of this tile (dispatched before: lower linear index)
+    if (tid == 0) split_wait_turn(tile_sem, z);
+    asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");  // the consumers only (the producer left)
+  }
+  const bool accumulate = add || !first;  // serial splits after the first add to what C holds
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const int n = n0 + r0 + 8 * h;
     if (n >= W.N) continue;
-    const float bn = bias ? bias[n] : 0.f;
+    const float bn = (bias && first) ? bias[n] : 0.f;
 #pragma unroll
     for (int j = 0; j < TN / 8; j++)
 #pragma unroll
@@ -228,9 +309,14 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
         if (m >= M) continue;
         float* dst = C + (size_t)m * ldc + n;
         float v = acc[4 * j + 2 * h + e] + bn;
-        if (add) v += *dst;
-        *dst = v;
+        if (accumulate) v += __ldcg(dst);  // L2: an earlier split's block on another SM wrote it
+        __stcg(dst, v);
       }
+  }
+  if (tile_sem && !part && z + 1 < nz) {  // serial: hand the tile to split z + 1
+    __threadfence();
+    asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
+    if (tid == 0) split_hand_over(tile_sem, z + 1);
   }
 #endif
 }
@@ -265,12 +351,13 @@ inline bool wg_encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void*
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// One launch of gemm_int4_wgmma<TN, WGS, STAGES>; `tiles` = W-row tiles of 64 WGS rows over all segments.
-template <int TN, int WGS, int STAGES>
-int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add,
+// One launch of gemm_int4_wgmma<TN, WGS, STAGES, MINB, KSUB>; `tiles` = W-row tiles of 64 WGS rows over all
+// segments, `splits` = split-K count (1: none), reduced in parallel by each tile's last split (PAR_SPLIT) or serially.
+template <int TN, int WGS, int STAGES, int MINB, int KSUB, bool PAR_SPLIT = (TN < 128)>
+int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add, int splits,
                       cudaStream_t st) {
-  using C_ = WgCfg<TN, WGS, STAGES>;
-  auto kern = gemm_int4_wgmma<TN, WGS, STAGES>;
+  using C_ = WgCfg<TN, WGS, STAGES, MINB, KSUB>;
+  auto kern = gemm_int4_wgmma<TN, WGS, STAGES, MINB, KSUB>;
   static bool raised = false;
   if (!raised) {
     NQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C_::kSmem));
@@ -288,9 +375,27 @@ int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, i
                       (uint64_t)W.K / 2, WG_KB / 2, C_::kRows, CU_TENSOR_MAP_SWIZZLE_NONE))
       return fail(NQ_E_CUDA, "gemm: cuTensorMapEncodeTiled failed for weight segment %d (N=%d, K=%d)", i, W.N, W.K);
   }
-  dim3 grid((M + TN - 1) / TN, tiles);
-  kern<<<grid, C_::kThreads, C_::kSmem, st>>>(g, tmA, tmW[0], tmW[1], tmW[2], M, ldc, add ? 1 : 0);
+  const int mtiles = (M + TN - 1) / TN;
+  int* sem = nullptr;
+  float* part = nullptr;
+  if (splits > 1) {
+    // per-launch tile semaphores (serial) or tile counters + partials (PAR_SPLIT), stream-ordered: no state shared
+    // between streams or launches
+    const size_t sem_bytes = ((size_t)mtiles * tiles * sizeof(int) + 255) / 256 * 256;
+    const size_t part_bytes = PAR_SPLIT ? (size_t)splits * mtiles * tiles * C_::kConsumers * (TN / 2) * sizeof(float) : 0;
+    if (cudaMallocAsync(reinterpret_cast<void**>(&sem), sem_bytes + part_bytes, st) != cudaSuccess) {
+      (void)cudaGetLastError();  // no stream-ordered allocator here: run unsplit
+      sem = nullptr;
+      splits = 1;
+    } else {
+      NQ_CUDA(cudaMemsetAsync(sem, 0, sem_bytes, st));
+      if (PAR_SPLIT) part = reinterpret_cast<float*>(reinterpret_cast<char*>(sem) + sem_bytes);
+    }
+  }
+  dim3 grid(mtiles, tiles, splits > 1 ? splits : 1);
+  kern<<<grid, C_::kThreads, C_::kSmem, st>>>(g, tmA, tmW[0], tmW[1], tmW[2], M, ldc, add ? 1 : 0, sem, part);
   NQ_LAUNCH_CHECK("gemm_int4_wgmma");
+  if (sem) NQ_CUDA(cudaFreeAsync(sem, st));
   return NQ_OK;
 }
 

@@ -120,6 +120,8 @@ struct SampleArgs {
   int32_t* host_ring; int ring_size;  // mapped host ring (may be null): ring[(*counter) % ring_size] = token
 };
 int sample(const SampleArgs& a, cudaStream_t st);
+// n draws in one launch, block i with d_args[i] (device array; batched decode)
+int sample_rows(const SampleArgs* d_args, int n, cudaStream_t st);
 
 // Steered sampling (steer.cu; CPU reference: nanoqwen_rt/logits.py) ---------------------------------------------
 struct SteerArgs {

@@ -27,14 +27,26 @@ __global__ void embed_rows_kernel(const void* table, int dtype, const int32_t* t
   for (int i = threadIdx.x; i < H; i += blockDim.x) X[(size_t)blockIdx.x * H + i] = load_elem(table, dtype, row + i);
 }
 
+// one block per row; K % 4 == 0 (rmsnorm_rows checks): float4 loads, so a thread's loads of the row are few and
+// independent (the scalar loop left ~14 dependent-latency loads per thread at K = 3584)
 __global__ void rmsnorm_rows_kernel(const float* X, const float* w, int K, float eps, __half* Y) {
   __shared__ float red[32];
-  const float* x = X + (size_t)blockIdx.x * K;
+  const float4* x = reinterpret_cast<const float4*>(X + (size_t)blockIdx.x * K);
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  const int K4 = K / 4;
   float ss = 0.f;
-  for (int i = threadIdx.x; i < K; i += blockDim.x) ss += x[i] * x[i];
+  for (int i = threadIdx.x; i < K4; i += blockDim.x) {
+    const float4 v = x[i];
+    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  }
   ss = block_sum(ss, red);
   const float inv = rsqrtf(ss / (float)K + eps);
-  for (int i = threadIdx.x; i < K; i += blockDim.x) Y[(size_t)blockIdx.x * K + i] = __float2half_rn(x[i] * inv * w[i]);
+  __half2* y = reinterpret_cast<__half2*>(Y + (size_t)blockIdx.x * K);
+  for (int i = threadIdx.x; i < K4; i += blockDim.x) {
+    const float4 v = x[i], g = w4[i];
+    y[2 * i] = __floats2half2_rn(v.x * inv * g.x, v.y * inv * g.y);
+    y[2 * i + 1] = __floats2half2_rn(v.z * inv * g.z, v.w * inv * g.w);
+  }
 }
 
 __global__ void swiglu_rows_kernel(const float* G, const float* U, size_t n, __half* H) {
@@ -73,14 +85,13 @@ __device__ __forceinline__ unsigned long long splitmix64(unsigned long long z) {
   return z ^ (z >> 31);
 }
 
-__global__ void __launch_bounds__(kSampleThreads) sample_kernel(const SampleArgs a) {
+// One block draws one token from a.logits (all kSampleThreads threads of the block call it).
+__device__ __forceinline__ void sample_block(const SampleArgs& a) {
   __shared__ float red[32];
   __shared__ float s_val[32];
   __shared__ int s_idx[32];
   __shared__ int s_tok;
   __shared__ float s_scan[kSampleThreads];
-  pdl_wait();
-  pdl_trigger();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const float* L = a.logits;
   const int V = a.V;
@@ -212,6 +223,19 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(const SampleArgs
   }
 }
 
+__global__ void __launch_bounds__(kSampleThreads) sample_kernel(const SampleArgs a) {
+  pdl_wait();
+  pdl_trigger();
+  sample_block(a);
+}
+
+// Batched decode: block i draws sequence i's token with its own arguments (device array).
+__global__ void __launch_bounds__(kSampleThreads) sample_rows_kernel(const SampleArgs* args) {
+  pdl_wait();
+  pdl_trigger();
+  sample_block(args[blockIdx.x]);
+}
+
 }  // namespace
 
 int embed_token(const void* table, int dtype, const int32_t* d_token, int H, float* x, cudaStream_t st) {
@@ -224,6 +248,9 @@ int embed_rows(const void* table, int dtype, const int32_t* tokens, int M, int H
   return NQ_OK;
 }
 int rmsnorm_rows(const float* X, const float* w, int M, int K, float eps, __half* Y, cudaStream_t st) {
+  if (K % 4 != 0 || reinterpret_cast<uintptr_t>(X) % 16 || reinterpret_cast<uintptr_t>(w) % 16 ||
+      reinterpret_cast<uintptr_t>(Y) % 8)
+    return fail(NQ_E_UNSUPPORTED, "rmsnorm_rows: needs K %% 4 == 0 (K=%d) and 16-byte aligned rows", K);
   rmsnorm_rows_kernel<<<M, 256, 0, st>>>(X, w, K, eps, Y);
   NQ_LAUNCH_CHECK("rmsnorm_rows_kernel");
   return NQ_OK;
@@ -244,6 +271,9 @@ int advance_positions(int* const* pos_of, const int* pos, int n, cudaStream_t st
 }
 int sample(const SampleArgs& a, cudaStream_t st) {
   return launch_pdl("sample_kernel", sample_kernel, dim3(1), dim3(kSampleThreads), 0, st, a);
+}
+int sample_rows(const SampleArgs* d_args, int n, cudaStream_t st) {
+  return launch_pdl("sample_rows_kernel", sample_rows_kernel, dim3(n), dim3(kSampleThreads), 0, st, d_args);
 }
 
 }  // namespace nq

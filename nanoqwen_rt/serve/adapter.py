@@ -141,17 +141,25 @@ class EngineAdapter:
                 raise ApiError(400, str(e), param="prompt", code="invalid_value") from None
         return list(prompt)
 
-    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
-        """The chat template applied with the generation prompt (and the tools, through the template's own tools
-        section); a template failure is a 400."""
-        from ..tokenizer import ChatTemplateError
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
+                    tool_choice: str | dict | None = None) -> str:
+        """The chat template applied with the generation prompt and the tools, as Engine.render_chat does (the
+        rule for templates without a tools section lives there); a template failure is a 400, and so are tools
+        with tool_choice "auto" on such a template (code tools_unsupported)."""
+        from ..engine import ChatError, InvalidArgument, ToolsUnsupported
         try:
-            if tools:
-                return self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
-            return self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        except ChatTemplateError as e:
+            return self.engine.render_chat(messages, tools, tool_choice)
+        except ToolsUnsupported as e:
+            raise ApiError(400, _one_line(e), param="tool_choice", code="tools_unsupported") from None
+        except ChatError as e:
             raise ApiError(400, f"cannot apply the model's chat template: {_one_line(e)}", param="messages",
                            code="chat_template_error") from None
+        except InvalidArgument as e:
+            raise ApiError(400, _one_line(e), param="tools", code="invalid_value") from None
+
+    def tool_choice_grammar(self, tools: list[dict] | None, tool_choice: str | dict | None) -> str | None:
+        """Engine.tool_choice_grammar: the grammar that forces one tool call, None when nothing is forced."""
+        return self.engine.tool_choice_grammar(tools, tool_choice)
 
     def fim_ids(self, prefix: str, suffix: str) -> list[int]:
         """The fill-in-the-middle prompt's ids; a 400 when the model's tokenizer has no FIM tokens."""
@@ -167,9 +175,6 @@ class EngineAdapter:
     def fim_stop_ids(self) -> list[int]:
         from ..fim import fim_stop_ids
         return list(fim_stop_ids(self.engine.tokenizer))
-
-    def token_id(self, text: str) -> int | None:
-        return self.engine.tokenizer.token_to_id(text)
 
     def constraint_factory(self, kind: str, spec, param: str):
         """A callable making one fresh grammar constraint per generation: kind "json" (spec: a schema or None)

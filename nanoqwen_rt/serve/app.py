@@ -167,13 +167,15 @@ class _Server:
         if isinstance(req, ChatRequest):
             # Rendered here (not by Engine.chat) so the usage count is exactly the text the engine receives.
             tools_active = req.tools is not None and req.tool_choice != "none"
-            prompt, param = eng.render_chat(req.messages, req.tools if tools_active else None), "messages"
+            prompt, param = eng.render_chat(req.messages, req.tools, req.tool_choice), "messages"
             rf = req.response_format
             if rf.type != "text":
                 make_constraint = eng.constraint_factory("json", rf.schema if rf.type == "json_schema" else None,
                                                          "response_format")
-            elif tools_active and req.tool_choice != "auto":
-                make_constraint = eng.constraint_factory("lark", self.tool_grammar(req), "tool_choice")
+            else:
+                grammar = eng.tool_choice_grammar(req.tools, req.tool_choice)
+                if grammar is not None:
+                    make_constraint = eng.constraint_factory("lark", grammar, "tool_choice")
             ids = eng.prompt_ids(prompt, param)
         else:
             param = "prompt"
@@ -198,16 +200,6 @@ class _Server:
         else:
             start = lambda: eng.generate(ids, n=n, make_constraint=make_constraint, **kwargs)   # noqa: E731
         return Prepared(n_prompt, start, n, echo, tools_active)
-
-    def tool_grammar(self, req: ChatRequest) -> str:
-        """tool_choice "required" or a named function: the answer is forced to one such tool call."""
-        from ..tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, tool_call_grammar
-        open_id, close_id = self.engine.token_id(TOOL_CALL_OPEN), self.engine.token_id(TOOL_CALL_CLOSE)
-        if open_id is None or close_id is None:
-            raise ApiError(400, "this model's tokenizer has no <tool_call> tokens, so a tool call cannot be forced",
-                           param="tool_choice", code="unsupported_value")
-        name = req.tool_choice["function"]["name"] if isinstance(req.tool_choice, dict) else None
-        return tool_call_grammar(req.tools, open_id, close_id, name)
 
     async def collect(self, request: Request, job: Job, events: asyncio.Queue):
         """Wait for the whole answer; a client disconnect cancels the job (ClientGone). Returns

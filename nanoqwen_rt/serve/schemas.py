@@ -343,35 +343,11 @@ def _tool_calls(v: Any, i: int) -> list[dict]:
 
 
 def _tools(body: dict) -> tuple[list[dict] | None, str | dict]:
-    tools = body.get("tools")
-    choice = body.get("tool_choice")
-    if tools is None or tools == []:
-        if choice not in (None, "none", "auto"):
-            raise bad_param("tool_choice", "'tool_choice' names a tool but 'tools' is empty")
-        return None, "none"
-    if not isinstance(tools, list):
-        raise bad_param("tools", "'tools' must be a list", code="invalid_type")
-    names = set()
-    for j, t in enumerate(tools):
-        fn = t.get("function") if isinstance(t, dict) else None
-        if not (isinstance(t, dict) and t.get("type") == "function" and isinstance(fn, dict)
-                and isinstance(fn.get("name"), str) and fn["name"]):
-            raise bad_param("tools", f"tool {j} must be {{'type': 'function', 'function': {{'name': ...}}}}",
-                            code="invalid_type")
-        params = fn.get("parameters")
-        if params is not None and not isinstance(params, dict):
-            raise bad_param("tools", f"tool {j}: 'parameters' must be a JSON schema object", code="invalid_type")
-        names.add(fn["name"])
-    if choice is None:
-        choice = "auto"
-    if isinstance(choice, dict):
-        fn = choice.get("function")
-        if not (choice.get("type") == "function" and isinstance(fn, dict) and fn.get("name") in names):
-            raise bad_param("tool_choice", "'tool_choice' must name one of the tools in 'tools'")
-    elif choice not in ("none", "auto", "required"):
-        raise bad_param("tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or "
-                                       "{'type': 'function', 'function': {'name': ...}}")
-    return tools, choice
+    from ..tools import InvalidTools, check_tools
+    try:
+        return check_tools(body.get("tools"), body.get("tool_choice"))
+    except InvalidTools as e:
+        raise bad_param(e.param, str(e), code=e.code) from None
 
 
 def _response_format(body: dict) -> ResponseFormat:
