@@ -25,7 +25,8 @@ import numpy as np
 
 from ..base import Backend, BackendError, SequenceKv, resolve_max_context
 from .fast_kernels import gemv_i8, gemv_int4_q16_multi, lm_head_group, quantize_rows_i8, warmup_fast_kernels
-from .kernels import (BF16_LUT, F16_LUT, attention, attention_prefill, blas_single_threaded, gemv_int4_multi,
+from .kernels import (BF16_LUT, F16_LUT, attention, attention_prefill, blas_single_threaded, gemm_int4_multi,
+                      gemv_int4_multi,
                       matmul_int4, matmul_u16, rms_norm, rows_u16, silu_mul, warmup_kernels)
 from ...rope import apply_rope, cos_sin, rope_parameters
 from nanoqwen_format.shapes import KV_PAGE_TOKENS
@@ -89,20 +90,25 @@ class Linear:
 
 
 def project(lins: tuple[Linear, ...], x: np.ndarray, fast: bool = False) -> list[np.ndarray]:
-    """[lin(x) for lin in lins]; for one token over int4 weights of one K and group (q/k/v, gate/up) the GEMVs run
-    as one parallel region (gemv_int4_multi) instead of one each; fast: with the input rounded to int16 per group
-    and exact integer sums (gemv_int4_q16_multi, the backend's "fast" numerics)."""
+    """[lin(x) for lin in lins]; over int4 weights of one K and group (q/k/v, gate/up) the products run together:
+    for one token as one parallel region (gemv_int4_multi; fast: with the input rounded to int16 per group and exact
+    integer sums, gemv_int4_q16_multi, the backend's "fast" numerics), for a prompt as one work list of dequantized
+    tiles (gemm_int4_multi)."""
     first = lins[0]
-    if x.shape[0] != 1 or any(l.kind != "INT4G" or l.group_size != first.group_size for l in lins):
+    if any(l.kind != "INT4G" or l.group_size != first.group_size for l in lins):
         return [l(x) for l in lins]
-    ys = [np.full((1, l.N), np.nan, dtype=np.float32) for l in lins]          # (1, N) each, poisoned
-    x0 = np.ascontiguousarray(x[0], dtype=np.float32)
-    if fast:
+    T = x.shape[0]
+    ys = [np.full((T, l.N), np.nan, dtype=np.float32) for l in lins]          # (T, N) each, poisoned
+    if T > 1:
+        gemm_int4_multi(np.ascontiguousarray(x, dtype=np.float32), [l.qweight for l in lins],
+                        [l.scale_bits for l in lins], first.group_size, ys)
+    elif fast:
+        x0 = np.ascontiguousarray(x[0], dtype=np.float32)
         gemv_int4_q16_multi(x0, [l.qbytes for l in lins], [l.scale_bits for l in lins], first.group_size,
                             [y[0] for y in ys])
     else:
-        gemv_int4_multi(x0, [l.qweight for l in lins], [l.scale_bits for l in lins], first.group_size,
-                        [y[0] for y in ys])
+        gemv_int4_multi(np.ascontiguousarray(x[0], dtype=np.float32), [l.qweight for l in lins],
+                        [l.scale_bits for l in lins], first.group_size, [y[0] for y in ys])
     for l, y in zip(lins, ys):
         if l.bias is not None:
             y += l.bias
