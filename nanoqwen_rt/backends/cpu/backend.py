@@ -95,8 +95,8 @@ def project(lins: tuple[Linear, ...], x: np.ndarray, fast: bool = False) -> list
     integer sums, gemv_int4_q16_multi, the backend's "fast" numerics), for a prompt as one work list of dequantized
     tiles (gemm_int4_multi)."""
     first = lins[0]
-    if any(l.kind != "INT4G" or l.group_size != first.group_size for l in lins):
-        return [l(x) for l in lins]
+    if not all(type(l) is Linear and l.kind == "INT4G" and l.group_size == first.group_size for l in lins):
+        return [l(x) for l in lins]             # (also any callable standing in for a Linear: calibration's)
     T = x.shape[0]
     ys = [np.full((T, l.N), np.nan, dtype=np.float32) for l in lins]          # (T, N) each, poisoned
     if T > 1:
