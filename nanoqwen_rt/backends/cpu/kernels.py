@@ -65,10 +65,10 @@ _ROW_BLOCK = 64   # rows per parallel work item of a GEMV: enough work per item 
 #: than it saves (measured on the 2-core CI box: a 256x256 GEMV takes 25 us serial vs 400+ us parallel under load)
 PARALLEL_MIN_WEIGHTS = 1 << 21
 
-#: float32 elements of one dequantized prefill tile: 1 MB, so the tile and the packed input (K x 128 tokens x 4 B:
-#: 0.46 MB for K = 896) stay in a 2 MB L2; np.dot ran 15-40 % faster on such tiles than on 256 KB ones (best of 8,
-#: single-threaded, 4864x896 by 128 tokens, bench/NOTES.md); the result does not depend on it (see _tiled_gemm)
-_TILE_ELEMENTS = 1 << 18
+#: float32 elements of one dequantized prefill tile: 256 KB, so the tile and the BLAS packing of it stay in L2.
+#: (1 MB tiles were 0-40 % faster in a noisy single-threaded test, but OpenBLAS picks other kernels by matrix size,
+#: so the tile size is part of the oracle's float32 rounding on small shapes: kept, bench/NOTES.md)
+_TILE_ELEMENTS = 1 << 16
 
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -281,11 +281,13 @@ def _tiled_gemm(x_t, mats, outs):
     contiguous. The tiles of all the weights are one work list that the calling thread and the backend's workers
     take from in turn (whoever gets the cores does the work: on a shared machine a descheduled thread does not hold
     the others up); each dequantizes a tile into its own buffer and multiplies it by single-threaded BLAS (np.dot
-    releases the GIL, the numba tile fillers are nogil). Each output element is one np.dot row over all of K, so the
-    result does not depend on the tile size or on which thread computed it (bitwise)."""
+    releases the GIL, the numba tile fillers are nogil) and writes the transpose of its (rows, T) product into the
+    output's columns (in the worker: a transposed copy of a whole (N, T) product on the calling thread took 2.5 ms
+    per 4864-row weight at 128 tokens). Each tile is the same BLAS call whichever thread takes it, so the result
+    does not depend on the threads (bitwise). It does depend on the tile shape (OpenBLAS picks kernels by matrix
+    size, and the x @ W.T form of the same product differs too): both are fixed."""
     K, T = x_t.shape
     rows = _tile_rows(K)
-    out_ts = [np.empty((N, T), dtype=np.float32) for N, _ in mats]    # (N, T): the rows of one tile are contiguous
     work = [(m, n0, min(N, n0 + rows)) for m, (N, _) in enumerate(mats) for n0 in range(0, N, rows)]
     take = itertools.count()                                           # next(): atomic under the GIL
 
@@ -294,7 +296,7 @@ def _tiled_gemm(x_t, mats, outs):
         while (i := next(take)) < len(work):
             m, n0, n1 = work[i]
             mats[m][1](n0, n1, w)
-            np.dot(w[:n1 - n0], x_t, out=out_ts[m][n0:n1])
+            outs[m][:, n0:n1] = np.dot(w[:n1 - n0], x_t).T
 
     pool, n_workers = _worker_pool()
     with blas_single_threaded():
@@ -304,8 +306,6 @@ def _tiled_gemm(x_t, mats, outs):
         finally:
             for fut in futs:
                 fut.result()
-    for out, out_t in zip(outs, out_ts):
-        out[:] = out_t.T
 
 
 def gemm_int4_multi(x, qweights, scales, group_size, outs):
