@@ -5,7 +5,8 @@
 #
 #   bash bench/cpu_vs_llamacpp.sh [WORK_DIR] [PAIRS] [NEW_TOKENS] [REPS] [THREADS]
 #   (defaults /work/llamacpp, 5 pairs, 64 decode steps after the 128-token prompt, 3 timed repetitions per run,
-#   THREADS = nproc for both: llama-bench -t, and numba's thread count for ours)
+#   THREADS = nproc: numba's thread count for ours; llama-bench runs with -t 1 and -t THREADS in each pair, because
+#   on a shared machine its multi-threaded runs collapse now and then, and the yardstick is its faster setting)
 #
 # Steps (each skipped when its output exists, so a rerun only measures):
 #  1. llama.cpp: the llama-cpp-python sdist from the package index (`pip download --no-binary :all: --no-deps
@@ -20,9 +21,11 @@
 #     tied lm_head) and to GGUF (the sdist's convert_hf_to_gguf.py to f16, then llama-quantize Q4_0; llama.cpp keeps
 #     the tied token_embd/output matrix at Q8_0 under Q4_0: 896 columns are not a multiple of Q6_K's 256, as for real
 #     Qwen2.5-0.5B files). Sizes: ours 462 MB, GGUF 352 MB.
-#  3. PAIRS pairs of runs: ours = bench/cpu_speed.py (-p 128 -n NEW_TOKENS, 1 warm-up + REPS timed repetitions in
-#     one process), llama.cpp = llama-bench (-p 128 -n NEW_TOKENS -r REPS, its own warm-up, -t THREADS). Each run
-#     prints its figures and the 1-minute load average as JSON; the ratios are taken pair by pair. llama-bench's
+#  3. PAIRS rounds of runs back to back: ours = bench/cpu_speed.py (-p 128 -n NEW_TOKENS, 1 warm-up + REPS timed
+#     repetitions in one process) with the fast numerics (what Engine serves with), llama.cpp = llama-bench (-p 128
+#     -n NEW_TOKENS -r REPS, its own warm-up) with -t 1 and -t THREADS, then ours with the oracle numerics (float32,
+#     for reference). Each run prints its figures and the 1-minute load average as JSON; the ratios are taken round
+#     by round against llama.cpp's faster setting (bench/cpu_vs_llamacpp_summary.py). llama-bench's
 #     decode ("tg") starts from an empty context, ours after the 128-token prompt (attention over 128-192 positions:
 #     ~0.2 % of the 0.5B's per-token multiply-adds).
 set -euo pipefail
@@ -68,9 +71,14 @@ fi
 # 3. paired runs
 OUT="$W/runs/$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$OUT"
+LLAMA_THREADS="1"
+[ "$THREADS" -gt 1 ] && LLAMA_THREADS="1 $THREADS"
 for i in $(seq 1 "$PAIRS"); do
-  NUMBA_NUM_THREADS="$THREADS" PYTHONPATH="$ROOT" "$PY" "$ROOT/bench/cpu_speed.py" "$OURS" -p 128 -n "$NEW" -r "$REPS" >> "$OUT/ours.jsonl"
-  "$W/build/bin/llama-bench" -m "$GGUF" -t "$THREADS" -p 128 -n "$NEW" -r "$REPS" -o jsonl >> "$OUT/llamacpp.jsonl" 2>/dev/null
+  NUMBA_NUM_THREADS="$THREADS" PYTHONPATH="$ROOT" "$PY" "$ROOT/bench/cpu_speed.py" "$OURS" -p 128 -n "$NEW" -r "$REPS" --numerics fast >> "$OUT/ours.jsonl"
+  for t in $LLAMA_THREADS; do
+    "$W/build/bin/llama-bench" -m "$GGUF" -t "$t" -p 128 -n "$NEW" -r "$REPS" -o jsonl >> "$OUT/llamacpp_t$t.jsonl" 2>/dev/null
+  done
+  NUMBA_NUM_THREADS="$THREADS" PYTHONPATH="$ROOT" "$PY" "$ROOT/bench/cpu_speed.py" "$OURS" -p 128 -n "$NEW" -r "$REPS" --numerics oracle >> "$OUT/ours_oracle.jsonl"
   echo "{\"pair\": $i, \"loadavg_1m\": $(cut -d' ' -f1 /proc/loadavg)}" >> "$OUT/load.jsonl"
 done
 "$PY" "$ROOT/bench/cpu_vs_llamacpp_summary.py" "$OUT"

@@ -1,19 +1,23 @@
 #!/usr/bin/env python3
-"""Summarise one bench/cpu_vs_llamacpp.sh run directory: per pair (ours then llama.cpp, back to back) the prefill
-time of the 128-token prompt and the decode ms/token of each, their ratios (ours / llama.cpp), and the load average;
-then the median and range of the ratios over the pairs.
+"""Summarise one bench/cpu_vs_llamacpp.sh run directory: per round (runs back to back) the prefill time of the
+128-token prompt and the decode ms/token of ours (fast numerics; the oracle's too when present) and of llama.cpp at
+each thread count, the ratios ours / llama.cpp's faster setting in that round (per figure), and the load average;
+then the median and range of the ratios over the rounds.
 
     python3 bench/cpu_vs_llamacpp_summary.py RUN_DIR [--json OUT.json]
 
-RUN_DIR holds ours.jsonl (bench/cpu_speed.py lines), llamacpp.jsonl (llama-bench -o jsonl lines: one "pp" line,
-n_gen 0, and one "tg" line, n_prompt 0, per run) and load.jsonl. Per run, ours is the median of its repetitions
-and llama.cpp the mean llama-bench reports over its repetitions.
+RUN_DIR holds ours.jsonl (bench/cpu_speed.py lines, fast numerics), optionally ours_oracle.jsonl (the same with
+--numerics oracle), llamacpp_tN.jsonl for each llama-bench thread count N (llama-bench -o jsonl lines: one "pp" line,
+n_gen 0, and one "tg" line, n_prompt 0, per run; an older run's single llamacpp.jsonl is read as its one setting)
+and load.jsonl. Per run, ours is the median of its repetitions and llama.cpp the mean llama-bench reports.
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -23,54 +27,84 @@ def _lines(path):
         return [json.loads(line) for line in fh if line.strip().startswith("{")]
 
 
+def _runs(path):
+    """bench/cpu_speed.py lines grouped by process (a new process starts at rep 0) → [(prefill_s, decode_ms)]."""
+    if not os.path.exists(path):
+        return []
+    runs: list[list[dict]] = []
+    for r in _lines(path):
+        if r["rep"] == 0:
+            runs.append([])
+        runs[-1].append(r)
+    return [(statistics.median(r["prefill_s"] for r in run), statistics.median(r["decode_ms_per_token"] for r in run),
+             run[-1]["loadavg_1m"]) for run in runs]
+
+
+def _llama(path):
+    """llama-bench jsonl → [(prefill_s, decode_ms)] per run."""
+    rows = _lines(path)
+    pp = [r for r in rows if r["n_gen"] == 0]
+    tg = [r for r in rows if r["n_prompt"] == 0]
+    return [(p["avg_ns"] / 1e9, t["avg_ns"] / 1e6 / t["n_gen"]) for p, t in zip(pp, tg)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir")
     ap.add_argument("--json", help="also write the summary here")
     a = ap.parse_args()
-    ours = _lines(os.path.join(a.run_dir, "ours.jsonl"))
-    llama = _lines(os.path.join(a.run_dir, "llamacpp.jsonl"))
-    load = _lines(os.path.join(a.run_dir, "load.jsonl"))
-    # ours: one process per pair prints reps 0..R-1; a new process starts at rep 0
-    runs_ours: list[list[dict]] = []
-    for r in ours:
-        if r["rep"] == 0:
-            runs_ours.append([])
-        runs_ours[-1].append(r)
-    pp = [r for r in llama if r["n_gen"] == 0]
-    tg = [r for r in llama if r["n_prompt"] == 0]
-    n = min(len(runs_ours), len(pp), len(tg))
+    ours = _runs(os.path.join(a.run_dir, "ours.jsonl"))
+    oracle = _runs(os.path.join(a.run_dir, "ours_oracle.jsonl"))
+    llama = {}
+    for path in sorted(glob.glob(os.path.join(a.run_dir, "llamacpp*.jsonl"))):
+        m = re.search(r"llamacpp_t(\d+)\.jsonl$", path)
+        llama[f"t{m.group(1)}" if m else "t?"] = _llama(path)
+    load_path = os.path.join(a.run_dir, "load.jsonl")
+    load = _lines(load_path) if os.path.exists(load_path) else []
+    n = min([len(ours)] + [len(v) for v in llama.values()]) if llama else 0
     if n == 0:
-        print(f"error: no complete pair in {a.run_dir}", file=sys.stderr)
+        print(f"error: no complete round in {a.run_dir}", file=sys.stderr)
         return 1
-    pairs = []
+    rounds = []
     for i in range(n):
-        o_pre = statistics.median(r["prefill_s"] for r in runs_ours[i])
-        o_dec = statistics.median(r["decode_ms_per_token"] for r in runs_ours[i])
-        l_pre = pp[i]["avg_ns"] / 1e9
-        l_dec = tg[i]["avg_ns"] / 1e6 / tg[i]["n_gen"]
-        pairs.append({"pair": i + 1, "ours_prefill_s": o_pre, "llamacpp_prefill_s": l_pre,
-                      "prefill_ratio": o_pre / l_pre, "ours_decode_ms": o_dec, "llamacpp_decode_ms": l_dec,
-                      "decode_ratio": o_dec / l_dec,
-                      "loadavg_1m": [runs_ours[i][-1]["loadavg_1m"]] + ([load[i]["loadavg_1m"]] if i < len(load)
-                                                                        else [])})
-    print(f"{'pair':>4} {'ours pp128 s':>12} {'llama pp128 s':>13} {'ratio':>6} {'ours ms/tok':>11} "
-          f"{'llama ms/tok':>12} {'ratio':>6}  load (ours end, pair end)")
-    for p in pairs:
-        print(f"{p['pair']:>4} {p['ours_prefill_s']:>12.3f} {p['llamacpp_prefill_s']:>13.3f} {p['prefill_ratio']:>6.2f} "
-              f"{p['ours_decode_ms']:>11.2f} {p['llamacpp_decode_ms']:>12.2f} {p['decode_ratio']:>6.2f}  "
-              f"{', '.join(f'{x:.2f}' for x in p['loadavg_1m'])}")
+        lp = {k: v[i][0] for k, v in llama.items()}
+        ld = {k: v[i][1] for k, v in llama.items()}
+        best_p, best_d = min(lp.values()), min(ld.values())
+        r = {"round": i + 1, "ours_prefill_s": ours[i][0], "ours_decode_ms": ours[i][1],
+             "llamacpp_prefill_s": lp, "llamacpp_decode_ms": ld,
+             "llamacpp_best_prefill_s": best_p, "llamacpp_best_decode_ms": best_d,
+             "prefill_ratio": ours[i][0] / best_p, "decode_ratio": ours[i][1] / best_d,
+             "loadavg_1m": [ours[i][2]] + ([load[i]["loadavg_1m"]] if i < len(load) else [])}
+        if i < len(oracle):
+            r.update(oracle_prefill_s=oracle[i][0], oracle_decode_ms=oracle[i][1],
+                     oracle_prefill_ratio=oracle[i][0] / best_p, oracle_decode_ratio=oracle[i][1] / best_d)
+        rounds.append(r)
+    keys = sorted(llama)
+    print(f"{'round':>5} {'ours pp128 s':>12} " + " ".join(f"{'llama ' + k:>9}" for k in keys) + f" {'ratio':>6} "
+          f"{'ours ms/tok':>11} " + " ".join(f"{'llama ' + k:>9}" for k in keys) + f" {'ratio':>6} "
+          f"{'oracle pp/ms':>14}  load (ours end, round end)")
+    for r in rounds:
+        orc = f"{r['oracle_prefill_s']:.2f}/{r['oracle_decode_ms']:.0f}" if "oracle_decode_ms" in r else "-"
+        print(f"{r['round']:>5} {r['ours_prefill_s']:>12.3f} "
+              + " ".join(f"{r['llamacpp_prefill_s'][k]:>9.3f}" for k in keys) + f" {r['prefill_ratio']:>6.2f} "
+              f"{r['ours_decode_ms']:>11.2f} " + " ".join(f"{r['llamacpp_decode_ms'][k]:>9.2f}" for k in keys)
+              + f" {r['decode_ratio']:>6.2f} {orc:>14}  " + ", ".join(f"{x:.2f}" for x in r["loadavg_1m"]))
     summ = {}
-    for key in ("prefill_ratio", "decode_ratio", "ours_prefill_s", "llamacpp_prefill_s", "ours_decode_ms",
-                "llamacpp_decode_ms"):
-        v = [p[key] for p in pairs]
-        summ[key] = {"median": statistics.median(v), "min": min(v), "max": max(v)}
-    print(f"median ratio ours/llama.cpp over {n} pairs: prefill {summ['prefill_ratio']['median']:.2f} "
-          f"({summ['prefill_ratio']['min']:.2f}-{summ['prefill_ratio']['max']:.2f}), decode "
-          f"{summ['decode_ratio']['median']:.2f} ({summ['decode_ratio']['min']:.2f}-{summ['decode_ratio']['max']:.2f})")
+    for key in ("prefill_ratio", "decode_ratio", "ours_prefill_s", "ours_decode_ms", "llamacpp_best_prefill_s",
+                "llamacpp_best_decode_ms", "oracle_prefill_ratio", "oracle_decode_ratio"):
+        v = [r[key] for r in rounds if key in r]
+        if v:
+            summ[key] = {"median": statistics.median(v), "min": min(v), "max": max(v)}
+    print(f"median ratio ours (fast) / llama.cpp's faster setting over {n} rounds: prefill "
+          f"{summ['prefill_ratio']['median']:.2f} ({summ['prefill_ratio']['min']:.2f}-"
+          f"{summ['prefill_ratio']['max']:.2f}), decode {summ['decode_ratio']['median']:.2f} "
+          f"({summ['decode_ratio']['min']:.2f}-{summ['decode_ratio']['max']:.2f})")
+    if "oracle_decode_ratio" in summ:
+        print(f"oracle numerics: prefill {summ['oracle_prefill_ratio']['median']:.2f}, decode "
+              f"{summ['oracle_decode_ratio']['median']:.2f}")
     if a.json:
         with open(a.json + ".tmp", "w") as fh:
-            json.dump({"pairs": pairs, "summary": summ}, fh, indent=2)
+            json.dump({"rounds": rounds, "summary": summ}, fh, indent=2)
         os.replace(a.json + ".tmp", a.json)
     return 0
 

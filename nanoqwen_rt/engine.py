@@ -149,6 +149,10 @@ def _cuda_backend():
 
 
 DEVICES = ("auto", "cpu", "cuda")
+#: numerics of the CPU backend (nanoqwen_rt/backends/cpu/backend.py): "fast" (int16 activations in the one-token
+#: products, an int8 lm_head: what the Engine serves with) or "oracle" (float32 throughout: what the tests compare
+#: the CUDA backend and transformers against, and what nanoqwen-verify measures). The CUDA backend has one numerics.
+CPU_NUMERICS = ("fast", "oracle")
 
 
 class Engine:
@@ -157,13 +161,18 @@ class Engine:
     Sharing is refused, never silently wrong: while a generator returned by generate()/chat() is live (not yet
     exhausted, closed or garbage-collected), or a logits() call runs, any other generate/chat/logits call (this
     thread or another) raises EngineBusy. The server drives the batched API from its worker thread.
+
+    cpu_numerics: how the CPU backend computes when it is the one chosen (CPU_NUMERICS); "fast" by default.
     """
 
     def __init__(self, path: str | os.PathLike, device: str = "auto", max_context: int | None = None,
-                 verify_checksums: bool = True, *, max_batch: int = DEFAULT_MAX_BATCH, kv_pages: int | None = None):
+                 verify_checksums: bool = True, *, max_batch: int = DEFAULT_MAX_BATCH, kv_pages: int | None = None,
+                 cpu_numerics: str = "fast"):
         from nanoqwen_format import open_file
         if device not in DEVICES:
             raise DeviceUnavailable(f"unknown device {device!r}: expected one of {', '.join(DEVICES)}")
+        if cpu_numerics not in CPU_NUMERICS:
+            raise InvalidArgument(f"cpu_numerics must be one of {', '.join(CPU_NUMERICS)}, got {cpu_numerics!r}")
         for name, v in (("max_batch", max_batch), ("kv_pages", kv_pages)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
                 raise InvalidArgument(f"{name} must be a positive integer, got {v!r}")
@@ -205,7 +214,8 @@ class Engine:
                         self.cpu_reason = str(e)
                 if self.backend is None:
                     from .backends.cpu import CPUBackend
-                    self.backend = CPUBackend(self.path, max_context=max_context, file=self._file)
+                    self.backend = CPUBackend(self.path, max_context=max_context, file=self._file,
+                                              numerics=cpu_numerics)
             except InvalidMaxContext as e:
                 raise InvalidArgument(str(e)) from None
             self.device = self.backend.name

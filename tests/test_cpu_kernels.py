@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from nanoqwen_rt.backends.cpu.kernels import (BF16_LUT, F16_LUT, PERM, _gemv_int4_parallel, _gemv_int4_serial,
-                                              _gemv_u16_parallel, _gemv_u16_serial, gemm_int4, gemm_u16,
+                                              _gemv_u16_parallel, _gemv_u16_serial, gemm_int4, gemm_int4_multi, gemm_u16,
                                               matmul_int4, matmul_int4_reference, matmul_u16,
                                               matmul_u16_reference, rows_u16, widen_f16_bits, attention, attention_prefill,
                                               attention_reference, rms_norm, rms_norm_reference, silu_mul,
@@ -158,3 +158,22 @@ def test_gemv_int4_multi_matches_reference(ns):
         fn(x, tuple(qws), tuple(s.view(np.uint16) for s in scs), g, outs)
         for qw, sc, o in zip(qws, scs, outs):
             np.testing.assert_allclose(o, matmul_int4_reference(x[None], qw, sc, g)[0], rtol=RTOL, atol=ATOL)
+
+
+def test_gemm_int4_multi_equals_one_weight_at_a_time():
+    """q/k/v (gate/up) as one work list of tiles: each output bitwise the same as its own gemm_int4 (the same BLAS
+    call per tile, whichever thread takes it), and within the float32 tolerance of the float64 reference."""
+    rng = np.random.default_rng()
+    K, g, T = 256, 64, 9
+    Ns = (300, 40, 40)                                   # several tiles for the first weight
+    us = [rng.integers(0, 16, size=(N, K), dtype=np.uint8) for N in Ns]
+    qws = [_pack(u) for u in us]
+    scs = [(rng.random((N, K // g)) * 0.1 + 0.01).astype(np.float16) for N in Ns]
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    outs = [np.full((T, N), np.nan, dtype=np.float32) for N in Ns]
+    gemm_int4_multi(x, qws, [s.view(np.uint16) for s in scs], g, outs)
+    for qw, s, out in zip(qws, scs, outs):
+        alone = np.full_like(out, np.nan)
+        gemm_int4(x, qw, s.view(np.uint16), g, alone)
+        assert np.array_equal(out, alone)
+        np.testing.assert_allclose(out, matmul_int4_reference(x, qw, s, g), rtol=RTOL, atol=ATOL)

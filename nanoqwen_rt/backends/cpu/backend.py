@@ -2,7 +2,16 @@
 
 Weights stay in the mmap'd file (zero-copy views) and are read by the streaming kernels of kernels.py;
 only the 1-D tensors (norm weights, biases: a few KB per layer) are widened to float32 copies.
-All activations and accumulations are float32. The KV cache is float32 (or float16 with kv_dtype="f16"),
+Numerics (the `numerics` argument, fixed for the backend's life):
+  * "oracle" (the default): every activation and accumulation is float32, weights widened exactly. The tests, the
+    GPU backend's comparisons (LOGIT_ATOL) and nanoqwen-verify use it; nothing here is traded for speed.
+  * "fast" (what Engine serves with on the CPU): the one-token products (decode; the lm_head of a prompt's last
+    position) round their input to int16 per weight group and sum exact integer products (fast_kernels.py), and
+    the lm_head is rounded once, at load, to int8 per row and group (a copy in memory: vocab x hidden bytes + 4
+    bytes per group, e.g. 140 MB for Qwen2.5-0.5B; the stored matrix is still read for the embedding gather).
+    Prompts (T > 1 tokens through the layers) run the oracle's float32 kernels. tests/test_cpu_fast.py bounds the
+    difference; bench/NOTES.md measures it (perplexity, agreement) and the speed.
+The KV cache is float32 (or float16 with kv_dtype="f16"),
 shaped (n_layers, n_kv_heads, capacity, head_dim): it starts at KV_INITIAL_POSITIONS positions and doubles (up to
 max_context) when a prefill/decode needs more, so the first token of a fresh process does not page-fault in a
 cache sized for the whole context. Every allocation is filled with NaN, so a read of a slot that was never
@@ -15,12 +24,17 @@ import os
 import numpy as np
 
 from ..base import Backend, BackendError, SequenceKv, resolve_max_context
-from .kernels import (BF16_LUT, F16_LUT, attention, attention_prefill, blas_single_threaded, gemv_int4_multi,
+from .fast_kernels import gemv_i8, gemv_int4_q16_multi, lm_head_group, quantize_rows_i8, warmup_fast_kernels
+from .kernels import (BF16_LUT, F16_LUT, attention, attention_prefill, blas_single_threaded, gemm_int4_multi,
+                      gemv_int4_multi,
                       matmul_int4, matmul_u16, rms_norm, rows_u16, silu_mul, warmup_kernels)
 from ...rope import apply_rope, cos_sin, rope_parameters
 from nanoqwen_format.shapes import KV_PAGE_TOKENS
 
-__all__ = ["CPUBackend", "PagedKv", "available", "Linear"]
+__all__ = ["CPUBackend", "PagedKv", "available", "Linear", "NUMERICS", "LmHeadI8"]
+
+#: the CPU backend's numerics (module docstring): "oracle" float32 throughout, "fast" integer one-token products
+NUMERICS = ("oracle", "fast")
 
 # Positions the KV cache holds before its first growth: a typical prompt plus its answer, a few MB even for a 7B
 # model, so a short request never pays for a context-sized allocation.
@@ -42,6 +56,7 @@ class Linear:
         if self.dtype == DType.INT4G:
             qw, sc = f.int4(name)
             self.qweight = qw                                  # u32 (N, K/8)
+            self.qbytes = qw.view(np.uint8)                    # u8 (N, K/2): the same bytes (fast numerics)
             self.scale_bits = sc.view(np.uint16)               # u16 (N, K/g) f16 bits
             self.group_size = int(info.group_size)
             self.N, self.K = int(info.shape[0]), int(info.shape[1])
@@ -74,19 +89,54 @@ class Linear:
         return y
 
 
-def project(lins: tuple[Linear, ...], x: np.ndarray) -> list[np.ndarray]:
-    """[lin(x) for lin in lins]; for one token over int4 weights of one K and group (q/k/v, gate/up) the GEMVs run
-    as one parallel region (gemv_int4_multi) instead of one each."""
+def project(lins: tuple[Linear, ...], x: np.ndarray, fast: bool = False) -> list[np.ndarray]:
+    """[lin(x) for lin in lins]; over int4 weights of one K and group (q/k/v, gate/up) the products run together:
+    for one token as one parallel region (gemv_int4_multi; fast: with the input rounded to int16 per group and exact
+    integer sums, gemv_int4_q16_multi, the backend's "fast" numerics), for a prompt as one work list of dequantized
+    tiles (gemm_int4_multi)."""
     first = lins[0]
-    if x.shape[0] != 1 or any(l.kind != "INT4G" or l.group_size != first.group_size for l in lins):
-        return [l(x) for l in lins]
-    ys = [np.full((1, l.N), np.nan, dtype=np.float32) for l in lins]          # (1, N) each, poisoned
-    gemv_int4_multi(np.ascontiguousarray(x[0], dtype=np.float32), [l.qweight for l in lins],
-                    [l.scale_bits for l in lins], first.group_size, [y[0] for y in ys])
+    if not all(type(l) is Linear and l.kind == "INT4G" and l.group_size == first.group_size for l in lins):
+        return [l(x) for l in lins]             # (also any callable standing in for a Linear: calibration's)
+    T = x.shape[0]
+    ys = [np.full((T, l.N), np.nan, dtype=np.float32) for l in lins]          # (T, N) each, poisoned
+    if T > 1:
+        gemm_int4_multi(np.ascontiguousarray(x, dtype=np.float32), [l.qweight for l in lins],
+                        [l.scale_bits for l in lins], first.group_size, ys)
+    elif fast:
+        x0 = np.ascontiguousarray(x[0], dtype=np.float32)
+        gemv_int4_q16_multi(x0, [l.qbytes for l in lins], [l.scale_bits for l in lins], first.group_size,
+                            [y[0] for y in ys])
+    else:
+        gemv_int4_multi(np.ascontiguousarray(x[0], dtype=np.float32), [l.qweight for l in lins],
+                        [l.scale_bits for l in lins], first.group_size, [y[0] for y in ys])
     for l, y in zip(lins, ys):
         if l.bias is not None:
             y += l.bias
     return ys
+
+
+class LmHeadI8:
+    """The lm_head of the fast numerics: the stored (f16 / bf16 / f32) matrix rounded once to int8 per row and group
+    of `group_size` (fast_kernels.quantize_rows_i8); rows of h multiplied one at a time (gemv_i8)."""
+
+    def __init__(self, lin: Linear, group_size: int):
+        src, kind = ((lin.bits, 1 if lin.is_bf16 else 0) if lin.kind in ("F16", "BF16") else (lin.w, 2))
+        self.q, self.steps = quantize_rows_i8(src, kind, group_size)     # int8 (N, K), f32 (N, K/g)
+        self.group_size = group_size
+        self.N = lin.N
+        self.bias = lin.bias
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.nbytes + self.steps.nbytes
+
+    def __call__(self, h: np.ndarray) -> np.ndarray:
+        y = np.full((h.shape[0], self.N), np.nan, dtype=np.float32)       # (T, N) poisoned
+        for t in range(h.shape[0]):
+            gemv_i8(np.ascontiguousarray(h[t], dtype=np.float32), self.q, self.steps, self.group_size, y[t])
+        if self.bias is not None:
+            y += self.bias
+        return y
 
 
 class _Layer:
@@ -106,13 +156,18 @@ class _Layer:
 
 
 class CPUBackend(Backend):
-    """numpy + numba reference backend (see module docstring). kv_dtype: "f32" (default) or "f16"."""
+    """numpy + numba backend (see module docstring). kv_dtype: "f32" (default) or "f16"; numerics: "oracle"
+    (default) or "fast" (NUMERICS)."""
 
     name = "cpu"
 
     def __init__(self, path: str | os.PathLike, *, max_context: int | None = None, file=None,
-                 kv_dtype: str = "f32"):
+                 kv_dtype: str = "f32", numerics: str = "oracle"):
         from nanoqwen_format import DType, open_file
+        if numerics not in NUMERICS:
+            raise ValueError(f"numerics must be one of {', '.join(map(repr, NUMERICS))}, got {numerics!r}")
+        self.numerics = numerics
+        self._fast = numerics == "fast"
         self._own_file = file is None
         self._file = open_file(os.fspath(path)) if file is None else file
         f = self._file
@@ -131,6 +186,11 @@ class CPUBackend(Backend):
                 self.lm_head = Linear(f, "model.embed_tokens.weight")
             else:
                 self.lm_head = Linear(f, "lm_head.weight")
+            # the lm_head the forward pass multiplies by: the stored one, or (fast) its int8 copy
+            self._lm_head_fast: LmHeadI8 | None = None
+            group = lm_head_group(self.lm_head.K)
+            if self._fast and self.lm_head.kind != "INT4G" and group is not None:
+                self._lm_head_fast = LmHeadI8(self.lm_head, group)
             if kv_dtype not in ("f32", "f16"):
                 raise ValueError(f"kv_dtype must be 'f32' or 'f16', got {kv_dtype!r}")
             self._kv_dtype = np.float32 if kv_dtype == "f32" else np.float16
@@ -145,8 +205,11 @@ class CPUBackend(Backend):
 
     def _warmup(self) -> None:
         """JIT / cache-load every kernel variant this model uses (one of each weight kind), so TTFT excludes it."""
-        warmup_kernels({lin.kind for lin in [self.lm_head] + [l for L in self.layers for l in
-                                                               (L.q, L.k, L.v, L.o, L.gate, L.up, L.down)]})
+        lins = [self.lm_head] + [l for L in self.layers for l in (L.q, L.k, L.v, L.o, L.gate, L.up, L.down)]
+        warmup_kernels({lin.kind for lin in lins})
+        if self._fast:
+            warmup_fast_kernels({l.group_size for l in lins if l.kind == "INT4G"},
+                                None if self._lm_head_fast is None else self._lm_head_fast.group_size)
         if self._emb_dtype.name != "F32":
             self._embed(np.zeros(1, dtype=np.int32))
 
@@ -192,7 +255,9 @@ class CPUBackend(Backend):
     def describe(self) -> str:
         dts = sorted({l.dtype.name for layer in getattr(self, "layers", []) for l in
                       (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)})
-        return (f"cpu (numpy+numba), linear weights {'/'.join(dts)}, lm_head {self.lm_head.dtype.name}, "
+        head = self.lm_head.dtype.name if self._lm_head_fast is None else \
+            f"int8 (from {self.lm_head.dtype.name}, group {self._lm_head_fast.group_size})"
+        return (f"cpu (numpy+numba, {self.numerics} numerics), linear weights {'/'.join(dts)}, lm_head {head}, "
                 f"kv {self.k_cache.dtype}, max_context {self.max_context}")
 
     # -- forward --------------------------------------------------------------------------------------
@@ -238,33 +303,42 @@ class CPUBackend(Backend):
     def _layers(self, ids: np.ndarray, p0: int, kv) -> np.ndarray:
         cfg = self.config
         T = ids.shape[0]
+        fast = self._fast
         H, G, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         cos, sin = cos_sin(self.inv_freq, self.rope_scaling, np.arange(p0, p0 + T))   # (T, hd) each
         x = self._embed(ids)                                                         # (T, hidden)
         for li, L in enumerate(self.layers):
             h = self._norm(x, L.in_norm)
-            q, k, v = project((L.q, L.k, L.v), h)
+            q, k, v = project((L.q, L.k, L.v), h, fast)
             q = apply_rope(q.reshape(T, H, hd), cos, sin)                            # (T, H, hd)
             k = apply_rope(k.reshape(T, G, hd), cos, sin)                            # (T, G, hd)
             kv.store(li, p0, k, v.reshape(T, G, hd))
-            x += L.o(self._attention(q, p0, *kv.load(li, p0 + T)))
+            x += project((L.o,), self._attention(q, p0, *kv.load(li, p0 + T)), fast)[0]
             h = self._norm(x, L.post_norm)
-            g, u = project((L.gate, L.up), h)
+            g, u = project((L.gate, L.up), h, fast)
             silu_mul(g, u, g)                                                        # g ← silu(gate) * up
-            x += L.down(g)
+            x += project((L.down,), g, fast)[0]
         return self._norm(x, self.final_norm)
+
+    def _head(self, h: np.ndarray) -> np.ndarray:
+        """Logits f32 (T, vocab_rows) of final-normed hidden rows h (T, hidden), with this backend's numerics."""
+        if self._lm_head_fast is not None:
+            return self._lm_head_fast(h)
+        if self._fast:
+            return np.concatenate([project((self.lm_head,), h[t:t + 1], True)[0] for t in range(h.shape[0])])
+        return self.lm_head(h)
 
     def _prefill(self, ids: np.ndarray) -> np.ndarray:
         h = self._forward(ids)
-        return self.lm_head(h[-1:])[0]
+        return self._head(h[-1:])[0]
 
     def _decode(self, token_id: int) -> np.ndarray:
         h = self._forward(np.array([token_id], dtype=np.int32))
-        return self.lm_head(h)[0]
+        return self._head(h)[0]
 
     def _logits_all(self, ids: np.ndarray) -> np.ndarray:
         self.reset()
-        return self.lm_head(self._forward(ids))
+        return self._head(self._forward(ids))
 
     # -- many sequences ------------------------------------------------------------------------------
     def sequence_kv(self, n_pages: int) -> "PagedKv":
@@ -330,7 +404,7 @@ class PagedKv(SequenceKv):
         float32 (vocab_rows,) logits after the last one."""
         self._pages = np.asarray(seq.pages, dtype=np.int64)
         h = self.be._run(ids, p0, self)
-        return self.be.lm_head(h[-1:])[0]
+        return self.be._head(h[-1:])[0]
 
     def store(self, li: int, p0: int, k: np.ndarray, v: np.ndarray) -> None:
         pos = np.arange(p0, p0 + k.shape[0])

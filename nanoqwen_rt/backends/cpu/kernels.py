@@ -26,6 +26,7 @@ The slow references (`*_reference`) sit beside the kernels for tests.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -46,7 +47,7 @@ from numba.extending import intrinsic  # noqa: E402
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
 __all__ = ["F16_LUT", "BF16_LUT", "PERM", "matmul_int4", "matmul_u16", "rows_u16", "gemv_int4", "gemm_int4",
-           "gemv_u16", "gemm_u16", "gemv_int4_multi", "matmul_int4_reference", "matmul_u16_reference", "PARALLEL_MIN_WEIGHTS",
+           "gemv_u16", "gemm_u16", "gemv_int4_multi", "gemm_int4_multi", "matmul_int4_reference", "matmul_u16_reference", "PARALLEL_MIN_WEIGHTS",
            "widen_f16_bits", "warmup_kernels", "blas_single_threaded", "rms_norm", "silu_mul", "attention", "attention_prefill", "rms_norm_reference",
            "silu_mul_reference", "attention_reference"]
 
@@ -64,7 +65,9 @@ _ROW_BLOCK = 64   # rows per parallel work item of a GEMV: enough work per item 
 #: than it saves (measured on the 2-core CI box: a 256x256 GEMV takes 25 us serial vs 400+ us parallel under load)
 PARALLEL_MIN_WEIGHTS = 1 << 21
 
-#: float32 elements of one dequantized prefill tile: 256 KB, so the tile and the BLAS packing of it stay in L2
+#: float32 elements of one dequantized prefill tile: 256 KB, so the tile and the BLAS packing of it stay in L2.
+#: (1 MB tiles were 0-40 % faster in a noisy single-threaded test, but OpenBLAS picks other kernels by matrix size,
+#: so the tile size is part of the oracle's float32 rounding on small shapes: kept, bench/NOTES.md)
 _TILE_ELEMENTS = 1 << 16
 
 _pool_lock = threading.Lock()
@@ -272,39 +275,54 @@ def _tile_rows(K: int) -> int:
     return max(16, (_TILE_ELEMENTS // K) // 16 * 16)
 
 
-def _tiled_gemm(x_t, N, K, fill_tile, out):
-    """out (T, N) = x @ W.T where fill_tile(n0, n1, w) writes rows [n0, n1) of W (f32, in x_t's row order) into
-    w[:n1 - n0]. x_t: f32 (K, T) contiguous. The rows are split into one contiguous part per worker thread; each
-    worker dequantizes its tiles into its own buffer and multiplies them by single-threaded BLAS (np.dot releases
-    the GIL, the numba tile fillers are nogil), so the threads never wait for each other inside a matmul."""
+def _tiled_gemm(x_t, mats, outs):
+    """outs[m] (T, N_m) = x @ W_m.T for several weights sharing the input, mats[m] = (N_m, fill_tile_m), where
+    fill_tile_m(n0, n1, w) writes rows [n0, n1) of W_m (f32, in x_t's row order) into w[:n1 - n0]. x_t: f32 (K, T)
+    contiguous. The tiles of all the weights are one work list that the calling thread and the backend's workers
+    take from in turn (whoever gets the cores does the work: on a shared machine a descheduled thread does not hold
+    the others up); each dequantizes a tile into its own buffer and multiplies it by single-threaded BLAS (np.dot
+    releases the GIL, the numba tile fillers are nogil) and writes the transpose of its (rows, T) product into the
+    output's columns (in the worker: a transposed copy of a whole (N, T) product on the calling thread took 2.5 ms
+    per 4864-row weight at 128 tokens). Each tile is the same BLAS call whichever thread takes it, so the result
+    does not depend on the threads (bitwise). It does depend on the tile shape (OpenBLAS picks kernels by matrix
+    size, and the x @ W.T form of the same product differs too): both are fixed."""
+    K, T = x_t.shape
     rows = _tile_rows(K)
-    out_t = np.empty((N, x_t.shape[1]), dtype=np.float32)     # (N, T): the rows of one tile are contiguous here
+    work = [(m, n0, min(N, n0 + rows)) for m, (N, _) in enumerate(mats) for n0 in range(0, N, rows)]
+    take = itertools.count()                                           # next(): atomic under the GIL
 
-    def part(n_begin, n_end):
+    def worker():
         w = np.empty((rows, K), dtype=np.float32)
-        for n0 in range(n_begin, n_end, rows):
-            n1 = min(n_end, n0 + rows)
-            fill_tile(n0, n1, w)
-            np.dot(w[:n1 - n0], x_t, out=out_t[n0:n1])
+        while (i := next(take)) < len(work):
+            m, n0, n1 = work[i]
+            mats[m][1](n0, n1, w)
+            outs[m][:, n0:n1] = np.dot(w[:n1 - n0], x_t).T
 
     pool, n_workers = _worker_pool()
-    per = -(-N // (n_workers * rows)) * rows                  # rows per worker, whole tiles
-    bounds = [(b, min(N, b + per)) for b in range(0, N, per)]
     with blas_single_threaded():
-        if len(bounds) == 1:
-            part(*bounds[0])
-        else:
-            for fut in [pool.submit(part, b0, b1) for b0, b1 in bounds]:
+        futs = [pool.submit(worker) for _ in range(min(n_workers, len(work)) - 1)]
+        try:
+            worker()
+        finally:
+            for fut in futs:
                 fut.result()
-    out[:] = out_t.T
+
+
+def gemm_int4_multi(x, qweights, scales, group_size, outs):
+    """outs[m] = x @ W_m.T for T tokens and several int4g weights sharing K and group_size (q/k/v, gate/up). x: f32
+    (T, K) contiguous; outs: f32 (T, N_m). Tiles of rows are dequantized to f32 once and multiplied with all T tokens
+    by BLAS, the tiles of all the weights in one work list (`_tiled_gemm`)."""
+    K = qweights[0].shape[1] * 8
+    x_t = np.ascontiguousarray(x[:, _plane_order(K)].T)       # (K, T), rows in the tiles' column order
+
+    def filler(qweight, scale_bits):
+        return lambda n0, n1, w: _dequant_int4_rows(qweight, scale_bits, group_size, n0, n1, w)
+    _tiled_gemm(x_t, [(q.shape[0], filler(q, s)) for q, s in zip(qweights, scales)], outs)
 
 
 def gemm_int4(x, qweight, scale_bits, group_size, out):
-    """out = x @ W.T for T tokens. x: f32 (T, K) contiguous; out: f32 (T, N). Tiles of rows are dequantized to f32
-    once and multiplied with all T tokens by BLAS (`_tiled_gemm`)."""
-    N, K = qweight.shape[0], qweight.shape[1] * 8
-    x_t = np.ascontiguousarray(x[:, _plane_order(K)].T)       # (K, T), rows in the tiles' column order
-    _tiled_gemm(x_t, N, K, lambda n0, n1, w: _dequant_int4_rows(qweight, scale_bits, group_size, n0, n1, w), out)
+    """out = x @ W.T for T tokens. x: f32 (T, K) contiguous; out: f32 (T, N) (gemm_int4_multi of one weight)."""
+    gemm_int4_multi(x, (qweight,), (scale_bits,), group_size, (out,))
 
 
 def matmul_int4(x, qweight, scale_bits, group_size, out):
@@ -365,8 +383,8 @@ def _widen_u16_rows(w_bits, is_bf16, n0, n1, w):
 
 def gemm_u16(x, w_bits, is_bf16, out):
     """out = x @ W.T for T tokens (tiles widened to f32, multiplied by BLAS; see gemm_int4)."""
-    N, K = w_bits.shape
-    _tiled_gemm(np.ascontiguousarray(x.T), N, K, lambda n0, n1, w: _widen_u16_rows(w_bits, is_bf16, n0, n1, w), out)
+    _tiled_gemm(np.ascontiguousarray(x.T), [(w_bits.shape[0], lambda n0, n1, w: _widen_u16_rows(w_bits, is_bf16, n0,
+                                                                                           n1, w))], (out,))
 
 
 def matmul_u16(x, w_bits, is_bf16, out):
