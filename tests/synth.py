@@ -410,3 +410,14 @@ def rel_rows(a, b) -> np.ndarray:
     """Relative error of each row of a against b (float64 norms)."""
     a, b = np.atleast_2d(a).astype(np.float64), np.atleast_2d(b).astype(np.float64)
     return np.linalg.norm(a - b, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+def pack_int4_layout1(u: np.ndarray) -> np.ndarray:
+    """Independent INT4 layout-1 packer for kernel tests (spec §9.2): codes u uint8 (N, K), K % 8 == 0 -> uint32
+    (N, K/8) words, nibble i of word j <- u[:, 8j + INT4_PERM[i]]."""
+    from nanoqwen_format.constants import INT4_PERM
+    N, K = u.shape
+    out = np.zeros((N, K // 8), dtype=np.uint32)
+    for i in range(8):
+        out |= (u[:, INT4_PERM[i]::8].astype(np.uint32) << np.uint32(4 * i))
+    return out

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from synth import pack_int4_layout1  # noqa: E402  (tests/synth.py)
+
 from nanoqwen_rt.backends.cpu.fast_kernels import (HI, LO, Q8_MAX, Q16_MAX, _gemv_i8_parallel, _gemv_i8_serial,
                                                    _gemv_int4_q16_parallel, _gemv_int4_q16_serial, gemv_i8,
                                                    gemv_int4_q16_multi, lm_head_group, quantize_rows_i8,
@@ -32,13 +34,6 @@ def _fresh_rng():
     return np.random.default_rng(seed), seed
 
 
-def _pack(u: np.ndarray) -> np.ndarray:
-    """Independent packer: nibble i of word j <- u[:, 8j + PERM[i]] (layout 1)."""
-    N, K = u.shape
-    out = np.zeros((N, K // 8), dtype=np.uint32)
-    for i in range(8):
-        out |= (u[:, PERM[i]::8].astype(np.uint32) << np.uint32(4 * i))
-    return out
 
 
 def _x(rng, K):
@@ -92,7 +87,7 @@ def test_gemv_int4_q16_within_rounding_bound(impl, Ns, K, g):
     rng, seed = _fresh_rng()
     us = [rng.integers(0, 16, size=(N, K), dtype=np.uint8) for N in Ns]
     scales = [(rng.random((N, K // g)) * 0.02 + 0.001).astype(np.float16) for N in Ns]
-    qws = [_pack(u) for u in us]
+    qws = [pack_int4_layout1(u) for u in us]
     x = _x(rng, K)
     outs = [np.full(N, np.nan, np.float32) for N in Ns]
     qbs = tuple(q.view(np.uint8) for q in qws)
@@ -158,7 +153,7 @@ def test_int8_lm_head_within_rounding_bound(impl, kind, N, K):
 def test_non_finite_input_poisons_the_outputs():
     rng, seed = _fresh_rng()
     K, g = 256, 64
-    qw = _pack(rng.integers(0, 16, size=(40, K), dtype=np.uint8))
+    qw = pack_int4_layout1(rng.integers(0, 16, size=(40, K), dtype=np.uint8))
     sc = (rng.random((40, K // g)) * 0.02 + 0.001).astype(np.float16).view(np.uint16)
     for bad in (np.nan, np.inf):
         x = _x(rng, K)

@@ -2,7 +2,9 @@
 import numpy as np
 import pytest
 
-from nanoqwen_rt.backends.cpu.kernels import (BF16_LUT, F16_LUT, PERM, _gemv_int4_parallel, _gemv_int4_serial,
+from synth import pack_int4_layout1  # noqa: E402  (tests/synth.py)
+
+from nanoqwen_rt.backends.cpu.kernels import (BF16_LUT, F16_LUT, _gemv_int4_parallel, _gemv_int4_serial,
                                               _gemv_u16_parallel, _gemv_u16_serial, gemm_int4, gemm_int4_multi, gemm_u16,
                                               matmul_int4, matmul_int4_reference, matmul_u16,
                                               matmul_u16_reference, rows_u16, widen_f16_bits, attention, attention_prefill,
@@ -31,13 +33,6 @@ U16_IMPLS = {"gemv-serial": _per_token(_gemv_u16_serial), "gemv-parallel": _per_
 RTOL, ATOL = 1e-5, 1e-4
 
 
-def _pack(u: np.ndarray) -> np.ndarray:
-    """Independent packer for the test: nibble i of word j ← u[:, 8j + PERM[i]]."""
-    N, K = u.shape
-    out = np.zeros((N, K // 8), dtype=np.uint32)
-    for i in range(8):
-        out |= (u[:, PERM[i]::8].astype(np.uint32) << np.uint32(4 * i))
-    return out
 
 
 def test_luts_exact():
@@ -56,7 +51,7 @@ def test_luts_exact():
 def test_matmul_int4_matches_reference(impl, T, N, K, g):
     rng = np.random.default_rng(T * 1000 + N + K + g)
     u = rng.integers(0, 16, size=(N, K), dtype=np.uint8)
-    qw = _pack(u)
+    qw = pack_int4_layout1(u)
     scales = (rng.random((N, K // g)) * 0.1 + 0.01).astype(np.float16)
     x = rng.standard_normal((T, K)).astype(np.float32)
     out = np.full((T, N), np.nan, dtype=np.float32)
@@ -150,7 +145,7 @@ def test_gemv_int4_multi_matches_reference(ns):
     from nanoqwen_rt.backends.cpu.kernels import _gemv_int4_multi_parallel, gemv_int4_multi
     rng = np.random.default_rng(sum(ns))
     K, g = 256, 64
-    qws = [_pack(rng.integers(0, 16, size=(n, K), dtype=np.uint8)) for n in ns]
+    qws = [pack_int4_layout1(rng.integers(0, 16, size=(n, K), dtype=np.uint8)) for n in ns]
     scs = [(rng.random((n, K // g)) * 0.1 + 0.01).astype(np.float16) for n in ns]
     x = rng.standard_normal(K).astype(np.float32)
     for fn in (_gemv_int4_multi_parallel, gemv_int4_multi):
@@ -167,7 +162,7 @@ def test_gemm_int4_multi_equals_one_weight_at_a_time():
     K, g, T = 256, 64, 9
     Ns = (300, 40, 40)                                   # several tiles for the first weight
     us = [rng.integers(0, 16, size=(N, K), dtype=np.uint8) for N in Ns]
-    qws = [_pack(u) for u in us]
+    qws = [pack_int4_layout1(u) for u in us]
     scs = [(rng.random((N, K // g)) * 0.1 + 0.01).astype(np.float16) for N in Ns]
     x = rng.standard_normal((T, K)).astype(np.float32)
     outs = [np.full((T, N), np.nan, dtype=np.float32) for N in Ns]
