@@ -291,7 +291,8 @@ int launch_library(const nq::GemmGroup& g, int tiles, const __half* A, int lda, 
   return nq::launch_int4_mma<3, 2>(g, tiles, A, lda, M, ldc, add, allow_split, st);  // gemm.cu's mma.sync build
 }
 // the library's gemm_int4_wgmma builds (gemm_wgmma.cuh): the prefill builds (TN >= 128) unsplit, the few-token
-// builds split as gemm.cu splits them (or g_force_splits)
+// builds split as gemm.cu splits them (or g_force_splits). The prefill builds never split: their kernel reads the whole
+// of K whatever the grid (gemm_wgmma.cuh), so a forced split count does not apply to them.
 template <int TN, int WGS, int STAGES, int MINB, int KSUB = 1, bool PAR_SPLIT = (TN < 128)>
 int launch_lib_wgmma(const nq::GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add,
                      bool allow_split, cudaStream_t st) {
@@ -299,7 +300,7 @@ int launch_lib_wgmma(const nq::GemmGroup& g, int tiles, const __half* A, int lda
   if (TN < 128 && allow_split)
     splits = nq::choose_splits((long long)((M + TN - 1) / TN) * tiles, g.s[0].W.K / KB, MINB, nq::kSmallMaxSplits,
                                nq::kSmallMinStages, /*fill_rounds=*/true);
-  if (g_force_splits > 0) splits = std::min(g_force_splits, g.s[0].W.K / KB);
+  if (TN < 128 && g_force_splits > 0) splits = std::min(g_force_splits, g.s[0].W.K / KB);
   g_last_splits = splits;
   return nq::launch_int4_wgmma<TN, WGS, STAGES, MINB, KSUB, PAR_SPLIT>(g, tiles, A, lda, M, ldc, add, splits,
                                                                                st);
