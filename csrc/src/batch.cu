@@ -209,7 +209,10 @@ int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int
     const cudaError_t e = cudaGraphLaunch(b->graphs[n], st);
     if (e != cudaSuccess) rc = fail(cuda_status(e), "batched decode graph launch: %s", cudaGetErrorString(e));
   } else if (!b->warm[n]) {
+    const void* scratch = b->gemm_ws.p;
     rc = run();
+    // a GEMM that needed more split-K scratch moved it: the graphs of other sizes captured the old address
+    if (b->gemm_ws.p != scratch) drop_graphs(b);
     b->warm[n] = rc == NQ_OK;
   } else {
     cudaGraph_t g = nullptr;

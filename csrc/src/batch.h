@@ -39,7 +39,8 @@ struct Batch {
   int rope_ctx = 0;                // table is a prefix of the longest one), grown when a longer session is bound
   // the step for n sequences captured as a graph: graphs[n] (null until n has run once uncaptured, which sets every
   // launch's one-time state, warm[n], then captured at its second step). The graph reads its per-step inputs from
-  // the buffers above, so it does not depend on which sessions are bound; it is dropped when d_rope moves.
+  // the buffers above, so it does not depend on which sessions are bound; it is dropped when d_rope or the split-K
+  // scratch moves.
   std::vector<cudaGraphExec_t> graphs;
   std::vector<char> warm;
   ~Batch();
