@@ -41,10 +41,11 @@ constexpr WgShape kWgShapes[3] = {{256, 2, 590.0}, {128, 2, 453.0}, {128, 3, 516
 // picks 192 x 128 for qkv (96 blocks: one round), 128 x 128 for o and down (112 blocks), 128 x 256 for gate+up
 // (592 blocks), as the measurements ranked them.
 // Returns the build index and its block count in *blocks.
-int choose_wgmma(const LinW* W, int n, int M, int sms, long long* blocks) {
+// Builds [0, n_shapes): all three, or the 2-warpgroup ones (the SwiGLU epilogue pairs gate and up rows).
+int choose_wgmma(const LinW* W, int n, int M, int sms, long long* blocks, int n_shapes = 3) {
   int best = 0;
   double best_cost = 0.0;
-  for (int c = 0; c < 3; c++) {
+  for (int c = 0; c < n_shapes; c++) {
     const int rows = 64 * kWgShapes[c].wgs;
     long long tiles = 0;
     for (int i = 0; i < n; i++) tiles += (W[i].N + rows - 1) / rows;
@@ -81,8 +82,13 @@ bool wgmma_available(int* sms) {
 }
 }  // namespace
 
+void gemm_scratch_free(GemmScratch* ws) {
+  if (ws->p) cudaFree(ws->p);
+  *ws = GemmScratch{};
+}
+
 int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, const __half* A, int lda, int M,
-               int ldc, bool add, cudaStream_t st) {
+               int ldc, bool add, cudaStream_t st, GemmScratch* ws) {
   if (n < 1 || n > 3) return fail(NQ_E_INVALID_ARG, "gemm: %d segments (1..3)", n);
   for (int i = 0; i < n; i++) {
     if (M <= 0 || W[i].K % BK != 0 || lda % 8 != 0)
@@ -95,7 +101,7 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
   bool same = true;
   for (int i = 1; i < n; i++) same = same && W[i].K == W[0].K && W[i].type == W[0].type;
   if (!same) {  // segments of different K or dtype: one launch each
-    for (int i = 0; i < n; i++) NQ_TRY(gemm_multi(W + i, C + i, bias + i, 1, A, lda, M, ldc, add, st));
+    for (int i = 0; i < n; i++) NQ_TRY(gemm_multi(W + i, C + i, bias + i, 1, A, lda, M, ldc, add, st, ws));
     return NQ_OK;
   }
   GemmGroup g;
@@ -135,10 +141,10 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
       const int splits = choose_splits((long long)((M + tn - 1) / tn) * wt, W[0].K / WG_KB, /*blocks_per_sm=*/1,
                                        kSmallMaxSplits, kSmallMinStages, /*fill_rounds=*/true);
       if (tn == 16)
-        return launch_int4_wgmma<16, kSmallWgs, kSmallStages, kSmallSub>(g, wt, A, lda, M, ldc, add, splits, st);
+        return launch_int4_wgmma<16, kSmallWgs, kSmallStages, kSmallSub>(g, wt, A, lda, M, ldc, add, splits, st, ws);
       if (tn == 32)
-        return launch_int4_wgmma<32, kSmallWgs, kSmallStages, kSmallSub>(g, wt, A, lda, M, ldc, add, splits, st);
-      return launch_int4_wgmma<64, kSmallWgs, 6, 2>(g, wt, A, lda, M, ldc, add, splits, st);
+        return launch_int4_wgmma<32, kSmallWgs, kSmallStages, kSmallSub>(g, wt, A, lda, M, ldc, add, splits, st, ws);
+      return launch_int4_wgmma<64, kSmallWgs, 6, 2>(g, wt, A, lda, M, ldc, add, splits, st, ws);
     }
     return launch_int4_mma<kMmaStages, kMmaBlocksPerSm>(g, count_tiles(MM_BN), A, lda, M, ldc, add,
                                                         /*allow_split=*/true, st);
@@ -149,9 +155,38 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
   return fail(NQ_E_UNSUPPORTED, "gemm: weight type %d", W[0].type);
 }
 
+int gemm_swiglu(const LinW& gate, const LinW& up, const __half* A, int lda, int M, float* G, float* U, __half* H,
+                cudaStream_t st, GemmScratch* ws) {
+  const int I = gate.N;
+  const LinW W[2] = {gate, up};
+  int sms = 0;
+  long long blocks = 0;
+  const bool fused_ok = gate.type == WT_INT4 && up.type == WT_INT4 && up.N == I && up.K == gate.K &&
+                        up.group == gate.group && M >= kWgmmaMinM && gate.K % BK == 0 && lda % 8 == 0 &&
+                        contract::int4_group_ok(gate.group, gate.K) && reinterpret_cast<uintptr_t>(A) % 16 == 0 &&
+                        reinterpret_cast<uintptr_t>(gate.w) % 16 == 0 && reinterpret_cast<uintptr_t>(up.w) % 16 == 0 &&
+                        wgmma_available(&sms);
+  // the 2-warpgroup builds (kWgShapes[0..1]), 64 rows of gate and up per block = 128 rows as the unfused launch
+  const int c = fused_ok ? choose_wgmma(W, 2, M, sms, &blocks, 2) : -1;
+  if (c >= 0 && 2 * blocks >= sms) {
+    GemmGroup g;
+    g.n = 2;
+    for (int i = 0; i < 2; i++) g.s[i].W = W[i], g.s[i].C = nullptr, g.s[i].bias = nullptr;
+    g.swiglu_out = H;
+    g.swiglu_ld = I;
+    const int tiles = (I + 63) / 64;
+    if (c == 0) return launch_int4_wgmma<256, 2, 4, 1>(g, tiles, A, lda, M, 0, false, 1, st);
+    return launch_int4_wgmma<128, 2, 5, 1>(g, tiles, A, lda, M, 0, false, 1, st);
+  }
+  float* const C2[2] = {G, U};
+  const float* const B2[2] = {nullptr, nullptr};
+  NQ_TRY(gemm_multi(W, C2, B2, 2, A, lda, M, I, false, st, ws));
+  return swiglu_rows(G, U, M, I, H, st);
+}
+
 int gemm(const LinW& W, const __half* A, int lda, int M, float* C, int ldc, const float* bias, bool add,
-         cudaStream_t st) {
-  return gemm_multi(&W, &C, &bias, 1, A, lda, M, ldc, add, st);
+         cudaStream_t st, GemmScratch* ws) {
+  return gemm_multi(&W, &C, &bias, 1, A, lda, M, ldc, add, st, ws);
 }
 
 }  // namespace nq

@@ -44,6 +44,7 @@
 #pragma once
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <algorithm>
 #include "gemm_kernels.cuh"
 #include "wgmma_rs.cuh"
 
@@ -135,10 +136,12 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   const uint32_t full0 = sbase + STAGES * C_::kStageBytes, empty0 = full0 + STAGES * 8;
 
   const int by = blockIdx.y;  // W-row tile over all segments; blockIdx.x = token tile (fastest: W read ~once)
-  const int seg = (g.n > 2 && by >= g.tiles0 + g.tiles1) ? 2 : (g.n > 1 && by >= g.tiles0) ? 1 : 0;
+  // SwiGLU blocks: rows n0 .. n0 + 63 of gate (warpgroup 0) and of up (warpgroup 1), tensor maps of 64-row boxes
+  const bool swiglu = WGS == 2 && g.swiglu_out != nullptr;
+  const int seg = swiglu ? 0 : (g.n > 2 && by >= g.tiles0 + g.tiles1) ? 2 : (g.n > 1 && by >= g.tiles0) ? 1 : 0;
   const LinW W = seg == 2 ? g.s[2].W : seg == 1 ? g.s[1].W : g.s[0].W;
   const CUtensorMap* tmW = seg == 2 ? &tmW2 : seg == 1 ? &tmW1 : &tmW0;
-  const int n0 = (by - (seg == 2 ? g.tiles0 + g.tiles1 : seg == 1 ? g.tiles0 : 0)) * C_::kRows;
+  const int n0 = swiglu ? by * 64 : (by - (seg == 2 ? g.tiles0 + g.tiles1 : seg == 1 ? g.tiles0 : 0)) * C_::kRows;
   const int m0 = blockIdx.x * TN;
   const int tid = threadIdx.x;
   // split-K (gridDim.z splits; sem != null): split z owns the 64-k sub-tiles [kt0, kt0 + KT), in NS stages of KSUB
@@ -174,7 +177,12 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
         for (int q = 0; q < nsub; q++) {
           const int kt = kt0 + ks * KSUB + q;
           wg_tma_load_2d(buf + q * C_::kSubBytes, &tmA, kt * WG_KB, m0, full);
-          wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, tmW, kt * WG_KB / 2, n0, full);
+          if (swiglu) {  // the same 64 rows of gate, then of up
+            wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, &tmW0, kt * WG_KB / 2, n0, full);
+            wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes + C_::kWBytes / 2, &tmW1, kt * WG_KB / 2, n0, full);
+          } else {
+            wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, tmW, kt * WG_KB / 2, n0, full);
+          }
         }
       }
     }
@@ -186,10 +194,13 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   const int lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3, gid = lane >> 2, tig = lane & 3;
   const int r0 = wg * 64 + wq * 16 + gid;
   const int sh = 4 * tig;
-  const int groups = W.K / W.group, gshift = __ffs(W.group) - 1;  // groups are powers of two (format rule)
+  // this warpgroup's weight matrix and the row of r0 in it (a SwiGLU block's warpgroup 1 holds up's rows)
+  const LinW& Wm = swiglu && wg == 1 ? g.s[1].W : W;
+  const int wr0 = n0 + (swiglu ? r0 - 64 * wg : r0);
+  const int groups = Wm.K / Wm.group, gshift = __ffs(Wm.group) - 1;  // groups are powers of two (format rule)
   // scale rows of r0 and r0 + 8; rows beyond N read row 0's (their outputs are never stored)
-  const __half* srow0 = W.scales + (size_t)(n0 + r0 < W.N ? n0 + r0 : 0) * groups;
-  const __half* srow1 = W.scales + (size_t)(n0 + r0 + 8 < W.N ? n0 + r0 + 8 : 0) * groups;
+  const __half* srow0 = Wm.scales + (size_t)(wr0 < Wm.N ? wr0 : 0) * groups;
+  const __half* srow1 = Wm.scales + (size_t)(wr0 + 8 < Wm.N ? wr0 + 8 : 0) * groups;
   // The scales' raw bits [row r0 / r0+8][32-k half], loaded a stage ahead and paired (s, s) only where the next
   // stage dequantises: pairing them here made the thread wait for the loads before it issued this stage's wgmmas
   // (SASS: the PRMTs right after the LDGs, ahead of WARPGROUP.ARRIVE), a global-memory latency in every stage.
@@ -255,6 +266,38 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   }
 
   // epilogue: acc[4j + 2h + e] = (block row r0 + 8h, token 8j + 2tig + e)
+  if constexpr (WGS == 2) {
+    if (swiglu) {
+      // warpgroup 1 hands its up values to the thread of warpgroup 0 that holds the same (row, token) of gate,
+      // through the stage buffers (every stage was consumed: no TMA write is in flight), element-major so that
+      // consecutive threads touch consecutive words
+      static_assert(TN / 2 * 128 * 4 <= STAGES * C_::kStageBytes, "SwiGLU exchange fits the stage buffers");
+      float* const xs = reinterpret_cast<float*>(wsm);
+      const int t = tid & 127;
+      asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");  // every consumer is done with the stages
+      if (wg == 1) {
+#pragma unroll
+        for (int i = 0; i < TN / 2; i++) xs[i * 128 + t] = acc[i];
+      }
+      asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
+      if (wg == 1) return;
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int n = n0 + r0 + 8 * h;
+        if (n >= W.N) continue;
+#pragma unroll
+        for (int j = 0; j < TN / 8; j++)
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            const int m = m0 + 8 * j + 2 * tig + e;
+            if (m >= M) continue;
+            const int i = 4 * j + 2 * h + e;
+            g.swiglu_out[(size_t)m * g.swiglu_ld + n] = swiglu_f16(acc[i], xs[i * 128 + t]);
+          }
+      }
+      return;
+    }
+  }
   float* const C = seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C;
   const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
   if (nz > 1) {
@@ -271,7 +314,10 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
     __threadfence();
     asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
     __shared__ int s_last;
-    if (tid == 0) s_last = atomicAdd(sem + tl, 1) == nz - 1;
+    if (tid == 0) {
+      s_last = atomicAdd(sem + tl, 1) == nz - 1;
+      if (s_last) sem[tl] = 0;  // every split has counted: the counter is zero again for the next launch
+    }
     asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
     if (!s_last) return;
     __threadfence();
@@ -336,11 +382,12 @@ inline bool wg_encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void*
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// One launch of gemm_int4_wgmma<TN, WGS, STAGES, KSUB>; `tiles` = W-row tiles of 64 WGS rows over all segments,
-// `splits` = split-K count (1: none; the few-token builds only), reduced by each tile's last split.
+// One launch of gemm_int4_wgmma<TN, WGS, STAGES, KSUB>; `tiles` = W-row tiles of 64 WGS rows over all segments (with
+// g.swiglu_out: tiles of 64 rows of gate and up each), `splits` = split-K count (1: none; the few-token builds only),
+// reduced by each tile's last split.
 template <int TN, int WGS, int STAGES, int KSUB>
 int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add, int splits,
-                      cudaStream_t st) {
+                      cudaStream_t st, GemmScratch* ws = nullptr) {
   using C_ = WgCfg<TN, WGS, STAGES, KSUB>;
   auto kern = gemm_int4_wgmma<TN, WGS, STAGES, KSUB>;
   static bool raised = false;
@@ -356,19 +403,40 @@ int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, i
                     WG_KB, TN, CU_TENSOR_MAP_SWIZZLE_128B))
     return fail(NQ_E_CUDA, "gemm: cuTensorMapEncodeTiled failed for the activations (M=%d, K=%d, lda=%d)", M,
                 g.s[0].W.K, lda);
+  const bool swiglu = g.swiglu_out != nullptr;
+  if (swiglu && (WGS != 2 || g.n != 2 || splits > 1 || g.s[0].W.N != g.s[1].W.N))
+    return fail(NQ_E_INVALID_ARG, "gemm: the SwiGLU epilogue needs a 2-warpgroup build, gate and up of one N, no split");
   for (int i = 0; i < 3; i++) {
     const LinW& W = g.s[i < g.n ? i : 0].W;
     if (!wg_encode_2d(&tmW[i], CU_TENSOR_MAP_DATA_TYPE_UINT8, W.w, (uint64_t)W.K / 2, (uint64_t)W.N,
-                      (uint64_t)W.K / 2, WG_KB / 2, C_::kRows, CU_TENSOR_MAP_SWIZZLE_NONE))
+                      (uint64_t)W.K / 2, WG_KB / 2, swiglu ? C_::kRows / 2 : C_::kRows, CU_TENSOR_MAP_SWIZZLE_NONE))
       return fail(NQ_E_CUDA, "gemm: cuTensorMapEncodeTiled failed for weight segment %d (N=%d, K=%d)", i, W.N, W.K);
   }
   const int mtiles = (M + TN - 1) / TN;
   int* sem = nullptr;
   float* part = nullptr;
-  if (splits > 1) {
+  bool own = false;  // sem/part allocated for this launch alone
+  const size_t sem_bytes = ((size_t)mtiles * tiles * sizeof(int) + 255) / 256 * 256;
+  const size_t part_bytes = (size_t)splits * mtiles * tiles * C_::kConsumers * (TN / 2) * sizeof(float);
+  if (splits > 1 && ws) {  // the caller's scratch, grown if this launch needs more and the stream is not captured
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    NQ_CUDA(cudaStreamIsCapturing(st, &cs));
+    if ((ws->counter_bytes < sem_bytes || ws->part_bytes < part_bytes) && cs == cudaStreamCaptureStatusNone) {
+      const size_t cb = std::max(ws->counter_bytes, sem_bytes), pb = std::max(ws->part_bytes, part_bytes);
+      if (ws->p) NQ_CUDA(cudaFreeAsync(ws->p, st));
+      *ws = GemmScratch{};
+      NQ_CUDA(cudaMallocAsync(&ws->p, cb + pb, st));
+      NQ_CUDA(cudaMemsetAsync(ws->p, 0, cb, st));
+      ws->counter_bytes = cb, ws->part_bytes = pb;
+    }
+    if (ws->counter_bytes >= sem_bytes && ws->part_bytes >= part_bytes) {
+      sem = static_cast<int*>(ws->p);
+      part = reinterpret_cast<float*>(static_cast<char*>(ws->p) + ws->counter_bytes);
+    }
+  }
+  if (splits > 1 && !sem) {
     // per-launch tile counters + partials, stream-ordered: no state shared between streams or launches
-    const size_t sem_bytes = ((size_t)mtiles * tiles * sizeof(int) + 255) / 256 * 256;
-    const size_t part_bytes = (size_t)splits * mtiles * tiles * C_::kConsumers * (TN / 2) * sizeof(float);
+    own = true;
     if (cudaMallocAsync(reinterpret_cast<void**>(&sem), sem_bytes + part_bytes, st) != cudaSuccess) {
       (void)cudaGetLastError();  // no stream-ordered allocator here: run unsplit
       sem = nullptr;
@@ -381,7 +449,7 @@ int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, i
   dim3 grid(mtiles, tiles, splits > 1 ? splits : 1);
   kern<<<grid, C_::kThreads, C_::kSmem, st>>>(g, tmA, tmW[0], tmW[1], tmW[2], M, ldc, add ? 1 : 0, sem, part);
   NQ_LAUNCH_CHECK("gemm_int4_wgmma");
-  if (sem) NQ_CUDA(cudaFreeAsync(sem, st));
+  if (own && sem) NQ_CUDA(cudaFreeAsync(sem, st));
   return NQ_OK;
 }
 

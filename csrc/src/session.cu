@@ -313,13 +313,7 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
         NQ_TRY(attention(aa, st));
         NQ_TRY(gemm(L.o, s->ATT, Nq, M, s->X, H, nullptr, true, st));
         NQ_TRY(rmsnorm_rows(s->X, L.ln2, M, H, eps, s->Xn, st));
-        {  // gate and up in one launch
-          const LinW W2[2] = {L.gate, L.up};
-          float* const C2[2] = {s->G, s->U};
-          const float* const B2[2] = {nullptr, nullptr};
-          NQ_TRY(gemm_multi(W2, C2, B2, 2, s->Xn, H, M, I, false, st));
-        }
-        NQ_TRY(swiglu_rows(s->G, s->U, M, I, s->HM, st));
+        NQ_TRY(gemm_swiglu(L.gate, L.up, s->Xn, H, M, s->G, s->U, s->HM, st));
         NQ_TRY(gemm(L.down, s->HM, I, M, s->X, H, nullptr, true, st));
       }
       if (logits_dev) {
