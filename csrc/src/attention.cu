@@ -341,7 +341,9 @@ __global__ void __launch_bounds__(kAttnThreads) attn_prefill_kernel(const AttnAr
   PrefSmem<D>& S = *reinterpret_cast<PrefSmem<D>*>(attn_smem);
   pdl_wait();
   pdl_trigger();
-  const int h = blockIdx.x, t0 = blockIdx.y * kPQ;
+  // the token tiles in reverse: blocks start in blockIdx order, and a later tile reads more keys (causal), so the
+  // longest blocks start first and the short ones fill the last wave (a grid of several waves: long prompts)
+  const int h = blockIdx.x, t0 = (gridDim.y - 1 - blockIdx.y) * kPQ;
   const int G = a.n_heads / a.n_kv, R = kPQ * G;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int pos0 = *a.pos0;
