@@ -24,7 +24,8 @@ import os
 import numpy as np
 
 from ..base import Backend, BackendError, SequenceKv, resolve_max_context
-from .fast_kernels import gemv_i8, gemv_int4_q16_multi, lm_head_group, quantize_rows_i8, warmup_fast_kernels
+from .fast_kernels import (gemm_int4_q16_multi, gemv_i8, gemv_int4_q16_multi, lm_head_group, quantize_rows_i8,
+                           warmup_fast_kernels)
 from .kernels import (BF16_LUT, F16_LUT, attention, attention_prefill, blas_single_threaded, gemm_int4_multi,
                       gemv_int4_multi,
                       matmul_int4, matmul_u16, rms_norm, rows_u16, silu_mul, warmup_kernels)
@@ -99,7 +100,10 @@ def project(lins: tuple[Linear, ...], x: np.ndarray, fast: bool = False) -> list
         return [l(x) for l in lins]             # (also any callable standing in for a Linear: calibration's)
     T = x.shape[0]
     ys = [np.full((T, l.N), np.nan, dtype=np.float32) for l in lins]          # (T, N) each, poisoned
-    if T > 1:
+    if T > 1 and fast:
+        gemm_int4_q16_multi(np.ascontiguousarray(x, dtype=np.float32), [l.qbytes for l in lins],
+                            [l.scale_bits for l in lins], first.group_size, ys)
+    elif T > 1:
         gemm_int4_multi(np.ascontiguousarray(x, dtype=np.float32), [l.qweight for l in lins],
                         [l.scale_bits for l in lins], first.group_size, ys)
     elif fast:
