@@ -1,7 +1,7 @@
 """numba kernels of the CPU backend's fast numerics (numerics="fast"): integer dot products over int16 activations.
 
-The oracle kernels (kernels.py) keep every activation in float32. These round the input of each one-token product
-to int16 once per weight group (step = absmax of the group / 32767, round to nearest), so that the dot product of a
+The oracle kernels (kernels.py) keep every activation in float32. These round the input of each product (each
+token's, in a prompt as in decode) to int16 once per weight group (step = absmax of the group / 32767, round to nearest), so that the dot product of a
 group is an exact int32 sum of integer products and only one float multiply per group remains, the shape of
 llama.cpp's Q4_0 x Q8_0 dot (with 16-bit instead of 8-bit activations: 256x finer steps for the same vpmaddwd).
   * int4g weights (layout 1, the file's bytes as they are): byte m of a row holds two codes, low nibble at
@@ -14,12 +14,18 @@ llama.cpp's Q4_0 x Q8_0 dot (with 16-bit instead of 8-bit activations: 256x fine
 The per-chunk dots are LLVM vector IR (`_dot_intrinsic`): loads of 16-128 bytes, widen to i32, multiply, add,
 `llvm.vector.reduce.add`; LLVM lowers that to pmaddwd (vpdpwssd with AVX-512 VNNI) on x86 and to the target's own
 multiply-add elsewhere; numba's scalar integer arithmetic (which widens to int64) vectorised at half this speed.
+A prompt's int4 products run as a GEMM (`gemm_int4_q16_multi`): each group of a weight row is unpacked once into
+(code_lo, code_hi) int16 pairs and multiplied by the same pair of activations of 16 tokens per instruction
+(`_pair_dots`: pairs broadcast, activations token-minor, vpdpwssd with AVX-512 VNNI), with the GEMV's rounding and
+the GEMV's float order per group, so each token's outputs are bitwise what the GEMV gives for that token alone.
 
 What the rounding costs is bounded per call (tests/test_cpu_fast.py): each activation moves by at most half a step,
 so |y_fast - y_exact| <= sum over groups of (step_g / 2) * sum_k |w_k| for int4 weights, plus the int8 weight
 rounding of the lm_head (half a weight step per weight).
-Threads as in kernels.py: row blocks split by ``prange`` on numba's OpenMP pool (PASSIVE waits, set there) when the
-weights are many (PARALLEL_MIN_WEIGHTS); several weights sharing one input run as one parallel region.
+Threads as in kernels.py: a GEMV's row blocks split by ``prange`` on numba's OpenMP pool (PASSIVE waits, set there)
+when the weights are many (PARALLEL_MIN_WEIGHTS); several weights sharing one input run as one parallel region. The
+GEMM's row blocks are one work list that the calling thread and the backend's worker threads take from through an
+atomic cursor (whoever has a core does the work, as in kernels._tiled_gemm).
 """
 from __future__ import annotations
 
@@ -542,8 +548,10 @@ def warmup_fast_kernels(int4_groups, lm_head_group_size) -> None:
         sc = np.zeros((16, K // g), dtype=np.uint16)
         o = np.empty(16, dtype=np.float32)
         x = np.ones(K, dtype=np.float32)
+        o2 = np.empty((2, 16), dtype=np.float32)
         for m in (1, 2, 3):
             gemv_int4_q16_multi(x, (qb,) * m, (sc,) * m, g, (o,) * m)
+            gemm_int4_q16_multi(np.ones((2, K), dtype=np.float32), (qb,) * m, (sc,) * m, g, (o2,) * m)
             xlo = np.zeros(K // 2, np.int16)
             _gemv_int4_q16_parallel(xlo, xlo, np.zeros(K // g, np.int32), np.zeros(K // g, np.float32),
                                     (qb,) * m, (sc,) * m, g, (o,) * m)
