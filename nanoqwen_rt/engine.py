@@ -149,7 +149,7 @@ def _cuda_backend():
 
 
 DEVICES = ("auto", "cpu", "cuda")
-#: numerics of the CPU backend (nanoqwen_rt/backends/cpu/backend.py): "fast" (int16 activations in the one-token
+#: numerics of the CPU backend (nanoqwen_rt/backends/cpu/backend.py): "fast" (int16 activations in the int4
 #: products, an int8 lm_head: what the Engine serves with) or "oracle" (float32 throughout: what the tests compare
 #: the CUDA backend and transformers against, and what nanoqwen-verify measures). The CUDA backend has one numerics.
 CPU_NUMERICS = ("fast", "oracle")

@@ -21,7 +21,7 @@ MODEL = Path(__file__).resolve().parents[1] / "models" / "tiny-py"
 # of its cache: numba compiles another specialization, with another float32 summation order), and a prompt
 # computed in PREFILL_CHUNK_TOKENS chunks multiplies other row blocks in its GEMMs: observed ≤ 1.1e-6 on this
 # model; 1e-4 leaves a wide margin and still catches a wrong KV row (which moves logprobs by O(0.1..10)).
-# The engine runs the oracle numerics: the fast numerics round each one-token product's input to int16, and a
+# The engine runs the oracle numerics: the fast numerics round each product's input to int16, and a
 # 1e-6 difference that puts an activation across a rounding boundary moves a logprob by ~1e-4 (tests/test_cpu_fast.py
 # bounds the fast numerics against the oracle); this file checks the batching, not the rounding.
 LOGPROB_ATOL = 1e-4

@@ -235,3 +235,18 @@ def test_batched_api_runs_one_library_session_per_sequence():
     batched = [int(c.split()[1]) for c in lib.calls if c.startswith("decode_batch")]
     assert lib.calls.count("prefill") == 3 and batched and min(batched) == max(batched) == 2
     assert sum(batched) + lib.calls.count("decode") == 3 * 5
+
+
+def test_binding_matches_the_c_header():
+    """abi.py's ABI version and every entry point's argument count are the header's (csrc/include/nanoqwen.h), so a
+    changed C signature cannot go unnoticed on a machine without the library."""
+    import re
+    from pathlib import Path
+    header = (Path(__file__).resolve().parent.parent / "csrc" / "include" / "nanoqwen.h").read_text()
+    assert int(re.search(r"#define NQ_ABI_VERSION (\d+)", header).group(1)) == abi.NQ_ABI_VERSION
+    decls = {m.group(1): m.group(2) for m in re.finditer(r"NQ_API [\w\s\*]+?\b(nq_\w+)\(([^)]*)\);", header)}
+    for name, (_, args) in {**abi.SIGNATURES, **abi.OPTIONAL_SIGNATURES}.items():
+        assert name in decls, f"{name} is not declared in nanoqwen.h"
+        params = decls[name].strip()
+        n = 0 if params in ("", "void") else params.count(",") + 1
+        assert n == len(args), f"{name}: {n} parameters in nanoqwen.h, {len(args)} in abi.py"

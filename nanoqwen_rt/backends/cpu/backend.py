@@ -5,12 +5,12 @@ only the 1-D tensors (norm weights, biases: a few KB per layer) are widened to f
 Numerics (the `numerics` argument, fixed for the backend's life):
   * "oracle" (the default): every activation and accumulation is float32, weights widened exactly. The tests, the
     GPU backend's comparisons (LOGIT_ATOL) and nanoqwen-verify use it; nothing here is traded for speed.
-  * "fast" (what Engine serves with on the CPU): the one-token products (decode; the lm_head of a prompt's last
-    position) round their input to int16 per weight group and sum exact integer products (fast_kernels.py), and
-    the lm_head is rounded once, at load, to int8 per row and group (a copy in memory: vocab x hidden bytes + 4
-    bytes per group, e.g. 140 MB for Qwen2.5-0.5B; the stored matrix is still read for the embedding gather).
-    Prompts (T > 1 tokens through the layers) run the oracle's float32 kernels. tests/test_cpu_fast.py bounds the
-    difference; bench/NOTES.md measures it (perplexity, agreement) and the speed.
+  * "fast" (what Engine serves with on the CPU): the int4 products round each token's input to int16 per weight
+    group and sum exact integer products (fast_kernels.py: a GEMV for one token, a GEMM for a prompt, the same
+    products per token), and the lm_head is rounded once, at load, to int8 per row and group (a copy in memory:
+    vocab x hidden bytes + 4 bytes per group, e.g. 140 MB for Qwen2.5-0.5B; the stored matrix is still read for the
+    embedding gather). f16 / bf16 linear weights other than the lm_head run the oracle's float32 kernels.
+    tests/test_cpu_fast.py bounds the difference; bench/NOTES.md measures it (perplexity, agreement) and the speed.
 The KV cache is float32 (or float16 with kv_dtype="f16"),
 shaped (n_layers, n_kv_heads, capacity, head_dim): it starts at KV_INITIAL_POSITIONS positions and doubles (up to
 max_context) when a prefill/decode needs more, so the first token of a fresh process does not page-fault in a
@@ -24,7 +24,8 @@ import os
 import numpy as np
 
 from ..base import Backend, BackendError, SequenceKv, resolve_max_context
-from .fast_kernels import gemv_i8, gemv_int4_q16_multi, lm_head_group, quantize_rows_i8, warmup_fast_kernels
+from .fast_kernels import (gemm_int4_q16_multi, gemv_i8, gemv_int4_q16_multi, lm_head_group, quantize_rows_i8,
+                           warmup_fast_kernels)
 from .kernels import (BF16_LUT, F16_LUT, attention, attention_prefill, blas_single_threaded, gemm_int4_multi,
                       gemv_int4_multi,
                       matmul_int4, matmul_u16, rms_norm, rows_u16, silu_mul, warmup_kernels)
@@ -91,15 +92,18 @@ class Linear:
 
 def project(lins: tuple[Linear, ...], x: np.ndarray, fast: bool = False) -> list[np.ndarray]:
     """[lin(x) for lin in lins]; over int4 weights of one K and group (q/k/v, gate/up) the products run together:
-    for one token as one parallel region (gemv_int4_multi; fast: with the input rounded to int16 per group and exact
-    integer sums, gemv_int4_q16_multi, the backend's "fast" numerics), for a prompt as one work list of dequantized
-    tiles (gemm_int4_multi)."""
+    for one token as one parallel region (gemv_int4_multi), for a prompt as one work list of dequantized tiles
+    (gemm_int4_multi); fast (the backend's "fast" numerics): with each token's input rounded to int16 per group and
+    exact integer sums, gemv_int4_q16_multi for one token, gemm_int4_q16_multi for a prompt."""
     first = lins[0]
     if not all(type(l) is Linear and l.kind == "INT4G" and l.group_size == first.group_size for l in lins):
         return [l(x) for l in lins]             # (also any callable standing in for a Linear: calibration's)
     T = x.shape[0]
     ys = [np.full((T, l.N), np.nan, dtype=np.float32) for l in lins]          # (T, N) each, poisoned
-    if T > 1:
+    if T > 1 and fast:
+        gemm_int4_q16_multi(np.ascontiguousarray(x, dtype=np.float32), [l.qbytes for l in lins],
+                            [l.scale_bits for l in lins], first.group_size, ys)
+    elif T > 1:
         gemm_int4_multi(np.ascontiguousarray(x, dtype=np.float32), [l.qweight for l in lins],
                         [l.scale_bits for l in lins], first.group_size, ys)
     elif fast:

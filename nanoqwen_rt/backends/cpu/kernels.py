@@ -137,6 +137,28 @@ def widen_f16_bits(bits, out):
         out[i] = _widen_f16(bits[i])
 
 
+# ------------------------------------------------------------------------------------------ row-block work list
+@njit(cache=True, inline="always")
+def row_block_list(mats, block):
+    """The work list of all the row blocks of several weights (a tuple of 2-D arrays, rows first), `block` rows
+    each: first[m] is the index of matrix m's first block, first[-1] the number of blocks (int64 (M + 1,))."""
+    M = len(mats)
+    first = np.zeros(M + 1, dtype=np.int64)
+    for m in range(M):
+        first[m + 1] = first[m] + (mats[m].shape[0] + block - 1) // block
+    return first
+
+
+@njit(cache=True, inline="always")
+def row_block(first, mats, block, b):
+    """Block b of the work list `first` (row_block_list): (matrix m, its rows [n0, n1))."""
+    m = 0
+    while b >= first[m + 1]:
+        m += 1
+    n0 = (b - first[m]) * block
+    return m, n0, min(mats[m].shape[0], n0 + block)
+
+
 # ------------------------------------------------------------------------------------------------------ int4
 @njit(cache=True, fastmath=True)
 def _permute_x(x, group_size, xp, xs):
@@ -216,17 +238,10 @@ def _gemv_int4_multi_parallel(x, qweights, scales, group_size, outs):
     xp = np.empty((8, K // 8), dtype=np.float32)
     xs = np.empty(K // group_size, dtype=np.float32)
     _permute_x(x, group_size, xp, xs)
-    M = len(qweights)
-    first = np.zeros(M + 1, dtype=np.int64)          # first[m]: index of matrix m's first block in the work list
-    for m in range(M):
-        first[m + 1] = first[m] + (qweights[m].shape[0] + _ROW_BLOCK - 1) // _ROW_BLOCK
-    for b in prange(first[M]):
-        m = 0
-        while b >= first[m + 1]:
-            m += 1
-        n0 = (b - first[m]) * _ROW_BLOCK
-        _gemv_int4_rows(xp, xs, qweights[m], scales[m], group_size, outs[m], n0,
-                        min(qweights[m].shape[0], n0 + _ROW_BLOCK))
+    first = row_block_list(qweights, _ROW_BLOCK)
+    for b in prange(first[-1]):
+        m, n0, n1 = row_block(first, qweights, _ROW_BLOCK, b)
+        _gemv_int4_rows(xp, xs, qweights[m], scales[m], group_size, outs[m], n0, n1)
 
 
 def gemv_int4_multi(x, qweights, scales, group_size, outs):
