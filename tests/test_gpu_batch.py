@@ -76,7 +76,7 @@ def test_batched_decode_matches_each_sequence_alone(files, name, lens):
         got = []
         for t in range(steps):
             toks = np.array([seq[n + t] for seq, n in zip(seqs, lens)], dtype=np.int32)
-            nxt, lg = be.decode_batch(sessions, toks, want_logits=True)
+            nxt, lg = be.decode_batch(sessions, toks, n_logits=len(sessions))
             assert np.isfinite(lg).all()
             # greedy sessions sample the argmax (the sampler breaks ties towards the lower id, as argmax does)
             np.testing.assert_array_equal(nxt, lg.argmax(axis=-1))
@@ -97,7 +97,7 @@ def test_batched_decode_matches_each_sequence_alone(files, name, lens):
         sessions.append(be.new_session(CTX))
         _prefill(be, sessions[-1], fresh[:8])
         toks = np.array([seq[n + steps] for seq, n in zip(seqs, lens)] + [fresh[8]], dtype=np.int32)
-        _, lg = be.decode_batch(sessions, toks, want_logits=True)
+        _, lg = be.decode_batch(sessions, toks, n_logits=len(sessions))
         refs = [_alone(be, seq)[n + steps] for seq, n in zip(seqs, lens)] + [_alone(be, fresh)[8]]
         err = rel_rows(lg, np.stack(refs)).max()
         assert err < BATCH_TOL, f"after a session change: relative error {err:.2e}"
@@ -156,7 +156,7 @@ def test_batched_sampler_draws_with_each_sessions_settings(files, n):
             _prefill(be, sess, rng.integers(0, V, size=int(rng.integers(1, 20))))
         toks = rng.integers(0, V, size=n).astype(np.int32)
         for step in range(4):                       # the counter of every session advances with each draw
-            nxt, lg = be.decode_batch(sessions, toks, want_logits=True)
+            nxt, lg = be.decode_batch(sessions, toks, n_logits=len(sessions))
             for i, sp in enumerate(settings):
                 out = ctypes.c_int32(-1)
                 logits = np.ascontiguousarray(lg[i], dtype=np.float32)

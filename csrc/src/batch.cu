@@ -89,7 +89,8 @@ int bind(Batch* b, Session* const* ss, int n) {
 }
 }  // namespace
 
-int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int32_t* next, float* logits_host) {
+int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int32_t* next, float* logits_host,
+                 int n_logits) {
   const Model& m = *b->m;
   const nq_config& c = m.cfg;
   const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_rows;
@@ -178,8 +179,9 @@ int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int
     NQ_TRY(sample_rows(b->d_samp, n, st));   // one block per sequence, its session's settings (bound above)
     NQ_TRY(advance_positions(b->d_pos_of, b->d_pos, n, st));
     NQ_CUDA(cudaMemcpyAsync(b->h_io, b->d_next, n * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
-    if (logits_host)
-      NQ_CUDA(cudaMemcpyAsync(logits_host, b->logits, (size_t)n * V * sizeof(float), cudaMemcpyDeviceToHost, st));
+    if (n_logits > 0)
+      NQ_CUDA(cudaMemcpyAsync(logits_host, b->logits, (size_t)n_logits * V * sizeof(float), cudaMemcpyDeviceToHost,
+                              st));
     return NQ_OK;
   };
   const int rc = run();
