@@ -322,3 +322,18 @@ def test_a_sequence_whose_sampling_cannot_be_set_ends_and_frees_its_session():
     sched.step()
     assert seq.done and isinstance(seq.error, MemoryError) and "out of memory" in str(seq.error)
     assert lib.freed == [1] and not sched.kv._sessions and sched.pool.used_pages == 0
+
+
+def test_binding_matches_the_c_header():
+    """abi.py's ABI version and every entry point's argument count are the header's (csrc/include/nanoqwen.h), so a
+    changed C signature cannot go unnoticed on a machine without the library."""
+    import re
+    from pathlib import Path
+    header = (Path(__file__).resolve().parent.parent / "csrc" / "include" / "nanoqwen.h").read_text()
+    assert int(re.search(r"#define NQ_ABI_VERSION (\d+)", header).group(1)) == abi.NQ_ABI_VERSION
+    decls = {m.group(1): m.group(2) for m in re.finditer(r"NQ_API [\w\s\*]+?\b(nq_\w+)\(([^)]*)\);", header)}
+    for name, (_, args) in {**abi.SIGNATURES, **abi.OPTIONAL_SIGNATURES}.items():
+        assert name in decls, f"{name} is not declared in nanoqwen.h"
+        params = decls[name].strip()
+        n = 0 if params in ("", "void") else params.count(",") + 1
+        assert n == len(args), f"{name}: {n} parameters in nanoqwen.h, {len(args)} in abi.py"
