@@ -190,11 +190,12 @@ class _FakeSessionsLib(FakeLib):
         a[(sum(hist) + len(hist)) % self.V] = 1.0
         return abi.NQ_OK
 
-    def nq_generate(self, sess, max_new, stops, n_stop, cb, user, out, n_out):
-        assert max_new == 1 and cb is None
-        self.calls.append("generate 1")
-        np.ctypeslib.as_array(out, shape=(1,))[0] = self._draw(sess.value)
-        n_out._obj.value = 1
+    def nq_sample_steered(self, sess, bias_ids, bias_vals, n_bias, mask, n_mask, presence, frequency, top_n, tok,
+                          lp, top_ids, top_lps, n_top):
+        assert (bias_ids, bias_vals, n_bias, mask, n_mask, presence, frequency, top_n) == \
+            (None, None, 0, None, 0, 0.0, 0.0, -1)                 # nothing steered: the sampler alone
+        self.calls.append("sample")
+        tok._obj.value = self._draw(sess.value)
         return abi.NQ_OK
 
     def nq_session_free(self, sess):
@@ -260,11 +261,11 @@ def test_batched_api_runs_one_library_session_per_sequence():
     assert [got[i] for i in range(3)] == [_expect(lib, p, 6) for p in prompts]
     assert sorted(lib.freed) == [1, 2, 3] and sched.pool.used_pages == 0 and not sched.kv._sessions
     # plain requests: sampled on the device (settings set once per sequence), so no logits ever come back; the
-    # prompts one at a time, the first token by one device draw, the decode tokens of a step in one batched call
-    # (2 sequences run at once), a lone decoding sequence in a batch of one
+    # prompts one at a time, the first token by one device draw (nq_sample_steered, nothing steered), the decode
+    # tokens of a step in one batched call (2 sequences run at once), a lone decoding sequence in a batch of one
     assert lib.calls.count("get_logits") == 0 and lib.calls.count("decode") == 0
     assert sum(c.startswith("set_sampling") for c in lib.calls) == 3
-    assert lib.calls.count("prefill") == 3 and lib.calls.count("generate 1") == 3
+    assert lib.calls.count("prefill") == 3 and lib.calls.count("sample") == 3
     batched = [c for c in lib.calls if c.startswith("decode_batch")]
     assert set(batched) <= {"decode_batch 2 logits 0", "decode_batch 1 logits 0"}
     assert sum(int(c.split()[1]) for c in batched) == 3 * 5 and "decode_batch 2 logits 0" in batched
@@ -300,7 +301,7 @@ def test_mixed_batch_copies_only_the_host_sampled_rows():
     assert got[2] == _expect(lib, prompts[2], 5, shift=7) and lps[2] == [None] * 5
     assert got[3] == _expect(lib, prompts[3], 5) and all(len(lp.top) == 2 for lp in lps[3])
     assert sum(c.startswith("set_sampling") for c in lib.calls) == 2      # the two plain sequences
-    assert lib.calls.count("generate 1") == 2 and lib.calls.count("get_logits") == 2   # first tokens
+    assert lib.calls.count("sample") == 2 and lib.calls.count("get_logits") == 2   # first tokens
     batched = [c for c in lib.calls if c.startswith("decode_batch")]
     assert batched and set(batched) == {"decode_batch 4 logits 2"}
     assert sorted(lib.freed) == [1, 2, 3, 4] and not sched.kv._sessions and not sched.kv._drawn

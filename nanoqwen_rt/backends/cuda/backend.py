@@ -382,8 +382,8 @@ class SessionKv(SequenceKv):
     Who samples: a sequence given set_sampling (the scheduler does so for every request without a LogitsPipeline:
     temperature / top_k / top_p / seed only, what the device sampler implements, the requests the single-stream
     path sends to nq_generate) draws on the device with its session's settings and draw counter: its first token
-    by nq_generate(1) after its prompt, the later ones in nq_decode_batch's one sampler launch; only the token comes
-    back. The others (grammar, logprobs, logit_bias, penalties) get their logits on the host for the scheduler's
+    from its prompt's logits (forward_token), the later ones in nq_decode_batch's one sampler launch; only the token
+    comes back. The others (grammar, logprobs, logit_bias, penalties) get their logits on the host for the scheduler's
     LogitsPipeline: they go first in the batch, and nq_decode_batch copies only their rows. The library's pages are
     its own, so the pool only counts pages here and prefix-cache hits do not apply (shares_pages False)."""
 
@@ -398,10 +398,7 @@ class SessionKv(SequenceKv):
     def open(self, seq, capacity: int) -> None:
         sess = _P()
         greedy = NqSampling(0.0, 0, 1.0, 0)      # until set_sampling; a host-sampled sequence's draws go unread
-        # one position more than the sequence writes (within the backend's context): nq_generate needs a free
-        # position to draw the token after the prompt, also when that token is the sequence's last
-        cap = min(int(capacity) + 1, self.be.max_context)
-        check(self.be._lib, "nq_session_create", self.be._model, cap, ctypes.byref(greedy),
+        check(self.be._lib, "nq_session_create", self.be._model, int(capacity), ctypes.byref(greedy),
               ctypes.byref(sess), what="create a batch sequence's session")
         self._sessions[seq.seq_id] = sess
 
@@ -426,16 +423,14 @@ class SessionKv(SequenceKv):
         return out
 
     def forward_token(self, seq, p0: int, ids: np.ndarray) -> int:
-        """extend(), then one device draw from the session's logits (nq_generate with max_new 1: the sampler of
-        the single-stream path, first draw of the session's counter; the token is not decoded)."""
+        """extend(), then one device draw from the session's logits: nq_sample_steered with nothing to steer (no
+        bias, mask or penalty: the logits as they are) runs the single-stream path's sampler with the session's
+        settings and draw counter, as nq_generate's first draw does; the token is not decoded."""
         self.extend(seq, p0, ids)
-        out = np.full(1, -1, dtype=np.int32)
-        n_out = ctypes.c_int32()
-        check(self.be._lib, "nq_generate", self._sessions[seq.seq_id], 1, None, 0, None, None,
-              _ptr(out, ctypes.c_int32), ctypes.byref(n_out), what="sample")
-        if n_out.value != 1:
-            raise BackendError(f"sample: the library drew {n_out.value} tokens, expected 1")
-        return int(out[0])
+        tok = ctypes.c_int32(-1)
+        check(self.be._lib, "nq_sample_steered", self._sessions[seq.seq_id], None, None, 0, None, 0, 0.0, 0.0, -1,
+              ctypes.byref(tok), None, None, None, None, what="sample")
+        return int(tok.value)
 
     def forward_decode(self, seqs, p0s, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The decode tokens of all these sequences in ONE device step (CudaBackend.decode_batch: every weight read
