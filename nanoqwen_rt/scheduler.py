@@ -202,7 +202,7 @@ class Scheduler:
         for s in seqs:
             try:
                 p0 = len(s.pages.tokens)
-                new = self.pool.grow(s.pages, np.array([s.last], dtype=np.int32))
+                new = self.pool.grow(s.pages, (s.last,))
                 if new:
                     self.kv.poison(new)
             except Exception as e:          # noqa: BLE001 (reported to this request's consumer)
@@ -222,8 +222,10 @@ class Scheduler:
                 s.done = True
             return 0
         n = j = 0
+        share = self.kv.shares_pages        # else no sequence can reuse a page: nothing to offer the cache
         for s, tok in zip(ready, drawn.tolist()):
-            self.pool.publish(s.pages)
+            if share:
+                self.pool.publish(s.pages)
             if s.drawn_by_store:
                 n += self._deliver(s, tok, None, False)
             else:                           # the host-sampled rows' logits, in the order of `ready`
@@ -246,7 +248,8 @@ class Scheduler:
                 out = self.kv.forward_token(s.pages, p0, ids)
             else:
                 out = self.kv.forward(s.pages, p0, ids)
-            self.pool.publish(s.pages)
+            if self.kv.shares_pages:
+                self.pool.publish(s.pages)
         except Exception as e:              # noqa: BLE001 (reported to this request's consumer)
             s.error = e
             s.done = True

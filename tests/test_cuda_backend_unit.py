@@ -260,6 +260,8 @@ def test_batched_api_runs_one_library_session_per_sequence():
         sched.step()
     assert [got[i] for i in range(3)] == [_expect(lib, p, 6) for p in prompts]
     assert sorted(lib.freed) == [1, 2, 3] and sched.pool.used_pages == 0 and not sched.kv._sessions
+    # the library's pages are not the pool's: no full page was offered to the prefix cache, all came back free
+    assert sched.pool.cached_pages == 0 and sched.pool.free_pages == sched.pool.n_pages
     # plain requests: sampled on the device (settings set once per sequence), so no logits ever come back; the
     # prompts one at a time, the first token by one device draw (nq_sample_steered, nothing steered), the decode
     # tokens of a step in one batched call (2 sequences run at once), a lone decoding sequence in a batch of one
