@@ -17,6 +17,9 @@ One warm-up level of the same size runs first (CUDA: sessions, the batch, graph 
 * decode_tokens_per_s, decode_step_ms: over the steady steps, where every stream of the level had its first token
   and each sampled one (a batch of N decodes, no prompt chunk): tokens / time, and the median step time.
 * batch: the running sequences per step (min / median / max over the steps that sampled a token).
+* consumer_ms_per_step: the median time the streams' handles took to turn a step's tokens into chunks (text
+  decoding, stop handling), in this thread between steps; it is part of itl_ms (a server pays it on the
+  handlers' threads instead), not of decode_step_ms.
 """
 from __future__ import annotations
 
@@ -65,6 +68,7 @@ def _run_level(eng, prompts: list[np.ndarray], new_tokens: int) -> dict:
     handles = [eng.submit(p, max_new_tokens=new_tokens, temperature=0.0, stop_token_ids=[]) for p in prompts]
     stamps: list[list[float]] = [[] for _ in range(n)]
     steps = []                                  # (seconds, tokens sampled, running sequences, steady)
+    polls = []                                  # seconds the streams' consumers took after each step
     live = set(range(n))
     while live:
         ts = time.perf_counter()
@@ -76,6 +80,7 @@ def _run_level(eng, prompts: list[np.ndarray], new_tokens: int) -> dict:
                 stamps[i] += [te] * len(c.token_ids)
             if handles[i].done:
                 live.discard(i)
+        polls.append(time.perf_counter() - te)
         steps.append((te - ts, k, eng.batch_stats().last_batch, steady))
         if len(steps) > 100 * (new_tokens + 1) * n + 10_000:
             raise BenchError(f"concurrency {n}: the batch did not finish in {len(steps)} steps")
@@ -93,7 +98,7 @@ def _run_level(eng, prompts: list[np.ndarray], new_tokens: int) -> dict:
            "tokens_per_s": n * new_tokens / (t_end - t0),
            "ttft_p50_ms": _pct(ttft, 50), "ttft_p90_ms": _pct(ttft, 90), "ttft_max_ms": max(ttft),
            "batch_min": min(batches), "batch_median": statistics.median(batches), "batch_max": max(batches),
-           "steady_steps": len(steady)}
+           "steady_steps": len(steady), "consumer_ms_per_step": statistics.median(polls) * 1e3}
     if p50:
         out.update(itl_p50_ms=statistics.median(p50), itl_p90_ms=statistics.median(p90), itl_p50_worst_ms=max(p50))
     if steady:
@@ -172,17 +177,17 @@ def format_concurrency_table(result: dict) -> str:
     def f(r, key, fmt):
         return format(r[key], fmt) if key in r else "-"
     head = ("streams", "tok/s all", "decode tok/s", "step ms", "ITL p50", "ITL p90", "ITL p50 worst",
-            "TTFT p50", "TTFT p90", "batch min/med/max")
+            "TTFT p50", "TTFT p90", "batch min/med/max", "consumer ms")
     rows = [head]
     for r in c["levels"]:
         rows.append((str(r["concurrency"]), f(r, "tokens_per_s", ".1f"), f(r, "decode_tokens_per_s", ".1f"),
                      f(r, "decode_step_ms", ".3f"), f(r, "itl_p50_ms", ".3f"), f(r, "itl_p90_ms", ".3f"),
                      f(r, "itl_p50_worst_ms", ".3f"), f(r, "ttft_p50_ms", ".1f"), f(r, "ttft_p90_ms", ".1f"),
-                     f"{r['batch_min']}/{r['batch_median']:g}/{r['batch_max']}"))
+                     f"{r['batch_min']}/{r['batch_median']:g}/{r['batch_max']}", f(r, "consumer_ms_per_step", ".3f")))
     w = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines += ["  ".join(x.rjust(w[i]) for i, x in enumerate(row)) for row in rows]
     lines.append("(ms; ITL = a stream's inter-token time, median over streams of its p50 / p90; decode = the steps "
-                 "where every stream decoded)")
+                 "where every stream decoded; consumer = the handles' chunking after a step, inside ITL)")
     s = result.get("single_stream")
     if s:
         line = (f"single stream (generate_ids): {s['ms_per_token']:.3f} ms/token = {s['tokens_per_s']:.1f} tok/s, "
