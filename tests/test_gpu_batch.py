@@ -169,3 +169,41 @@ def test_batched_sampler_draws_with_each_sessions_settings(files, n):
             be.free_session(s)
     finally:
         be.close()
+
+
+@pytest.mark.parametrize("n", [3, 6], ids=["gemv-rows", "gemm"])
+def test_batched_decode_copies_the_logits_of_the_first_rows_only(files, n):
+    """nq_decode_batch's n_logits: the logits of sessions 0..n_logits-1 come back, the same as with every row's
+    (same sessions, same step: the same numbers), and the tokens are the same; the ABI refuses an n_logits outside
+    [0, n] or one that disagrees with the logits pointer."""
+    from nanoqwen_rt.backends.base import BackendError
+    from nanoqwen_rt.backends.cuda import CudaBackend
+    from nanoqwen_rt.backends.cuda.abi import check
+    be = CudaBackend(files["qwen2-int4g64"], max_context=CTX)
+    try:
+        rng = np.random.default_rng()
+        V = be.config.vocab_rows
+        prompts = [rng.integers(0, V, size=int(rng.integers(1, 20))) for _ in range(n)]
+        a = [be.new_session(CTX) for _ in range(n)]
+        b = [be.new_session(CTX) for _ in range(n)]
+        for sa, sb, p in zip(a, b, prompts):
+            _prefill(be, sa, p)
+            _prefill(be, sb, p)
+        toks = rng.integers(0, V, size=n).astype(np.int32)
+        nxt_all, lg_all = be.decode_batch(a, toks, n_logits=n)
+        nxt_two, lg_two = be.decode_batch(b, toks, n_logits=2)
+        np.testing.assert_array_equal(nxt_two, nxt_all)
+        assert lg_two.shape == (2, V)
+        np.testing.assert_array_equal(lg_two, lg_all[:2])
+        nxt_none, lg_none = be.decode_batch(a, nxt_all)
+        assert lg_none is None and nxt_none.shape == (n,)
+        with pytest.raises(BackendError, match="n_logits"):
+            be.decode_batch(a, toks, n_logits=n + 1)
+        handles = (ctypes.c_void_p * n)(*[s.value for s in b])
+        out = np.empty(n, dtype=np.int32)
+        with pytest.raises(ValueError, match="n_logits"):       # a count without a buffer
+            check(be._lib, "nq_decode_batch", be._batch, handles, _i32(toks), n, _i32(out), None, 2, what="batch")
+        for s in a + b:
+            be.free_session(s)
+    finally:
+        be.close()
