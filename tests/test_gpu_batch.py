@@ -57,9 +57,10 @@ def _alone(be, ids):
         be.free_session(sess)
 
 
-# Up to 4 sequences the step runs the decode GEMVs per token row, above that the GEMMs (batch.cu kGemvRowsMax):
-# both are checked (the session swap below keeps the count).
-@pytest.mark.parametrize("lens", [[1, 5, 17], [1, 5, 17, 40, 33]], ids=["gemv-rows", "gemm"])
+# Up to 2 sequences the step runs the decode GEMVs per token row, above that the GEMMs (batch.cu kGemvRowsMax):
+# both are checked (the session swap below keeps the count). Six steps: the first runs as is, the second is
+# captured as the batch size's graph, the rest replay it.
+@pytest.mark.parametrize("lens", [[1, 17], [1, 5, 17, 40, 33]], ids=["gemv-rows", "gemm"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_batched_decode_matches_each_sequence_alone(files, name, lens):
     from nanoqwen_rt.backends.cuda import CudaBackend
@@ -90,9 +91,10 @@ def test_batched_decode_matches_each_sequence_alone(files, name, lens):
             err = rel_rows(np.stack([g[i] for g in got]), ref).max()
             assert err < BATCH_TOL, f"sequence {i} (prompt {n}): relative error {err:.2e}"
         # a session freed and another created (possibly at the same address) is bound afresh
-        be.free_session(sessions.pop(2))
-        lens.pop(2)
-        seqs.pop(2)
+        k = len(lens) - 1                    # not sessions[0], the backend's own
+        be.free_session(sessions.pop(k))
+        lens.pop(k)
+        seqs.pop(k)
         fresh = rng.integers(0, V, size=9)
         sessions.append(be.new_session(CTX))
         _prefill(be, sessions[-1], fresh[:8])
@@ -134,7 +136,7 @@ def test_batched_decode_refuses_bad_calls(files):
         be.close()
 
 
-@pytest.mark.parametrize("n", [3, 6], ids=["gemv-rows", "gemm"])
+@pytest.mark.parametrize("n", [2, 6], ids=["gemv-rows", "gemm"])
 def test_batched_sampler_draws_with_each_sessions_settings(files, n):
     """The batched step draws every sequence's token in one launch (one block each) with its own session's
     settings, seed and draw counter: each token equals the single-row sampler's (nq_test_sample) on the same
@@ -171,7 +173,7 @@ def test_batched_sampler_draws_with_each_sessions_settings(files, n):
         be.close()
 
 
-@pytest.mark.parametrize("n", [3, 6], ids=["gemv-rows", "gemm"])
+@pytest.mark.parametrize("n", [2, 6], ids=["gemv-rows", "gemm"])
 def test_batched_decode_copies_the_logits_of_the_first_rows_only(files, n):
     """nq_decode_batch's n_logits: the logits of sessions 0..n_logits-1 come back, the same as with every row's
     (same sessions, same step: the same numbers), and the tokens are the same; the ABI refuses an n_logits outside
@@ -191,10 +193,10 @@ def test_batched_decode_copies_the_logits_of_the_first_rows_only(files, n):
             _prefill(be, sb, p)
         toks = rng.integers(0, V, size=n).astype(np.int32)
         nxt_all, lg_all = be.decode_batch(a, toks, n_logits=n)
-        nxt_two, lg_two = be.decode_batch(b, toks, n_logits=2)
-        np.testing.assert_array_equal(nxt_two, nxt_all)
-        assert lg_two.shape == (2, V)
-        np.testing.assert_array_equal(lg_two, lg_all[:2])
+        nxt_few, lg_few = be.decode_batch(b, toks, n_logits=n - 1)
+        np.testing.assert_array_equal(nxt_few, nxt_all)
+        assert lg_few.shape == (n - 1, V)
+        np.testing.assert_array_equal(lg_few, lg_all[:n - 1])
         nxt_none, lg_none = be.decode_batch(a, nxt_all)
         assert lg_none is None and nxt_none.shape == (n,)
         with pytest.raises(BackendError, match="n_logits"):
@@ -202,7 +204,7 @@ def test_batched_decode_copies_the_logits_of_the_first_rows_only(files, n):
         handles = (ctypes.c_void_p * n)(*[s.value for s in b])
         out = np.empty(n, dtype=np.int32)
         with pytest.raises(ValueError, match="n_logits"):       # a count without a buffer
-            check(be._lib, "nq_decode_batch", be._batch, handles, _i32(toks), n, _i32(out), None, 2, what="batch")
+            check(be._lib, "nq_decode_batch", be._batch, handles, _i32(toks), n, _i32(out), None, 1, what="batch")
         for s in a + b:
             be.free_session(s)
     finally:
