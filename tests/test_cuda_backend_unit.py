@@ -309,6 +309,23 @@ def test_mixed_batch_copies_only_the_host_sampled_rows():
     assert sorted(lib.freed) == [1, 2, 3, 4] and not sched.kv._sessions and not sched.kv._drawn
 
 
+def test_a_lone_host_sampled_sequence_takes_the_batched_step_with_its_logits():
+    """One decoding sequence with a LogitsPipeline: a batch of one (the step's graph for one row) with its logits row;
+    the session's own nq_decode is not used."""
+    from nanoqwen_rt.logits import LogitsPipeline, LogitsSettings
+    from nanoqwen_rt.sampling import SamplingParams
+    from nanoqwen_rt.scheduler import Scheduler, _Seq
+    lib = _FakeSessionsLib()
+    sched = Scheduler(_fake_backend(lib), max_batch=2, kv_pages=16, lock=threading.Lock())
+    got = []
+    sched.add(_Seq(np.array([4, 4, 1], dtype=np.int32), SamplingParams(0.0), 4, set(),
+                   LogitsPipeline(LogitsSettings(lib.V, top_logprobs=1), None), lambda t, lp, c: got.append(t)))
+    for _ in range(6):
+        sched.step()
+    assert got == _expect(lib, [4, 4, 1], 4)
+    assert [c for c in lib.calls if c.startswith("decode")] == ["decode_batch 1 logits 1"] * 3
+
+
 def test_a_sequence_whose_sampling_cannot_be_set_ends_and_frees_its_session():
     from nanoqwen_rt.sampling import SamplingParams
     from nanoqwen_rt.scheduler import Scheduler, _Seq

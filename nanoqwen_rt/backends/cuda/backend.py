@@ -434,13 +434,10 @@ class SessionKv(SequenceKv):
 
     def forward_decode(self, seqs, p0s, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The decode tokens of all these sequences in ONE device step (CudaBackend.decode_batch: every weight read
-        once for all of them), the host-sampled ones first so that only their logits rows are copied back. A lone
-        host-sampled sequence takes its session's captured decode graph instead (nq_decode, then its logits)."""
+        once for all of them; a CUDA graph per batch size, one row included), the host-sampled ones first so that
+        only their logits rows are copied back."""
         n = len(seqs)
         host = [i for i, s in enumerate(seqs) if s.seq_id not in self._drawn]
-        if n == 1 and host:
-            return (np.full(1, -1, dtype=np.int32),
-                    self.forward(seqs[0], int(p0s[0]), np.asarray(tokens[:1], dtype=np.int32))[None])
         order = host + [i for i, s in enumerate(seqs) if s.seq_id in self._drawn]
         toks = np.asarray(tokens, dtype=np.int32)[order]
         nxt, logits = self.be.decode_batch([self._sessions[seqs[i].seq_id] for i in order], toks,
