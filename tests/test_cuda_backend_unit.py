@@ -142,21 +142,34 @@ def test_no_device_is_named(fake_loaded):
 class _FakeSessionsLib(FakeLib):
     """Sessions whose "logits" are a function of the token history (argmax = (sum of ids + length) % vocab), to
     test the batched API's plumbing on the CUDA backend: one session per sequence, prompts through nq_prefill, the
-    decode tokens of a step through one nq_decode_batch, frees."""
+    decode tokens of a step through one nq_decode_batch, frees. The fake's "device sampler" draws the argmax
+    shifted by the session's seed when its temperature is > 0 (so a token shows whose settings drew it)."""
 
     V = 50
 
     def __init__(self):
         super().__init__()
         self.sessions: dict[int, list] = {}
+        self.shift: dict[int, int] = {}
         self.freed: list[int] = []
         self.calls: list[str] = []
         self._next = 1
 
+    def _draw(self, sid):
+        hist = self.sessions[sid]
+        return ((sum(hist) + len(hist)) + self.shift[sid]) % self.V
+
     def nq_session_create(self, model, max_ctx, sampling, out):
         sid, self._next = self._next, self._next + 1
         self.sessions[sid] = []
+        self.shift[sid] = 0
         out._obj.value = sid
+        return abi.NQ_OK
+
+    def nq_session_set_sampling(self, sess, sampling):
+        sp = sampling._obj
+        self.calls.append(f"set_sampling {sess.value}")
+        self.shift[sess.value] = int(sp.seed) if sp.temperature > 0 else 0
         return abi.NQ_OK
 
     def nq_prefill(self, sess, ids, n):
@@ -170,10 +183,19 @@ class _FakeSessionsLib(FakeLib):
         return abi.NQ_OK
 
     def nq_get_logits(self, sess, out, n):
+        self.calls.append("get_logits")
         hist = self.sessions[sess.value]
         a = np.ctypeslib.as_array(out, shape=(n,))
         a[:] = 0.0
         a[(sum(hist) + len(hist)) % self.V] = 1.0
+        return abi.NQ_OK
+
+    def nq_sample_steered(self, sess, bias_ids, bias_vals, n_bias, mask, n_mask, presence, frequency, top_n, tok,
+                          lp, top_ids, top_lps, n_top):
+        assert (bias_ids, bias_vals, n_bias, mask, n_mask, presence, frequency, top_n) == \
+            (None, None, 0, None, 0, 0.0, 0.0, -1)                 # nothing steered: the sampler alone
+        self.calls.append("sample")
+        tok._obj.value = self._draw(sess.value)
         return abi.NQ_OK
 
     def nq_session_free(self, sess):
@@ -183,44 +205,52 @@ class _FakeSessionsLib(FakeLib):
         out._obj.value = 999
         return abi.NQ_OK
 
-    def nq_decode_batch(self, batch, sessions, tokens, n, next_tokens, logits):
-        self.calls.append(f"decode_batch {n}")
+    def nq_decode_batch(self, batch, sessions, tokens, n, next_tokens, logits, n_logits):
+        self.calls.append(f"decode_batch {n} logits {n_logits}")
+        assert (n_logits > 0) == bool(logits)
         toks = np.ctypeslib.as_array(tokens, shape=(n,))
         nxt = np.ctypeslib.as_array(next_tokens, shape=(n,))
-        lg = np.ctypeslib.as_array(logits, shape=(n, self.V)) if logits else None
+        lg = np.ctypeslib.as_array(logits, shape=(n_logits, self.V)) if n_logits else None
         for i in range(n):
-            hist = self.sessions[sessions[i]]
-            hist.append(int(toks[i]))
-            nxt[i] = (sum(hist) + len(hist)) % self.V
-            if lg is not None:
+            sid = sessions[i]
+            self.sessions[sid].append(int(toks[i]))
+            nxt[i] = self._draw(sid)
+            if i < n_logits:
+                hist = self.sessions[sid]
                 lg[i] = 0.0
-                lg[i, nxt[i]] = 1.0
+                lg[i, (sum(hist) + len(hist)) % self.V] = 1.0
         return abi.NQ_OK
 
     def nq_batch_free(self, batch):
         self.calls.append("batch_free")
 
 
-def test_batched_api_runs_one_library_session_per_sequence():
-    from nanoqwen_rt.sampling import SamplingParams
-    from nanoqwen_rt.scheduler import Scheduler, _Seq
-    lib = _FakeSessionsLib()
+def _fake_backend(lib):
     be = object.__new__(cuda_backend.CudaBackend)          # no device: only what the batched API touches
     be._lib, be._model, be._sess = lib, ctypes.c_void_p(1), ctypes.c_void_p()
     be._batch, be._batch_cap = None, 0
     be.config = types.SimpleNamespace(vocab_rows=lib.V)
     be.max_context = 64
+    return be
+
+
+def _expect(lib, prompt, n, shift=0):
+    """The tokens the fake gives a sequence: the argmax of its logits, shifted when the device draws them."""
+    hist, out = list(prompt), []
+    for _ in range(n):
+        t = (sum(hist) + len(hist) + shift) % lib.V
+        out.append(t)
+        hist.append(t)
+    return out
+
+
+def test_batched_api_runs_one_library_session_per_sequence():
+    from nanoqwen_rt.sampling import SamplingParams
+    from nanoqwen_rt.scheduler import Scheduler, _Seq
+    lib = _FakeSessionsLib()
+    be = _fake_backend(lib)
     sched = Scheduler(be, max_batch=2, kv_pages=16, lock=threading.Lock())
     assert sched.kv.shares_pages is False                   # the library's pages are its own: no prefix reuse
-
-    def expect(prompt, n):                                  # what the fake's logits make greedy sampling pick
-        hist, out = list(prompt), []
-        for _ in range(n):
-            t = (sum(hist) + len(hist)) % lib.V
-            out.append(t)
-            hist.append(t)
-        return out
-
     got = {0: [], 1: [], 2: []}
     prompts = [[3, 4, 5], [7] * 20, [1, 2]]
     for i, p in enumerate(prompts):
@@ -228,13 +258,90 @@ def test_batched_api_runs_one_library_session_per_sequence():
                        None, lambda t, lp, c, i=i: got[i].append(t)))
     for _ in range(40):
         sched.step()
-    assert [got[i] for i in range(3)] == [expect(p, 6) for p in prompts]
+    assert [got[i] for i in range(3)] == [_expect(lib, p, 6) for p in prompts]
     assert sorted(lib.freed) == [1, 2, 3] and sched.pool.used_pages == 0 and not sched.kv._sessions
-    # the prompts one at a time; the decode tokens of a step in one batched call (2 sequences run at once), or,
-    # for a step with one decoding sequence, its own nq_decode
-    batched = [int(c.split()[1]) for c in lib.calls if c.startswith("decode_batch")]
-    assert lib.calls.count("prefill") == 3 and batched and min(batched) == max(batched) == 2
-    assert sum(batched) + lib.calls.count("decode") == 3 * 5
+    # the library's pages are not the pool's: no full page was offered to the prefix cache, all came back free
+    assert sched.pool.cached_pages == 0 and sched.pool.free_pages == sched.pool.n_pages
+    # plain requests: sampled on the device (settings set once per sequence), so no logits ever come back; the
+    # prompts one at a time, the first token by one device draw (nq_sample_steered, nothing steered), the decode
+    # tokens of a step in one batched call (2 sequences run at once), a lone decoding sequence in a batch of one
+    assert lib.calls.count("get_logits") == 0 and lib.calls.count("decode") == 0
+    assert sum(c.startswith("set_sampling") for c in lib.calls) == 3
+    assert lib.calls.count("prefill") == 3 and lib.calls.count("sample") == 3
+    batched = [c for c in lib.calls if c.startswith("decode_batch")]
+    assert set(batched) <= {"decode_batch 2 logits 0", "decode_batch 1 logits 0"}
+    assert sum(int(c.split()[1]) for c in batched) == 3 * 5 and "decode_batch 2 logits 0" in batched
+
+
+def test_mixed_batch_copies_only_the_host_sampled_rows():
+    """Requests with a LogitsPipeline (here: logprobs) sample on the host from their logits, plain ones on the
+    device with their own settings: in one step the host rows go first and only their logits rows come back."""
+    from nanoqwen_rt.logits import LogitsPipeline, LogitsSettings
+    from nanoqwen_rt.sampling import SamplingParams
+    from nanoqwen_rt.scheduler import Scheduler, _Seq
+    lib = _FakeSessionsLib()
+    be = _fake_backend(lib)
+    sched = Scheduler(be, max_batch=4, kv_pages=32, lock=threading.Lock())
+    prompts = [[3, 4, 5], [9, 1], [7] * 5, [2, 2, 2, 2]]
+    # 0: plain greedy, 1: logprobs (host), 2: seeded temperature 1 (device, the fake shifts by the seed),
+    # 3: logprobs (host)
+    kinds = [(SamplingParams(0.0), None), (SamplingParams(0.0), 0), (SamplingParams(1.0, seed=7), None),
+             (SamplingParams(0.0), 2)]
+    got = {i: [] for i in range(4)}
+    lps = {i: [] for i in range(4)}
+    for i, (p, (params, top)) in enumerate(zip(prompts, kinds)):
+        pipe = LogitsPipeline(LogitsSettings(lib.V, top_logprobs=top), None) if top is not None else None
+
+        def on_token(t, lp, c, i=i):
+            got[i].append(t)
+            lps[i].append(lp)
+        sched.add(_Seq(np.array(p, dtype=np.int32), params, 5, set(), pipe, on_token))
+    for _ in range(20):
+        sched.step()
+    assert got[0] == _expect(lib, prompts[0], 5)
+    assert got[1] == _expect(lib, prompts[1], 5) and all(lp is not None for lp in lps[1])
+    assert got[2] == _expect(lib, prompts[2], 5, shift=7) and lps[2] == [None] * 5
+    assert got[3] == _expect(lib, prompts[3], 5) and all(len(lp.top) == 2 for lp in lps[3])
+    assert sum(c.startswith("set_sampling") for c in lib.calls) == 2      # the two plain sequences
+    assert lib.calls.count("sample") == 2 and lib.calls.count("get_logits") == 2   # first tokens
+    batched = [c for c in lib.calls if c.startswith("decode_batch")]
+    assert batched and set(batched) == {"decode_batch 4 logits 2"}
+    assert sorted(lib.freed) == [1, 2, 3, 4] and not sched.kv._sessions and not sched.kv._drawn
+
+
+def test_a_lone_host_sampled_sequence_takes_the_batched_step_with_its_logits():
+    """One decoding sequence with a LogitsPipeline: a batch of one (the step's graph for one row) with its logits row;
+    the session's own nq_decode is not used."""
+    from nanoqwen_rt.logits import LogitsPipeline, LogitsSettings
+    from nanoqwen_rt.sampling import SamplingParams
+    from nanoqwen_rt.scheduler import Scheduler, _Seq
+    lib = _FakeSessionsLib()
+    sched = Scheduler(_fake_backend(lib), max_batch=2, kv_pages=16, lock=threading.Lock())
+    got = []
+    sched.add(_Seq(np.array([4, 4, 1], dtype=np.int32), SamplingParams(0.0), 4, set(),
+                   LogitsPipeline(LogitsSettings(lib.V, top_logprobs=1), None), lambda t, lp, c: got.append(t)))
+    for _ in range(6):
+        sched.step()
+    assert got == _expect(lib, [4, 4, 1], 4)
+    assert [c for c in lib.calls if c.startswith("decode")] == ["decode_batch 1 logits 1"] * 3
+
+
+def test_a_sequence_whose_sampling_cannot_be_set_ends_and_frees_its_session():
+    from nanoqwen_rt.sampling import SamplingParams
+    from nanoqwen_rt.scheduler import Scheduler, _Seq
+    lib = _FakeSessionsLib()
+
+    def refuse(sess, sampling):
+        lib._fail(b"sampling upload: out of memory")
+        return abi.NQ_E_OUT_OF_MEMORY
+    lib.nq_session_set_sampling = refuse
+    be = _fake_backend(lib)
+    sched = Scheduler(be, max_batch=2, kv_pages=16, lock=threading.Lock())
+    seq = _Seq(np.array([1, 2, 3], dtype=np.int32), SamplingParams(0.0), 4, set(), None, lambda *a: None)
+    sched.add(seq)
+    sched.step()
+    assert seq.done and isinstance(seq.error, MemoryError) and "out of memory" in str(seq.error)
+    assert lib.freed == [1] and not sched.kv._sessions and sched.pool.used_pages == 0
 
 
 def test_binding_matches_the_c_header():

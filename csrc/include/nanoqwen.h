@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define NQ_ABI_VERSION 3
+#define NQ_ABI_VERSION 4
 #if defined(__GNUC__)
 #define NQ_API __attribute__((visibility("default")))
 #else
@@ -124,11 +124,12 @@ NQ_API void nq_session_free(nq_session* s);
 NQ_API int nq_batch_create(nq_model* m, int32_t max_batch, nq_batch** out);
 /* sessions[i] (n in [1, max_batch] distinct sessions of the batch's model, not in use by another call) takes
  * tokens[i] at its position; next_tokens[i] is then sampled with that session's sampling settings (its own device
- * sampler state, as nq_generate); logits: NULL, or n * vocab_rows floats that receive each sequence's logits. Every
- * position advances by one; afterwards nq_get_logits of these sessions fails until their next nq_decode or
- * nq_prefill. A session at its max_context: NQ_E_CONTEXT_FULL, and nothing is done. */
+ * sampler state, as nq_generate); logits: NULL (n_logits 0), or n_logits * vocab_rows floats that receive the logits
+ * of sessions 0 .. n_logits - 1 (n_logits in [0, n]: a caller that samples some sequences itself puts them first and
+ * copies only their rows). Every position advances by one; afterwards nq_get_logits of these sessions fails until
+ * their next nq_decode or nq_prefill. A session at its max_context: NQ_E_CONTEXT_FULL, and nothing is done. */
 NQ_API int nq_decode_batch(nq_batch* b, nq_session* const* sessions, const int32_t* tokens, int32_t n,
-                           int32_t* next_tokens, float* logits);
+                           int32_t* next_tokens, float* logits, int32_t n_logits);
 NQ_API void nq_batch_free(nq_batch* b);
 
 #ifdef __cplusplus

@@ -299,10 +299,13 @@ int nq_batch_create(nq_model* m, int32_t max_batch, nq_batch** out) {
 }
 
 int nq_decode_batch(nq_batch* b, nq_session* const* sessions, const int32_t* tokens, int32_t n, int32_t* next_tokens,
-                    float* logits) {
+                    float* logits, int32_t n_logits) {
   if (!b || !sessions || !tokens || !next_tokens) return fail(NQ_E_INVALID_ARG, "nq_decode_batch: NULL argument");
   if (n < 1 || n > b->b->max_batch)
     return fail(NQ_E_INVALID_ARG, "nq_decode_batch: n %d out of range [1, %d]", n, b->b->max_batch);
+  if (n_logits < 0 || n_logits > n || (n_logits > 0) != (logits != nullptr))
+    return fail(NQ_E_INVALID_ARG, "nq_decode_batch: n_logits %d outside [0, n = %d] or disagrees with logits (%s)",
+                n_logits, n, logits ? "given" : "NULL");
   NQ_GUARD_BEGIN
   std::vector<nq::Session*> ss(n);
   for (int32_t i = 0; i < n; i++) {
@@ -316,7 +319,7 @@ int nq_decode_batch(nq_batch* b, nq_session* const* sessions, const int32_t* tok
       return fail(NQ_E_CONTEXT_FULL, "context full: session %d at position %d, max_context %d", i, s->pos, s->max_ctx);
     ss[i] = s;
   }
-  return nq::batch_decode(b->b, ss.data(), tokens, n, next_tokens, logits);
+  return nq::batch_decode(b->b, ss.data(), tokens, n, next_tokens, logits, n_logits);
   NQ_GUARD_END
 }
 

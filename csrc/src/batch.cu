@@ -120,7 +120,8 @@ int bind(Batch* b, Session* const* ss, int n) {
 }
 }  // namespace
 
-int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int32_t* next, float* logits_host) {
+int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int32_t* next, float* logits_host,
+                 int n_logits) {
   const Model& m = *b->m;
   const nq_config& c = m.cfg;
   const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_rows;
@@ -229,8 +230,9 @@ int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int
     if (rc == NQ_OK && (e = cudaGraphLaunch(b->graphs[n], st)) != cudaSuccess)
       rc = fail(cuda_status(e), "batched decode graph launch: %s", cudaGetErrorString(e));
   }
-  if (rc == NQ_OK && logits_host) {
-    const cudaError_t e = cudaMemcpyAsync(logits_host, b->logits, (size_t)n * V * sizeof(float), cudaMemcpyDeviceToHost, st);
+  if (rc == NQ_OK && n_logits > 0) {   // the first n_logits rows only (the caller's host-sampled sequences)
+    const cudaError_t e = cudaMemcpyAsync(logits_host, b->logits, (size_t)n_logits * V * sizeof(float),
+                                          cudaMemcpyDeviceToHost, st);
     if (e != cudaSuccess) rc = fail(cuda_status(e), "batched decode logits: %s", cudaGetErrorString(e));
   }
   const cudaError_t e = cudaStreamSynchronize(st);

@@ -48,8 +48,10 @@ struct Batch {
 
 int batch_create(Model* m, int max_batch, Batch** out);
 // sessions[i] takes tokens[i] at its position; next[i] is then sampled with sessions[i]'s settings (its device
-// sampler state), logits (n x vocab_rows host floats) if not null. Every position advances by one. The C ABI
-// (api.cpp) has checked the arguments: distinct idle sessions of b's model, tokens in range, room in every context.
-int batch_decode(Batch* b, Session* const* sessions, const int32_t* tokens, int n, int32_t* next, float* logits);
+// sampler state); the logits of sessions 0 .. n_logits - 1 go to `logits` (n_logits x vocab_rows host floats; NULL
+// when n_logits is 0). Every position advances by one. The C ABI (api.cpp) has checked the arguments: distinct idle
+// sessions of b's model, tokens in range, room in every context, n_logits in [0, n].
+int batch_decode(Batch* b, Session* const* sessions, const int32_t* tokens, int n, int32_t* next, float* logits,
+                 int n_logits);
 
 }  // namespace nq

@@ -401,18 +401,38 @@ def info(file, as_json, no_verify):
               help="Also write the full result dict to this JSON file.")
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also draw the run's figures to this .png/.svg/.pdf (needs matplotlib: nanoqwen[plot]).")
-def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out, plot_out):
+@click.option("--concurrency", "concurrency", default=None, metavar="N,N,...",
+              help="Instead: N concurrent greedy streams through Engine.submit per level (e.g. 1,8,32,64): "
+                   "aggregate tokens/s, per-stream inter-token p50/p90, TTFT, batch per step; with 1, the single "
+                   "stream beside it.")
+def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out, plot_out, concurrency):
     """Benchmark FILE: load time, TTFT, decode tokens/s and bytes per token of the Engine; with CUDA also the
     bandwidth ceilings, MBU and the torch int4 / cuBLAS fp16 peers (skipped, with the reason, without CUDA).
+    With --concurrency: the batched API under N concurrent streams instead (nanoqwen_bench.concurrency).
     """
     try:   # imported here: the runtime never imports the bench package (it needs torch for the GPU parts)
         from nanoqwen_bench.measure import BenchError, format_table, run_bench, write_json_atomic
     except ImportError as e:
         click.echo(f"nanoqwen bench: error: the nanoqwen_bench package cannot be imported: {_flat(e)}", err=True)
         sys.exit(2)
+    levels = None
+    if concurrency is not None:
+        from nanoqwen_bench.concurrency import parse_concurrency
+        try:
+            levels = parse_concurrency(concurrency)
+        except BenchError as e:
+            click.echo(f"nanoqwen bench: error: {_flat(e)}", err=True)
+            sys.exit(2)
+        if plot_out:
+            click.echo("nanoqwen bench: error: --plot draws the single-stream run; it does not combine with "
+                       "--concurrency", err=True)
+            sys.exit(2)
     _require_file(file)
     if json_out:
         _check_output_path(json_out, "'--json'")
+    if levels is not None:
+        _bench_concurrency(file, levels, prompt_tokens, new_tokens, repeats, device, json_out)
+        return
     try:
         if plot_out:          # before the run: a missing matplotlib or a bad path should not cost a whole bench
             from nanoqwen_bench.plot import check_output_path, plot, require_matplotlib
@@ -433,6 +453,21 @@ def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out, 
         except BenchError as e:
             click.echo(f"nanoqwen bench: error: {_flat(e)}", err=True)
             sys.exit(2)
+
+
+def _bench_concurrency(file, levels, prompt_tokens, new_tokens, repeats, device, json_out):
+    from nanoqwen_bench.concurrency import format_concurrency_table, run_concurrency
+    from nanoqwen_bench.measure import BenchError, write_json_atomic
+    try:
+        result = run_concurrency(file, levels, prompt_tokens, new_tokens, device=device, repeats=repeats)
+    except BenchError as e:
+        click.echo(f"nanoqwen bench: error: {_flat(e)}", err=True)
+        sys.exit(2)
+    except _load_errors() as e:
+        raise _fail(f"{file}: {type(e).__name__}: {_flat(e)}") from None
+    if json_out:
+        write_json_atomic(json_out, result)
+    click.echo(format_concurrency_table(result))
 
 
 @main.command()

@@ -22,7 +22,7 @@ __all__ = ["NQ_ABI_VERSION", "NQ_STATUS", "NQ_OK", "NqConfig", "NqSampling", "TO
            "library_path", "load_library", "has_symbol", "call", "check", "error_for_status", "last_error"]
 
 #: the ABI version this binding is written against (nq_abi_version() must return it)
-NQ_ABI_VERSION = 3
+NQ_ABI_VERSION = 4
 #: most sessions one nq_decode_batch step takes (nanoqwen.h NQ_MAX_BATCH)
 NQ_MAX_BATCH = 256
 
@@ -86,7 +86,8 @@ SIGNATURES = {
                                          ctypes.c_float, ctypes.c_int32, _I32P, _F32P, _I32P, _F32P, _I32P]),
     "nq_session_free": (None, [_P]),
     "nq_batch_create": (ctypes.c_int, [_P, ctypes.c_int32, ctypes.POINTER(_P)]),
-    "nq_decode_batch": (ctypes.c_int, [_P, ctypes.POINTER(_P), _I32P, ctypes.c_int32, _I32P, _F32P]),
+    "nq_decode_batch": (ctypes.c_int, [_P, ctypes.POINTER(_P), _I32P, ctypes.c_int32, _I32P, _F32P,
+                                       ctypes.c_int32]),
     "nq_batch_free": (None, [_P]),
 }
 #: production entry points newer than some libraries in use: bound when present; each caller says what it does

@@ -307,14 +307,17 @@ class CudaBackend(Backend):
         if sess:
             self._lib.nq_session_free(sess)
 
-    def decode_batch(self, sessions: list, tokens: np.ndarray, *, want_logits: bool = False):
+    def decode_batch(self, sessions: list, tokens: np.ndarray, *, n_logits: int = 0):
         """One token for each of these sessions (this backend's own `session` or new_session handles) in ONE forward
         pass (nq_decode_batch: the weights are read once per step for all of them): tokens int32 (n,) are appended at
         each session's position; returns the next tokens sampled on the device with each session's sampling
-        settings, int32 (n,), and with want_logits their logits, float32 (n, vocab_rows) (else None)."""
+        settings, int32 (n,), and the logits of the first n_logits sessions, float32 (n_logits, vocab_rows) (None
+        when n_logits is 0)."""
         n = len(sessions)
         if n == 0:
             raise BackendError("decode_batch: no sessions")
+        if not 0 <= n_logits <= n:
+            raise BackendError(f"decode_batch: n_logits {n_logits} outside [0, {n}]")
         if self._batch is None or self._batch_cap < n:
             if self._batch is not None:
                 self._lib.nq_batch_free(self._batch)
@@ -328,9 +331,9 @@ class CudaBackend(Backend):
         if toks.shape[0] != n:
             raise BackendError(f"decode_batch: {n} sessions but {toks.shape[0]} tokens")
         nxt = np.empty(n, dtype=np.int32)
-        logits = np.empty((n, self.config.vocab_rows), dtype=np.float32) if want_logits else None
+        logits = np.empty((n_logits, self.config.vocab_rows), dtype=np.float32) if n_logits else None
         check(self._lib, "nq_decode_batch", self._batch, handles, _ptr(toks, ctypes.c_int32), n,
-              _ptr(nxt, ctypes.c_int32), _ptr(logits, ctypes.c_float) if logits is not None else None,
+              _ptr(nxt, ctypes.c_int32), _ptr(logits, ctypes.c_float) if logits is not None else None, n_logits,
               what="batched decode")
         return nxt, logits
 
@@ -371,47 +374,83 @@ class CudaBackend(Backend):
 
 
 class SessionKv(SequenceKv):
-    """The batched API on libnanoqwen: one library session per sequence (nq_session_create with the sequence's
-    capacity: its own paged f16 KV cache and decode graph, the backend's weights). Prompt chunks run one sequence
-    after another (nq_prefill, then nq_get_logits); the decode tokens of a step run in ONE device step
-    (forward_decode → nq_decode_batch: the weights are read once per step for all the sequences); the scheduler
-    samples every sequence on the host from the logits. The library's pages
-    are its own, so the pool only counts pages here and prefix-cache hits do not apply (shares_pages False)."""
+    """The batched API on libnanoqwen: one library session per sequence (nq_session_create: its own paged f16 KV
+    cache and decode graph, the backend's weights). Prompt chunks run one sequence after another (nq_prefill); the
+    decode tokens of a step run in ONE device step (forward_decode → nq_decode_batch: the weights are read once per
+    step for all the sequences).
+
+    Who samples: a sequence given set_sampling (the scheduler does so for every request without a LogitsPipeline:
+    temperature / top_k / top_p / seed only, what the device sampler implements, the requests the single-stream
+    path sends to nq_generate) draws on the device with its session's settings and draw counter: its first token
+    from its prompt's logits (forward_token), the later ones in nq_decode_batch's one sampler launch; only the token
+    comes back. The others (grammar, logprobs, logit_bias, penalties) get their logits on the host for the scheduler's
+    LogitsPipeline: they go first in the batch, and nq_decode_batch copies only their rows. The library's pages are
+    its own, so the pool only counts pages here and prefix-cache hits do not apply (shares_pages False)."""
 
     shares_pages = False
+    samples_tokens = True
 
     def __init__(self, be: CudaBackend):
         self.be = be
         self._sessions: dict[int, ctypes.c_void_p] = {}
+        self._drawn: set[int] = set()           # seq_ids of the sequences the device samples
 
     def open(self, seq, capacity: int) -> None:
         sess = _P()
-        greedy = NqSampling(0.0, 0, 1.0, 0)      # unused: the scheduler samples from the logits
+        greedy = NqSampling(0.0, 0, 1.0, 0)      # until set_sampling; a host-sampled sequence's draws go unread
         check(self.be._lib, "nq_session_create", self.be._model, int(capacity), ctypes.byref(greedy),
               ctypes.byref(sess), what="create a batch sequence's session")
         self._sessions[seq.seq_id] = sess
 
-    def forward(self, seq, p0: int, ids: np.ndarray) -> np.ndarray:
+    def set_sampling(self, seq, params: SamplingParams) -> None:
+        check(self.be._lib, "nq_session_set_sampling", self._sessions[seq.seq_id],
+              ctypes.byref(_sampling_struct(params)), what="sampling settings")
+        self._drawn.add(seq.seq_id)
+
+    def extend(self, seq, p0: int, ids: np.ndarray) -> None:
         lib, sess = self.be._lib, self._sessions[seq.seq_id]
         if ids.shape[0] == 1 and p0 > 0:
             check(lib, "nq_decode", sess, int(ids[0]), what="decode")
         else:
             check(lib, "nq_prefill", sess, _ptr(ids, ctypes.c_int32), ids.shape[0], what="prefill")
+
+    def forward(self, seq, p0: int, ids: np.ndarray) -> np.ndarray:
+        self.extend(seq, p0, ids)
         V = self.be.config.vocab_rows
         out = np.empty(V, dtype=np.float32)      # (vocab_rows,) owned by the caller
-        check(lib, "nq_get_logits", sess, _ptr(out, ctypes.c_float), V, what="logits")
+        check(self.be._lib, "nq_get_logits", self._sessions[seq.seq_id], _ptr(out, ctypes.c_float), V,
+              what="logits")
         return out
 
-    def forward_decode(self, seqs, p0s, tokens: np.ndarray) -> np.ndarray:
+    def forward_token(self, seq, p0: int, ids: np.ndarray) -> int:
+        """extend(), then one device draw from the session's logits: nq_sample_steered with nothing to steer (no
+        bias, mask or penalty: the logits as they are) runs the single-stream path's sampler with the session's
+        settings and draw counter, as nq_generate's first draw does; the token is not decoded."""
+        self.extend(seq, p0, ids)
+        tok = ctypes.c_int32(-1)
+        check(self.be._lib, "nq_sample_steered", self._sessions[seq.seq_id], None, None, 0, None, 0, 0.0, 0.0, -1,
+              ctypes.byref(tok), None, None, None, None, what="sample")
+        return int(tok.value)
+
+    def forward_decode(self, seqs, p0s, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The decode tokens of all these sequences in ONE device step (CudaBackend.decode_batch: every weight read
-        once for all of them); their logits come back for the scheduler's host sampling. A single sequence takes
-        its session's captured decode graph instead (nq_decode: faster than the ungraphed batched step at n = 1)."""
-        if len(seqs) == 1:
-            return self.forward(seqs[0], int(p0s[0]), np.asarray(tokens[:1], dtype=np.int32))[None]
-        _, logits = self.be.decode_batch([self._sessions[s.seq_id] for s in seqs], tokens, want_logits=True)
-        return logits
+        once for all of them; a CUDA graph per batch size, one row included), the host-sampled ones first so that
+        only their logits rows are copied back."""
+        n = len(seqs)
+        host = [i for i, s in enumerate(seqs) if s.seq_id not in self._drawn]
+        order = host + [i for i, s in enumerate(seqs) if s.seq_id in self._drawn]
+        toks = np.asarray(tokens, dtype=np.int32)[order]
+        nxt, logits = self.be.decode_batch([self._sessions[seqs[i].seq_id] for i in order], toks,
+                                           n_logits=len(host))
+        drawn = np.empty(n, dtype=np.int32)
+        drawn[order] = nxt
+        drawn[host] = -1
+        if logits is None:
+            logits = np.empty((0, self.be.config.vocab_rows), dtype=np.float32)
+        return drawn, logits
 
     def close(self, seq) -> None:
+        self._drawn.discard(seq.seq_id)
         sess = self._sessions.pop(seq.seq_id, None)
         if sess:
             self.be._lib.nq_session_free(sess)
