@@ -139,45 +139,96 @@ def test_no_device_is_named(fake_loaded):
     assert "sees no CUDA device (nq_device_count() = 0)" in cuda_backend.unavailable_reason()
 
 
-class _FakeSessionsLib(FakeLib):
-    """Sessions whose "logits" are a function of the token history (argmax = (sum of ids + length) % vocab), to
-    test the batched API's plumbing on the CUDA backend: one session per sequence, prompts through nq_prefill, the
-    decode tokens of a step through one nq_decode_batch, frees."""
+class _FakePoolLib(FakeLib):
+    """A KV page pool and pooled sessions whose "logits" are a function of the tokens READ BACK THROUGH EACH
+    SESSION'S PAGE TABLE (argmax = (sum of the ids at positions [0, pos) + pos) % vocab; a row nobody wrote since
+    its page was poisoned gives NaN logits), so a page table, position or page sharing the binding got wrong shows
+    in the tokens. Prompts go through nq_prefill, the decode tokens of a step through one nq_decode_batch; the
+    argument rules of nq_session_set_pages are checked as the library checks them."""
 
     V = 50
+    P = 16
 
     def __init__(self):
         super().__init__()
-        self.sessions: dict[int, list] = {}
+        self.rows: dict[int, list] = {}
+        self.sessions: dict[int, dict] = {}
+        self.created = 0
         self.freed: list[int] = []
         self.calls: list[str] = []
+        self.set_pages: list[tuple] = []          # (session, n_pages, position) of every nq_session_set_pages
+        self.pool_freed = False
         self._next = 1
 
-    def nq_session_create(self, model, max_ctx, sampling, out):
+    def nq_kv_pool_create(self, model, n_pages, out):
+        self.rows = {p: [None] * self.P for p in range(n_pages)}
+        out._obj.value = 77
+        return abi.NQ_OK
+
+    def nq_kv_pool_poison(self, pool, pages, n):
+        ids = np.ctypeslib.as_array(pages, shape=(n,)).tolist()
+        self.calls.append(("poison", ids))
+        for p in ids:
+            self.rows[p] = [None] * self.P
+        return abi.NQ_OK
+
+    def nq_kv_pool_free(self, pool):
+        self.pool_freed = True
+
+    def nq_session_create_pooled(self, model, pool, max_ctx, sampling, out):
         sid, self._next = self._next, self._next + 1
-        self.sessions[sid] = []
+        self.created += 1
+        self.sessions[sid] = {"pages": [], "pos": 0}
         out._obj.value = sid
         return abi.NQ_OK
 
+    def nq_session_reset(self, sess):
+        self.sessions[sess.value]["pos"] = 0
+        return abi.NQ_OK
+
+    def nq_session_set_pages(self, sess, pages, n, position):
+        ids = np.ctypeslib.as_array(pages, shape=(n,)).tolist() if n else []
+        if any(p < 0 or p >= len(self.rows) for p in ids) or len(set(ids)) != n or not 0 <= position <= n * self.P:
+            self._fail(b"set_pages: bad arguments")
+            return abi.NQ_E_INVALID_ARG
+        self.set_pages.append((sess.value, n, position))
+        self.sessions[sess.value].update(pages=ids, pos=position)
+        return abi.NQ_OK
+
+    def _write(self, sid, tok):
+        s = self.sessions[sid]
+        p = s["pos"]
+        if p >= len(s["pages"]) * self.P:
+            raise AssertionError(f"session {sid} writes position {p} past its {len(s['pages'])} pages")
+        self.rows[s["pages"][p // self.P]][p % self.P] = int(tok)
+        s["pos"] += 1
+
+    def _next_token(self, sid):
+        s = self.sessions[sid]
+        toks = [self.rows[s["pages"][i // self.P]][i % self.P] for i in range(s["pos"])]
+        return None if None in toks else (sum(toks) + len(toks)) % self.V
+
     def nq_prefill(self, sess, ids, n):
         self.calls.append("prefill")
-        self.sessions[sess.value] += np.ctypeslib.as_array(ids, shape=(n,)).tolist()
+        for t in np.ctypeslib.as_array(ids, shape=(n,)):
+            self._write(sess.value, t)
         return abi.NQ_OK
 
     def nq_decode(self, sess, tok):
         self.calls.append("decode")
-        self.sessions[sess.value].append(int(tok))
+        self._write(sess.value, tok)
         return abi.NQ_OK
 
     def nq_get_logits(self, sess, out, n):
-        hist = self.sessions[sess.value]
         a = np.ctypeslib.as_array(out, shape=(n,))
-        a[:] = 0.0
-        a[(sum(hist) + len(hist)) % self.V] = 1.0
+        t = self._next_token(sess.value)
+        a[:] = np.nan if t is None else 0.0
+        if t is not None:
+            a[t] = 1.0
         return abi.NQ_OK
 
     def nq_session_free(self, sess):
-        self.freed.append(sess.value)
+        self.freed.append(sess if isinstance(sess, int) else sess.value)
 
     def nq_batch_create(self, model, max_batch, out):
         out._obj.value = 999
@@ -189,9 +240,8 @@ class _FakeSessionsLib(FakeLib):
         nxt = np.ctypeslib.as_array(next_tokens, shape=(n,))
         lg = np.ctypeslib.as_array(logits, shape=(n, self.V)) if logits else None
         for i in range(n):
-            hist = self.sessions[sessions[i]]
-            hist.append(int(toks[i]))
-            nxt[i] = (sum(hist) + len(hist)) % self.V
+            self._write(sessions[i], toks[i])
+            nxt[i] = self._next_token(sessions[i])
             if lg is not None:
                 lg[i] = 0.0
                 lg[i, nxt[i]] = 1.0
@@ -201,37 +251,143 @@ class _FakeSessionsLib(FakeLib):
         self.calls.append("batch_free")
 
 
-def test_batched_api_runs_one_library_session_per_sequence():
-    from nanoqwen_rt.sampling import SamplingParams
-    from nanoqwen_rt.scheduler import Scheduler, _Seq
-    lib = _FakeSessionsLib()
+def _fake_backend(lib, max_context=256):
     be = object.__new__(cuda_backend.CudaBackend)          # no device: only what the batched API touches
     be._lib, be._model, be._sess = lib, ctypes.c_void_p(1), ctypes.c_void_p()
-    be._batch, be._batch_cap = None, 0
+    be._batch, be._batch_cap, be._kv_stores = None, 0, []
     be.config = types.SimpleNamespace(vocab_rows=lib.V)
-    be.max_context = 64
-    sched = Scheduler(be, max_batch=2, kv_pages=16, lock=threading.Lock())
-    assert sched.kv.shares_pages is False                   # the library's pages are its own: no prefix reuse
+    be.max_context = max_context
+    return be
 
-    def expect(prompt, n):                                  # what the fake's logits make greedy sampling pick
-        hist, out = list(prompt), []
-        for _ in range(n):
-            t = (sum(hist) + len(hist)) % lib.V
-            out.append(t)
-            hist.append(t)
-        return out
 
-    got = {0: [], 1: [], 2: []}
+def _expect(lib, prompt, n):
+    """What the fake's logits make greedy sampling pick after `prompt`, n tokens."""
+    hist, out = list(prompt), []
+    for _ in range(n):
+        t = (sum(hist) + len(hist)) % lib.V
+        out.append(t)
+        hist.append(t)
+    return out
+
+
+def _submit(sched, prompt, n, got, key):
+    from nanoqwen_rt.sampling import SamplingParams
+    from nanoqwen_rt.scheduler import _Seq
+    sched.add(_Seq(np.array(prompt, dtype=np.int32), SamplingParams(0.0, 0, 1.0, None), n, set(), None,
+                   lambda t, lp, c: got.setdefault(key, []).append(t)))
+
+
+def _run(sched, steps=200):
+    for _ in range(steps):
+        if not sched.has_work:
+            return
+        sched.step()
+    raise AssertionError("the scheduler did not finish")
+
+
+def test_batched_api_runs_pooled_sessions_with_decode_batches():
+    from nanoqwen_rt.scheduler import Scheduler
+    lib = _FakePoolLib()
+    be = _fake_backend(lib)
+    sched = Scheduler(be, max_batch=2, kv_pages=32, lock=threading.Lock())
+    assert sched.kv.shares_pages is True                    # the pool's page ids are the device's
+    got: dict = {}
     prompts = [[3, 4, 5], [7] * 20, [1, 2]]
     for i, p in enumerate(prompts):
-        sched.add(_Seq(np.array(p, dtype=np.int32), SamplingParams(0.0, 0, 1.0, None), 6, set(),
-                       None, lambda t, lp, c, i=i: got[i].append(t)))
-    for _ in range(40):
-        sched.step()
-    assert [got[i] for i in range(3)] == [expect(p, 6) for p in prompts]
-    assert sorted(lib.freed) == [1, 2, 3] and sched.pool.used_pages == 0 and not sched.kv._sessions
-    # the prompts one at a time; the decode tokens of a step in one batched call (2 sequences run at once), or,
-    # for a step with one decoding sequence, its own nq_decode
-    batched = [int(c.split()[1]) for c in lib.calls if c.startswith("decode_batch")]
-    assert lib.calls.count("prefill") == 3 and batched and min(batched) == max(batched) == 2
-    assert sum(batched) + lib.calls.count("decode") == 3 * 5
+        _submit(sched, p, 30, got, i)
+    _run(sched)
+    assert [got[i] for i in range(3)] == [_expect(lib, p, 30) for p in prompts]
+    assert sched.pool.used_pages == 0 and not sched.kv._sessions
+    # 2 sequences ran at once: 2 sessions made, the third sequence reused one; none freed before close
+    assert lib.created == 2 and lib.freed == []
+    batched = [int(c.split()[1]) for c in lib.calls if isinstance(c, str) and c.startswith("decode_batch")]
+    assert lib.calls.count("prefill") == 3 and batched and max(batched) == 2
+    # page tables go up only when they grew (or at the start), never twice for one length: 3 + 29 positions
+    # written by the first sequence = 2 pages, so its session saw (1, 0), (2, 16) and, at its end, (0, 0)
+    first = [(n, pos) for sid, n, pos in lib.set_pages if sid == 1]
+    assert first[:3] == [(1, 0), (2, 16), (0, 0)]
+    for kv in be._kv_stores:                                # what CudaBackend.close does before the model
+        kv.release()
+    assert sorted(lib.freed) == [1, 2] and lib.pool_freed
+
+
+def test_prefix_hit_reuses_the_cached_pages_on_the_device():
+    from nanoqwen_rt.scheduler import Scheduler
+    lib = _FakePoolLib()
+    sched = Scheduler(_fake_backend(lib), max_batch=4, kv_pages=64, lock=threading.Lock())
+    prefix = [(i * 7) % 50 for i in range(40)]              # 2 full pages + 8 tokens
+    got: dict = {}
+    _submit(sched, prefix + [1, 2, 3], 5, got, "a")
+    _run(sched)
+    n_prefill_rows = sum(1 for c in lib.calls if c == "prefill")
+    _submit(sched, prefix + [9, 9], 5, got, "b")
+    _submit(sched, prefix + [4], 5, got, "c")              # both hit; they decode together in one batch
+    _run(sched)
+    assert got["a"] == _expect(lib, prefix + [1, 2, 3], 5)
+    assert got["b"] == _expect(lib, prefix + [9, 9], 5)     # tokens read back through the shared pages
+    assert got["c"] == _expect(lib, prefix + [4], 5)
+    assert sched.pool.prefix_hit_tokens == 2 * 32
+    # b and c started at position 32 (the cached pages), on tables that list the cached pages first
+    starts = [(n, pos) for _, n, pos in lib.set_pages if pos == 32]
+    assert starts == [(3, 32), (3, 32)]
+    assert "decode_batch 2" in lib.calls and lib.calls.count("prefill") == n_prefill_rows + 2
+    sched.pool.check([])
+
+
+def test_pooled_pages_are_poisoned_when_handed_out():
+    """Every page the pool hands a sequence is poisoned on the device first (a row read before it is written gives
+    NaN logits), and an ended sequence's session keeps no pages."""
+    from nanoqwen_rt.scheduler import Scheduler
+    lib = _FakePoolLib()
+    sched = Scheduler(_fake_backend(lib), max_batch=1, kv_pages=8, lock=threading.Lock())
+    got: dict = {}
+    _submit(sched, [5] * 17, 3, got, 0)
+    _run(sched)
+    assert got[0] == _expect(lib, [5] * 17, 3)
+    poisoned = [c[1] for c in lib.calls if isinstance(c, tuple)]
+    assert sorted(p for ps in poisoned for p in ps) == [0, 1]   # 19 positions: 2 pages, each poisoned once
+    assert lib.sessions[1]["pages"] == []
+
+
+def test_set_pages_refusal_is_a_named_error():
+    lib = _FakePoolLib()
+    kv = cuda_backend.SessionKv(_fake_backend(lib), 4)
+    seq = types.SimpleNamespace(seq_id=0, pages=[0, 0])     # a page listed twice
+    kv.open(seq, 32)
+    with pytest.raises(ValueError, match="set a sequence's KV pages: set_pages: bad arguments"):
+        kv.forward(seq, 0, np.array([1, 2], dtype=np.int32))
+
+
+def test_default_kv_pages_from_free_device_memory():
+    page = 2 * 28 * 4 * 16 * 128 * 2                       # 7B shapes, f16 rows: 0.875 MiB
+    per_ctx = 32768 // 16
+    # plenty free: max_batch full contexts
+    assert cuda_backend.kv_pool_pages(32768, 16, page, 130 * 2**30) == 16 * per_ctx
+    # less: KV_FREE_MEMORY_FRACTION of what is free
+    free = 40 * 2**30
+    n = cuda_backend.kv_pool_pages(32768, 64, page, free)
+    assert n == int(free * cuda_backend.KV_FREE_MEMORY_FRACTION) // page and per_ctx <= n < 64 * per_ctx
+    # not even one full context: a one-line error naming the way out
+    with pytest.raises(cuda_backend.KvPoolDoesNotFit, match=r"one full context of 32768 tokens needs 2048 KV pages "
+                                                            r"\(1\.75 GiB\); the GPU has 1\.00 GiB free"):
+        cuda_backend.kv_pool_pages(32768, 16, page, 2**30)
+    assert "\n" not in str(pytest.raises(cuda_backend.KvPoolDoesNotFit, cuda_backend.kv_pool_pages, 32768, 1,
+                                         page, 2**30).value)
+
+
+def test_engine_kv_pool_that_does_not_fit_is_one_line(monkeypatch):
+    """Engine._batch turns the backend's refusal into DeviceUnavailable, which serve prints as one line."""
+    from nanoqwen_rt.engine import DeviceUnavailable
+    from nanoqwen_rt.backends.base import BackendError
+
+    class Be:
+        max_context = 32768
+
+        def default_kv_pages(self, max_batch):
+            raise cuda_backend.KvPoolDoesNotFit("one full context of 32768 tokens needs 2048 KV pages")
+    eng = object.__new__(__import__("nanoqwen_rt.engine", fromlist=["Engine"]).Engine)
+    eng._batch_lock, eng._scheduler, eng._kv_pages, eng._max_batch = threading.Lock(), None, None, 16
+    eng._check_open = lambda: Be()
+    with pytest.raises(DeviceUnavailable, match="needs 2048 KV pages"):
+        eng._batch()
+    assert issubclass(cuda_backend.KvPoolDoesNotFit, BackendError)
