@@ -274,20 +274,23 @@ int session_create_pooled(Model* m, KvPool* pool, int max_ctx, const nq_sampling
   return create(m, pool, max_ctx, sp, out);
 }
 
-// The caller (the C ABI) checked the list with check_session_pages. Waits for the session's enqueued step (it
-// reads the table), then uploads the entries from the first one that changed.
+// The caller (the C ABI) checked the list with check_session_pages. Uploads the entries from the first one that
+// changed, and the position, on the session's stream: after its enqueued step (which reads them), before its next
+// one; a batched step synchronizes the session's stream before it starts. The host sources are consumed before the
+// copies return (pageable memory is staged), and the copies have finished when this returns.
 int session_set_pages(Session* s, const int32_t* pages, int n, int position) {
-  NQ_CUDA(cudaStreamSynchronize(s->st));
   int first = 0;
   while (first < n && first < (int)s->pages.size() && s->pages[first] == pages[first]) first++;
   if (first < n)
-    NQ_CUDA(cudaMemcpy(s->d_page_table + first, pages + first, (size_t)(n - first) * sizeof(int32_t),
-                       cudaMemcpyHostToDevice));
+    NQ_CUDA(cudaMemcpyAsync(s->d_page_table + first, pages + first, (size_t)(n - first) * sizeof(int32_t),
+                            cudaMemcpyHostToDevice, s->st));
+  if (position != s->pos)
+    NQ_CUDA(cudaMemcpyAsync(s->d_pos, &position, sizeof(int), cudaMemcpyHostToDevice, s->st));
+  NQ_CUDA(cudaStreamSynchronize(s->st));
   s->pages.assign(pages, pages + n);
   if (position != s->pos) {
     s->pos = position;
     s->have_logits = false;
-    NQ_CUDA(cudaMemcpy(s->d_pos, &position, sizeof(int), cudaMemcpyHostToDevice));
   }
   return NQ_OK;
 }
