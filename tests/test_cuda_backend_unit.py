@@ -358,6 +358,13 @@ def test_set_pages_refusal_is_a_named_error():
         kv.forward(seq, 0, np.array([1, 2], dtype=np.int32))
 
 
+def test_a_pool_beyond_the_library_limit_is_a_backend_error():
+    be = _fake_backend(_FakePoolLib())
+    with pytest.raises(BackendError, match=r"a KV pool of 16777217 pages: the CUDA backend makes 1 to 16777216"):
+        be.sequence_kv(abi.NQ_MAX_KV_POOL_PAGES + 1)
+    assert be._kv_stores == []
+
+
 def test_default_kv_pages_from_free_device_memory():
     page = 2 * 28 * 4 * 16 * 128 * 2                       # 7B shapes, f16 rows: 0.875 MiB
     per_ctx = 32768 // 16
@@ -391,3 +398,21 @@ def test_engine_kv_pool_that_does_not_fit_is_one_line(monkeypatch):
     with pytest.raises(DeviceUnavailable, match="needs 2048 KV pages"):
         eng._batch()
     assert issubclass(cuda_backend.KvPoolDoesNotFit, BackendError)
+
+
+def test_header_constants_are_the_bindings():
+    """nanoqwen.h's #defines that the binding copies (no library needed: read from the header's text)."""
+    import re
+    from pathlib import Path
+    from nanoqwen_rt.kv_pool import KV_PAGE_TOKENS
+    header = (Path(__file__).resolve().parents[1] / "csrc" / "include" / "nanoqwen.h").read_text()
+
+    def define(name):
+        m = re.search(rf"^#define {name} (\(1 << \d+\)|\d+)", header, re.M)
+        assert m, name
+        v = m.group(1)
+        return 1 << int(v[6:-1]) if v.startswith("(1 <<") else int(v)
+    assert define("NQ_ABI_VERSION") == abi.NQ_ABI_VERSION
+    assert define("NQ_MAX_BATCH") == abi.NQ_MAX_BATCH
+    assert define("NQ_MAX_KV_POOL_PAGES") == abi.NQ_MAX_KV_POOL_PAGES
+    assert define("NQ_KV_PAGE_TOKENS") == KV_PAGE_TOKENS

@@ -390,7 +390,10 @@ class CudaBackend(Backend):
 
     def sequence_kv(self, n_pages: int) -> "SessionKv":
         """The batched API's KV store on this backend: a device page pool of n_pages pages, one pooled library
-        session per sequence (see SessionKv). Freed by close()."""
+        session per sequence (see SessionKv). Freed by close(). BackendError for a pool the library does not make
+        (more than NQ_MAX_KV_POOL_PAGES pages; OutOfDeviceMemory when the device cannot hold it)."""
+        if not 1 <= n_pages <= abi.NQ_MAX_KV_POOL_PAGES:
+            raise BackendError(f"a KV pool of {n_pages} pages: the CUDA backend makes 1 to {abi.NQ_MAX_KV_POOL_PAGES}")
         kv = SessionKv(self, n_pages)
         self._kv_stores.append(kv)
         return kv
