@@ -268,7 +268,8 @@ def test_generate_on_a_pooled_session_stops_at_the_end_of_its_pages(files):
         ids = np.arange(1, 21, dtype=np.int32)
         check(lib, "nq_prefill", sess, ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), 20)
         toks = list(stream_tokens(lib, sess, 100, np.zeros(0, dtype=np.int32)))
-        # 20 prompt positions + 11 decoded (the 12th token is produced but not decoded) = the 32 its pages hold
+        # prompt + generated reaches the 32 positions its 2 pages hold: 12 tokens (11 decoded into positions 20..30;
+        # the last one is produced, not decoded)
         assert len(toks) == 12
         # the same greedy tokens as a session with a cache of its own
         ref = be.new_session(CTX)
