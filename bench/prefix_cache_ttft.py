@@ -9,7 +9,7 @@ Each round uses a fresh prefix (other text, so no round hits an earlier one): re
 it computes the whole prompt), then request B = prefix + suffix B (a hit: it reuses the prefix's cached pages and
 computes only its last partial page and its suffix). Both run alone, so TTFT is the prompt's compute plus one
 sampling step. Prints per round and the medians. On CUDA the cached pages are device pages of the backend's KV
-pool (nq_session_set_pages lists them in B's page table): issue 13's target is B/A <= 0.10 at a 2,000-token prefix.
+pool (nq_session_set_pages lists them in B's page table); the target there is B/A <= 0.10 at a 2,000-token prefix.
 """
 from __future__ import annotations
 
