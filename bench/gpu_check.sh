@@ -83,8 +83,13 @@ if has bench; then
   grep -E "(plain|decode|logprobs5|steer5|host5)_ms:|cost_vs|_tokens:|_decode_ms_per_token|_setup_ms|_host_mask_ms_per_token|suite_ms|skipped" \
     "$LOG/steer7b.log" | tee -a "$summary"
   # many sequences per step (nq_decode_batch) against the single stream, same file
-  timeout 240 python3 bench/batch_bench.py /tmp/q7b.nanoqwen --batch 1,4,8,32,64 --json "$LOG/batch7b.json" > "$LOG/batch7b.log" 2>&1
-  note "batch bench 7B rc=$?"; tail -6 "$LOG/batch7b.log" | tee -a "$summary"
+  timeout 240 python3 bench/batch_bench.py /tmp/q7b.nanoqwen --batch 1,2,4,8,32,64 --json "$LOG/batch7b.json" > "$LOG/batch7b.log" 2>&1
+  note "batch bench 7B rc=$?"; tail -7 "$LOG/batch7b.log" | tee -a "$summary"
+  # GPU time per kernel (CUPTI) of the 512-token prefill and of the 32-row batched step: where TTFT and the step go
+  for prof in "prefill --tokens 512" "batch --n 32"; do
+    timeout 90 python3 bench/profile_kernels.py /tmp/q7b.nanoqwen $prof 2>&1 | grep -v -i warn > "$LOG/prof_${prof%% *}.log"
+    note "profile ($prof) rc=$?"; head -12 "$LOG/prof_${prof%% *}.log" | tee -a "$summary"; tail -4 "$LOG/prof_${prof%% *}.log" | tee -a "$summary"
+  done
   save
 fi
 if has long && [ -f /tmp/q7b.nanoqwen ]; then   # long prompts on the same file: TTFT and decode at 8K and 32K context

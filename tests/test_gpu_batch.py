@@ -57,9 +57,10 @@ def _alone(be, ids):
         be.free_session(sess)
 
 
-# Up to 4 sequences the step runs the decode GEMVs per token row, above that the GEMMs (batch.cu kGemvRowsMax):
-# both are checked (the session swap below keeps the count).
-@pytest.mark.parametrize("lens", [[1, 5, 17], [1, 5, 17, 40, 33]], ids=["gemv-rows", "gemm"])
+# Up to 2 sequences the step runs the decode GEMVs per token row, above that the GEMMs (batch.cu kGemvRowsMax):
+# both are checked (the session swap below keeps the count). Six steps: the first runs as is, the second is
+# captured as the batch size's graph, the rest replay it.
+@pytest.mark.parametrize("lens", [[1, 17], [1, 5, 17, 40, 33]], ids=["gemv-rows", "gemm"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_batched_decode_matches_each_sequence_alone(files, name, lens):
     from nanoqwen_rt.backends.cuda import CudaBackend
@@ -90,9 +91,10 @@ def test_batched_decode_matches_each_sequence_alone(files, name, lens):
             err = rel_rows(np.stack([g[i] for g in got]), ref).max()
             assert err < BATCH_TOL, f"sequence {i} (prompt {n}): relative error {err:.2e}"
         # a session freed and another created (possibly at the same address) is bound afresh
-        be.free_session(sessions.pop(2))
-        lens.pop(2)
-        seqs.pop(2)
+        k = len(lens) - 1                    # not sessions[0], the backend's own
+        be.free_session(sessions.pop(k))
+        lens.pop(k)
+        seqs.pop(k)
         fresh = rng.integers(0, V, size=9)
         sessions.append(be.new_session(CTX))
         _prefill(be, sessions[-1], fresh[:8])
@@ -134,7 +136,7 @@ def test_batched_decode_refuses_bad_calls(files):
         be.close()
 
 
-@pytest.mark.parametrize("n", [3, 6], ids=["gemv-rows", "gemm"])
+@pytest.mark.parametrize("n", [2, 6], ids=["gemv-rows", "gemm"])
 def test_batched_sampler_draws_with_each_sessions_settings(files, n):
     """The batched step draws every sequence's token in one launch (one block each) with its own session's
     settings, seed and draw counter: each token equals the single-row sampler's (nq_test_sample) on the same

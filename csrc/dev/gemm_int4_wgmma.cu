@@ -293,17 +293,16 @@ int launch_library(const nq::GemmGroup& g, int tiles, const __half* A, int lda, 
 // the library's gemm_int4_wgmma builds (gemm_wgmma.cuh): the prefill builds (TN >= 128) unsplit, the few-token
 // builds split as gemm.cu splits them (or g_force_splits). The prefill builds never split: their kernel reads the whole
 // of K whatever the grid (gemm_wgmma.cuh), so a forced split count does not apply to them.
-template <int TN, int WGS, int STAGES, int MINB, int KSUB = 1, bool PAR_SPLIT = (TN < 128)>
+template <int TN, int WGS, int STAGES, int KSUB = 1>
 int launch_lib_wgmma(const nq::GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add,
                      bool allow_split, cudaStream_t st) {
   int splits = 1;
   if (TN < 128 && allow_split)
-    splits = nq::choose_splits((long long)((M + TN - 1) / TN) * tiles, g.s[0].W.K / KB, MINB, nq::kSmallMaxSplits,
+    splits = nq::choose_splits((long long)((M + TN - 1) / TN) * tiles, g.s[0].W.K / KB, 1, nq::kSmallMaxSplits,
                                nq::kSmallMinStages, /*fill_rounds=*/true);
   if (TN < 128 && g_force_splits > 0) splits = std::min(g_force_splits, g.s[0].W.K / KB);
   g_last_splits = splits;
-  return nq::launch_int4_wgmma<TN, WGS, STAGES, MINB, KSUB, PAR_SPLIT>(g, tiles, A, lda, M, ldc, add, splits,
-                                                                               st);
+  return nq::launch_int4_wgmma<TN, WGS, STAGES, KSUB>(g, tiles, A, lda, M, ldc, add, splits, st);
 }
 // the product path: nq::gemm_multi (gemm.cu), which picks the kernel and the block shape itself
 int launch_product(const nq::GemmGroup& g, int, const __half* A, int lda, int M, int ldc, bool add, bool,
@@ -322,18 +321,17 @@ const Kernel kKernels[] = {
     {"n128w2", 128, 128, launch_wgmma<128, 2, 1, 4>},
     {"n256w2", 128, 256, launch_wgmma<256, 2, 1, 4>},
     {"n128w2m2", 256, 128, launch_wgmma<128, 2, 2, 4>},
-    {"tma_n128w2", 128, 128, launch_lib_wgmma<128, 2, 5, 1>},
-    {"tma_n256w2", 128, 256, launch_lib_wgmma<256, 2, 4, 1>},
-    {"tma_n128w3", 192, 128, launch_lib_wgmma<128, 3, 5, 1>},
-    // few-token builds (batched decode): s<stages>, k<64-k sub-tiles per stage>; split-K reduced in parallel unless
-    // _ser (serial, the prefill builds' way)
-    {"tma_n16w3s8", 192, 16, launch_lib_wgmma<16, 3, 8, 1>},
-    {"tma_n32w3s8", 192, 32, launch_lib_wgmma<32, 3, 8, 1>},
-    {"tma_n32w3s8_ser", 192, 32, launch_lib_wgmma<32, 3, 8, 1, 1, false>},
-    {"tma_n16w3s4k4", 192, 16, launch_lib_wgmma<16, 3, 4, 1, 4>},
-    {"tma_n32w3s6k2", 192, 32, launch_lib_wgmma<32, 3, 6, 1, 2>},
-    {"tma_n32w3s4k4", 192, 32, launch_lib_wgmma<32, 3, 4, 1, 4>},
-    {"tma_n64w3s6k2", 192, 64, launch_lib_wgmma<64, 3, 6, 1, 2>},
+    {"tma_n128w2", 128, 128, launch_lib_wgmma<128, 2, 5>},
+    {"tma_n256w2", 128, 256, launch_lib_wgmma<256, 2, 4>},
+    {"tma_n128w3", 192, 128, launch_lib_wgmma<128, 3, 5>},
+    // few-token builds (batched decode): s<stages>, k<64-k sub-tiles per stage>; split-K reduced by each tile's last
+    // split
+    {"tma_n16w3s8", 192, 16, launch_lib_wgmma<16, 3, 8>},
+    {"tma_n32w3s8", 192, 32, launch_lib_wgmma<32, 3, 8>},
+    {"tma_n16w3s4k4", 192, 16, launch_lib_wgmma<16, 3, 4, 4>},
+    {"tma_n32w3s6k2", 192, 32, launch_lib_wgmma<32, 3, 6, 2>},
+    {"tma_n32w3s4k4", 192, 32, launch_lib_wgmma<32, 3, 4, 4>},
+    {"tma_n64w3s6k2", 192, 64, launch_lib_wgmma<64, 3, 6, 2>},
     {"library", nq::MM_BN, nq::MM_BM, launch_library},
     {"product", 128, 0, launch_product},
 };

@@ -9,14 +9,23 @@
 namespace nq {
 
 // Up to this many sequences, the linear layers run the decode GEMVs (RMSNorm, SwiGLU and the residual add fused),
-// one launch per token row: n weight passes at ~1.4 ms each (7B) against one pass of the prefill GEMMs, whose
-// 128-token tiles took ~10 ms per step at any n from 1 to 8 on the H200 (bench/NOTES.md "Session 5").
-constexpr int kGemvRowsMax = 4;
+// one launch per token row: n weight passes at ~1.4 ms each (7B) against one pass of the few-token GEMMs at ~3.5 ms
+// for any n up to 16 (28 layers x 125 us, H200, bench/NOTES.md "Session 6"), so the GEMMs win from 3 rows on.
+constexpr int kGemvRowsMax = 2;
+
+namespace {
+void drop_graphs(Batch* b) {
+  for (cudaGraphExec_t& g : b->graphs)
+    if (g) cudaGraphExecDestroy(g), g = nullptr;
+  std::fill(b->warm.begin(), b->warm.end(), 0);
+}
+}  // namespace
 
 Batch::~Batch() {
   if (st) cudaStreamSynchronize(st);
+  drop_graphs(this);
   void* dev[] = {d_tokens, d_pos, d_kv, d_pt, d_pos_of, d_next, d_samp, X, Xn, QKV, ATT, G, U, HM, logits, part_o, part_ml,
-                 counters};
+                 counters, d_rope};
   for (void* p : dev)
     if (p) cudaFree(p);
   if (h_io) cudaFreeHost(h_io);
@@ -29,6 +38,8 @@ int batch_create(Model* m, int max_batch, Batch** out) {
   auto bail = [&](int rc) { delete b; return rc; };
   b->m = m;
   b->max_batch = max_batch;
+  b->graphs.assign((size_t)max_batch + 1, nullptr);
+  b->warm.assign((size_t)max_batch + 1, 0);
   b->n_split = std::max(1, std::min(128, 256 / c.n_kv_heads));   // as a session's decode at long contexts
   const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_rows;
   const int Nq = c.n_heads * D, Nqkv = Nq + 2 * c.n_kv_heads * D;
@@ -58,8 +69,27 @@ int batch_create(Model* m, int max_batch, Batch** out) {
 }
 
 namespace {
-// Point the batch at these sessions' caches, page tables and positions (when the set or its order changed).
+// Point the batch at these sessions' caches, page tables and positions (when the set or its order changed), and
+// make its rope table cover the longest session's context.
 int bind(Batch* b, Session* const* ss, int n) {
+  const Session* longest = ss[0];
+  for (int i = 1; i < n; i++)
+    if (ss[i]->max_ctx > longest->max_ctx) longest = ss[i];
+  if (longest->max_ctx > b->rope_ctx) {
+    const size_t bytes = (size_t)longest->max_ctx * (b->m->cfg.head_dim / 2) * sizeof(float2);
+    float2* t = nullptr;
+    NQ_TRY(dalloc(&t, bytes / sizeof(float2), "batch rope table"));
+    cudaError_t e = cudaMemcpyAsync(t, longest->d_rope, bytes, cudaMemcpyDeviceToDevice, b->st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(b->st);
+    if (e != cudaSuccess) {
+      cudaFree(t);
+      return fail(cuda_status(e), "batch rope table: %s", cudaGetErrorString(e));
+    }
+    drop_graphs(b);   // they captured the old table's address
+    if (b->d_rope) cudaFree(b->d_rope);
+    b->d_rope = t;
+    b->rope_ctx = longest->max_ctx;
+  }
   bool same = (int)b->bound.size() == n;
   for (int i = 0; same && i < n; i++) same = b->bound[i] == ss[i]->serial;
   if (same) return NQ_OK;
@@ -99,14 +129,11 @@ int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int
   // a session's own step (nq_decode returns once it is enqueued) finishes before this one reads its cache
   for (int i = 0; i < n; i++) NQ_CUDA(cudaStreamSynchronize(ss[i]->st));
   NQ_TRY(bind(b, ss, n));
-  // the rope table of the session with the longest context covers every position (same model, same table)
-  const Session* longest = ss[0];
-  for (int i = 1; i < n; i++)
-    if (ss[i]->max_ctx > longest->max_ctx) longest = ss[i];
   for (int i = 0; i < n; i++) {
     b->h_io[i] = tokens[i];
     b->h_io[b->max_batch + i] = ss[i]->pos;
   }
+  // the step, from the staged tokens and positions to the sampled tokens in h_io (all of it stream-capturable)
   auto run = [&]() -> int {
     NQ_CUDA(cudaMemcpyAsync(b->d_tokens, b->h_io, n * sizeof(int32_t), cudaMemcpyHostToDevice, st));
     NQ_CUDA(cudaMemcpyAsync(b->d_pos, b->h_io + b->max_batch, n * sizeof(int), cudaMemcpyHostToDevice, st));
@@ -132,7 +159,7 @@ int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int
       }
       AttnArgs aa;
       aa.qkv = b->QKV; aa.qkv_stride = Nqkv; aa.M = n; aa.pos0 = b->d_pos;
-      aa.kv = ss[0]->kv[l]; aa.page_table = ss[0]->d_page_table; aa.rope = longest->d_rope;
+      aa.rope = b->d_rope;   // every sequence's cache and page table come from kv_of / page_table_of
       aa.n_heads = c.n_heads; aa.n_kv = c.n_kv_heads; aa.D = D;
       aa.keys_per_split = 32; aa.n_split = b->n_split; aa.write_kv = true;
       aa.part_o = b->part_o; aa.part_ml = b->part_ml; aa.counters = b->counters; aa.out = b->ATT;
@@ -178,11 +205,36 @@ int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int
     NQ_TRY(sample_rows(b->d_samp, n, st));   // one block per sequence, its session's settings (bound above)
     NQ_TRY(advance_positions(b->d_pos_of, b->d_pos, n, st));
     NQ_CUDA(cudaMemcpyAsync(b->h_io, b->d_next, n * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
-    if (logits_host)
-      NQ_CUDA(cudaMemcpyAsync(logits_host, b->logits, (size_t)n * V * sizeof(float), cudaMemcpyDeviceToHost, st));
     return NQ_OK;
   };
-  const int rc = run();
+  // first step for this n: run it as is; second: capture it; then replay (the ungraphed step spent ~1 ms a step on
+  // its ~260 launches at 32 rows, bench/NOTES.md)
+  int rc = NQ_OK;
+  if (b->graphs[n]) {
+    const cudaError_t e = cudaGraphLaunch(b->graphs[n], st);
+    if (e != cudaSuccess) rc = fail(cuda_status(e), "batched decode graph launch: %s", cudaGetErrorString(e));
+  } else if (!b->warm[n]) {
+    rc = run();
+    b->warm[n] = rc == NQ_OK;
+  } else {
+    cudaGraph_t g = nullptr;
+    cudaError_t e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) return fail(cuda_status(e), "batched decode capture: %s", cudaGetErrorString(e));
+    rc = run();
+    e = cudaStreamEndCapture(st, &g);
+    if (rc == NQ_OK && e != cudaSuccess) rc = fail(cuda_status(e), "batched decode capture: %s", cudaGetErrorString(e));
+    if (rc == NQ_OK) {
+      e = cudaGraphInstantiate(&b->graphs[n], g, 0);
+      if (e != cudaSuccess) b->graphs[n] = nullptr, rc = fail(cuda_status(e), "batched decode graph: %s", cudaGetErrorString(e));
+    }
+    if (g) cudaGraphDestroy(g);
+    if (rc == NQ_OK && (e = cudaGraphLaunch(b->graphs[n], st)) != cudaSuccess)
+      rc = fail(cuda_status(e), "batched decode graph launch: %s", cudaGetErrorString(e));
+  }
+  if (rc == NQ_OK && logits_host) {
+    const cudaError_t e = cudaMemcpyAsync(logits_host, b->logits, (size_t)n * V * sizeof(float), cudaMemcpyDeviceToHost, st);
+    if (e != cudaSuccess) rc = fail(cuda_status(e), "batched decode logits: %s", cudaGetErrorString(e));
+  }
   const cudaError_t e = cudaStreamSynchronize(st);
   if (rc != NQ_OK) return rc;
   if (e != cudaSuccess) return fail(cuda_status(e), "batched decode: %s", cudaGetErrorString(e));

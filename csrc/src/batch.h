@@ -34,6 +34,13 @@ struct Batch {
   float* part_o = nullptr;         // attention partials [max_batch][n_heads][n_split][D]
   float* part_ml = nullptr;        // [max_batch][n_heads][n_split][2]
   int* counters = nullptr;         // [max_batch][n_kv], zero between launches
+  float2* d_rope = nullptr;        // [rope_ctx][D/2] the rope table (a function of the position only: every session's
+  int rope_ctx = 0;                // table is a prefix of the longest one), grown when a longer session is bound
+  // the step for n sequences captured as a graph: graphs[n] (null until n has run once uncaptured, which sets every
+  // launch's one-time state, warm[n], then captured at its second step). The graph reads its per-step inputs from
+  // the buffers above, so it does not depend on which sessions are bound; it is dropped when d_rope moves.
+  std::vector<cudaGraphExec_t> graphs;
+  std::vector<char> warm;
   ~Batch();
 };
 

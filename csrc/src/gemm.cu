@@ -21,8 +21,9 @@ constexpr int kWgmmaMinM = 128;
 // Few-token builds of gemm_int4_wgmma (M < kWgmmaMinM: the batched decode step, short prompts): the token tile is M
 // rounded up to 16, 32 or 64 (two 64-token tiles above 64), 64 kSmallWgs W rows per block, stages of kSmallSub 64-k
 // sub-tiles (kSmallStages in flight; at 64 tokens 6 stages of 2, whose fragments fit the registers), and split-K filling
-// kSmallBlocksPerSm blocks per SM. At these M the work is the weight stream (the FLOPs are ~M/2 per weight byte).
-constexpr int kSmallWgs = 3, kSmallSub = 4, kSmallStages = 4, kSmallBlocksPerSm = 1;
+// the SMs (one block per SM, as every gemm_int4_wgmma build). At these M the work is the weight stream (the FLOPs are
+// ~M/2 per weight byte).
+constexpr int kSmallWgs = 3, kSmallSub = 4, kSmallStages = 4;
 // split-K bounds of the few-token builds: at least kSmallMinStages 64-k stages per split (the pipeline fill is ~8),
 // at most kSmallMaxSplits splits (each adds one read-modify-write of the C tile, small at these M)
 constexpr int kSmallMinStages = 8, kSmallMaxSplits = 16;
@@ -69,7 +70,7 @@ bool wgmma_available(int* sms) {
     const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                     major == 9 &&
                     cudaDeviceGetAttribute(&nsm[dev], cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-                    cudaFuncGetAttributes(&fa, gemm_int4_wgmma<256, 2, 4, 1, 1>) == cudaSuccess && fa.binaryVersion >= 90 &&
+                    cudaFuncGetAttributes(&fa, gemm_int4_wgmma<256, 2, 4, 1>) == cudaSuccess && fa.binaryVersion >= 90 &&
                     fa.ptxVersion >= 90 &&  // not an sm_80 build JIT-compiled for this GPU (its kernel is empty)
                     wg_encode_fn() != nullptr;
     if (!ok) (void)cudaGetLastError();
@@ -97,19 +98,25 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
     for (int i = 0; i < n; i++) NQ_TRY(gemm_multi(W + i, C + i, bias + i, 1, A, lda, M, ldc, add, st));
     return NQ_OK;
   }
-  const int bn = W[0].type == WT_INT4 ? MM_BN : BN;  // both 128 today; the tiles follow the kernel
   GemmGroup g;
   g.n = n;
-  int tiles = 0;
   for (int i = 0; i < n; i++) {
     g.s[i].W = W[i];
     g.s[i].C = C[i];
     g.s[i].bias = bias[i];
-    const int t = (W[i].N + bn - 1) / bn;
-    if (i == 0) g.tiles0 = t;
-    if (i == 1) g.tiles1 = t;
-    tiles += t;
   }
+  // the kernels walk blockIdx.y over the segments' W-row tiles one after another: tiles0 and tiles1 mark where
+  // segments 1 and 2 begin; returns all segments' tiles for `rows` W rows per tile
+  auto count_tiles = [&](int rows) {
+    int total = 0;
+    for (int i = 0; i < n; i++) {
+      const int t = (W[i].N + rows - 1) / rows;
+      if (i == 0) g.tiles0 = t;
+      if (i == 1) g.tiles1 = t;
+      total += t;
+    }
+    return total;
+  };
   if (W[0].type == WT_INT4) {
     int sms = 0;
     bool tma_ok = reinterpret_cast<uintptr_t>(A) % 16 == 0;  // TMA: 16-byte aligned bases (lda % 8 == 0 above)
@@ -117,39 +124,26 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
     long long blocks = 0;
     const int c = M >= kWgmmaMinM && tma_ok && wgmma_available(&sms) ? choose_wgmma(W, n, M, sms, &blocks) : -1;
     if (c >= 0 && 2 * blocks >= sms) {
-      const int rows = 64 * kWgShapes[c].wgs;
-      int wt = 0;
-      for (int i = 0; i < n; i++) {
-        const int t = (W[i].N + rows - 1) / rows;
-        if (i == 0) g.tiles0 = t;
-        if (i == 1) g.tiles1 = t;
-        wt += t;
-      }
-      if (c == 0) return launch_int4_wgmma<256, 2, 4, 1, 1>(g, wt, A, lda, M, ldc, add, 1, st);
-      if (c == 1) return launch_int4_wgmma<128, 2, 5, 1, 1>(g, wt, A, lda, M, ldc, add, 1, st);
-      return launch_int4_wgmma<128, 3, 5, 1, 1>(g, wt, A, lda, M, ldc, add, 1, st);
+      const int wt = count_tiles(64 * kWgShapes[c].wgs);
+      if (c == 0) return launch_int4_wgmma<256, 2, 4, 1>(g, wt, A, lda, M, ldc, add, 1, st);
+      if (c == 1) return launch_int4_wgmma<128, 2, 5, 1>(g, wt, A, lda, M, ldc, add, 1, st);
+      return launch_int4_wgmma<128, 3, 5, 1>(g, wt, A, lda, M, ldc, add, 1, st);
     }
     if (M < kWgmmaMinM && tma_ok && wgmma_available(&sms)) {  // few tokens: the weight stream, split over the SMs
-      int wt = 0;
-      for (int i = 0; i < n; i++) {
-        const int t = (W[i].N + 64 * kSmallWgs - 1) / (64 * kSmallWgs);
-        if (i == 0) g.tiles0 = t;
-        if (i == 1) g.tiles1 = t;
-        wt += t;
-      }
+      const int wt = count_tiles(64 * kSmallWgs);
       const int tn = M <= 16 ? 16 : M <= 32 ? 32 : 64;
-      const int splits = choose_splits((long long)((M + tn - 1) / tn) * wt, W[0].K / WG_KB, kSmallBlocksPerSm,
+      const int splits = choose_splits((long long)((M + tn - 1) / tn) * wt, W[0].K / WG_KB, /*blocks_per_sm=*/1,
                                        kSmallMaxSplits, kSmallMinStages, /*fill_rounds=*/true);
       if (tn == 16)
-        return launch_int4_wgmma<16, kSmallWgs, kSmallStages, kSmallBlocksPerSm, kSmallSub>(g, wt, A, lda, M, ldc, add,
-                                                                                            splits, st);
+        return launch_int4_wgmma<16, kSmallWgs, kSmallStages, kSmallSub>(g, wt, A, lda, M, ldc, add, splits, st);
       if (tn == 32)
-        return launch_int4_wgmma<32, kSmallWgs, kSmallStages, kSmallBlocksPerSm, kSmallSub>(g, wt, A, lda, M, ldc, add,
-                                                                                            splits, st);
-      return launch_int4_wgmma<64, kSmallWgs, 6, kSmallBlocksPerSm, 2>(g, wt, A, lda, M, ldc, add, splits, st);
+        return launch_int4_wgmma<32, kSmallWgs, kSmallStages, kSmallSub>(g, wt, A, lda, M, ldc, add, splits, st);
+      return launch_int4_wgmma<64, kSmallWgs, 6, 2>(g, wt, A, lda, M, ldc, add, splits, st);
     }
-    return launch_int4_mma<kMmaStages, kMmaBlocksPerSm>(g, tiles, A, lda, M, ldc, add, /*allow_split=*/true, st);
+    return launch_int4_mma<kMmaStages, kMmaBlocksPerSm>(g, count_tiles(MM_BN), A, lda, M, ldc, add,
+                                                        /*allow_split=*/true, st);
   }
+  const int tiles = count_tiles(BN);
   if (W[0].type == WT_F16) return launch_gemm<WT_F16>(g, tiles, A, lda, M, ldc, add, st);
   if (W[0].type == WT_BF16) return launch_gemm<WT_BF16>(g, tiles, A, lda, M, ldc, add, st);
   return fail(NQ_E_UNSUPPORTED, "gemm: weight type %d", W[0].type);

@@ -60,7 +60,7 @@ namespace {
 
 constexpr int WG_KB = 64;  // k per stage: one 128-byte (swizzle-atom) row of f16 per token
 
-template <int TN, int WGS, int STAGES, int MINB, int KSUB>
+template <int TN, int WGS, int STAGES, int KSUB>
 struct WgCfg {
   static constexpr int kConsumers = 128 * WGS;
   static constexpr int kThreads = kConsumers + 128;  // + the producer warpgroup
@@ -70,20 +70,17 @@ struct WgCfg {
   static constexpr int kSubBytes = kActBytes + kWBytes;
   static constexpr int kStageBytes = KSUB * kSubBytes;  // a stage: KSUB sub-tiles, each [activations][W words]
   static constexpr int kSmem = STAGES * kStageBytes + 2 * STAGES * 8 + 1024;  // + mbarriers + 1024-B alignment slack
-  // setmaxnreg split of the block's registers (65536 / MINB): the producer keeps 40, the consumers take the rest
-  // (the launch gives every thread kLaunchRegs, rounded down to the allocation unit of 8)
-  static constexpr int kLaunchRegs = (65536 / MINB / kThreads) / 8 * 8 > 255 ? 255 : (65536 / MINB / kThreads) / 8 * 8;
+  // setmaxnreg split of one block per SM's registers: the producer keeps 40, the consumers take the rest (the launch
+  // gives every thread kLaunchRegs, rounded down to the allocation unit of 8)
+  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8 > 255 ? 255 : (65536 / kThreads) / 8 * 8;
   static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs =
-      MINB == 1 && WGS == 2 ? 232 : MINB == 1 && WGS == 3 ? 152
-                                  : ((kLaunchRegs * kThreads - kProducerRegs * 128) / kConsumers) / 8 * 8;
-  static_assert(WGS >= 2 && WGS <= 4, "2 to 4 consumer warpgroups");
+  static constexpr int kConsumerRegs = WGS == 2 ? 232 : 152;
+  static_assert(WGS == 2 || WGS == 3, "2 or 3 consumer warpgroups");
   static_assert(KSUB == 1 || KSUB == 2 || KSUB == 4, "64-k sub-tiles per stage: 1, 2 or 4");
-  static_assert(MINB == 1 || MINB == 2, "1 or 2 blocks per SM");
-  static_assert(128 * (kProducerRegs + WGS * kConsumerRegs) <= 65536 / MINB, "register file");
+  static_assert(128 * (kProducerRegs + WGS * kConsumerRegs) <= 65536, "register file");
   // accumulators, the A fragments and scales of a stage, the words of a sub-tile, addresses
   static_assert(kConsumerRegs >= TN / 2 + 20 * KSUB + 48, "consumer registers");
-  static_assert(MINB * kSmem <= 227 * 1024, "shared memory per SM");
+  static_assert(kSmem <= 227 * 1024, "shared memory per SM");
   static_assert(kActBytes % 1024 == 0 && kWBytes % 1024 == 0, "sub-tiles must stay 1024-byte aligned");
   static_assert(TN <= 256 && kRows <= 256, "a TMA box is at most 256 rows");
 };
@@ -124,13 +121,13 @@ __device__ __forceinline__ void wg_tma_load_2d(uint32_t dst, const CUtensorMap* 
 __device__ __forceinline__ void wg_reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 #endif
 
-template <int TN, int WGS, int STAGES, int MINB, int KSUB>
-__global__ void __launch_bounds__(128 * WGS + 128, MINB)
+template <int TN, int WGS, int STAGES, int KSUB>
+__global__ void __launch_bounds__(128 * WGS + 128, 1)
     gemm_int4_wgmma(const GemmGroup g, const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmW0,
                     const __grid_constant__ CUtensorMap tmW1, const __grid_constant__ CUtensorMap tmW2, int M, int ldc,
                     int add, int* sem, float* part) {
 #if NQ_WGMMA_DEVICE
-  using C_ = WgCfg<TN, WGS, STAGES, MINB, KSUB>;
+  using C_ = WgCfg<TN, WGS, STAGES, KSUB>;
   extern __shared__ __align__(128) unsigned char wsm_raw[];
   const uint32_t raw_u32 = smem_u32(wsm_raw);
   const uint32_t sbase = (raw_u32 + 1023u) & ~1023u;
@@ -260,9 +257,7 @@ __global__ void __launch_bounds__(128 * WGS + 128, MINB)
   // epilogue: acc[4j + 2h + e] = (block row r0 + 8h, token 8j + 2tig + e)
   float* const C = seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C;
   const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
-  int* const tile_sem = sem ? sem + (blockIdx.y * gridDim.x + blockIdx.x) : nullptr;
-  bool first = z == 0;
-  if (part && nz > 1) {
+  if (nz > 1) {
     // parallel split-K: every split stores its partial (thread-major, TN/2 floats per thread); the tile's last split to
     // finish (tile counter in sem) sums all of them in split order, so the result does not depend on which one that is
     const size_t ntile = (size_t)gridDim.x * gridDim.y, tl = (size_t)blockIdx.y * gridDim.x + blockIdx.x;
@@ -276,7 +271,7 @@ __global__ void __launch_bounds__(128 * WGS + 128, MINB)
     __threadfence();
     asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
     __shared__ int s_last;
-    if (tid == 0) s_last = atomicAdd(tile_sem, 1) == nz - 1;
+    if (tid == 0) s_last = atomicAdd(sem + tl, 1) == nz - 1;
     asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
     if (!s_last) return;
     __threadfence();
@@ -290,17 +285,12 @@ __global__ void __launch_bounds__(128 * WGS + 128, MINB)
         acc[4 * i] += v.x, acc[4 * i + 1] += v.y, acc[4 * i + 2] += v.z, acc[4 * i + 3] += v.w;
       }
     }
-    first = true;
-  } else if (tile_sem && z > 0) {  // serial: wait for split z - 1 of this tile (dispatched before: lower linear index)
-    if (tid == 0) split_wait_turn(tile_sem, z);
-    asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");  // the consumers only (the producer left)
   }
-  const bool accumulate = add || !first;  // serial splits after the first add to what C holds
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const int n = n0 + r0 + 8 * h;
     if (n >= W.N) continue;
-    const float bn = (bias && first) ? bias[n] : 0.f;
+    const float bn = bias ? bias[n] : 0.f;
 #pragma unroll
     for (int j = 0; j < TN / 8; j++)
 #pragma unroll
@@ -309,14 +299,9 @@ __global__ void __launch_bounds__(128 * WGS + 128, MINB)
         if (m >= M) continue;
         float* dst = C + (size_t)m * ldc + n;
         float v = acc[4 * j + 2 * h + e] + bn;
-        if (accumulate) v += __ldcg(dst);  // L2: an earlier split's block on another SM wrote it
+        if (add) v += __ldcg(dst);
         __stcg(dst, v);
       }
-  }
-  if (tile_sem && !part && z + 1 < nz) {  // serial: hand the tile to split z + 1
-    __threadfence();
-    asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
-    if (tid == 0) split_hand_over(tile_sem, z + 1);
   }
 #endif
 }
@@ -351,19 +336,21 @@ inline bool wg_encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void*
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// One launch of gemm_int4_wgmma<TN, WGS, STAGES, MINB, KSUB>; `tiles` = W-row tiles of 64 WGS rows over all
-// segments, `splits` = split-K count (1: none), reduced in parallel by each tile's last split (PAR_SPLIT) or serially.
-template <int TN, int WGS, int STAGES, int MINB, int KSUB, bool PAR_SPLIT = (TN < 128)>
+// One launch of gemm_int4_wgmma<TN, WGS, STAGES, KSUB>; `tiles` = W-row tiles of 64 WGS rows over all segments,
+// `splits` = split-K count (1: none; the few-token builds only), reduced by each tile's last split.
+template <int TN, int WGS, int STAGES, int KSUB>
 int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add, int splits,
                       cudaStream_t st) {
-  using C_ = WgCfg<TN, WGS, STAGES, MINB, KSUB>;
-  auto kern = gemm_int4_wgmma<TN, WGS, STAGES, MINB, KSUB>;
+  using C_ = WgCfg<TN, WGS, STAGES, KSUB>;
+  auto kern = gemm_int4_wgmma<TN, WGS, STAGES, KSUB>;
   static bool raised = false;
   if (!raised) {
     NQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C_::kSmem));
     raised = true;
   }
   if (tiles > 65535) return fail(NQ_E_UNSUPPORTED, "gemm: %d N tiles (at most 65535)", tiles);
+  if (TN >= 128 && splits > 1)  // the prefill builds' k range is the whole of K (kernel comment)
+    return fail(NQ_E_INVALID_ARG, "gemm: split-K (%d) with a %d-token build", splits, TN);
   CUtensorMap tmA, tmW[3];
   if (!wg_encode_2d(&tmA, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, A, (uint64_t)g.s[0].W.K, (uint64_t)M, (uint64_t)lda * 2,
                     WG_KB, TN, CU_TENSOR_MAP_SWIZZLE_128B))
@@ -379,17 +366,16 @@ int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, i
   int* sem = nullptr;
   float* part = nullptr;
   if (splits > 1) {
-    // per-launch tile semaphores (serial) or tile counters + partials (PAR_SPLIT), stream-ordered: no state shared
-    // between streams or launches
+    // per-launch tile counters + partials, stream-ordered: no state shared between streams or launches
     const size_t sem_bytes = ((size_t)mtiles * tiles * sizeof(int) + 255) / 256 * 256;
-    const size_t part_bytes = PAR_SPLIT ? (size_t)splits * mtiles * tiles * C_::kConsumers * (TN / 2) * sizeof(float) : 0;
+    const size_t part_bytes = (size_t)splits * mtiles * tiles * C_::kConsumers * (TN / 2) * sizeof(float);
     if (cudaMallocAsync(reinterpret_cast<void**>(&sem), sem_bytes + part_bytes, st) != cudaSuccess) {
       (void)cudaGetLastError();  // no stream-ordered allocator here: run unsplit
       sem = nullptr;
       splits = 1;
     } else {
       NQ_CUDA(cudaMemsetAsync(sem, 0, sem_bytes, st));
-      if (PAR_SPLIT) part = reinterpret_cast<float*>(reinterpret_cast<char*>(sem) + sem_bytes);
+      part = reinterpret_cast<float*>(reinterpret_cast<char*>(sem) + sem_bytes);
     }
   }
   dim3 grid(mtiles, tiles, splits > 1 ? splits : 1);

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""GPU time per kernel of one prompt prefill or one batched decode step, traced with CUPTI through torch.profiler
+(no replay per kernel as under Nsight Compute, so a whole 28-layer prefill takes seconds; kernels run as they do in
+production, graph replays included).
+
+    python3 bench/profile_kernels.py FILE prefill [--tokens 512]
+    python3 bench/profile_kernels.py FILE batch [--n 32]
+
+Prints, per kernel name (template arguments dropped), launches, total and mean µs, and the share of the summed GPU
+time; then the summed GPU time against the wall time of the same call (the difference is launch gaps and host work).
+torch is a benchmark-only dependency here (the product does not import it).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import re
+import sys
+import time
+from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def short(name: str) -> str:
+    name = re.sub(r"<.*>", "", name)            # template arguments
+    name = re.sub(r"\(.*\)", "", name)          # parameter lists
+    return name.split("::")[-1].strip()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("file")
+    ap.add_argument("mode", choices=["prefill", "batch"])
+    ap.add_argument("--tokens", type=int, default=512, help="prefill: prompt tokens")
+    ap.add_argument("--n", type=int, default=32, help="batch: sequences in the step")
+    a = ap.parse_args()
+    import numpy as np
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from nanoqwen_rt.backends.cuda import CudaBackend
+    from nanoqwen_rt.backends.cuda.abi import check
+
+    ctx = max(a.tokens, 64) + 16
+    be = CudaBackend(a.file, max_context=ctx)
+    V = be.config.vocab_rows
+    rng = np.random.default_rng(0)
+    torch.cuda.init()
+    if a.mode == "prefill":
+        ids = rng.integers(0, V, size=a.tokens).astype(np.int32)
+        for _ in range(2):                        # warm-up: one-time kernel attributes, allocator
+            be.reset()
+            be.prefill(ids)
+        be.reset()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            be.prefill(ids)
+            wall = time.perf_counter() - t0
+    else:
+        sessions = [be.new_session(ctx) for _ in range(a.n)]
+        for s in sessions:
+            p = np.ascontiguousarray(rng.integers(0, V, size=64), dtype=np.int32)
+            check(be._lib, "nq_prefill", s, p.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), p.shape[0],
+                  what="prefill")
+        toks = rng.integers(0, V, size=a.n).astype(np.int32)
+        for _ in range(3):                        # binds, runs ungraphed, captures
+            toks, _ = be.decode_batch(sessions, toks)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            toks, _ = be.decode_batch(sessions, toks)
+            wall = time.perf_counter() - t0
+    per = defaultdict(lambda: [0, 0.0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            k = per[short(ev.name)]
+            k[0] += 1
+            k[1] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+    total = sum(v[1] for v in per.values())
+    print(f"{a.mode} ({'tokens ' + str(a.tokens) if a.mode == 'prefill' else 'n ' + str(a.n)}), {a.file}")
+    print(f"{'kernel':44s} {'launches':>8s} {'total us':>10s} {'mean us':>9s} {'share':>6s}")
+    for name, (cnt, us) in sorted(per.items(), key=lambda kv: -kv[1][1]):
+        print(f"{name[:44]:44s} {cnt:8d} {us:10.1f} {us / cnt:9.2f} {100 * us / max(total, 1e-9):5.1f}%")
+    print(f"GPU time summed {total / 1e3:.3f} ms; wall {wall * 1e3:.3f} ms")
+    be.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
