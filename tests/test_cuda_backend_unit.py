@@ -416,3 +416,17 @@ def test_header_constants_are_the_bindings():
     assert define("NQ_MAX_BATCH") == abi.NQ_MAX_BATCH
     assert define("NQ_MAX_KV_POOL_PAGES") == abi.NQ_MAX_KV_POOL_PAGES
     assert define("NQ_KV_PAGE_TOKENS") == KV_PAGE_TOKENS
+
+
+def test_cpu_default_kv_pages_is_max_batch_contexts_within_the_f32_budget():
+    """Backend.default_kv_pages (the CPU backend's): max_batch full contexts of float32 rows within 1 GiB, at least
+    one full context: the rule the Engine applied before the CUDA backend sized its own pool."""
+    from nanoqwen_rt.backends.base import Backend
+    small = types.SimpleNamespace(config=types.SimpleNamespace(n_layers=2, n_kv_heads=1, head_dim=64),
+                                  max_context=1024)
+    assert Backend.default_kv_pages(small, 16) == 16 * 64           # 16 KiB pages: 1,024 of them are 16 MiB
+    big = types.SimpleNamespace(config=types.SimpleNamespace(n_layers=28, n_kv_heads=4, head_dim=128),
+                                max_context=32768)
+    page = 2 * 28 * 4 * 16 * 128 * 4
+    assert Backend.default_kv_pages(big, 16) == max(2048, (1 << 30) // page) == 2048   # one context: 3.5 GiB
+    assert Backend.default_kv_pages(types.SimpleNamespace(config=big.config, max_context=256), 64) == (1 << 30) // page
