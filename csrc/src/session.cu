@@ -238,7 +238,8 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
   if ((e = cudaMemcpy(s->d_page_table, pt.data(), pt.size() * 4, cudaMemcpyHostToDevice))) return fail_cuda(e, "page table upload");
   if (!pool) {
     const std::vector<float2> rope = rope_table(c, max_ctx);
-    if ((e = cudaMemcpy(s->d_rope, rope.data(), rope.size() * sizeof(float2), cudaMemcpyHostToDevice))) return fail_cuda(e, "rope upload");
+    if ((e = cudaMemcpy(s->d_rope, rope.data(), rope.size() * sizeof(float2), cudaMemcpyHostToDevice)))
+      return fail_cuda(e, "rope upload");
   }
   if ((e = cudaMemset(s->counters, 0, (size_t)c.n_kv_heads * 4))) return fail_cuda(e, "counters");
   if ((e = cudaMemset(s->d_pos, 0, 4)) || (e = cudaMemset(s->d_token, 0, 4)) || (e = cudaMemset(s->d_counter, 0, 8)) ||
