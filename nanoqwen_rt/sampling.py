@@ -79,8 +79,67 @@ def _filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return out
 
 
+def _top_sorted(x: np.ndarray, m: int) -> np.ndarray:
+    """The first m entries of np.argsort(-x, kind="stable") (descending, lower index first on ties), without
+    sorting all of x: argpartition finds the m-th largest value, and only the entries at or above it are sorted."""
+    part = np.argpartition(-x, m - 1)[:m]
+    kth = x[part].min()
+    above = np.flatnonzero(x > kth)                              # all strictly larger: fewer than m
+    cand = np.concatenate([above, np.flatnonzero(x == kth)[:m - above.shape[0]]])
+    return cand[np.lexsort((cand, -x[cand]))]                    # by value descending, then by index
+
+
+# First nucleus size the fast path tries (doubled until the kept mass reaches top_p): a nucleus is usually tens
+# of tokens, so one partial sort of this many entries settles most draws.
+_NUCLEUS_FIRST_TRY = 256
+
+
+def _kept_probs(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """_filtered_probs without its full sort: (kept ids ascending, their probabilities). With top_k the kept set,
+    its order and every operation on it are the reference's, so the probabilities are bit-identical; without it
+    the softmax sums over the vocabulary in index order instead of sorted order (equal up to float64 rounding,
+    ~1e-16 relative), and top_p then keeps the same set except where a cumulative mass lies within that rounding
+    of top_p."""
+    x = np.asarray(logits, dtype=np.float64)
+    n = x.shape[0]
+    t = float(params.temperature)
+    if 0 < params.top_k < n:
+        top = _top_sorted(x, int(params.top_k))
+        z = x[top] / t
+        z = z - z.max()
+        p = np.exp(z)
+        p /= p.sum()
+        if params.top_p < 1.0:
+            m = int(np.searchsorted(np.cumsum(p), params.top_p, side="left")) + 1
+            m = max(1, min(m, top.shape[0]))
+            top, p = top[:m], p[:m]
+            p = p / p.sum()
+        order = np.argsort(top)
+        return top[order], p[order]
+    z = x / t
+    z = z - z.max()
+    p = np.exp(z)
+    p /= p.sum()                                                 # (n,) softmax over the whole vocabulary
+    if params.top_p >= 1.0:
+        return np.arange(n), p
+    m = min(_NUCLEUS_FIRST_TRY, n)
+    while True:
+        top = _top_sorted(x, m) if m < n else np.argsort(-x, kind="stable")     # the reference's order
+        c = np.cumsum(p[top])
+        if c[-1] >= params.top_p or m >= n:
+            break
+        m = min(2 * m, n)
+    k = max(1, min(int(np.searchsorted(c, params.top_p, side="left")) + 1, top.shape[0]))
+    top = top[:k]
+    q = p[top] / p[top].sum()
+    order = np.argsort(top)
+    return top[order], q[order]
+
+
 class Sampler:
-    """Stateful sampler: one seeded generator per generation call."""
+    """Stateful sampler: one seeded generator per generation call. Draws from _kept_probs (the fast path: no sort
+    of the whole vocabulary) exactly as the reference would from _filtered_probs: one uniform, inverse CDF in
+    token-id order."""
 
     def __init__(self, params: SamplingParams):
         self.params = params
@@ -90,14 +149,18 @@ class Sampler:
         """logits: float32 (vocab,) → token id."""
         if self.params.greedy:
             return int(np.argmax(logits))
-        probs = _filtered_probs(logits, self.params)
-        # inverse-CDF draw with one uniform: easy to reproduce on other backends
+        ids, probs = _kept_probs(logits, self.params)
+        # inverse-CDF draw with one uniform over the whole vocabulary in id order: easy to reproduce on other
+        # backends. Only kept ids add mass, so the cumulative sums at the kept ids are those of the full (vocab,)
+        # vector (adding the zeros between them is exact) and the draw lands on the same id.
         u = self.rng.random()
         c = np.cumsum(probs)
         idx = int(np.searchsorted(c, u * c[-1], side="right"))
-        # side="right" lands on the first index whose cumulative mass exceeds the draw, which always
-        # carries positive probability; the min() only guards u * c[-1] == c[-1] from round-off.
-        return min(idx, int(np.flatnonzero(probs)[-1]))
+        # side="right" lands on the first id whose cumulative mass exceeds the draw, which always carries positive
+        # probability; past the end only when u * c[-1] == c[-1] from round-off: then the last id with mass
+        if idx >= ids.shape[0]:
+            idx = int(np.flatnonzero(probs)[-1])
+        return int(ids[idx])
 
 
 def sample_reference(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

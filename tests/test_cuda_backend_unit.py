@@ -401,7 +401,8 @@ def test_engine_kv_pool_that_does_not_fit_is_one_line(monkeypatch):
 
 
 def test_header_constants_are_the_bindings():
-    """nanoqwen.h's #defines that the binding copies (no library needed: read from the header's text)."""
+    """nanoqwen.h's limits that the binding copies (no library needed: read from the header's text; the ABI version
+    and the signatures: test_binding_matches_the_c_header)."""
     import re
     from pathlib import Path
     from nanoqwen_rt.kv_pool import KV_PAGE_TOKENS
@@ -412,7 +413,6 @@ def test_header_constants_are_the_bindings():
         assert m, name
         v = m.group(1)
         return 1 << int(v[6:-1]) if v.startswith("(1 <<") else int(v)
-    assert define("NQ_ABI_VERSION") == abi.NQ_ABI_VERSION
     assert define("NQ_MAX_BATCH") == abi.NQ_MAX_BATCH
     assert define("NQ_MAX_KV_POOL_PAGES") == abi.NQ_MAX_KV_POOL_PAGES
     assert define("NQ_KV_PAGE_TOKENS") == KV_PAGE_TOKENS
@@ -430,3 +430,18 @@ def test_cpu_default_kv_pages_is_max_batch_contexts_within_the_f32_budget():
     page = 2 * 28 * 4 * 16 * 128 * 4
     assert Backend.default_kv_pages(big, 16) == max(2048, (1 << 30) // page) == 2048   # one context: 3.5 GiB
     assert Backend.default_kv_pages(types.SimpleNamespace(config=big.config, max_context=256), 64) == (1 << 30) // page
+
+
+def test_binding_matches_the_c_header():
+    """abi.py's ABI version and every entry point's argument count are the header's (csrc/include/nanoqwen.h), so a
+    changed C signature cannot go unnoticed on a machine without the library."""
+    import re
+    from pathlib import Path
+    header = (Path(__file__).resolve().parent.parent / "csrc" / "include" / "nanoqwen.h").read_text()
+    assert int(re.search(r"#define NQ_ABI_VERSION (\d+)", header).group(1)) == abi.NQ_ABI_VERSION
+    decls = {m.group(1): m.group(2) for m in re.finditer(r"NQ_API [\w\s\*]+?\b(nq_\w+)\(([^)]*)\);", header)}
+    for name, (_, args) in {**abi.SIGNATURES, **abi.OPTIONAL_SIGNATURES}.items():
+        assert name in decls, f"{name} is not declared in nanoqwen.h"
+        params = decls[name].strip()
+        n = 0 if params in ("", "void") else params.count(",") + 1
+        assert n == len(args), f"{name}: {n} parameters in nanoqwen.h, {len(args)} in abi.py"
