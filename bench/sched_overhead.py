@@ -30,9 +30,10 @@ from nanoqwen_rt.scheduler import Scheduler, _Seq  # noqa: E402
 
 
 class _NullKv(SequenceKv):
-    """Computes nothing: a prompt's logits / token and every decode row come from fixed arrays."""
+    """Computes nothing: a prompt's logits / token and every decode row come from fixed arrays. Shares pages as the
+    CUDA SessionKv does (its device pool), so the scheduler's prefix-cache publishing is in the figures."""
 
-    shares_pages = False
+    shares_pages = True
 
     def __init__(self, vocab: int, draws: bool):
         self.samples_tokens = draws

@@ -50,6 +50,12 @@ NQ_API int nq_test_attention_prefill(const float* q, const float* k, const float
 /* Sample from logits[V] with the device sampler; returns the token in *out. */
 NQ_API int nq_test_sample(const float* logits, int32_t V, const nq_sampling* sp, uint64_t counter, int32_t* out);
 
+/* The argument rule of nq_session_set_pages (host only, no device needed): NQ_OK or NQ_E_INVALID_ARG with the
+ * message nq_session_set_pages gives, for a session of max_context whose page table has max_pages entries on a pool
+ * of pool_pages pages. */
+NQ_API int nq_test_check_pages(int32_t pool_pages, int32_t max_pages, int32_t max_context, const int32_t* pages,
+                               int32_t n_pages, int32_t position);
+
 /* ms per launch of `iters` int4 GEMV launches (> 512 MB of weight copies rotated, never L2-resident). mode 0: f32
  * input with the RMSNorm prologue (qkv-like), 1: f16 input + residual add (o/down-like), 2: SwiGLU over two N x K
  * matrices (gate/up-like). nq_bench_gemv_int4 is mode 0. */

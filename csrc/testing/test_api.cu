@@ -1,6 +1,7 @@
 // Kernel test entry points of libnanoqwen_testing (nanoqwen_testing.h): host arrays in, one kernel, host arrays
 // out. Used by tests/test_gpu_kernels.py and tests/test_gpu_gemm.py to compare each kernel with a numpy reference.
 #include "testing_util.h"
+#include "session.h"
 #include <cstring>
 
 using namespace nq;
@@ -276,6 +277,11 @@ int nq_test_gemm_swiglu(const uint32_t* q_gate, const uint16_t* s_gate, const ui
   NQ_CUDA(cudaDeviceSynchronize());
   NQ_CUDA(cudaMemcpy(H, dh.p, (size_t)M * N * 2, cudaMemcpyDeviceToHost));
   return NQ_OK;
+}
+
+int nq_test_check_pages(int32_t pool_pages, int32_t max_pages, int32_t max_context, const int32_t* pages,
+                        int32_t n_pages, int32_t position) {
+  return check_session_pages(pool_pages, max_pages, max_context, pages, n_pages, position);
 }
 
 }  // extern "C"

@@ -209,6 +209,16 @@ class Backend(abc.ABC):
         raises BackendError."""
         raise BackendError(f"the {self.name} backend runs no batched sequences")
 
+    def default_kv_pages(self, max_batch: int) -> int:
+        """The batched API's KV pages when none are asked for (Engine(kv_pages=None), serve without --kv-pages):
+        max_batch full contexts of float32 rows (the CPU backend's pages), within CPU_KV_BUDGET_BYTES, at least
+        one full context. The CUDA backend sizes its device pool from the GPU's free memory instead."""
+        from ..kv_pool import KV_PAGE_TOKENS
+        from ..scheduler import CPU_KV_BUDGET_BYTES, default_kv_pages
+        c = self.config
+        page_bytes = 2 * c.n_layers * c.n_kv_heads * KV_PAGE_TOKENS * c.head_dim * 4
+        return default_kv_pages(self.max_context, max_batch, page_bytes, CPU_KV_BUDGET_BYTES)
+
     # -- lifetime -------------------------------------------------------------------------------------
     def close(self) -> None:
         """Release the file mapping / device memory. Idempotent."""

@@ -16,6 +16,7 @@ import sys
 
 import click
 
+from ..backends.cuda.backend import KV_FREE_MEMORY_FRACTION
 from ..kv_pool import KV_PAGE_TOKENS
 from ..scheduler import CPU_KV_BUDGET_BYTES, DEFAULT_MAX_BATCH
 from ..serve.adapter import LoadError, load_engine, require_file
@@ -482,8 +483,10 @@ def _bench_concurrency(file, levels, prompt_tokens, new_tokens, repeats, device,
               help="Requests that generate together (continuous batching).")
 @click.option("--kv-pages", type=click.IntRange(min=1), default=None,
               help=f"KV pages of {KV_PAGE_TOKENS} tokens shared by the batch and the prefix cache (default: "
-                   f"--max-batch full contexts, at most {CPU_KV_BUDGET_BYTES >> 30} GiB of float32 rows, at least one "
-                   f"full context). A request that needs more pages than are free waits for running ones to end.")
+                   f"--max-batch full contexts; on the GPU within {KV_FREE_MEMORY_FRACTION:.0%} of the memory free "
+                   f"after the weights (an error if that holds less than one full context), on the CPU within "
+                   f"{CPU_KV_BUDGET_BYTES >> 30} GiB of float32 rows (at least one full context)). A request that "
+                   f"needs more pages than are free waits for running ones to end.")
 @click.option("--model-name", default=None, help="Model id clients send (default: FILE's name without "
                                                   ".nanoqwen).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
