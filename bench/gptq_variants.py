@@ -6,7 +6,8 @@
                                   [--class-groups down_proj=32,...]
 
 Variants (VARIANTS below): rtn, mse; gptq (left to right, mse scales: --mode gptq before act-order), gptq-act
-(act-order, static groups: --mode gptq now), gptq-rtnscale / gptq-act-rtnscale (rtn scales), gptq-hmse /
+(act-order, static groups: --mode gptq now), awq-rtn (activation-aware input-channel scales, shared as a fold into the
+previous RMSNorm / v rows / up rows would need, then rtn), gptq-rtnscale / gptq-act-rtnscale (rtn scales), gptq-hmse /
 gptq-act-hmse (scale per group from the mse rule's candidates by diag(H)-weighted error), gptq-dyn-* (scales chosen
 on the error-updated weights when a group starts; slow numpy path). Measured ones: bench/NOTES.md.
 
@@ -171,6 +172,56 @@ VARIANTS = {
 }
 
 
+# ----------------------------------------------------------------------------------------------- awq-style scales
+AWQ_ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))   # the exponent grid of the scale search (AWQ's own: 20 steps)
+
+
+def awq_group_scale(ws: list[np.ndarray], h: np.ndarray, g: int, tie=None) -> tuple[np.ndarray, float]:
+    """Activation-aware input-channel scales s (K,) for weights ws (each (N_i, K)) that share one input whose
+    calibration Hessian (mean x x^T) is h: s = rms(x)^alpha (normalised by sqrt(max * min)), alpha from AWQ_ALPHAS
+    minimising the output error of round-to-nearest on W diag(s), sum_i tr(dW_i H dW_i^T) with
+    dW_i = W_i - Q(W_i diag(s)) diag(s)^-1. tie(x) maps per-channel values onto the channels that must share a
+    scale (o_proj: the query heads of one KV head, whose inputs come from one v row). Returns (s, alpha)."""
+    from nanoqwen_quant.quantize import dequantize, quantize
+    x = np.sqrt(np.maximum(np.diag(h).astype(np.float64), 1e-12))
+    if tie is not None:
+        x = tie(x)
+    hf = h.astype(np.float32)
+    best = (None, None, np.inf)
+    for a in AWQ_ALPHAS:
+        sc = x ** a
+        sc = (sc / np.sqrt(sc.max() * sc.min())).astype(np.float32)
+        loss = 0.0
+        for w in ws:
+            dw = w - dequantize(*quantize(w * sc[None, :], g, "rtn"), g) / sc[None, :]
+            loss += float(np.einsum("nk,nk->", dw @ hf, dw))
+        if loss < best[2]:
+            best = (sc, a, loss)
+    return best[0], best[1]
+
+
+def awq_layer_scales(ckpt, hess, li: int, g: int, n_heads: int, n_kv: int) -> dict[str, tuple[np.ndarray, float]]:
+    """Per linear of layer li: its input-channel scale and alpha, shared as a runtime fold would need (q/k/v: the
+    input RMSNorm's weight; gate/up: the post-attention RMSNorm's; o: v's rows, one per KV head and dim; down: up's
+    rows)."""
+    p = f"model.layers.{li}."
+    rd = lambda nm: ckpt.read_rows(p + nm + ".weight", 0, ckpt.tensors[p + nm + ".weight"].shape[0]).astype(np.float32)
+    out = {}
+    s, a = awq_group_scale([rd(n) for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")],
+                           hess[p + "self_attn.q_proj.weight"], g)
+    for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+        out[p + n + ".weight"] = (s, a)
+    wo = rd("self_attn.o_proj")
+    D = wo.shape[1] // n_heads
+    tie = lambda x: np.repeat(np.sqrt(np.mean(x.reshape(n_kv, n_heads // n_kv, D) ** 2, axis=1))[:, None, :],
+                              n_heads // n_kv, axis=1).reshape(-1)
+    out[p + "self_attn.o_proj.weight"] = awq_group_scale([wo], hess[p + "self_attn.o_proj.weight"], g, tie)
+    s, a = awq_group_scale([rd("mlp.gate_proj"), rd("mlp.up_proj")], hess[p + "mlp.gate_proj.weight"], g)
+    out[p + "mlp.gate_proj.weight"] = out[p + "mlp.up_proj.weight"] = (s, a)
+    out[p + "mlp.down_proj.weight"] = awq_group_scale([rd("mlp.down_proj")], hess[p + "mlp.down_proj.weight"], g)
+    return out
+
+
 def dequantized(variant: str, w: np.ndarray, h, g: int, damp: float) -> np.ndarray:
     from nanoqwen_quant.quantize import dequantize, quantize
     base, _, opt = variant.partition("+")
@@ -193,6 +244,22 @@ def run_variant(variant, ckpt, f16, hess, g, damp, ref_logits, windows, ctx, fal
     kept_f16 = 0
     with CPUBackend(f16, max_context=ctx + 1) as be:
         for li, L in enumerate(be.layers):
+            if variant == "awq-rtn":   # activation-aware scales, then rtn; the weights as a fold would leave them
+                cfg = be.config
+                sc = awq_layer_scales(ckpt, hess, li, g, cfg.n_heads, cfg.n_kv_heads)
+                for attr, nm in zip(("q", "k", "v", "o", "gate", "up", "down"), LINEARS):
+                    name = f"model.layers.{li}.{nm}.weight"
+                    lin = getattr(L, attr)
+                    from nanoqwen_quant.quantize import dequantize, quantize
+                    s, _ = sc[name]
+                    w = ckpt.read_rows(name, 0, lin.N).astype(np.float32)
+                    lin.w = (dequantize(*quantize(w * s[None, :], g, "rtn"), g) / s[None, :]).astype(np.float32)
+                    lin.kind = "F32"
+                log(f"layer {li}: alpha q/k/v {sc[f'model.layers.{li}.self_attn.q_proj.weight'][1]}, "
+                    f"o {sc[f'model.layers.{li}.self_attn.o_proj.weight'][1]}, "
+                    f"gate/up {sc[f'model.layers.{li}.mlp.gate_proj.weight'][1]}, "
+                    f"down {sc[f'model.layers.{li}.mlp.down_proj.weight'][1]}")
+                continue
             for attr, nm in zip(("q", "k", "v", "o", "gate", "up", "down"), LINEARS):
                 name = f"model.layers.{li}.{nm}.weight"
                 lin = getattr(L, attr)
@@ -241,7 +308,7 @@ def main(argv=None) -> int:
     f16 = f16_file(model, name, a.cache)
     variants = a.variants.split(",")
     hess = None
-    if a.hessians_only or any(v.startswith("gptq") for v in variants):
+    if a.hessians_only or any(v.startswith(("gptq", "awq")) for v in variants):
         chunks = [hessian_chunk(f16, name, a.cache, i) for i in range(a.chunks)]
         hess = {k: np.mean([c[k] for c in chunks], axis=0) for k in chunks[0]} if len(chunks) > 1 else chunks[0]
     if a.hessians_only:
