@@ -458,13 +458,19 @@ def test_ctrl_c_during_start_up_has_no_traceback(model_path):
             p = subprocess.Popen([sys.executable, "-m", "nanoqwen_rt.cli", "run", model_path, "-p", "x", "-n", "2000"],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_as_from_a_terminal)
             assert _wait_for_mapped(p.pid, needle, HANG_GUARD_S), needle
-            if p.poll() is None:         # still running: the signal lands in the process (else this test's own
-                break                    # process was descheduled past the child's whole run: try again)
-            p.communicate()
-        assert p.poll() is None, f"{needle}: the child finished three times before it could be signalled"
-        p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=HANG_GUARD_S)
-        text = err.decode("utf-8", "replace")
+            if p.poll() is not None:     # this test's own process was descheduled past the child's whole run
+                p.communicate()
+                continue
+            p.send_signal(signal.SIGINT)
+            out, err = p.communicate(timeout=HANG_GUARD_S)
+            text = err.decode("utf-8", "replace")
+            # the signal landed after the run had finished and reported (a loaded 2-core machine can deschedule this
+            # process between poll() and the signal for the child's whole sub-second run): not the case under test
+            if p.returncode == 0 and "finish=" in text:
+                continue
+            break
+        else:
+            raise AssertionError(f"{needle}: the child finished three times before it could be signalled")
         assert "Traceback" not in text, (needle, text)
         assert p.returncode == cli.EXIT_INTERRUPTED, (needle, p.returncode, text)
         assert "interrupted" in text

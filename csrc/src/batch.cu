@@ -203,8 +203,8 @@ int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int
     NQ_CUDA(cudaMemcpyAsync(b->h_io, b->d_next, n * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
     return NQ_OK;
   };
-  // first step for this n: run it as is; second: capture it; then replay (the ungraphed step spent ~1 ms a step on
-  // its ~260 launches at 32 rows, bench/NOTES.md)
+  // first step for this n: run it as is; second: capture it; then replay (its ~260 launches at 32 rows, ungraphed,
+  // cost ~0.3 ms of host time a step: bench/NOTES.md "Session 7")
   int rc = NQ_OK;
   if (b->graphs[n]) {
     const cudaError_t e = cudaGraphLaunch(b->graphs[n], st);

@@ -71,9 +71,7 @@ struct WgCfg {
   static constexpr int kSubBytes = kActBytes + kWBytes;
   static constexpr int kStageBytes = KSUB * kSubBytes;  // a stage: KSUB sub-tiles, each [activations][W words]
   static constexpr int kSmem = STAGES * kStageBytes + 2 * STAGES * 8 + 1024;  // + mbarriers + 1024-B alignment slack
-  // setmaxnreg split of one block per SM's registers: the producer keeps 40, the consumers take the rest (the launch
-  // gives every thread kLaunchRegs, rounded down to the allocation unit of 8)
-  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8 > 255 ? 255 : (65536 / kThreads) / 8 * 8;
+  // setmaxnreg split of one block per SM's registers: the producer keeps 40, the consumers take the rest
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = WGS == 2 ? 232 : 152;
   static_assert(WGS == 2 || WGS == 3, "2 or 3 consumer warpgroups");
