@@ -256,7 +256,8 @@ def test_bad_page_tables_are_refused_by_name(files):
 
 
 def test_generate_on_a_pooled_session_stops_at_the_end_of_its_pages(files):
-    from nanoqwen_rt.backends.cuda import CudaBackend, stream_tokens
+    from nanoqwen_rt.backends.cuda import CudaBackend
+    from nanoqwen_rt.backends.cuda.backend import stream_tokens
     from nanoqwen_rt.backends.cuda.abi import NqSampling, check
     be = CudaBackend(files["qwen2-int4g64"], max_context=CTX)
     kv = be.sequence_kv(8)
@@ -284,7 +285,8 @@ def test_generate_on_a_pooled_session_stops_at_the_end_of_its_pages(files):
 
 
 def test_device_memory_and_the_default_pool(files):
-    from nanoqwen_rt.backends.cuda import CudaBackend, device_memory, kv_pool_pages
+    from nanoqwen_rt.backends.cuda import CudaBackend
+    from nanoqwen_rt.backends.cuda.backend import device_memory, kv_pool_pages
     be = CudaBackend(files["qwen2-int4g64"], max_context=CTX)
     try:
         free, total = device_memory(be._lib)

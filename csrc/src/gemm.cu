@@ -41,11 +41,10 @@ constexpr WgShape kWgShapes[3] = {{256, 2, 590.0}, {128, 2, 453.0}, {128, 3, 516
 // picks 192 x 128 for qkv (96 blocks: one round), 128 x 128 for o and down (112 blocks), 128 x 256 for gate+up
 // (592 blocks), as the measurements ranked them.
 // Returns the build index and its block count in *blocks.
-// Builds [0, n_shapes): all three, or the 2-warpgroup ones (the SwiGLU epilogue pairs gate and up rows).
-int choose_wgmma(const LinW* W, int n, int M, int sms, long long* blocks, int n_shapes = 3) {
+int choose_wgmma(const LinW* W, int n, int M, int sms, long long* blocks) {
   int best = 0;
   double best_cost = 0.0;
-  for (int c = 0; c < n_shapes; c++) {
+  for (int c = 0; c < 3; c++) {
     const int rows = 64 * kWgShapes[c].wgs;
     long long tiles = 0;
     for (int i = 0; i < n; i++) tiles += (W[i].N + rows - 1) / rows;
@@ -159,25 +158,6 @@ int gemm_swiglu(const LinW& gate, const LinW& up, const __half* A, int lda, int 
                 cudaStream_t st, GemmScratch* ws) {
   const int I = gate.N;
   const LinW W[2] = {gate, up};
-  int sms = 0;
-  long long blocks = 0;
-  const bool fused_ok = gate.type == WT_INT4 && up.type == WT_INT4 && up.N == I && up.K == gate.K &&
-                        up.group == gate.group && M >= kWgmmaMinM && gate.K % BK == 0 && lda % 8 == 0 &&
-                        contract::int4_group_ok(gate.group, gate.K) && reinterpret_cast<uintptr_t>(A) % 16 == 0 &&
-                        reinterpret_cast<uintptr_t>(gate.w) % 16 == 0 && reinterpret_cast<uintptr_t>(up.w) % 16 == 0 &&
-                        wgmma_available(&sms);
-  // the 2-warpgroup builds (kWgShapes[0..1]), 64 rows of gate and up per block = 128 rows as the unfused launch
-  const int c = fused_ok ? choose_wgmma(W, 2, M, sms, &blocks, 2) : -1;
-  if (c >= 0 && 2 * blocks >= sms) {
-    GemmGroup g;
-    g.n = 2;
-    for (int i = 0; i < 2; i++) g.s[i].W = W[i], g.s[i].C = nullptr, g.s[i].bias = nullptr;
-    g.swiglu_out = H;
-    g.swiglu_ld = I;
-    const int tiles = (I + 63) / 64;
-    if (c == 0) return launch_int4_wgmma<256, 2, 4, 1>(g, tiles, A, lda, M, 0, false, 1, st);
-    return launch_int4_wgmma<128, 2, 5, 1>(g, tiles, A, lda, M, 0, false, 1, st);
-  }
   float* const C2[2] = {G, U};
   const float* const B2[2] = {nullptr, nullptr};
   NQ_TRY(gemm_multi(W, C2, B2, 2, A, lda, M, I, false, st, ws));

@@ -134,12 +134,10 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   const uint32_t full0 = sbase + STAGES * C_::kStageBytes, empty0 = full0 + STAGES * 8;
 
   const int by = blockIdx.y;  // W-row tile over all segments; blockIdx.x = token tile (fastest: W read ~once)
-  // SwiGLU blocks: rows n0 .. n0 + 63 of gate (warpgroup 0) and of up (warpgroup 1), tensor maps of 64-row boxes
-  const bool swiglu = WGS == 2 && g.swiglu_out != nullptr;
-  const int seg = swiglu ? 0 : (g.n > 2 && by >= g.tiles0 + g.tiles1) ? 2 : (g.n > 1 && by >= g.tiles0) ? 1 : 0;
+  const int seg = (g.n > 2 && by >= g.tiles0 + g.tiles1) ? 2 : (g.n > 1 && by >= g.tiles0) ? 1 : 0;
   const LinW W = seg == 2 ? g.s[2].W : seg == 1 ? g.s[1].W : g.s[0].W;
   const CUtensorMap* tmW = seg == 2 ? &tmW2 : seg == 1 ? &tmW1 : &tmW0;
-  const int n0 = swiglu ? by * 64 : (by - (seg == 2 ? g.tiles0 + g.tiles1 : seg == 1 ? g.tiles0 : 0)) * C_::kRows;
+  const int n0 = (by - (seg == 2 ? g.tiles0 + g.tiles1 : seg == 1 ? g.tiles0 : 0)) * C_::kRows;
   const int m0 = blockIdx.x * TN;
   const int tid = threadIdx.x;
   // split-K (gridDim.z splits; sem != null): split z owns the 64-k sub-tiles [kt0, kt0 + KT), in NS stages of KSUB
@@ -175,12 +173,7 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
         for (int q = 0; q < nsub; q++) {
           const int kt = kt0 + ks * KSUB + q;
           wg_tma_load_2d(buf + q * C_::kSubBytes, &tmA, kt * WG_KB, m0, full);
-          if (swiglu) {  // the same 64 rows of gate, then of up
-            wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, &tmW0, kt * WG_KB / 2, n0, full);
-            wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes + C_::kWBytes / 2, &tmW1, kt * WG_KB / 2, n0, full);
-          } else {
-            wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, tmW, kt * WG_KB / 2, n0, full);
-          }
+          wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, tmW, kt * WG_KB / 2, n0, full);
         }
       }
     }
@@ -192,13 +185,10 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   const int lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3, gid = lane >> 2, tig = lane & 3;
   const int r0 = wg * 64 + wq * 16 + gid;
   const int sh = 4 * tig;
-  // this warpgroup's weight matrix and the row of r0 in it (a SwiGLU block's warpgroup 1 holds up's rows)
-  const LinW& Wm = swiglu && wg == 1 ? g.s[1].W : W;
-  const int wr0 = n0 + (swiglu ? r0 - 64 * wg : r0);
-  const int groups = Wm.K / Wm.group, gshift = __ffs(Wm.group) - 1;  // groups are powers of two (format rule)
+  const int groups = W.K / W.group, gshift = __ffs(W.group) - 1;  // groups are powers of two (format rule)
   // scale rows of r0 and r0 + 8; rows beyond N read row 0's (their outputs are never stored)
-  const __half* srow0 = Wm.scales + (size_t)(wr0 < Wm.N ? wr0 : 0) * groups;
-  const __half* srow1 = Wm.scales + (size_t)(wr0 + 8 < Wm.N ? wr0 + 8 : 0) * groups;
+  const __half* srow0 = W.scales + (size_t)(n0 + r0 < W.N ? n0 + r0 : 0) * groups;
+  const __half* srow1 = W.scales + (size_t)(n0 + r0 + 8 < W.N ? n0 + r0 + 8 : 0) * groups;
   // The scales' raw bits [row r0 / r0+8][32-k half], loaded a stage ahead and paired (s, s) only where the next
   // stage dequantises: pairing them here made the thread wait for the loads before it issued this stage's wgmmas
   // (SASS: the PRMTs right after the LDGs, ahead of WARPGROUP.ARRIVE), a global-memory latency in every stage.
@@ -264,38 +254,6 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   }
 
   // epilogue: acc[4j + 2h + e] = (block row r0 + 8h, token 8j + 2tig + e)
-  if constexpr (WGS == 2) {
-    if (swiglu) {
-      // warpgroup 1 hands its up values to the thread of warpgroup 0 that holds the same (row, token) of gate,
-      // through the stage buffers (every stage was consumed: no TMA write is in flight), element-major so that
-      // consecutive threads touch consecutive words
-      static_assert(TN / 2 * 128 * 4 <= STAGES * C_::kStageBytes, "SwiGLU exchange fits the stage buffers");
-      float* const xs = reinterpret_cast<float*>(wsm);
-      const int t = tid & 127;
-      asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");  // every consumer is done with the stages
-      if (wg == 1) {
-#pragma unroll
-        for (int i = 0; i < TN / 2; i++) xs[i * 128 + t] = acc[i];
-      }
-      asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
-      if (wg == 1) return;
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const int n = n0 + r0 + 8 * h;
-        if (n >= W.N) continue;
-#pragma unroll
-        for (int j = 0; j < TN / 8; j++)
-#pragma unroll
-          for (int e = 0; e < 2; e++) {
-            const int m = m0 + 8 * j + 2 * tig + e;
-            if (m >= M) continue;
-            const int i = 4 * j + 2 * h + e;
-            g.swiglu_out[(size_t)m * g.swiglu_ld + n] = swiglu_f16(acc[i], xs[i * 128 + t]);
-          }
-      }
-      return;
-    }
-  }
   float* const C = seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C;
   const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
   if (nz > 1) {
@@ -380,9 +338,8 @@ inline bool wg_encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void*
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// One launch of gemm_int4_wgmma<TN, WGS, STAGES, KSUB>; `tiles` = W-row tiles of 64 WGS rows over all segments (with
-// g.swiglu_out: tiles of 64 rows of gate and up each), `splits` = split-K count (1: none; the few-token builds only),
-// reduced by each tile's last split.
+// One launch of gemm_int4_wgmma<TN, WGS, STAGES, KSUB>; `tiles` = W-row tiles of 64 WGS rows over all segments,
+// `splits` = split-K count (1: none; the few-token builds only), reduced by each tile's last split.
 template <int TN, int WGS, int STAGES, int KSUB>
 int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add, int splits,
                       cudaStream_t st, GemmScratch* ws = nullptr) {
@@ -401,13 +358,10 @@ int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, i
                     WG_KB, TN, CU_TENSOR_MAP_SWIZZLE_128B))
     return fail(NQ_E_CUDA, "gemm: cuTensorMapEncodeTiled failed for the activations (M=%d, K=%d, lda=%d)", M,
                 g.s[0].W.K, lda);
-  const bool swiglu = g.swiglu_out != nullptr;
-  if (swiglu && (WGS != 2 || g.n != 2 || splits > 1 || g.s[0].W.N != g.s[1].W.N))
-    return fail(NQ_E_INVALID_ARG, "gemm: the SwiGLU epilogue needs a 2-warpgroup build, gate and up of one N, no split");
   for (int i = 0; i < 3; i++) {
     const LinW& W = g.s[i < g.n ? i : 0].W;
     if (!wg_encode_2d(&tmW[i], CU_TENSOR_MAP_DATA_TYPE_UINT8, W.w, (uint64_t)W.K / 2, (uint64_t)W.N,
-                      (uint64_t)W.K / 2, WG_KB / 2, swiglu ? C_::kRows / 2 : C_::kRows, CU_TENSOR_MAP_SWIZZLE_NONE))
+                      (uint64_t)W.K / 2, WG_KB / 2, C_::kRows, CU_TENSOR_MAP_SWIZZLE_NONE))
       return fail(NQ_E_CUDA, "gemm: cuTensorMapEncodeTiled failed for weight segment %d (N=%d, K=%d)", i, W.N, W.K);
   }
   const int mtiles = (M + TN - 1) / TN;
