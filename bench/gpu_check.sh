@@ -93,6 +93,12 @@ if has bench; then
   timeout 200 python3 bench/prefix_cache_ttft.py --device cuda --file /tmp/q7b.nanoqwen --prefix-tokens 2000 \
     --rounds 5 --max-context 8192 > "$LOG/prefix7b.log" 2>&1
   note "prefix-cache TTFT 7B rc=$?"; tail -6 "$LOG/prefix7b.log" | tee -a "$summary"
+  # the Engine's host time per steady decode step at 32 and 64 streams: the backend call against the scheduler
+  for n in 32 64; do
+    timeout 120 python3 bench/profile_engine.py /tmp/q7b.nanoqwen --device cuda --streams $n --steps 48 --top 15 \
+      --json "$LOG/engine_prof$n.json" > "$LOG/engine_prof$n.log" 2>&1
+    note "engine profile ($n streams) rc=$?"; head -2 "$LOG/engine_prof$n.log" | tee -a "$summary"
+  done
   # GPU time per kernel (CUPTI) of the 512-token prefill and of the 32-row batched step: where TTFT and the step go
   for prof in "prefill --tokens 512" "batch --n 32"; do
     timeout 90 python3 bench/profile_kernels.py /tmp/q7b.nanoqwen $prof 2>&1 | grep -v -i warn > "$LOG/prof_${prof%% *}.log"
