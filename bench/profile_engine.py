@@ -27,14 +27,17 @@ def profile_engine(path: str, streams: int, steps: int, prompt_tokens: int, devi
     from nanoqwen_rt.engine import Engine
     from nanoqwen_rt.kv_pool import pages_for
 
-    max_context = prompt_tokens + steps + 16
+    # the first streams decode while the others are prefilled (about one prompt per step): room for that ramp, the
+    # warm-up and the timed steps, so that no stream finishes before the last one is timed
+    new_tokens = steps + 4 * streams + 16
+    max_context = prompt_tokens + new_tokens + 1
     eng = Engine(path, device=device, max_context=max_context, verify_checksums=False, max_batch=streams,
                  kv_pages=streams * pages_for(max_context))
     try:
         rng = np.random.default_rng(0)
         V = min(eng.config.vocab_rows, 151643)
         handles = [eng.submit(rng.integers(0, V, size=prompt_tokens).astype(np.int32).tolist(),
-                              max_new_tokens=steps + 8, temperature=0.0, stop_token_ids=[]) for _ in range(streams)]
+                              max_new_tokens=new_tokens, temperature=0.0, stop_token_ids=[]) for _ in range(streams)]
         started = [False] * streams
         guard = 0
         while not all(started):             # prefill everything; the first tokens come out
