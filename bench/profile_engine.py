@@ -103,8 +103,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     r = profile_engine(a.model, a.streams, a.steps, a.prompt_tokens, a.device, a.top)
     print(f"{r['backend']}: {r['streams']} streams, {r['steps']} steady steps (medians, ms)")
-    print(f"  Engine.step {r['step_ms']:.3f} = forward_decode (backend call) {r['backend_call_ms']:.3f} "
-          f"+ scheduler outside it {r['host_outside_call_ms']:.3f};  handles' poll after the step {r['consumer_ms']:.3f}")
+    print(f"  Engine.step {r['step_ms']:.3f}: forward_decode (the backend call) {r['backend_call_ms']:.3f}, the scheduler "
+          f"outside it {r['host_outside_call_ms']:.3f} (each a median);  handles' poll after the step {r['consumer_ms']:.3f}")
     print(r["profile_tottime"])
     if a.json:
         with open(a.json, "w") as fh:
