@@ -50,11 +50,14 @@ class Linear:
     """y = x @ W.T (+ b) over one stored weight (N, K). x: f32 (T, K) → f32 (T, N)."""
 
     def __init__(self, f, name: str, bias: str | None = None):
-        from nanoqwen_format import DType
+        from nanoqwen_format import LAYOUT_INT4_ROWMAJOR_K8, DType
         info = f.tensors[name]
         self.name = name
         self.dtype = DType(info.dtype)
         if self.dtype == DType.INT4G:
+            if info.layout_id != LAYOUT_INT4_ROWMAJOR_K8:   # the kernels read layout 1's symmetric codes only
+                raise BackendError(f"{name}: unsupported layout: int4g layout {info.layout_id} (asymmetric) is not "
+                                   f"supported by the CPU backend, only layout {LAYOUT_INT4_ROWMAJOR_K8}")
             qw, sc = f.int4(name)
             self.qweight = qw                                  # u32 (N, K/8)
             self.qbytes = qw.view(np.uint8)                    # u8 (N, K/2): the same bytes (fast numerics)
