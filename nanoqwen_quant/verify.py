@@ -41,7 +41,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from nanoqwen_format import BlobKind, DType, NanoqwenFormatError, open_file
+from nanoqwen_format import LAYOUT_INT4_ROWMAJOR_K8, BlobKind, DType, NanoqwenFormatError, open_file
 from nanoqwen_format.writer import file_kind
 
 from .cast import bf16_to_f32
@@ -102,6 +102,9 @@ def _kind(name: str) -> str:
 
 def _compare_tensor(f, ckpt, name: str, gptq: bool = False) -> TensorReport:
     info = f.tensors[name]
+    if info.dtype == DType.INT4G and info.layout_id != LAYOUT_INT4_ROWMAJOR_K8:   # the bounds are layout 1's
+        raise ConvertError(f"{name}: unsupported layout: int4g layout {info.layout_id} (asymmetric) cannot be "
+                           f"compared with a source yet, only layout {LAYOUT_INT4_ROWMAJOR_K8}")
     shape = info.shape
     rows = shape[0]
     per_row = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1

@@ -171,3 +171,12 @@ def test_cpu_backend_refuses_layout_2_by_name():
         CPUBackend(VECTOR)
     msg = str(ei.value)
     assert "unsupported layout" in msg and "layout 2" in msg and QP in msg and "\n" not in msg
+
+
+def test_verify_refuses_to_compare_layout_2_with_a_source():
+    """nanoqwen-verify's error bounds are layout 1's; a layout-2 tensor is a named error, not a traceback."""
+    from nanoqwen_quant.hf import ConvertError
+    from nanoqwen_quant.verify import _compare_tensor
+    with open_file(VECTOR) as f:
+        with pytest.raises(ConvertError, match="unsupported layout: int4g layout 2"):
+            _compare_tensor(f, None, QP)
