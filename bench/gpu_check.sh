@@ -49,8 +49,8 @@ if has tests; then
   t0=$(date +%s)
   # NQ_TEST_K narrows the selection (pytest -k), e.g. to re-check one kernel quickly. The files are named: the
   # device image has no `openai`, which tests/test_server.py (CPU, CI) imports at collection.
-  timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 -rfEs \
-    tests/test_gpu_kernels.py tests/test_gpu_gemm.py tests/test_gpu_e2e.py tests/test_server_gpu.py tests/test_bench.py tests/test_cli.py tests/test_gpu_steer.py tests/test_gpu_batch.py tests/test_batch.py \
+  timeout 480 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 -rfEs \
+    tests/test_gpu_kernels.py tests/test_gpu_gemm.py tests/test_gpu_e2e.py tests/test_server_gpu.py tests/test_bench.py tests/test_cli.py tests/test_gpu_steer.py tests/test_gpu_batch.py tests/test_batch.py tests/test_gpu_batch_engine.py tests/test_gpu_pool.py \
     -k "not 7b_shaped${NQ_TEST_K:+ and ($NQ_TEST_K)}" \
     > "$LOG/pytest_gpu.log" 2>&1
   rc=$?
@@ -85,6 +85,14 @@ if has bench; then
   # many sequences per step (nq_decode_batch) against the single stream, same file
   timeout 240 python3 bench/batch_bench.py /tmp/q7b.nanoqwen --batch 1,2,4,8,32,64 --json "$LOG/batch7b.json" > "$LOG/batch7b.log" 2>&1
   note "batch bench 7B rc=$?"; tail -7 "$LOG/batch7b.log" | tee -a "$summary"
+  # the batched API (Engine.submit: device sampling, the server's path) under N concurrent streams, same file
+  timeout 300 python3 -m nanoqwen_rt.cli bench /tmp/q7b.nanoqwen --device cuda --concurrency 1,8,32,64 \
+    --json "$LOG/conc7b.json" > "$LOG/conc7b.log" 2>&1
+  note "concurrency bench 7B rc=$?"; tail -9 "$LOG/conc7b.log" | tee -a "$summary"
+  # a 2,000-token cached prefix on the device KV pool: TTFT of a hit against a miss (the batched API)
+  timeout 200 python3 bench/prefix_cache_ttft.py --device cuda --file /tmp/q7b.nanoqwen --prefix-tokens 2000 \
+    --rounds 5 --max-context 8192 > "$LOG/prefix7b.log" 2>&1
+  note "prefix-cache TTFT 7B rc=$?"; tail -6 "$LOG/prefix7b.log" | tee -a "$summary"
   # GPU time per kernel (CUPTI) of the 512-token prefill and of the 32-row batched step: where TTFT and the step go
   for prof in "prefill --tokens 512" "batch --n 32"; do
     timeout 90 python3 bench/profile_kernels.py /tmp/q7b.nanoqwen $prof 2>&1 | grep -v -i warn > "$LOG/prof_${prof%% *}.log"

@@ -1,12 +1,15 @@
 """Time to first token of a request whose long prompt prefix is in the KV prefix cache, against the first request
-that computed it (Engine.submit on the CPU backend, the embedded model converted to INT4).
+that computed it (Engine.submit: the CPU backend with the embedded model converted to INT4, or the CUDA backend
+with any file, e.g. the 7B-shaped one of bench/make_7b_file.py).
 
     python bench/prefix_cache_ttft.py [--prefix-tokens 600] [--rounds 5] [--json out.json]
+    python bench/prefix_cache_ttft.py --device cuda --file 7b.nanoqwen --prefix-tokens 2000 [--max-context 8192]
 
 Each round uses a fresh prefix (other text, so no round hits an earlier one): request A = prefix + suffix A (a miss:
 it computes the whole prompt), then request B = prefix + suffix B (a hit: it reuses the prefix's cached pages and
 computes only its last partial page and its suffix). Both run alone, so TTFT is the prompt's compute plus one
-sampling step. Prints per round and the medians.
+sampling step. Prints per round and the medians. On CUDA the cached pages are device pages of the backend's KV
+pool (nq_session_set_pages lists them in B's page table); the target there is B/A <= 0.10 at a 2,000-token prefix.
 """
 from __future__ import annotations
 
@@ -31,13 +34,19 @@ def main(argv=None) -> int:
     ap.add_argument("--prefix-tokens", type=int, default=600)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--file", default=None, help="the .nanoqwen file (default: the embedded model's)")
+    ap.add_argument("--max-context", type=int, default=None, help="the engine's context (default: the model's)")
     a = ap.parse_args(argv)
     from nanoqwen_rt import Engine, demo_model_path
     src = Path(__file__).resolve().parents[1] / "nanoqwen_rt"
     text = "\n".join(p.read_text() for p in sorted(src.rglob("*.py")))     # real Python source, many prefixes
     rows = []
-    with Engine(demo_model_path(), device="cpu") as eng:
+    with Engine(a.file or demo_model_path(), device=a.device, max_context=a.max_context) as eng:
         all_ids = eng.tokenizer.encode(text)
+        need = 1000 + a.rounds * (a.prefix_tokens + 50)
+        if len(all_ids) < need:
+            raise SystemExit(f"prefix_cache_ttft: the source text gives {len(all_ids)} tokens, the rounds need {need}")
         suffix_a = eng.tokenizer.encode("\ndef first_helper(x):")
         suffix_b = eng.tokenizer.encode("\nclass SecondThing:")
         _ttft(eng, all_ids[:64])                                          # allocate the pool, warm the kernels
@@ -58,8 +67,8 @@ def main(argv=None) -> int:
     print(f"median: miss {med['ttft_miss_s'] * 1e3:.1f} ms, hit {med['ttft_hit_s'] * 1e3:.1f} ms, "
           f"hit/miss {med['ratio']:.3f}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"prefix_tokens": a.prefix_tokens, "rounds": rows, "median": med},
-                                           indent=1))
+        Path(a.json).write_text(json.dumps({"device": a.device, "file": a.file, "prefix_tokens": a.prefix_tokens,
+                                            "rounds": rows, "median": med}, indent=1))
     return 0
 
 

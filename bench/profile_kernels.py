@@ -24,9 +24,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def short(name: str) -> str:
-    name = re.sub(r"<.*>", "", name)            # template arguments
-    name = re.sub(r"\(.*\)", "", name)          # parameter lists
-    return name.split("::")[-1].strip()
+    name = name.replace("(anonymous namespace)::", "")
+    while re.search(r"<[^<>]*>", name):          # template arguments, innermost first
+        name = re.sub(r"<[^<>]*>", "", name)
+    name = name.split("(")[0]                     # the parameter list
+    return name.split("::")[-1].split()[-1] if name.strip() else "?"
 
 
 def main() -> int:
@@ -71,17 +73,35 @@ def main() -> int:
             toks, _ = be.decode_batch(sessions, toks)
             wall = time.perf_counter() - t0
     per = defaultdict(lambda: [0, 0.0])
+    spans = []                                     # (start, end, name) of every device activity, µs
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             k = per[short(ev.name)]
             k[0] += 1
             k[1] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+            spans.append((ev.time_range.start, ev.time_range.end, short(ev.name)))
     total = sum(v[1] for v in per.values())
     print(f"{a.mode} ({'tokens ' + str(a.tokens) if a.mode == 'prefill' else 'n ' + str(a.n)}), {a.file}")
     print(f"{'kernel':44s} {'launches':>8s} {'total us':>10s} {'mean us':>9s} {'share':>6s}")
     for name, (cnt, us) in sorted(per.items(), key=lambda kv: -kv[1][1]):
         print(f"{name[:44]:44s} {cnt:8d} {us:10.1f} {us / cnt:9.2f} {100 * us / max(total, 1e-9):5.1f}%")
     print(f"GPU time summed {total / 1e3:.3f} ms; wall {wall * 1e3:.3f} ms")
+    # idle time between consecutive device activities (launch gaps, host work the device waits for), by the
+    # kernel that follows the gap
+    spans.sort()
+    gaps = defaultdict(lambda: [0, 0.0])
+    end = spans[0][1] if spans else 0.0
+    for st, en, name in spans[1:]:
+        if st > end:
+            g = gaps[name]
+            g[0] += 1
+            g[1] += st - end
+        end = max(end, en)
+    if spans:
+        idle = sum(g[1] for g in gaps.values())
+        print(f"first to last activity {(end - spans[0][0]) / 1e3:.3f} ms, of it idle {idle / 1e3:.3f} ms; idle before:")
+        for name, (cnt, us) in sorted(gaps.items(), key=lambda kv: -kv[1][1])[:8]:
+            print(f"  {name[:44]:44s} {cnt:6d} gaps {us:9.1f} us  mean {us / cnt:6.2f}")
     be.close()
     return 0
 

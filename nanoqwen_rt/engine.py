@@ -29,12 +29,11 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from .backends.base import Backend, BackendError, ContextFull, InvalidMaxContext, InvalidTokenIds, check_token_ids
-from .kv_pool import KV_PAGE_TOKENS
 from .fim import NoFimTokens, fim_prompt_ids, fim_stop_ids
 from .logits import InvalidLogitsSettings, LogitsPipeline, LogitsSettings, TokenConstraint, TokenLogprob
 from .kv_pool import PoolTooSmall
 from .sampling import InvalidSamplingParams, SamplingParams
-from .scheduler import DEFAULT_MAX_BATCH, BatchStats, Scheduler, _Seq, default_kv_pages
+from .scheduler import DEFAULT_MAX_BATCH, BatchStats, Scheduler, _Seq
 from .tokenizer import ChatTemplateError, Tokenizer, TokenizerError
 from .tools import (TOOL_CALL_CLOSE, TOOL_CALL_OPEN, InvalidTools, check_tools, forced_tool_name,
                     tool_call_grammar)
@@ -623,10 +622,8 @@ class Engine:
         with self._batch_lock:
             if self._scheduler is None:
                 be = self._check_open()
-                cfg = self.config
-                page_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * KV_PAGE_TOKENS * cfg.head_dim * 4   # f32 rows
-                n_pages = self._kv_pages or default_kv_pages(be.max_context, self._max_batch, page_bytes)
                 try:
+                    n_pages = self._kv_pages or be.default_kv_pages(self._max_batch)
                     self._scheduler = Scheduler(be, self._max_batch, n_pages, self._step)
                 except BackendError as e:
                     raise DeviceUnavailable(str(e)) from None

@@ -54,6 +54,24 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def _softmax_t(x: np.ndarray, t: float) -> np.ndarray:
+    """float64 softmax of x / t (the reference's operations, shared by the fast path so that they agree bitwise)."""
+    z = x / t
+    z = z - z.max()
+    p = np.exp(z)
+    p /= p.sum()
+    return p
+
+
+def _nucleus(top: np.ndarray, p: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """The smallest prefix of (top, p) (ids by descending probability) whose mass reaches top_p (the first index
+    with cumulative mass >= top_p, inclusive), renormalised."""
+    m = int(np.searchsorted(np.cumsum(p), top_p, side="left")) + 1
+    m = max(1, min(m, top.shape[0]))
+    top, p = top[:m], p[:m]
+    return top, p / p.sum()
+
+
 def _filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """float64 probabilities (vocab,) after top-k, top-p and temperature; zeros outside the kept set."""
     x = np.asarray(logits, dtype=np.float64)
@@ -63,17 +81,9 @@ def _filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     if params.top_k > 0:
         keep = min(keep, int(params.top_k))
     top = order[:keep]
-    z = x[top] / float(params.temperature)
-    z = z - z.max()
-    p = np.exp(z)
-    p /= p.sum()
+    p = _softmax_t(x[top], float(params.temperature))
     if params.top_p < 1.0:
-        c = np.cumsum(p)
-        # smallest prefix whose mass reaches top_p: first index with c >= top_p, inclusive
-        m = int(np.searchsorted(c, params.top_p, side="left")) + 1
-        m = max(1, min(m, keep))
-        top, p = top[:m], p[:m]
-        p = p / p.sum()
+        top, p = _nucleus(top, p, params.top_p)
     out = np.zeros(n, dtype=np.float64)
     out[top] = p
     return out
@@ -105,21 +115,12 @@ def _kept_probs(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray,
     t = float(params.temperature)
     if 0 < params.top_k < n:
         top = _top_sorted(x, int(params.top_k))
-        z = x[top] / t
-        z = z - z.max()
-        p = np.exp(z)
-        p /= p.sum()
+        p = _softmax_t(x[top], t)
         if params.top_p < 1.0:
-            m = int(np.searchsorted(np.cumsum(p), params.top_p, side="left")) + 1
-            m = max(1, min(m, top.shape[0]))
-            top, p = top[:m], p[:m]
-            p = p / p.sum()
+            top, p = _nucleus(top, p, params.top_p)
         order = np.argsort(top)
         return top[order], p[order]
-    z = x / t
-    z = z - z.max()
-    p = np.exp(z)
-    p /= p.sum()                                                 # (n,) softmax over the whole vocabulary
+    p = _softmax_t(x, t)                                         # (n,) softmax over the whole vocabulary
     if params.top_p >= 1.0:
         return np.arange(n), p
     m = min(_NUCLEUS_FIRST_TRY, n)

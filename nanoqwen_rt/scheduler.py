@@ -12,9 +12,14 @@ One step (Scheduler.step), under the engine's step lock:
      a sequence whose prompt is done samples its first token;
   5. finished sequences (stop id, max new tokens, full context, a grammar that completed) leave at once.
 
-Sampling runs on the host per sequence, exactly as Backend._generate_ids / _generate_steered do (same Sampler,
-same LogitsPipeline, one per request), so a seeded or greedy request yields what Engine.generate yields for it, up
-to the float32 differences of computing its prompt in chunks (see tests/test_batch.py).
+Who samples. A request with a LogitsPipeline (grammar, logprobs, logit_bias, penalties) samples on the host from
+its logits, exactly as Backend._generate_steered does (same Sampler, same pipeline). A plain request (temperature /
+top_k / top_p / seed) samples where its logits are: on a backend whose SequenceKv draws tokens itself
+(samples_tokens: CUDA, the device sampler that Engine.generate uses for the same request) the scheduler gives the
+sequence its settings (set_sampling) and receives only tokens; elsewhere (the CPU backend) on the host as
+Backend._generate_ids does. Either way a greedy or seeded request yields what Engine.generate yields for it on the
+same backend, up to the float32 differences of computing its prompt in chunks and its decode tokens in a batch
+(see tests/test_batch.py, tests/test_gpu_batch_engine.py).
 
 How the backend computes a step: through its SequenceKv (Backend.sequence_kv). The decode tokens of all decoding
 sequences go in one forward_decode call: the CUDA backend runs them as ONE device step (nq_decode_batch: each weight
@@ -76,6 +81,7 @@ class _Seq:
         self.stops = stops
         self.on_token = on_token            # (token, TokenLogprob | None, complete) → None; called in the step
         self.pages: SequencePages | None = None
+        self.drawn_by_store = False         # the SequenceKv draws its tokens (set at admission)
         self.n_new = 0                      # tokens sampled
         self.last: int | None = None        # the sampled token not yet decoded
         self.cancelled = False
@@ -196,7 +202,7 @@ class Scheduler:
         for s in seqs:
             try:
                 p0 = len(s.pages.tokens)
-                new = self.pool.grow(s.pages, np.array([s.last], dtype=np.int32))
+                new = self.pool.grow(s.pages, (s.last,))
                 if new:
                     self.kv.poison(new)
             except Exception as e:          # noqa: BLE001 (reported to this request's consumer)
@@ -208,17 +214,23 @@ class Scheduler:
         if not ready:
             return 0
         try:
-            logits = self.kv.forward_decode([s.pages for s in ready], p0s,
-                                            np.array([s.last for s in ready], dtype=np.int32))
+            drawn, logits = self.kv.forward_decode([s.pages for s in ready], p0s,
+                                                   np.array([s.last for s in ready], dtype=np.int32))
         except Exception as e:              # noqa: BLE001 (reported to each request's consumer)
             for s in ready:
                 s.error = e
                 s.done = True
             return 0
-        n = 0
-        for s, lg in zip(ready, logits):
-            self.pool.publish(s.pages)
-            n += self._sample(s, lg)
+        n = j = 0
+        share = self.kv.shares_pages        # else no sequence can reuse a page: nothing to offer the cache
+        for s, tok in zip(ready, drawn.tolist()):
+            if share:
+                self.pool.publish(s.pages)
+            if s.drawn_by_store:
+                n += self._deliver(s, tok, None, False)
+            else:                           # the host-sampled rows' logits, in the order of `ready`
+                n += self._sample(s, logits[j])
+                j += 1
         return n
 
     def _run(self, s: _Seq, ids: np.ndarray) -> int:
@@ -229,20 +241,26 @@ class Scheduler:
             new = self.pool.grow(s.pages, ids)
             if new:
                 self.kv.poison(new)
-            logits = self.kv.forward(s.pages, p0, ids)
-            self.pool.publish(s.pages)
+            if len(s.pages.tokens) < s.ids.shape[0]:     # more prompt to come: nobody reads these logits
+                self.kv.extend(s.pages, p0, ids)
+                out = None
+            elif s.drawn_by_store:
+                out = self.kv.forward_token(s.pages, p0, ids)
+            else:
+                out = self.kv.forward(s.pages, p0, ids)
+            if self.kv.shares_pages:
+                self.pool.publish(s.pages)
         except Exception as e:              # noqa: BLE001 (reported to this request's consumer)
             s.error = e
             s.done = True
             return 0
-        if s.prefilling:
+        if out is None:
             return 0
-        return self._sample(s, logits)
+        return self._deliver(s, out, None, False) if s.drawn_by_store else self._sample(s, out)
 
     def _sample(self, s: _Seq, logits: np.ndarray) -> int:
-        """Sample s's next token from its logits (float32 (vocab_rows,)) through its pipeline and sampler, deliver it
-        and mark the sequence done at its end. Returns 1 (0 when sampling failed: the sequence ends with the
-        error)."""
+        """Sample s's next token from its logits (float32 (vocab_rows,)) through its pipeline and sampler, then
+        _deliver it. Returns 1 (0 when sampling failed: the sequence ends with the error)."""
         try:
             if s.pipeline is not None:
                 logits = s.pipeline.process(logits)
@@ -255,6 +273,10 @@ class Scheduler:
             s.error = e
             s.done = True
             return 0
+        return self._deliver(s, tok, lp, complete)
+
+    def _deliver(self, s: _Seq, tok: int, lp, complete: bool) -> int:
+        """Hand s's next token to its consumer and mark the sequence done at its end. Returns 1."""
         s.n_new += 1
         s.last = tok
         n_total = s.ids.shape[0] + s.n_new
@@ -288,6 +310,16 @@ class Scheduler:
                 self.pool.release(s.pages)
                 self._end(s)
                 continue
+            if self.kv.samples_tokens and s.pipeline is None:   # plain sampling: where the logits are
+                try:
+                    self.kv.set_sampling(s.pages, s.sampler.params)
+                except Exception as e:      # noqa: BLE001
+                    s.error = e
+                    self.kv.close(s.pages)
+                    self.pool.release(s.pages)
+                    self._end(s)
+                    continue
+                s.drawn_by_store = True
             self._running.append(s)
 
     def _retire_cancelled(self) -> None:

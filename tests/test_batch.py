@@ -212,8 +212,9 @@ def test_bad_arguments_are_named_errors(model_file, eng):
 
 @pytest.mark.gpu
 def test_cuda_batch_runs_sequences_on_their_own_sessions(model_file):
-    """The CUDA backend's batched API (one library session per sequence, run one after another): each sequence
-    of a mixed batch yields the greedy tokens of Engine.generate on the same device, and the sessions are freed."""
+    """The CUDA backend's batched API (a pooled library session per sequence on the device KV pool): each
+    sequence of a mixed batch yields the greedy tokens of Engine.generate on the same device, and every sequence's
+    session is closed (kept for reuse, without pages) when it ends."""
     kw = dict(max_new_tokens=20, temperature=0.0, stop_token_ids=[])
     with Engine(model_file, device="cuda", max_batch=4) as e:
         prompts = [_prompt_ids(e, n, i) for i, n in enumerate((5, 40, PREFILL_CHUNK_TOKENS + 30))]

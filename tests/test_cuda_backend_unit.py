@@ -139,102 +139,451 @@ def test_no_device_is_named(fake_loaded):
     assert "sees no CUDA device (nq_device_count() = 0)" in cuda_backend.unavailable_reason()
 
 
-class _FakeSessionsLib(FakeLib):
-    """Sessions whose "logits" are a function of the token history (argmax = (sum of ids + length) % vocab), to
-    test the batched API's plumbing on the CUDA backend: one session per sequence, prompts through nq_prefill, the
-    decode tokens of a step through one nq_decode_batch, frees."""
+class _FakePoolLib(FakeLib):
+    """A KV page pool and pooled sessions whose "logits" are a function of the tokens READ BACK THROUGH EACH
+    SESSION'S PAGE TABLE (argmax = (sum of the ids at positions [0, pos) + pos) % vocab; a row nobody wrote since
+    its page was poisoned gives NaN logits), so a page table, position or page sharing the binding got wrong shows
+    in the tokens. Prompts go through nq_prefill, the decode tokens of a step through one nq_decode_batch; the
+    argument rules of nq_session_set_pages are checked as the library checks them. The fake's "device sampler"
+    draws that argmax shifted by the session's seed when its temperature is > 0 (so a token shows whose settings
+    drew it); a draw from a poisoned row fails the test."""
 
     V = 50
+    P = 16
 
     def __init__(self):
         super().__init__()
-        self.sessions: dict[int, list] = {}
+        self.rows: dict[int, list] = {}
+        self.sessions: dict[int, dict] = {}
+        self.shift: dict[int, int] = {}
+        self.created = 0
         self.freed: list[int] = []
-        self.calls: list[str] = []
+        self.calls: list = []
+        self.set_pages: list[tuple] = []          # (session, n_pages, position) of every nq_session_set_pages
+        self.pool_freed = False
         self._next = 1
 
-    def nq_session_create(self, model, max_ctx, sampling, out):
+    def nq_kv_pool_create(self, model, n_pages, out):
+        self.rows = {p: [None] * self.P for p in range(n_pages)}
+        out._obj.value = 77
+        return abi.NQ_OK
+
+    def nq_kv_pool_poison(self, pool, pages, n):
+        ids = np.ctypeslib.as_array(pages, shape=(n,)).tolist()
+        self.calls.append(("poison", ids))
+        for p in ids:
+            self.rows[p] = [None] * self.P
+        return abi.NQ_OK
+
+    def nq_kv_pool_free(self, pool):
+        self.pool_freed = True
+
+    def nq_session_create_pooled(self, model, pool, max_ctx, sampling, out):
         sid, self._next = self._next, self._next + 1
-        self.sessions[sid] = []
+        self.created += 1
+        self.sessions[sid] = {"pages": [], "pos": 0}
+        self.shift[sid] = 0
         out._obj.value = sid
         return abi.NQ_OK
 
+    def nq_session_reset(self, sess):
+        self.sessions[sess.value]["pos"] = 0
+        return abi.NQ_OK
+
+    def nq_session_set_sampling(self, sess, sampling):
+        sp = sampling._obj
+        self.calls.append(f"set_sampling {sess.value}")
+        self.shift[sess.value] = int(sp.seed) if sp.temperature > 0 else 0
+        return abi.NQ_OK
+
+    def nq_session_set_pages(self, sess, pages, n, position):
+        ids = np.ctypeslib.as_array(pages, shape=(n,)).tolist() if n else []
+        if any(p < 0 or p >= len(self.rows) for p in ids) or len(set(ids)) != n or not 0 <= position <= n * self.P:
+            self._fail(b"set_pages: bad arguments")
+            return abi.NQ_E_INVALID_ARG
+        self.set_pages.append((sess.value, n, position))
+        self.sessions[sess.value].update(pages=ids, pos=position)
+        return abi.NQ_OK
+
+    def _write(self, sid, tok):
+        s = self.sessions[sid]
+        p = s["pos"]
+        if p >= len(s["pages"]) * self.P:
+            raise AssertionError(f"session {sid} writes position {p} past its {len(s['pages'])} pages")
+        self.rows[s["pages"][p // self.P]][p % self.P] = int(tok)
+        s["pos"] += 1
+
+    def _next_token(self, sid):
+        s = self.sessions[sid]
+        toks = [self.rows[s["pages"][i // self.P]][i % self.P] for i in range(s["pos"])]
+        return None if None in toks else (sum(toks) + len(toks)) % self.V
+
+    def _draw(self, sid):
+        t = self._next_token(sid)
+        if t is None:
+            raise AssertionError(f"session {sid} drew from a row nobody wrote (a poisoned page)")
+        return (t + self.shift[sid]) % self.V
+
     def nq_prefill(self, sess, ids, n):
         self.calls.append("prefill")
-        self.sessions[sess.value] += np.ctypeslib.as_array(ids, shape=(n,)).tolist()
+        for t in np.ctypeslib.as_array(ids, shape=(n,)):
+            self._write(sess.value, t)
         return abi.NQ_OK
 
     def nq_decode(self, sess, tok):
         self.calls.append("decode")
-        self.sessions[sess.value].append(int(tok))
+        self._write(sess.value, tok)
         return abi.NQ_OK
 
     def nq_get_logits(self, sess, out, n):
-        hist = self.sessions[sess.value]
+        self.calls.append("get_logits")
         a = np.ctypeslib.as_array(out, shape=(n,))
-        a[:] = 0.0
-        a[(sum(hist) + len(hist)) % self.V] = 1.0
+        t = self._next_token(sess.value)
+        a[:] = np.nan if t is None else 0.0
+        if t is not None:
+            a[t] = 1.0
+        return abi.NQ_OK
+
+    def nq_sample_steered(self, sess, bias_ids, bias_vals, n_bias, mask, n_mask, presence, frequency, top_n, tok,
+                          lp, top_ids, top_lps, n_top):
+        assert (bias_ids, bias_vals, n_bias, mask, n_mask, presence, frequency, top_n) == \
+            (None, None, 0, None, 0, 0.0, 0.0, -1)                 # nothing steered: the sampler alone
+        self.calls.append("sample")
+        tok._obj.value = self._draw(sess.value)
         return abi.NQ_OK
 
     def nq_session_free(self, sess):
-        self.freed.append(sess.value)
+        self.freed.append(sess if isinstance(sess, int) else sess.value)
 
     def nq_batch_create(self, model, max_batch, out):
         out._obj.value = 999
         return abi.NQ_OK
 
-    def nq_decode_batch(self, batch, sessions, tokens, n, next_tokens, logits):
-        self.calls.append(f"decode_batch {n}")
+    def nq_decode_batch(self, batch, sessions, tokens, n, next_tokens, logits, n_logits):
+        self.calls.append(f"decode_batch {n} logits {n_logits}")
+        assert (n_logits > 0) == bool(logits)
         toks = np.ctypeslib.as_array(tokens, shape=(n,))
         nxt = np.ctypeslib.as_array(next_tokens, shape=(n,))
-        lg = np.ctypeslib.as_array(logits, shape=(n, self.V)) if logits else None
+        lg = np.ctypeslib.as_array(logits, shape=(n_logits, self.V)) if n_logits else None
         for i in range(n):
-            hist = self.sessions[sessions[i]]
-            hist.append(int(toks[i]))
-            nxt[i] = (sum(hist) + len(hist)) % self.V
-            if lg is not None:
-                lg[i] = 0.0
-                lg[i, nxt[i]] = 1.0
+            sid = sessions[i]
+            self._write(sid, toks[i])
+            if i < n_logits:                                   # a host-sampled row: its logits, its draw unread
+                t = self._next_token(sid)
+                lg[i] = np.nan if t is None else 0.0
+                if t is not None:
+                    lg[i, t] = 1.0
+                nxt[i] = -7
+            else:
+                nxt[i] = self._draw(sid)
         return abi.NQ_OK
 
     def nq_batch_free(self, batch):
         self.calls.append("batch_free")
 
 
-def test_batched_api_runs_one_library_session_per_sequence():
-    from nanoqwen_rt.sampling import SamplingParams
-    from nanoqwen_rt.scheduler import Scheduler, _Seq
-    lib = _FakeSessionsLib()
+def _fake_backend(lib, max_context=256):
     be = object.__new__(cuda_backend.CudaBackend)          # no device: only what the batched API touches
     be._lib, be._model, be._sess = lib, ctypes.c_void_p(1), ctypes.c_void_p()
-    be._batch, be._batch_cap = None, 0
+    be._batch, be._batch_cap, be._kv_stores = None, 0, []
     be.config = types.SimpleNamespace(vocab_rows=lib.V)
-    be.max_context = 64
-    sched = Scheduler(be, max_batch=2, kv_pages=16, lock=threading.Lock())
-    assert sched.kv.shares_pages is False                   # the library's pages are its own: no prefix reuse
+    be.max_context = max_context
+    return be
 
-    def expect(prompt, n):                                  # what the fake's logits make greedy sampling pick
-        hist, out = list(prompt), []
-        for _ in range(n):
-            t = (sum(hist) + len(hist)) % lib.V
-            out.append(t)
-            hist.append(t)
-        return out
 
-    got = {0: [], 1: [], 2: []}
+def _expect(lib, prompt, n, shift=0):
+    """The tokens the fake gives a sequence after `prompt`, n of them: the argmax of its logits, shifted when the
+    device draws them with a seed."""
+    hist, out = list(prompt), []
+    for _ in range(n):
+        t = (sum(hist) + len(hist) + shift) % lib.V
+        out.append(t)
+        hist.append(t)
+    return out
+
+
+def _submit(sched, prompt, n, got, key):
+    from nanoqwen_rt.sampling import SamplingParams
+    from nanoqwen_rt.scheduler import _Seq
+    sched.add(_Seq(np.array(prompt, dtype=np.int32), SamplingParams(0.0, 0, 1.0, None), n, set(), None,
+                   lambda t, lp, c: got.setdefault(key, []).append(t)))
+
+
+def _run(sched, steps=200):
+    for _ in range(steps):
+        if not sched.has_work:
+            return
+        sched.step()
+    raise AssertionError("the scheduler did not finish")
+
+
+def test_batched_api_runs_pooled_sessions_with_decode_batches():
+    from nanoqwen_rt.scheduler import Scheduler
+    lib = _FakePoolLib()
+    be = _fake_backend(lib)
+    sched = Scheduler(be, max_batch=2, kv_pages=32, lock=threading.Lock())
+    assert sched.kv.shares_pages is True                    # the pool's page ids are the device's
+    got: dict = {}
     prompts = [[3, 4, 5], [7] * 20, [1, 2]]
     for i, p in enumerate(prompts):
-        sched.add(_Seq(np.array(p, dtype=np.int32), SamplingParams(0.0, 0, 1.0, None), 6, set(),
-                       None, lambda t, lp, c, i=i: got[i].append(t)))
-    for _ in range(40):
-        sched.step()
-    assert [got[i] for i in range(3)] == [expect(p, 6) for p in prompts]
-    assert sorted(lib.freed) == [1, 2, 3] and sched.pool.used_pages == 0 and not sched.kv._sessions
-    # the prompts one at a time; the decode tokens of a step in one batched call (2 sequences run at once), or,
-    # for a step with one decoding sequence, its own nq_decode
-    batched = [int(c.split()[1]) for c in lib.calls if c.startswith("decode_batch")]
-    assert lib.calls.count("prefill") == 3 and batched and min(batched) == max(batched) == 2
-    assert sum(batched) + lib.calls.count("decode") == 3 * 5
+        _submit(sched, p, 30, got, i)
+    _run(sched)
+    assert [got[i] for i in range(3)] == [_expect(lib, p, 30) for p in prompts]
+    assert sched.pool.used_pages == 0 and not sched.kv._sessions
+    # 2 sequences ran at once: 2 sessions made, the third sequence reused one; none freed before close
+    assert lib.created == 2 and lib.freed == []
+    batched = [int(c.split()[1]) for c in lib.calls if isinstance(c, str) and c.startswith("decode_batch")]
+    assert lib.calls.count("prefill") == 3 and batched and max(batched) == 2
+    # page tables go up only when they grew (or at the start), never twice for one length: 3 + 29 positions
+    # written by the first sequence = 2 pages, so its session saw (1, 0), (2, 16) and, at its end, (0, 0)
+    first = [(n, pos) for sid, n, pos in lib.set_pages if sid == 1]
+    assert first[:3] == [(1, 0), (2, 16), (0, 0)]
+    for kv in be._kv_stores:                                # what CudaBackend.close does before the model
+        kv.release()
+    assert sorted(lib.freed) == [1, 2] and lib.pool_freed
+
+
+def test_plain_requests_draw_on_the_device_and_no_logits_come_back():
+    """Plain requests (no LogitsPipeline) on pooled sessions: their settings set once per sequence, the prompt by
+    nq_prefill, the first token by one device draw (nq_sample_steered, nothing steered), the decode tokens of a
+    step in one batched call without logits rows (a lone decoding sequence in a batch of one, never nq_decode)."""
+    from nanoqwen_rt.scheduler import Scheduler
+    lib = _FakePoolLib()
+    sched = Scheduler(_fake_backend(lib), max_batch=2, kv_pages=16, lock=threading.Lock())
+    got: dict = {}
+    prompts = [[3, 4, 5], [7] * 20, [1, 2]]
+    for i, p in enumerate(prompts):
+        _submit(sched, p, 6, got, i)
+    _run(sched)
+    assert [got[i] for i in range(3)] == [_expect(lib, p, 6) for p in prompts]
+    assert lib.calls.count("get_logits") == 0 and lib.calls.count("decode") == 0
+    assert sum(isinstance(c, str) and c.startswith("set_sampling") for c in lib.calls) == 3
+    assert lib.calls.count("prefill") == 3 and lib.calls.count("sample") == 3
+    batched = [c for c in lib.calls if isinstance(c, str) and c.startswith("decode_batch")]
+    assert set(batched) <= {"decode_batch 2 logits 0", "decode_batch 1 logits 0"}
+    assert sum(int(c.split()[1]) for c in batched) == 3 * 5 and "decode_batch 2 logits 0" in batched
+    assert sched.pool.used_pages == 0 and not sched.kv._sessions and not sched.kv._drawn
+
+
+def test_mixed_batch_copies_only_the_host_sampled_rows():
+    """Requests with a LogitsPipeline (here: logprobs) sample on the host from their logits, plain ones on the
+    device with their own settings: in one step the host rows go first and only their logits rows come back."""
+    from nanoqwen_rt.logits import LogitsPipeline, LogitsSettings
+    from nanoqwen_rt.sampling import SamplingParams
+    from nanoqwen_rt.scheduler import Scheduler, _Seq
+    lib = _FakePoolLib()
+    sched = Scheduler(_fake_backend(lib), max_batch=4, kv_pages=32, lock=threading.Lock())
+    prompts = [[3, 4, 5], [9, 1], [7] * 5, [2, 2, 2, 2]]
+    # 0: plain greedy, 1: logprobs (host), 2: seeded temperature 1 (device, the fake shifts by the seed),
+    # 3: logprobs (host)
+    kinds = [(SamplingParams(0.0), None), (SamplingParams(0.0), 0), (SamplingParams(1.0, seed=7), None),
+             (SamplingParams(0.0), 2)]
+    got = {i: [] for i in range(4)}
+    lps = {i: [] for i in range(4)}
+    for i, (p, (params, top)) in enumerate(zip(prompts, kinds)):
+        pipe = LogitsPipeline(LogitsSettings(lib.V, top_logprobs=top), None) if top is not None else None
+
+        def on_token(t, lp, c, i=i):
+            got[i].append(t)
+            lps[i].append(lp)
+        sched.add(_Seq(np.array(p, dtype=np.int32), params, 5, set(), pipe, on_token))
+    _run(sched)
+    assert got[0] == _expect(lib, prompts[0], 5)
+    assert got[1] == _expect(lib, prompts[1], 5) and all(lp is not None for lp in lps[1])
+    assert got[2] == _expect(lib, prompts[2], 5, shift=7) and lps[2] == [None] * 5
+    assert got[3] == _expect(lib, prompts[3], 5) and all(len(lp.top) == 2 for lp in lps[3])
+    assert sum(isinstance(c, str) and c.startswith("set_sampling") for c in lib.calls) == 2   # the plain ones
+    assert lib.calls.count("sample") == 2 and lib.calls.count("get_logits") == 2   # first tokens
+    batched = [c for c in lib.calls if isinstance(c, str) and c.startswith("decode_batch")]
+    assert batched and set(batched) == {"decode_batch 4 logits 2"}
+    # every session kept for reuse, none device-sampled any more
+    assert lib.created == 4 and lib.freed == [] and len(sched.kv._idle) == 4
+    assert not sched.kv._sessions and not sched.kv._drawn
+
+
+def test_a_reused_session_forgets_that_the_device_sampled_for_it():
+    """A seeded plain request ends; the next sequence, with logprobs, reuses its pooled session: it is host-sampled
+    (its logits row comes back, the seed's shift does not show), and a plain one after it gets its own settings."""
+    from nanoqwen_rt.logits import LogitsPipeline, LogitsSettings
+    from nanoqwen_rt.sampling import SamplingParams
+    from nanoqwen_rt.scheduler import Scheduler, _Seq
+    lib = _FakePoolLib()
+    sched = Scheduler(_fake_backend(lib), max_batch=1, kv_pages=8, lock=threading.Lock())
+    got: dict = {}
+
+    def add(prompt, params, pipe, key):
+        sched.add(_Seq(np.array(prompt, dtype=np.int32), params, 4, set(), pipe,
+                       lambda t, lp, c: got.setdefault(key, []).append(t)))
+    add([1, 2, 3], SamplingParams(1.0, seed=5), None, "a")
+    _run(sched)
+    n_calls = len(lib.calls)
+    add([6, 6], SamplingParams(0.0), LogitsPipeline(LogitsSettings(lib.V, top_logprobs=1), None), "b")
+    _run(sched)
+    b_calls = [c for c in lib.calls[n_calls:] if isinstance(c, str)]
+    add([4], SamplingParams(1.0, seed=3), None, "c")
+    _run(sched)
+    assert got["a"] == _expect(lib, [1, 2, 3], 4, shift=5)
+    assert got["b"] == _expect(lib, [6, 6], 4)
+    assert got["c"] == _expect(lib, [4], 4, shift=3)
+    assert lib.created == 1                                  # one session served all three
+    assert [c for c in b_calls if c.startswith("decode_batch")] == ["decode_batch 1 logits 1"] * 3
+    assert "sample" not in b_calls and not any(c.startswith("set_sampling") for c in b_calls)
+    assert not sched.kv._drawn
+
+
+def test_a_lone_host_sampled_sequence_takes_the_batched_step_with_its_logits():
+    """One decoding sequence with a LogitsPipeline: a batch of one (the step's graph for one row) with its logits
+    row; the session's own nq_decode is not used."""
+    from nanoqwen_rt.logits import LogitsPipeline, LogitsSettings
+    from nanoqwen_rt.sampling import SamplingParams
+    from nanoqwen_rt.scheduler import Scheduler, _Seq
+    lib = _FakePoolLib()
+    sched = Scheduler(_fake_backend(lib), max_batch=2, kv_pages=16, lock=threading.Lock())
+    got = []
+    sched.add(_Seq(np.array([4, 4, 1], dtype=np.int32), SamplingParams(0.0), 4, set(),
+                   LogitsPipeline(LogitsSettings(lib.V, top_logprobs=1), None), lambda t, lp, c: got.append(t)))
+    _run(sched)
+    assert got == _expect(lib, [4, 4, 1], 4)
+    assert [c for c in lib.calls if isinstance(c, str) and c.startswith("decode")] == ["decode_batch 1 logits 1"] * 3
+
+
+def test_a_sequence_whose_sampling_cannot_be_set_ends_and_frees_its_pages():
+    from nanoqwen_rt.sampling import SamplingParams
+    from nanoqwen_rt.scheduler import Scheduler, _Seq
+    lib = _FakePoolLib()
+
+    def refuse(sess, sampling):
+        lib._fail(b"sampling upload: out of memory")
+        return abi.NQ_E_OUT_OF_MEMORY
+    lib.nq_session_set_sampling = refuse
+    sched = Scheduler(_fake_backend(lib), max_batch=2, kv_pages=16, lock=threading.Lock())
+    seq = _Seq(np.array([1, 2, 3], dtype=np.int32), SamplingParams(0.0), 4, set(), None, lambda *a: None)
+    sched.add(seq)
+    sched.step()
+    assert seq.done and isinstance(seq.error, MemoryError) and "out of memory" in str(seq.error)
+    assert not sched.kv._sessions and not sched.kv._drawn and sched.pool.used_pages == 0
+    assert lib.freed == [] and len(sched.kv._idle) == 1      # the session dropped its pages and waits for reuse
+
+
+def test_prefix_hit_reuses_the_cached_pages_on_the_device():
+    from nanoqwen_rt.scheduler import Scheduler
+    lib = _FakePoolLib()
+    sched = Scheduler(_fake_backend(lib), max_batch=4, kv_pages=64, lock=threading.Lock())
+    prefix = [(i * 7) % 50 for i in range(40)]              # 2 full pages + 8 tokens
+    got: dict = {}
+    _submit(sched, prefix + [1, 2, 3], 5, got, "a")
+    _run(sched)
+    n_prefill_rows = sum(1 for c in lib.calls if c == "prefill")
+    _submit(sched, prefix + [9, 9], 5, got, "b")
+    _submit(sched, prefix + [4], 5, got, "c")              # both hit; they decode together in one batch
+    _run(sched)
+    assert got["a"] == _expect(lib, prefix + [1, 2, 3], 5)
+    assert got["b"] == _expect(lib, prefix + [9, 9], 5)     # tokens read back through the shared pages
+    assert got["c"] == _expect(lib, prefix + [4], 5)
+    assert sched.pool.prefix_hit_tokens == 2 * 32
+    # b and c started at position 32 (the cached pages), on tables that list the cached pages first
+    starts = [(n, pos) for _, n, pos in lib.set_pages if pos == 32]
+    assert starts == [(3, 32), (3, 32)]
+    assert "decode_batch 2 logits 0" in lib.calls and lib.calls.count("prefill") == n_prefill_rows + 2
+    sched.pool.check([])
+
+
+def test_pooled_pages_are_poisoned_when_handed_out():
+    """Every page the pool hands a sequence is poisoned on the device first (a row read before it is written gives
+    NaN logits), and an ended sequence's session keeps no pages."""
+    from nanoqwen_rt.scheduler import Scheduler
+    lib = _FakePoolLib()
+    sched = Scheduler(_fake_backend(lib), max_batch=1, kv_pages=8, lock=threading.Lock())
+    got: dict = {}
+    _submit(sched, [5] * 17, 3, got, 0)
+    _run(sched)
+    assert got[0] == _expect(lib, [5] * 17, 3)
+    poisoned = [c[1] for c in lib.calls if isinstance(c, tuple)]
+    assert sorted(p for ps in poisoned for p in ps) == [0, 1]   # 19 positions: 2 pages, each poisoned once
+    assert lib.sessions[1]["pages"] == []
+
+
+def test_set_pages_refusal_is_a_named_error():
+    lib = _FakePoolLib()
+    kv = cuda_backend.SessionKv(_fake_backend(lib), 4)
+    seq = types.SimpleNamespace(seq_id=0, pages=[0, 0])     # a page listed twice
+    kv.open(seq, 32)
+    with pytest.raises(ValueError, match="set a sequence's KV pages: set_pages: bad arguments"):
+        kv.forward(seq, 0, np.array([1, 2], dtype=np.int32))
+
+
+def test_a_pool_beyond_the_library_limit_is_a_backend_error():
+    be = _fake_backend(_FakePoolLib())
+    with pytest.raises(BackendError, match=r"a KV pool of 16777217 pages: the CUDA backend makes 1 to 16777216"):
+        be.sequence_kv(abi.NQ_MAX_KV_POOL_PAGES + 1)
+    assert be._kv_stores == []
+
+
+def test_default_kv_pages_from_free_device_memory():
+    page = 2 * 28 * 4 * 16 * 128 * 2                       # 7B shapes, f16 rows: 0.875 MiB
+    per_ctx = 32768 // 16
+    # plenty free: max_batch full contexts
+    assert cuda_backend.kv_pool_pages(32768, 16, page, 130 * 2**30) == 16 * per_ctx
+    # less: KV_FREE_MEMORY_FRACTION of what is free
+    free = 40 * 2**30
+    n = cuda_backend.kv_pool_pages(32768, 64, page, free)
+    assert n == int(free * cuda_backend.KV_FREE_MEMORY_FRACTION) // page and per_ctx <= n < 64 * per_ctx
+    # not even one full context: a one-line error naming the way out
+    with pytest.raises(cuda_backend.KvPoolDoesNotFit, match=r"one full context of 32768 tokens needs 2048 KV pages "
+                                                            r"\(1\.75 GiB\); the GPU has 1\.00 GiB free"):
+        cuda_backend.kv_pool_pages(32768, 16, page, 2**30)
+    assert "\n" not in str(pytest.raises(cuda_backend.KvPoolDoesNotFit, cuda_backend.kv_pool_pages, 32768, 1,
+                                         page, 2**30).value)
+
+
+def test_engine_kv_pool_that_does_not_fit_is_one_line(monkeypatch):
+    """Engine._batch turns the backend's refusal into DeviceUnavailable, which serve prints as one line."""
+    from nanoqwen_rt.engine import DeviceUnavailable
+    from nanoqwen_rt.backends.base import BackendError
+
+    class Be:
+        max_context = 32768
+
+        def default_kv_pages(self, max_batch):
+            raise cuda_backend.KvPoolDoesNotFit("one full context of 32768 tokens needs 2048 KV pages")
+    eng = object.__new__(__import__("nanoqwen_rt.engine", fromlist=["Engine"]).Engine)
+    eng._batch_lock, eng._scheduler, eng._kv_pages, eng._max_batch = threading.Lock(), None, None, 16
+    eng._check_open = lambda: Be()
+    with pytest.raises(DeviceUnavailable, match="needs 2048 KV pages"):
+        eng._batch()
+    assert issubclass(cuda_backend.KvPoolDoesNotFit, BackendError)
+
+
+def test_header_constants_are_the_bindings():
+    """nanoqwen.h's limits that the binding copies (no library needed: read from the header's text; the ABI version
+    and the signatures: test_binding_matches_the_c_header)."""
+    import re
+    from pathlib import Path
+    from nanoqwen_rt.kv_pool import KV_PAGE_TOKENS
+    header = (Path(__file__).resolve().parents[1] / "csrc" / "include" / "nanoqwen.h").read_text()
+
+    def define(name):
+        m = re.search(rf"^#define {name} (\(1 << \d+\)|\d+)", header, re.M)
+        assert m, name
+        v = m.group(1)
+        return 1 << int(v[6:-1]) if v.startswith("(1 <<") else int(v)
+    assert define("NQ_MAX_BATCH") == abi.NQ_MAX_BATCH
+    assert define("NQ_MAX_KV_POOL_PAGES") == abi.NQ_MAX_KV_POOL_PAGES
+    assert define("NQ_KV_PAGE_TOKENS") == KV_PAGE_TOKENS
+
+
+def test_cpu_default_kv_pages_is_max_batch_contexts_within_the_f32_budget():
+    """Backend.default_kv_pages (the CPU backend's): max_batch full contexts of float32 rows within 1 GiB, at least
+    one full context: the rule the Engine applied before the CUDA backend sized its own pool."""
+    from nanoqwen_rt.backends.base import Backend
+    small = types.SimpleNamespace(config=types.SimpleNamespace(n_layers=2, n_kv_heads=1, head_dim=64),
+                                  max_context=1024)
+    assert Backend.default_kv_pages(small, 16) == 16 * 64           # 16 KiB pages: 1,024 of them are 16 MiB
+    big = types.SimpleNamespace(config=types.SimpleNamespace(n_layers=28, n_kv_heads=4, head_dim=128),
+                                max_context=32768)
+    page = 2 * 28 * 4 * 16 * 128 * 4
+    assert Backend.default_kv_pages(big, 16) == max(2048, (1 << 30) // page) == 2048   # one context: 3.5 GiB
+    assert Backend.default_kv_pages(types.SimpleNamespace(config=big.config, max_context=256), 64) == (1 << 30) // page
 
 
 def test_binding_matches_the_c_header():

@@ -77,7 +77,7 @@ def test_batched_decode_matches_each_sequence_alone(files, name, lens):
         got = []
         for t in range(steps):
             toks = np.array([seq[n + t] for seq, n in zip(seqs, lens)], dtype=np.int32)
-            nxt, lg = be.decode_batch(sessions, toks, want_logits=True)
+            nxt, lg = be.decode_batch(sessions, toks, n_logits=len(sessions))
             assert np.isfinite(lg).all()
             # greedy sessions sample the argmax (the sampler breaks ties towards the lower id, as argmax does)
             np.testing.assert_array_equal(nxt, lg.argmax(axis=-1))
@@ -99,7 +99,7 @@ def test_batched_decode_matches_each_sequence_alone(files, name, lens):
         sessions.append(be.new_session(CTX))
         _prefill(be, sessions[-1], fresh[:8])
         toks = np.array([seq[n + steps] for seq, n in zip(seqs, lens)] + [fresh[8]], dtype=np.int32)
-        _, lg = be.decode_batch(sessions, toks, want_logits=True)
+        _, lg = be.decode_batch(sessions, toks, n_logits=len(sessions))
         refs = [_alone(be, seq)[n + steps] for seq, n in zip(seqs, lens)] + [_alone(be, fresh)[8]]
         err = rel_rows(lg, np.stack(refs)).max()
         assert err < BATCH_TOL, f"after a session change: relative error {err:.2e}"
@@ -158,7 +158,7 @@ def test_batched_sampler_draws_with_each_sessions_settings(files, n):
             _prefill(be, sess, rng.integers(0, V, size=int(rng.integers(1, 20))))
         toks = rng.integers(0, V, size=n).astype(np.int32)
         for step in range(4):                       # the counter of every session advances with each draw
-            nxt, lg = be.decode_batch(sessions, toks, want_logits=True)
+            nxt, lg = be.decode_batch(sessions, toks, n_logits=len(sessions))
             for i, sp in enumerate(settings):
                 out = ctypes.c_int32(-1)
                 logits = np.ascontiguousarray(lg[i], dtype=np.float32)
@@ -168,6 +168,44 @@ def test_batched_sampler_draws_with_each_sessions_settings(files, n):
                 assert int(nxt[i]) == out.value, f"step {step}, sequence {i} ({sp.temperature}, {sp.top_k}, {sp.top_p})"
             toks = nxt.astype(np.int32)
         for s in sessions[1:]:
+            be.free_session(s)
+    finally:
+        be.close()
+
+
+@pytest.mark.parametrize("n", [2, 6], ids=["gemv-rows", "gemm"])
+def test_batched_decode_copies_the_logits_of_the_first_rows_only(files, n):
+    """nq_decode_batch's n_logits: the logits of sessions 0..n_logits-1 come back, the same as with every row's
+    (same sessions, same step: the same numbers), and the tokens are the same; the ABI refuses an n_logits outside
+    [0, n] or one that disagrees with the logits pointer."""
+    from nanoqwen_rt.backends.base import BackendError
+    from nanoqwen_rt.backends.cuda import CudaBackend
+    from nanoqwen_rt.backends.cuda.abi import check
+    be = CudaBackend(files["qwen2-int4g64"], max_context=CTX)
+    try:
+        rng = np.random.default_rng()
+        V = be.config.vocab_rows
+        prompts = [rng.integers(0, V, size=int(rng.integers(1, 20))) for _ in range(n)]
+        a = [be.new_session(CTX) for _ in range(n)]
+        b = [be.new_session(CTX) for _ in range(n)]
+        for sa, sb, p in zip(a, b, prompts):
+            _prefill(be, sa, p)
+            _prefill(be, sb, p)
+        toks = rng.integers(0, V, size=n).astype(np.int32)
+        nxt_all, lg_all = be.decode_batch(a, toks, n_logits=n)
+        nxt_few, lg_few = be.decode_batch(b, toks, n_logits=n - 1)
+        np.testing.assert_array_equal(nxt_few, nxt_all)
+        assert lg_few.shape == (n - 1, V)
+        np.testing.assert_array_equal(lg_few, lg_all[:n - 1])
+        nxt_none, lg_none = be.decode_batch(a, nxt_all)
+        assert lg_none is None and nxt_none.shape == (n,)
+        with pytest.raises(BackendError, match="n_logits"):
+            be.decode_batch(a, toks, n_logits=n + 1)
+        handles = (ctypes.c_void_p * n)(*[s.value for s in b])
+        out = np.empty(n, dtype=np.int32)
+        with pytest.raises(ValueError, match="n_logits"):       # a count without a buffer
+            check(be._lib, "nq_decode_batch", be._batch, handles, _i32(toks), n, _i32(out), None, 1, what="batch")
+        for s in a + b:
             be.free_session(s)
     finally:
         be.close()

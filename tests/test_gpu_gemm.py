@@ -159,3 +159,45 @@ def test_gemm_rejects_groups_outside_the_contract(lib, g):
     C = np.zeros((5, 64), dtype=np.float32)
     rc, _ = run_gemm(lib, [(q, s)], A, K, g, K, [None], C, 64, False)
     assert rc != 0 and "group" in lib.nq_last_error().decode()
+
+
+# gemm_swiglu (the MLP's first half, H = silu(A gate^T) * (A up^T) in f16: gemm_multi into f32 g and u, then
+# swiglu_rows). Error budget of one output against float64: g and u each carry the GEMM's ~2^-12 relative error
+# (TOL_REL's reasoning), silu(g) * u inherits at most about twice that relative to its magnitude, and the f16 store
+# adds 2^-11 relative: ~1e-3 in all. SWIGLU_TOL_REL allows ~3x that for the Frobenius error.
+SWIGLU_TOL_REL = 3e-3
+
+SWIGLU_CASES = [  # (M, N, K, group)
+    (512, 18944, 3584, 128),   # 7B gate/up at the TTFT prompt
+    (513, 4864, 896, 64),      # 0.5B, one token past a tile
+    (128, 1000, 512, 32),      # N not a multiple of 64
+    (2048, 3072, 1024, 256),
+    (64, 4864, 896, 128),      # the few-token (split-K) builds
+    (7, 896, 256, 32),
+]
+
+
+def _silu_mul(g, u):
+    return g / (1.0 + np.exp(-g)) * u
+
+
+@pytest.mark.parametrize("M,N,K,g", SWIGLU_CASES, ids=[f"M{c[0]}-N{c[1]}-K{c[2]}-g{c[3]}" for c in SWIGLU_CASES])
+def test_gemm_swiglu_vs_numpy(lib, M, N, K, g):
+    rng = np.random.default_rng()
+    ug, qg, sg = random_int4(rng, N, K, g)
+    uu, qu, su = random_int4(rng, N, K, g)
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    a16 = A.astype(np.float16).astype(np.float64)
+    ref = _silu_mul(a16 @ dequant(ug, sg, g).T, a16 @ dequant(uu, su, g).T)
+    H = np.full((M, N), 0x7e00, dtype=np.uint16)        # poison (f16 NaN) also on the host side
+    rc = lib.nq_test_gemm_swiglu(
+        np.ascontiguousarray(qg).ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
+        np.ascontiguousarray(sg.view(np.uint16)).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)),
+        np.ascontiguousarray(qu).ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
+        np.ascontiguousarray(su.view(np.uint16)).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)),
+        N, K, g, A.ctypes.data_as(_F32P), M, H.ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)))
+    assert rc == 0, lib.nq_last_error().decode()
+    h = H.view(np.float16).astype(np.float64)
+    assert np.isfinite(h).all(), "unwritten (NaN) outputs"
+    err = rel_err(h, ref)
+    assert err < SWIGLU_TOL_REL, f"relative error {err:.2e}"

@@ -111,6 +111,58 @@ def test_loads_without_gpu_and_reports_devices(lib):
     assert lib.nq_device_count() >= 0          # 0 here: no driver/GPU, and no abort
 
 
+def test_kv_pool_entry_points_refuse_bad_arguments_by_name(lib):
+    """The pool's C ABI without a device: NULL handles are named, and the free-memory query says there is no
+    device (here) instead of failing some other way."""
+    P = ctypes.c_void_p
+    free, total = ctypes.c_uint64(), ctypes.c_uint64()
+    assert lib.nq_device_memory(ctypes.byref(free), ctypes.byref(total)) in (0, NQ_E_NO_DEVICE)
+    assert lib.nq_device_memory(None, ctypes.byref(total)) == -1
+    assert lib.nq_last_error() == b"nq_device_memory: NULL argument"
+    assert lib.nq_kv_pool_create(None, 4, ctypes.byref(P())) == -1
+    assert lib.nq_last_error() == b"nq_kv_pool_create: NULL argument"
+    lib.nq_session_set_pages.argtypes = [P, P, ctypes.c_int32, ctypes.c_int32]
+    assert lib.nq_session_set_pages(None, None, 0, 0) == -1
+    assert lib.nq_last_error() == b"nq_session_set_pages: NULL session"
+    lib.nq_kv_pool_free.argtypes = [P]
+    lib.nq_kv_pool_free(None)                  # allowed, as every *_free
+
+
+@pytest.mark.parametrize("pages,position,message", [
+    ([1, 2, 3], 48, None),                                      # 3 full pages: positions 0..47 held, 48 next
+    ([], 0, None),                                              # no pages (an ended sequence's session)
+    ([1, 2, 3], 49, "set_pages: position 49 outside [0, 48] (3 pages of 16 positions, max_context 64)"),
+    ([1, 2, 12], 0, "set_pages: page id 12 at index 2 out of range [0, 10)"),
+    ([1, -1], 0, "set_pages: page id -1 at index 1 out of range [0, 10)"),
+    ([1, 2, 1], 0, "set_pages: page id 1 listed twice"),
+    ([1, 2, 3, 4, 5], 0, "set_pages: 5 pages outside [0, 4] (the session's max_context 64)"),
+    ([1, 2, 3], -1, "set_pages: position -1 outside [0, 48] (3 pages of 16 positions, max_context 64)"),
+])
+def test_set_pages_argument_rule(libpath, pages, position, message):
+    """nq_session_set_pages' rule (check_session_pages, run through the testing library: no device needed) for a
+    session of max_context 64 (4 page-table entries) on a pool of 10 pages."""
+    from nq_testing_lib import SIGNATURES
+    t = ctypes.CDLL(str(libpath.parent / "libnanoqwen_testing.so"))
+    res, args = SIGNATURES["nq_test_check_pages"]
+    t.nq_test_check_pages.restype, t.nq_test_check_pages.argtypes = res, args
+    t.nq_last_error.restype = ctypes.c_char_p
+    a = (ctypes.c_int32 * max(1, len(pages)))(*pages)
+    rc = t.nq_test_check_pages(10, 4, 64, a if pages else None, len(pages), position)
+    if message is None:
+        assert rc == 0
+    else:
+        assert rc == -1 and t.nq_last_error().decode() == message
+
+
+def test_set_pages_position_is_bounded_by_max_context_too(libpath):
+    t = ctypes.CDLL(str(libpath.parent / "libnanoqwen_testing.so"))
+    t.nq_last_error.restype = ctypes.c_char_p
+    a = (ctypes.c_int32 * 3)(0, 1, 2)
+    assert t.nq_test_check_pages(10, 3, 40, a, 3, 40) == 0      # 3 pages hold 48, the context 40
+    assert t.nq_test_check_pages(10, 3, 40, a, 3, 41) == -1
+    assert t.nq_last_error() == b"set_pages: position 41 outside [0, 40] (3 pages of 16 positions, max_context 40)"
+
+
 @pytest.mark.parametrize("vec", VECTORS, ids=[v.name for v in VECTORS])
 def test_golden_vectors_pass_validation(lib, vec):
     rc, msg = _open(lib, vec)

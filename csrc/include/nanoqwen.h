@@ -1,4 +1,5 @@
-/* libnanoqwen: C ABI of the nanoqwen CUDA runtime (one sequence per session, batch 1). Production entry points
+/* libnanoqwen: C ABI of the nanoqwen CUDA runtime (one sequence per session; many sessions decode in one batched
+ * step and may share one KV page pool). Production entry points
  * only; the kernel test and benchmark entry points are in libnanoqwen_testing (nanoqwen_testing.h).
  *
  * Every function returns NQ_OK (0) on success or a negative NQ_E* code. The message of the last failure is
@@ -16,7 +17,7 @@
 extern "C" {
 #endif
 
-#define NQ_ABI_VERSION 3
+#define NQ_ABI_VERSION 5
 #if defined(__GNUC__)
 #define NQ_API __attribute__((visibility("default")))
 #else
@@ -38,6 +39,7 @@ enum nq_status {
 typedef struct nq_model nq_model;
 typedef struct nq_session nq_session;
 typedef struct nq_batch nq_batch;
+typedef struct nq_kv_pool nq_kv_pool;
 
 /* Model dimensions as read from the header (ModelConfig). */
 typedef struct nq_config {
@@ -68,6 +70,8 @@ NQ_API int nq_abi_version(void);
 NQ_API const char* nq_abi_describe(void);
 /* Number of CUDA devices (0 when none or no driver); never fails. */
 NQ_API int nq_device_count(void);
+/* Free and total bytes of the current device's memory now (cudaMemGetInfo), e.g. to size a KV pool. */
+NQ_API int nq_device_memory(uint64_t* free_bytes, uint64_t* total_bytes);
 
 /* Validate the file as nq_model_open does (the spec's rules, without the tensor checksums) and check that this
  * library runs it (head_dim, GQA ratio, RoPE scaling, weight dtypes, ...); no upload, no device needed.
@@ -118,17 +122,50 @@ NQ_API int nq_sample_steered(nq_session* s, const int32_t* bias_ids, const float
                              int32_t* out_top_ids, float* out_top_logprobs, int32_t* out_n_top);
 NQ_API void nq_session_free(nq_session* s);
 
+/* A device KV page pool shared by many sessions of one model (the batched API's KV store). A page holds the keys and
+ * values (f16, every layer) of NQ_KV_PAGE_TOKENS consecutive positions of one sequence; page ids are 0..n_pages-1.
+ * The library does no page bookkeeping: the caller owns it (which pages are free, which are shared by a cached
+ * prefix) and tells each session its page table with nq_session_set_pages. A page that two sessions list must
+ * hold rows both only read (a shared prefix): a session writes the rows of every position >= its position. */
+#define NQ_KV_PAGE_TOKENS 16
+#define NQ_MAX_KV_POOL_PAGES (1 << 24)   /* 2^28 positions: far beyond any device's memory at 7B shapes */
+/* Bytes one page of this model's KV takes on the device. */
+NQ_API int nq_kv_page_bytes(const nq_model* m, uint64_t* bytes);
+/* n_pages in [1, NQ_MAX_KV_POOL_PAGES]; every page starts poisoned (NaN). NQ_E_OUT_OF_MEMORY when the device cannot
+ * hold it. */
+NQ_API int nq_kv_pool_create(nq_model* m, int32_t n_pages, nq_kv_pool** out);
+/* Fill these pages (ids in range; n in [0, the pool's n_pages]) with NaN in every layer: a page handed to a new
+ * owner, so a read of a row nobody wrote since shows in the logits. Waits until done. */
+NQ_API int nq_kv_pool_poison(nq_kv_pool* p, const int32_t* pages, int32_t n);
+/* Release the caller's handle; the device memory goes when the last session made on the pool is freed too. */
+NQ_API void nq_kv_pool_free(nq_kv_pool* p);
+/* A session whose KV rows live in `pool`'s pages (pool of model m) instead of a cache of its own, through a page
+ * table of up to ceil(max_context / NQ_KV_PAGE_TOKENS) entries. It starts with no pages: nothing runs on it
+ * until nq_session_set_pages gives it some, and its tokens must fit in them (NQ_E_CONTEXT_FULL otherwise; also
+ * for nq_generate, which stops early at the last position its pages hold). Everything else as nq_session_create;
+ * the sessions of one pool share the pool's prefill buffers, so their prefills run one at a time. */
+NQ_API int nq_session_create_pooled(nq_model* m, nq_kv_pool* pool, int32_t max_context, const nq_sampling* sampling,
+                                    nq_session** out);
+/* Set the page table of a pooled session: logical page i -> pool page pages[i] (n_pages in [0, ceil(max_context /
+ * NQ_KV_PAGE_TOKENS)], ids in range and distinct), and its position (in [0, min(n_pages * NQ_KV_PAGE_TOKENS,
+ * max_context)]): the rows of positions before it are already in those pages (a cached prefix, or the session's
+ * own earlier tokens). Growing the table at the same position keeps the session's logits; any other position
+ * drops them (prefill or decode first). Uploads only the entries that changed. */
+NQ_API int nq_session_set_pages(nq_session* s, const int32_t* pages, int32_t n_pages, int32_t position);
+
 /* Batched decode: one token for each of n sessions of one model in one forward pass (the weights are read once per
  * step for all of them). max_batch in [1, NQ_MAX_BATCH]. */
 #define NQ_MAX_BATCH 256
 NQ_API int nq_batch_create(nq_model* m, int32_t max_batch, nq_batch** out);
 /* sessions[i] (n in [1, max_batch] distinct sessions of the batch's model, not in use by another call) takes
  * tokens[i] at its position; next_tokens[i] is then sampled with that session's sampling settings (its own device
- * sampler state, as nq_generate); logits: NULL, or n * vocab_rows floats that receive each sequence's logits. Every
- * position advances by one; afterwards nq_get_logits of these sessions fails until their next nq_decode or
- * nq_prefill. A session at its max_context: NQ_E_CONTEXT_FULL, and nothing is done. */
+ * sampler state, as nq_generate); logits: NULL (n_logits 0), or n_logits * vocab_rows floats that receive the logits
+ * of sessions 0 .. n_logits - 1 (n_logits in [0, n]: a caller that samples some sequences itself puts them first and
+ * copies only their rows). Every position advances by one; afterwards nq_get_logits of these sessions fails until
+ * their next nq_decode or nq_prefill. A session at its max_context (a pooled one: at the end of its pages):
+ * NQ_E_CONTEXT_FULL, and nothing is done. */
 NQ_API int nq_decode_batch(nq_batch* b, nq_session* const* sessions, const int32_t* tokens, int32_t n,
-                           int32_t* next_tokens, float* logits);
+                           int32_t* next_tokens, float* logits, int32_t n_logits);
 NQ_API void nq_batch_free(nq_batch* b);
 
 #ifdef __cplusplus

@@ -33,6 +33,11 @@ NQ_API int nq_test_gemm_int4(const uint32_t* qweight, const uint16_t* scales, in
 NQ_API int nq_test_gemm_int4_multi(int32_t nseg, const uint32_t* const* qweights, const uint16_t* const* scales,
                                    const int32_t* Ns, int32_t K, int32_t group, const float* A, int32_t M,
                                    int32_t lda, const float* const* bias, float* C, int32_t ldc, int32_t add);
+/* The MLP's first half, gemm_swiglu: H = silu(A @ gate^T) * (A @ up^T) as f16 bits (M, N); gate/up uint32 (N, K/8),
+ * f16-bit scales (N, K/group); A f32 (M, K) (rounded to f16). */
+NQ_API int nq_test_gemm_swiglu(const uint32_t* q_gate, const uint16_t* s_gate, const uint32_t* q_up,
+                               const uint16_t* s_up, int32_t N, int32_t K, int32_t group, const float* A, int32_t M,
+                               uint16_t* H);
 /* Decode attention for one query position: q[n_heads*D] f32 (already roped), K/V[(pos+1), n_kv, D] f32
  * (already roped); returns out[n_heads*D]. keys_per_split sets the split size (multiple of 32). */
 NQ_API int nq_test_attention(const float* q, const float* k, const float* v, int32_t n_heads, int32_t n_kv,
@@ -43,6 +48,12 @@ NQ_API int nq_test_attention_prefill(const float* q, const float* k, const float
                                      int32_t head_dim, int32_t n_pos, int32_t M, float* out);
 /* Sample from logits[V] with the device sampler; returns the token in *out. */
 NQ_API int nq_test_sample(const float* logits, int32_t V, const nq_sampling* sp, uint64_t counter, int32_t* out);
+
+/* The argument rule of nq_session_set_pages (host only, no device needed): NQ_OK or NQ_E_INVALID_ARG with the
+ * message nq_session_set_pages gives, for a session of max_context whose page table has max_pages entries on a pool
+ * of pool_pages pages. */
+NQ_API int nq_test_check_pages(int32_t pool_pages, int32_t max_pages, int32_t max_context, const int32_t* pages,
+                               int32_t n_pages, int32_t position);
 
 /* ms per launch of `iters` int4 GEMV launches (> 512 MB of weight copies rotated, never L2-resident). mode 0: f32
  * input with the RMSNorm prologue (qkv-like), 1: f16 input + residual add (o/down-like), 2: SwiGLU over two N x K

@@ -3,6 +3,7 @@
 #include "batch.h"
 #include "session.h"
 #include "format_contract.h"
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <new>
@@ -12,8 +13,10 @@
 struct nq_model { nq::Model* m; };
 struct nq_session { nq::Session* s; };
 struct nq_batch { nq::Batch* b; };
+struct nq_kv_pool { nq::KvPool* p; };
 
 using nq::fail;
+static_assert(NQ_KV_PAGE_TOKENS == nq::kPage, "nanoqwen.h's page size is the format contract's");
 
 #define NQ_GUARD_BEGIN try {
 #define NQ_GUARD_END                                                                        \
@@ -38,6 +41,11 @@ int check_tokens(const nq::Session& s, const int32_t* tokens, int32_t n) {
     if (tokens[i] < 0 || tokens[i] >= V)
       return fail(NQ_E_INVALID_ARG, "token id %d at index %d out of range [0, %d)", tokens[i], i, V);
   return NQ_OK;
+}
+
+// What bounds a session's positions, for the context-full messages.
+const char* room(const nq::Session& s) {
+  return s.pool && s.capacity() < s.max_ctx ? "the positions its pages hold:" : "max_context";
 }
 
 // The JSON of nq_abi_describe (built once): sizes and offsets from sizeof/offsetof of the real structs, status codes
@@ -99,6 +107,31 @@ std::string describe_json() {
 
 }  // namespace
 
+namespace nq {
+
+int check_session_pages(int pool_pages, int max_pages, int max_ctx, const int32_t* pages, int n, int position) {
+  if (n < 0 || n > max_pages)
+    return fail(NQ_E_INVALID_ARG, "set_pages: %d pages outside [0, %d] (the session's max_context %d)", n, max_pages,
+                max_ctx);
+  if (n > 0 && !pages) return fail(NQ_E_INVALID_ARG, "set_pages: NULL page list");
+  for (int i = 0; i < n; i++)
+    if (pages[i] < 0 || pages[i] >= pool_pages)
+      return fail(NQ_E_INVALID_ARG, "set_pages: page id %d at index %d out of range [0, %d)", pages[i], i, pool_pages);
+  if (n > 1) {
+    std::vector<int32_t> sorted(pages, pages + n);
+    std::sort(sorted.begin(), sorted.end());
+    const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+    if (dup != sorted.end()) return fail(NQ_E_INVALID_ARG, "set_pages: page id %d listed twice", *dup);
+  }
+  const int held = std::min(max_ctx, n * kPage);
+  if (position < 0 || position > held)
+    return fail(NQ_E_INVALID_ARG, "set_pages: position %d outside [0, %d] (%d pages of %d positions, max_context %d)",
+                position, held, n, kPage, max_ctx);
+  return NQ_OK;
+}
+
+}  // namespace nq
+
 extern "C" {
 
 const char* nq_last_error(void) { return nq::last_error(); }
@@ -113,6 +146,20 @@ int nq_device_count(void) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) { cudaGetLastError(); return 0; }
   return n;
+}
+
+int nq_device_memory(uint64_t* free_bytes, uint64_t* total_bytes) {
+  if (!free_bytes || !total_bytes) return fail(NQ_E_INVALID_ARG, "nq_device_memory: NULL argument");
+  size_t f = 0, t = 0;
+  const cudaError_t e = cudaMemGetInfo(&f, &t);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return fail(e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ? NQ_E_NO_DEVICE : NQ_E_CUDA,
+                "cudaMemGetInfo: %s", cudaGetErrorString(e));
+  }
+  *free_bytes = f;
+  *total_bytes = t;
+  return NQ_OK;
 }
 
 int nq_model_check(const char* path) {
@@ -169,6 +216,70 @@ int nq_session_create(nq_model* m, int32_t max_context, const nq_sampling* sampl
   NQ_GUARD_END
 }
 
+int nq_kv_page_bytes(const nq_model* m, uint64_t* bytes) {
+  if (!m || !bytes) return fail(NQ_E_INVALID_ARG, "nq_kv_page_bytes: NULL argument");
+  *bytes = nq::kv_page_bytes(m->m->cfg);
+  return NQ_OK;
+}
+
+int nq_kv_pool_create(nq_model* m, int32_t n_pages, nq_kv_pool** out) {
+  if (!m || !out) return fail(NQ_E_INVALID_ARG, "nq_kv_pool_create: NULL argument");
+  if (n_pages < 1 || n_pages > NQ_MAX_KV_POOL_PAGES)
+    return fail(NQ_E_INVALID_ARG, "KV pool of %d pages outside [1, %d]", n_pages, NQ_MAX_KV_POOL_PAGES);
+  NQ_GUARD_BEGIN
+  nq::KvPool* p = nullptr;
+  NQ_TRY(nq::kv_pool_create(m->m, n_pages, &p));
+  *out = new nq_kv_pool{p};
+  return NQ_OK;
+  NQ_GUARD_END
+}
+
+int nq_kv_pool_poison(nq_kv_pool* p, const int32_t* pages, int32_t n) {
+  if (!p) return fail(NQ_E_INVALID_ARG, "nq_kv_pool_poison: NULL pool");
+  if (n < 0 || n > p->p->n_pages || (n > 0 && !pages))
+    return fail(NQ_E_INVALID_ARG, "kv_pool_poison: %d pages outside [0, %d] or a NULL list", n, p->p->n_pages);
+  for (int32_t i = 0; i < n; i++)
+    if (pages[i] < 0 || pages[i] >= p->p->n_pages)
+      return fail(NQ_E_INVALID_ARG, "kv_pool_poison: page id %d at index %d out of range [0, %d)", pages[i], i,
+                  p->p->n_pages);
+  NQ_GUARD_BEGIN
+  return nq::kv_pool_poison(p->p, pages, n);
+  NQ_GUARD_END
+}
+
+void nq_kv_pool_free(nq_kv_pool* p) {
+  if (!p) return;
+  nq::kv_pool_release(p->p);
+  delete p;
+}
+
+int nq_session_create_pooled(nq_model* m, nq_kv_pool* pool, int32_t max_context, const nq_sampling* sampling,
+                             nq_session** out) {
+  if (!m || !pool || !out) return fail(NQ_E_INVALID_ARG, "nq_session_create_pooled: NULL argument");
+  if (pool->p->m != m->m) return fail(NQ_E_INVALID_ARG, "nq_session_create_pooled: the pool belongs to another model");
+  const int32_t max_pos = m->m->cfg.max_positions;
+  if (max_context <= 0 || max_context > max_pos)
+    return fail(NQ_E_INVALID_ARG, "max_context %d out of range [1, %d]", max_context, max_pos);
+  NQ_TRY(check_sampling(sampling));
+  NQ_GUARD_BEGIN
+  nq::Session* s = nullptr;
+  NQ_TRY(nq::session_create_pooled(m->m, pool->p, max_context, sampling, &s));
+  *out = new nq_session{s};
+  return NQ_OK;
+  NQ_GUARD_END
+}
+
+int nq_session_set_pages(nq_session* s, const int32_t* pages, int32_t n_pages, int32_t position) {
+  if (!s) return fail(NQ_E_INVALID_ARG, "nq_session_set_pages: NULL session");
+  nq::Session* ss = s->s;
+  if (!ss->pool)
+    return fail(NQ_E_INVALID_ARG, "set_pages: the session has a KV cache of its own (nq_session_create), not a pool's");
+  NQ_TRY(nq::check_session_pages(ss->pool->n_pages, ss->max_pages, ss->max_ctx, pages, n_pages, position));
+  NQ_GUARD_BEGIN
+  return nq::session_set_pages(ss, pages, n_pages, position);
+  NQ_GUARD_END
+}
+
 int nq_session_set_sampling(nq_session* s, const nq_sampling* sampling) {
   if (!s) return fail(NQ_E_INVALID_ARG, "nq_session_set_sampling: NULL session");
   NQ_TRY(check_sampling(sampling));
@@ -190,8 +301,9 @@ int nq_prefill(nq_session* s, const int32_t* tokens, int32_t n) {
   if (!s || !tokens) return fail(NQ_E_INVALID_ARG, "nq_prefill: NULL argument");
   if (n <= 0) return fail(NQ_E_INVALID_ARG, "prefill: no tokens");
   NQ_TRY(check_tokens(*s->s, tokens, n));
-  if ((long long)s->s->pos + n > s->s->max_ctx)
-    return fail(NQ_E_CONTEXT_FULL, "context full: position %d + %d tokens > max_context %d", s->s->pos, n, s->s->max_ctx);
+  if ((long long)s->s->pos + n > s->s->capacity())
+    return fail(NQ_E_CONTEXT_FULL, "context full: position %d + %d tokens > %s %d", s->s->pos, n, room(*s->s),
+                s->s->capacity());
   NQ_GUARD_BEGIN
   return nq::session_prefill(s->s, tokens, n, nullptr);
   NQ_GUARD_END
@@ -200,8 +312,9 @@ int nq_prefill(nq_session* s, const int32_t* tokens, int32_t n) {
 int nq_decode(nq_session* s, int32_t token) {
   if (!s) return fail(NQ_E_INVALID_ARG, "nq_decode: NULL session");
   NQ_TRY(check_tokens(*s->s, &token, 1));
-  if (s->s->pos + 1 > s->s->max_ctx)
-    return fail(NQ_E_CONTEXT_FULL, "context full: position %d + 1 token > max_context %d", s->s->pos, s->s->max_ctx);
+  if (s->s->pos + 1 > s->s->capacity())
+    return fail(NQ_E_CONTEXT_FULL, "context full: position %d + 1 token > %s %d", s->s->pos, room(*s->s),
+                s->s->capacity());
   return nq::session_decode(s->s, token);
 }
 
@@ -218,8 +331,8 @@ int nq_logits_all(nq_session* s, const int32_t* tokens, int32_t n, float* out) {
   if (!s || !tokens || !out) return fail(NQ_E_INVALID_ARG, "nq_logits_all: NULL argument");
   if (n <= 0) return fail(NQ_E_INVALID_ARG, "logits_all: no tokens");
   NQ_TRY(check_tokens(*s->s, tokens, n));
-  if (n > s->s->max_ctx)
-    return fail(NQ_E_CONTEXT_FULL, "context full: %d tokens > max_context %d", n, s->s->max_ctx);
+  if (n > s->s->capacity())
+    return fail(NQ_E_CONTEXT_FULL, "context full: %d tokens > %s %d", n, room(*s->s), s->s->capacity());
   NQ_GUARD_BEGIN
   NQ_TRY(nq::session_reset(s->s));
   return nq::session_prefill(s->s, tokens, n, out);
@@ -233,7 +346,8 @@ int nq_generate(nq_session* s, int32_t max_new, const int32_t* stop_ids, int32_t
   if (max_new < 0) return fail(NQ_E_INVALID_ARG, "max_new %d < 0", max_new);
   if (max_new > 0) {
     if (!s->s->have_logits) return fail(NQ_E_INVALID_ARG, "generate: no logits yet (prefill first)");
-    if (s->s->pos >= s->s->max_ctx) return fail(NQ_E_CONTEXT_FULL, "context full at position %d", s->s->pos);
+    if (s->s->pos >= s->s->capacity())
+      return fail(NQ_E_CONTEXT_FULL, "context full at position %d (%s %d)", s->s->pos, room(*s->s), s->s->capacity());
   }
   NQ_GUARD_BEGIN
   return nq::session_generate(s->s, max_new, stop_ids, n_stop, cb, user, out_tokens, n_out);
@@ -299,10 +413,13 @@ int nq_batch_create(nq_model* m, int32_t max_batch, nq_batch** out) {
 }
 
 int nq_decode_batch(nq_batch* b, nq_session* const* sessions, const int32_t* tokens, int32_t n, int32_t* next_tokens,
-                    float* logits) {
+                    float* logits, int32_t n_logits) {
   if (!b || !sessions || !tokens || !next_tokens) return fail(NQ_E_INVALID_ARG, "nq_decode_batch: NULL argument");
   if (n < 1 || n > b->b->max_batch)
     return fail(NQ_E_INVALID_ARG, "nq_decode_batch: n %d out of range [1, %d]", n, b->b->max_batch);
+  if (n_logits < 0 || n_logits > n || (n_logits > 0) != (logits != nullptr))
+    return fail(NQ_E_INVALID_ARG, "nq_decode_batch: n_logits %d outside [0, n = %d] or disagrees with logits (%s)",
+                n_logits, n, logits ? "given" : "NULL");
   NQ_GUARD_BEGIN
   std::vector<nq::Session*> ss(n);
   for (int32_t i = 0; i < n; i++) {
@@ -312,11 +429,12 @@ int nq_decode_batch(nq_batch* b, nq_session* const* sessions, const int32_t* tok
     for (int32_t j = 0; j < i; j++)
       if (ss[j] == s) return fail(NQ_E_INVALID_ARG, "nq_decode_batch: session %d appears twice (also at %d)", i, j);
     NQ_TRY(check_tokens(*s, tokens + i, 1));
-    if (s->pos + 1 > s->max_ctx)
-      return fail(NQ_E_CONTEXT_FULL, "context full: session %d at position %d, max_context %d", i, s->pos, s->max_ctx);
+    if (s->pos + 1 > s->capacity())
+      return fail(NQ_E_CONTEXT_FULL, "context full: session %d at position %d, %s %d", i, s->pos, room(*s),
+                  s->capacity());
     ss[i] = s;
   }
-  return nq::batch_decode(b->b, ss.data(), tokens, n, next_tokens, logits);
+  return nq::batch_decode(b->b, ss.data(), tokens, n, next_tokens, logits, n_logits);
   NQ_GUARD_END
 }
 

@@ -341,7 +341,9 @@ __global__ void __launch_bounds__(kAttnThreads) attn_prefill_kernel(const AttnAr
   PrefSmem<D>& S = *reinterpret_cast<PrefSmem<D>*>(attn_smem);
   pdl_wait();
   pdl_trigger();
-  const int h = blockIdx.x, t0 = blockIdx.y * kPQ;
+  // the token tiles in reverse: blocks start in blockIdx order, and a later tile reads more keys (causal), so the
+  // longest blocks start first and the short ones fill the last wave (a grid of several waves: long prompts)
+  const int h = blockIdx.x, t0 = (gridDim.y - 1 - blockIdx.y) * kPQ;
   const int G = a.n_heads / a.n_kv, R = kPQ * G;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int pos0 = *a.pos0;
@@ -352,16 +354,22 @@ __global__ void __launch_bounds__(kAttnThreads) attn_prefill_kernel(const AttnAr
   if (ntiles > 1) load_tile_rows<D>(a, S, 1, kKT, n_keys, h);
 
   const float qscale = 1.4426950408889634f * rsqrtf((float)D);
-  for (int i = tid; i < kPR * (D / 2); i += kAttnThreads) {
-    const int r = i / (D / 2), d = i % (D / 2), tq = r / G, hg = r % G;
-    float y0 = 0.f, y1 = 0.f;
-    if (r < R && tq < nq) {
-      const float* qin = a.qkv + (size_t)(t0 + tq) * a.qkv_stride + (h * G + hg) * D;
-      const float2 cs = a.rope[(size_t)(pos0 + t0 + tq) * (D / 2) + d];
-      const float x0 = qin[d], x1 = qin[d + D / 2];
-      y0 = (x0 * cs.x - x1 * cs.y) * qscale;
-      y1 = (x1 * cs.x + x0 * cs.y) * qscale;
-    }
+  // kPR * D/2 pairs over the block's threads, unrolled so that several iterations' global loads (q from QKV, the
+  // rope row) are in flight at once instead of one L2 round trip per iteration
+  static_assert(kPR * (D / 2) % kAttnThreads == 0, "q staging: whole iterations per thread");
+#pragma unroll 8
+  for (int it = 0; it < kPR * (D / 2) / kAttnThreads; it++) {
+    const int i = tid + it * kAttnThreads;
+    const int r = i / (D / 2), d = i % (D / 2);
+    // rows past R or past the block's tokens are zero; they load row 0's values (token t0 exists) instead of
+    // branching, so the loads of the unrolled iterations issue together
+    const bool valid = r < R && r / G < nq;
+    const int tq = valid ? r / G : 0, hg = valid ? r % G : 0;
+    const float* qin = a.qkv + (size_t)(t0 + tq) * a.qkv_stride + (h * G + hg) * D;
+    const float2 cs = a.rope[(size_t)(pos0 + t0 + tq) * (D / 2) + d];
+    const float x0 = qin[d], x1 = qin[d + D / 2];
+    const float y0 = valid ? (x0 * cs.x - x1 * cs.y) * qscale : 0.f;
+    const float y1 = valid ? (x1 * cs.x + x0 * cs.y) * qscale : 0.f;
     S.q[r][d] = __float2half_rn(y0);
     S.q[r][d + D / 2] = __float2half_rn(y1);
   }

@@ -24,6 +24,7 @@ void drop_graphs(Batch* b) {
 Batch::~Batch() {
   if (st) cudaStreamSynchronize(st);
   drop_graphs(this);
+  gemm_scratch_free(&gemm_ws);
   void* dev[] = {d_tokens, d_pos, d_kv, d_pt, d_pos_of, d_next, d_samp, X, Xn, QKV, ATT, G, U, HM, logits, part_o, part_ml,
                  counters, d_rope};
   for (void* p : dev)
@@ -119,7 +120,8 @@ int bind(Batch* b, Session* const* ss, int n) {
 }
 }  // namespace
 
-int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int32_t* next, float* logits_host) {
+int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int32_t* next, float* logits_host,
+                 int n_logits) {
   const Model& m = *b->m;
   const nq_config& c = m.cfg;
   const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_rows;
@@ -155,7 +157,7 @@ int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int
         const LinW W3[3] = {L.q, L.k, L.v};
         float* const C3[3] = {b->QKV, b->QKV + Nq, b->QKV + Nq + Nkv};
         const float* const B3[3] = {L.bq, L.bk, L.bv};
-        NQ_TRY(gemm_multi(W3, C3, B3, 3, b->Xn, H, n, Nqkv, false, st));
+        NQ_TRY(gemm_multi(W3, C3, B3, 3, b->Xn, H, n, Nqkv, false, st, &b->gemm_ws));
       }
       AttnArgs aa;
       aa.qkv = b->QKV; aa.qkv_stride = Nqkv; aa.M = n; aa.pos0 = b->d_pos;
@@ -180,16 +182,10 @@ int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int
         }
         continue;
       }
-      NQ_TRY(gemm(L.o, b->ATT, Nq, n, b->X, H, nullptr, true, st));
+      NQ_TRY(gemm(L.o, b->ATT, Nq, n, b->X, H, nullptr, true, st, &b->gemm_ws));
       NQ_TRY(rmsnorm_rows(b->X, L.ln2, n, H, eps, b->Xn, st));
-      {
-        const LinW W2[2] = {L.gate, L.up};
-        float* const C2[2] = {b->G, b->U};
-        const float* const B2[2] = {nullptr, nullptr};
-        NQ_TRY(gemm_multi(W2, C2, B2, 2, b->Xn, H, n, I, false, st));
-      }
-      NQ_TRY(swiglu_rows(b->G, b->U, n, I, b->HM, st));
-      NQ_TRY(gemm(L.down, b->HM, I, n, b->X, H, nullptr, true, st));
+      NQ_TRY(gemm_swiglu(L.gate, L.up, b->Xn, H, n, b->G, b->U, b->HM, st, &b->gemm_ws));
+      NQ_TRY(gemm(L.down, b->HM, I, n, b->X, H, nullptr, true, st, &b->gemm_ws));
     }
     if (rows) {
       for (int i = 0; i < n; i++) {
@@ -200,21 +196,24 @@ int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int
       }
     } else {
       NQ_TRY(rmsnorm_rows(b->X, m.final_norm, n, H, eps, b->Xn, st));
-      NQ_TRY(gemm(m.lm_head, b->Xn, H, n, b->logits, V, nullptr, false, st));
+      NQ_TRY(gemm(m.lm_head, b->Xn, H, n, b->logits, V, nullptr, false, st, &b->gemm_ws));
     }
     NQ_TRY(sample_rows(b->d_samp, n, st));   // one block per sequence, its session's settings (bound above)
     NQ_TRY(advance_positions(b->d_pos_of, b->d_pos, n, st));
     NQ_CUDA(cudaMemcpyAsync(b->h_io, b->d_next, n * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
     return NQ_OK;
   };
-  // first step for this n: run it as is; second: capture it; then replay (the ungraphed step spent ~1 ms a step on
-  // its ~260 launches at 32 rows, bench/NOTES.md)
+  // first step for this n: run it as is; second: capture it; then replay (its ~260 launches at 32 rows, ungraphed,
+  // cost ~0.3 ms of host time a step: bench/NOTES.md "Session 7")
   int rc = NQ_OK;
   if (b->graphs[n]) {
     const cudaError_t e = cudaGraphLaunch(b->graphs[n], st);
     if (e != cudaSuccess) rc = fail(cuda_status(e), "batched decode graph launch: %s", cudaGetErrorString(e));
   } else if (!b->warm[n]) {
+    const void* scratch = b->gemm_ws.p;
     rc = run();
+    // a GEMM that needed more split-K scratch moved it: the graphs of other sizes captured the old address
+    if (b->gemm_ws.p != scratch) drop_graphs(b);
     b->warm[n] = rc == NQ_OK;
   } else {
     cudaGraph_t g = nullptr;
@@ -231,8 +230,9 @@ int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int
     if (rc == NQ_OK && (e = cudaGraphLaunch(b->graphs[n], st)) != cudaSuccess)
       rc = fail(cuda_status(e), "batched decode graph launch: %s", cudaGetErrorString(e));
   }
-  if (rc == NQ_OK && logits_host) {
-    const cudaError_t e = cudaMemcpyAsync(logits_host, b->logits, (size_t)n * V * sizeof(float), cudaMemcpyDeviceToHost, st);
+  if (rc == NQ_OK && n_logits > 0) {   // the first n_logits rows only (the caller's host-sampled sequences)
+    const cudaError_t e = cudaMemcpyAsync(logits_host, b->logits, (size_t)n_logits * V * sizeof(float),
+                                          cudaMemcpyDeviceToHost, st);
     if (e != cudaSuccess) rc = fail(cuda_status(e), "batched decode logits: %s", cudaGetErrorString(e));
   }
   const cudaError_t e = cudaStreamSynchronize(st);

@@ -34,11 +34,13 @@ struct Batch {
   float* part_o = nullptr;         // attention partials [max_batch][n_heads][n_split][D]
   float* part_ml = nullptr;        // [max_batch][n_heads][n_split][2]
   int* counters = nullptr;         // [max_batch][n_kv], zero between launches
+  GemmScratch gemm_ws;             // split-K scratch of the step's GEMMs (this batch's stream only)
   float2* d_rope = nullptr;        // [rope_ctx][D/2] the rope table (a function of the position only: every session's
   int rope_ctx = 0;                // table is a prefix of the longest one), grown when a longer session is bound
   // the step for n sequences captured as a graph: graphs[n] (null until n has run once uncaptured, which sets every
   // launch's one-time state, warm[n], then captured at its second step). The graph reads its per-step inputs from
-  // the buffers above, so it does not depend on which sessions are bound; it is dropped when d_rope moves.
+  // the buffers above, so it does not depend on which sessions are bound; it is dropped when d_rope or the split-K
+  // scratch moves.
   std::vector<cudaGraphExec_t> graphs;
   std::vector<char> warm;
   ~Batch();
@@ -46,8 +48,10 @@ struct Batch {
 
 int batch_create(Model* m, int max_batch, Batch** out);
 // sessions[i] takes tokens[i] at its position; next[i] is then sampled with sessions[i]'s settings (its device
-// sampler state), logits (n x vocab_rows host floats) if not null. Every position advances by one. The C ABI
-// (api.cpp) has checked the arguments: distinct idle sessions of b's model, tokens in range, room in every context.
-int batch_decode(Batch* b, Session* const* sessions, const int32_t* tokens, int n, int32_t* next, float* logits);
+// sampler state); the logits of sessions 0 .. n_logits - 1 go to `logits` (n_logits x vocab_rows host floats; NULL
+// when n_logits is 0). Every position advances by one. The C ABI (api.cpp) has checked the arguments: distinct idle
+// sessions of b's model, tokens in range, room in every context, n_logits in [0, n].
+int batch_decode(Batch* b, Session* const* sessions, const int32_t* tokens, int n, int32_t* next, float* logits,
+                 int n_logits);
 
 }  // namespace nq

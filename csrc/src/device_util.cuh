@@ -15,6 +15,10 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+// The MLP's activation product, rounded once to f16: silu(g) * u = g / (1 + e^-g) * u (every SwiGLU path: the
+// decode GEMV's epilogue and swiglu_rows, so that they agree bit for bit on the same g, u)
+__device__ __forceinline__ __half swiglu_f16(float g, float u) { return __float2half_rn(g / (1.f + __expf(-g)) * u); }
+
 // Sum over the block; `red` is >= 32 floats of shared memory. Every thread gets the result.
 __device__ __forceinline__ float block_sum(float v, float* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;

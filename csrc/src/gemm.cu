@@ -81,8 +81,13 @@ bool wgmma_available(int* sms) {
 }
 }  // namespace
 
+void gemm_scratch_free(GemmScratch* ws) {
+  if (ws->p) cudaFree(ws->p);
+  *ws = GemmScratch{};
+}
+
 int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, const __half* A, int lda, int M,
-               int ldc, bool add, cudaStream_t st) {
+               int ldc, bool add, cudaStream_t st, GemmScratch* ws) {
   if (n < 1 || n > 3) return fail(NQ_E_INVALID_ARG, "gemm: %d segments (1..3)", n);
   for (int i = 0; i < n; i++) {
     if (M <= 0 || W[i].K % BK != 0 || lda % 8 != 0)
@@ -95,7 +100,7 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
   bool same = true;
   for (int i = 1; i < n; i++) same = same && W[i].K == W[0].K && W[i].type == W[0].type;
   if (!same) {  // segments of different K or dtype: one launch each
-    for (int i = 0; i < n; i++) NQ_TRY(gemm_multi(W + i, C + i, bias + i, 1, A, lda, M, ldc, add, st));
+    for (int i = 0; i < n; i++) NQ_TRY(gemm_multi(W + i, C + i, bias + i, 1, A, lda, M, ldc, add, st, ws));
     return NQ_OK;
   }
   GemmGroup g;
@@ -135,10 +140,10 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
       const int splits = choose_splits((long long)((M + tn - 1) / tn) * wt, W[0].K / WG_KB, /*blocks_per_sm=*/1,
                                        kSmallMaxSplits, kSmallMinStages, /*fill_rounds=*/true);
       if (tn == 16)
-        return launch_int4_wgmma<16, kSmallWgs, kSmallStages, kSmallSub>(g, wt, A, lda, M, ldc, add, splits, st);
+        return launch_int4_wgmma<16, kSmallWgs, kSmallStages, kSmallSub>(g, wt, A, lda, M, ldc, add, splits, st, ws);
       if (tn == 32)
-        return launch_int4_wgmma<32, kSmallWgs, kSmallStages, kSmallSub>(g, wt, A, lda, M, ldc, add, splits, st);
-      return launch_int4_wgmma<64, kSmallWgs, 6, 2>(g, wt, A, lda, M, ldc, add, splits, st);
+        return launch_int4_wgmma<32, kSmallWgs, kSmallStages, kSmallSub>(g, wt, A, lda, M, ldc, add, splits, st, ws);
+      return launch_int4_wgmma<64, kSmallWgs, 6, 2>(g, wt, A, lda, M, ldc, add, splits, st, ws);
     }
     return launch_int4_mma<kMmaStages, kMmaBlocksPerSm>(g, count_tiles(MM_BN), A, lda, M, ldc, add,
                                                         /*allow_split=*/true, st);
@@ -149,9 +154,19 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
   return fail(NQ_E_UNSUPPORTED, "gemm: weight type %d", W[0].type);
 }
 
+int gemm_swiglu(const LinW& gate, const LinW& up, const __half* A, int lda, int M, float* G, float* U, __half* H,
+                cudaStream_t st, GemmScratch* ws) {
+  const int I = gate.N;
+  const LinW W[2] = {gate, up};
+  float* const C2[2] = {G, U};
+  const float* const B2[2] = {nullptr, nullptr};
+  NQ_TRY(gemm_multi(W, C2, B2, 2, A, lda, M, I, false, st, ws));
+  return swiglu_rows(G, U, M, I, H, st);
+}
+
 int gemm(const LinW& W, const __half* A, int lda, int M, float* C, int ldc, const float* bias, bool add,
-         cudaStream_t st) {
-  return gemm_multi(&W, &C, &bias, 1, A, lda, M, ldc, add, st);
+         cudaStream_t st, GemmScratch* ws) {
+  return gemm_multi(&W, &C, &bias, 1, A, lda, M, ldc, add, st, ws);
 }
 
 }  // namespace nq

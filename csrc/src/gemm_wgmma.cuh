@@ -44,6 +44,7 @@
 #pragma once
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <algorithm>
 #include "gemm_kernels.cuh"
 #include "wgmma_rs.cuh"
 
@@ -70,9 +71,7 @@ struct WgCfg {
   static constexpr int kSubBytes = kActBytes + kWBytes;
   static constexpr int kStageBytes = KSUB * kSubBytes;  // a stage: KSUB sub-tiles, each [activations][W words]
   static constexpr int kSmem = STAGES * kStageBytes + 2 * STAGES * 8 + 1024;  // + mbarriers + 1024-B alignment slack
-  // setmaxnreg split of one block per SM's registers: the producer keeps 40, the consumers take the rest (the launch
-  // gives every thread kLaunchRegs, rounded down to the allocation unit of 8)
-  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8 > 255 ? 255 : (65536 / kThreads) / 8 * 8;
+  // setmaxnreg split of one block per SM's registers: the producer keeps 40, the consumers take the rest
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = WGS == 2 ? 232 : 152;
   static_assert(WGS == 2 || WGS == 3, "2 or 3 consumer warpgroups");
@@ -271,7 +270,10 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
     __threadfence();
     asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
     __shared__ int s_last;
-    if (tid == 0) s_last = atomicAdd(sem + tl, 1) == nz - 1;
+    if (tid == 0) {
+      s_last = atomicAdd(sem + tl, 1) == nz - 1;
+      if (s_last) sem[tl] = 0;  // every split has counted: the counter is zero again for the next launch
+    }
     asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
     if (!s_last) return;
     __threadfence();
@@ -340,7 +342,7 @@ inline bool wg_encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void*
 // `splits` = split-K count (1: none; the few-token builds only), reduced by each tile's last split.
 template <int TN, int WGS, int STAGES, int KSUB>
 int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add, int splits,
-                      cudaStream_t st) {
+                      cudaStream_t st, GemmScratch* ws = nullptr) {
   using C_ = WgCfg<TN, WGS, STAGES, KSUB>;
   auto kern = gemm_int4_wgmma<TN, WGS, STAGES, KSUB>;
   static bool raised = false;
@@ -365,10 +367,28 @@ int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, i
   const int mtiles = (M + TN - 1) / TN;
   int* sem = nullptr;
   float* part = nullptr;
-  if (splits > 1) {
+  bool own = false;  // sem/part allocated for this launch alone
+  const size_t sem_bytes = ((size_t)mtiles * tiles * sizeof(int) + 255) / 256 * 256;
+  const size_t part_bytes = (size_t)splits * mtiles * tiles * C_::kConsumers * (TN / 2) * sizeof(float);
+  if (splits > 1 && ws) {  // the caller's scratch, grown if this launch needs more and the stream is not captured
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    NQ_CUDA(cudaStreamIsCapturing(st, &cs));
+    if ((ws->counter_bytes < sem_bytes || ws->part_bytes < part_bytes) && cs == cudaStreamCaptureStatusNone) {
+      const size_t cb = std::max(ws->counter_bytes, sem_bytes), pb = std::max(ws->part_bytes, part_bytes);
+      if (ws->p) NQ_CUDA(cudaFreeAsync(ws->p, st));
+      *ws = GemmScratch{};
+      NQ_CUDA(cudaMallocAsync(&ws->p, cb + pb, st));
+      NQ_CUDA(cudaMemsetAsync(ws->p, 0, cb, st));
+      ws->counter_bytes = cb, ws->part_bytes = pb;
+    }
+    if (ws->counter_bytes >= sem_bytes && ws->part_bytes >= part_bytes) {
+      sem = static_cast<int*>(ws->p);
+      part = reinterpret_cast<float*>(static_cast<char*>(ws->p) + ws->counter_bytes);
+    }
+  }
+  if (splits > 1 && !sem) {
     // per-launch tile counters + partials, stream-ordered: no state shared between streams or launches
-    const size_t sem_bytes = ((size_t)mtiles * tiles * sizeof(int) + 255) / 256 * 256;
-    const size_t part_bytes = (size_t)splits * mtiles * tiles * C_::kConsumers * (TN / 2) * sizeof(float);
+    own = true;
     if (cudaMallocAsync(reinterpret_cast<void**>(&sem), sem_bytes + part_bytes, st) != cudaSuccess) {
       (void)cudaGetLastError();  // no stream-ordered allocator here: run unsplit
       sem = nullptr;
@@ -381,7 +401,7 @@ int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, i
   dim3 grid(mtiles, tiles, splits > 1 ? splits : 1);
   kern<<<grid, C_::kThreads, C_::kSmem, st>>>(g, tmA, tmW[0], tmW[1], tmW[2], M, ldc, add ? 1 : 0, sem, part);
   NQ_LAUNCH_CHECK("gemm_int4_wgmma");
-  if (sem) NQ_CUDA(cudaFreeAsync(sem, st));
+  if (own && sem) NQ_CUDA(cudaFreeAsync(sem, st));
   return NQ_OK;
 }
 

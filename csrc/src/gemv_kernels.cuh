@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, 3) gemv_rowpair(const GemvArgs a, in
     for (int r = blockIdx.x * kWarps + (threadIdx.x >> 5); r < total_rows; r += stride) {
       float g, u;
       Rows::dot2(row_ref<WT>(a.seg[0], r), row_ref<WT>(a.up, r), true, K, smem, lane, g, u);
-      if (lane == 0) a.out_f16[r] = __float2half_rn(g / (1.f + __expf(-g)) * u);
+      if (lane == 0) a.out_f16[r] = swiglu_f16(g, u);
     }
   } else {
     for (int r = blockIdx.x * kWarps + (threadIdx.x >> 5); r < total_rows; r += 2 * stride) {
@@ -500,7 +500,7 @@ gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds)
       y1 += p[1];
     }
     if (MODE == GEMV_SWIGLU) {
-      a.out_f16[t] = __float2half_rn(y0 / (1.f + __expf(-y0)) * y1);
+      a.out_f16[t] = swiglu_f16(y0, y1);
     } else {
       const float* b;
       int row;

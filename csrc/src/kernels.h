@@ -56,12 +56,25 @@ int gemv_prepare();  // raise dynamic shared-memory limits once per process
 // add into C. C row stride ldc. Tensor cores: INT4 weights through gemm_int4_mma (mma.sync m16n8k16, layout 1
 // unpacked in registers, serial split-K where the grid leaves SMs idle), f16/bf16 weights through the wmma
 // m16n16k16 kernel.
+// Split-K scratch that a caller keeps across launches on ONE stream (the batched decode step): tile counters, which
+// the kernel leaves at zero, then the partial sums. A launch grows it (stream-ordered) when it needs more; under
+// stream capture, where it cannot grow, such a launch allocates its own scratch as launches without one do.
+struct GemmScratch {
+  void* p = nullptr;
+  size_t counter_bytes = 0, part_bytes = 0;
+};
+void gemm_scratch_free(GemmScratch* ws);
 int gemm(const LinW& W, const __half* A, int lda, int M, float* C, int ldc, const float* bias, bool add,
-         cudaStream_t st);
+         cudaStream_t st, GemmScratch* ws = nullptr);
 // n (1..3) weights sharing A in one launch (q/k/v, gate/up): C[i][M, W[i].N] (+)= A @ W[i]^T + bias[i] (may be
 // null), all C[i] with row stride ldc. Segments of different K or dtype fall back to one launch each.
 int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, const __half* A, int lda, int M,
-               int ldc, bool add, cudaStream_t st);
+               int ldc, bool add, cudaStream_t st, GemmScratch* ws = nullptr);
+// The MLP's first half: H[M, I] f16 = silu(A @ gate^T) * (A @ up^T), I = gate.N = up.N, H row stride I: gemm_multi
+// into G and U (f32 [M, I] scratch), then swiglu_rows. (A SwiGLU epilogue in gemm_int4_wgmma measured no faster at
+// 512 tokens on the H200: bench/NOTES.md, session 8.)
+int gemm_swiglu(const LinW& gate, const LinW& up, const __half* A, int lda, int M, float* G, float* U, __half* H,
+                cudaStream_t st, GemmScratch* ws = nullptr);
 // Y[M, K] f16 = rmsnorm(X[M, K] f32) * w
 int rmsnorm_rows(const float* X, const float* w, int M, int K, float eps, __half* Y, cudaStream_t st);
 // H[M, I] f16 = silu(G) * U

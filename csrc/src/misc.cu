@@ -51,8 +51,7 @@ __global__ void rmsnorm_rows_kernel(const float* X, const float* w, int K, float
 
 __global__ void swiglu_rows_kernel(const float* G, const float* U, size_t n, __half* H) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const float g = G[i];
-    H[i] = __float2half_rn(g / (1.f + __expf(-g)) * U[i]);
+    H[i] = swiglu_f16(G[i], U[i]);
   }
 }
 

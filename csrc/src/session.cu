@@ -12,6 +12,10 @@ namespace nq {
 
 Session::~Session() {
   if (st) cudaStreamSynchronize(st);
+  if (pool) {   // the pool's buffers are not this session's to free
+    d_rope = nullptr; d_tokens = nullptr; X = nullptr; Xn = nullptr; QKV = nullptr; ATT = nullptr; G = nullptr;
+    U = nullptr; HM = nullptr;
+  }
   if (decode_only) cudaGraphExecDestroy(decode_only);
   if (decode_only_graph) cudaGraphDestroy(decode_only_graph);
   if (decode_sample) cudaGraphExecDestroy(decode_sample);
@@ -25,6 +29,19 @@ Session::~Session() {
   if (h_ring) cudaFreeHost(h_ring);
   if (h_steer_out) cudaFreeHost(h_steer_out);
   if (st) cudaStreamDestroy(st);
+  if (pool) kv_pool_release(pool);
+}
+
+KvPool::~KvPool() {
+  if (st) cudaStreamSynchronize(st);
+  void* dev[] = {base, d_rope, d_poison, d_tokens, X, Xn, QKV, ATT, G, U, HM};
+  for (void* p : dev)
+    if (p) cudaFree(p);
+  if (st) cudaStreamDestroy(st);
+}
+
+void kv_pool_release(KvPool* p) {
+  if (p && p->refs.fetch_sub(1) == 1) delete p;
 }
 
 namespace {
@@ -72,7 +89,76 @@ std::vector<float2> rope_table(const nq_config& c, int max_ctx) {
 
 }  // namespace
 
-int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) {
+size_t kv_page_bytes(const nq_config& c) {
+  return (size_t)2 * c.n_layers * c.n_kv_heads * kPage * c.head_dim * sizeof(__half);
+}
+
+namespace {
+
+// Every element of the listed pages, keys and values of every layer, to f16 NaN (0xFFFF). grid (pages, layers * 2).
+__global__ void poison_pages_kernel(__half* base, const int32_t* pages, size_t page_elems, size_t pool_elems) {
+  const size_t page = (size_t)pages[blockIdx.x];
+  uint4* p = reinterpret_cast<uint4*>(base + (size_t)blockIdx.y * pool_elems + page * page_elems);
+  const uint4 nan8 = make_uint4(0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu);
+  for (size_t i = threadIdx.x; i < page_elems / 8; i += blockDim.x) p[i] = nan8;
+}
+
+// Elements of one page in one layer's K (or V): [n_kv][kPage][D].
+size_t page_elems(const nq_config& c) { return (size_t)c.n_kv_heads * kPage * c.head_dim; }
+
+}  // namespace
+
+int kv_pool_create(Model* m, int n_pages, KvPool** out) {
+  const nq_config& c = m->cfg;
+  KvPool* p = new KvPool();
+  auto bail = [&](int rc) { delete p; return rc; };
+  p->m = m;
+  p->n_pages = n_pages;
+  p->prefill_chunk = std::min(512, c.max_positions);
+  const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+  const int Nq = c.n_heads * D, Nqkv = Nq + 2 * c.n_kv_heads * D, C = p->prefill_chunk;
+  const size_t layer_elems = (size_t)n_pages * page_elems(c);   // per layer, per K or V
+  cudaError_t e = cudaStreamCreateWithFlags(&p->st, cudaStreamNonBlocking);
+  if (e != cudaSuccess) return bail(fail(cuda_status(e), "cudaStreamCreate: %s", cudaGetErrorString(e)));
+  int rc = NQ_OK;
+  if ((rc = dalloc(&p->base, layer_elems * 2 * c.n_layers, "KV page pool")) ||
+      (rc = dalloc(&p->d_rope, (size_t)c.max_positions * (D / 2), "rope table")) ||
+      (rc = dalloc(&p->d_poison, (size_t)n_pages, "poison page list")) ||
+      (rc = dalloc(&p->d_tokens, C, "prefill tokens")) || (rc = dalloc(&p->X, (size_t)C * H, "X")) ||
+      (rc = dalloc(&p->Xn, (size_t)C * std::max(std::max(H, I), Nq), "Xn")) ||
+      (rc = dalloc(&p->QKV, (size_t)C * Nqkv, "QKV")) || (rc = dalloc(&p->ATT, (size_t)C * Nq, "ATT")) ||
+      (rc = dalloc(&p->G, (size_t)C * I, "G")) || (rc = dalloc(&p->U, (size_t)C * I, "U")) ||
+      (rc = dalloc(&p->HM, (size_t)C * I, "HM")))
+    return bail(rc);
+  p->kv.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; l++) {
+    p->kv[l].k = p->base + (size_t)l * 2 * layer_elems;
+    p->kv[l].v = p->kv[l].k + layer_elems;
+  }
+  const std::vector<float2> rope = rope_table(c, c.max_positions);
+  if ((e = cudaMemcpy(p->d_rope, rope.data(), rope.size() * sizeof(float2), cudaMemcpyHostToDevice)) ||
+      (e = cudaMemset(p->base, 0xFF, layer_elems * 2 * c.n_layers * sizeof(__half))) ||   // every page poisoned
+      (e = cudaDeviceSynchronize()))
+    return bail(fail(cuda_status(e), "KV pool init: %s", cudaGetErrorString(e)));
+  *out = p;
+  return NQ_OK;
+}
+
+int kv_pool_poison(KvPool* p, const int32_t* pages, int n) {
+  if (n == 0) return NQ_OK;
+  const nq_config& c = p->m->cfg;
+  NQ_CUDA(cudaMemcpyAsync(p->d_poison, pages, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, p->st));
+  const size_t pe = page_elems(c);
+  poison_pages_kernel<<<dim3((unsigned)n, (unsigned)(2 * c.n_layers)), 256, 0, p->st>>>(p->base, p->d_poison, pe,
+                                                                                       (size_t)p->n_pages * pe);
+  NQ_CUDA(cudaGetLastError());
+  NQ_CUDA(cudaStreamSynchronize(p->st));
+  return NQ_OK;
+}
+
+namespace {
+
+int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session** out) {
   const nq_config& c = m->cfg;
   static std::atomic<uint64_t> next_serial{1};
   Session* s = new Session();
@@ -84,7 +170,15 @@ int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) 
   const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_rows;
   const int Nq = c.n_heads * D, Nkv = c.n_kv_heads * D, Nqkv = Nq + 2 * Nkv;
   s->max_pages = (max_ctx + kPage - 1) / kPage;
-  s->prefill_chunk = std::min(512, max_ctx);
+  s->prefill_chunk = pool ? pool->prefill_chunk : std::min(512, max_ctx);
+  if (pool) {   // the pool's rows, rope table and prefill buffers; its reference is dropped by ~Session
+    pool->refs.fetch_add(1);
+    s->pool = pool;
+    s->kv = pool->kv;
+    s->d_rope = pool->d_rope;
+    s->d_tokens = pool->d_tokens; s->X = pool->X; s->Xn = pool->Xn; s->QKV = pool->QKV; s->ATT = pool->ATT;
+    s->G = pool->G; s->U = pool->U; s->HM = pool->HM;
+  }
   const int C = s->prefill_chunk;
   // decode attention: up to min(128, 256 / n_kv) splits of at least 32 keys (prefill attention does not split)
   s->kps_decode = 32;
@@ -99,18 +193,19 @@ int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) 
   const size_t part_rows = (size_t)s->nsplit_decode;
   if ((rc = dalloc(&s->d_pos, 1, "pos")) || (rc = dalloc(&s->d_token, 1, "token")) ||
       (rc = dalloc(&s->d_counter, 1, "counter")) || (rc = dalloc(&s->d_samp, 1, "sampling")) || (rc = dalloc(&s->d_page_table, s->max_pages, "page table")) ||
-      (rc = dalloc(&s->d_rope, (size_t)max_ctx * (D / 2), "rope table")) ||
-      (rc = dalloc(&s->kv_base, kv_elems * 2 * c.n_layers, "KV cache")) || (rc = dalloc(&s->x, H, "x")) ||
+      (!pool && (rc = dalloc(&s->d_rope, (size_t)max_ctx * (D / 2), "rope table"))) ||
+      (!pool && (rc = dalloc(&s->kv_base, kv_elems * 2 * c.n_layers, "KV cache"))) || (rc = dalloc(&s->x, H, "x")) ||
       (rc = dalloc(&s->qkv, Nqkv, "qkv")) || (rc = dalloc(&s->att, Nq, "att")) || (rc = dalloc(&s->hmlp, I, "hmlp")) ||
       (rc = dalloc(&s->logits, V, "logits")) ||
       (rc = dalloc(&s->part_o, part_rows * c.n_heads * D, "attention partials")) ||
       (rc = dalloc(&s->part_ml, part_rows * c.n_heads * 2, "attention partials")) ||
       (rc = dalloc(&s->counters, (size_t)c.n_kv_heads, "attention counters")) ||
-      (rc = dalloc(&s->d_tokens, C, "prefill tokens")) || (rc = dalloc(&s->X, (size_t)C * H, "X")) ||
-      (rc = dalloc(&s->Xn, (size_t)C * std::max(std::max(H, I), Nq), "Xn")) ||
-      (rc = dalloc(&s->QKV, (size_t)C * Nqkv, "QKV")) || (rc = dalloc(&s->ATT, (size_t)C * Nq, "ATT")) ||
-      (rc = dalloc(&s->G, (size_t)C * I, "G")) || (rc = dalloc(&s->U, (size_t)C * I, "U")) ||
-      (rc = dalloc(&s->HM, (size_t)C * I, "HM")) || (rc = dalloc(&s->d_steer, V, "steered logits")) ||
+      (!pool && ((rc = dalloc(&s->d_tokens, C, "prefill tokens")) || (rc = dalloc(&s->X, (size_t)C * H, "X")) ||
+                 (rc = dalloc(&s->Xn, (size_t)C * std::max(std::max(H, I), Nq), "Xn")) ||
+                 (rc = dalloc(&s->QKV, (size_t)C * Nqkv, "QKV")) || (rc = dalloc(&s->ATT, (size_t)C * Nq, "ATT")) ||
+                 (rc = dalloc(&s->G, (size_t)C * I, "G")) || (rc = dalloc(&s->U, (size_t)C * I, "U")) ||
+                 (rc = dalloc(&s->HM, (size_t)C * I, "HM")))) ||
+      (rc = dalloc(&s->d_steer, V, "steered logits")) ||
       (rc = dalloc(&s->d_counts, V, "token counts")) || (rc = dalloc(&s->d_mask, (V + 31) / 32, "token mask")) ||
       (rc = dalloc(&s->d_bias_ids, kMaxLogitBias, "logit bias")) ||
       (rc = dalloc(&s->d_bias_vals, kMaxLogitBias, "logit bias")) ||
@@ -126,18 +221,26 @@ int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) 
     if (e == cudaSuccess) e = cudaHostAlloc(&s->h_steer_out, (3 + 2 * kMaxTopLogprobs) * sizeof(float), cudaHostAllocDefault);
     if (e != cudaSuccess) return bail(fail(cuda_status(e), "pinned host buffers: %s", cudaGetErrorString(e)));
   }
-  s->kv.resize(c.n_layers);
-  for (int l = 0; l < c.n_layers; l++) {
-    s->kv[l].k = s->kv_base + (size_t)l * 2 * kv_elems;
-    s->kv[l].v = s->kv[l].k + kv_elems;
+  if (!pool) {
+    s->kv.resize(c.n_layers);
+    for (int l = 0; l < c.n_layers; l++) {
+      s->kv[l].k = s->kv_base + (size_t)l * 2 * kv_elems;
+      s->kv[l].v = s->kv[l].k + kv_elems;
+    }
   }
-  std::vector<int> pt(s->max_pages);
-  for (int i = 0; i < s->max_pages; i++) pt[i] = i;
-  const std::vector<float2> rope = rope_table(c, max_ctx);
+  // a cache of its own: the identity table; a pooled session: page 0 everywhere until session_set_pages (never
+  // read: nothing runs before its pages hold the positions)
+  std::vector<int> pt(s->max_pages, 0);
+  if (!pool)
+    for (int i = 0; i < s->max_pages; i++) pt[i] = i;
   auto fail_cuda = [&](cudaError_t e, const char* what) { return bail(fail(cuda_status(e), "%s: %s", what, cudaGetErrorString(e))); };
   cudaError_t e;
   if ((e = cudaMemcpy(s->d_page_table, pt.data(), pt.size() * 4, cudaMemcpyHostToDevice))) return fail_cuda(e, "page table upload");
-  if ((e = cudaMemcpy(s->d_rope, rope.data(), rope.size() * sizeof(float2), cudaMemcpyHostToDevice))) return fail_cuda(e, "rope upload");
+  if (!pool) {
+    const std::vector<float2> rope = rope_table(c, max_ctx);
+    if ((e = cudaMemcpy(s->d_rope, rope.data(), rope.size() * sizeof(float2), cudaMemcpyHostToDevice)))
+      return fail_cuda(e, "rope upload");
+  }
   if ((e = cudaMemset(s->counters, 0, (size_t)c.n_kv_heads * 4))) return fail_cuda(e, "counters");
   if ((e = cudaMemset(s->d_pos, 0, 4)) || (e = cudaMemset(s->d_token, 0, 4)) || (e = cudaMemset(s->d_counter, 0, 8)) ||
       (e = cudaMemset(s->d_counts, 0, (size_t)V * sizeof(int))))
@@ -159,6 +262,37 @@ int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) 
   }
   if ((e = cudaStreamSynchronize(s->st))) return fail_cuda(e, "session init");
   *out = s;
+  return NQ_OK;
+}
+
+}  // namespace
+
+int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out) {
+  return create(m, nullptr, max_ctx, sp, out);
+}
+
+int session_create_pooled(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session** out) {
+  return create(m, pool, max_ctx, sp, out);
+}
+
+// The caller (the C ABI) checked the list with check_session_pages. Uploads the entries from the first one that
+// changed, and the position, on the session's stream: after its enqueued step (which reads them), before its next
+// one; a batched step synchronizes the session's stream before it starts. The host sources are consumed before the
+// copies return (pageable memory is staged), and the copies have finished when this returns.
+int session_set_pages(Session* s, const int32_t* pages, int n, int position) {
+  int first = 0;
+  while (first < n && first < (int)s->pages.size() && s->pages[first] == pages[first]) first++;
+  if (first < n)
+    NQ_CUDA(cudaMemcpyAsync(s->d_page_table + first, pages + first, (size_t)(n - first) * sizeof(int32_t),
+                            cudaMemcpyHostToDevice, s->st));
+  if (position != s->pos)
+    NQ_CUDA(cudaMemcpyAsync(s->d_pos, &position, sizeof(int), cudaMemcpyHostToDevice, s->st));
+  NQ_CUDA(cudaStreamSynchronize(s->st));
+  s->pages.assign(pages, pages + n);
+  if (position != s->pos) {
+    s->pos = position;
+    s->have_logits = false;
+  }
   return NQ_OK;
 }
 
@@ -283,6 +417,8 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
   const int Nq = c.n_heads * D, Nkv = c.n_kv_heads * D, Nqkv = Nq + 2 * Nkv;
   const float eps = c.rms_norm_eps;
   cudaStream_t st = s->st;
+  std::unique_lock<std::mutex> shared_buffers;   // a pooled session's prefill buffers are the pool's
+  if (s->pool) shared_buffers = std::unique_lock<std::mutex>(s->pool->prefill_mu);
   float* logits_dev = nullptr;
   if (logits_all) NQ_TRY(dalloc(&logits_dev, (size_t)s->prefill_chunk * V, "logits_all"));
   int rc = NQ_OK;
@@ -313,13 +449,7 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
         NQ_TRY(attention(aa, st));
         NQ_TRY(gemm(L.o, s->ATT, Nq, M, s->X, H, nullptr, true, st));
         NQ_TRY(rmsnorm_rows(s->X, L.ln2, M, H, eps, s->Xn, st));
-        {  // gate and up in one launch
-          const LinW W2[2] = {L.gate, L.up};
-          float* const C2[2] = {s->G, s->U};
-          const float* const B2[2] = {nullptr, nullptr};
-          NQ_TRY(gemm_multi(W2, C2, B2, 2, s->Xn, H, M, I, false, st));
-        }
-        NQ_TRY(swiglu_rows(s->G, s->U, M, I, s->HM, st));
+        NQ_TRY(gemm_swiglu(L.gate, L.up, s->Xn, H, M, s->G, s->U, s->HM, st));
         NQ_TRY(gemm(L.down, s->HM, I, M, s->X, H, nullptr, true, st));
       }
       if (logits_dev) {
@@ -372,8 +502,9 @@ int session_generate(Session* s, int max_new, const int32_t* stop, int n_stop, n
   NQ_CUDA(cudaStreamSynchronize(st));  // an enqueued nq_decode finishes first (counter0 below is read off-stream)
   const int start_pos = s->pos;
   // how many tokens can be produced: each produced token except the last is decoded (needs a free slot)
-  // (Backend contract: generation ends when prompt + generated reaches max_context; the ABI checked pos < max_ctx)
-  const int max_tokens = std::min(max_new, s->max_ctx - start_pos);
+  // (Backend contract: generation ends when prompt + generated reaches max_context; the ABI checked
+  // pos < capacity(): max_ctx, or a pooled session's pages)
+  const int max_tokens = std::min(max_new, s->capacity() - start_pos);
   std::vector<cudaEvent_t> ev(s->ring, nullptr);
   for (auto& e : ev) NQ_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   auto destroy = [&]() { for (auto& e : ev) if (e) cudaEventDestroy(e); };

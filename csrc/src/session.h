@@ -1,14 +1,46 @@
 // One sequence on the device: KV cache, activations, the captured decode graph, the device sampler state.
 #pragma once
 #include "model.h"
+#include <algorithm>
+#include <atomic>
+#include <mutex>
 
 namespace nq {
+
+// A device KV page pool (nq_kv_pool_create): the pages of every layer, the rope table (max_positions rows) and the
+// prefill buffers, shared by the sessions made on it. Freed when its handle and all its sessions are gone (refs).
+struct KvPool {
+  Model* m = nullptr;
+  int n_pages = 0;
+  std::atomic<int> refs{1};      // the handle + one per session
+  cudaStream_t st = nullptr;     // poison fills
+  __half* base = nullptr;        // [n_layers][K, V][n_pages][n_kv][kPage][D]
+  std::vector<KvLayer> kv;       // per layer
+  float2* d_rope = nullptr;      // [max_positions][D/2] (cos, sin)
+  int32_t* d_poison = nullptr;   // [n_pages] page ids of a poison fill
+  // prefill activations of a chunk of up to prefill_chunk tokens (sessions take prefill_mu while they use them)
+  std::mutex prefill_mu;
+  int prefill_chunk = 512;
+  int32_t* d_tokens = nullptr;
+  float* X = nullptr;
+  __half* Xn = nullptr;
+  float* QKV = nullptr;
+  __half* ATT = nullptr;
+  float* G = nullptr;
+  float* U = nullptr;
+  __half* HM = nullptr;
+  ~KvPool();
+};
 
 struct Session {
   Model* m = nullptr;
   uint64_t serial = 0;           // unique per session of the process (a Batch recognises its bound sessions by it)
   int max_ctx = 0, max_pages = 0;
   int pos = 0;                   // host mirror of *d_pos
+  KvPool* pool = nullptr;        // pooled session: KV rows, rope table and prefill buffers are the pool's
+  std::vector<int32_t> pages;    // pooled session: host mirror of d_page_table's entries in use
+  // positions this session can hold: max_ctx, or for a pooled session what its pages hold
+  int capacity() const { return pool ? std::min(max_ctx, (int)pages.size() * kPage) : max_ctx; }
   bool have_logits = false;
   nq_sampling samp{0.f, 0, 1.f, 0};
   cudaStream_t st = nullptr;
@@ -17,7 +49,7 @@ struct Session {
   int32_t* d_token = nullptr;    // token the decode graph embeds (written by the sampler or the host)
   unsigned long long* d_counter = nullptr;  // sampler draws
   nq_sampling* d_samp = nullptr;            // sampling settings the sampler reads
-  int* d_page_table = nullptr;   // [max_pages] logical -> physical page (identity: one sequence)
+  int* d_page_table = nullptr;   // [max_pages] logical -> physical page (identity for a cache of its own)
   float2* d_rope = nullptr;      // [max_ctx][D/2] (cos, sin)
   std::vector<KvLayer> kv;       // per layer
   __half* kv_base = nullptr;
@@ -69,6 +101,15 @@ struct Session {
 // The C ABI (api.cpp) validates every argument once (token ids, context limits, sampling parameters, sizes);
 // these functions trust what it checked.
 int session_create(Model* m, int max_ctx, const nq_sampling* sp, Session** out);
+// pool != null: a pooled session (no cache of its own; no pages until session_set_pages)
+int session_create_pooled(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session** out);
+int kv_pool_create(Model* m, int n_pages, KvPool** out);
+void kv_pool_release(KvPool* p);   // drop one reference; the last one frees it
+size_t kv_page_bytes(const nq_config& c);
+int kv_pool_poison(KvPool* p, const int32_t* pages, int n);
+// the rule of nq_session_set_pages' arguments, host only (the testing library runs it without a device)
+int check_session_pages(int pool_pages, int max_pages, int max_ctx, const int32_t* pages, int n, int position);
+int session_set_pages(Session* s, const int32_t* pages, int n, int position);
 int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all /* n*V or null */);
 int session_decode(Session* s, int32_t token);
 int session_generate(Session* s, int max_new, const int32_t* stop, int n_stop, nq_token_callback cb, void* user,

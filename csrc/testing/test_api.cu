@@ -1,6 +1,7 @@
 // Kernel test entry points of libnanoqwen_testing (nanoqwen_testing.h): host arrays in, one kernel, host arrays
 // out. Used by tests/test_gpu_kernels.py and tests/test_gpu_gemm.py to compare each kernel with a numpy reference.
 #include "testing_util.h"
+#include "session.h"
 #include <cstring>
 
 using namespace nq;
@@ -246,6 +247,33 @@ int nq_test_gemm_int4_multi(int32_t nseg, const uint32_t* const* qweights, const
   NQ_CUDA(cudaDeviceSynchronize());
   NQ_CUDA(cudaMemcpy(C, dc.p, (size_t)M * ldc * 4, cudaMemcpyDeviceToHost));
   return NQ_OK;
+}
+
+int nq_test_gemm_swiglu(const uint32_t* q_gate, const uint16_t* s_gate, const uint32_t* q_up, const uint16_t* s_up,
+                        int32_t N, int32_t K, int32_t group, const float* A, int32_t M, uint16_t* H) {
+  if (!q_gate || !s_gate || !q_up || !s_up || !A || !H) return fail(NQ_E_INVALID_ARG, "nq_test_gemm_swiglu: NULL argument");
+  if (M <= 0) return fail(NQ_E_INVALID_ARG, "M=%d", M);
+  NQ_TRY(check_int4(N, K, group));
+  DBuf wg, wu, da, dg, du, dh;
+  LinW Wg, Wu;
+  NQ_TRY(put_int4(wg, q_gate, s_gate, N, K, group, &Wg));
+  NQ_TRY(put_int4(wu, q_up, s_up, N, K, group, &Wu));
+  std::vector<__half> ah((size_t)M * K);
+  for (size_t i = 0; i < ah.size(); i++) ah[i] = __float2half_rn(A[i]);
+  NQ_TRY(da.put(ah.data(), ah.size() * 2));
+  std::vector<uint16_t> poison((size_t)M * N, 0x7e00);  // f16 NaN: an output the kernel never writes stays NaN
+  NQ_TRY(dh.put(poison.data(), poison.size() * 2));
+  NQ_TRY(dg.alloc((size_t)M * N * 4));
+  NQ_TRY(du.alloc((size_t)M * N * 4));
+  NQ_TRY(gemm_swiglu(Wg, Wu, da.as<__half>(), K, M, dg.as<float>(), du.as<float>(), dh.as<__half>(), 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  NQ_CUDA(cudaMemcpy(H, dh.p, (size_t)M * N * 2, cudaMemcpyDeviceToHost));
+  return NQ_OK;
+}
+
+int nq_test_check_pages(int32_t pool_pages, int32_t max_pages, int32_t max_context, const int32_t* pages,
+                        int32_t n_pages, int32_t position) {
+  return check_session_pages(pool_pages, max_pages, max_context, pages, n_pages, position);
 }
 
 }  // extern "C"

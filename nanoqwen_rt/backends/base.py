@@ -209,6 +209,16 @@ class Backend(abc.ABC):
         raises BackendError."""
         raise BackendError(f"the {self.name} backend runs no batched sequences")
 
+    def default_kv_pages(self, max_batch: int) -> int:
+        """The batched API's KV pages when none are asked for (Engine(kv_pages=None), serve without --kv-pages):
+        max_batch full contexts of float32 rows (the CPU backend's pages), within CPU_KV_BUDGET_BYTES, at least
+        one full context. The CUDA backend sizes its device pool from the GPU's free memory instead."""
+        from ..kv_pool import KV_PAGE_TOKENS
+        from ..scheduler import CPU_KV_BUDGET_BYTES, default_kv_pages
+        c = self.config
+        page_bytes = 2 * c.n_layers * c.n_kv_heads * KV_PAGE_TOKENS * c.head_dim * 4
+        return default_kv_pages(self.max_context, max_batch, page_bytes, CPU_KV_BUDGET_BYTES)
+
     # -- lifetime -------------------------------------------------------------------------------------
     def close(self) -> None:
         """Release the file mapping / device memory. Idempotent."""
@@ -234,6 +244,10 @@ class SequenceKv(abc.ABC):
     #: True when forward() reads and writes the rows in the pool's pages, so prefix-cache pages can be shared;
     #: False when the backend keeps each sequence's rows elsewhere (the pool then only counts pages)
     shares_pages: bool = False
+    #: True when the store can draw a sequence's tokens itself, where its logits are (CUDA: the device sampler),
+    #: for a sequence given set_sampling(): the scheduler then asks forward_token() / forward_decode() for its
+    #: tokens and never sees its logits. False: the scheduler samples every sequence on the host from its logits.
+    samples_tokens: bool = False
 
     @abc.abstractmethod
     def open(self, seq, capacity: int) -> None:
@@ -243,12 +257,28 @@ class SequenceKv(abc.ABC):
     def forward(self, seq, p0: int, ids: np.ndarray) -> np.ndarray:
         """Run ids (int32 (T,)) at positions [p0, p0+T) of `seq`; float32 (vocab_rows,) logits of the last one."""
 
-    def forward_decode(self, seqs, p0s, tokens: np.ndarray) -> np.ndarray:
-        """One decode token for each of `seqs` (tokens int32 (n,), token i at position p0s[i] of seqs[i]): float32
-        (n, vocab_rows) logits. This default runs forward() per sequence; a backend that computes them in one device
-        step (CUDA: nq_decode_batch) overrides it."""
-        return np.stack([self.forward(s, int(p0), np.asarray([t], dtype=np.int32))
-                         for s, p0, t in zip(seqs, p0s, tokens)])
+    def extend(self, seq, p0: int, ids: np.ndarray) -> None:
+        """forward() when nobody reads the logits (a prompt chunk before the last). This default runs forward()."""
+        self.forward(seq, p0, ids)
+
+    def set_sampling(self, seq, params) -> None:
+        """From now on the store draws `seq`'s tokens itself with these SamplingParams (forward_token, and
+        forward_decode's `drawn`); only on a store with samples_tokens, right after open()."""
+        raise NotImplementedError(f"{type(self).__name__} does not draw tokens (samples_tokens is False)")
+
+    def forward_token(self, seq, p0: int, ids: np.ndarray) -> int:
+        """forward(), then the next token of `seq` drawn by the store with the settings of its set_sampling()."""
+        raise NotImplementedError(f"{type(self).__name__} does not draw tokens (samples_tokens is False)")
+
+    def forward_decode(self, seqs, p0s, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One decode token for each of `seqs` (tokens int32 (n,), token i at position p0s[i] of seqs[i]). Returns
+        (drawn, logits): drawn int32 (n,) the next token of each sequence the store samples (set_sampling), -1 for
+        the others; logits float32 (m, vocab_rows) the logits of those m others, in the order of `seqs`. This
+        default runs forward() per sequence and draws nothing; a backend that computes them in one device step
+        (CUDA: nq_decode_batch) overrides it."""
+        logits = np.stack([self.forward(s, int(p0), np.asarray([t], dtype=np.int32))
+                           for s, p0, t in zip(seqs, p0s, tokens)])
+        return np.full(len(seqs), -1, dtype=np.int32), logits
 
     @abc.abstractmethod
     def close(self, seq) -> None:

@@ -16,6 +16,7 @@ import sys
 
 import click
 
+from ..backends.cuda.backend import KV_FREE_MEMORY_FRACTION
 from ..kv_pool import KV_PAGE_TOKENS
 from ..scheduler import CPU_KV_BUDGET_BYTES, DEFAULT_MAX_BATCH
 from ..serve.adapter import LoadError, load_engine, require_file
@@ -401,18 +402,38 @@ def info(file, as_json, no_verify):
               help="Also write the full result dict to this JSON file.")
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also draw the run's figures to this .png/.svg/.pdf (needs matplotlib: nanoqwen[plot]).")
-def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out, plot_out):
+@click.option("--concurrency", "concurrency", default=None, metavar="N,N,...",
+              help="Instead: N concurrent greedy streams through Engine.submit per level (e.g. 1,8,32,64): "
+                   "aggregate tokens/s, per-stream inter-token p50/p90, TTFT, batch per step; with 1, the single "
+                   "stream beside it.")
+def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out, plot_out, concurrency):
     """Benchmark FILE: load time, TTFT, decode tokens/s and bytes per token of the Engine; with CUDA also the
     bandwidth ceilings, MBU and the torch int4 / cuBLAS fp16 peers (skipped, with the reason, without CUDA).
+    With --concurrency: the batched API under N concurrent streams instead (nanoqwen_bench.concurrency).
     """
     try:   # imported here: the runtime never imports the bench package (it needs torch for the GPU parts)
         from nanoqwen_bench.measure import BenchError, format_table, run_bench, write_json_atomic
     except ImportError as e:
         click.echo(f"nanoqwen bench: error: the nanoqwen_bench package cannot be imported: {_flat(e)}", err=True)
         sys.exit(2)
+    levels = None
+    if concurrency is not None:
+        from nanoqwen_bench.concurrency import parse_concurrency
+        try:
+            levels = parse_concurrency(concurrency)
+        except BenchError as e:
+            click.echo(f"nanoqwen bench: error: {_flat(e)}", err=True)
+            sys.exit(2)
+        if plot_out:
+            click.echo("nanoqwen bench: error: --plot draws the single-stream run; it does not combine with "
+                       "--concurrency", err=True)
+            sys.exit(2)
     _require_file(file)
     if json_out:
         _check_output_path(json_out, "'--json'")
+    if levels is not None:
+        _bench_concurrency(file, levels, prompt_tokens, new_tokens, repeats, device, json_out)
+        return
     try:
         if plot_out:          # before the run: a missing matplotlib or a bad path should not cost a whole bench
             from nanoqwen_bench.plot import check_output_path, plot, require_matplotlib
@@ -435,6 +456,21 @@ def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out, 
             sys.exit(2)
 
 
+def _bench_concurrency(file, levels, prompt_tokens, new_tokens, repeats, device, json_out):
+    from nanoqwen_bench.concurrency import format_concurrency_table, run_concurrency
+    from nanoqwen_bench.measure import BenchError, write_json_atomic
+    try:
+        result = run_concurrency(file, levels, prompt_tokens, new_tokens, device=device, repeats=repeats)
+    except BenchError as e:
+        click.echo(f"nanoqwen bench: error: {_flat(e)}", err=True)
+        sys.exit(2)
+    except _load_errors() as e:
+        raise _fail(f"{file}: {type(e).__name__}: {_flat(e)}") from None
+    if json_out:
+        write_json_atomic(json_out, result)
+    click.echo(format_concurrency_table(result))
+
+
 @main.command()
 @_file_arg()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -447,8 +483,10 @@ def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out, 
               help="Requests that generate together (continuous batching).")
 @click.option("--kv-pages", type=click.IntRange(min=1), default=None,
               help=f"KV pages of {KV_PAGE_TOKENS} tokens shared by the batch and the prefix cache (default: "
-                   f"--max-batch full contexts, at most {CPU_KV_BUDGET_BYTES >> 30} GiB of float32 rows, at least one "
-                   f"full context). A request that needs more pages than are free waits for running ones to end.")
+                   f"--max-batch full contexts; on the GPU within {KV_FREE_MEMORY_FRACTION:.0%} of the memory free "
+                   f"after the weights (an error if that holds less than one full context), on the CPU within "
+                   f"{CPU_KV_BUDGET_BYTES >> 30} GiB of float32 rows (at least one full context)). A request that "
+                   f"needs more pages than are free waits for running ones to end.")
 @click.option("--model-name", default=None, help="Model id clients send (default: FILE's name without "
                                                   ".nanoqwen).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)

@@ -22,9 +22,11 @@ __all__ = ["NQ_ABI_VERSION", "NQ_STATUS", "NQ_OK", "NqConfig", "NqSampling", "TO
            "library_path", "load_library", "has_symbol", "call", "check", "error_for_status", "last_error"]
 
 #: the ABI version this binding is written against (nq_abi_version() must return it)
-NQ_ABI_VERSION = 3
+NQ_ABI_VERSION = 5
 #: most sessions one nq_decode_batch step takes (nanoqwen.h NQ_MAX_BATCH)
 NQ_MAX_BATCH = 256
+#: most pages one nq_kv_pool_create takes (nanoqwen.h NQ_MAX_KV_POOL_PAGES)
+NQ_MAX_KV_POOL_PAGES = 1 << 24
 
 # enum nq_status
 NQ_OK = 0
@@ -62,6 +64,7 @@ class NqSampling(ctypes.Structure):
 TOKEN_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int32, ctypes.c_void_p)
 
 _P = ctypes.c_void_p
+_U64P = ctypes.POINTER(ctypes.c_uint64)
 _I32P = ctypes.POINTER(ctypes.c_int32)
 _F32P = ctypes.POINTER(ctypes.c_float)
 #: every production entry point the binding needs: a library without one of them does not load
@@ -69,6 +72,7 @@ SIGNATURES = {
     "nq_last_error": (ctypes.c_char_p, []),
     "nq_abi_version": (ctypes.c_int, []),
     "nq_device_count": (ctypes.c_int, []),
+    "nq_device_memory": (ctypes.c_int, [_U64P, _U64P]),
     "nq_model_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(_P)]),
     "nq_model_config": (ctypes.c_int, [_P, ctypes.POINTER(NqConfig)]),
     "nq_model_load_stats": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_uint64)]),
@@ -86,8 +90,16 @@ SIGNATURES = {
                                          ctypes.c_float, ctypes.c_int32, _I32P, _F32P, _I32P, _F32P, _I32P]),
     "nq_session_free": (None, [_P]),
     "nq_batch_create": (ctypes.c_int, [_P, ctypes.c_int32, ctypes.POINTER(_P)]),
-    "nq_decode_batch": (ctypes.c_int, [_P, ctypes.POINTER(_P), _I32P, ctypes.c_int32, _I32P, _F32P]),
+    "nq_decode_batch": (ctypes.c_int, [_P, ctypes.POINTER(_P), _I32P, ctypes.c_int32, _I32P, _F32P,
+                                       ctypes.c_int32]),
     "nq_batch_free": (None, [_P]),
+    "nq_kv_page_bytes": (ctypes.c_int, [_P, _U64P]),
+    "nq_kv_pool_create": (ctypes.c_int, [_P, ctypes.c_int32, ctypes.POINTER(_P)]),
+    "nq_kv_pool_poison": (ctypes.c_int, [_P, _I32P, ctypes.c_int32]),
+    "nq_kv_pool_free": (None, [_P]),
+    "nq_session_create_pooled": (ctypes.c_int, [_P, _P, ctypes.c_int32, ctypes.POINTER(NqSampling),
+                                                ctypes.POINTER(_P)]),
+    "nq_session_set_pages": (ctypes.c_int, [_P, _I32P, ctypes.c_int32, ctypes.c_int32]),
 }
 #: production entry points newer than some libraries in use: bound when present; each caller says what it does
 #: without one (supports() names the missing symbol; CudaBackend lets nq_model_open give the reason instead)

@@ -38,9 +38,44 @@ from . import abi
 from .abi import (NQ_OK, TOKEN_CALLBACK, LibraryUnavailable, NqConfig, NqSampling, UnsupportedModel, check,
                   error_for_status, has_symbol, load_library)
 
-__all__ = ["CudaBackend", "SessionKv", "UnsupportedModel", "available", "unavailable_reason", "supports", "stream_tokens"]
+__all__ = ["CudaBackend", "SessionKv", "UnsupportedModel", "KvPoolDoesNotFit", "KV_FREE_MEMORY_FRACTION", "available",
+           "unavailable_reason", "supports", "stream_tokens", "device_memory", "kv_pool_pages"]
 
 _P = ctypes.c_void_p
+
+# Share of the device memory free after the weights and the backend's own session that the batched API's KV page
+# pool may take when no --kv-pages is given (default_kv_pages; at most max_batch full contexts). The rest is left
+# for what the batch allocates after the pool: nq_batch_create's rows (~0.9 MB per sequence at 7B shapes: logits,
+# activations), each sequence's pooled session (~4 MB: logits, sampler and attention buffers, two CUDA graphs), a
+# nq_logits_all's logits (prefill chunk x vocab floats, ~0.3 GB at 7B) and the CUDA context's own growth; a tenth
+# of an H200's free memory is ~12 GB, far more than these need at any max_batch.
+KV_FREE_MEMORY_FRACTION = 0.9
+
+
+def device_memory(lib) -> tuple[int, int]:
+    """(free, total) bytes of the current device now (nq_device_memory: cudaMemGetInfo)."""
+    free, total = ctypes.c_uint64(), ctypes.c_uint64()
+    check(lib, "nq_device_memory", ctypes.byref(free), ctypes.byref(total), what="device memory")
+    return int(free.value), int(total.value)
+
+
+def kv_pool_pages(max_context: int, max_batch: int, page_bytes: int, free_bytes: int) -> int:
+    """The CUDA backend's default pool: max_batch full contexts within KV_FREE_MEMORY_FRACTION of free_bytes.
+    Raises KvPoolDoesNotFit when that budget does not hold one full context."""
+    from ...scheduler import default_kv_pages
+    budget = int(free_bytes * KV_FREE_MEMORY_FRACTION)
+    n = default_kv_pages(max_context, max_batch, page_bytes, budget)
+    if n * page_bytes > budget:
+        raise KvPoolDoesNotFit(
+            f"one full context of {max_context} tokens needs {n} KV pages ({n * page_bytes / 2**30:.2f} GiB); "
+            f"the GPU has {free_bytes / 2**30:.2f} GiB free, of which {KV_FREE_MEMORY_FRACTION:.0%} goes to KV "
+            f"pages by default: pass a smaller max_context (--max-context) or kv_pages (--kv-pages)")
+    return n
+
+
+class KvPoolDoesNotFit(BackendError):
+    """The default KV page pool (KV_FREE_MEMORY_FRACTION of the free device memory) holds less than one full
+    context."""
 
 
 def unavailable_reason() -> str | None:
@@ -143,6 +178,7 @@ class CudaBackend(Backend):
         self._model = _P()
         self._sess = _P()
         self._batch, self._batch_cap = None, 0     # nq_batch of decode_batch, created on first use
+        self._kv_stores: list[SessionKv] = []      # the batched API's page pools, freed before the model
         if file is not None:          # else the C loader checks the file first, and the config is read after
             self.config = file.config
             self.max_context = resolve_max_context(self.config, max_context)
@@ -307,14 +343,17 @@ class CudaBackend(Backend):
         if sess:
             self._lib.nq_session_free(sess)
 
-    def decode_batch(self, sessions: list, tokens: np.ndarray, *, want_logits: bool = False):
+    def decode_batch(self, sessions: list, tokens: np.ndarray, *, n_logits: int = 0):
         """One token for each of these sessions (this backend's own `session` or new_session handles) in ONE forward
         pass (nq_decode_batch: the weights are read once per step for all of them): tokens int32 (n,) are appended at
         each session's position; returns the next tokens sampled on the device with each session's sampling
-        settings, int32 (n,), and with want_logits their logits, float32 (n, vocab_rows) (else None)."""
+        settings, int32 (n,), and the logits of the first n_logits sessions, float32 (n_logits, vocab_rows) (None
+        when n_logits is 0)."""
         n = len(sessions)
         if n == 0:
             raise BackendError("decode_batch: no sessions")
+        if not 0 <= n_logits <= n:
+            raise BackendError(f"decode_batch: n_logits {n_logits} outside [0, {n}]")
         if self._batch is None or self._batch_cap < n:
             if self._batch is not None:
                 self._lib.nq_batch_free(self._batch)
@@ -328,9 +367,9 @@ class CudaBackend(Backend):
         if toks.shape[0] != n:
             raise BackendError(f"decode_batch: {n} sessions but {toks.shape[0]} tokens")
         nxt = np.empty(n, dtype=np.int32)
-        logits = np.empty((n, self.config.vocab_rows), dtype=np.float32) if want_logits else None
+        logits = np.empty((n_logits, self.config.vocab_rows), dtype=np.float32) if n_logits else None
         check(self._lib, "nq_decode_batch", self._batch, handles, _ptr(toks, ctypes.c_int32), n,
-              _ptr(nxt, ctypes.c_int32), _ptr(logits, ctypes.c_float) if logits is not None else None,
+              _ptr(nxt, ctypes.c_int32), _ptr(logits, ctypes.c_float) if logits is not None else None, n_logits,
               what="batched decode")
         return nxt, logits
 
@@ -340,9 +379,27 @@ class CudaBackend(Backend):
         return self._live()
 
     # -- many sequences ----------------------------------------------------------------------------------------
+    def kv_page_bytes(self) -> int:
+        """Device bytes of one KV page of this model (nq_kv_page_bytes: f16 keys and values, all layers)."""
+        n = ctypes.c_uint64()
+        check(self._lib, "nq_kv_page_bytes", self._model, ctypes.byref(n), what="KV page size")
+        return int(n.value)
+
+    def default_kv_pages(self, max_batch: int) -> int:
+        """max_batch full contexts, within KV_FREE_MEMORY_FRACTION of the device memory free now (after the
+        weights and this backend's own session); KvPoolDoesNotFit when that is less than one full context."""
+        free, _ = device_memory(self._lib)
+        return kv_pool_pages(self.max_context, max_batch, self.kv_page_bytes(), free)
+
     def sequence_kv(self, n_pages: int) -> "SessionKv":
-        """The batched API's KV store on this backend: one library session per sequence (see SessionKv)."""
-        return SessionKv(self)
+        """The batched API's KV store on this backend: a device page pool of n_pages pages, one pooled library
+        session per sequence (see SessionKv). Freed by close(). BackendError for a pool the library does not make
+        (more than NQ_MAX_KV_POOL_PAGES pages; OutOfDeviceMemory when the device cannot hold it)."""
+        if not 1 <= n_pages <= abi.NQ_MAX_KV_POOL_PAGES:
+            raise BackendError(f"a KV pool of {n_pages} pages: the CUDA backend makes 1 to {abi.NQ_MAX_KV_POOL_PAGES}")
+        kv = SessionKv(self, n_pages)
+        self._kv_stores.append(kv)
+        return kv
 
     # -- lifetime ------------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -352,6 +409,9 @@ class CudaBackend(Backend):
         if getattr(self, "_batch", None):
             lib.nq_batch_free(self._batch)
             self._batch = None
+        for kv in getattr(self, "_kv_stores", ()):
+            kv.release()
+        self._kv_stores = []
         if getattr(self, "_sess", None):
             lib.nq_session_free(self._sess)
             self._sess = _P()
@@ -371,47 +431,138 @@ class CudaBackend(Backend):
 
 
 class SessionKv(SequenceKv):
-    """The batched API on libnanoqwen: one library session per sequence (nq_session_create with the sequence's
-    capacity: its own paged f16 KV cache and decode graph, the backend's weights). Prompt chunks run one sequence
-    after another (nq_prefill, then nq_get_logits); the decode tokens of a step run in ONE device step
-    (forward_decode → nq_decode_batch: the weights are read once per step for all the sequences); the scheduler
-    samples every sequence on the host from the logits. The library's pages
-    are its own, so the pool only counts pages here and prefix-cache hits do not apply (shares_pages False)."""
+    """The batched API on libnanoqwen: one device KV page pool (nq_kv_pool_create, n_pages pages) and one pooled
+    library session per sequence (nq_session_create_pooled: no cache of its own; its page table lists pool pages).
+    The pool's page ids ARE nanoqwen_rt.kv_pool's page ids, so a prefix-cache hit reuses the cached pages' device
+    rows (shares_pages True): the session's table lists them and its position starts after them. A sequence's page
+    table goes to the device (nq_session_set_pages, which uploads only the entries that changed) before the step
+    that needs it, at most once per step and only when the list grew or the position is not the session's: every
+    call that hands a session to the library takes it from _sync. Prompt chunks run one sequence after another
+    (nq_prefill); the decode tokens of a step run in ONE device step (forward_decode → nq_decode_batch: the weights
+    are read once per step for all the sequences). Ended sequences' sessions are kept (with no pages) and reused,
+    so a new sequence does not pay for a session's allocations and graph captures.
 
-    shares_pages = False
+    Who samples: a sequence given set_sampling (the scheduler does so for every request without a LogitsPipeline:
+    temperature / top_k / top_p / seed only, what the device sampler implements, the requests the single-stream
+    path sends to nq_generate) draws on the device with its session's settings and draw counter (set_sampling
+    restarts the counter, also on a reused session): its first token from its prompt's logits (forward_token), the
+    later ones in nq_decode_batch's one sampler launch; only the token comes back. The others (grammar, logprobs,
+    logit_bias, penalties) get their logits on the host for the scheduler's LogitsPipeline: they go first in the
+    batch, and nq_decode_batch copies only their rows."""
 
-    def __init__(self, be: CudaBackend):
+    shares_pages = True
+    samples_tokens = True
+
+    def __init__(self, be: CudaBackend, n_pages: int):
         self.be = be
-        self._sessions: dict[int, ctypes.c_void_p] = {}
+        self.n_pages = int(n_pages)
+        self._pool = _P()
+        check(be._lib, "nq_kv_pool_create", be._model, self.n_pages, ctypes.byref(self._pool),
+              what=f"KV page pool of {self.n_pages} pages")
+        self._sessions: dict[int, list] = {}       # seq_id → [session, entries uploaded, session position]
+        self._idle: list = []                      # sessions of ended sequences, no pages, ready for reuse
+        self._drawn: set[int] = set()              # seq_ids of the sequences the device samples
+
+    def poison(self, pages) -> None:
+        """NaN into the pages the pool just handed out (every layer), so a read of an unwritten row shows."""
+        idx = np.ascontiguousarray(pages, dtype=np.int32)
+        check(self.be._lib, "nq_kv_pool_poison", self._pool, _ptr(idx, ctypes.c_int32), idx.shape[0],
+              what="poison KV pages")
 
     def open(self, seq, capacity: int) -> None:
-        sess = _P()
-        greedy = NqSampling(0.0, 0, 1.0, 0)      # unused: the scheduler samples from the logits
-        check(self.be._lib, "nq_session_create", self.be._model, int(capacity), ctypes.byref(greedy),
-              ctypes.byref(sess), what="create a batch sequence's session")
-        self._sessions[seq.seq_id] = sess
+        lib = self.be._lib
+        if self._idle:
+            sess = self._idle.pop()
+            check(lib, "nq_session_reset", sess, what="reset a batch sequence's session")
+        else:
+            sess = _P()
+            greedy = NqSampling(0.0, 0, 1.0, 0)      # until set_sampling; a host-sampled sequence's draws go unread
+            # every pooled session spans the backend's whole context, so any ended one serves any new sequence
+            check(lib, "nq_session_create_pooled", self.be._model, self._pool, int(self.be.max_context),
+                  ctypes.byref(greedy), ctypes.byref(sess), what="create a batch sequence's session")
+        self._sessions[seq.seq_id] = [sess, 0, 0]
+        self._drawn.discard(seq.seq_id)
 
-    def forward(self, seq, p0: int, ids: np.ndarray) -> np.ndarray:
-        lib, sess = self.be._lib, self._sessions[seq.seq_id]
+    def set_sampling(self, seq, params: SamplingParams) -> None:
+        check(self.be._lib, "nq_session_set_sampling", self._sessions[seq.seq_id][0],
+              ctypes.byref(_sampling_struct(params)), what="sampling settings")
+        self._drawn.add(seq.seq_id)
+
+    def _sync(self, seq, p0: int, n: int):
+        """seq's session, its page table on the device and its position p0, before n tokens run from p0."""
+        state = self._sessions[seq.seq_id]
+        sess, uploaded, pos = state
+        if uploaded != len(seq.pages) or pos != p0:
+            pages = np.asarray(seq.pages, dtype=np.int32)
+            check(self.be._lib, "nq_session_set_pages", sess, _ptr(pages, ctypes.c_int32), pages.shape[0], int(p0),
+                  what="set a sequence's KV pages")
+            state[1] = pages.shape[0]
+        state[2] = p0 + n
+        return sess
+
+    def extend(self, seq, p0: int, ids: np.ndarray) -> None:
+        lib, sess = self.be._lib, self._sync(seq, p0, ids.shape[0])
         if ids.shape[0] == 1 and p0 > 0:
             check(lib, "nq_decode", sess, int(ids[0]), what="decode")
         else:
             check(lib, "nq_prefill", sess, _ptr(ids, ctypes.c_int32), ids.shape[0], what="prefill")
+
+    def forward(self, seq, p0: int, ids: np.ndarray) -> np.ndarray:
+        self.extend(seq, p0, ids)
         V = self.be.config.vocab_rows
         out = np.empty(V, dtype=np.float32)      # (vocab_rows,) owned by the caller
-        check(lib, "nq_get_logits", sess, _ptr(out, ctypes.c_float), V, what="logits")
+        check(self.be._lib, "nq_get_logits", self._sessions[seq.seq_id][0], _ptr(out, ctypes.c_float), V,
+              what="logits")
         return out
 
-    def forward_decode(self, seqs, p0s, tokens: np.ndarray) -> np.ndarray:
+    def forward_token(self, seq, p0: int, ids: np.ndarray) -> int:
+        """extend(), then one device draw from the session's logits: nq_sample_steered with nothing to steer (no
+        bias, mask or penalty: the logits as they are) runs the single-stream path's sampler with the session's
+        settings and draw counter, as nq_generate's first draw does; the token is not decoded."""
+        self.extend(seq, p0, ids)
+        tok = ctypes.c_int32(-1)
+        check(self.be._lib, "nq_sample_steered", self._sessions[seq.seq_id][0], None, None, 0, None, 0, 0.0, 0.0,
+              -1, ctypes.byref(tok), None, None, None, None, what="sample")
+        return int(tok.value)
+
+    def forward_decode(self, seqs, p0s, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The decode tokens of all these sequences in ONE device step (CudaBackend.decode_batch: every weight read
-        once for all of them); their logits come back for the scheduler's host sampling. A single sequence takes
-        its session's captured decode graph instead (nq_decode: faster than the ungraphed batched step at n = 1)."""
-        if len(seqs) == 1:
-            return self.forward(seqs[0], int(p0s[0]), np.asarray(tokens[:1], dtype=np.int32))[None]
-        _, logits = self.be.decode_batch([self._sessions[s.seq_id] for s in seqs], tokens, want_logits=True)
-        return logits
+        once for all of them; a CUDA graph per batch size, one row included), the host-sampled ones first so that
+        only their logits rows are copied back. Each session comes from _sync, so a page table that grew this step
+        is on the device before the step."""
+        n = len(seqs)
+        host = [i for i, s in enumerate(seqs) if s.seq_id not in self._drawn]
+        order = host + [i for i, s in enumerate(seqs) if s.seq_id in self._drawn]
+        toks = np.asarray(tokens, dtype=np.int32)[order]
+        nxt, logits = self.be.decode_batch([self._sync(seqs[i], int(p0s[i]), 1) for i in order], toks,
+                                           n_logits=len(host))
+        drawn = np.empty(n, dtype=np.int32)
+        drawn[order] = nxt
+        drawn[host] = -1
+        if logits is None:
+            logits = np.empty((0, self.be.config.vocab_rows), dtype=np.float32)
+        return drawn, logits
 
     def close(self, seq) -> None:
-        sess = self._sessions.pop(seq.seq_id, None)
-        if sess:
+        """The sequence ended: its session drops its pages (nothing can run on it until a reuse gives it new ones)
+        and waits for the next sequence; the device no longer samples for its seq_id."""
+        self._drawn.discard(seq.seq_id)
+        state = self._sessions.pop(seq.seq_id, None)
+        if state is None:
+            return
+        sess = state[0]
+        rc, _ = abi.call(self.be._lib, "nq_session_set_pages", sess, None, 0, 0)
+        if rc == NQ_OK:
+            self._idle.append(sess)
+        else:                                     # a session in an unknown state is not reused
             self.be._lib.nq_session_free(sess)
+
+    def release(self) -> None:
+        """Free every session and then the pool (the backend's close, before the model). Idempotent."""
+        lib = self.be._lib
+        for sess in self._idle + [st[0] for st in self._sessions.values()]:
+            lib.nq_session_free(sess)
+        self._idle, self._sessions, self._drawn = [], {}, set()
+        if self._pool:
+            lib.nq_kv_pool_free(self._pool)
+            self._pool = _P()
