@@ -1,6 +1,6 @@
 """int4g layout 2 ("rowmajor-k8-interleaved-asym", spec §9.5): the numpy dequantization reference against an
 element-by-element transcription of the spec's rule, the reader's and writer's layout-2 paths and their named
-errors, and the CPU backend's refusal (its kernels read layout 1 only)."""
+errors, and the CPU backend on the golden vector."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -164,13 +164,20 @@ def test_writer_refuses_zeros_for_layout_1(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_cpu_backend_refuses_layout_2_by_name():
-    from nanoqwen_rt.backends.base import BackendError
+def test_cpu_backend_runs_the_golden_vector_as_its_json_says():
+    """The golden vector (layouts 1 and 2 in one file) on the CPU backend, oracle and fast: every q_proj output of a
+    fresh random input within float32 rounding of the JSON's dequantized weights (the whole model: test_cpu_asym)."""
     from nanoqwen_rt.backends.cpu import CPUBackend
-    with pytest.raises(BackendError) as ei:
-        CPUBackend(VECTOR)
-    msg = str(ei.value)
-    assert "unsupported layout" in msg and "layout 2" in msg and QP in msg and "\n" not in msg
+    from nanoqwen_rt.backends.cpu.backend import Linear
+    rng = np.random.default_rng()
+    with open_file(VECTOR) as f:
+        w = dequantize_int4_asym_reference(*f.int4_asym(QP), 32).astype(np.float64)
+        x = rng.standard_normal((3, 32)).astype(np.float32)
+        lin = Linear(f, QP)
+        np.testing.assert_allclose(lin(x), x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-5)
+    for numerics in ("oracle", "fast"):
+        with CPUBackend(VECTOR, numerics=numerics) as be:
+            assert np.isfinite(be.logits_all(np.array([1, 2, 3], np.int32))).all()
 
 
 def test_verify_refuses_to_compare_layout_2_with_a_source():
