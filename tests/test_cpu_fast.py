@@ -300,6 +300,21 @@ def tiny_int4(tmp_path_factory):
     return convert_checkpoint(REPO / "models" / "tiny-py", tmp_path_factory.mktemp("fast") / "tiny.int4.nanoqwen")
 
 
+@pytest.fixture(scope="module")
+def tiny_awq(tmp_path_factory):
+    """The embedded model packed as an AWQ checkpoint (tests/quant_sources.py) and converted: every linear in int4
+    layout 2, with the source's zero points."""
+    from nanoqwen_format import LAYOUT_INT4_ROWMAJOR_K8_ASYM, DType, open_file
+    from nanoqwen_quant.convert import convert_checkpoint
+    from quant_sources import make_quantized
+    d = tmp_path_factory.mktemp("fast-awq")
+    make_quantized(REPO / "models" / "tiny-py", d / "awq", "awq")
+    out = convert_checkpoint(d / "awq", d / "tiny.awq.nanoqwen")
+    with open_file(out) as f:
+        assert {t.layout_id for t in f.tensors.values() if t.dtype == DType.INT4G} == {LAYOUT_INT4_ROWMAJOR_K8_ASYM}
+    return out
+
+
 def _log_softmax(a):
     a = a.astype(np.float64)
     a = a - a.max(axis=-1, keepdims=True)
@@ -314,13 +329,17 @@ def _decode_logits(be, ids):
     return np.array(out)
 
 
-def test_embedded_model_fast_vs_oracle(tiny_int4):
+@pytest.mark.parametrize("layout", ["layout1", "awq-layout2"])
+def test_embedded_model_fast_vs_oracle(request, layout):
+    """The same limits for layout 1 (the demo's conversion) and layout 2 (an AWQ packing of the same model, converted
+    exactly): the zero points enter the fast paths' integer sums, not their rounding."""
     from nanoqwen_rt import Engine
     from nanoqwen_rt.backends.cpu import CPUBackend
+    path = request.getfixturevalue("tiny_int4" if layout == "layout1" else "tiny_awq")
     text = (REPO / "nanoqwen_quant" / "data" / "eval_heldout.txt").read_text()
-    with Engine(tiny_int4, device="cpu") as eng:
+    with Engine(path, device="cpu") as eng:
         ids = np.array(eng.tokenizer.encode(text)[:EVAL_TOKENS], dtype=np.int32)
-    with CPUBackend(tiny_int4, numerics="oracle") as o, CPUBackend(tiny_int4, numerics="fast") as f:
+    with CPUBackend(path, numerics="oracle") as o, CPUBackend(path, numerics="fast") as f:
         assert "fast numerics" in f.describe() and "lm_head int8" in f.describe()
         lo, lf = o.logits_all(ids), _decode_logits(f, ids)
         # the fast backend's many-token path (a prompt: the integer GEMM, the same rounding as its decode)
