@@ -178,3 +178,14 @@ def test_cpu_backend_runs_the_golden_vector_as_its_json_says():
     for numerics in ("oracle", "fast"):
         with CPUBackend(VECTOR, numerics=numerics) as be:
             assert np.isfinite(be.logits_all(np.array([1, 2, 3], np.int32))).all()
+
+
+def test_info_shows_the_layout():
+    from nanoqwen_rt.cli.info import file_info, format_info
+    d = file_info(str(VECTOR), verify_checksums=True)
+    by_name = {t["name"]: t for t in d["tensors"]}
+    assert by_name[QP]["int4_layout"] == 2 and by_name[OP]["int4_layout"] == 1
+    assert by_name["model.embed_tokens.weight"]["int4_layout"] is None
+    text = format_info(d)
+    assert any(QP in line and "int4g/g32/asym" in line for line in text.splitlines())
+    assert any(OP in line and "int4g/g32 " in line for line in text.splitlines())
