@@ -198,10 +198,9 @@ class GPTQLinear:
         z = self._zeros()
         if np.all(z == INT4_ZERO_CODE):
             return LAYOUT_INT4_ROWMAJOR_K8, ""
-        if z.min() < 0 or z.max() > INT4_MAX_CODE:
-            return 0, (f"zero point {int(z.max() if z.max() > INT4_MAX_CODE else z.min())} outside 0..{INT4_MAX_CODE}"
-                       f" (checkpoint_format {self.p.checkpoint_format!r} stores zero - "
-                       f"{CHECKPOINT_FORMATS[self.p.checkpoint_format]}: a zero of 0 wraps to 16)")
+        if z.max() > INT4_MAX_CODE:          # only checkpoint_format "gptq" (stored zero - 1) reads back 16
+            return 0, (f"zero point {int(z.max())} outside 0..{INT4_MAX_CODE} (checkpoint_format "
+                       f"{self.p.checkpoint_format!r} stores zero - 1: a zero of 0 wraps to 16)")
         return LAYOUT_INT4_ROWMAJOR_K8_ASYM, ""
 
     def exact(self) -> tuple[np.ndarray, ...]:
