@@ -114,7 +114,7 @@ def test_model_check_accepts_golden_vectors(lib, vec):
 
 CORRUPT = ROOT / "spec" / "vectors" / "corrupt"
 MANIFEST = json.loads((CORRUPT / "manifest.json").read_text())["cases"]
-CHECKSUM_RULES = ("38", "39")   # spec §12: applied only when the caller verifies checksums
+CHECKSUM_RULES = ("38", "39", "39b")   # spec §12: applied only when the caller verifies checksums
 
 
 def _error_name(msg: str) -> str:
@@ -133,7 +133,7 @@ def _open_verified(lib, path):
 def test_manifest_covers_the_open_rules():
     """The walk below sees what the spec ships: cases that fail at open, and blob-content cases."""
     at_open = [n for n, c in MANIFEST.items() if "read_blob" not in c]
-    assert len(at_open) == 110 and len(MANIFEST) - len(at_open) == 14
+    assert len(at_open) == 119 and len(MANIFEST) - len(at_open) == 14
     assert all((CORRUPT / n).is_file() for n in MANIFEST)
 
 
@@ -246,3 +246,13 @@ def test_model_check_int4_tied_embedding_is_unsupported(lib, tmp_path):
     assert rc == NQ_E_UNSUPPORTED, (rc, msg)
     assert "embed_tokens" in msg and "int4" in msg, msg
     assert "\n" not in msg
+
+
+def test_model_check_int4_layout_2_is_unsupported(lib):
+    """The asymmetric int4g layout 2 is valid (spec/vectors/tiny_int4_asym.nanoqwen passes every rule, checksums
+    included) but the library's kernels read layout 1 only: "unsupported layout", one line, naming the tensor."""
+    path = ROOT / "spec" / "vectors" / "tiny_int4_asym.nanoqwen"
+    for rc, msg in (_check(lib, path), _open_verified(lib, path)):
+        assert rc == NQ_E_UNSUPPORTED, (rc, msg)
+        assert "unsupported layout" in msg and "layout 2" in msg and "q_proj" in msg, msg
+        assert "\n" not in msg
