@@ -34,14 +34,19 @@ struct DBuf {
   template <class T> T* as() const { return static_cast<T*>(p); }
 };
 
-// int4 weight (qweight + scales) placed like the file does: qweight, pad to 128, scales
-inline int put_int4(DBuf& b, const uint32_t* qw, const uint16_t* sc, int N, int K, int g, LinW* w) {
+// int4 weight placed like the file does: qweight, pad to 128, scales (layout 1); with zeros (uint8 (N, K/g), may
+// be null) layout 2: then pad to 128 and the zero points
+inline int put_int4(DBuf& b, const uint32_t* qw, const uint16_t* sc, const uint8_t* zeros, int N, int K, int g,
+                    LinW* w) {
   const size_t qbytes = (size_t)N * K / 2, off = align128(qbytes), sbytes = (size_t)N * (K / g) * 2;
-  NQ_TRY(b.alloc(off + sbytes));
+  const size_t zoff = align128(off + sbytes), zbytes = zeros ? (size_t)N * (K / g) : 0;
+  NQ_TRY(b.alloc(zeros ? zoff + zbytes : off + sbytes));
   NQ_CUDA(cudaMemcpy(b.p, qw, qbytes, cudaMemcpyHostToDevice));
   NQ_CUDA(cudaMemcpy(static_cast<char*>(b.p) + off, sc, sbytes, cudaMemcpyHostToDevice));
+  if (zeros) NQ_CUDA(cudaMemcpy(static_cast<char*>(b.p) + zoff, zeros, zbytes, cudaMemcpyHostToDevice));
   w->w = b.as<uint8_t>();
   w->scales = reinterpret_cast<const __half*>(static_cast<char*>(b.p) + off);
+  w->zeros = zeros ? static_cast<const uint8_t*>(b.p) + zoff : nullptr;
   w->N = N; w->K = K; w->group = g; w->type = WT_INT4;
   return NQ_OK;
 }
