@@ -63,12 +63,18 @@ NQ_API int nq_test_check_pages(int32_t pool_pages, int32_t max_pages, int32_t ma
  * matrices (gate/up-like). nq_bench_gemv_int4 is mode 0. */
 NQ_API int nq_bench_gemv_int4(int32_t N, int32_t K, int32_t group, int32_t iters, float* ms);
 NQ_API int nq_bench_gemv_int4_mode(int32_t N, int32_t K, int32_t group, int32_t mode, int32_t iters, float* ms);
+/* nq_bench_gemv_int4_mode for int4g layout 1 or 2 (layout 2: random zero points after the scales, as in a file). */
+NQ_API int nq_bench_gemv_int4_layout(int32_t N, int32_t K, int32_t group, int32_t mode, int32_t layout,
+                                     int32_t iters, float* ms);
 /* ms per launch of the prefill GEMM (M tokens, int4 weights N x K) on random data. */
 NQ_API int nq_bench_gemm_int4(int32_t M, int32_t N, int32_t K, int32_t group, int32_t iters, float* ms);
 /* us per launch of the prefill GEMM with nseg copies of an N x K int4 weight in one launch (like gate/up); the
  * launches rotate over > 256 MB of weight copies. */
 NQ_API int nq_bench_gemm_int4_multi(int32_t M, int32_t N, int32_t K, int32_t group, int32_t nseg, int32_t iters,
                                     float* us);
+/* nq_bench_gemm_int4_multi for int4g layout 1 or 2. */
+NQ_API int nq_bench_gemm_int4_layout(int32_t M, int32_t N, int32_t K, int32_t group, int32_t nseg, int32_t layout,
+                                     int32_t iters, float* us);
 /* The ceiling of mma.sync m16n8k16 (f16 x f16 -> f32): TFLOP/s over blocks x 8 warps x iters x 8 HMMA chains. */
 NQ_API int nq_bench_mma_peak(int32_t blocks, int32_t iters, float* tflops);
 /* The attention kernel alone: M = 1 is the decode step's attention (writes the new row) at position n_pos-1, M > 1

@@ -124,7 +124,6 @@ struct RowRef {            // one weight row: its 16-byte units, its scales (int
   const uint4* w;
   const __half* s;
   int gshift;
-  const uint8_t* z;        // its zero points (int4 layout 2; null otherwise)
 };
 
 // The unpack constants of one group with zero point z (word_dot): lo = (1024 + z, 1024 + z) and hi = (-(64 + z),
@@ -254,7 +253,6 @@ __device__ __forceinline__ RowRef row_ref(const LinW& W, int row) {
     r.s = nullptr;
     r.gshift = 0;
   }
-  r.z = nullptr;   // gemv_rowpair runs dense weights only (gemv_int4 reads the zero points)
   return r;
 }
 
@@ -340,24 +338,31 @@ __global__ void __launch_bounds__(kThreads, 3) gemv_rowpair(const GemvArgs a, in
 }
 
 // INT4 row reference without integer division (groups are powers of two: 32..256, checked at load); gemv_int4
-// calls this once per task and row, where row_ref's K / group division cost ~20 instructions. ZP: layout 2, the
-// row's zero points (same index as its scales); otherwise z is null.
-template <bool ZP = false>
+// calls this once per task and row, where row_ref's K / group division cost ~20 instructions.
 __device__ __forceinline__ RowRef row_ref_int4_fast(const LinW& W, int row) {
   RowRef r;
   const int lg = __ffs(W.group) - 1;                    // log2(group)
   r.w = reinterpret_cast<const uint4*>(W.w) + (size_t)row * (W.K >> 5);
   r.s = W.scales + (size_t)row * (W.K >> lg);
   r.gshift = lg - 5;
-  r.z = ZP ? W.zeros + (size_t)row * (W.K >> lg) : nullptr;
   return r;
 }
-template <bool ZP = false>
 __device__ __forceinline__ RowRef locate_int4_fast(const GemvArgs& a, int r) {
   const int n0 = a.seg[0].N, n1 = a.nseg > 1 ? a.seg[1].N : 0;
-  if (a.nseg > 2 && r >= n0 + n1) return row_ref_int4_fast<ZP>(a.seg[2], r - n0 - n1);
-  if (a.nseg > 1 && r >= n0) return row_ref_int4_fast<ZP>(a.seg[1], r - n0);
-  return row_ref_int4_fast<ZP>(a.seg[0], r);
+  if (a.nseg > 2 && r >= n0 + n1) return row_ref_int4_fast(a.seg[2], r - n0 - n1);
+  if (a.nseg > 1 && r >= n0) return row_ref_int4_fast(a.seg[1], r - n0);
+  return row_ref_int4_fast(a.seg[0], r);
+}
+// Layout 2: a row's zero points (uint8, indexed as its scales), and those of output row r located as
+// locate_int4_fast locates its weights.
+__device__ __forceinline__ const uint8_t* zero_row_int4(const LinW& W, int row) {
+  return W.zeros + (size_t)row * (W.K >> (__ffs(W.group) - 1));
+}
+__device__ __forceinline__ const uint8_t* locate_zeros_int4(const GemvArgs& a, int r) {
+  const int n0 = a.seg[0].N, n1 = a.nseg > 1 ? a.seg[1].N : 0;
+  if (a.nseg > 2 && r >= n0 + n1) return zero_row_int4(a.seg[2], r - n0 - n1);
+  if (a.nseg > 1 && r >= n0) return zero_row_int4(a.seg[1], r - n0);
+  return zero_row_int4(a.seg[0], r);
 }
 
 // ---- gemv_int4: INT4 weights, split-K warp groups, one pipeline per warp across rows ----------------------------
@@ -436,19 +441,24 @@ gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds)
     const int t = gid + i * NG;
     RowRef r0, r1;
     if (MODE == GEMV_SWIGLU) {
-      r0 = row_ref_int4_fast<ZP>(a.seg[0], t);
-      r1 = row_ref_int4_fast<ZP>(a.up, t);
+      r0 = row_ref_int4_fast(a.seg[0], t);
+      r1 = row_ref_int4_fast(a.up, t);
     } else {
-      r0 = locate_int4_fast<ZP>(a, 2 * t);
-      r1 = locate_int4_fast<ZP>(a, min(2 * t + 1, total_rows - 1));
+      r0 = locate_int4_fast(a, 2 * t);
+      r1 = locate_int4_fast(a, min(2 * t + 1, total_rows - 1));
     }
     b0 = r0.w;
     b1 = r1.w;
     c0 = r0.s;
     c1 = r1.s;
-    if (ZP) {
-      d0 = r0.z;
-      d1 = r1.z;
+    if constexpr (ZP) {
+      if (MODE == GEMV_SWIGLU) {
+        d0 = zero_row_int4(a.seg[0], t);
+        d1 = zero_row_int4(a.up, t);
+      } else {
+        d0 = locate_zeros_int4(a, 2 * t);
+        d1 = locate_zeros_int4(a, min(2 * t + 1, total_rows - 1));
+      }
     }
   };
   // One 32-bit cursor per side, shared by both rows: the unit of this lane's first load of the next step to load
