@@ -119,6 +119,7 @@ def test_gemv_int4_vs_numpy(lib, name, N, K, g, layout):
     w_norm = (1.0 + 0.3 * rng.standard_normal(K)).astype(np.float32)
     eps = 1e-6
     xn = x.astype(np.float64) / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps) * w_norm
+    w = dequant(u, s, g, z)                                              # float64 (N, K), once for both inputs
     for with_norm in (True, False):
         y = np.empty(N, dtype=np.float32)
         _check(lib, lib.nq_test_gemv_int4(q.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
@@ -126,11 +127,11 @@ def test_gemv_int4_vs_numpy(lib, name, N, K, g, layout):
                                           N, K, g, _f32p(x), _f32p(w_norm) if with_norm else None, eps, _f32p(y)))
         assert np.isfinite(y).all(), "unwritten (NaN-poisoned) outputs"
         xin = xn if with_norm else x.astype(np.float64)
-        r = dequant(u, s, g, z) @ xin
+        r = w @ xin
         # Worst case, per row: x rounded to f16 (u = 2^-11 of each product) and the kernel's f16 partial sums of 16
         # products (two chains of 8 fused multiply-adds, then one add: gamma_9 ~ 9u of the sum of |products|);
         # the f32 part above is negligible. A rigorous bound, so it holds for every draw.
-        bound = np.abs(dequant(u, s, g, z)) @ np.abs(xin)
+        bound = np.abs(w) @ np.abs(xin)
         worst = float(np.max(np.abs(y - r) / bound))
         assert worst < GEMV_F16_WORST, f"{name} g{g} layout {layout} norm {with_norm}: error {worst:.2e} of sum |w x|"
         if N >= 16:  # with 3 rows the norm below is one draw of a heavy-tailed ratio (~0.5 % of draws > 3e-3)
