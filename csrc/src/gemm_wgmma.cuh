@@ -39,6 +39,11 @@
 //   the few-token builds 4, whose per-stage work (mbarrier wait and arrive, wgmma fence/commit/wait, loop and scale
 //   addressing: ~90 of the ~160 instructions of a 1-sub-tile stage in their SASS) is then paid once per 256 k.
 // * Scales: __ldg into registers one stage ahead (groups are powers of two: the index is a shift), per 32-k half.
+// * Layout 2 (the ZP builds): the zero points (uint8 [N][K/g]) are loaded beside the scales, one stage ahead, same
+//   index, and the dequantisation subtracts (1024 + z, 1024 + z) where layout 1 subtracts 1032 (dq_pair's kz). One
+//   register per row and 64-k sub-tile holds both 32-k halves' zeros (group 32: one 16-bit load of the two bytes,
+//   byte q = half q; groups >= 64: one byte, the same group for both halves), so the few-token builds' 4 sub-tiles a
+//   stage stay within the consumer registers.
 // * Tensor maps are encoded on the host per launch (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion:
 //   no -lcuda) and passed as __grid_constant__ parameters, so a captured launch replays with the pointers it had.
 #pragma once
@@ -61,7 +66,7 @@ namespace {
 
 constexpr int WG_KB = 64;  // k per stage: one 128-byte (swizzle-atom) row of f16 per token
 
-template <int TN, int WGS, int STAGES, int KSUB>
+template <int TN, int WGS, int STAGES, int KSUB, bool ZP = false>
 struct WgCfg {
   static constexpr int kConsumers = 128 * WGS;
   static constexpr int kThreads = kConsumers + 128;  // + the producer warpgroup
@@ -77,8 +82,8 @@ struct WgCfg {
   static_assert(WGS == 2 || WGS == 3, "2 or 3 consumer warpgroups");
   static_assert(KSUB == 1 || KSUB == 2 || KSUB == 4, "64-k sub-tiles per stage: 1, 2 or 4");
   static_assert(128 * (kProducerRegs + WGS * kConsumerRegs) <= 65536, "register file");
-  // accumulators, the A fragments and scales of a stage, the words of a sub-tile, addresses
-  static_assert(kConsumerRegs >= TN / 2 + 20 * KSUB + 48, "consumer registers");
+  // accumulators, the A fragments and scales (and zero points, ZP) of a stage, the words of a sub-tile, addresses
+  static_assert(kConsumerRegs >= TN / 2 + (ZP ? 22 : 20) * KSUB + 48, "consumer registers");
   static_assert(kSmem <= 227 * 1024, "shared memory per SM");
   static_assert(kActBytes % 1024 == 0 && kWBytes % 1024 == 0, "sub-tiles must stay 1024-byte aligned");
   static_assert(TN <= 256 && kRows <= 256, "a TMA box is at most 256 rows");
@@ -120,13 +125,14 @@ __device__ __forceinline__ void wg_tma_load_2d(uint32_t dst, const CUtensorMap* 
 __device__ __forceinline__ void wg_reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 #endif
 
-template <int TN, int WGS, int STAGES, int KSUB>
+// ZP: INT4 layout 2 (every segment has zero points; gemm_multi launches per segment where layouts differ).
+template <int TN, int WGS, int STAGES, int KSUB, bool ZP = false>
 __global__ void __launch_bounds__(128 * WGS + 128, 1)
     gemm_int4_wgmma(const GemmGroup g, const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmW0,
                     const __grid_constant__ CUtensorMap tmW1, const __grid_constant__ CUtensorMap tmW2, int M, int ldc,
                     int add, int* sem, float* part) {
 #if NQ_WGMMA_DEVICE
-  using C_ = WgCfg<TN, WGS, STAGES, KSUB>;
+  using C_ = WgCfg<TN, WGS, STAGES, KSUB, ZP>;
   extern __shared__ __align__(128) unsigned char wsm_raw[];
   const uint32_t raw_u32 = smem_u32(wsm_raw);
   const uint32_t sbase = (raw_u32 + 1023u) & ~1023u;
@@ -189,6 +195,9 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   // scale rows of r0 and r0 + 8; rows beyond N read row 0's (their outputs are never stored)
   const __half* srow0 = W.scales + (size_t)(n0 + r0 < W.N ? n0 + r0 : 0) * groups;
   const __half* srow1 = W.scales + (size_t)(n0 + r0 + 8 < W.N ? n0 + r0 + 8 : 0) * groups;
+  // ZP: the zero points of the same rows, indexed as the scales
+  const uint8_t* zrow0 = ZP ? W.zeros + (size_t)(n0 + r0 < W.N ? n0 + r0 : 0) * groups : nullptr;
+  const uint8_t* zrow1 = ZP ? W.zeros + (size_t)(n0 + r0 + 8 < W.N ? n0 + r0 + 8 : 0) * groups : nullptr;
   // The scales' raw bits [row r0 / r0+8][32-k half], loaded a stage ahead and paired (s, s) only where the next
   // stage dequantises: pairing them here made the thread wait for the loads before it issued this stage's wgmmas
   // (SASS: the PRMTs right after the LDGs, ahead of WARPGROUP.ARRIVE), a global-memory latency in every stage.
@@ -199,6 +208,20 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
       s[1][q] = __half_as_ushort(__ldg(srow1 + ((k0 + 32 * q) >> gshift)));
     }
   };
+  // ZP: the zero bytes of rows r0 and r0 + 8 for the sub-tile at k0 (a multiple of 64), one register per row (file
+  // comment): group 32, the two bytes at the even index k0 / 32 (rows of K / 32 bytes, K % 64 == 0, and the zeros'
+  // base 128-byte aligned: a 2-byte aligned load); turned into dq_pair's (1024 + z, 1024 + z) only where the next
+  // stage dequantises (as the scales)
+  const int zsh = gshift == 5 ? 8 : 0;    // half q's zero: (register >> q * zsh) & 0xFF
+  auto load_zeros = [&](int k0, uint32_t (&zz)[2]) {
+    if (gshift == 5) {
+      zz[0] = __ldg(reinterpret_cast<const unsigned short*>(zrow0 + (k0 >> 5)));
+      zz[1] = __ldg(reinterpret_cast<const unsigned short*>(zrow1 + (k0 >> 5)));
+    } else {
+      zz[0] = __ldg(zrow0 + (k0 >> gshift));
+      zz[1] = __ldg(zrow1 + (k0 >> gshift));
+    }
+  };
   auto pair = [](uint32_t b) { return u32_as_h2(b | (b << 16)); };
 
   float acc[TN / 2];
@@ -207,9 +230,13 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   // a stage's A fragments (KSUB sub-tiles x 4 16-k steps) and scales; the scales of the next stage are loaded while
   // this one's wgmmas run
   uint32_t fa[KSUB][4][4], sc[KSUB][2][2];
+  uint32_t zc[ZP ? KSUB : 1][2];      // ZP: the zero bytes of a stage, [sub-tile][row] (unused in layout 1's builds)
 #pragma unroll
   for (int q = 0; q < KSUB; q++)
-    if (q < KT) load_scales((kt0 + q) * WG_KB, sc[q]);
+    if (q < KT) {
+      load_scales((kt0 + q) * WG_KB, sc[q]);
+      if constexpr (ZP) load_zeros((kt0 + q) * WG_KB, zc[q]);
+    }
   for (int ks = 0; ks < NS; ks++) {
     // (constant for one sub-tile per stage, so the prefill builds' loop has no sub-tile branches)
     const int s = ks % STAGES, nsub = KSUB == 1 ? 1 : min(KSUB, KT - ks * KSUB);
@@ -227,16 +254,28 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
       const uint32_t w1[8] = {x1.x, x1.y, x1.z, x1.w, y1.x, y1.y, y1.z, y1.w};
 #pragma unroll
       for (int t = 0; t < 4; t++) {
-        fa[q][t][0] = dq_pair(w0[2 * t] >> sh, 0, pair(sc[q][0][t >> 1]));
-        fa[q][t][1] = dq_pair(w1[2 * t] >> sh, 0, pair(sc[q][1][t >> 1]));
-        fa[q][t][2] = dq_pair(w0[2 * t + 1] >> sh, 0, pair(sc[q][0][t >> 1]));
-        fa[q][t][3] = dq_pair(w1[2 * t + 1] >> sh, 0, pair(sc[q][1][t >> 1]));
+        if constexpr (ZP) {
+          const __half2 kz0 = u32_as_h2(zero_bias_pair((zc[q][0] >> ((t >> 1) * zsh)) & 0xFFu));
+          const __half2 kz1 = u32_as_h2(zero_bias_pair((zc[q][1] >> ((t >> 1) * zsh)) & 0xFFu));
+          fa[q][t][0] = dq_pair(w0[2 * t] >> sh, 0, pair(sc[q][0][t >> 1]), kz0);
+          fa[q][t][1] = dq_pair(w1[2 * t] >> sh, 0, pair(sc[q][1][t >> 1]), kz1);
+          fa[q][t][2] = dq_pair(w0[2 * t + 1] >> sh, 0, pair(sc[q][0][t >> 1]), kz0);
+          fa[q][t][3] = dq_pair(w1[2 * t + 1] >> sh, 0, pair(sc[q][1][t >> 1]), kz1);
+        } else {
+          fa[q][t][0] = dq_pair(w0[2 * t] >> sh, 0, pair(sc[q][0][t >> 1]));
+          fa[q][t][1] = dq_pair(w1[2 * t] >> sh, 0, pair(sc[q][1][t >> 1]));
+          fa[q][t][2] = dq_pair(w0[2 * t + 1] >> sh, 0, pair(sc[q][0][t >> 1]));
+          fa[q][t][3] = dq_pair(w1[2 * t + 1] >> sh, 0, pair(sc[q][1][t >> 1]));
+        }
       }
     }
     const int nnext = KSUB == 1 ? (ks + 1 < KT ? 1 : 0) : min(KSUB, KT - (ks + 1) * KSUB);
 #pragma unroll
     for (int q = 0; q < KSUB; q++)
-      if (q < nnext) load_scales((kt0 + (ks + 1) * KSUB + q) * WG_KB, sc[q]);
+      if (q < nnext) {
+        load_scales((kt0 + (ks + 1) * KSUB + q) * WG_KB, sc[q]);
+        if constexpr (ZP) load_zeros((kt0 + (ks + 1) * KSUB + q) * WG_KB, zc[q]);
+      }
     const uint32_t stage = sbase + s * C_::kStageBytes;
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
@@ -338,13 +377,13 @@ inline bool wg_encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void*
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// One launch of gemm_int4_wgmma<TN, WGS, STAGES, KSUB>; `tiles` = W-row tiles of 64 WGS rows over all segments,
+// One launch of gemm_int4_wgmma<TN, WGS, STAGES, KSUB, ZP>; `tiles` = W-row tiles of 64 WGS rows over all segments,
 // `splits` = split-K count (1: none; the few-token builds only), reduced by each tile's last split.
-template <int TN, int WGS, int STAGES, int KSUB>
+template <int TN, int WGS, int STAGES, int KSUB, bool ZP = false>
 int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add, int splits,
                       cudaStream_t st, GemmScratch* ws = nullptr) {
-  using C_ = WgCfg<TN, WGS, STAGES, KSUB>;
-  auto kern = gemm_int4_wgmma<TN, WGS, STAGES, KSUB>;
+  using C_ = WgCfg<TN, WGS, STAGES, KSUB, ZP>;
+  auto kern = gemm_int4_wgmma<TN, WGS, STAGES, KSUB, ZP>;
   static bool raised = false;
   if (!raised) {
     NQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C_::kSmem));

@@ -481,12 +481,6 @@ int open_model_file(const char* path, bool verify, ModelFile** out) {
   const int32_t dims[] = {c.hidden_size, c.intermediate_size, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_rows, c.max_positions};
   for (int32_t d : dims)
     if (rc == NQ_OK && d <= 0) rc = fail(NQ_E_UNSUPPORTED, "%s: a config dimension above 2^31-1 is not supported", path);
-  // A valid file whose int4g tensors use the asymmetric layout 2: the format allows it, this library's kernels
-  // read layout 1 only.
-  for (const TensorInfo& t : f->tensors)
-    if (rc == NQ_OK && t.dtype == DT_INT4G && t.layout_id != ct::kLayoutInt4RowmajorK8)
-      rc = fail(NQ_E_UNSUPPORTED, "%s: tensor %s: unsupported layout: int4g layout %u (asymmetric) is not supported by this library, only layout %u",
-                path, t.name.c_str(), t.layout_id, ct::kLayoutInt4RowmajorK8);
   if (rc != NQ_OK) { delete f; return rc; }
   *out = f;
   return NQ_OK;
