@@ -28,7 +28,7 @@ SIGNATURES = {
                                                _I32P, _I32, _I32, _F32P, _I32, _I32, ctypes.POINTER(_F32P), _F32P,
                                                _I32, _I32]),
     "nq_test_gemm_swiglu": (ctypes.c_int, [_U32P, _U16P, _U8P, _U32P, _U16P, _U8P, _I32, _I32, _I32, _F32P, _I32,
-                                           _U16P]),
+                                           _I32, _U16P]),
     "nq_test_attention": (ctypes.c_int, [_F32P, _F32P, _F32P] + [_I32] * 5 + [_F32P]),
     "nq_test_attention_prefill": (ctypes.c_int, [_F32P, _F32P, _F32P] + [_I32] * 5 + [_F32P]),
     "nq_test_sample": (ctypes.c_int, [_F32P, _I32, ctypes.POINTER(NqSampling), ctypes.c_uint64, _I32P]),

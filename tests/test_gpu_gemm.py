@@ -183,18 +183,27 @@ def test_gemm_rejects_groups_outside_the_contract(lib, g):
     assert rc != 0 and "group" in lib.nq_last_error().decode()
 
 
-# gemm_swiglu (the MLP's first half, H = silu(A gate^T) * (A up^T) in f16: gemm_multi into f32 g and u, then
-# swiglu_rows). Error budget of one output against float64: g and u each carry the GEMM's ~2^-12 relative error
-# (TOL_REL's reasoning), silu(g) * u inherits at most about twice that relative to its magnitude, and the f16 store
-# adds 2^-11 relative: ~1e-3 in all. SWIGLU_TOL_REL allows ~3x that for the Frobenius error.
+# gemm_swiglu (the MLP's first half, H = silu(A gate^T) * (A up^T) in f16): on a Hopper GPU from 128 tokens one
+# gemm_int4_wgmma launch whose blocks hold gate and up rows in pairs (the SwiGLU epilogue), below that the unfused path
+# (gemm_multi, then swiglu_rows).
+# Error budget of one output against float64: g and u each carry the GEMM's ~2^-12 relative error (TOL_REL's
+# reasoning), silu(g) * u inherits at most about twice that relative to its magnitude, and the f16 store adds 2^-11
+# relative: ~1e-3 in all. SWIGLU_TOL_REL allows ~3x that for the Frobenius error.
 SWIGLU_TOL_REL = 3e-3
+# The fused and the unfused path multiply the same f16 values, so their f32 g and u differ at most by the f32
+# accumulation order (~1e-7 relative); after the f16 rounding of the product an element differs by at most one f16
+# unit in the last place (2^-11 relative on average, 2^-10 at worst) except where g cancels to ~0. Their relative
+# Frobenius difference is therefore below 2^-10, while any indexing mistake in the epilogue would be O(1).
+SWIGLU_PATHS_REL = 2.0 ** -10
 
 SWIGLU_CASES = [  # (M, N, K, group)
-    (512, 18944, 3584, 128),   # 7B gate/up at the TTFT prompt
+    (512, 18944, 3584, 128),   # 7B gate/up at the TTFT prompt (the 128-row x 256-token build: 64-row pairs)
+    (512, 4864, 896, 128),     # 0.5B gate/up at 512 tokens (the 192 x 128 build: 96-row pairs, the last one partial)
     (513, 4864, 896, 64),      # 0.5B, one token past a tile
-    (128, 1000, 512, 32),      # N not a multiple of 64
+    (128, 4900, 896, 32),      # the smallest fused M (the 128 x 128 build), N not a multiple of 64
+    (128, 1000, 512, 32),      # 16 blocks, too few for the GPU: the unfused path
     (2048, 3072, 1024, 256),
-    (64, 4864, 896, 128),      # the few-token (split-K) builds
+    (64, 4864, 896, 128),      # below 128 tokens: the unfused path
     (7, 896, 256, 32),
 ]
 
@@ -216,15 +225,20 @@ def test_gemm_swiglu_vs_numpy(lib, M, N, K, g, layout):
     ref = _silu_mul(a16 @ dequant(ug, sg, g, zg).T, a16 @ dequant(uu, su, g, zu).T)
     _U8P = ctypes.POINTER(ctypes.c_uint8)
     u8p = lambda z: None if z is None else np.ascontiguousarray(z).ctypes.data_as(_U8P)  # noqa: E731
-    H = np.full((M, N), 0x7e00, dtype=np.uint16)        # poison (f16 NaN) also on the host side
-    rc = lib.nq_test_gemm_swiglu(
-        np.ascontiguousarray(qg).ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
-        np.ascontiguousarray(sg.view(np.uint16)).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)), u8p(zg),
-        np.ascontiguousarray(qu).ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
-        np.ascontiguousarray(su.view(np.uint16)).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)), u8p(zu),
-        N, K, g, A.ctypes.data_as(_F32P), M, H.ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)))
-    assert rc == 0, lib.nq_last_error().decode()
-    h = H.view(np.float16).astype(np.float64)
-    assert np.isfinite(h).all(), "unwritten (NaN) outputs"
-    err = rel_err(h, ref)
-    assert err < SWIGLU_TOL_REL, f"layout {layout}: relative error {err:.2e}"
+    outs = []
+    for unfused in (0, 1):
+        H = np.full((M, N), 0x7e00, dtype=np.uint16)        # poison (f16 NaN) also on the host side
+        rc = lib.nq_test_gemm_swiglu(
+            np.ascontiguousarray(qg).ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
+            np.ascontiguousarray(sg.view(np.uint16)).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)), u8p(zg),
+            np.ascontiguousarray(qu).ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
+            np.ascontiguousarray(su.view(np.uint16)).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)), u8p(zu),
+            N, K, g, A.ctypes.data_as(_F32P), M, unfused, H.ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)))
+        assert rc == 0, lib.nq_last_error().decode()
+        h = H.view(np.float16).astype(np.float64)
+        assert np.isfinite(h).all(), f"layout {layout}, unfused={unfused}: unwritten (NaN) outputs"
+        err = rel_err(h, ref)
+        assert err < SWIGLU_TOL_REL, f"layout {layout}, unfused={unfused}: relative error {err:.2e}"
+        outs.append(h)
+    d = rel_err(outs[0], outs[1])
+    assert d <= SWIGLU_PATHS_REL, f"layout {layout}: fused vs unfused: {d:.2e} relative"

@@ -37,10 +37,12 @@ NQ_API int nq_test_gemm_int4_multi(int32_t nseg, const uint32_t* const* qweights
                                    const float* A, int32_t M, int32_t lda, const float* const* bias, float* C,
                                    int32_t ldc, int32_t add);
 /* The MLP's first half, gemm_swiglu: H = silu(A @ gate^T) * (A @ up^T) as f16 bits (M, N); gate/up uint32 (N, K/8),
- * f16-bit scales (N, K/group); A f32 (M, K) (rounded to f16). */
+ * f16-bit scales (N, K/group); z_gate/z_up uint8 zero points (N, K/group) or null (layout 1); A f32 (M, K) (rounded
+ * to f16). unfused = 1 runs gemm_multi into f32 G, U and then swiglu_rows (the path gemm_swiglu takes where its fused
+ * epilogue does not apply), for comparing the two. */
 NQ_API int nq_test_gemm_swiglu(const uint32_t* q_gate, const uint16_t* s_gate, const uint8_t* z_gate,
                                const uint32_t* q_up, const uint16_t* s_up, const uint8_t* z_up, int32_t N, int32_t K,
-                               int32_t group, const float* A, int32_t M, uint16_t* H);
+                               int32_t group, const float* A, int32_t M, int32_t unfused, uint16_t* H);
 /* Decode attention for one query position: q[n_heads*D] f32 (already roped), K/V[(pos+1), n_kv, D] f32
  * (already roped); returns out[n_heads*D]. keys_per_split sets the split size (multiple of 32). */
 NQ_API int nq_test_attention(const float* q, const float* k, const float* v, int32_t n_heads, int32_t n_kv,

@@ -168,6 +168,31 @@ int gemm_swiglu(const LinW& gate, const LinW& up, const __half* A, int lda, int 
                 cudaStream_t st, GemmScratch* ws) {
   const int I = gate.N;
   const LinW W[2] = {gate, up};
+  int sms = 0;
+  long long blocks = 0;
+  const bool fused_ok = gate.type == WT_INT4 && up.type == WT_INT4 && up.N == I && up.K == gate.K &&
+                        up.group == gate.group && M >= kWgmmaMinM && gate.K % BK == 0 && lda % 8 == 0 &&
+                        contract::int4_group_ok(gate.group, gate.K) && reinterpret_cast<uintptr_t>(A) % 16 == 0 &&
+                        reinterpret_cast<uintptr_t>(gate.w) % 16 == 0 && reinterpret_cast<uintptr_t>(up.w) % 16 == 0 &&
+                        (gate.zeros != nullptr) == (up.zeros != nullptr) && wgmma_available(&sms);
+  // the build gemm_multi would take for gate and up; each block kRows/2 rows of gate and the same rows of up
+  const int c = fused_ok ? choose_wgmma(W, 2, M, sms, &blocks) : -1;
+  if (c >= 0 && 2 * blocks >= sms) {
+    GemmGroup g;
+    g.n = 2;
+    for (int i = 0; i < 2; i++) g.s[i].W = W[i], g.s[i].C = nullptr, g.s[i].bias = nullptr;
+    g.swiglu_out = H;
+    g.swiglu_ld = I;
+    const int half = 32 * kWgShapes[c].wgs, tiles = (I + half - 1) / half;
+    if (gate.zeros) {   // layout 2: the ZP builds
+      if (c == 0) return launch_int4_wgmma<256, 2, 4, 1, true>(g, tiles, A, lda, M, 0, false, 1, st);
+      if (c == 1) return launch_int4_wgmma<128, 2, 5, 1, true>(g, tiles, A, lda, M, 0, false, 1, st);
+      return launch_int4_wgmma<128, 3, 5, 1, true>(g, tiles, A, lda, M, 0, false, 1, st);
+    }
+    if (c == 0) return launch_int4_wgmma<256, 2, 4, 1>(g, tiles, A, lda, M, 0, false, 1, st);
+    if (c == 1) return launch_int4_wgmma<128, 2, 5, 1>(g, tiles, A, lda, M, 0, false, 1, st);
+    return launch_int4_wgmma<128, 3, 5, 1>(g, tiles, A, lda, M, 0, false, 1, st);
+  }
   float* const C2[2] = {G, U};
   const float* const B2[2] = {nullptr, nullptr};
   NQ_TRY(gemm_multi(W, C2, B2, 2, A, lda, M, I, false, st, ws));

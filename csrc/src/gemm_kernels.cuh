@@ -93,6 +93,10 @@ struct GemmGroup {
   GemmSeg s[3];
   int n = 1;               // segments used
   int tiles0 = 0, tiles1 = 0;  // N tiles of segments 0 and 1
+  // SwiGLU epilogue (gemm_int4_wgmma's 2-warpgroup builds only): segments 0 (gate) and 1 (up), each block the same
+  // 64 rows of both, and silu(gate) * up stored as f16 [M][swiglu_ld] here instead of the segments' C
+  __half* swiglu_out = nullptr;
+  int swiglu_ld = 0;
 };
 
 template <int WT>

@@ -140,10 +140,13 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   const uint32_t full0 = sbase + STAGES * C_::kStageBytes, empty0 = full0 + STAGES * 8;
 
   const int by = blockIdx.y;  // W-row tile over all segments; blockIdx.x = token tile (fastest: W read ~once)
-  const int seg = (g.n > 2 && by >= g.tiles0 + g.tiles1) ? 2 : (g.n > 1 && by >= g.tiles0) ? 1 : 0;
+  // SwiGLU blocks (g.swiglu_out; the prefill builds only, gemm.cu): rows n0 .. n0 + kRows/2 - 1 of gate and the
+  // same rows of up, one TMA box each
+  const bool swiglu = TN >= 128 && g.swiglu_out != nullptr;
+  const int seg = swiglu ? 0 : (g.n > 2 && by >= g.tiles0 + g.tiles1) ? 2 : (g.n > 1 && by >= g.tiles0) ? 1 : 0;
   const LinW W = seg == 2 ? g.s[2].W : seg == 1 ? g.s[1].W : g.s[0].W;
   const CUtensorMap* tmW = seg == 2 ? &tmW2 : seg == 1 ? &tmW1 : &tmW0;
-  const int n0 = (by - (seg == 2 ? g.tiles0 + g.tiles1 : seg == 1 ? g.tiles0 : 0)) * C_::kRows;
+  const int n0 = swiglu ? by * (C_::kRows / 2) : (by - (seg == 2 ? g.tiles0 + g.tiles1 : seg == 1 ? g.tiles0 : 0)) * C_::kRows;
   const int m0 = blockIdx.x * TN;
   const int tid = threadIdx.x;
   // split-K (gridDim.z splits; sem != null): split z owns the 64-k sub-tiles [kt0, kt0 + KT), in NS stages of KSUB
@@ -171,6 +174,7 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
     if (tid == C_::kConsumers) {
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmA)) : "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmW)) : "memory");
+      if (swiglu) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmW1)) : "memory");
       for (int ks = 0; ks < NS; ks++) {
         const int s = ks % STAGES, nsub = KSUB == 1 ? 1 : min(KSUB, KT - ks * KSUB);
         if (ks >= STAGES) wg_mbar_wait(empty0 + 8 * s, ((ks / STAGES) - 1) & 1);
@@ -179,7 +183,12 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
         for (int q = 0; q < nsub; q++) {
           const int kt = kt0 + ks * KSUB + q;
           wg_tma_load_2d(buf + q * C_::kSubBytes, &tmA, kt * WG_KB, m0, full);
-          wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, tmW, kt * WG_KB / 2, n0, full);
+          if (swiglu) {  // kRows/2 rows of gate, then the same rows of up
+            wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, &tmW0, kt * WG_KB / 2, n0, full);
+            wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes + C_::kWBytes / 2, &tmW1, kt * WG_KB / 2, n0, full);
+          } else {
+            wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, tmW, kt * WG_KB / 2, n0, full);
+          }
         }
       }
     }
@@ -187,17 +196,25 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C_::kConsumerRegs));
 
-  // consumer: warpgroup wg owns block rows 64 wg .. 64 wg + 63; this thread rows r0 and r0 + 8
+  // consumer: warpgroup wg owns block rows 64 wg .. 64 wg + 63; this thread's A fragment rows are gid and gid + 8
+  // of its warp's 16: block rows r0 and r0 + 8. A SwiGLU block pairs them instead: fragment row gid takes gate row
+  // `a` (shared-memory row a of the gate box) and row gid + 8 up's row `a` (row kRows/2 + a), so that acc[4j + e]
+  // and acc[4j + 2 + e] are g and u of one (row, token) in one thread: the epilogue needs no exchange.
   const int lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3, gid = lane >> 2, tig = lane & 3;
   const int r0 = wg * 64 + wq * 16 + gid;
+  const int a = wg * 32 + wq * 8 + gid;                                   // SwiGLU: 0 .. kRows/2 - 1
+  const int sr0 = swiglu ? a : r0, sr1 = swiglu ? C_::kRows / 2 + a : r0 + 8;  // shared-memory rows
   const int sh = 4 * tig;
   const int groups = W.K / W.group, gshift = __ffs(W.group) - 1;  // groups are powers of two (format rule)
-  // scale rows of r0 and r0 + 8; rows beyond N read row 0's (their outputs are never stored)
-  const __half* srow0 = W.scales + (size_t)(n0 + r0 < W.N ? n0 + r0 : 0) * groups;
-  const __half* srow1 = W.scales + (size_t)(n0 + r0 + 8 < W.N ? n0 + r0 + 8 : 0) * groups;
+  // scale rows of the two fragment rows; rows beyond N read row 0's (their outputs are never stored). SwiGLU: gate
+  // and up have one K, group and layout (gemm.cu checks), so `groups` is both's.
+  const int wr0 = n0 + (swiglu ? a : r0), wr1 = swiglu ? wr0 : wr0 + 8;
+  const LinW& W1 = swiglu ? g.s[1].W : W;   // the matrix of the second fragment row
+  const __half* srow0 = W.scales + (size_t)(wr0 < W.N ? wr0 : 0) * groups;
+  const __half* srow1 = W1.scales + (size_t)(wr1 < W.N ? wr1 : 0) * groups;
   // ZP: the zero points of the same rows, indexed as the scales
-  const uint8_t* zrow0 = ZP ? W.zeros + (size_t)(n0 + r0 < W.N ? n0 + r0 : 0) * groups : nullptr;
-  const uint8_t* zrow1 = ZP ? W.zeros + (size_t)(n0 + r0 + 8 < W.N ? n0 + r0 + 8 : 0) * groups : nullptr;
+  const uint8_t* zrow0 = ZP ? W.zeros + (size_t)(wr0 < W.N ? wr0 : 0) * groups : nullptr;
+  const uint8_t* zrow1 = ZP ? W1.zeros + (size_t)(wr1 < W.N ? wr1 : 0) * groups : nullptr;
   // The scales' raw bits [row r0 / r0+8][32-k half], loaded a stage ahead and paired (s, s) only where the next
   // stage dequantises: pairing them here made the thread wait for the loads before it issued this stage's wgmmas
   // (SASS: the PRMTs right after the LDGs, ahead of WARPGROUP.ARRIVE), a global-memory latency in every stage.
@@ -244,12 +261,13 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
 #pragma unroll
     for (int q = 0; q < KSUB; q++) {
       if (q >= nsub) break;
-      // dequantise rows r0 and r0 + 8 of sub-tile q into the A fragments of its 4 16-k steps
+      // dequantise the two fragment rows (shared-memory rows sr0, sr1) of sub-tile q into the A fragments of its 4
+      // 16-k steps
       const unsigned char* wp = wsm + s * C_::kStageBytes + q * C_::kSubBytes + C_::kActBytes;
-      const uint4 x0 = *reinterpret_cast<const uint4*>(wp + r0 * 32);
-      const uint4 y0 = *reinterpret_cast<const uint4*>(wp + r0 * 32 + 16);
-      const uint4 x1 = *reinterpret_cast<const uint4*>(wp + (r0 + 8) * 32);
-      const uint4 y1 = *reinterpret_cast<const uint4*>(wp + (r0 + 8) * 32 + 16);
+      const uint4 x0 = *reinterpret_cast<const uint4*>(wp + sr0 * 32);
+      const uint4 y0 = *reinterpret_cast<const uint4*>(wp + sr0 * 32 + 16);
+      const uint4 x1 = *reinterpret_cast<const uint4*>(wp + sr1 * 32);
+      const uint4 y1 = *reinterpret_cast<const uint4*>(wp + sr1 * 32 + 16);
       const uint32_t w0[8] = {x0.x, x0.y, x0.z, x0.w, y0.x, y0.y, y0.z, y0.w};
       const uint32_t w1[8] = {x1.x, x1.y, x1.z, x1.w, y1.x, y1.y, y1.z, y1.w};
 #pragma unroll
@@ -293,6 +311,19 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   }
 
   // epilogue: acc[4j + 2h + e] = (block row r0 + 8h, token 8j + 2tig + e)
+  if (swiglu) {  // acc[4j + e] = g, acc[4j + 2 + e] = u of gate/up row n0 + a, token 8j + 2tig + e
+    const int n = n0 + a;
+    if (n < W.N) {
+#pragma unroll
+      for (int j = 0; j < TN / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int m = m0 + 8 * j + 2 * tig + e;
+          if (m < M) g.swiglu_out[(size_t)m * g.swiglu_ld + n] = swiglu_f16(acc[4 * j + e], acc[4 * j + 2 + e]);
+        }
+    }
+    return;
+  }
   float* const C = seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C;
   const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
   if (nz > 1) {
@@ -377,8 +408,9 @@ inline bool wg_encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void*
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// One launch of gemm_int4_wgmma<TN, WGS, STAGES, KSUB, ZP>; `tiles` = W-row tiles of 64 WGS rows over all segments,
-// `splits` = split-K count (1: none; the few-token builds only), reduced by each tile's last split.
+// One launch of gemm_int4_wgmma<TN, WGS, STAGES, KSUB, ZP>; `tiles` = W-row tiles of 64 WGS rows over all segments
+// (with g.swiglu_out: tiles of 32 WGS rows of gate and up each), `splits` = split-K count (1: none; the few-token
+// builds only), reduced by each tile's last split.
 template <int TN, int WGS, int STAGES, int KSUB, bool ZP = false>
 int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add, int splits,
                       cudaStream_t st, GemmScratch* ws = nullptr) {
@@ -397,10 +429,14 @@ int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, i
                     WG_KB, TN, CU_TENSOR_MAP_SWIZZLE_128B))
     return fail(NQ_E_CUDA, "gemm: cuTensorMapEncodeTiled failed for the activations (M=%d, K=%d, lda=%d)", M,
                 g.s[0].W.K, lda);
+  const bool swiglu = g.swiglu_out != nullptr;
+  if (swiglu && (g.n != 2 || splits > 1 || g.s[0].W.N != g.s[1].W.N || g.s[0].W.K != g.s[1].W.K ||
+                 g.s[0].W.group != g.s[1].W.group))
+    return fail(NQ_E_INVALID_ARG, "gemm: the SwiGLU epilogue needs gate and up of one shape and group, no split");
   for (int i = 0; i < 3; i++) {
     const LinW& W = g.s[i < g.n ? i : 0].W;
     if (!wg_encode_2d(&tmW[i], CU_TENSOR_MAP_DATA_TYPE_UINT8, W.w, (uint64_t)W.K / 2, (uint64_t)W.N,
-                      (uint64_t)W.K / 2, WG_KB / 2, C_::kRows, CU_TENSOR_MAP_SWIZZLE_NONE))
+                      (uint64_t)W.K / 2, WG_KB / 2, swiglu ? C_::kRows / 2 : C_::kRows, CU_TENSOR_MAP_SWIZZLE_NONE))
       return fail(NQ_E_CUDA, "gemm: cuTensorMapEncodeTiled failed for weight segment %d (N=%d, K=%d)", i, W.N, W.K);
   }
   const int mtiles = (M + TN - 1) / TN;

@@ -73,9 +73,9 @@ int gemm(const LinW& W, const __half* A, int lda, int M, float* C, int ldc, cons
 // null), all C[i] with row stride ldc. Segments of different K or dtype fall back to one launch each.
 int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, const __half* A, int lda, int M,
                int ldc, bool add, cudaStream_t st, GemmScratch* ws = nullptr);
-// The MLP's first half: H[M, I] f16 = silu(A @ gate^T) * (A @ up^T), I = gate.N = up.N, H row stride I: gemm_multi
-// into G and U (f32 [M, I] scratch), then swiglu_rows. (A SwiGLU epilogue in gemm_int4_wgmma measured no faster at
-// 512 tokens on the H200: bench/NOTES.md, session 8.)
+// The MLP's first half: H[M, I] f16 = silu(A @ gate^T) * (A @ up^T), I = gate.N = up.N, H row stride I. On a
+// Hopper GPU from kWgmmaMinM tokens (INT4) one gemm_int4_wgmma launch with the SwiGLU epilogue; otherwise
+// gemm_multi into G and U (f32 [M, I] scratch) and swiglu_rows.
 int gemm_swiglu(const LinW& gate, const LinW& up, const __half* A, int lda, int M, float* G, float* U, __half* H,
                 cudaStream_t st, GemmScratch* ws = nullptr);
 // Y[M, K] f16 = rmsnorm(X[M, K] f32) * w

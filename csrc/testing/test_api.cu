@@ -253,7 +253,7 @@ int nq_test_gemm_int4_multi(int32_t nseg, const uint32_t* const* qweights, const
 
 int nq_test_gemm_swiglu(const uint32_t* q_gate, const uint16_t* s_gate, const uint8_t* z_gate, const uint32_t* q_up,
                         const uint16_t* s_up, const uint8_t* z_up, int32_t N, int32_t K, int32_t group, const float* A,
-                        int32_t M, uint16_t* H) {
+                        int32_t M, int32_t unfused, uint16_t* H) {
   if (!q_gate || !s_gate || !q_up || !s_up || !A || !H) return fail(NQ_E_INVALID_ARG, "nq_test_gemm_swiglu: NULL argument");
   if (M <= 0) return fail(NQ_E_INVALID_ARG, "M=%d", M);
   NQ_TRY(check_int4(N, K, group));
@@ -268,7 +268,15 @@ int nq_test_gemm_swiglu(const uint32_t* q_gate, const uint16_t* s_gate, const ui
   NQ_TRY(dh.put(poison.data(), poison.size() * 2));
   NQ_TRY(dg.alloc((size_t)M * N * 4));
   NQ_TRY(du.alloc((size_t)M * N * 4));
-  NQ_TRY(gemm_swiglu(Wg, Wu, da.as<__half>(), K, M, dg.as<float>(), du.as<float>(), dh.as<__half>(), 0));
+  if (unfused) {
+    const LinW W2[2] = {Wg, Wu};
+    float* const C2[2] = {dg.as<float>(), du.as<float>()};
+    const float* const B2[2] = {nullptr, nullptr};
+    NQ_TRY(gemm_multi(W2, C2, B2, 2, da.as<__half>(), K, M, N, false, 0));
+    NQ_TRY(swiglu_rows(dg.as<float>(), du.as<float>(), M, N, dh.as<__half>(), 0));
+  } else {
+    NQ_TRY(gemm_swiglu(Wg, Wu, da.as<__half>(), K, M, dg.as<float>(), du.as<float>(), dh.as<__half>(), 0));
+  }
   NQ_CUDA(cudaDeviceSynchronize());
   NQ_CUDA(cudaMemcpy(H, dh.p, (size_t)M * N * 2, cudaMemcpyDeviceToHost));
   return NQ_OK;
