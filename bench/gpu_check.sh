@@ -3,9 +3,9 @@
 # and end-to-end benchmarks, compute-sanitizer; full logs under $OUT, a short table last.
 #   device: run(command="bash bench/gpu_check.sh [STEPS]", carry=[".whl", "nanoqwen_rt/lib", "build/lib"])
 #   (nanoqwen_rt/lib: the product library; build/lib: the testing library the kernel tests and benches load)
-# STEPS: comma list of sass,tests,kbench,abench,bench,long,base,ncu,sanitize,hf7b (default: all but abench, long and
-# base; ncu, long and base need bench; long: the bench at 8K and 32K-token prompts; base: the bench again with an
-# earlier tree carried in .base/, see the step).
+# STEPS: comma list of sass,tests,kbench,abench,bench,long,base,ncu,sanitize,hf7b,asym (default: all but abench, long,
+# base and asym; ncu, long and base need bench; long: the bench at 8K and 32K-token prompts; base: the bench again
+# with an earlier tree carried in .base/, see the step; asym: int4g layout 2 against layout 1, see the step).
 # The kernels that lost are timed by csrc/dev programs: `make -C csrc/dev` then build/dev/<name>.
 # Wheels for packages the image lacks (crc32c, ...) are read from .whl/ (README "Notes" of the device tool).
 set -uo pipefail
@@ -137,6 +137,36 @@ if has hf7b; then
   timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 280 -rfE tests/test_gpu_e2e.py \
     -k 7b_shaped > "$LOG/pytest_hf7b.log" 2>&1
   note "7B-shaped vs transformers: rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 "$LOG/pytest_hf7b.log")"
+  save
+fi
+if has asym; then
+  # int4g layout 2 (zero points) against layout 1 in one run: the 7B decode/TTFT bench on two files holding the same
+  # weights (make_7b_file.py --quant int4-asym), the kernel bench of the layout-2 builds, and compute-sanitizer
+  # memcheck on a tiny layout-2 model (tests/int4_layout2.py twin of a converted checkpoint)
+  [ -f /tmp/q7b.nanoqwen ] || timeout 120 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > "$LOG/make7b.log" 2>&1
+  timeout 120 python3 bench/make_7b_file.py /tmp/q7b_asym.nanoqwen --quant int4-asym --quiet > "$LOG/make7b_asym.log" 2>&1
+  note "make_7b_file --quant int4-asym rc=$?"
+  for f in q7b q7b_asym; do
+    timeout 200 python3 -m nanoqwen_bench /tmp/$f.nanoqwen --device cuda --no-peers --json "$LOG/bench_$f.json" \
+      > "$LOG/bench_$f.log" 2>&1
+    note "bench 7B $f rc=$?: $(grep -E '^(TTFT|decode|bytes read|MBU)' "$LOG/bench_$f.log" | tr -s ' ' | tr '\n' ';')"
+  done
+  timeout 150 python3 bench/gpu_kernels_bench.py --layout 2 --json "$LOG/gemv_bench_layout2.json" \
+    > "$LOG/gemv_bench_layout2.log" 2>&1
+  note "gemv bench layout 2 rc=$?"; grep -E "^7B|^gemm" "$LOG/gemv_bench_layout2.log" | tee -a "$summary"
+  python3 -c "
+import sys; sys.path.insert(0, 'tests')
+from pathlib import Path
+from synth import make_checkpoint
+from int4_layout2 import layout_2_twins
+from nanoqwen_quant.convert import convert_checkpoint
+make_checkpoint('/tmp/san2_hf', dtype='bf16', n_layers=2, hidden=128, intermediate=256, n_heads=2, n_kv_heads=1, vocab=384, seed=4)
+convert_checkpoint('/tmp/san2_hf', '/tmp/san2.nanoqwen', quant='int4', group_size=32)
+layout_2_twins(Path('/tmp/san2.nanoqwen'), Path('/tmp/san2_l2.nanoqwen'), Path('/tmp/san2_l2f16.nanoqwen'), seed=7)" \
+    > "$LOG/sanitize_l2_model.log" 2>&1
+  timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/sanitize_tiny.py /tmp/san2_l2.nanoqwen \
+    > "$LOG/sanitize_l2_memcheck.log" 2>&1
+  note "compute-sanitizer memcheck, layout-2 model: rc=$? $(grep -E 'ERROR SUMMARY' "$LOG/sanitize_l2_memcheck.log" | head -1)"
   save
 fi
 if has sanitize; then

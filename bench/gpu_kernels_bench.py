@@ -2,13 +2,14 @@
 """Time libnanoqwen's INT4 GEMV per Qwen2.5 shape in the mode each projection uses, the prefill GEMM, and the
 device's read bandwidth (the ceiling the GEMV's GB/s is read against), through libnanoqwen_testing.
 
-    python3 bench/gpu_kernels_bench.py [--json OUT.json]
+    python3 bench/gpu_kernels_bench.py [--json OUT.json] [--layout 1|2] [--gemm-m 512]
 
 Modes as in the decode step: qkv = f32 input + RMSNorm prologue + store, o / down = f16 input + residual add,
 gate = SwiGLU over the gate and up matrices (2 x N x K read). Each timing: nq_bench_gemv_int4_mode = `iters`
 back-to-back launches rotating over >512 MB of weight copies (so L2 never holds them), CUDA events, us per launch.
-GB/s counts the weight + scale bytes read once per launch. Then the prefill GEMM at M = 512 on the 7B shapes, after
-the mma.sync ceiling of the GPU (nq_bench_mma_peak); lines start with "gemm" (bench/gpu_check.sh collects them).
+GB/s counts the weight + scale (+ zero-point, layout 2) bytes read once per launch. Then the prefill GEMM at M = 512
+(--gemm-m) on the 7B shapes, after the mma.sync ceiling of the GPU (nq_bench_mma_peak); lines start with "gemm"
+(bench/gpu_check.sh collects them). --layout 2 times the int4g layout-2 builds (zero points) on the same shapes.
 The kernels that lost to these are timed by their own programs in csrc/dev/.
 """
 from __future__ import annotations
@@ -49,7 +50,7 @@ def read_bandwidth(lib) -> float:
     return gbs.value
 
 
-def gemm_bench(lib, group: int, M: int = 512) -> list[dict]:
+def gemm_bench(lib, group: int, M: int = 512, layout: int = 1) -> list[dict]:
     """us and TFLOP/s per 7B projection at M tokens (nq_bench_gemm_int4_multi: 20 back-to-back launches rotating over
     >256 MB of weight copies, CUDA events). 'gate+up' is the prefill's one launch over both matrices (2 segments);
     the per-layer sum uses it."""
@@ -65,7 +66,7 @@ def gemm_bench(lib, group: int, M: int = 512) -> list[dict]:
                              ("7B gate/up", sh.intermediate, h, 1), ("7B gate+up", sh.intermediate, h, 2),
                              ("7B down", h, sh.intermediate, 1)]:
         us = ctypes.c_float()
-        _call(lib, f"gemm {name}", lib.nq_bench_gemm_int4_multi(M, N, K, group, nseg, 20, ctypes.byref(us)))
+        _call(lib, f"gemm {name}", lib.nq_bench_gemm_int4_layout(M, N, K, group, nseg, layout, 20, ctypes.byref(us)))
         r = {"shape": name, "M": M, "N": N, "K": K, "segments": nseg, "us": us.value,
              "TFLOPs": 2 * M * N * K * nseg / (us.value * 1e-6) / 1e12}
         rows.append(r)
@@ -81,6 +82,8 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--group", type=int, default=128)
+    ap.add_argument("--layout", type=int, default=1, choices=[1, 2], help="int4g layout (2: zero points)")
+    ap.add_argument("--gemm-m", type=int, default=512, help="tokens of the GEMM timings")
     a = ap.parse_args()
     lib = load_testing_library()
     peak = read_bandwidth(lib)
@@ -88,9 +91,9 @@ def main() -> int:
     print(f"{'shape':11s} {'N':>6s} {'K':>6s}  {'us':>8s} {'GB/s':>6s} {'of read bw':>10s}")
     for name, kind, N, K in shapes():
         mats = 2 if kind == "gate" else 1
-        nbytes = mats * (N * K // 2 + N * (K // a.group) * 2)
+        nbytes = mats * (N * K // 2 + N * (K // a.group) * (2 if a.layout == 1 else 3))
         ms = ctypes.c_float()
-        _call(lib, name, lib.nq_bench_gemv_int4_mode(N, K, a.group, MODES[kind], a.iters, ctypes.byref(ms)))
+        _call(lib, name, lib.nq_bench_gemv_int4_layout(N, K, a.group, MODES[kind], a.layout, a.iters, ctypes.byref(ms)))
         us = ms.value * 1e3
         r = {"shape": name, "mode": kind, "N": N, "K": K, "bytes": nbytes, "us": us, "GBps": nbytes / (us * 1e-6) / 1e9}
         rows.append(r)
@@ -98,10 +101,10 @@ def main() -> int:
     layer = sum(r["us"] for r in rows if r["shape"].startswith("7B "))
     print(f"7B layer GEMVs (qkv + o + gate/up + down): {layer:.1f} us; x {QWEN25_SHAPES['7B'].n_layers} layers: "
           f"{layer * QWEN25_SHAPES['7B'].n_layers / 1e3:.3f} ms")
-    gemm_rows = gemm_bench(lib, a.group)
+    gemm_rows = gemm_bench(lib, a.group, a.gemm_m, a.layout)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"read_GBps": peak, "gemv": rows, "gemm": gemm_rows}, f, indent=1)
+            json.dump({"read_GBps": peak, "layout": a.layout, "gemv": rows, "gemm": gemm_rows}, f, indent=1)
     return 0
 
 

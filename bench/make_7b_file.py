@@ -2,7 +2,7 @@
 """Write a random Qwen2.5-Coder-7B-shaped .nanoqwen file directly (no checkpoint, no quantizer), for benchmarks
 and full-size GPU tests on the device machine.
 
-    python3 bench/make_7b_file.py OUT.nanoqwen [--layers 28] [--quant int4|none] [--group-size 128] [--seed 0]
+    python3 bench/make_7b_file.py OUT.nanoqwen [--layers 28] [--quant int4|int4-asym|none] [--group-size 128] [--seed 0]
 
 Contents (shapes: nanoqwen_bench.measure.QWEN25_CODER_7B; untied lm_head, q/k/v biases):
 * linear weights (q/k/v/o/gate/up/down): int4g layout 1 — i.i.d. codes q = u - 8 drawn from INT4_CODE_SLOTS
@@ -12,7 +12,10 @@ Contents (shapes: nanoqwen_bench.measure.QWEN25_CODER_7B; untied lm_head, q/k/v 
   (E[exp(0.4 z - 0.04)] = 1). Zero mean matters: codes uniform on 0..15 (mean q = -0.5) give every row the same
   non-zero mean, so each GEMV adds ~0.1 sqrt(K) x (mean of its input) to every output — a common mode that grows
   ~6x per layer at K = 3584 until the final hidden state points along (1, ..., 1) and greedy decoding repeats
-  one token forever (seen on the H200). With --quant none: f16 N(0, 1/K).
+  one token forever (seen on the H200). With --quant none: f16 N(0, 1/K). With --quant int4-asym: int4g layout 2
+  (spec 9.5) holding the same weights as layout 1 with the same seed: each group gets a zero point z = 8 + d,
+  d uniform in {-1, 0, 1}, and its codes u + d (u in 2..14, so u + d stays in 1..15 and the words shift nibble-wise
+  without carries), so s * (u + d - z) = s * (u - 8): the layout-2 kernels' timing on the same model.
 * embeddings f16 N(0, 1); lm_head f16 N(0, (LOGIT_STD^2)/hidden) (logits of std ~LOGIT_STD after the final
   norm); RMSNorm weights f16 1 + 0.1 z; q/k/v biases f16 0.1 z. Hidden states stay O(1) through the layers.
 * blobs: the real Qwen2 tokenizer (tokenizer.json built here from bench/assets/qwen2-tokenizer/vocab.json +
@@ -39,6 +42,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # repo root, when not installed
 
+from nanoqwen_format.constants import LAYOUT_INT4_ROWMAJOR_K8_ASYM  # noqa: E402
 from nanoqwen_format import (BlobKind, DType, ModelConfig, NanoqwenFormatError, NanoqwenWriter,  # noqa: E402
                              TensorSpec, expected_tensors)
 from nanoqwen_bench.measure import QWEN25_CODER_7B  # noqa: E402
@@ -214,15 +218,16 @@ class Plan:
     """What to write: config, specs (file order), and how each tensor is generated."""
 
     def __init__(self, cfg: ModelConfig, quant: str, group_size: int, seed: int):
-        if quant not in ("int4", "none"):
-            raise MakeFileError(f"--quant must be int4 or none, got {quant!r}")
+        if quant not in ("int4", "int4-asym", "none"):
+            raise MakeFileError(f"--quant must be int4, int4-asym or none, got {quant!r}")
         self.cfg, self.quant, self.group_size, self.seed = cfg, quant, group_size, seed
         self.specs: list[TensorSpec] = []
         for name, shape in expected_tensors(cfg).items():
-            if quant == "int4" and name.endswith("_proj.weight"):
+            if quant != "none" and name.endswith("_proj.weight"):
                 if shape[1] % group_size or shape[1] % 32:
                     raise MakeFileError(f"{name}: K={shape[1]} not a multiple of group size {group_size} and 32")
-                self.specs.append(TensorSpec(name, DType.INT4G, shape, group_size))
+                self.specs.append(TensorSpec(name, DType.INT4G, shape, group_size,
+                                             LAYOUT_INT4_ROWMAJOR_K8_ASYM if quant == "int4-asym" else 0))
             else:
                 self.specs.append(TensorSpec(name, DType.F16, shape))
         z = _normal_table()
@@ -270,8 +275,11 @@ class Plan:
     def _new(self, spec: TensorSpec):
         if spec.dtype == DType.INT4G:
             n, k = spec.shape
-            return (np.empty((n, k // 8), dtype=np.uint32),                  # qweight (N, K/8)
-                    np.empty((n, k // spec.group_size), dtype=np.float16))   # scales (N, K/g)
+            parts = (np.empty((n, k // 8), dtype=np.uint32),                 # qweight (N, K/8)
+                     np.empty((n, k // spec.group_size), dtype=np.float16))  # scales (N, K/g)
+            if spec.layout_id == LAYOUT_INT4_ROWMAJOR_K8_ASYM:
+                parts += (np.empty((n, k // spec.group_size), dtype=np.uint8),)   # zero points (N, K/g)
+            return parts
         return (np.empty(spec.shape, dtype=np.float16),)
 
     def row_chunks(self, spec: TensorSpec) -> list[tuple[int, int]]:
@@ -283,12 +291,17 @@ class Plan:
     def fill(self, ti: int, ci: int, spec: TensorSpec, out, r0: int, r1: int) -> None:
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, ti, ci])))
         if spec.dtype == DType.INT4G:
-            q, s = out
+            q, s = out[0], out[1]
             rows = r1 - r0
             halves = 2 * rows * q.shape[1]                                      # 16-bit halves of the words
             np.take(self.code_words, _u16(rng, halves), out=q[r0:r1].reshape(-1).view(np.uint16), mode="wrap")
             jit = self.tables["jitter"][_u16(rng, rows * s.shape[1])].reshape(rows, -1)
             s[r0:r1] = (jit * np.float32(int4_base_scale(spec.shape[1]))).astype(np.float16)
+            if len(out) == 3:   # layout 2: zero point 8 + d per group, every code of the group + d (module doc)
+                d = rng.integers(-1, 2, size=(rows, s.shape[1]), dtype=np.int64)
+                out[2][r0:r1] = (8 + d).astype(np.uint8)
+                words = np.repeat(d, spec.group_size // 8, axis=1) * 0x11111111      # d added to all 8 nibbles
+                q[r0:r1] = ((q[r0:r1].astype(np.int64) + words) & 0xFFFFFFFF).astype(np.uint32)
             return
         kind = self.kind(spec.name)
         table = self._f16_linear_tables[spec.shape[1]] if kind == "linear" else self.tables[kind]
@@ -317,7 +330,7 @@ def make_file(out_path: str, cfg: ModelConfig, quant: str = "int4", group_size: 
              (BlobKind.PROVENANCE, json.dumps({
                  "tool": "bench/make_7b_file.py", "synthetic": True, "weights": "random",
                  "shape": "Qwen2.5-Coder-7B", "n_layers": cfg.n_layers, "quant": quant,
-                 "group_size": group_size if quant == "int4" else None, "seed": seed,
+                 "group_size": group_size if quant != "none" else None, "seed": seed,
                  "tokenizer": "Qwen2 vocab.json + merges.txt (Apache-2.0)"}).encode())]
     if progress is None:
         progress = sys.stderr.isatty()
@@ -348,7 +361,7 @@ def make_file(out_path: str, cfg: ModelConfig, quant: str = "int4", group_size: 
                 f.result()
             t_wait += time.perf_counter() - tw
             if spec.dtype == DType.INT4G:
-                w.write_int4(spec.name, out[0], out[1])
+                w.write_int4(spec.name, *out)
             else:
                 w.write_tensor(spec.name, out[0])
             if bar is not None:
@@ -372,7 +385,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", help="output .nanoqwen path")
     ap.add_argument("--layers", type=int, default=QWEN25_CODER_7B["n_layers"])
-    ap.add_argument("--quant", default="int4", choices=["int4", "none"])
+    ap.add_argument("--quant", default="int4", choices=["int4", "int4-asym", "none"])
     ap.add_argument("--group-size", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)

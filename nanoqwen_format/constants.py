@@ -22,9 +22,12 @@ HEADER_CRC_OFFSET = 40              # u32 header_crc32c, computed with this fiel
 
 LAYOUT_NONE = 0                     # plain dtypes: row-major, C order, little-endian
 LAYOUT_INT4_ROWMAJOR_K8 = 1         # int4g layout id 1 ("rowmajor-k8-interleaved")
+LAYOUT_INT4_ROWMAJOR_K8_ASYM = 2    # int4g layout id 2 ("rowmajor-k8-interleaved-asym"): layout 1 + zero points
+INT4_LAYOUTS = (LAYOUT_INT4_ROWMAJOR_K8, LAYOUT_INT4_ROWMAJOR_K8_ASYM)  # the layout ids an int4g tensor may use
 INT4_PERM = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of a word holds value k = 8j + INT4_PERM[i]
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # allowed int4g group sizes (K % g == 0 also required)
-INT4_ZERO_CODE = 8                  # stored u = q + 8
+INT4_ZERO_CODE = 8                  # layout 1: stored u = q + 8
+INT4_MAX_CODE = 15                  # largest 4-bit code; layout 2's zero points lie in 0..INT4_MAX_CODE
 
 
 class DType(IntEnum):

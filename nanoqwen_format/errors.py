@@ -71,7 +71,7 @@ class UnknownDType(NanoqwenFormatError):
 
 
 class UnknownLayout(NanoqwenFormatError):
-    """layout_id is not the one the dtype requires (0 for plain dtypes, 1 for int4g)."""
+    """layout_id is not one the dtype allows (0 for plain dtypes, 1 or 2 for int4g)."""
 
 
 class BadGroupSize(NanoqwenFormatError):
@@ -111,6 +111,10 @@ class ChecksumMismatch(NanoqwenFormatError):
 
 class BadScale(NanoqwenFormatError):
     """An int4g scale is negative (sign bit set), infinite or NaN (checked with the item checksums)."""
+
+
+class BadZero(NanoqwenFormatError):
+    """An int4g layout-2 zero point is not in 0..15 (checked with the item checksums, after BadScale)."""
 
 
 class NonZeroReserved(NanoqwenFormatError):

@@ -1,9 +1,12 @@
-"""INT4 packed layout id 1 ("rowmajor-k8-interleaved"): the pure-numpy REFERENCE (spec §INT4 layout 1).
+"""INT4 packed layouts 1 ("rowmajor-k8-interleaved") and 2 ("rowmajor-k8-interleaved-asym"): the pure-numpy
+REFERENCE (spec §9).
 
 Logical weight W: (N, K) = (out_features, in_features). Stored codes u = q + 8 in 0..15, q in -8..7.
 qweight: uint32 (N, K//8), little-endian words; word j of row n holds k = 8j..8j+7, nibble i (bits 4i..4i+3)
 holds value k = 8j + INT4_PERM[i], INT4_PERM = (0, 2, 4, 6, 1, 3, 5, 7).
-scales: float16 (N, K//g); dequant w' = float32(scale[n, k // g]) * (u - 8).
+scales: float16 (N, K//g); layout 1 dequant w' = float32(scale[n, k // g]) * (u - 8).
+Layout 2 packs codes and scales the same way and adds zeros: uint8 (N, K//g) in 0..15;
+dequant w' = float32(scale[n, k // g]) * (u - zero[n, k // g]).
 These functions are deliberately simple (one loop over the 8 nibble slots); the quantizer's fast numba version
 is tested against them.
 """
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .constants import INT4_PERM, INT4_ZERO_CODE
+from .constants import INT4_MAX_CODE, INT4_PERM, INT4_ZERO_CODE
 
 
 def pack_int4_reference(u_codes: np.ndarray) -> np.ndarray:
@@ -51,3 +54,23 @@ def dequantize_int4_reference(qweight: np.ndarray, scales: np.ndarray, group_siz
                          f"found {s.dtype} {s.shape}")
     s_full = np.repeat(s.astype(np.float32), group_size, axis=1)   # (N, K)
     return s_full * (u.astype(np.float32) - np.float32(INT4_ZERO_CODE))
+
+
+def dequantize_int4_asym_reference(qweight: np.ndarray, scales: np.ndarray, zeros: np.ndarray,
+                                   group_size: int) -> np.ndarray:
+    """Layout 2: qweight uint32 (N, K//8), scales float16 (N, K//g), zeros uint8 (N, K//g) in 0..15  ->  float32
+    (N, K): float32(s) * float32(u - z), one binary32 multiply of exact inputs (u - z is in -15..15)."""
+    u = unpack_int4_reference(qweight)
+    n, k = u.shape
+    s = np.asarray(scales)
+    z = np.asarray(zeros)
+    want = (n, k // group_size)
+    if s.dtype != np.float16 or s.shape != want or k % group_size != 0:
+        raise ValueError(f"scales: expected float16 {want} for group_size {group_size}, found {s.dtype} {s.shape}")
+    if z.dtype != np.uint8 or z.shape != want:
+        raise ValueError(f"zeros: expected uint8 {want} for group_size {group_size}, found {z.dtype} {z.shape}")
+    if z.size and z.max() > INT4_MAX_CODE:
+        raise ValueError(f"zeros: expected values 0..{INT4_MAX_CODE}, found max {z.max()}")
+    s_full = np.repeat(s.astype(np.float32), group_size, axis=1)                     # (N, K)
+    z_full = np.repeat(z.astype(np.int16), group_size, axis=1)                       # (N, K)
+    return s_full * (u.astype(np.int16) - z_full).astype(np.float32)

@@ -8,10 +8,10 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from .config import ModelConfig
-from .constants import FILE_HEADER_SIZE, BlobKind, DType, align128
+from .constants import FILE_HEADER_SIZE, LAYOUT_INT4_ROWMAJOR_K8, LAYOUT_INT4_ROWMAJOR_K8_ASYM, BlobKind, DType
 from .errors import NanoqwenFormatError
-from .int4_layout import dequantize_int4_reference
-from .tensors import TensorInfo
+from .int4_layout import dequantize_int4_asym_reference, dequantize_int4_reference
+from .tensors import TensorInfo, int4_parts
 from .validate import decode_blob_text, parse_blob_json, parse_file, verify_items
 
 _NP_DTYPE = {DType.F32: np.dtype("<f4"), DType.F16: np.dtype("<f2"), DType.BF16: np.dtype("<u2")}
@@ -89,21 +89,44 @@ class NanoqwenFile:
         count = t.nbytes // dt.itemsize
         return np.frombuffer(self._buf(), dtype=dt, count=count, offset=t.offset).reshape(t.shape)
 
-    def int4(self, name: str) -> Tuple[np.ndarray, np.ndarray]:
-        """(qweight uint32 (N, K//8), scales float16 (N, K//g)), zero-copy views of an INT4G tensor."""
+    def _int4_info(self, name: str, layout_id: int, method: str) -> TensorInfo:
         t = self._info(name)
         if t.dtype != DType.INT4G:
-            raise TypeError(f"tensor {name!r}: int4() needs dtype INT4G, found {t.dtype.name}")
+            raise TypeError(f"tensor {name!r}: {method}() needs dtype INT4G, found {t.dtype.name}")
+        if t.layout_id != layout_id:
+            raise TypeError(f"tensor {name!r}: {method}() needs int4g layout {layout_id}, found layout {t.layout_id}")
+        return t
+
+    def _int4_views(self, t: TensorInfo) -> Tuple[np.ndarray, np.ndarray]:
         n, k = t.shape
+        parts = int4_parts(n, k, t.group_size, t.layout_id)
         q = np.frombuffer(self._buf(), dtype="<u4", count=n * k // 8, offset=t.offset).reshape(n, k // 8)
-        s_off = t.offset + align128(n * k // 2)
-        s = np.frombuffer(self._buf(), dtype="<f2", count=n * (k // t.group_size), offset=s_off)
+        s = np.frombuffer(self._buf(), dtype="<f2", count=n * (k // t.group_size), offset=t.offset + parts.scales_offset)
         return q, s.reshape(n, k // t.group_size)
 
+    def int4(self, name: str) -> Tuple[np.ndarray, np.ndarray]:
+        """(qweight uint32 (N, K//8), scales float16 (N, K//g)), zero-copy views of an INT4G layout-1 tensor.
+        A layout-2 tensor raises TypeError (its codes mean nothing without its zero points: use int4_asym())."""
+        return self._int4_views(self._int4_info(name, LAYOUT_INT4_ROWMAJOR_K8, "int4"))
+
+    def int4_asym(self, name: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(qweight uint32 (N, K//8), scales float16 (N, K//g), zeros uint8 (N, K//g)), zero-copy views of an
+        INT4G layout-2 tensor (spec §9.5)."""
+        t = self._int4_info(name, LAYOUT_INT4_ROWMAJOR_K8_ASYM, "int4_asym")
+        q, s = self._int4_views(t)
+        n, k = t.shape
+        parts = int4_parts(n, k, t.group_size, t.layout_id)
+        z = np.frombuffer(self._buf(), dtype=np.uint8, count=parts.zeros_nbytes, offset=t.offset + parts.zeros_offset)
+        return q, s, z.reshape(n, k // t.group_size)
+
     def float32(self, name: str) -> np.ndarray:
-        """A float32 copy with the tensor's shape: bf16 widened exactly, int4g dequantized (layout-1 rule)."""
+        """A float32 copy with the tensor's shape: bf16 widened exactly, int4g dequantized (§9.1 for layout 1,
+        §9.5 for layout 2)."""
         t = self._info(name)
         if t.dtype == DType.INT4G:
+            if t.layout_id == LAYOUT_INT4_ROWMAJOR_K8_ASYM:
+                q, s, z = self.int4_asym(name)
+                return dequantize_int4_asym_reference(q, s, z, t.group_size)
             q, s = self.int4(name)
             return dequantize_int4_reference(q, s, t.group_size)
         a = self.array(name)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from .config import ModelConfig
-from .constants import DTYPE_ITEMSIZE, LAYOUT_INT4_ROWMAJOR_K8, LAYOUT_NONE, DType, align128
+from .constants import DTYPE_ITEMSIZE, LAYOUT_INT4_ROWMAJOR_K8, LAYOUT_INT4_ROWMAJOR_K8_ASYM, LAYOUT_NONE, DType, align128
 
 
 # spec §7, the tensor set: every per-layer tensor as (name suffix, shape symbols, present when), canonical order.
@@ -88,17 +88,47 @@ def expected_shape(cfg: ModelConfig, name: str):
     return _layer_tensors(cfg).get(suffix)
 
 
-def int4_nbytes(n: int, k: int, group_size: int) -> int:
-    """Bytes of an int4g layout-1 tensor of logical shape (N, K): qweight uint32[N][K/8] (= N*K/2 bytes), zero
-    padding to a multiple of 128, then scales float16[N][K/g]."""
-    return align128(n * k // 2) + n * (k // group_size) * 2
+@dataclass(frozen=True)
+class Int4Parts:
+    """Where the parts of an int4g tensor of logical shape (N, K) lie, in bytes from its offset (spec §9.2, §9.5).
+    zeros_offset and zeros_nbytes are 0 for layout 1 (no zero points)."""
+    qweight_nbytes: int     # uint32 [N][K/8]  = N*K/2
+    scales_offset: int      # align128(N*K/2)
+    scales_nbytes: int      # f16 [N][K/g]    = N*(K/g)*2
+    zeros_offset: int       # layout 2: align128(scales_offset + scales_nbytes)
+    zeros_nbytes: int       # layout 2: uint8 [N][K/g] = N*(K/g)
+    nbytes: int             # the whole tensor
 
 
-def tensor_nbytes(dtype: int, shape: Tuple[int, ...], group_size: int = 0) -> int:
-    """Exact byte length of a tensor (arbitrary-precision ints; callers check the 2^64 bound)."""
+def int4_parts(n: int, k: int, group_size: int, layout_id: int = LAYOUT_INT4_ROWMAJOR_K8) -> Int4Parts:
+    """The byte map of an int4g tensor of layout 1 or 2 (arbitrary-precision ints; callers check the 2^64 bound)."""
+    q_nb = n * k // 2
+    s_off = align128(q_nb)
+    s_nb = n * (k // group_size) * 2
+    if layout_id == LAYOUT_INT4_ROWMAJOR_K8_ASYM:
+        z_off = align128(s_off + s_nb)
+        z_nb = n * (k // group_size)
+        return Int4Parts(q_nb, s_off, s_nb, z_off, z_nb, z_off + z_nb)
+    if layout_id != LAYOUT_INT4_ROWMAJOR_K8:
+        raise ValueError(f"int4 layout_id: expected {LAYOUT_INT4_ROWMAJOR_K8} or {LAYOUT_INT4_ROWMAJOR_K8_ASYM}, "
+                         f"found {layout_id}")
+    return Int4Parts(q_nb, s_off, s_nb, 0, 0, s_off + s_nb)
+
+
+def int4_nbytes(n: int, k: int, group_size: int, layout_id: int = LAYOUT_INT4_ROWMAJOR_K8) -> int:
+    """Bytes of an int4g tensor of logical shape (N, K). Layout 1: qweight uint32[N][K/8] (= N*K/2 bytes), zero
+    padding to a multiple of 128, then scales float16[N][K/g]. Layout 2: the same, then zero padding to a multiple
+    of 128, then zero points uint8[N][K/g]."""
+    return int4_parts(n, k, group_size, layout_id).nbytes
+
+
+def tensor_nbytes(dtype: int, shape: Tuple[int, ...], group_size: int = 0,
+                  layout_id: int = LAYOUT_INT4_ROWMAJOR_K8) -> int:
+    """Exact byte length of a tensor (arbitrary-precision ints; callers check the 2^64 bound). layout_id matters
+    only for INT4G."""
     if dtype == DType.INT4G:
         n, k = shape
-        return int4_nbytes(n, k, group_size)
+        return int4_nbytes(n, k, group_size, layout_id)
     count = 1
     for d in shape:
         count *= d
@@ -107,7 +137,8 @@ def tensor_nbytes(dtype: int, shape: Tuple[int, ...], group_size: int = 0) -> in
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """What the writer is told up front. For INT4G, layout_id 0 means LAYOUT_INT4_ROWMAJOR_K8 (the only one)."""
+    """What the writer is told up front. For INT4G, layout_id 0 means LAYOUT_INT4_ROWMAJOR_K8 (symmetric);
+    LAYOUT_INT4_ROWMAJOR_K8_ASYM asks for zero points."""
     name: str
     dtype: DType
     shape: Tuple[int, ...]

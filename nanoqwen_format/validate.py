@@ -11,18 +11,20 @@ import numpy as np
 
 from .config import ModelConfig, unpack_config
 from .constants import (BLOB_ENTRY_SIZE, BLOB_KIND_ENCODING, CONFIG_OFFSET, CONFIG_SIZE, FILE_HEADER_SIZE,
-                        FORMAT_VERSION, INT4_GROUP_SIZES, LAYOUT_INT4_ROWMAJOR_K8, LAYOUT_NONE, MAGIC, MAX_BLOBS,
+                        FORMAT_VERSION, INT4_GROUP_SIZES, INT4_LAYOUTS, INT4_MAX_CODE,
+                        LAYOUT_INT4_ROWMAJOR_K8_ASYM, LAYOUT_NONE, MAGIC, MAX_BLOBS,
                         MAX_HEADER_SIZE, MAX_NDIM, MAX_TENSORS, TENSOR_ENTRY_SIZE, BlobEncoding, BlobKind, DType,
                         align128)
 from .crc import crc32c
-from .errors import (BadBlobEncoding, BadGroupSize, BadMagic, BadScale, BadShape, BadTensorName, ByteLengthMismatch,
+from .errors import (BadBlobEncoding, BadGroupSize, BadMagic, BadScale, BadShape, BadZero, BadTensorName, ByteLengthMismatch,
                      ChecksumMismatch, ConfigMismatch, DuplicateName, HeaderSizeMismatch, HeaderTooLarge,
                      HeaderTooShort, HoleInData, MisalignedOffset, MissingTensor, NonZeroPadding, NonZeroReserved,
                      OffsetOutOfRange, OverlappingTensors, SizeOverflow, TrailingBytes, TruncatedFile,
                      UnknownBlobKind, UnknownDType, UnknownLayout, UnknownTensorName, UnsupportedVersion)
 from .header import (HEADER_RESERVED_START, header_crc, unpack_blob_entry, unpack_header_prefix,
                      unpack_tensor_entry)
-from .tensors import TensorInfo, expected_shape, expected_tensor_count, iter_expected_tensors, tensor_nbytes
+from .tensors import (TensorInfo, expected_shape, expected_tensor_count, int4_parts, iter_expected_tensors,
+                      tensor_nbytes)
 
 U64_LIMIT = 2**64
 
@@ -51,9 +53,10 @@ def check_tensor_meta(name: str, dtype: int, layout_id: int, group_size: int, sh
     """dtype, layout, shape and group-size rules for one tensor; returns its exact nbytes (< 2^64)."""
     if dtype not in DType._value2member_map_:
         raise UnknownDType(f"tensor {name!r}: dtype expected 0 (f32), 1 (f16), 2 (bf16) or 3 (int4g), found {dtype}")
-    want_layout = LAYOUT_INT4_ROWMAJOR_K8 if dtype == DType.INT4G else LAYOUT_NONE
-    if layout_id != want_layout:
-        raise UnknownLayout(f"tensor {name!r}: layout_id for dtype {DType(dtype).name} expected {want_layout}, "
+    want_layouts = INT4_LAYOUTS if dtype == DType.INT4G else (LAYOUT_NONE,)
+    if layout_id not in want_layouts:
+        want = " or ".join(str(x) for x in want_layouts)
+        raise UnknownLayout(f"tensor {name!r}: layout_id for dtype {DType(dtype).name} expected {want}, "
                             f"found {layout_id}")
     if not 1 <= len(shape) <= MAX_NDIM:
         raise BadShape(f"tensor {name!r}: ndim expected 1..{MAX_NDIM}, found {len(shape)}")
@@ -72,7 +75,7 @@ def check_tensor_meta(name: str, dtype: int, layout_id: int, group_size: int, sh
     elif group_size != 0:
         raise BadGroupSize(f"tensor {name!r}: group_size for dtype {DType(dtype).name} expected 0, "
                            f"found {group_size}")
-    nbytes = tensor_nbytes(dtype, tuple(shape), group_size)
+    nbytes = tensor_nbytes(dtype, tuple(shape), group_size, layout_id)
     if nbytes >= U64_LIMIT:
         raise SizeOverflow(f"tensor {name!r}: byte length of shape {tuple(shape)} x {DType(dtype).name} "
                            f"expected < 2^64, found {nbytes}")
@@ -220,8 +223,12 @@ def parse_file(buf, file_len: int, verify_checksums: bool):
         _check_zero(buf, prev_end, e.offset, f"padding before {where}")
         if e.dtype == DType.INT4G:
             n, k = shape
-            q_end = e.offset + n * k // 2
-            _check_zero(buf, q_end, e.offset + align128(n * k // 2), f"{where} padding between qweight and scales")
+            parts = int4_parts(n, k, e.group_size, e.layout_id)
+            _check_zero(buf, e.offset + parts.qweight_nbytes, e.offset + parts.scales_offset,
+                        f"{where} padding between qweight and scales")
+            if e.layout_id == LAYOUT_INT4_ROWMAJOR_K8_ASYM:
+                _check_zero(buf, e.offset + parts.scales_offset + parts.scales_nbytes, e.offset + parts.zeros_offset,
+                            f"{where} padding between scales and zeros")
         tensors[name] = TensorInfo(name=name, dtype=DType(e.dtype), shape=shape, offset=e.offset, nbytes=e.nbytes,
                                    crc32c=e.crc32c, group_size=e.group_size, layout_id=e.layout_id)
         prev_end, cursor = end, align128(end)
@@ -261,7 +268,8 @@ def parse_file(buf, file_len: int, verify_checksums: bool):
 
 def verify_items(buf, tensors: Dict[str, TensorInfo], blobs) -> None:
     """CRC32C of every tensor then every blob (ChecksumMismatch naming the first bad one), then the int4g scale
-    rule (BadScale): every scale's f16 sign bit is clear and its exponent is not all ones."""
+    rule (BadScale): every scale's f16 sign bit is clear and its exponent is not all ones, and for layout 2 the
+    zero-point rule (BadZero) on the same tensor right after."""
     for t in tensors.values():
         got = crc32c(buf[t.offset:t.offset + t.nbytes])
         if got != t.crc32c:
@@ -275,6 +283,8 @@ def verify_items(buf, tensors: Dict[str, TensorInfo], blobs) -> None:
     for t in tensors.values():
         if t.dtype == DType.INT4G:
             check_int4_scales(buf, t)
+            if t.layout_id == LAYOUT_INT4_ROWMAJOR_K8_ASYM:
+                check_int4_zeros(buf, t)
 
 
 def check_int4_scales(buf, t: TensorInfo) -> None:
@@ -289,6 +299,18 @@ def check_int4_scales(buf, t: TensorInfo) -> None:
         raise BadScale(f"tensor {t.name!r}: scale [{i // (k // t.group_size)}][{i % (k // t.group_size)}] "
                        f"expected finite and >= 0, found {value} (f16 bits {int(bits[i]):#06x}; "
                        f"{bad.size} bad scales)")
+
+
+def check_int4_zeros(buf, t: TensorInfo) -> None:
+    """Spec §9.5: int4g layout-2 zero points are codes, 0..INT4_MAX_CODE."""
+    n, k = t.shape
+    parts = int4_parts(n, k, t.group_size, t.layout_id)
+    z = np.frombuffer(buf, dtype=np.uint8, count=parts.zeros_nbytes, offset=t.offset + parts.zeros_offset)
+    bad = np.flatnonzero(z > INT4_MAX_CODE)
+    if bad.size:
+        i = int(bad[0])
+        raise BadZero(f"tensor {t.name!r}: zero point [{i // (k // t.group_size)}][{i % (k // t.group_size)}] "
+                      f"expected 0..{INT4_MAX_CODE}, found {int(z[i])} ({bad.size} bad zero points)")
 
 
 # ---- blob content (rules 40-41): applied when a blob's content is read, not at open --------------------------

@@ -17,12 +17,12 @@ from typing import Iterable, List, Optional, Sequence
 import numpy as np
 
 from .config import ModelConfig, pack_config
-from .constants import (BLOB_KIND_ENCODING, FORMAT_VERSION, MAGIC, MAX_BLOBS, MAX_HEADER_SIZE, MAX_TENSORS,
-                        TENSOR_NAME_SIZE, BlobKind, DType, align128)
+from .constants import (BLOB_KIND_ENCODING, FORMAT_VERSION, INT4_MAX_CODE, LAYOUT_INT4_ROWMAJOR_K8_ASYM, MAGIC,
+                        MAX_BLOBS, MAX_HEADER_SIZE, MAX_TENSORS, TENSOR_NAME_SIZE, BlobKind, DType, align128)
 from .crc import crc32c
-from .errors import BadScale, BadTensorName, DuplicateName, HeaderTooLarge, WriterUsageError
+from .errors import BadScale, BadTensorName, BadZero, DuplicateName, HeaderTooLarge, WriterUsageError
 from .header import RawHeader, header_crc, pack_blob_entry, pack_header, pack_tensor_entry
-from .tensors import TensorSpec
+from .tensors import TensorSpec, int4_parts
 from .validate import (check_blob_content, check_names_against_config, check_tensor_meta, decode_name,
                        expected_header_size)
 
@@ -102,7 +102,7 @@ def remove_stale_temp_files(directory) -> List[tuple]:
 class NanoqwenWriter:
     """with NanoqwenWriter(path, config, tensor_specs, blob_kinds) as w:
            w.write_tensor(name, array)      # plain dtypes, in tensor_specs order (bf16 as uint16 bits)
-           w.write_int4(name, qweight_u32 (N, K//8), scales_f16 (N, K//g))
+           w.write_int4(name, qweight_u32 (N, K//8), scales_f16 (N, K//g)[, zeros_u8 (N, K//g) for layout 2])
            w.write_blob(kind, data)         # after all tensors, in blob_kinds order
     Everything the spec can check up front (config, names, shapes, dtypes, group sizes) is checked here."""
 
@@ -289,31 +289,53 @@ class NanoqwenWriter:
         crc = self._write_bytes(a, 0)
         self._finish_tensor(spec, nbytes, crc)
 
-    def write_int4(self, name: str, qweight, scales) -> None:
-        """An INT4G layout-1 tensor: qweight uint32 (N, K//8), scales float16 (N, K//g) (spec §INT4 layout 1)."""
+    def write_int4(self, name: str, qweight, scales, zeros=None) -> None:
+        """An INT4G tensor: qweight uint32 (N, K//8), scales float16 (N, K//g) (spec §9.2); for a layout-2 spec
+        also zeros uint8 (N, K//g) in 0..15 (spec §9.5), which a layout-1 spec must not be given."""
         spec = self._next_spec(name)
         if spec.dtype != DType.INT4G:
             raise WriterUsageError(f"tensor {name!r}: dtype {spec.dtype.name}, expected write_tensor(), "
                                    f"found write_int4()")
+        asym = spec.layout_id == LAYOUT_INT4_ROWMAJOR_K8_ASYM
+        if asym != (zeros is not None):
+            raise WriterUsageError(f"tensor {name!r}: int4g layout {spec.layout_id}, expected "
+                                   f"{'zeros' if asym else 'no zeros'}, found {'none' if asym else 'zeros'}")
         n, k = spec.shape
+        groups = k // spec.group_size
+        parts = int4_parts(n, k, spec.group_size, spec.layout_id)
         q = self._as_le(qweight, np.dtype("<u4"), (n, k // 8), f"tensor {name!r} qweight")
-        s = self._as_le(scales, np.dtype("<f2"), (n, k // spec.group_size), f"tensor {name!r} scales")
+        s = self._as_le(scales, np.dtype("<f2"), (n, groups), f"tensor {name!r} scales")
         bits = s.view(np.uint16)                        # spec §9.2: finite and >= +0, else the reader rejects it
         bad = np.flatnonzero((bits & 0x8000) | ((bits & 0x7C00) == 0x7C00))
         if bad.size:
             i = int(bad[0])
             raise BadScale(f"tensor {name!r}: scale (flat index {i}) expected finite and >= 0, found "
                            f"{float(s.reshape(-1)[i])} ({bad.size} bad scales)")
+        z = None
+        if asym:
+            z = self._as_le(zeros, np.dtype("u1"), (n, groups), f"tensor {name!r} zeros")
+            bad = np.flatnonzero(z > INT4_MAX_CODE)     # spec §9.5: zero points are codes 0..15
+            if bad.size:
+                i = int(bad[0])
+                raise BadZero(f"tensor {name!r}: zero point (flat index {i}) expected 0..{INT4_MAX_CODE}, found "
+                              f"{int(z.reshape(-1)[i])} ({bad.size} bad zero points)")
         self._begin_item()
         crc = self._write_bytes(q, 0)
-        pad = align128(n * k // 2) - n * k // 2
-        if pad:
-            zeros = bytes(pad)
-            self._fh.write(zeros)
-            crc = crc32c(zeros, crc)
-            self._end += pad
+        crc = self._write_zeros(parts.scales_offset - parts.qweight_nbytes, crc)
         crc = self._write_bytes(s, crc)
+        if z is not None:
+            crc = self._write_zeros(parts.zeros_offset - parts.scales_offset - parts.scales_nbytes, crc)
+            crc = self._write_bytes(z, crc)
         self._finish_tensor(spec, self._nbytes[self._next_tensor], crc)
+
+    def _write_zeros(self, count: int, crc: int) -> int:
+        """count zero bytes of padding inside an item; returns the running CRC."""
+        if count:
+            pad = bytes(count)
+            self._fh.write(pad)
+            crc = crc32c(pad, crc)
+            self._end += count
+        return crc
 
     def write_blob(self, kind, data: bytes) -> None:
         """A metadata blob, after all tensors, in blob_kinds order. JSON kinds must be valid UTF-8 JSON,

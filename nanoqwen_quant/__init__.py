@@ -5,7 +5,8 @@
 * hf.py        checkpoint reading: local dir or hub id, config.json → ModelConfig (with refusals), safetensors
                (single / sharded via the index) located and read in row blocks
 * sources/     already-quantized sources: GPTQ / AWQ directories, GGUF files (ImportedCheckpoint: exact
-               dequantization for verify, lossless layout-1 repack where the source is layout 1 in disguise)
+               dequantization for verify, lossless repack into layout 1 (symmetric sources) or layout 2
+               (AWQ, asymmetric GPTQ: their zero points) where an int4 layout holds the source exactly)
 * convert.py   convert_checkpoint(...) and the `nanoqwen-convert` CLI
 * errstats.py  one-pass error statistics (numba) + numpy references, for verify
 * verify.py    the `nanoqwen-verify` CLI: structure, checksums, tokenizer, per-tensor error vs the source

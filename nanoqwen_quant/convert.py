@@ -1,6 +1,9 @@
 """nanoqwen-convert: Hugging Face checkpoint (dir or hub id) → .nanoqwen file.
 
-Defaults: q/k/v/o/gate/up/down → int4 g128 rtn (layout 1); embeddings, norms, biases, lm_head → f16.
+Defaults: q/k/v/o/gate/up/down → int4 g128 rtn (layout 1); embeddings, norms, biases, lm_head → f16. An already
+quantized source (GPTQ, AWQ) keeps its own codes where an int4 layout holds them exactly: symmetric ones in layout
+1, asymmetric ones (AWQ, GPTQ sym: false) in layout 2 (zero points; --int4-layout 1 requantizes those into layout 1
+instead, for a runtime that runs layout 1 only).
 Streams one tensor at a time, int4 tensors in row blocks (peak RSS ≈ the largest f16 tensor + one block).
 The output is written to a temp file beside OUT and renamed on success (NanoqwenWriter), so an error, Ctrl-C,
 SIGTERM or SIGHUP leaves nothing at OUT; temp files that killed converters left beside OUT are removed on the next
@@ -22,7 +25,9 @@ from pathlib import Path
 import click
 import numpy as np
 
-from nanoqwen_format import BlobKind, DType, NanoqwenFormatError, NanoqwenWriter, TensorSpec, expected_tensors
+from nanoqwen_format import (LAYOUT_INT4_ROWMAJOR_K8, BlobKind, DType, NanoqwenFormatError, NanoqwenWriter,
+                             TensorSpec, expected_tensors)
+from nanoqwen_format.constants import INT4_LAYOUTS
 from nanoqwen_format.writer import file_kind, remove_stale_temp_files
 
 from .hf import EXTRA_FILES, Checkpoint, ConvertError
@@ -35,6 +40,10 @@ from .sources import ImportedCheckpoint
 INT4_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GROUP_SIZES = (32, 64, 128)                 # what the CLI offers (the format also allows 256)
 MODES = ("rtn", "mse", "gptq")              # gptq: calibration forward pass + error feedback (nanoqwen_quant.gptq)
+#: --int4-layout: the int4g layouts the converter may write. "auto": layout 1 for what it quantizes itself and for
+#: symmetric sources, layout 2 for asymmetric sources' exact codes; "1": layout 1 only (asymmetric sources are
+#: requantized, as before layout 2 existed: for runtimes that run layout 1 only)
+INT4_LAYOUT_CHOICES = {"auto": INT4_LAYOUTS, "1": (LAYOUT_INT4_ROWMAJOR_K8,)}
 BLOCK_ELEMS = 8 * 1024 * 1024               # float32 elements per row block (32 MiB) read + quantized at once
 BUFFER_REUSE_BYTES = 64 * 1024 * 1024      # keep f16 buffers this large for the next tensor of the same shape
 UNWIND_SIGNALS = (signal.SIGTERM, signal.SIGHUP)   # handled like Ctrl-C: the temp file goes, exit 128 + signum
@@ -254,14 +263,15 @@ def _progress(total: int, enabled: bool):
 def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, mode: str = "rtn",
                        lm_head: str = "fp16", revision: str | None = None, progress: bool = False,
                        fallback_f16: bool = False, force: bool = False, log=None, calib_text: str | None = None,
-                       hessians: dict | None = None) -> Path:
+                       hessians: dict | None = None, int4_layout: str = "auto") -> Path:
     """Convert a Hugging Face checkpoint (local dir or hub repo id) to a .nanoqwen file at `out`; returns out.
     Raises ConvertError (one-line message) for anything the user must fix; OutputRefused (before anything is
     read or written) for an output path check_output / check_output_not_source refuse. An existing regular
     file at `out` is replaced only with force=True. log(message): one line each for what the user should know
     (stale temp files removed; with progress, linears kept f16 and what an imported GPTQ / AWQ / GGUF source
     became). mode gptq: calibrates on calib_text (default: nanoqwen_quant.calibrate's), or uses `hessians`
-    (weight name → H) from calibration_hessians."""
+    (weight name → H) from calibration_hessians. int4_layout (INT4_LAYOUT_CHOICES): "auto" keeps an asymmetric
+    source's codes exactly in layout 2, "1" requantizes them into layout 1."""
     if quant not in ("int4", "none"):
         raise ConvertError(f"quant: expected 'int4' or 'none', found {quant!r}")
     if mode not in MODES:
@@ -270,12 +280,15 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
         raise ConvertError(f"lm_head: expected 'fp16' or 'int4', found {lm_head!r}")
     if quant == "int4" and group_size not in GROUP_SIZES:
         raise ConvertError(f"group_size: expected one of {GROUP_SIZES}, found {group_size!r}")
+    if int4_layout not in INT4_LAYOUT_CHOICES:
+        raise ConvertError(f"int4_layout: expected one of {tuple(INT4_LAYOUT_CHOICES)}, found {int4_layout!r}")
+    layouts = INT4_LAYOUT_CHOICES[int4_layout]
     check_output_not_source(out, [Path(src).expanduser()])
     out = check_output(out, force=force)
     ckpt = load_checkpoint(src, revision)
     check_output_not_source(out, _source_paths(ckpt))      # a hub snapshot, files that are links elsewhere
     specs = keep_source_groups(ckpt, plan_tensors(ckpt, quant=quant, group_size=group_size, lm_head=lm_head,
-                                                  fallback_f16=fallback_f16))
+                                                  fallback_f16=fallback_f16), layouts)
     n_int4 = sum(s.dtype == DType.INT4G for s in specs)
     provenance = {
         "source": ckpt.source.source,
@@ -286,7 +299,7 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
         "converter_version": converter_version(),
         "quantizer": {"quant": quant, "group_size": group_size if n_int4 else None, "mode": mode if n_int4 else None,
                       "lm_head": "int4" if any(s.name == "lm_head.weight" and s.dtype == DType.INT4G for s in specs)
-                      else "fp16", "fallback_f16": [s.name for s in specs if s.dtype == DType.F16
+                      else "fp16", "int4_layout": int4_layout if n_int4 else None, "fallback_f16": [s.name for s in specs if s.dtype == DType.F16
                                                     and is_int4_linear(s.name)] if quant == "int4" else []},
         "source_dtypes": sorted({t.dtype for t in ckpt.tensors.values()}),
         "architecture": (ckpt.hf_config.get("architectures") or [ckpt.config.arch])[0],
@@ -310,11 +323,11 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
         with NanoqwenWriter(out, ckpt.config, specs, [k for k, _ in blobs]) as w:
             bufs: dict = {}
             for spec in specs:
-                _convert_tensor(ckpt, spec, w, mode, bar, bufs, hessians)
+                _convert_tensor(ckpt, spec, w, mode, bar, bufs, hessians, layouts)
             bufs.clear()
             if isinstance(ckpt, ImportedCheckpoint):     # its requantization errors are known only now
                 provenance["import"] = ckpt.import_summary(
-                    {s.name: s.group_size for s in specs if s.dtype == DType.INT4G})
+                    {s.name: (s.group_size, s.layout_id) for s in specs if s.dtype == DType.INT4G}, layouts)
                 blobs = [(k, _provenance_bytes(provenance) if k == BlobKind.PROVENANCE else d) for k, d in blobs]
             for kind, data in blobs:
                 w.write_blob(kind, data)
@@ -332,13 +345,14 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
     return out
 
 
-def keep_source_groups(ckpt: Checkpoint, specs: list[TensorSpec]) -> list[TensorSpec]:
-    """An int4 tensor the source already stores as layout 1 in disguise (GPTQ 4-bit symmetric) keeps the source's
-    group size, whatever --group-size says: repacking is lossless, requantizing to another group only adds error."""
+def keep_source_groups(ckpt: Checkpoint, specs: list[TensorSpec], layouts=INT4_LAYOUTS) -> list[TensorSpec]:
+    """An int4 tensor the source already stores as an int4 layout in disguise (GPTQ / AWQ 4-bit: symmetric as
+    layout 1, asymmetric as layout 2, among `layouts`) keeps the source's group size, whatever --group-size says,
+    and takes that layout: repacking is lossless, requantizing to another group only adds error."""
     out = []
     for s in specs:
-        g = ckpt.exact_int4_group(s.name) if s.dtype == DType.INT4G else None
-        out.append(TensorSpec(s.name, s.dtype, s.shape, group_size=g) if g and g != s.group_size else s)
+        exact = ckpt.exact_int4(s.name, layouts) if s.dtype == DType.INT4G else None
+        out.append(TensorSpec(s.name, s.dtype, s.shape, group_size=exact[0], layout_id=exact[1]) if exact else s)
     return out
 
 
@@ -368,9 +382,11 @@ def conversion_notes(ckpt: Checkpoint, specs: list[TensorSpec], quant: str, mode
         lines.append(fallback_note(fell, sum(is_int4_linear(s.name) for s in specs), group_size))
     if import_info is not None:                   # provenance["import"] of an already-quantized source
         info = import_info
-        groups = sorted({s.group_size for s in specs if s.dtype == DType.INT4G and ckpt.exact_int4_group(s.name)})
+        groups = sorted({s.group_size for s in specs if s.dtype == DType.INT4G and ckpt.exact_int4(s.name)})
+        asym = info.get("exact_int4_asym", 0)
         lines.append(f"import: {info['format']} source: {info['exact_int4']} int4 tensors repacked losslessly"
                      + (f" (group size {', '.join(map(str, groups))} from the source)" if groups else "")
+                     + (f", {asym} of them in the asymmetric layout 2 (the source's zero points)" if asym else "")
                      + f", {info['requantized_int4']} requantized by our quantizer")
         if info.get("tokenizer") not in (None, "rebuilt"):
             lines.append(f"import: tokenizer not rebuilt from the GGUF metadata: {info['tokenizer']}")
@@ -391,9 +407,10 @@ def conversion_notes(ckpt: Checkpoint, specs: list[TensorSpec], quant: str, mode
 
 
 def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode: str, bar, bufs: dict,
-                    hessians: dict | None = None) -> None:
+                    hessians: dict | None = None, layouts=INT4_LAYOUTS) -> None:
     """Read one source tensor in row blocks and write it as spec says. bufs: reusable f16 buffers by shape.
-    hessians (mode gptq): input Hessian by weight name; a tensor without one (lm_head) is quantized with mse."""
+    hessians (mode gptq): input Hessian by weight name; a tensor without one (lm_head) is quantized with mse.
+    layouts: the int4g layouts an exact import may use (keep_source_groups chose spec's)."""
     t = ckpt.tensors[spec.name]
     rows = t.shape[0]
     step = _rows_per_block(t.shape)
@@ -401,8 +418,9 @@ def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode:
     h = hessians.get(spec.name) if hessians is not None and spec.dtype == DType.INT4G else None
     # an already-quantized source (sources/): its exact repack, or its own requantization (with the error recorded)
     # unless a Hessian asks for GPTQ, which the generic path below runs on the exact dequantized rows
-    if spec.dtype == DType.INT4G and (h is None or ckpt.exact_int4_group(spec.name) == spec.group_size) \
-            and (packed := ckpt.int4_tensor(spec.name, spec.group_size, qmode)) is not None:
+    if spec.dtype == DType.INT4G and (h is None or ckpt.exact_int4(spec.name, layouts) == (spec.group_size,
+                                                                                          spec.layout_id)) \
+            and (packed := ckpt.int4_tensor(spec.name, spec.group_size, qmode, layouts)) is not None:
         w.write_int4(spec.name, *packed)
         bar.update(t.nbytes)
     elif spec.dtype == DType.INT4G:
@@ -477,15 +495,20 @@ def fail(msg: str, code: int = 2) -> None:
 @click.option("--calib-text", type=click.Path(dir_okay=False, exists=True), default=None,
               help="--mode gptq: calibration text file (default: Python standard-library files)")
 @click.option("--lm-head", type=click.Choice(["fp16", "int4"]), default="fp16", show_default=True)
+@click.option("--int4-layout", type=click.Choice(list(INT4_LAYOUT_CHOICES)), default="auto", show_default=True,
+              help="auto: an asymmetric GPTQ / AWQ source keeps its codes and zero points exactly (int4 layout 2); "
+              "1: requantize such sources into the symmetric layout 1 (for a runtime that runs layout 1 only: the "
+              "CUDA backend until its layout-2 kernels land)")
 @click.option("--revision", default=None, help="hub revision (branch, tag or commit) when SRC is a repo id")
 @click.option("--fallback-f16", is_flag=True, help="store linears whose shape int4 cannot hold as f16 "
               "instead of refusing")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="quantizer threads (default: all cores)")
 @click.option("-q", "--quiet", is_flag=True, help="no progress bar or summary")
-def main(src, out, force, quant, group_size, mode, lm_head, revision, fallback_f16, threads, quiet, calib_text):
+def main(src, out, force, quant, group_size, mode, lm_head, revision, fallback_f16, threads, quiet, calib_text,
+         int4_layout):
     """Convert a Qwen2/Llama checkpoint SRC to OUT.nanoqwen. SRC: a Hugging Face directory or hub repo id
-    (bf16/f16/f32; GPTQ: 4-bit symmetric checkpoints repacked losslessly, others requantized; AWQ: requantized),
-    or a GGUF file / Ollama blob (requantized).
+    (bf16/f16/f32; GPTQ / AWQ 4-bit: repacked losslessly, symmetric ones into int4 layout 1, asymmetric ones into
+    layout 2, act-order ones requantized), or a GGUF file / Ollama blob (requantized).
 
     \b
     Exit status: 0 written; 2 refused (bad SRC, bad OUT, a checkpoint that cannot be converted); 3 internal
@@ -509,6 +532,7 @@ def main(src, out, force, quant, group_size, mode, lm_head, revision, fallback_f
             path = convert_checkpoint(src, out, quant=quant, group_size=int(group_size), mode=mode,
                                       lm_head=lm_head, revision=revision, progress=not quiet,
                                       fallback_f16=fallback_f16, force=force, calib_text=text,
+                                      int4_layout=int4_layout,
                                       log=lambda m: click.echo(f"nanoqwen-convert: {m}", err=True))
     except KeyboardInterrupt:
         fail(f"interrupted; {_outcome(out, before)}", EXIT_SIGNAL_BASE + signal.SIGINT)

@@ -20,6 +20,7 @@ import numpy as np
 
 from nanoqwen_format import ModelConfig, NanoqwenFormatError, expected_tensors
 from nanoqwen_format.config import validate_config
+from nanoqwen_format.constants import INT4_LAYOUTS
 
 from .cast import bf16_to_f32
 
@@ -377,13 +378,17 @@ class Checkpoint:
         """Rows [start, stop) of a tensor as float32 (a 1-D tensor: elements)."""
         return to_float32(self.read_raw_rows(name, start, stop), self.tensors[name].dtype)
 
-    def int4_tensor(self, name: str, group_size: int, mode: str) -> tuple[np.ndarray, np.ndarray] | None:
-        """Layout-1 (qweight, scales) for `name` when the source itself stores it quantized (imported GPTQ / AWQ
-        / GGUF checkpoints, nanoqwen_quant.sources); None for plain checkpoints (the converter quantizes)."""
+    def int4_tensor(self, name: str, group_size: int, mode: str, layouts=INT4_LAYOUTS
+                    ) -> tuple[np.ndarray, ...] | None:
+        """The int4 parts of `name` when the source itself stores it quantized (imported GPTQ / AWQ / GGUF
+        checkpoints, nanoqwen_quant.sources): layout-1 (qweight, scales) or, where `layouts` (int4g layout ids)
+        allows an exact asymmetric repack, layout-2 (qweight, scales, zeros); None for plain checkpoints
+        (the converter quantizes)."""
         return None
 
-    def exact_int4_group(self, name: str) -> int | None:
-        """The group size at which int4_tensor(name, ...) is a lossless repack of the source; None: none."""
+    def exact_int4(self, name: str, layouts=INT4_LAYOUTS) -> tuple[int, int] | None:
+        """(group size, layout id) at which int4_tensor(name, ...) is a lossless repack of the source, among
+        `layouts`; None: none."""
         return None
 
     def read_f32(self, name: str) -> np.ndarray:

@@ -25,6 +25,8 @@ Thresholds (per tensor, against the source weights converted to float32):
   SNR >= 15 dB: absmax/7 rounding noise s^2/12 on Gaussian groups of 128 gives
   10 log10(12 * 49 / E[amax/sigma]^2) ~= 18.5 dB (measured 18.6 dB g128, 19.4 dB g64: bench/RESULTS.md);
   15 dB leaves 3.5 dB for the heavier tails of trained weights (group crest factor 4.3 instead of 2.9).
+  Layout 2 (zero points, spec §9.5) is dequantized by its own rule, s * (u - z), against the same bounds; the
+  converter writes it only for the exact import of an AWQ / asymmetric GPTQ source, whose error is 0.
 * int4 tensors of a --mode gptq file (provenance quantizer.mode): GPTQ moves codes away from the nearest one to
   cancel output error, so the element bound does not apply and the weight SNR is lower by design; SNR >= 12 dB
   (measured 15.4-17.8 dB on the embedded model at g128, rtn 18.1-18.9). --eval is the check that matters.
@@ -41,7 +43,8 @@ from pathlib import Path
 import click
 import numpy as np
 
-from nanoqwen_format import BlobKind, DType, NanoqwenFormatError, open_file
+from nanoqwen_format import (LAYOUT_INT4_ROWMAJOR_K8_ASYM, BlobKind, DType, NanoqwenFormatError,
+                             dequantize_int4_asym_reference, open_file)
 from nanoqwen_format.writer import file_kind
 
 from .cast import bf16_to_f32
@@ -113,9 +116,13 @@ def _compare_tensor(f, ckpt, name: str, gptq: bool = False) -> TensorReport:
         b = min(rows, a + step)
         ref = ckpt.read_rows(name, a, b)                                         # float32 (rows, ...)
         if info.dtype == DType.INT4G:
-            q, s = f.int4(name)
             g = info.group_size
-            got = dequantize(q[a:b], s[a:b], g)                                    # float32 (rows, K)
+            if info.layout_id == LAYOUT_INT4_ROWMAJOR_K8_ASYM:
+                q, s, z = f.int4_asym(name)
+                got = dequantize_int4_asym_reference(q[a:b], s[a:b], z[a:b], g)     # float32 (rows, K)
+            else:
+                q, s = f.int4(name)
+                got = dequantize(q[a:b], s[a:b], g)                                # float32 (rows, K)
             st = stats_int4(ref, got, s[a:b].astype(np.float32), g, INT4_BOUND_SLACK_REL, INT4_BOUND_SLACK_ABS,
                             INT4_ZERO_SCALE_MAX_ABS)
         else:

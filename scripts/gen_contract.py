@@ -92,7 +92,8 @@ def facts() -> dict:
         "dtypes": {d.name.lower(): int(d) for d in C.DType},
         "archs": {a.name.lower(): int(a) for a in C.Arch},
         "rope_scaling": {r.name.lower(): int(r) for r in C.RopeScaling},
-        "layouts": {"none": C.LAYOUT_NONE, "int4_rowmajor_k8": C.LAYOUT_INT4_ROWMAJOR_K8},
+        "layouts": {"none": C.LAYOUT_NONE, "int4_rowmajor_k8": C.LAYOUT_INT4_ROWMAJOR_K8,
+                    "int4_rowmajor_k8_asym": C.LAYOUT_INT4_ROWMAJOR_K8_ASYM},
         "config_flags": {"tied": C.CONFIG_FLAG_TIED, "qkv_bias": C.CONFIG_FLAG_QKV_BIAS},
         "blob_kinds": {k.name.lower(): int(k) for k in C.BlobKind},
         "blob_encodings": {e.name.lower(): int(e) for e in C.BlobEncoding},
@@ -100,6 +101,7 @@ def facts() -> dict:
         "int4_perm": list(C.INT4_PERM),
         "int4_group_sizes": list(C.INT4_GROUP_SIZES),
         "int4_zero_code": C.INT4_ZERO_CODE,
+        "int4_max_code": C.INT4_MAX_CODE,
         "kv_page_tokens": _shapes.KV_PAGE_TOKENS,
         "header": header,
         "config": config,
@@ -115,7 +117,7 @@ def _camel(name: str) -> str:
 SCALARS = ("version", "alignment", "file_header_size", "config_offset", "config_size", "tensor_entry_size",
            "blob_entry_size", "tensor_name_size", "max_ndim", "max_tensors", "max_blobs", "max_header_size",
            "max_n_layers", "header_crc_offset", "header_reserved_start", "config_used_size", "blob_reserved_start",
-           "int4_zero_code", "kv_page_tokens")
+           "int4_zero_code", "int4_max_code", "kv_page_tokens")
 # JSON group -> C++ name prefix of its constants
 GROUPS = (("dtypes", "kDType"), ("archs", "kArch"), ("rope_scaling", "kRope"), ("layouts", "kLayout"),
           ("config_flags", "kConfigFlag"), ("blob_kinds", "kBlobKind"), ("blob_encodings", "kBlobEncoding"),

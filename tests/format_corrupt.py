@@ -11,7 +11,7 @@ if str(VECTORS) not in sys.path:
     sys.path.insert(0, str(VECTORS))
 
 from make_corrupt import (  # noqa: E402,F401  (spec/vectors/make_corrupt.py)
-    BASE_VECTOR, BLOB_FIELDS, CONFIG_FIELDS, HEADER_FIELDS, KB, L0, LM, MANIFEST, QB, QP, TENSOR_FIELDS, Case, Mutator,
+    ASYM_BASE_VECTOR, BASE_VECTOR, BLOB_FIELDS, CONFIG_FIELDS, HEADER_FIELDS, KB, L0, LM, MANIFEST, QB, QP, TENSOR_FIELDS, Case, Mutator,
     build_base, case_file, corrupt_cases, header_only_file, write_corpus)
 
 BASE_PATH = VECTORS / f"{BASE_VECTOR}.nanoqwen"

@@ -12,27 +12,33 @@ from nanoqwen_rt.backends.cuda.abi import NqSampling
 ROOT = Path(__file__).resolve().parent.parent
 
 _I32, _F32 = ctypes.c_int32, ctypes.c_float
-_I32P, _F32P, _U32P, _U16P = map(ctypes.POINTER, (ctypes.c_int32, ctypes.c_float, ctypes.c_uint32, ctypes.c_uint16))
+_I32P, _F32P, _U32P, _U16P, _U8P = map(ctypes.POINTER, (ctypes.c_int32, ctypes.c_float, ctypes.c_uint32, ctypes.c_uint16,
+                                                       ctypes.c_uint8))
 
 # name -> (restype, argtypes), as declared in nanoqwen_testing.h
 SIGNATURES = {
     "nq_last_error": (ctypes.c_char_p, []),
-    "nq_test_gemv_int4": (ctypes.c_int, [_U32P, _U16P, _I32, _I32, _I32, _F32P, _F32P, _F32, _F32P]),
-    "nq_test_gemv_int4_mode": (ctypes.c_int, [_U32P, _U16P, _U32P, _U16P, _I32, _I32, _I32, _F32P, _F32P, _F32,
-                                              _I32, _F32P]),
+    # the int4 entry points take zeros (uint8 (N, K/g) or None: layout 1) after each weight's scales
+    "nq_test_gemv_int4": (ctypes.c_int, [_U32P, _U16P, _U8P, _I32, _I32, _I32, _F32P, _F32P, _F32, _F32P]),
+    "nq_test_gemv_int4_mode": (ctypes.c_int, [_U32P, _U16P, _U8P, _U32P, _U16P, _U8P, _I32, _I32, _I32, _F32P, _F32P,
+                                              _F32, _I32, _F32P]),
     "nq_test_gemv_dense": (ctypes.c_int, [_U16P, _I32, _I32, _I32, _F32P, _F32P]),
-    "nq_test_gemm_int4": (ctypes.c_int, [_U32P, _U16P, _I32, _I32, _I32, _F32P, _I32, _F32P]),
-    "nq_test_gemm_int4_multi": (ctypes.c_int, [_I32, ctypes.POINTER(_U32P), ctypes.POINTER(_U16P), _I32P, _I32, _I32,
-                                               _F32P, _I32, _I32, ctypes.POINTER(_F32P), _F32P, _I32, _I32]),
-    "nq_test_gemm_swiglu": (ctypes.c_int, [_U32P, _U16P, _U32P, _U16P, _I32, _I32, _I32, _F32P, _I32, _U16P]),
+    "nq_test_gemm_int4": (ctypes.c_int, [_U32P, _U16P, _U8P, _I32, _I32, _I32, _F32P, _I32, _F32P]),
+    "nq_test_gemm_int4_multi": (ctypes.c_int, [_I32, ctypes.POINTER(_U32P), ctypes.POINTER(_U16P), ctypes.POINTER(_U8P),
+                                               _I32P, _I32, _I32, _F32P, _I32, _I32, ctypes.POINTER(_F32P), _F32P,
+                                               _I32, _I32]),
+    "nq_test_gemm_swiglu": (ctypes.c_int, [_U32P, _U16P, _U8P, _U32P, _U16P, _U8P, _I32, _I32, _I32, _F32P, _I32,
+                                           _I32, _U16P]),
     "nq_test_attention": (ctypes.c_int, [_F32P, _F32P, _F32P] + [_I32] * 5 + [_F32P]),
     "nq_test_attention_prefill": (ctypes.c_int, [_F32P, _F32P, _F32P] + [_I32] * 5 + [_F32P]),
     "nq_test_sample": (ctypes.c_int, [_F32P, _I32, ctypes.POINTER(NqSampling), ctypes.c_uint64, _I32P]),
     "nq_test_check_pages": (ctypes.c_int, [_I32, _I32, _I32, _I32P, _I32, _I32]),
     "nq_bench_gemv_int4": (ctypes.c_int, [_I32] * 4 + [_F32P]),
     "nq_bench_gemv_int4_mode": (ctypes.c_int, [_I32] * 5 + [_F32P]),
+    "nq_bench_gemv_int4_layout": (ctypes.c_int, [_I32] * 6 + [_F32P]),
     "nq_bench_gemm_int4": (ctypes.c_int, [_I32] * 5 + [_F32P]),
     "nq_bench_gemm_int4_multi": (ctypes.c_int, [_I32] * 6 + [_F32P]),
+    "nq_bench_gemm_int4_layout": (ctypes.c_int, [_I32] * 7 + [_F32P]),
     "nq_bench_mma_peak": (ctypes.c_int, [_I32, _I32, _F32P]),
     "nq_bench_attention": (ctypes.c_int, [_I32] * 8 + [_F32P]),
     "nq_bench_read_bandwidth": (ctypes.c_int, [ctypes.c_uint64, _I32, _F32P]),

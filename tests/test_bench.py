@@ -329,3 +329,25 @@ def test_fp16_variant_has_unit_scale_linears(tmp_path):
         # N(0, 1/K) weights, N*K = 131072 samples: K*var(w) is 1 within ~0.4% (1 sigma); the mean's sigma is
         # 1/16/sqrt(131072) = 1.7e-4
         assert abs(w.var() * w.shape[1] - 1.0) < 0.03 and abs(w.mean()) < 1e-3
+
+
+def test_int4_asym_variant_holds_the_layout_1_weights(tiny_file, tmp_path):
+    """--quant int4-asym: every linear weight in int4g layout 2 with zero points 7..9 (all three present, none
+    outside), dequantising bit for bit to the layout-1 file of the same seed (the layout-2 timing runs the same
+    model)."""
+    from nanoqwen_format.constants import LAYOUT_INT4_ROWMAJOR_K8_ASYM
+    p = str(tmp_path / "asym.nanoqwen")
+    _mk().make_file(p, _tiny_cfg(), quant="int4-asym", group_size=128, seed=7, threads=2, progress=False)
+    with open_file(tiny_file) as a, open_file(p, verify_checksums=True) as b:
+        assert list(a.tensors) == list(b.tensors)
+        seen = set()
+        for name, info in b.tensors.items():
+            if not name.endswith("_proj.weight"):
+                assert info.crc32c == a.tensors[name].crc32c, name
+                continue
+            assert info.layout_id == LAYOUT_INT4_ROWMAJOR_K8_ASYM and info.group_size == 128, name
+            _, s, z = b.int4_asym(name)
+            assert np.array_equal(s, a.int4(name)[1]), name
+            seen |= set(np.unique(z).tolist())
+            assert np.array_equal(b.float32(name).view(np.uint32), a.float32(name).view(np.uint32)), name
+        assert seen == {7, 8, 9}

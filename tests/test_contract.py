@@ -114,7 +114,7 @@ def test_model_check_accepts_golden_vectors(lib, vec):
 
 CORRUPT = ROOT / "spec" / "vectors" / "corrupt"
 MANIFEST = json.loads((CORRUPT / "manifest.json").read_text())["cases"]
-CHECKSUM_RULES = ("38", "39")   # spec §12: applied only when the caller verifies checksums
+CHECKSUM_RULES = ("38", "39", "39b")   # spec §12: applied only when the caller verifies checksums
 
 
 def _error_name(msg: str) -> str:
@@ -133,7 +133,7 @@ def _open_verified(lib, path):
 def test_manifest_covers_the_open_rules():
     """The walk below sees what the spec ships: cases that fail at open, and blob-content cases."""
     at_open = [n for n, c in MANIFEST.items() if "read_blob" not in c]
-    assert len(at_open) == 110 and len(MANIFEST) - len(at_open) == 14
+    assert len(at_open) == 119 and len(MANIFEST) - len(at_open) == 14
     assert all((CORRUPT / n).is_file() for n in MANIFEST)
 
 
@@ -245,4 +245,48 @@ def test_model_check_int4_tied_embedding_is_unsupported(lib, tmp_path):
     rc, msg = _check(lib, path)
     assert rc == NQ_E_UNSUPPORTED, (rc, msg)
     assert "embed_tokens" in msg and "int4" in msg, msg
+    assert "\n" not in msg
+
+
+def _layout_2_file(path, qkv_layouts=(2, 2, 2)):
+    """A random model inside the library's limits (head_dim 64, multiples of 64) whose projections are int4g layout 2
+    (q/k/v as qkv_layouts says), written by the format's writer; returns the path."""
+    import numpy as np
+    from format_helpers import random_payload, specs_for, write_file  # tests/format_helpers.py
+    from nanoqwen_format import DType, ModelConfig, TensorSpec
+    from nanoqwen_format.constants import LAYOUT_INT4_ROWMAJOR_K8, LAYOUT_INT4_ROWMAJOR_K8_ASYM
+    cfg = ModelConfig(arch="qwen2", n_layers=1, hidden_size=128, intermediate_size=192, n_heads=2, n_kv_heads=1,
+                      head_dim=64, vocab_rows=80, max_positions=128, rope_theta=10_000.0, rms_norm_eps=1e-6,
+                      tied_embeddings=False, qkv_bias=True, bos_token_id=-1, eos_token_id=1, pad_token_id=-1)
+    rng = np.random.default_rng(5)
+    lay = {"q_proj": qkv_layouts[0], "k_proj": qkv_layouts[1], "v_proj": qkv_layouts[2]}
+    specs, payloads = [], {}
+    for sp in specs_for(cfg, lambda name, shape: (DType.INT4G, 32) if "proj.weight" in name else (DType.F16, 0)):
+        if sp.dtype == DType.INT4G:
+            asym = lay.get(sp.name.split(".")[-2], 2) == 2
+            sp = TensorSpec(sp.name, sp.dtype, sp.shape, sp.group_size,
+                            LAYOUT_INT4_ROWMAJOR_K8_ASYM if asym else LAYOUT_INT4_ROWMAJOR_K8)
+            q, sc = random_payload(sp, rng)
+            payloads[sp.name] = (q, sc, rng.integers(0, 16, size=sc.shape, dtype=np.uint8)) if asym else (q, sc)
+        else:
+            payloads[sp.name] = random_payload(sp, rng)
+        specs.append(sp)
+    return write_file(path, cfg, specs, payloads)
+
+
+def test_model_check_accepts_int4_layout_2(lib, tmp_path):
+    """The asymmetric int4g layout 2 (spec 9.5) runs on the CUDA backend (its kernels' layout-2 builds): a valid
+    layout-2 model inside the library's limits passes nq_model_check (the golden vector tiny_int4_asym is refused for
+    its head_dim 16, not for its layout)."""
+    rc, msg = _check(lib, _layout_2_file(tmp_path / "asym.nanoqwen"))
+    assert rc == NQ_OK, msg
+    rc, msg = _check(lib, ROOT / "spec" / "vectors" / "tiny_int4_asym.nanoqwen")
+    assert rc == NQ_E_UNSUPPORTED and "head_dim" in msg and "layout" not in msg, (rc, msg)
+
+
+def test_model_check_refuses_mixed_qkv_layouts(lib, tmp_path):
+    """q/k/v of one layer in different int4 layouts: the fused decode GEMV takes one layout per launch group, and the
+    loader keeps fused weights alike (as it does for dtype and group size): unsupported, naming the layer."""
+    rc, msg = _check(lib, _layout_2_file(tmp_path / "mixed.nanoqwen", qkv_layouts=(2, 1, 2)))
+    assert rc == NQ_E_UNSUPPORTED and "layer 0" in msg and "int4 layout" in msg, (rc, msg)
     assert "\n" not in msg

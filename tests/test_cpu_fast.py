@@ -15,7 +15,7 @@ from nanoqwen_rt.backends.cpu.fast_kernels import (HI, LO, Q8_MAX, Q16_MAX, TOKE
                                                    gemm_int4_q16_multi, gemv_i8, gemv_int4_q16_multi, lm_head_group,
                                                    quantize_rows_i8, quantize_x16, quantize_x16_int4,
                                                    quantize_x16_tokens)
-from nanoqwen_rt.backends.cpu.kernels import PERM, matmul_int4_reference
+from nanoqwen_rt.backends.cpu.kernels import PERM, matmul_int4_reference, zeros_or_symmetric
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,32 +79,58 @@ def _int4_bound(w: np.ndarray, x: np.ndarray, xstep: np.ndarray, g: int) -> np.n
 
 
 INT4_IMPLS = ("serial", "parallel", "wrapper")
+#: int4g layouts: 1 (zero point 8, zeros=None) and 2 (a zero point per group: the odd-numbered weights of a call get
+#: random ones, so a call mixes the layouts as a file may)
+LAYOUTS = (1, 2)
 
 
+def _zero_points(rng, layout, Ns, K, g):
+    """Per weight: None (layout 1) or uint8 (N, K/g) random zero points, read-only as the file's mmap'd ones."""
+    if layout == 1:
+        return [None] * len(Ns)
+    out = []
+    for i, N in enumerate(Ns):
+        z = None
+        if i % 2 == 0:
+            z = rng.integers(0, 16, size=(N, K // g), dtype=np.uint8)
+            z.setflags(write=False)
+        out.append(z)
+    return out
+
+
+def _dense(u, s, z, g):
+    """The float64 weights of codes u, f16 scales s, zero points z (None: 8)."""
+    zf = 8 if z is None else np.repeat(z.astype(np.float64), g, axis=1)
+    return np.repeat(s.astype(np.float64), g, axis=1) * (u.astype(np.float64) - zf)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("impl", INT4_IMPLS)
 @pytest.mark.parametrize("Ns,K,g", [((48,), 256, 32), ((130, 17), 512, 64), ((896, 128, 128), 896, 128),
                                      ((70,), 1024, 256), ((4864, 4864), 896, 128)])
-def test_gemv_int4_q16_within_rounding_bound(impl, Ns, K, g):
+def test_gemv_int4_q16_within_rounding_bound(impl, Ns, K, g, layout):
     rng, seed = _fresh_rng()
     us = [rng.integers(0, 16, size=(N, K), dtype=np.uint8) for N in Ns]
     scales = [(rng.random((N, K // g)) * 0.02 + 0.001).astype(np.float16) for N in Ns]
+    zs = _zero_points(rng, layout, Ns, K, g)
     qws = [pack_int4_layout1(u) for u in us]
     x = _x(rng, K)
     outs = [np.full(N, np.nan, np.float32) for N in Ns]
     qbs = tuple(q.view(np.uint8) for q in qws)
     sbs = tuple(s.view(np.uint16) for s in scales)
     if impl == "wrapper":
-        gemv_int4_q16_multi(x, qbs, sbs, g, outs)
+        gemv_int4_q16_multi(x, qbs, sbs, g, outs, None if layout == 1 else zs)
     else:
         xlo, xhi = np.empty(K // 2, np.int16), np.empty(K // 2, np.int16)
         xsum, xstep = np.empty(K // g, np.int32), np.empty(K // g, np.float32)
         quantize_x16_int4(x, g, xlo, xhi, xsum, xstep)
         fn = _gemv_int4_q16_serial if impl == "serial" else _gemv_int4_q16_parallel
-        fn(xlo, xhi, xsum, xstep, qbs, sbs, g, tuple(outs))
+        fn(xlo, xhi, xsum, xstep, qbs, sbs, tuple(zeros_or_symmetric(z, q, g) for q, z in zip(qbs, zs)), g,
+           tuple(outs))
     xstep = np.abs(x.reshape(-1, g)).max(axis=1) / Q16_MAX
-    for u, qw, s, out in zip(us, qws, scales, outs):
-        exact = matmul_int4_reference(x[None], qw, s, g)[0]
-        w = np.repeat(s.astype(np.float64), g, axis=1) * (u.astype(np.float64) - 8)
+    for u, qw, s, z, out in zip(us, qws, scales, zs, outs):
+        exact = matmul_int4_reference(x[None], qw, s, g, z)[0]
+        w = _dense(u, s, z, g)
         err = np.abs(out - exact)
         bound = _int4_bound(w, x, xstep, g)
         assert np.isfinite(out).all() and (err <= bound).all(), \
@@ -114,9 +140,10 @@ def test_gemv_int4_q16_within_rounding_bound(impl, Ns, K, g):
 
 
 # -- the prompt's integer GEMM ------------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("Ns,K,g,T", [((48,), 256, 32, 1), ((130, 17), 512, 64, 5), ((896, 128, 128), 896, 128, 33),
                                        ((70, 9), 1024, 256, 47), ((300,), 4864, 128, 2), ((64, 200), 384, 32, 64)])
-def test_gemm_int4_q16_within_rounding_bound_and_equal_to_the_gemv(Ns, K, g, T):
+def test_gemm_int4_q16_within_rounding_bound_and_equal_to_the_gemv(Ns, K, g, T, layout):
     """Every token of a prompt within the same rounding bound as the GEMV, against a float64 reference; and, since
     the GEMM rounds each token as the GEMV does and sums its groups in the GEMV's float order, bitwise equal to the
     GEMV run on that token alone (a prompt token and a decode token at one position get the same products)."""
@@ -124,15 +151,17 @@ def test_gemm_int4_q16_within_rounding_bound_and_equal_to_the_gemv(Ns, K, g, T):
     us = [rng.integers(0, 16, size=(N, K), dtype=np.uint8) for N in Ns]
     scales = [(rng.random((N, K // g)) * 0.02 + 0.001).astype(np.float16) for N in Ns]
     qws = [pack_int4_layout1(u) for u in us]
+    zs = _zero_points(rng, layout, Ns, K, g)
+    zarg = None if layout == 1 else zs
     x = np.stack([_x(rng, K) for _ in range(T)])
     x[T // 2] *= 1e-3                                            # tokens of very different scales in one call
     qbs = [q.view(np.uint8) for q in qws]
     sbs = [s.view(np.uint16) for s in scales]
     outs = [np.full((T, N), np.nan, np.float32) for N in Ns]      # poisoned: every element must be written
-    gemm_int4_q16_multi(x, qbs, sbs, g, outs)
-    for u, qw, s, out in zip(us, qws, scales, outs):
-        exact = matmul_int4_reference(x, qw, s, g)
-        w = np.repeat(s.astype(np.float64), g, axis=1) * (u.astype(np.float64) - 8)
+    gemm_int4_q16_multi(x, qbs, sbs, g, outs, zarg)
+    for u, qw, s, z, out in zip(us, qws, scales, zs, outs):
+        exact = matmul_int4_reference(x, qw, s, g, z)
+        w = _dense(u, s, z, g)
         for t in range(T):
             xstep = np.abs(x[t].reshape(-1, g)).max(axis=1) / Q16_MAX
             err = np.abs(out[t] - exact[t])
@@ -141,7 +170,7 @@ def test_gemm_int4_q16_within_rounding_bound_and_equal_to_the_gemv(Ns, K, g, T):
                 f"seed {seed}, token {t}: worst err/bound {(err / bound).max():.3f}"
     for t in range(T):
         one = [np.full(N, np.nan, np.float32) for N in Ns]
-        gemv_int4_q16_multi(np.ascontiguousarray(x[t]), qbs, sbs, g, one)
+        gemv_int4_q16_multi(np.ascontiguousarray(x[t]), qbs, sbs, g, one, zarg)
         for out, o in zip(outs, one):
             assert np.array_equal(out[t], o), f"seed {seed}, token {t}"
 
@@ -271,6 +300,21 @@ def tiny_int4(tmp_path_factory):
     return convert_checkpoint(REPO / "models" / "tiny-py", tmp_path_factory.mktemp("fast") / "tiny.int4.nanoqwen")
 
 
+@pytest.fixture(scope="module")
+def tiny_awq(tmp_path_factory):
+    """The embedded model packed as an AWQ checkpoint (tests/quant_sources.py) and converted: every linear in int4
+    layout 2, with the source's zero points."""
+    from nanoqwen_format import LAYOUT_INT4_ROWMAJOR_K8_ASYM, DType, open_file
+    from nanoqwen_quant.convert import convert_checkpoint
+    from quant_sources import make_quantized
+    d = tmp_path_factory.mktemp("fast-awq")
+    make_quantized(REPO / "models" / "tiny-py", d / "awq", "awq")
+    out = convert_checkpoint(d / "awq", d / "tiny.awq.nanoqwen")
+    with open_file(out) as f:
+        assert {t.layout_id for t in f.tensors.values() if t.dtype == DType.INT4G} == {LAYOUT_INT4_ROWMAJOR_K8_ASYM}
+    return out
+
+
 def _log_softmax(a):
     a = a.astype(np.float64)
     a = a - a.max(axis=-1, keepdims=True)
@@ -285,13 +329,17 @@ def _decode_logits(be, ids):
     return np.array(out)
 
 
-def test_embedded_model_fast_vs_oracle(tiny_int4):
+@pytest.mark.parametrize("layout", ["layout1", "awq-layout2"])
+def test_embedded_model_fast_vs_oracle(request, layout):
+    """The same limits for layout 1 (the demo's conversion) and layout 2 (an AWQ packing of the same model, converted
+    exactly): the zero points enter the fast paths' integer sums, not their rounding."""
     from nanoqwen_rt import Engine
     from nanoqwen_rt.backends.cpu import CPUBackend
+    path = request.getfixturevalue("tiny_int4" if layout == "layout1" else "tiny_awq")
     text = (REPO / "nanoqwen_quant" / "data" / "eval_heldout.txt").read_text()
-    with Engine(tiny_int4, device="cpu") as eng:
+    with Engine(path, device="cpu") as eng:
         ids = np.array(eng.tokenizer.encode(text)[:EVAL_TOKENS], dtype=np.int32)
-    with CPUBackend(tiny_int4, numerics="oracle") as o, CPUBackend(tiny_int4, numerics="fast") as f:
+    with CPUBackend(path, numerics="oracle") as o, CPUBackend(path, numerics="fast") as f:
         assert "fast numerics" in f.describe() and "lm_head int8" in f.describe()
         lo, lf = o.logits_all(ids), _decode_logits(f, ids)
         # the fast backend's many-token path (a prompt: the integer GEMM, the same rounding as its decode)

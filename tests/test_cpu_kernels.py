@@ -4,12 +4,13 @@ import pytest
 
 from synth import pack_int4_layout1  # noqa: E402  (tests/synth.py)
 
+from nanoqwen_format import dequantize_int4_asym_reference  # noqa: E402
 from nanoqwen_rt.backends.cpu.kernels import (BF16_LUT, F16_LUT, _gemv_int4_parallel, _gemv_int4_serial,
                                               _gemv_u16_parallel, _gemv_u16_serial, gemm_int4, gemm_int4_multi, gemm_u16,
                                               matmul_int4, matmul_int4_reference, matmul_u16,
                                               matmul_u16_reference, rows_u16, widen_f16_bits, attention, attention_prefill,
                                               attention_reference, rms_norm, rms_norm_reference, silu_mul,
-                                              silu_mul_reference)
+                                              silu_mul_reference, symmetric_zeros, zeros_or_symmetric)
 
 
 def _per_token(gemv):
@@ -21,10 +22,20 @@ def _per_token(gemv):
     return run
 
 
+def _int4_gemv_per_token(gemv):
+    """An int4 GEMV kernel (x, qweight, scales, zeros, group, out) in the wrappers' form (x (T, K), qweight, scales,
+    group, out (T, N), zeros=None), token by token."""
+    def run(x, qw, sc, g, out, zeros=None):
+        z = zeros_or_symmetric(zeros, qw, g)
+        for t in range(x.shape[0]):
+            gemv(x[t], qw, sc, z, g, out[t])
+    return run
+
+
 # every GEMV has a serial and a parallel (prange) variant, the GEMM (T > 1) its BLAS tiles; the public wrapper picks
 # by T and by size: test all of them
-INT4_IMPLS = {"gemv-serial": _per_token(_gemv_int4_serial), "gemv-parallel": _per_token(_gemv_int4_parallel),
-              "gemm": gemm_int4, "wrapper": matmul_int4}
+INT4_IMPLS = {"gemv-serial": _int4_gemv_per_token(_gemv_int4_serial),
+              "gemv-parallel": _int4_gemv_per_token(_gemv_int4_parallel), "gemm": gemm_int4, "wrapper": matmul_int4}
 U16_IMPLS = {"gemv-serial": _per_token(_gemv_u16_serial), "gemv-parallel": _per_token(_gemv_u16_parallel),
              "gemm": gemm_u16, "wrapper": matmul_u16}
 
@@ -61,6 +72,58 @@ def test_matmul_int4_matches_reference(impl, T, N, K, g):
     dense = np.repeat(scales.astype(np.float64), g, axis=1) * (u.astype(np.float64) - 8)
     np.testing.assert_allclose(ref, x.astype(np.float64) @ dense.T, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL)
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    """a, read-only: the type of the file's mmap'd zero points (and of symmetric_zeros)."""
+    a = np.array(a)
+    a.setflags(write=False)
+    return a
+
+
+@pytest.mark.parametrize("impl", sorted(INT4_IMPLS))
+@pytest.mark.parametrize("T,N,K,g", [(1, 48, 256, 128), (5, 33, 128, 64), (3, 17, 512, 32), (1, 7, 64, 64),
+                                     (1, 130, 256, 32), (2, 130, 128, 128), (1, 4200, 512, 256)])
+def test_matmul_int4_layout2_matches_the_format_reference(impl, T, N, K, g):
+    """Layout 2 (zero point per group): every kernel against nanoqwen_format's dequantization (the spec's
+    f32(s) * f32(u - z), exact) multiplied in float64, on fresh random codes, scales, zero points and inputs."""
+    rng = np.random.default_rng()
+    seed = rng.bit_generator.seed_seq.entropy
+    u = rng.integers(0, 16, size=(N, K), dtype=np.uint8)
+    qw = pack_int4_layout1(u)                           # layout 2 packs its codes as layout 1 does
+    scales = (rng.random((N, K // g)) * 0.1 + 0.01).astype(np.float16)
+    zeros = _readonly(rng.integers(0, 16, size=(N, K // g), dtype=np.uint8))
+    assert len(np.unique(zeros)) > 1
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    out = np.full((T, N), np.nan, dtype=np.float32)
+    INT4_IMPLS[impl](x, qw, scales.view(np.uint16), g, out, zeros)
+    ref = x.astype(np.float64) @ dequantize_int4_asym_reference(qw, scales, zeros, g).astype(np.float64).T
+    np.testing.assert_allclose(ref, matmul_int4_reference(x, qw, scales, g, zeros), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL, err_msg=f"seed {seed}")
+    # and not layout 1's answer: the zero points are used
+    sym = np.full_like(out, np.nan)
+    INT4_IMPLS[impl](x, qw, scales.view(np.uint16), g, sym)
+    assert np.abs(sym - out).max() > 100 * ATOL
+
+
+@pytest.mark.parametrize("impl", sorted(INT4_IMPLS))
+@pytest.mark.parametrize("T,N,K,g", [(1, 48, 256, 128), (5, 33, 128, 64), (1, 300, 8192, 32), (9, 130, 256, 32)])
+def test_layout2_with_every_zero_8_is_layout_1_bit_for_bit(impl, T, N, K, g):
+    """A zero point of 8 everywhere (a layout-2 tensor holding layout 1's values) gives layout 1's outputs bit for
+    bit: both layouts run the same code, z * sum x with z = 8 read from memory is the same exact product."""
+    rng = np.random.default_rng()
+    qw = pack_int4_layout1(rng.integers(0, 16, size=(N, K), dtype=np.uint8))
+    sc = (rng.random((N, K // g)) * 0.1 + 0.01).astype(np.float16).view(np.uint16)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    sym, asym8 = np.full((T, N), np.nan, np.float32), np.full((T, N), np.nan, np.float32)
+    INT4_IMPLS[impl](x, qw, sc, g, sym)
+    INT4_IMPLS[impl](x, qw, sc, g, asym8, _readonly(np.full((N, K // g), 8, np.uint8)))
+    assert np.isfinite(sym).all() and np.array_equal(sym.view(np.uint32), asym8.view(np.uint32))
+
+
+def test_symmetric_zeros_shared_and_read_only():
+    a, b = symmetric_zeros(12, 3), symmetric_zeros(12, 3)
+    assert a is b and a.shape == (12, 3) and a.dtype == np.uint8 and (a == 8).all() and not a.flags.writeable
 
 
 @pytest.mark.parametrize("impl", sorted(U16_IMPLS))
@@ -148,11 +211,19 @@ def test_gemv_int4_multi_matches_reference(ns):
     qws = [pack_int4_layout1(rng.integers(0, 16, size=(n, K), dtype=np.uint8)) for n in ns]
     scs = [(rng.random((n, K // g)) * 0.1 + 0.01).astype(np.float16) for n in ns]
     x = rng.standard_normal(K).astype(np.float32)
+    # layout 1 (symmetric_zeros) and layout 2 (its own zero points) may share one call: the first weight is layout 2
+    zs = [_readonly(rng.integers(0, 16, size=(ns[0], K // g), dtype=np.uint8))] + [None] * (len(ns) - 1)
     for fn in (_gemv_int4_multi_parallel, gemv_int4_multi):
-        outs = tuple(np.full(n, np.nan, dtype=np.float32) for n in ns)
-        fn(x, tuple(qws), tuple(s.view(np.uint16) for s in scs), g, outs)
-        for qw, sc, o in zip(qws, scs, outs):
-            np.testing.assert_allclose(o, matmul_int4_reference(x[None], qw, sc, g)[0], rtol=RTOL, atol=ATOL)
+        for zeros in (None, zs):
+            outs = tuple(np.full(n, np.nan, dtype=np.float32) for n in ns)
+            scales = tuple(s.view(np.uint16) for s in scs)
+            if fn is gemv_int4_multi:
+                fn(x, tuple(qws), scales, g, outs, zeros)
+            else:
+                fn(x, tuple(qws), scales,
+                   tuple(zeros_or_symmetric(z, q, g) for q, z in zip(qws, zeros or [None] * len(ns))), g, outs)
+            for qw, sc, z, o in zip(qws, scs, zeros or [None] * len(ns), outs):
+                np.testing.assert_allclose(o, matmul_int4_reference(x[None], qw, sc, g, z)[0], rtol=RTOL, atol=ATOL)
 
 
 def test_gemm_int4_multi_equals_one_weight_at_a_time():
@@ -165,10 +236,11 @@ def test_gemm_int4_multi_equals_one_weight_at_a_time():
     qws = [pack_int4_layout1(u) for u in us]
     scs = [(rng.random((N, K // g)) * 0.1 + 0.01).astype(np.float16) for N in Ns]
     x = rng.standard_normal((T, K)).astype(np.float32)
+    zs = [None, _readonly(rng.integers(0, 16, size=(Ns[1], K // g), dtype=np.uint8)), None]   # layouts 1, 2, 1
     outs = [np.full((T, N), np.nan, dtype=np.float32) for N in Ns]
-    gemm_int4_multi(x, qws, [s.view(np.uint16) for s in scs], g, outs)
-    for qw, s, out in zip(qws, scs, outs):
+    gemm_int4_multi(x, qws, [s.view(np.uint16) for s in scs], g, outs, zs)
+    for qw, s, z, out in zip(qws, scs, zs, outs):
         alone = np.full_like(out, np.nan)
-        gemm_int4(x, qw, s.view(np.uint16), g, alone)
+        gemm_int4(x, qw, s.view(np.uint16), g, alone, z)
         assert np.array_equal(out, alone)
-        np.testing.assert_allclose(out, matmul_int4_reference(x, qw, s, g), rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(out, matmul_int4_reference(x, qw, s, g, z), rtol=RTOL, atol=ATOL)

@@ -12,7 +12,7 @@ from nanoqwen_format import BlobKind, open_file
 from nanoqwen_format import errors as E
 from nanoqwen_format.constants import BLOB_KIND_ENCODING, BlobEncoding
 
-from format_corrupt import (BASE_PATH, CORRUPT_DIR, KB, MANIFEST, VECTORS, Mutator, case_file, corrupt_cases,
+from format_corrupt import (ASYM_BASE_VECTOR, BASE_PATH, CORRUPT_DIR, KB, MANIFEST, VECTORS, Mutator, case_file, corrupt_cases,
                             shipped_base)
 
 SPEC = (VECTORS.parents[1] / "spec" / "nanoqwen-format.md").read_text(encoding="utf-8")
@@ -109,7 +109,7 @@ def _manifest():
 
 def test_spec_rule_list_parses():
     rules = spec_rules()
-    assert [r for r in rules if not r.isdigit()] == ["15b", "31b"]
+    assert [r for r in rules if not r.isdigit()] == ["15b", "31b", "39b"]
     assert sorted(int(r) for r in rules if r.isdigit()) == list(range(1, 42))
     assert rules["15"] == {"OverlappingTensors", "HoleInData"}
     assert rules["27"] == rules["33"] == {"SizeOverflow", "MisalignedOffset", "OverlappingTensors", "HoleInData",
@@ -128,6 +128,7 @@ def test_manifest_covers_every_rule_and_error_of_the_spec():
 def test_manifest_lists_exactly_the_generated_cases():
     cases = _manifest()["cases"]
     assert cases == {case_file(c): {"rule": c.rule, "error": c.error, "mentions": c.mentions,
+                                    **({"base": f"../{ASYM_BASE_VECTOR}.nanoqwen"} if c.asym else {}),
                                     **({"read_blob": c.read_blob} if c.read_blob else {})} for c in corrupt_cases()}
     assert sorted(p.name for p in CORRUPT_DIR.glob("*.nanoqwen")) == sorted(cases)
     assert (CORRUPT_DIR / _manifest()["base"]).resolve() == BASE_PATH.resolve()

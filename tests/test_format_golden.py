@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from nanoqwen_format import BlobKind, DType, ModelConfig, open_file, unpack_int4_reference
+from nanoqwen_format.constants import LAYOUT_INT4_ROWMAJOR_K8, LAYOUT_INT4_ROWMAJOR_K8_ASYM
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "spec" / "vectors"
@@ -47,14 +48,22 @@ def test_reader_matches_description(jpath):
                 jt["dtype"], jt["shape"], jt["offset"], jt["nbytes"], int(jt["crc32c"], 16), jt["group_size"],
                 jt["layout_id"])
             if t.dtype == DType.INT4G:
-                q, s = f.int4(t.name)
+                asym = t.layout_id == LAYOUT_INT4_ROWMAJOR_K8_ASYM
+                if asym:
+                    q, s, z = f.int4_asym(t.name)
+                    assert z.reshape(-1)[:4].tolist() == jt["first_zeros"]
+                    zero = np.float32(z[0, 0])
+                else:
+                    q, s = f.int4(t.name)
+                    assert "first_zeros" not in jt
+                    zero = np.float32(8)
                 assert [f"{int(w):#010x}" for w in q.reshape(-1)[:2]] == jt["first_qweight_words"]
                 assert s.reshape(-1)[:4].astype(float).tolist() == jt["first_scales"]
                 w = f.float32(t.name)
                 g = t.group_size
                 codes = np.array(jt["first_codes"], dtype=np.float32)
                 # first 16 values of row 0: codes 0..15 all lie in group 0 (g >= 32)
-                np.testing.assert_array_equal(w[0, :16], np.float32(s[0, 0]) * (codes - 8))
+                np.testing.assert_array_equal(w[0, :16], np.float32(s[0, 0]) * (codes - zero))
                 assert g >= 32
             else:
                 got = f.float32(t.name).reshape(-1)[:4].astype(float).tolist()
@@ -104,7 +113,14 @@ def test_reader_matches_decoded_tensors(jpath):
             if jt["dtype"] == "INT4G":
                 codes = np.load(VECTORS / jt["decoded"]["codes"], allow_pickle=False)
                 assert codes.dtype == np.uint8 and list(codes.shape) == jt["shape"]
-                np.testing.assert_array_equal(unpack_int4_reference(f.int4(jt["name"])[0]), codes)
+                if jt["layout_id"] == LAYOUT_INT4_ROWMAJOR_K8_ASYM:
+                    q, _, z = f.int4_asym(jt["name"])
+                    zeros = np.load(VECTORS / jt["decoded"]["zeros"], allow_pickle=False)
+                    assert zeros.dtype == np.uint8 and zeros.shape == z.shape
+                    np.testing.assert_array_equal(z, zeros)
+                else:
+                    q = f.int4(jt["name"])[0]
+                np.testing.assert_array_equal(unpack_int4_reference(q), codes)
                 assert codes[0, :16].tolist() == jt["first_codes"]
             else:
                 assert want.reshape(-1)[:4].astype(float).tolist() == jt["first_values"]
@@ -115,7 +131,11 @@ def test_every_dtype_and_group_size_has_a_decoded_tensor():
     for p in JSONS:
         for jt in json.loads(p.read_text(encoding="utf-8"))["tensors"]:
             if "decoded" in jt:
-                seen.add((jt["dtype"], jt["group_size"]))
-                assert set(jt["decoded"]) == ({"f32", "codes"} if jt["dtype"] == "INT4G" else {"f32"})
-    assert {d for d, _ in seen} == {"F32", "F16", "BF16", "INT4G"}
-    assert {g for d, g in seen if d == "INT4G"} >= {32, 64}
+                seen.add((jt["dtype"], jt["group_size"], jt["layout_id"]))
+                want = {"f32"}
+                if jt["dtype"] == "INT4G":
+                    want = {"f32", "codes", "zeros"} if jt["layout_id"] == LAYOUT_INT4_ROWMAJOR_K8_ASYM else {"f32", "codes"}
+                assert set(jt["decoded"]) == want
+    assert {d for d, _, _ in seen} == {"F32", "F16", "BF16", "INT4G"}
+    for layout in (LAYOUT_INT4_ROWMAJOR_K8, LAYOUT_INT4_ROWMAJOR_K8_ASYM):
+        assert {g for d, g, lay in seen if d == "INT4G" and lay == layout} >= {32, 64}, layout

@@ -171,7 +171,14 @@ def check_whole_decoding(jt, body, consts):
             codes[:, kk::8] = (words >> np.uint32(4 * nib)) & np.uint32(0xF)
         s_off = -(-(n * k // 2) // 128) * 128
         scales = np.frombuffer(body, "<f2", count=n * k // g, offset=s_off).reshape(n, k // g).astype(np.float32)
-        values = np.repeat(scales, g, axis=1) * (codes.astype(np.float32) - np.float32(consts["INT4_ZERO_CODE"]))
+        if jt["layout_id"] == consts["LAYOUT_INT4_ROWMAJOR_K8_ASYM"]:   # §9.6: zero points after the scales
+            z_off = -(-(s_off + 2 * (n * k // g)) // 128) * 128
+            zeros = np.frombuffer(body, np.uint8, count=n * k // g, offset=z_off).reshape(n, k // g)
+            np.testing.assert_array_equal(zeros, np.load(VECTORS / jt["decoded"]["zeros"], allow_pickle=False))
+            zero = np.repeat(zeros.astype(np.float32), g, axis=1)
+        else:
+            zero = np.float32(consts["INT4_ZERO_CODE"])
+        values = np.repeat(scales, g, axis=1) * (codes.astype(np.float32) - zero)
         want_codes = np.load(VECTORS / jt["decoded"]["codes"], allow_pickle=False)
         np.testing.assert_array_equal(codes, want_codes)
     elif jt["dtype"] == "BF16":
@@ -242,7 +249,15 @@ def test_spec_only_reader_decodes_golden_vector(jpath):
         else:
             n, k = jt["shape"]
             g = e["group_size"]
-            assert e["nbytes"] == -(-(n * k // 2) // 128) * 128 + n * (k // g) * 2
+            scales_end = -(-(n * k // 2) // 128) * 128 + n * (k // g) * 2
+            if e["layout_id"] == consts["LAYOUT_INT4_ROWMAJOR_K8_ASYM"]:
+                z_off = -(-scales_end // 128) * 128
+                assert e["nbytes"] == z_off + n * (k // g)
+                assert not any(body[scales_end:z_off])
+                assert list(body[z_off:z_off + 4]) == jt["first_zeros"]
+            else:
+                assert e["layout_id"] == consts["LAYOUT_INT4_ROWMAJOR_K8"]
+                assert e["nbytes"] == scales_end
             words = struct.unpack_from("<2I", body)
             perm = consts["INT4_PERM"]
             codes = [0] * 16

@@ -28,9 +28,18 @@ CASES = {
 BATCH_TOL = 1e-2
 
 
+# INT4 layout 2 (zero points): twins of the INT4 cases (tests/int4_layout2.py), run through every test below as well
+ASYM = {f"{name}-layout2": name for name in ("qwen2-int4g64", "qwen2-gqa7-int4")}
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    return convert_cases(tmp_path_factory.mktemp("gpu_batch"), CASES)
+    from int4_layout2 import layout_2_twins  # tests/int4_layout2.py
+    d = tmp_path_factory.mktemp("gpu_batch")
+    out = convert_cases(d, CASES)
+    for i, (name, src) in enumerate(ASYM.items()):
+        out[name] = layout_2_twins(out[src], d / f"{name}.nanoqwen", d / f"{name}.f16.nanoqwen", seed=60 + i)[0]
+    return out
 
 
 def _i32(a):
@@ -61,7 +70,7 @@ def _alone(be, ids):
 # both are checked (the session swap below keeps the count). Six steps: the first runs as is, the second is
 # captured as the batch size's graph, the rest replay it.
 @pytest.mark.parametrize("lens", [[1, 17], [1, 5, 17, 40, 33]], ids=["gemv-rows", "gemm"])
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", list(CASES) + list(ASYM))
 def test_batched_decode_matches_each_sequence_alone(files, name, lens):
     from nanoqwen_rt.backends.cuda import CudaBackend
     be = CudaBackend(files[name], max_context=CTX)

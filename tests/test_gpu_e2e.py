@@ -238,11 +238,53 @@ def test_embedded_model_greedy_128_identical(tmp_path_factory):
                 (i, float(x[first] - x[second]))
 
 
+# ---- INT4 layout 2 (zero points) ----------------------------------------------------------------------------
+# Layout-2 twins (tests/int4_layout2.py) of three cases: the projections (and the int4 lm_head of the gqa7 case) with
+# random zero points, against the same model dequantised to f16 on the CPU oracle. The GPU multiplies exactly those
+# f16 weights in its GEMMs and (u - z) * s with s applied in f32 in its GEMVs (within 2^-11 of them), so TOL and its
+# reason above apply unchanged; a misread zero point moves a weight by up to 15 scales (O(1) on the logits).
+ASYM_CASES = ["qwen2-d64-int4g64", "qwen2-d128-tied-int4g128", "qwen2-gqa7-int4-lmhead-int4"]
+
+
+@pytest.fixture(scope="module")
+def asym_files(files, tmp_path_factory):
+    from int4_layout2 import layout_2_twins  # tests/int4_layout2.py
+    d = tmp_path_factory.mktemp("gpu_e2e_asym")
+    return {name: layout_2_twins(files[name], d / f"{name}.l2.nanoqwen", d / f"{name}.l2f16.nanoqwen", seed=40 + i)
+            for i, name in enumerate(ASYM_CASES)}
+
+
+@pytest.mark.parametrize("name", ASYM_CASES)
+def test_layout_2_matches_its_f16_dequantisation_on_cpu(asym_files, name):
+    """Prefill (the GEMMs), 12 decode steps (the decode GEMVs: fused RMSNorm, SwiGLU, residual add, lm_head) and
+    logits_all over 150 tokens (GEMMs at M = 150) of a layout-2 file against the CPU oracle on its f16 twin."""
+    from nanoqwen_rt.backends.cpu import CPUBackend
+    from nanoqwen_rt.backends.cuda import CudaBackend, supports
+    p2, p16 = asym_files[name]
+    assert supports(p2) is None
+    with CudaBackend(p2, max_context=CTX) as gpu, CPUBackend(p16, max_context=CTX, kv_dtype="f16") as cpu:
+        rng = np.random.default_rng()
+        V = gpu.config.vocab_rows
+        prompt = rng.integers(0, V, size=int(rng.integers(20, 90)), dtype=np.int32)
+        g, c = gpu.prefill(prompt), cpu.prefill(prompt)
+        assert np.isfinite(g).all() and g.shape == (V,)
+        assert rel_rows(g, c).max() < TOL
+        for t in rng.integers(0, V, size=12):
+            assert rel_rows(gpu.decode(int(t)), cpu.decode(int(t))).max() < TOL
+        gpu.reset()
+        cpu.reset()
+        ids = rng.integers(0, V, size=150, dtype=np.int32)
+        la = gpu.logits_all(ids)
+        assert np.isfinite(la).all() and rel_rows(la, cpu.logits_all(ids)).max() < TOL
+
+
 # ---- 7B shapes vs transformers ----------------------------------------------------------------------------
 @pytest.mark.slow
-def test_7b_shaped_vs_transformers(tmp_path):
+@pytest.mark.parametrize("quant", ["int4", "int4-asym"])
+def test_7b_shaped_vs_transformers(tmp_path, quant):
     """A random Qwen2.5-7B-shaped file with 2 layers (full width, full vocab; layers reduced for time) made by
-    bench/make_7b_file.py; transformers' Qwen2ForCausalLM in float32 on the GPU with the dequantised weights."""
+    bench/make_7b_file.py (int4g layout 1, or layout 2 with zero points 7..9); transformers' Qwen2ForCausalLM in
+    float32 on the GPU with the dequantised weights."""
     import subprocess
     import sys
 
@@ -253,8 +295,8 @@ def test_7b_shaped_vs_transformers(tmp_path):
     from nanoqwen_rt.backends.cuda import CudaBackend
 
     path = tmp_path / "q7b-2l.nanoqwen"
-    subprocess.run([sys.executable, str(ROOT / "bench" / "make_7b_file.py"), str(path), "--layers", "2", "--quiet"],
-                   check=True)
+    subprocess.run([sys.executable, str(ROOT / "bench" / "make_7b_file.py"), str(path), "--layers", "2", "--quiet",
+                    "--quant", quant], check=True)
     with open_file(path, verify_checksums=False) as f:
         c = f.config
         hf = Qwen2Config(vocab_size=c.vocab_rows, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
@@ -264,7 +306,7 @@ def test_7b_shaped_vs_transformers(tmp_path):
         hf._attn_implementation = "eager"
         with torch.device("cuda"):
             model = Qwen2ForCausalLM(hf).to(torch.float32)
-        for name in f.tensors:     # dequantised (int4 layout-1 rule) / widened weights, one at a time
+        for name in f.tensors:     # dequantised (int4 layout 1 or 2 rule) / widened weights, one at a time
             model.get_parameter(name).data.copy_(torch.from_numpy(f.float32(name)))
     model = model.eval()
     rng = np.random.default_rng()

@@ -11,7 +11,9 @@ Cases that split (gemm_int4_mma, gemm.cu choose_splits, 132 SMs): M17-N1000 (3 s
 M = 128 with >= 66 blocks, gemm_int4_wgmma runs instead, each of its block shapes (gemm.cu choose_wgmma) in some
 case: 128 x 256 (M2048-N3584), 128 x 128 (M512-N3584-K18944, M128-N9000+4100), 192 x 128 (M512 q/k/v segments,
 M513-N18944, M512-N4864+4864); the other cases run gemm_int4_mma.
-Fresh random inputs every call; outputs poisoned with NaN when not accumulating.
+Fresh random inputs every call; outputs poisoned with NaN when not accumulating. Every case runs INT4 layout 1
+and layout 2 (fresh random zero points per segment, the layout-2 builds of the same kernels), and one case mixes
+the layouts across segments (gemm_multi launches per segment then).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from test_gpu_kernels import dequant, pack_fast, random_int4, rel_err
+from test_gpu_kernels import dequant, pack_fast, random_int4, random_zeros, rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -44,31 +46,35 @@ def lib():
 
 
 def run_gemm(lib, segs, A, K, g, lda, bias, C, ldc, add):
-    """segs: [(q uint32 (N, K/8), s f16 (N, K/g))]; A f32 (M, lda); bias: list of f32 (N) or None per segment;
-    C f32 (M, ldc) in/out. Returns (rc, C after)."""
+    """segs: [(q uint32 (N, K/8), s f16 (N, K/g)[, z uint8 (N, K/g) or None])]; A f32 (M, lda); bias: list of f32
+    (N) or None per segment; C f32 (M, ldc) in/out. Returns (rc, C after)."""
     n = len(segs)
-    qs = [np.ascontiguousarray(q) for q, _ in segs]
-    ss = [np.ascontiguousarray(s.view(np.uint16)) for _, s in segs]
+    qs = [np.ascontiguousarray(seg[0]) for seg in segs]
+    ss = [np.ascontiguousarray(seg[1].view(np.uint16)) for seg in segs]
+    zs = [None if len(seg) < 3 or seg[2] is None else np.ascontiguousarray(seg[2]) for seg in segs]
     qp = (ctypes.POINTER(ctypes.c_uint32) * n)(*[q.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)) for q in qs])
     sp = (ctypes.POINTER(ctypes.c_uint16) * n)(*[s.ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)) for s in ss])
+    _U8P = ctypes.POINTER(ctypes.c_uint8)
+    zp = (_U8P * n)(*[ctypes.cast(None, _U8P) if z is None else z.ctypes.data_as(_U8P) for z in zs])
     Ns = (ctypes.c_int32 * n)(*[q.shape[0] for q in qs])
     bs = [None if b is None else np.ascontiguousarray(b, dtype=np.float32) for b in bias]
     bp = (_F32P * n)(*[ctypes.cast(None, _F32P) if b is None else b.ctypes.data_as(_F32P) for b in bs])
     A = np.ascontiguousarray(A, dtype=np.float32)
     out = np.ascontiguousarray(C, dtype=np.float32).copy()
-    rc = lib.nq_test_gemm_int4_multi(n, qp, sp, Ns, K, g, A.ctypes.data_as(_F32P), A.shape[0], lda, bp,
+    rc = lib.nq_test_gemm_int4_multi(n, qp, sp, zp, Ns, K, g, A.ctypes.data_as(_F32P), A.shape[0], lda, bp,
                                      out.ctypes.data_as(_F32P), ldc, 1 if add else 0)
     return rc, out
 
 
-def make_case(rng, M, Ns, K, g, lda_pad, ldc_pad, with_bias, add):
-    """Random weights/activations for segments of N in Ns; returns everything run_gemm needs plus the
-    float64 reference of the whole (M, ldc) output."""
+def make_case(rng, M, Ns, K, g, lda_pad, ldc_pad, with_bias, add, layouts=None):
+    """Random weights/activations for segments of N in Ns, of INT4 layouts[i] (1 or 2; default all 1); returns
+    everything run_gemm needs plus the float64 reference of the whole (M, ldc) output."""
     segs, us = [], []
-    for N in Ns:
+    for i, N in enumerate(Ns):
         u, q, s = random_int4(rng, N, K, g)
-        segs.append((q, s))
-        us.append((u, s))
+        z = random_zeros(rng, N, K, g) if layouts and layouts[i] == 2 else None
+        segs.append((q, s, z))
+        us.append((u, s, z))
     lda, ldc = K + lda_pad, sum(Ns) + ldc_pad
     A = np.full((M, lda), np.nan, dtype=np.float32)                    # columns >= K: NaN, never to be read
     A[:, :K] = rng.standard_normal((M, K)).astype(np.float32)
@@ -81,8 +87,8 @@ def make_case(rng, M, Ns, K, g, lda_pad, ldc_pad, with_bias, add):
     a16 = A[:, :K].astype(np.float16).astype(np.float64)               # what the kernel multiplies
     ref = C.astype(np.float64).copy()
     off = 0
-    for (u, s), N, b in zip(us, Ns, bias):
-        y = a16 @ dequant(u, s, g).T
+    for (u, s, z), N, b in zip(us, Ns, bias):
+        y = a16 @ dequant(u, s, g, z).T
         if b is not None:
             y += b.astype(np.float64)
         ref[:, off:off + N] = (ref[:, off:off + N] if add else 0.0) + y
@@ -120,23 +126,39 @@ CASES = [  # (M, [N per segment], K, group, lda pad, ldc pad, bias, add)
 ]
 
 
+@pytest.mark.parametrize("layout", [1, 2])
 @pytest.mark.parametrize("case", CASES, ids=[f"M{c[0]}-N{'+'.join(map(str, c[1]))}-K{c[2]}-g{c[3]}"
                                               f"{'-bias' if c[6] else ''}{'-add' if c[7] else ''}" for c in CASES])
-def test_gemm_int4_multi_vs_numpy(lib, case):
+def test_gemm_int4_multi_vs_numpy(lib, case, layout):
     M, Ns, K, g, lda_pad, ldc_pad, with_bias, add = case
     rng = np.random.default_rng()
-    segs, A, lda, bias, C, ldc, ref, owned = make_case(rng, M, Ns, K, g, lda_pad, ldc_pad, with_bias, add)
+    segs, A, lda, bias, C, ldc, ref, owned = make_case(rng, M, Ns, K, g, lda_pad, ldc_pad, with_bias, add,
+                                                       [layout] * len(Ns))
     rc, out = run_gemm(lib, segs, A, K, g, lda, bias, C, ldc, add)
     assert rc == 0, lib.nq_last_error().decode()
-    check(out, ref, C, owned, "gemm")
+    check(out, ref, C, owned, f"gemm layout {layout}")
 
 
-@pytest.mark.parametrize("M,N,K", [(512, 3584, 18944), (17, 1000, 3584)])
-def test_gemm_split_k_is_deterministic(lib, M, N, K):
-    """Split-K (gemm_int4_mma) adds the partials of a tile in split order, and gemm_int4_wgmma (M = 512 here, on a
-    Hopper GPU) does not split: two runs on the same inputs give the same bits."""
+@pytest.mark.parametrize("M", [7, 512])
+def test_gemm_int4_multi_mixed_layouts(lib, M):
+    """q/k/v-shaped segments of layouts 2, 1, 2 in one gemm_multi call: one launch per segment, each its layout's
+    build (few-token at M = 7, prefill at M = 512 on a Hopper GPU)."""
     rng = np.random.default_rng()
-    segs, A, lda, bias, C, ldc, ref, owned = make_case(rng, M, [N], K, 128, 0, 0, True, True)
+    segs, A, lda, bias, C, ldc, ref, owned = make_case(rng, M, [3584, 512, 512], 3584, 128, 0, 0, True, False,
+                                                       [2, 1, 2])
+    rc, out = run_gemm(lib, segs, A, 3584, 128, lda, bias, C, ldc, False)
+    assert rc == 0, lib.nq_last_error().decode()
+    check(out, ref, C, owned, "gemm mixed layouts")
+
+
+@pytest.mark.parametrize("layout", [1, 2])
+@pytest.mark.parametrize("M,N,K", [(512, 3584, 18944), (17, 1000, 3584)])
+def test_gemm_split_k_is_deterministic(lib, M, N, K, layout):
+    """Split-K (gemm_int4_mma; the few-token wgmma builds at M = 17 on a Hopper GPU) adds the partials of a tile in
+    split order, and the prefill gemm_int4_wgmma (M = 512 here) does not split: two runs on the same inputs give the
+    same bits."""
+    rng = np.random.default_rng()
+    segs, A, lda, bias, C, ldc, ref, owned = make_case(rng, M, [N], K, 128, 0, 0, True, True, [layout])
     outs = []
     for _ in range(2):
         rc, out = run_gemm(lib, segs, A, K, 128, lda, bias, C, ldc, True)
@@ -161,18 +183,27 @@ def test_gemm_rejects_groups_outside_the_contract(lib, g):
     assert rc != 0 and "group" in lib.nq_last_error().decode()
 
 
-# gemm_swiglu (the MLP's first half, H = silu(A gate^T) * (A up^T) in f16: gemm_multi into f32 g and u, then
-# swiglu_rows). Error budget of one output against float64: g and u each carry the GEMM's ~2^-12 relative error
-# (TOL_REL's reasoning), silu(g) * u inherits at most about twice that relative to its magnitude, and the f16 store
-# adds 2^-11 relative: ~1e-3 in all. SWIGLU_TOL_REL allows ~3x that for the Frobenius error.
+# gemm_swiglu (the MLP's first half, H = silu(A gate^T) * (A up^T) in f16): on a Hopper GPU from 128 tokens one
+# gemm_int4_wgmma launch whose blocks hold gate and up rows in pairs (the SwiGLU epilogue), below that the unfused path
+# (gemm_multi, then swiglu_rows).
+# Error budget of one output against float64: g and u each carry the GEMM's ~2^-12 relative error (TOL_REL's
+# reasoning), silu(g) * u inherits at most about twice that relative to its magnitude, and the f16 store adds 2^-11
+# relative: ~1e-3 in all. SWIGLU_TOL_REL allows ~3x that for the Frobenius error.
 SWIGLU_TOL_REL = 3e-3
+# The fused and the unfused path multiply the same f16 values, so their f32 g and u differ at most by the f32
+# accumulation order (~1e-7 relative); after the f16 rounding of the product an element differs by at most one f16
+# unit in the last place (2^-11 relative on average, 2^-10 at worst) except where g cancels to ~0. Their relative
+# Frobenius difference is therefore below 2^-10, while any indexing mistake in the epilogue would be O(1).
+SWIGLU_PATHS_REL = 2.0 ** -10
 
 SWIGLU_CASES = [  # (M, N, K, group)
-    (512, 18944, 3584, 128),   # 7B gate/up at the TTFT prompt
+    (512, 18944, 3584, 128),   # 7B gate/up at the TTFT prompt (the 128-row x 256-token build: 64-row pairs)
+    (512, 4864, 896, 128),     # 0.5B gate/up at 512 tokens (the 192 x 128 build: 96-row pairs, the last one partial)
     (513, 4864, 896, 64),      # 0.5B, one token past a tile
-    (128, 1000, 512, 32),      # N not a multiple of 64
+    (128, 4900, 896, 32),      # the smallest fused M (the 128 x 128 build), N not a multiple of 64
+    (128, 1000, 512, 32),      # 16 blocks, too few for the GPU: the unfused path
     (2048, 3072, 1024, 256),
-    (64, 4864, 896, 128),      # the few-token (split-K) builds
+    (64, 4864, 896, 128),      # below 128 tokens: the unfused path
     (7, 896, 256, 32),
 ]
 
@@ -181,23 +212,33 @@ def _silu_mul(g, u):
     return g / (1.0 + np.exp(-g)) * u
 
 
+@pytest.mark.parametrize("layout", [1, 2])
 @pytest.mark.parametrize("M,N,K,g", SWIGLU_CASES, ids=[f"M{c[0]}-N{c[1]}-K{c[2]}-g{c[3]}" for c in SWIGLU_CASES])
-def test_gemm_swiglu_vs_numpy(lib, M, N, K, g):
+def test_gemm_swiglu_vs_numpy(lib, M, N, K, g, layout):
     rng = np.random.default_rng()
     ug, qg, sg = random_int4(rng, N, K, g)
     uu, qu, su = random_int4(rng, N, K, g)
+    zg = random_zeros(rng, N, K, g) if layout == 2 else None
+    zu = random_zeros(rng, N, K, g) if layout == 2 else None
     A = rng.standard_normal((M, K)).astype(np.float32)
     a16 = A.astype(np.float16).astype(np.float64)
-    ref = _silu_mul(a16 @ dequant(ug, sg, g).T, a16 @ dequant(uu, su, g).T)
-    H = np.full((M, N), 0x7e00, dtype=np.uint16)        # poison (f16 NaN) also on the host side
-    rc = lib.nq_test_gemm_swiglu(
-        np.ascontiguousarray(qg).ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
-        np.ascontiguousarray(sg.view(np.uint16)).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)),
-        np.ascontiguousarray(qu).ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
-        np.ascontiguousarray(su.view(np.uint16)).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)),
-        N, K, g, A.ctypes.data_as(_F32P), M, H.ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)))
-    assert rc == 0, lib.nq_last_error().decode()
-    h = H.view(np.float16).astype(np.float64)
-    assert np.isfinite(h).all(), "unwritten (NaN) outputs"
-    err = rel_err(h, ref)
-    assert err < SWIGLU_TOL_REL, f"relative error {err:.2e}"
+    ref = _silu_mul(a16 @ dequant(ug, sg, g, zg).T, a16 @ dequant(uu, su, g, zu).T)
+    _U8P = ctypes.POINTER(ctypes.c_uint8)
+    u8p = lambda z: None if z is None else np.ascontiguousarray(z).ctypes.data_as(_U8P)  # noqa: E731
+    outs = []
+    for unfused in (0, 1):
+        H = np.full((M, N), 0x7e00, dtype=np.uint16)        # poison (f16 NaN) also on the host side
+        rc = lib.nq_test_gemm_swiglu(
+            np.ascontiguousarray(qg).ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
+            np.ascontiguousarray(sg.view(np.uint16)).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)), u8p(zg),
+            np.ascontiguousarray(qu).ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
+            np.ascontiguousarray(su.view(np.uint16)).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)), u8p(zu),
+            N, K, g, A.ctypes.data_as(_F32P), M, unfused, H.ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)))
+        assert rc == 0, lib.nq_last_error().decode()
+        h = H.view(np.float16).astype(np.float64)
+        assert np.isfinite(h).all(), f"layout {layout}, unfused={unfused}: unwritten (NaN) outputs"
+        err = rel_err(h, ref)
+        assert err < SWIGLU_TOL_REL, f"layout {layout}, unfused={unfused}: relative error {err:.2e}"
+        outs.append(h)
+    d = rel_err(outs[0], outs[1])
+    assert d <= SWIGLU_PATHS_REL, f"layout {layout}: fused vs unfused: {d:.2e} relative"

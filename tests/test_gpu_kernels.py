@@ -1,7 +1,10 @@
 """libnanoqwen kernels vs float64 numpy references, through libnanoqwen_testing's nq_test_* entry points (GPU only).
 
 Every call draws fresh random inputs; the library poisons its outputs (NaN) before each kernel, so an
-unwritten element fails the finiteness check. Shapes sweep the linear layers of every Qwen2.5 size.
+unwritten element fails the finiteness check. Shapes sweep the linear layers of every Qwen2.5 size. The INT4 tests
+run both layouts: layout 1 (symmetric, zero code 8) and layout 2 (a zero point 0..15 per (row, group), fresh random
+zeros every call, never all 8); test_layout_2_with_zeros_8_is_layout_1 checks layout 2's kernels bit for bit
+against layout 1's with every zero point 8 (the same dequantised weights).
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import numpy as np
 import pytest
 
 from nanoqwen_format.constants import INT4_PERM
-from nanoqwen_format.int4_layout import dequantize_int4_reference, pack_int4_reference
+from nanoqwen_format.int4_layout import dequantize_int4_asym_reference, dequantize_int4_reference, pack_int4_reference
 from nanoqwen_format.shapes import QWEN25_SHAPES
 from nq_testing_lib import check as _check
 
@@ -57,9 +60,26 @@ def random_int4(rng, N, K, g):
     return u, pack_fast(u), s
 
 
-def dequant(u, s, g):
-    N, K = u.shape
-    return (u.astype(np.float64) - 8.0) * np.repeat(s.astype(np.float64), g, axis=1)
+def random_zeros(rng, N, K, g):
+    """Layout-2 zero points: uint8 (N, K/g) uniform in 0..15 (fresh per call; never all 8)."""
+    z = rng.integers(0, 16, size=(N, K // g), dtype=np.uint8)
+    z.flat[0] = 3                                                        # at least one zero point is not 8
+    return z
+
+
+def dequant(u, s, g, z=None):
+    """float64 W (N, K) = s * (u - z) per group; z None: layout 1 (z = 8)."""
+    zz = 8.0 if z is None else np.repeat(z.astype(np.float64), g, axis=1)
+    return (u.astype(np.float64) - zz) * np.repeat(s.astype(np.float64), g, axis=1)
+
+
+def zeros_for(layout, rng, N, K, g):
+    """None for layout 1, fresh random zero points for layout 2."""
+    return None if layout == 1 else random_zeros(rng, N, K, g)
+
+
+def _u8p(a):
+    return None if a is None else np.ascontiguousarray(a).ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
 def test_pack_fast_matches_reference():
@@ -69,11 +89,14 @@ def test_pack_fast_matches_reference():
     np.testing.assert_array_equal(q, pack_int4_reference(u))
     s = rng.uniform(-1, 1, size=(6, 2)).astype(np.float16)
     np.testing.assert_allclose(dequant(u, s, 32), dequantize_int4_reference(q, s, 32), rtol=0, atol=0)
+    z = random_zeros(rng, 6, 64, 32)
+    np.testing.assert_allclose(dequant(u, s, 32, z), dequantize_int4_asym_reference(q, s, z, 32), rtol=0, atol=0)
 
 
 # INT4 GEMV with f16 arithmetic against float64 (test_gemv_int4_vs_numpy): the rigorous per-row bound (x to f16:
 # u = 2^-11; f16 partial sums of 16 products: gamma_9 ~ 9u; 10u = 4.9e-3 of sum |w x|, with margin), and the typical
-# relative error over many rows (random rounding: ~5e-4 measured on every Qwen2.5 shape, 3e-3 allowed).
+# relative error over many rows (random rounding: ~5e-4 measured on every Qwen2.5 shape, 3e-3 allowed). Both hold
+# for layout 2 unchanged: u - z is exact in f16 as u - 8 is, and the bounds are relative to the same sums.
 GEMV_F16_WORST = 5.5e-3
 GEMV_F16_REL = 3e-3
 
@@ -83,34 +106,37 @@ def rel_err(y, ref):
 
 
 
+@pytest.mark.parametrize("layout", [1, 2])
 @pytest.mark.parametrize("name,N,K", SHAPES, ids=[s[0] for s in SHAPES])
 @pytest.mark.parametrize("g", [128, 64, 32, 256])
-def test_gemv_int4_vs_numpy(lib, name, N, K, g):
+def test_gemv_int4_vs_numpy(lib, name, N, K, g, layout):
     if K % g:
         pytest.skip(f"K={K} is not a multiple of the group {g}")
     rng = np.random.default_rng()
     u, q, s = random_int4(rng, N, K, g)
+    z = zeros_for(layout, rng, N, K, g)
     x = rng.standard_normal(K).astype(np.float32) * 3.0
     w_norm = (1.0 + 0.3 * rng.standard_normal(K)).astype(np.float32)
     eps = 1e-6
     xn = x.astype(np.float64) / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps) * w_norm
+    w = dequant(u, s, g, z)                                              # float64 (N, K), once for both inputs
     for with_norm in (True, False):
         y = np.empty(N, dtype=np.float32)
         _check(lib, lib.nq_test_gemv_int4(q.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
-                                          s.view(np.uint16).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)),
+                                          s.view(np.uint16).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)), _u8p(z),
                                           N, K, g, _f32p(x), _f32p(w_norm) if with_norm else None, eps, _f32p(y)))
         assert np.isfinite(y).all(), "unwritten (NaN-poisoned) outputs"
         xin = xn if with_norm else x.astype(np.float64)
-        r = dequant(u, s, g) @ xin
+        r = w @ xin
         # Worst case, per row: x rounded to f16 (u = 2^-11 of each product) and the kernel's f16 partial sums of 16
         # products (two chains of 8 fused multiply-adds, then one add: gamma_9 ~ 9u of the sum of |products|);
         # the f32 part above is negligible. A rigorous bound, so it holds for every draw.
-        bound = np.abs(dequant(u, s, g)) @ np.abs(xin)
+        bound = np.abs(w) @ np.abs(xin)
         worst = float(np.max(np.abs(y - r) / bound))
-        assert worst < GEMV_F16_WORST, f"{name} g{g} norm {with_norm}: error {worst:.2e} of sum |w x|"
+        assert worst < GEMV_F16_WORST, f"{name} g{g} layout {layout} norm {with_norm}: error {worst:.2e} of sum |w x|"
         if N >= 16:  # with 3 rows the norm below is one draw of a heavy-tailed ratio (~0.5 % of draws > 3e-3)
             err = rel_err(y, r)
-            assert err < GEMV_F16_REL, f"{name} g{g} norm {with_norm}: relative error {err:.2e}"
+            assert err < GEMV_F16_REL, f"{name} g{g} layout {layout} norm {with_norm}: relative error {err:.2e}"
 
 
 # shapes per mode as the decode step uses them; the split-K kernel picks 1, 2 or 4 warps per row pair among these
@@ -128,48 +154,52 @@ def _u16p(a):
     return a.view(np.uint16).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16))
 
 
+@pytest.mark.parametrize("layout", [1, 2])
 @pytest.mark.parametrize("name,N,K", ADD_SHAPES, ids=[s[0] for s in ADD_SHAPES])
-def test_gemv_int4_add_mode_vs_numpy(lib, name, N, K):
+def test_gemv_int4_add_mode_vs_numpy(lib, name, N, K, layout):
     """y += W @ f16(x) (the o/down projections with the residual add)."""
     rng = np.random.default_rng()
     g = 128
     u, q, s = random_int4(rng, N, K, g)
+    z = zeros_for(layout, rng, N, K, g)
     x = rng.standard_normal(K).astype(np.float32) * 2.0
     x16 = x.astype(np.float16).astype(np.float64)
-    w = dequant(u, s, g)
+    w = dequant(u, s, g, z)
     prod = w @ x16
     y0 = (rng.standard_normal(N) * np.std(prod)).astype(np.float32)   # residual of the same magnitude
     y = y0.copy()
-    _check(lib, lib.nq_test_gemv_int4_mode(_u32p(q), _u16p(s), None, None, N, K, g, _f32p(x), None, 1e-6, 1,
-                                           _f32p(y)))
+    _check(lib, lib.nq_test_gemv_int4_mode(_u32p(q), _u16p(s), _u8p(z), None, None, None, N, K, g, _f32p(x), None,
+                                           1e-6, 1, _f32p(y)))
     assert np.isfinite(y).all()
     # same arithmetic as test_gemv_int4_vs_numpy (x is given in f16 here, so exact); the residual add in f32
     # adds ~6e-8 x |y0|
     err = rel_err(y - y0, prod)
-    assert err < GEMV_F16_REL, f"{name}: relative error {err:.2e}"
+    assert err < GEMV_F16_REL, f"{name} layout {layout}: relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("layout", [1, 2])
 @pytest.mark.parametrize("name,N,K", SWIGLU_SHAPES, ids=[s[0] for s in SWIGLU_SHAPES])
-def test_gemv_int4_swiglu_mode_vs_numpy(lib, name, N, K):
+def test_gemv_int4_swiglu_mode_vs_numpy(lib, name, N, K, layout):
     """h = silu(Wg x') * (Wu x'), x' = rmsnorm(x) * norm_w (the gate/up projections)."""
     rng = np.random.default_rng()
     g = 128
     ug, qg, sg = random_int4(rng, N, K, g)
     uu, qu, su = random_int4(rng, N, K, g)
+    zg, zu = zeros_for(layout, rng, N, K, g), zeros_for(layout, rng, N, K, g)
     x = rng.standard_normal(K).astype(np.float32) * 3.0
     w_norm = (1.0 + 0.3 * rng.standard_normal(K)).astype(np.float32)
     eps = 1e-6
     xn = x.astype(np.float64) / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps) * w_norm
-    gate, up = dequant(ug, sg, g) @ xn, dequant(uu, su, g) @ xn
+    gate, up = dequant(ug, sg, g, zg) @ xn, dequant(uu, su, g, zu) @ xn
     ref = gate / (1.0 + np.exp(-gate)) * up
     y = np.empty(N, dtype=np.float32)
-    _check(lib, lib.nq_test_gemv_int4_mode(_u32p(qg), _u16p(sg), _u32p(qu), _u16p(su), N, K, g, _f32p(x),
-                                           _f32p(w_norm), eps, 2, _f32p(y)))
+    _check(lib, lib.nq_test_gemv_int4_mode(_u32p(qg), _u16p(sg), _u8p(zg), _u32p(qu), _u16p(su), _u8p(zu), N, K, g,
+                                           _f32p(x), _f32p(w_norm), eps, 2, _f32p(y)))
     assert np.isfinite(y).all(), "unwritten (NaN-poisoned) outputs"
     # product of two GEMV results (each within GEMV_F16_REL, see above; silu is 1-Lipschitz-ish in g, so the relative
     # errors add) rounded to f16 (2^-11): 8e-3
     err = rel_err(y, ref)
-    assert err < 8e-3, f"{name}: relative error {err:.2e}"
+    assert err < 8e-3, f"{name} layout {layout}: relative error {err:.2e}"
 
 
 @pytest.mark.parametrize("dtype", [1, 2])
@@ -192,21 +222,81 @@ def test_gemv_dense_vs_numpy(lib, dtype, N, K):
     assert err < 1e-3, f"relative error {err:.2e}"   # x rounded to f16 (2^-12), f32 products/sums
 
 
+@pytest.mark.parametrize("layout", [1, 2])
 @pytest.mark.parametrize("M", [1, 37, 64, 130])
 @pytest.mark.parametrize("N,K,g", [(896, 896, 64), (4864, 896, 128), (512, 3584, 128), (3584, 18944, 128)])
-def test_gemm_int4_vs_numpy(lib, M, N, K, g):
+def test_gemm_int4_vs_numpy(lib, M, N, K, g, layout):
     rng = np.random.default_rng()
     u, q, s = random_int4(rng, N, K, g)
+    z = zeros_for(layout, rng, N, K, g)
     A = rng.standard_normal((M, K)).astype(np.float32)
     C = np.empty((M, N), dtype=np.float32)
     _check(lib, lib.nq_test_gemm_int4(q.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
-                                      s.view(np.uint16).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)),
+                                      s.view(np.uint16).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)), _u8p(z),
                                       N, K, g, _f32p(A), M, _f32p(C)))
     assert np.isfinite(C).all()
-    ref = A.astype(np.float64) @ dequant(u, s, g).T
+    ref = A.astype(np.float64) @ dequant(u, s, g, z).T
     err = rel_err(C, ref)
     # A and the dequantised W each rounded to f16 (2^-12 relative each), f32 tensor-core accumulation
-    assert err < 2e-3, f"relative error {err:.2e}"
+    assert err < 2e-3, f"layout {layout}: relative error {err:.2e}"
+
+
+# Layout 2 with every zero point 8 dequantises exactly as layout 1 (spec 9.5), and its kernels do the same arithmetic
+# in the same order (1024 + 8 = 1032 subtracted, the same split and tile plans), so the outputs must be bit-identical:
+# a check of the zero points' indexing and of every layout-2 build's plumbing that needs no tolerance. The GEMM
+# cases reach every INT4 GEMM build on an H200 (gemm.cu, 132 SMs): M 1, 20, 40, 64 the few-token wgmma builds (16,
+# 32, 64 tokens); M 130 x N 512 gemm_int4_mma (8 blocks: below half the SMs); M 512 x N 4608 the 192 x 128 build,
+# M 512 x N 3584 x K 18944 the 128 x 128 build, M 2048 x N 3584 the 128 x 256 build (choose_wgmma's costs).
+@pytest.mark.parametrize("g", [32, 128])
+def test_layout_2_with_zeros_8_is_layout_1(lib, g):
+    rng = np.random.default_rng()
+    eights = lambda N, K: np.full((N, K // g), 8, dtype=np.uint8)  # noqa: E731
+    # decode GEMV: STORE with and without the fused RMSNorm (7B q/k/v rows), ADD (7B down), SWIGLU (7B gate/up)
+    N, K = 4608, 3584
+    u, q, s = random_int4(rng, N, K, g)
+    x = (rng.standard_normal(K) * 3).astype(np.float32)
+    w_norm = (1.0 + 0.3 * rng.standard_normal(K)).astype(np.float32)
+    for norm in (None, w_norm):
+        ys = []
+        for z in (None, eights(N, K)):
+            y = np.empty(N, dtype=np.float32)
+            _check(lib, lib.nq_test_gemv_int4(_u32p(q), _u16p(s), _u8p(z), N, K, g, _f32p(x),
+                                              None if norm is None else _f32p(norm), 1e-6, _f32p(y)))
+            ys.append(y)
+        assert np.isfinite(ys[0]).all() and np.array_equal(ys[0], ys[1]), f"gemv store, norm {norm is not None}"
+    N, K = 3584, 18944
+    u, q, s = random_int4(rng, N, K, g)
+    x = rng.standard_normal(K).astype(np.float32)
+    y0 = rng.standard_normal(N).astype(np.float32)
+    ys = []
+    for z in (None, eights(N, K)):
+        y = y0.copy()
+        _check(lib, lib.nq_test_gemv_int4_mode(_u32p(q), _u16p(s), _u8p(z), None, None, None, N, K, g, _f32p(x), None,
+                                               1e-6, 1, _f32p(y)))
+        ys.append(y)
+    assert np.isfinite(ys[0]).all() and np.array_equal(ys[0], ys[1]), "gemv add"
+    N, K = 18944, 3584
+    _, qg, sg = random_int4(rng, N, K, g)
+    _, qu, su = random_int4(rng, N, K, g)
+    x = (rng.standard_normal(K) * 3).astype(np.float32)
+    ys = []
+    for zg, zu in ((None, None), (eights(N, K), eights(N, K))):
+        y = np.empty(N, dtype=np.float32)
+        _check(lib, lib.nq_test_gemv_int4_mode(_u32p(qg), _u16p(sg), _u8p(zg), _u32p(qu), _u16p(su), _u8p(zu), N, K,
+                                               g, _f32p(x), _f32p(w_norm), 1e-6, 2, _f32p(y)))
+        ys.append(y)
+    assert np.isfinite(ys[0]).all() and np.array_equal(ys[0], ys[1]), "gemv swiglu"
+    # GEMM: every build
+    for M, N, K in ((1, 4608, 3584), (20, 4608, 3584), (40, 4608, 3584), (64, 4608, 3584), (130, 512, 3584),
+                    (512, 4608, 3584), (512, 3584, 18944), (2048, 3584, 3584)):
+        u, q, s = random_int4(rng, N, K, g)
+        A = rng.standard_normal((M, K)).astype(np.float32)
+        Cs = []
+        for z in (None, eights(N, K)):
+            C = np.empty((M, N), dtype=np.float32)
+            _check(lib, lib.nq_test_gemm_int4(_u32p(q), _u16p(s), _u8p(z), N, K, g, _f32p(A), M, _f32p(C)))
+            Cs.append(C)
+        assert np.isfinite(Cs[0]).all() and np.array_equal(Cs[0], Cs[1]), f"gemm M={M} N={N} K={K}"
 
 
 def attention_ref(q, k, v, n_heads, n_kv, D):

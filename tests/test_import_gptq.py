@@ -1,5 +1,6 @@
-"""GPTQ import: Qwen's GPTQ-Int4 layout (4-bit, g128, sym, no act-order) is repacked into layout 1 losslessly;
-act-order / asymmetric checkpoints are dequantized exactly and requantized. Checkpoints are packed by the
+"""GPTQ import: Qwen's GPTQ-Int4 layout (4-bit, g128, sym, no act-order) is repacked into layout 1 losslessly,
+asymmetric checkpoints (sym: false) into layout 2 losslessly; act-order checkpoints (and, with --int4-layout 1,
+asymmetric ones) are dequantized exactly and requantized. Checkpoints are packed by the
 independent packer in tests/quant_sources.py, with the tensor names of Qwen's official repos."""
 import json
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from nanoqwen_format import BlobKind, DType, open_file
+from nanoqwen_format import LAYOUT_INT4_ROWMAJOR_K8, LAYOUT_INT4_ROWMAJOR_K8_ASYM, BlobKind, DType, open_file
 from nanoqwen_quant.convert import convert_checkpoint, main as convert_main
 from nanoqwen_quant.load import load_checkpoint
 from nanoqwen_quant.quantize import dequantize, quantize_reference
@@ -58,7 +59,7 @@ def test_qwen_tensor_names(tmp_path):
         assert f"model.layers.0.self_attn.q_proj.{part}" in keys
     assert "model.layers.1.mlp.down_proj.qweight" in keys and "model.layers.1.mlp.down_proj.weight" not in keys
     ck = load_checkpoint(d)
-    assert len(ck.imported) == 2 * 7 and ck.exact_int4_group("model.layers.1.mlp.down_proj.weight") == 128
+    assert len(ck.imported) == 2 * 7 and ck.exact_int4("model.layers.1.mlp.down_proj.weight") == (128, LAYOUT_INT4_ROWMAJOR_K8)
 
 
 @pytest.mark.parametrize("fmt", [None, "gptq_v2"])
@@ -86,17 +87,62 @@ def test_lossless_repack(tmp_path, fmt):
     assert r.exit_code == 0 and "exact" in r.output, r.output
 
 
-@pytest.mark.parametrize("kw, reason", [
-    (dict(desc_act=True), "desc_act"),
-    (dict(sym=False, checkpoint_format="gptq_v2"), "asymmetric"),
-    (dict(sym=False), "asymmetric"),
-])
-def test_requantized_paths(tmp_path, kw, reason):
-    """No exact layout-1 form: the exact dequantization goes through our quantizer (bytes = the reference
-    quantizer's), the error is reported, verify compares against the GPTQ meaning."""
-    _, d, meaning = _gptq(tmp_path, **kw)
+@pytest.mark.parametrize("fmt", [None, "gptq_v2"])
+def test_asymmetric_exact_in_layout_2(tmp_path, fmt):
+    """sym: false, no act-order: every int4 tensor in layout 2 with the source's codes, scales and zero points, its
+    dequantization equal to the GPTQ meaning bit for bit; verify --source reports 0 error."""
+    _, d, meaning = _gptq(tmp_path, sym=False, checkpoint_format=fmt)
     out = tmp_path / "m.nanoqwen"
     r = CliRunner().invoke(convert_main, [str(d), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert ("14 int4 tensors repacked losslessly (group size 128 from the source), 14 of them in the asymmetric "
+            "layout 2 (the source's zero points), 0 requantized") in r.output, r.output
+    with open_file(out) as f:
+        for name, w in meaning.items():
+            info = f.tensors[name]
+            assert info.layout_id == LAYOUT_INT4_ROWMAJOR_K8_ASYM and info.group_size == 128, name
+            np.testing.assert_array_equal(f.float32(name).view(np.uint32), w.view(np.uint32), err_msg=name)
+    rep = verify_file(out, d)
+    assert rep["ok"], rep
+    int4 = [t for t in rep["tensors"] if t["dtype"] == "int4g"]
+    assert len(int4) == 14 and all(t["snr_db"] == float("inf") and t["max_abs_err"] == 0 for t in int4)
+
+
+def test_zero_16_of_the_gptq_format_is_requantized_and_named(tmp_path):
+    """checkpoint_format "gptq" stores zero - 1, so a zero of 0 is stored as 15 and read back as 16: layout 2 cannot
+    hold it; that tensor alone is requantized, with the reason printed; the others stay exact."""
+    from quant_sources import pack_gptq
+    from safetensors.numpy import load_file, save_file
+    _, d, meaning = _gptq(tmp_path, sym=False)
+    st = load_file(str(d / "model.safetensors"))
+    key = "model.layers.0.mlp.up_proj.qzeros"
+    z = st[key].view(np.uint32).copy()
+    z[0, 0] |= np.uint32(0xF)                               # group 0, column 0: stored 15 → zero 16
+    st[key] = z.view(np.int32)
+    save_file(st, str(d / "model.safetensors"), metadata={"format": "pt"})
+    out = tmp_path / "m.nanoqwen"
+    r = CliRunner().invoke(convert_main, [str(d), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "13 of them in the asymmetric layout 2" in r.output and "1 requantized" in r.output, r.output
+    assert "zero point 16 outside 0..15" in r.output and "wraps to 16" in r.output, r.output
+    with open_file(out) as f:
+        assert f.tensors["model.layers.0.mlp.up_proj.weight"].layout_id == LAYOUT_INT4_ROWMAJOR_K8
+        assert f.tensors["model.layers.0.mlp.gate_proj.weight"].layout_id == LAYOUT_INT4_ROWMAJOR_K8_ASYM
+    assert verify_file(out, d)["ok"]
+
+
+@pytest.mark.parametrize("kw, args, reason", [
+    (dict(desc_act=True), [], "desc_act"),
+    (dict(sym=False, checkpoint_format="gptq_v2"), ["--int4-layout", "1"], "--int4-layout 1"),
+    (dict(sym=False), ["--int4-layout", "1"], "asymmetric"),
+])
+def test_requantized_paths(tmp_path, kw, args, reason):
+    """No exact form the converter may write (act-order: no int4 layout permutes K; asymmetric with --int4-layout
+    1): the exact dequantization goes through our quantizer (bytes = the reference quantizer's), the error is
+    reported, verify compares against the GPTQ meaning."""
+    _, d, meaning = _gptq(tmp_path, **kw)
+    out = tmp_path / "m.nanoqwen"
+    r = CliRunner().invoke(convert_main, [str(d), "-o", str(out), *args])
     assert r.exit_code == 0, r.output
     assert "0 int4 tensors repacked losslessly" in r.output and "14 requantized" in r.output, r.output
     assert reason in r.output and "SNR min" in r.output

@@ -78,6 +78,12 @@ def test_testing_library_exports_its_entry_points(libpath):
     for group in (0, 48):
         assert lib.nq_bench_gemv_int4_mode(4096, 4096, group, 0, 1, ctypes.byref(ms)) == -1
         assert b"group" in lib.nq_last_error()
+    # int4g layouts are 1 and 2; any other is refused before anything is allocated
+    for layout in (0, 3):
+        assert lib.nq_bench_gemv_int4_layout(4096, 4096, 128, 0, layout, 1, ctypes.byref(ms)) == -1
+        assert b"bad argument" in lib.nq_last_error()
+        assert lib.nq_bench_gemm_int4_layout(64, 4096, 4096, 128, 1, layout, 1, ctypes.byref(ms)) == -1
+        assert b"bad argument" in lib.nq_last_error()
 
 
 def test_sm90a_and_sm80_code_present(libpath):

@@ -1047,12 +1047,12 @@ int main(int argc, char** argv) {
         }
         if (v.kind == K_PROD) {
           GemvArgs ga;
-          ga.seg[0] = LinW{b.w(c, 0), (const __half*)b.s(c, 0), N, K, group, WT_INT4};
+          ga.seg[0] = LinW{b.w(c, 0), (const __half*)b.s(c, 0), nullptr, N, K, group, WT_INT4};
           ga.nseg = 1;
           ga.x_f16 = xd;
           ga.mode = sh.mode;
           if (sh.mode == GEMV_SWIGLU) {
-            ga.up = LinW{b.w(c, 1), (const __half*)b.s(c, 1), N, K, group, WT_INT4};
+            ga.up = LinW{b.w(c, 1), (const __half*)b.s(c, 1), nullptr, N, K, group, WT_INT4};
             ga.out_f16 = out16;
           } else {
             ga.out_f32 = out32;

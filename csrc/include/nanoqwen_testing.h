@@ -12,32 +12,37 @@
 extern "C" {
 #endif
 
-/* y[N] = W[N,K] @ x[K], W int4g layout 1 (qweight uint32 (N, K/8), scales f16 (N, K/g)), the decode GEMV
- * (gemv_int4). If norm_w != NULL the input is rmsnorm(x)*norm_w (eps). */
-NQ_API int nq_test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K, int32_t group,
-                             const float* x, const float* norm_w, float eps, float* y);
+/* The int4 entry points take W as qweight uint32 (N, K/8), scales f16 bits (N, K/g) and zeros: NULL for int4g layout
+ * 1, or the layout-2 zero points uint8 (N, K/g), each 0..15 (placed after the scales as the file places them). */
+/* y[N] = W[N,K] @ x[K], the decode GEMV (gemv_int4). If norm_w != NULL the input is rmsnorm(x)*norm_w (eps). */
+NQ_API int nq_test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, const uint8_t* zeros, int32_t N,
+                             int32_t K, int32_t group, const float* x, const float* norm_w, float eps, float* y);
 /* The fused GEMV modes: mode 1 (add): y[N] += W @ f16(x) (y read and written); mode 2 (swiglu): y[N] =
  * f16(silu(W @ x') * (W_up @ x')) returned as f32, x' = rmsnorm(x)*norm_w when norm_w != NULL. */
-NQ_API int nq_test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scales, const uint32_t* qweight_up,
-                                  const uint16_t* scales_up, int32_t N, int32_t K, int32_t group, const float* x,
-                                  const float* norm_w, float eps, int32_t mode, float* y);
+NQ_API int nq_test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scales, const uint8_t* zeros,
+                                  const uint32_t* qweight_up, const uint16_t* scales_up, const uint8_t* zeros_up,
+                                  int32_t N, int32_t K, int32_t group, const float* x, const float* norm_w, float eps,
+                                  int32_t mode, float* y);
 /* y[N] = W[N,K] @ x[K] with f16 (dtype 1) or bf16 (dtype 2) weights given as raw uint16 bits. */
 NQ_API int nq_test_gemv_dense(const uint16_t* w, int32_t dtype, int32_t N, int32_t K, const float* x, float* y);
 /* C[M,N] = A[M,K] @ W^T for int4 W (tensor cores); A given as f32 (converted to f16 on the device). */
-NQ_API int nq_test_gemm_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K, int32_t group,
-                             const float* A, int32_t M, float* C);
+NQ_API int nq_test_gemm_int4(const uint32_t* qweight, const uint16_t* scales, const uint8_t* zeros, int32_t N,
+                             int32_t K, int32_t group, const float* A, int32_t M, float* C);
 /* nseg (1..3) int4 weights sharing A in one launch: qweights[i] uint32 (Ns[i], K/8), scales[i] f16 bits
- * (Ns[i], K/group); A f32 (M, lda) (rounded to f16; columns >= K never read); bias[i] f32 (Ns[i]) or null (bias
+ * (Ns[i], K/group), zeros NULL (all layout 1) or zeros[i] NULL (layout 1) or uint8 (Ns[i], K/group); A f32 (M, lda) (rounded to f16; columns >= K never read); bias[i] f32 (Ns[i]) or null (bias
  * itself may be null); C f32 (M, ldc) in/out: segment i writes columns off_i .. off_i + Ns[i] - 1 (C is copied to
  * the device first, so add = 1 adds to it and columns no segment owns must come back unchanged). */
 NQ_API int nq_test_gemm_int4_multi(int32_t nseg, const uint32_t* const* qweights, const uint16_t* const* scales,
-                                   const int32_t* Ns, int32_t K, int32_t group, const float* A, int32_t M,
-                                   int32_t lda, const float* const* bias, float* C, int32_t ldc, int32_t add);
+                                   const uint8_t* const* zeros, const int32_t* Ns, int32_t K, int32_t group,
+                                   const float* A, int32_t M, int32_t lda, const float* const* bias, float* C,
+                                   int32_t ldc, int32_t add);
 /* The MLP's first half, gemm_swiglu: H = silu(A @ gate^T) * (A @ up^T) as f16 bits (M, N); gate/up uint32 (N, K/8),
- * f16-bit scales (N, K/group); A f32 (M, K) (rounded to f16). */
-NQ_API int nq_test_gemm_swiglu(const uint32_t* q_gate, const uint16_t* s_gate, const uint32_t* q_up,
-                               const uint16_t* s_up, int32_t N, int32_t K, int32_t group, const float* A, int32_t M,
-                               uint16_t* H);
+ * f16-bit scales (N, K/group); z_gate/z_up uint8 zero points (N, K/group) or null (layout 1); A f32 (M, K) (rounded
+ * to f16). unfused = 1 runs gemm_multi into f32 G, U and then swiglu_rows (the path gemm_swiglu takes where its fused
+ * epilogue does not apply), for comparing the two. */
+NQ_API int nq_test_gemm_swiglu(const uint32_t* q_gate, const uint16_t* s_gate, const uint8_t* z_gate,
+                               const uint32_t* q_up, const uint16_t* s_up, const uint8_t* z_up, int32_t N, int32_t K,
+                               int32_t group, const float* A, int32_t M, int32_t unfused, uint16_t* H);
 /* Decode attention for one query position: q[n_heads*D] f32 (already roped), K/V[(pos+1), n_kv, D] f32
  * (already roped); returns out[n_heads*D]. keys_per_split sets the split size (multiple of 32). */
 NQ_API int nq_test_attention(const float* q, const float* k, const float* v, int32_t n_heads, int32_t n_kv,
@@ -60,12 +65,18 @@ NQ_API int nq_test_check_pages(int32_t pool_pages, int32_t max_pages, int32_t ma
  * matrices (gate/up-like). nq_bench_gemv_int4 is mode 0. */
 NQ_API int nq_bench_gemv_int4(int32_t N, int32_t K, int32_t group, int32_t iters, float* ms);
 NQ_API int nq_bench_gemv_int4_mode(int32_t N, int32_t K, int32_t group, int32_t mode, int32_t iters, float* ms);
+/* nq_bench_gemv_int4_mode for int4g layout 1 or 2 (layout 2: random zero points after the scales, as in a file). */
+NQ_API int nq_bench_gemv_int4_layout(int32_t N, int32_t K, int32_t group, int32_t mode, int32_t layout,
+                                     int32_t iters, float* ms);
 /* ms per launch of the prefill GEMM (M tokens, int4 weights N x K) on random data. */
 NQ_API int nq_bench_gemm_int4(int32_t M, int32_t N, int32_t K, int32_t group, int32_t iters, float* ms);
 /* us per launch of the prefill GEMM with nseg copies of an N x K int4 weight in one launch (like gate/up); the
  * launches rotate over > 256 MB of weight copies. */
 NQ_API int nq_bench_gemm_int4_multi(int32_t M, int32_t N, int32_t K, int32_t group, int32_t nseg, int32_t iters,
                                     float* us);
+/* nq_bench_gemm_int4_multi for int4g layout 1 or 2. */
+NQ_API int nq_bench_gemm_int4_layout(int32_t M, int32_t N, int32_t K, int32_t group, int32_t nseg, int32_t layout,
+                                     int32_t iters, float* us);
 /* The ceiling of mma.sync m16n8k16 (f16 x f16 -> f32): TFLOP/s over blocks x 8 warps x iters x 8 HMMA chains. */
 NQ_API int nq_bench_mma_peak(int32_t blocks, int32_t iters, float* tflops);
 /* The attention kernel alone: M = 1 is the decode step's attention (writes the new row) at position n_pos-1, M > 1

@@ -48,6 +48,22 @@ const char* room(const nq::Session& s) {
   return s.pool && s.capacity() < s.max_ctx ? "the positions its pages hold:" : "max_context";
 }
 
+// nq_session_create and nq_session_create_pooled past their own argument checks: a session with a KV cache of its
+// own (pool null) or on the pool's pages.
+int create_session(nq_model* m, nq::KvPool* pool, int32_t max_context, const nq_sampling* sampling, nq_session** out) {
+  const int32_t max_pos = m->m->cfg.max_positions;
+  if (max_context <= 0 || max_context > max_pos)
+    return fail(NQ_E_INVALID_ARG, "max_context %d out of range [1, %d]", max_context, max_pos);
+  NQ_TRY(check_sampling(sampling));
+  NQ_GUARD_BEGIN
+  nq::Session* s = nullptr;
+  NQ_TRY(pool ? nq::session_create_pooled(m->m, pool, max_context, sampling, &s)
+              : nq::session_create(m->m, max_context, sampling, &s));
+  *out = new nq_session{s};
+  return NQ_OK;
+  NQ_GUARD_END
+}
+
 // The JSON of nq_abi_describe (built once): sizes and offsets from sizeof/offsetof of the real structs, status codes
 // from the enum, format facts from the tables of format_contract.h (the constants the loader uses).
 std::string describe_json() {
@@ -204,16 +220,7 @@ void nq_model_free(nq_model* m) {
 
 int nq_session_create(nq_model* m, int32_t max_context, const nq_sampling* sampling, nq_session** out) {
   if (!m || !out) return fail(NQ_E_INVALID_ARG, "nq_session_create: NULL argument");
-  const int32_t max_pos = m->m->cfg.max_positions;
-  if (max_context <= 0 || max_context > max_pos)
-    return fail(NQ_E_INVALID_ARG, "max_context %d out of range [1, %d]", max_context, max_pos);
-  NQ_TRY(check_sampling(sampling));
-  NQ_GUARD_BEGIN
-  nq::Session* s = nullptr;
-  NQ_TRY(nq::session_create(m->m, max_context, sampling, &s));
-  *out = new nq_session{s};
-  return NQ_OK;
-  NQ_GUARD_END
+  return create_session(m, nullptr, max_context, sampling, out);
 }
 
 int nq_kv_page_bytes(const nq_model* m, uint64_t* bytes) {
@@ -257,16 +264,7 @@ int nq_session_create_pooled(nq_model* m, nq_kv_pool* pool, int32_t max_context,
                              nq_session** out) {
   if (!m || !pool || !out) return fail(NQ_E_INVALID_ARG, "nq_session_create_pooled: NULL argument");
   if (pool->p->m != m->m) return fail(NQ_E_INVALID_ARG, "nq_session_create_pooled: the pool belongs to another model");
-  const int32_t max_pos = m->m->cfg.max_positions;
-  if (max_context <= 0 || max_context > max_pos)
-    return fail(NQ_E_INVALID_ARG, "max_context %d out of range [1, %d]", max_context, max_pos);
-  NQ_TRY(check_sampling(sampling));
-  NQ_GUARD_BEGIN
-  nq::Session* s = nullptr;
-  NQ_TRY(nq::session_create_pooled(m->m, pool->p, max_context, sampling, &s));
-  *out = new nq_session{s};
-  return NQ_OK;
-  NQ_GUARD_END
+  return create_session(m, pool->p, max_context, sampling, out);
 }
 
 int nq_session_set_pages(nq_session* s, const int32_t* pages, int32_t n_pages, int32_t position) {

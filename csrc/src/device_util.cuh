@@ -16,7 +16,7 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 // The MLP's activation product, rounded once to f16: silu(g) * u = g / (1 + e^-g) * u (every SwiGLU path: the
-// decode GEMV's epilogue and swiglu_rows, so that they agree bit for bit on the same g, u)
+// decode GEMV's epilogue, swiglu_rows, the prefill GEMM's epilogue, so that they agree bit for bit on the same g, u)
 __device__ __forceinline__ __half swiglu_f16(float g, float u) { return __float2half_rn(g / (1.f + __expf(-g)) * u); }
 
 // Sum over the block; `red` is >= 32 floats of shared memory. Every thread gets the result.

@@ -8,11 +8,11 @@ namespace nq {
 namespace contract {
 
 constexpr char kMagic[] = "NANOQWEN";
-constexpr uint32_t kVersion = 1u, kAlignment = 128u, kFileHeaderSize = 256u, kConfigOffset = 48u, kConfigSize = 128u, kTensorEntrySize = 136u, kBlobEntrySize = 64u, kTensorNameSize = 64u, kMaxNdim = 4u, kMaxTensors = 65536u, kMaxBlobs = 64u, kMaxHeaderSize = 16777216u, kMaxNLayers = 256u, kHeaderCrcOffset = 40u, kHeaderReservedStart = 176u, kConfigUsedSize = 76u, kBlobReservedStart = 28u, kInt4ZeroCode = 8u, kKvPageTokens = 16u;
+constexpr uint32_t kVersion = 1u, kAlignment = 128u, kFileHeaderSize = 256u, kConfigOffset = 48u, kConfigSize = 128u, kTensorEntrySize = 136u, kBlobEntrySize = 64u, kTensorNameSize = 64u, kMaxNdim = 4u, kMaxTensors = 65536u, kMaxBlobs = 64u, kMaxHeaderSize = 16777216u, kMaxNLayers = 256u, kHeaderCrcOffset = 40u, kHeaderReservedStart = 176u, kConfigUsedSize = 76u, kBlobReservedStart = 28u, kInt4ZeroCode = 8u, kInt4MaxCode = 15u, kKvPageTokens = 16u;
 constexpr uint32_t kDTypeF32 = 0u, kDTypeF16 = 1u, kDTypeBf16 = 2u, kDTypeInt4g = 3u;
 constexpr uint32_t kArchQwen2 = 1u, kArchLlama = 2u;
 constexpr uint32_t kRopeNone = 0u, kRopeLinear = 1u, kRopeYarn = 2u;
-constexpr uint32_t kLayoutNone = 0u, kLayoutInt4RowmajorK8 = 1u;
+constexpr uint32_t kLayoutNone = 0u, kLayoutInt4RowmajorK8 = 1u, kLayoutInt4RowmajorK8Asym = 2u;
 constexpr uint32_t kConfigFlagTied = 1u, kConfigFlagQkvBias = 2u;
 constexpr uint32_t kBlobKindTokenizerJson = 1u, kBlobKindChatTemplate = 2u, kBlobKindGenerationConfig = 3u, kBlobKindProvenance = 4u, kBlobKindTokenizerConfig = 5u;
 constexpr uint32_t kBlobEncodingJsonUtf8 = 1u, kBlobEncodingTextUtf8 = 2u;
@@ -37,11 +37,11 @@ namespace blob_entry { constexpr uint32_t kind = 0u, encoding = 4u, offset = 8u,
 
 // The same facts by their nq_abi_describe() JSON names.
 struct Named { const char* name; uint32_t value; };
-constexpr Named kScalars[] = {{"version", kVersion}, {"alignment", kAlignment}, {"file_header_size", kFileHeaderSize}, {"config_offset", kConfigOffset}, {"config_size", kConfigSize}, {"tensor_entry_size", kTensorEntrySize}, {"blob_entry_size", kBlobEntrySize}, {"tensor_name_size", kTensorNameSize}, {"max_ndim", kMaxNdim}, {"max_tensors", kMaxTensors}, {"max_blobs", kMaxBlobs}, {"max_header_size", kMaxHeaderSize}, {"max_n_layers", kMaxNLayers}, {"header_crc_offset", kHeaderCrcOffset}, {"header_reserved_start", kHeaderReservedStart}, {"config_used_size", kConfigUsedSize}, {"blob_reserved_start", kBlobReservedStart}, {"int4_zero_code", kInt4ZeroCode}, {"kv_page_tokens", kKvPageTokens}};
+constexpr Named kScalars[] = {{"version", kVersion}, {"alignment", kAlignment}, {"file_header_size", kFileHeaderSize}, {"config_offset", kConfigOffset}, {"config_size", kConfigSize}, {"tensor_entry_size", kTensorEntrySize}, {"blob_entry_size", kBlobEntrySize}, {"tensor_name_size", kTensorNameSize}, {"max_ndim", kMaxNdim}, {"max_tensors", kMaxTensors}, {"max_blobs", kMaxBlobs}, {"max_header_size", kMaxHeaderSize}, {"max_n_layers", kMaxNLayers}, {"header_crc_offset", kHeaderCrcOffset}, {"header_reserved_start", kHeaderReservedStart}, {"config_used_size", kConfigUsedSize}, {"blob_reserved_start", kBlobReservedStart}, {"int4_zero_code", kInt4ZeroCode}, {"int4_max_code", kInt4MaxCode}, {"kv_page_tokens", kKvPageTokens}};
 constexpr Named kDtypes[] = {{"f32", kDTypeF32}, {"f16", kDTypeF16}, {"bf16", kDTypeBf16}, {"int4g", kDTypeInt4g}};
 constexpr Named kArchs[] = {{"qwen2", kArchQwen2}, {"llama", kArchLlama}};
 constexpr Named kRopeScaling[] = {{"none", kRopeNone}, {"linear", kRopeLinear}, {"yarn", kRopeYarn}};
-constexpr Named kLayouts[] = {{"none", kLayoutNone}, {"int4_rowmajor_k8", kLayoutInt4RowmajorK8}};
+constexpr Named kLayouts[] = {{"none", kLayoutNone}, {"int4_rowmajor_k8", kLayoutInt4RowmajorK8}, {"int4_rowmajor_k8_asym", kLayoutInt4RowmajorK8Asym}};
 constexpr Named kConfigFlags[] = {{"tied", kConfigFlagTied}, {"qkv_bias", kConfigFlagQkvBias}};
 constexpr Named kBlobKinds[] = {{"tokenizer_json", kBlobKindTokenizerJson}, {"chat_template", kBlobKindChatTemplate}, {"generation_config", kBlobKindGenerationConfig}, {"provenance", kBlobKindProvenance}, {"tokenizer_config", kBlobKindTokenizerConfig}};
 constexpr Named kBlobEncodings[] = {{"json_utf8", kBlobEncodingJsonUtf8}, {"text_utf8", kBlobEncodingTextUtf8}};

@@ -1,7 +1,8 @@
 // Prefill GEMM entry points (kernels: gemm_kernels.cuh, gemm_wgmma.cuh). INT4 weights run gemm_int4_wgmma (wgmma +
 // TMA) on a Hopper GPU from kWgmmaMinM tokens on, with the block shape chosen per call (choose_wgmma); otherwise
 // gemm_int4_mma with 3 cp.async stages at 2 blocks/SM and serial split-K where the grid leaves SMs idle; f16/bf16
-// weights run the wmma kernel.
+// weights run the wmma kernel. INT4 layout 2 (zero points set) runs the ZP builds of the same kernels, chosen the
+// same way.
 #include "gemm_kernels.cuh"
 #include "gemm_wgmma.cuh"
 #include "format_contract.h"
@@ -79,6 +80,37 @@ bool wgmma_available(int* sms) {
   *sms = nsm[dev];
   return state[dev] == 1;
 }
+
+// The INT4 launch of gemm_multi for one layout (ZP: layout 2, every segment has zero points): the kernel and block
+// shape as the file comment says. count_tiles(rows) sets g's tile marks for `rows` W rows per tile.
+template <bool ZP, class CountTiles>
+int gemm_int4_launch(GemmGroup& g, const LinW* W, int n, const __half* A, int lda, int M, int ldc, bool add,
+                     cudaStream_t st, GemmScratch* ws, CountTiles count_tiles) {
+  int sms = 0;
+  bool tma_ok = reinterpret_cast<uintptr_t>(A) % 16 == 0;  // TMA: 16-byte aligned bases (lda % 8 == 0 above)
+  for (int i = 0; i < n; i++) tma_ok = tma_ok && reinterpret_cast<uintptr_t>(W[i].w) % 16 == 0;
+  long long blocks = 0;
+  const int c = M >= kWgmmaMinM && tma_ok && wgmma_available(&sms) ? choose_wgmma(W, n, M, sms, &blocks) : -1;
+  if (c >= 0 && 2 * blocks >= sms) {
+    const int wt = count_tiles(64 * kWgShapes[c].wgs);
+    if (c == 0) return launch_int4_wgmma<256, 2, 4, 1, ZP>(g, wt, A, lda, M, ldc, add, 1, st);
+    if (c == 1) return launch_int4_wgmma<128, 2, 5, 1, ZP>(g, wt, A, lda, M, ldc, add, 1, st);
+    return launch_int4_wgmma<128, 3, 5, 1, ZP>(g, wt, A, lda, M, ldc, add, 1, st);
+  }
+  if (M < kWgmmaMinM && tma_ok && wgmma_available(&sms)) {  // few tokens: the weight stream, split over the SMs
+    const int wt = count_tiles(64 * kSmallWgs);
+    const int tn = M <= 16 ? 16 : M <= 32 ? 32 : 64;
+    const int splits = choose_splits((long long)((M + tn - 1) / tn) * wt, W[0].K / WG_KB, /*blocks_per_sm=*/1,
+                                     kSmallMaxSplits, kSmallMinStages, /*fill_rounds=*/true);
+    if (tn == 16)
+      return launch_int4_wgmma<16, kSmallWgs, kSmallStages, kSmallSub, ZP>(g, wt, A, lda, M, ldc, add, splits, st, ws);
+    if (tn == 32)
+      return launch_int4_wgmma<32, kSmallWgs, kSmallStages, kSmallSub, ZP>(g, wt, A, lda, M, ldc, add, splits, st, ws);
+    return launch_int4_wgmma<64, kSmallWgs, 6, 2, ZP>(g, wt, A, lda, M, ldc, add, splits, st, ws);
+  }
+  return launch_int4_mma<kMmaStages, kMmaBlocksPerSm, ZP>(g, count_tiles(MM_BN), A, lda, M, ldc, add,
+                                                          /*allow_split=*/true, st);
+}
 }  // namespace
 
 void gemm_scratch_free(GemmScratch* ws) {
@@ -97,9 +129,10 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
       return fail(NQ_E_UNSUPPORTED, "gemm: int4 group %d is not an allowed group size dividing K=%d", W[i].group,
                   W[i].K);
   }
-  bool same = true;
-  for (int i = 1; i < n; i++) same = same && W[i].K == W[0].K && W[i].type == W[0].type;
-  if (!same) {  // segments of different K or dtype: one launch each
+  bool same = true;   // K, dtype and INT4 layout (zero points or none)
+  for (int i = 1; i < n; i++)
+    same = same && W[i].K == W[0].K && W[i].type == W[0].type && (W[i].zeros != nullptr) == (W[0].zeros != nullptr);
+  if (!same) {  // segments of different K, dtype or layout: one launch each
     for (int i = 0; i < n; i++) NQ_TRY(gemm_multi(W + i, C + i, bias + i, 1, A, lda, M, ldc, add, st, ws));
     return NQ_OK;
   }
@@ -122,32 +155,9 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
     }
     return total;
   };
-  if (W[0].type == WT_INT4) {
-    int sms = 0;
-    bool tma_ok = reinterpret_cast<uintptr_t>(A) % 16 == 0;  // TMA: 16-byte aligned bases (lda % 8 == 0 above)
-    for (int i = 0; i < n; i++) tma_ok = tma_ok && reinterpret_cast<uintptr_t>(W[i].w) % 16 == 0;
-    long long blocks = 0;
-    const int c = M >= kWgmmaMinM && tma_ok && wgmma_available(&sms) ? choose_wgmma(W, n, M, sms, &blocks) : -1;
-    if (c >= 0 && 2 * blocks >= sms) {
-      const int wt = count_tiles(64 * kWgShapes[c].wgs);
-      if (c == 0) return launch_int4_wgmma<256, 2, 4, 1>(g, wt, A, lda, M, ldc, add, 1, st);
-      if (c == 1) return launch_int4_wgmma<128, 2, 5, 1>(g, wt, A, lda, M, ldc, add, 1, st);
-      return launch_int4_wgmma<128, 3, 5, 1>(g, wt, A, lda, M, ldc, add, 1, st);
-    }
-    if (M < kWgmmaMinM && tma_ok && wgmma_available(&sms)) {  // few tokens: the weight stream, split over the SMs
-      const int wt = count_tiles(64 * kSmallWgs);
-      const int tn = M <= 16 ? 16 : M <= 32 ? 32 : 64;
-      const int splits = choose_splits((long long)((M + tn - 1) / tn) * wt, W[0].K / WG_KB, /*blocks_per_sm=*/1,
-                                       kSmallMaxSplits, kSmallMinStages, /*fill_rounds=*/true);
-      if (tn == 16)
-        return launch_int4_wgmma<16, kSmallWgs, kSmallStages, kSmallSub>(g, wt, A, lda, M, ldc, add, splits, st, ws);
-      if (tn == 32)
-        return launch_int4_wgmma<32, kSmallWgs, kSmallStages, kSmallSub>(g, wt, A, lda, M, ldc, add, splits, st, ws);
-      return launch_int4_wgmma<64, kSmallWgs, 6, 2>(g, wt, A, lda, M, ldc, add, splits, st, ws);
-    }
-    return launch_int4_mma<kMmaStages, kMmaBlocksPerSm>(g, count_tiles(MM_BN), A, lda, M, ldc, add,
-                                                        /*allow_split=*/true, st);
-  }
+  if (W[0].type == WT_INT4)
+    return W[0].zeros ? gemm_int4_launch<true>(g, W, n, A, lda, M, ldc, add, st, ws, count_tiles)
+                      : gemm_int4_launch<false>(g, W, n, A, lda, M, ldc, add, st, ws, count_tiles);
   const int tiles = count_tiles(BN);
   if (W[0].type == WT_F16) return launch_gemm<WT_F16>(g, tiles, A, lda, M, ldc, add, st);
   if (W[0].type == WT_BF16) return launch_gemm<WT_BF16>(g, tiles, A, lda, M, ldc, add, st);
@@ -158,6 +168,31 @@ int gemm_swiglu(const LinW& gate, const LinW& up, const __half* A, int lda, int 
                 cudaStream_t st, GemmScratch* ws) {
   const int I = gate.N;
   const LinW W[2] = {gate, up};
+  int sms = 0;
+  long long blocks = 0;
+  const bool fused_ok = gate.type == WT_INT4 && up.type == WT_INT4 && up.N == I && up.K == gate.K &&
+                        up.group == gate.group && M >= kWgmmaMinM && gate.K % BK == 0 && lda % 8 == 0 &&
+                        contract::int4_group_ok(gate.group, gate.K) && reinterpret_cast<uintptr_t>(A) % 16 == 0 &&
+                        reinterpret_cast<uintptr_t>(gate.w) % 16 == 0 && reinterpret_cast<uintptr_t>(up.w) % 16 == 0 &&
+                        (gate.zeros != nullptr) == (up.zeros != nullptr) && wgmma_available(&sms);
+  // the build gemm_multi would take for gate and up; each block kRows/2 rows of gate and the same rows of up
+  const int c = fused_ok ? choose_wgmma(W, 2, M, sms, &blocks) : -1;
+  if (c >= 0 && 2 * blocks >= sms) {
+    GemmGroup g;
+    g.n = 2;
+    for (int i = 0; i < 2; i++) g.s[i].W = W[i], g.s[i].C = nullptr, g.s[i].bias = nullptr;
+    g.swiglu_out = H;
+    g.swiglu_ld = I;
+    const int half = 32 * kWgShapes[c].wgs, tiles = (I + half - 1) / half;
+    if (gate.zeros) {   // layout 2: the ZP builds
+      if (c == 0) return launch_int4_wgmma<256, 2, 4, 1, true>(g, tiles, A, lda, M, 0, false, 1, st);
+      if (c == 1) return launch_int4_wgmma<128, 2, 5, 1, true>(g, tiles, A, lda, M, 0, false, 1, st);
+      return launch_int4_wgmma<128, 3, 5, 1, true>(g, tiles, A, lda, M, 0, false, 1, st);
+    }
+    if (c == 0) return launch_int4_wgmma<256, 2, 4, 1>(g, tiles, A, lda, M, 0, false, 1, st);
+    if (c == 1) return launch_int4_wgmma<128, 2, 5, 1>(g, tiles, A, lda, M, 0, false, 1, st);
+    return launch_int4_wgmma<128, 3, 5, 1>(g, tiles, A, lda, M, 0, false, 1, st);
+  }
   float* const C2[2] = {G, U};
   const float* const B2[2] = {nullptr, nullptr};
   NQ_TRY(gemm_multi(W, C2, B2, 2, A, lda, M, I, false, st, ws));

@@ -4,7 +4,7 @@
 //   64 (k), 8 warps as 2 (tokens) x 4 (weight rows) with 64 x 32 warp tiles, a STAGES-deep cp.async pipeline for
 //   A, the raw int4 words and (through registers) the scales, serial split-K (fixed order, deterministic) when the
 //   grid would leave SMs idle; the int4 words are consumed without repacking (the k-permutation comment block
-//   below says how). The library runs 3 stages at 2 blocks/SM (gemm.cu).
+//   below says how). The library runs 3 stages at 2 blocks/SM (gemm.cu), in a layout-1 and a layout-2 (ZP) build.
 // * gemm_kernel (wmma m16n16k16; f16/bf16 weights): block tile 64 x 128 x 64, 8 warps as 2 x 4, each warp
 //   32 x 32; the next tile's global loads are issued before the current tile's MMAs.
 // Included by gemm.cu and by csrc/dev/ programs that time other instantiations; it holds no host state but the
@@ -93,6 +93,10 @@ struct GemmGroup {
   GemmSeg s[3];
   int n = 1;               // segments used
   int tiles0 = 0, tiles1 = 0;  // N tiles of segments 0 and 1
+  // SwiGLU epilogue (gemm_int4_wgmma's 2-warpgroup builds only): segments 0 (gate) and 1 (up), each block the same
+  // 64 rows of both, and silu(gate) * up stored as f16 [M][swiglu_ld] here instead of the segments' C
+  __half* swiglu_out = nullptr;
+  int swiglu_ld = 0;
 };
 
 template <int WT>
@@ -210,17 +214,27 @@ int launch_gemm(const GemmGroup& g, int tiles, const __half* A, int lda, int M, 
 // distinct banks), scales [128 rows][2 chunks] as f16 pairs (s, s). The scales (2 bytes each, rows not always
 // 4-byte aligned) cannot go through cp.async: they are loaded into a register with the stage's cp.async and stored
 // to shared memory one iteration later (the stage is consumed STAGES-1 iterations after its issue).
+// Layout 2 (ZP build): code u has zero point z per (row, group); the HSUB2 subtracts (1024 + z, 1024 + z) instead of
+// 1032 (exact: u - z in -15..15), then the same HMUL2. The zero points take the scales' path: one byte per (row,
+// chunk) into a register with the stage's cp.async, stored one iteration later as the f16 pair (1024+z, 1024+z) in a
+// 1 KB region after the scales ([128 rows][2 chunks], the scales' indexing).
 constexpr int MM_BM = 128, MM_BN = 128, MM_BK = 64, MM_THREADS = 256;
 constexpr int MM_A_BYTES = MM_BM * MM_BK * 2;          // 16 KB
 constexpr int MM_W_BYTES = MM_BN * (MM_BK / 8) * 4;    // 4 KB
-constexpr int MM_S_BYTES = MM_BN * 2 * 4;              // 1 KB
+constexpr int MM_S_BYTES = MM_BN * 2 * 4;              // 1 KB (and as much for the zero-point pairs, ZP)
 constexpr int MM_STAGE_BYTES = MM_A_BYTES + MM_W_BYTES + MM_S_BYTES;
+template <bool ZP>
+constexpr int mm_stage_bytes() { return MM_STAGE_BYTES + (ZP ? MM_S_BYTES : 0); }
 
-// f16 pair (w_{8j+2s}, w_{8j+2s+1}) * scale from word w (see the block comment); s2 = (scale, scale)
-__device__ __forceinline__ uint32_t dq_pair(uint32_t w, int s, __half2 s2) {
-  const __half2 k1032 = __half2half2(__ushort_as_half((unsigned short)0x6408));  // 1032.0
+// (1024 + z, 1024 + z) as f16 pair bits: the value dq_pair subtracts for zero point z (0..15; layout 1: z = 8)
+__device__ __forceinline__ uint32_t zero_bias_pair(uint32_t z) { return 0x64006400u + z * 0x00010001u; }
+
+// f16 pair (w_{8j+2s}, w_{8j+2s+1}) * scale from word w (see the block comment); s2 = (scale, scale), kz = (1024 + z,
+// 1024 + z) for zero point z (layout 1 by default: 1032)
+__device__ __forceinline__ uint32_t dq_pair(uint32_t w, int s, __half2 s2,
+                                            __half2 kz = __half2half2(__ushort_as_half((unsigned short)0x6408))) {
   const uint32_t h = and_or(w >> (4 * s), 0x000F000Fu, 0x64006400u);
-  return h2_as_u32(__hmul2(__hsub2(u32_as_h2(h), k1032), s2));
+  return h2_as_u32(__hmul2(__hsub2(u32_as_h2(h), kz), s2));
 }
 
 // Serial split-K (here and in gemm_int4_wgmma): split z of a tile adds its partial into C after split z - 1 did.
@@ -237,9 +251,12 @@ __device__ __forceinline__ void split_hand_over(int* tile_sem, int next) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(tile_sem), "r"(next) : "memory");
 }
 
-template <int STAGES, int MINB>
+// ZP: INT4 layout 2 (every segment has zero points; gemm_multi launches per segment where layouts differ).
+template <int STAGES, int MINB, bool ZP = false>
 __global__ void __launch_bounds__(MM_THREADS, MINB) gemm_int4_mma(const GemmGroup g, const __half* A, int lda, int M,
                                                                int ldc, int add, int* sem) {
+  constexpr int kStage = mm_stage_bytes<ZP>();
+  constexpr int kZOff = MM_A_BYTES + MM_W_BYTES + MM_S_BYTES;   // the zero-point pairs of a stage (ZP)
   extern __shared__ __align__(128) unsigned char msm[];
   const int by = blockIdx.y;  // N tile (all segments); blockIdx.x = M tile, fastest: a W tile's 4 readers are
                               // neighbours in launch order, so W comes from DRAM about once
@@ -261,7 +278,9 @@ __global__ void __launch_bounds__(MM_THREADS, MINB) gemm_int4_mma(const GemmGrou
                           w_half * 4;
   const uint32_t w_dst = MM_A_BYTES + w_row * 32 + ((w_half ^ ((w_row >> 2) & 1)) * 16);
   const __half* s_src = W.scales + (size_t)(w_ok ? n0 + w_row : 0) * (W.K / W.group);
+  const uint8_t* z_src = ZP ? W.zeros + (size_t)(w_ok ? n0 + w_row : 0) * (W.K / W.group) : nullptr;
   const uint32_t s_dst = MM_A_BYTES + MM_W_BYTES + tid * 4;  // (row * 2 + chunk) * 4
+  const uint32_t z_dst = kZOff + tid * 4;                    // likewise
   const int a_row = tid >> 3, a_slot = tid & 7;
   const __half* a_src = A + (size_t)(m0 + a_row) * lda + a_slot * 8;  // row m0 + a_row + 32 i: + 32 i lda
   const uint32_t a_dst = a_row * 128 + ((a_slot ^ ((a_row & 1) << 2)) * 16);  // (a_row + 32 i) & 1 == a_row & 1
@@ -284,8 +303,12 @@ __global__ void __launch_bounds__(MM_THREADS, MINB) gemm_int4_mma(const GemmGrou
     const unsigned short b = __half_as_ushort(s_src[(wr_k + w_half * 32) / W.group]);
     return (uint32_t)b | ((uint32_t)b << 16);
   };
+  auto load_zero = [&]() -> uint32_t {  // ZP: (1024 + z, 1024 + z) of this thread's (row, chunk); z = 8 beyond N
+    if (!w_ok) return zero_bias_pair(8);
+    return zero_bias_pair(z_src[(wr_k + w_half * 32) / W.group]);
+  };
   auto advance = [&]() {
-    wr_off = wr_off == (STAGES - 1) * MM_STAGE_BYTES ? 0 : wr_off + MM_STAGE_BYTES;
+    wr_off = wr_off == (STAGES - 1) * kStage ? 0 : wr_off + kStage;
     wr_k += MM_BK;
   };
 
@@ -302,11 +325,13 @@ __global__ void __launch_bounds__(MM_THREADS, MINB) gemm_int4_mma(const GemmGrou
     if (s < KT) {
       issue();
       *reinterpret_cast<uint32_t*>(msm + wr_off + s_dst) = load_scale();
+      if (ZP) *reinterpret_cast<uint32_t*>(msm + wr_off + z_dst) = load_zero();
       advance();
     }
     cp_async_commit();
   }
   uint32_t s_pending = 0, s_pending_off = 0;  // a scale loaded in the previous iteration, and its stage's buffer
+  uint32_t z_pending = 0;                     // and its zero-point pair (ZP)
   bool pending = false;
 
   // consumer addresses (bytes within a stage)
@@ -318,18 +343,20 @@ __global__ void __launch_bounds__(MM_THREADS, MINB) gemm_int4_mma(const GemmGrou
 
   for (int kt = 0; kt < KT; kt++) {
     if (pending) *reinterpret_cast<uint32_t*>(msm + s_pending_off + s_dst) = s_pending;  // consumed >= 1 barrier later
+    if (ZP && pending) *reinterpret_cast<uint32_t*>(msm + s_pending_off + z_dst) = z_pending;
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage kt visible to all; every warp is done with stage kt - 1, whose buffer is refilled next
     pending = wr_k < k_end;
     if (pending) {
       issue();
       s_pending = load_scale();
+      if (ZP) z_pending = load_zero();
       s_pending_off = wr_off;
       advance();
     }
     cp_async_commit();
     const unsigned char* st = msm + rd_off;
-    rd_off = rd_off == (STAGES - 1) * MM_STAGE_BYTES ? 0 : rd_off + MM_STAGE_BYTES;
+    rd_off = rd_off == (STAGES - 1) * kStage ? 0 : rd_off + kStage;
 #pragma unroll
     for (int c = 0; c < 2; c++) {  // two 32-k chunks per stage
       uint32_t af[2][2][4];        // mma A operands (dequantised W): [m16 tile][mma step][a01, a23, a45, a67]
@@ -342,10 +369,18 @@ __global__ void __launch_bounds__(MM_THREADS, MINB) gemm_int4_mma(const GemmGrou
               *reinterpret_cast<const uint32_t*>(st + MM_A_BYTES + r * 32 + ((c ^ ((r >> 2) & 1)) * 16) + tig * 4);
           const __half2 s2 =
               u32_as_h2(*reinterpret_cast<const uint32_t*>(st + MM_A_BYTES + MM_W_BYTES + (r * 2 + c) * 4));
-          af[mt][0][h] = dq_pair(w, 0, s2);      // step 0, k-slots 2tig,+1   = real 8tig+0,1
-          af[mt][0][2 + h] = dq_pair(w, 1, s2);  // step 0, k-slots 2tig+8,+9 = real 8tig+2,3
-          af[mt][1][h] = dq_pair(w, 2, s2);      // step 1: real 8tig+4,5
-          af[mt][1][2 + h] = dq_pair(w, 3, s2);  // step 1: real 8tig+6,7
+          if constexpr (ZP) {
+            const __half2 kz = u32_as_h2(*reinterpret_cast<const uint32_t*>(st + kZOff + (r * 2 + c) * 4));
+            af[mt][0][h] = dq_pair(w, 0, s2, kz);
+            af[mt][0][2 + h] = dq_pair(w, 1, s2, kz);
+            af[mt][1][h] = dq_pair(w, 2, s2, kz);
+            af[mt][1][2 + h] = dq_pair(w, 3, s2, kz);
+          } else {
+            af[mt][0][h] = dq_pair(w, 0, s2);      // step 0, k-slots 2tig,+1   = real 8tig+0,1
+            af[mt][0][2 + h] = dq_pair(w, 1, s2);  // step 0, k-slots 2tig+8,+9 = real 8tig+2,3
+            af[mt][1][h] = dq_pair(w, 2, s2);      // step 1: real 8tig+4,5
+            af[mt][1][2 + h] = dq_pair(w, 3, s2);  // step 1: real 8tig+6,7
+          }
         }
 #pragma unroll
       for (int nt = 0; nt < 8; nt++) {  // token n8 tiles: one 16-byte load = both steps' B operands
@@ -418,13 +453,13 @@ int choose_splits(long long blocks, int ktiles, int blocks_per_sm, int max_split
   return best;
 }
 
-template <int STAGES, int MINB>
+template <int STAGES, int MINB, bool ZP = false>
 int launch_int4_mma(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add, bool allow_split,
                     cudaStream_t st) {
-  constexpr int smem = STAGES * MM_STAGE_BYTES;
+  constexpr int smem = STAGES * mm_stage_bytes<ZP>();
   static bool raised = false;
   if (!raised) {
-    NQ_CUDA(cudaFuncSetAttribute(gemm_int4_mma<STAGES, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    NQ_CUDA(cudaFuncSetAttribute(gemm_int4_mma<STAGES, MINB, ZP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     raised = true;
   }
   if (tiles > 65535) return fail(NQ_E_UNSUPPORTED, "gemm: %d N tiles (at most 65535)", tiles);
@@ -442,7 +477,7 @@ int launch_int4_mma(const GemmGroup& g, int tiles, const __half* A, int lda, int
     }
   }
   dim3 grid(mtiles, tiles, splits);
-  gemm_int4_mma<STAGES, MINB><<<grid, MM_THREADS, smem, st>>>(g, A, lda, M, ldc, add ? 1 : 0, sem);
+  gemm_int4_mma<STAGES, MINB, ZP><<<grid, MM_THREADS, smem, st>>>(g, A, lda, M, ldc, add ? 1 : 0, sem);
   NQ_LAUNCH_CHECK("gemm_int4_mma");
   if (sem) NQ_CUDA(cudaFreeAsync(sem, st));
   return NQ_OK;

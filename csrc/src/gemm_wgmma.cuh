@@ -39,6 +39,11 @@
 //   the few-token builds 4, whose per-stage work (mbarrier wait and arrive, wgmma fence/commit/wait, loop and scale
 //   addressing: ~90 of the ~160 instructions of a 1-sub-tile stage in their SASS) is then paid once per 256 k.
 // * Scales: __ldg into registers one stage ahead (groups are powers of two: the index is a shift), per 32-k half.
+// * Layout 2 (the ZP builds): the zero points (uint8 [N][K/g]) are loaded beside the scales, one stage ahead, same
+//   index, and the dequantisation subtracts (1024 + z, 1024 + z) where layout 1 subtracts 1032 (dq_pair's kz). One
+//   register per row and 64-k sub-tile holds both 32-k halves' zeros (group 32: one 16-bit load of the two bytes,
+//   byte q = half q; groups >= 64: one byte, the same group for both halves), so the few-token builds' 4 sub-tiles a
+//   stage stay within the consumer registers.
 // * Tensor maps are encoded on the host per launch (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion:
 //   no -lcuda) and passed as __grid_constant__ parameters, so a captured launch replays with the pointers it had.
 #pragma once
@@ -61,7 +66,7 @@ namespace {
 
 constexpr int WG_KB = 64;  // k per stage: one 128-byte (swizzle-atom) row of f16 per token
 
-template <int TN, int WGS, int STAGES, int KSUB>
+template <int TN, int WGS, int STAGES, int KSUB, bool ZP = false>
 struct WgCfg {
   static constexpr int kConsumers = 128 * WGS;
   static constexpr int kThreads = kConsumers + 128;  // + the producer warpgroup
@@ -77,8 +82,8 @@ struct WgCfg {
   static_assert(WGS == 2 || WGS == 3, "2 or 3 consumer warpgroups");
   static_assert(KSUB == 1 || KSUB == 2 || KSUB == 4, "64-k sub-tiles per stage: 1, 2 or 4");
   static_assert(128 * (kProducerRegs + WGS * kConsumerRegs) <= 65536, "register file");
-  // accumulators, the A fragments and scales of a stage, the words of a sub-tile, addresses
-  static_assert(kConsumerRegs >= TN / 2 + 20 * KSUB + 48, "consumer registers");
+  // accumulators, the A fragments and scales (and zero points, ZP) of a stage, the words of a sub-tile, addresses
+  static_assert(kConsumerRegs >= TN / 2 + (ZP ? 22 : 20) * KSUB + 48, "consumer registers");
   static_assert(kSmem <= 227 * 1024, "shared memory per SM");
   static_assert(kActBytes % 1024 == 0 && kWBytes % 1024 == 0, "sub-tiles must stay 1024-byte aligned");
   static_assert(TN <= 256 && kRows <= 256, "a TMA box is at most 256 rows");
@@ -120,13 +125,14 @@ __device__ __forceinline__ void wg_tma_load_2d(uint32_t dst, const CUtensorMap* 
 __device__ __forceinline__ void wg_reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 #endif
 
-template <int TN, int WGS, int STAGES, int KSUB>
+// ZP: INT4 layout 2 (every segment has zero points; gemm_multi launches per segment where layouts differ).
+template <int TN, int WGS, int STAGES, int KSUB, bool ZP = false>
 __global__ void __launch_bounds__(128 * WGS + 128, 1)
     gemm_int4_wgmma(const GemmGroup g, const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmW0,
                     const __grid_constant__ CUtensorMap tmW1, const __grid_constant__ CUtensorMap tmW2, int M, int ldc,
                     int add, int* sem, float* part) {
 #if NQ_WGMMA_DEVICE
-  using C_ = WgCfg<TN, WGS, STAGES, KSUB>;
+  using C_ = WgCfg<TN, WGS, STAGES, KSUB, ZP>;
   extern __shared__ __align__(128) unsigned char wsm_raw[];
   const uint32_t raw_u32 = smem_u32(wsm_raw);
   const uint32_t sbase = (raw_u32 + 1023u) & ~1023u;
@@ -134,10 +140,13 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   const uint32_t full0 = sbase + STAGES * C_::kStageBytes, empty0 = full0 + STAGES * 8;
 
   const int by = blockIdx.y;  // W-row tile over all segments; blockIdx.x = token tile (fastest: W read ~once)
-  const int seg = (g.n > 2 && by >= g.tiles0 + g.tiles1) ? 2 : (g.n > 1 && by >= g.tiles0) ? 1 : 0;
+  // SwiGLU blocks (g.swiglu_out; the prefill builds only, gemm.cu): rows n0 .. n0 + kRows/2 - 1 of gate and the
+  // same rows of up, one TMA box each
+  const bool swiglu = TN >= 128 && g.swiglu_out != nullptr;
+  const int seg = swiglu ? 0 : (g.n > 2 && by >= g.tiles0 + g.tiles1) ? 2 : (g.n > 1 && by >= g.tiles0) ? 1 : 0;
   const LinW W = seg == 2 ? g.s[2].W : seg == 1 ? g.s[1].W : g.s[0].W;
   const CUtensorMap* tmW = seg == 2 ? &tmW2 : seg == 1 ? &tmW1 : &tmW0;
-  const int n0 = (by - (seg == 2 ? g.tiles0 + g.tiles1 : seg == 1 ? g.tiles0 : 0)) * C_::kRows;
+  const int n0 = swiglu ? by * (C_::kRows / 2) : (by - (seg == 2 ? g.tiles0 + g.tiles1 : seg == 1 ? g.tiles0 : 0)) * C_::kRows;
   const int m0 = blockIdx.x * TN;
   const int tid = threadIdx.x;
   // split-K (gridDim.z splits; sem != null): split z owns the 64-k sub-tiles [kt0, kt0 + KT), in NS stages of KSUB
@@ -165,6 +174,7 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
     if (tid == C_::kConsumers) {
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmA)) : "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmW)) : "memory");
+      if (swiglu) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmW1)) : "memory");
       for (int ks = 0; ks < NS; ks++) {
         const int s = ks % STAGES, nsub = KSUB == 1 ? 1 : min(KSUB, KT - ks * KSUB);
         if (ks >= STAGES) wg_mbar_wait(empty0 + 8 * s, ((ks / STAGES) - 1) & 1);
@@ -173,7 +183,12 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
         for (int q = 0; q < nsub; q++) {
           const int kt = kt0 + ks * KSUB + q;
           wg_tma_load_2d(buf + q * C_::kSubBytes, &tmA, kt * WG_KB, m0, full);
-          wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, tmW, kt * WG_KB / 2, n0, full);
+          if (swiglu) {  // kRows/2 rows of gate, then the same rows of up
+            wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, &tmW0, kt * WG_KB / 2, n0, full);
+            wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes + C_::kWBytes / 2, &tmW1, kt * WG_KB / 2, n0, full);
+          } else {
+            wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, tmW, kt * WG_KB / 2, n0, full);
+          }
         }
       }
     }
@@ -181,14 +196,25 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C_::kConsumerRegs));
 
-  // consumer: warpgroup wg owns block rows 64 wg .. 64 wg + 63; this thread rows r0 and r0 + 8
+  // consumer: warpgroup wg owns block rows 64 wg .. 64 wg + 63; this thread's A fragment rows are gid and gid + 8
+  // of its warp's 16: block rows r0 and r0 + 8. A SwiGLU block pairs them instead: fragment row gid takes gate row
+  // `a` (shared-memory row a of the gate box) and row gid + 8 up's row `a` (row kRows/2 + a), so that acc[4j + e]
+  // and acc[4j + 2 + e] are g and u of one (row, token) in one thread: the epilogue needs no exchange.
   const int lane = tid & 31, wg = tid >> 7, wq = (tid >> 5) & 3, gid = lane >> 2, tig = lane & 3;
   const int r0 = wg * 64 + wq * 16 + gid;
+  const int a = wg * 32 + wq * 8 + gid;                                   // SwiGLU: 0 .. kRows/2 - 1
+  const int sr0 = swiglu ? a : r0, sr1 = swiglu ? C_::kRows / 2 + a : r0 + 8;  // shared-memory rows
   const int sh = 4 * tig;
   const int groups = W.K / W.group, gshift = __ffs(W.group) - 1;  // groups are powers of two (format rule)
-  // scale rows of r0 and r0 + 8; rows beyond N read row 0's (their outputs are never stored)
-  const __half* srow0 = W.scales + (size_t)(n0 + r0 < W.N ? n0 + r0 : 0) * groups;
-  const __half* srow1 = W.scales + (size_t)(n0 + r0 + 8 < W.N ? n0 + r0 + 8 : 0) * groups;
+  // scale rows of the two fragment rows; rows beyond N read row 0's (their outputs are never stored). SwiGLU: gate
+  // and up have one K, group and layout (gemm.cu checks), so `groups` is both's.
+  const int wr0 = n0 + (swiglu ? a : r0), wr1 = swiglu ? wr0 : wr0 + 8;
+  const LinW& W1 = swiglu ? g.s[1].W : W;   // the matrix of the second fragment row
+  const __half* srow0 = W.scales + (size_t)(wr0 < W.N ? wr0 : 0) * groups;
+  const __half* srow1 = W1.scales + (size_t)(wr1 < W.N ? wr1 : 0) * groups;
+  // ZP: the zero points of the same rows, indexed as the scales
+  const uint8_t* zrow0 = ZP ? W.zeros + (size_t)(wr0 < W.N ? wr0 : 0) * groups : nullptr;
+  const uint8_t* zrow1 = ZP ? W1.zeros + (size_t)(wr1 < W.N ? wr1 : 0) * groups : nullptr;
   // The scales' raw bits [row r0 / r0+8][32-k half], loaded a stage ahead and paired (s, s) only where the next
   // stage dequantises: pairing them here made the thread wait for the loads before it issued this stage's wgmmas
   // (SASS: the PRMTs right after the LDGs, ahead of WARPGROUP.ARRIVE), a global-memory latency in every stage.
@@ -199,6 +225,20 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
       s[1][q] = __half_as_ushort(__ldg(srow1 + ((k0 + 32 * q) >> gshift)));
     }
   };
+  // ZP: the zero bytes of rows r0 and r0 + 8 for the sub-tile at k0 (a multiple of 64), one register per row (file
+  // comment): group 32, the two bytes at the even index k0 / 32 (rows of K / 32 bytes, K % 64 == 0, and the zeros'
+  // base 128-byte aligned: a 2-byte aligned load); turned into dq_pair's (1024 + z, 1024 + z) only where the next
+  // stage dequantises (as the scales)
+  const int zsh = gshift == 5 ? 8 : 0;    // half q's zero: (register >> q * zsh) & 0xFF
+  auto load_zeros = [&](int k0, uint32_t (&zz)[2]) {
+    if (gshift == 5) {
+      zz[0] = __ldg(reinterpret_cast<const unsigned short*>(zrow0 + (k0 >> 5)));
+      zz[1] = __ldg(reinterpret_cast<const unsigned short*>(zrow1 + (k0 >> 5)));
+    } else {
+      zz[0] = __ldg(zrow0 + (k0 >> gshift));
+      zz[1] = __ldg(zrow1 + (k0 >> gshift));
+    }
+  };
   auto pair = [](uint32_t b) { return u32_as_h2(b | (b << 16)); };
 
   float acc[TN / 2];
@@ -207,9 +247,13 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   // a stage's A fragments (KSUB sub-tiles x 4 16-k steps) and scales; the scales of the next stage are loaded while
   // this one's wgmmas run
   uint32_t fa[KSUB][4][4], sc[KSUB][2][2];
+  uint32_t zc[ZP ? KSUB : 1][2];      // ZP: the zero bytes of a stage, [sub-tile][row] (unused in layout 1's builds)
 #pragma unroll
   for (int q = 0; q < KSUB; q++)
-    if (q < KT) load_scales((kt0 + q) * WG_KB, sc[q]);
+    if (q < KT) {
+      load_scales((kt0 + q) * WG_KB, sc[q]);
+      if constexpr (ZP) load_zeros((kt0 + q) * WG_KB, zc[q]);
+    }
   for (int ks = 0; ks < NS; ks++) {
     // (constant for one sub-tile per stage, so the prefill builds' loop has no sub-tile branches)
     const int s = ks % STAGES, nsub = KSUB == 1 ? 1 : min(KSUB, KT - ks * KSUB);
@@ -217,26 +261,39 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
 #pragma unroll
     for (int q = 0; q < KSUB; q++) {
       if (q >= nsub) break;
-      // dequantise rows r0 and r0 + 8 of sub-tile q into the A fragments of its 4 16-k steps
+      // dequantise the two fragment rows (shared-memory rows sr0, sr1) of sub-tile q into the A fragments of its 4
+      // 16-k steps
       const unsigned char* wp = wsm + s * C_::kStageBytes + q * C_::kSubBytes + C_::kActBytes;
-      const uint4 x0 = *reinterpret_cast<const uint4*>(wp + r0 * 32);
-      const uint4 y0 = *reinterpret_cast<const uint4*>(wp + r0 * 32 + 16);
-      const uint4 x1 = *reinterpret_cast<const uint4*>(wp + (r0 + 8) * 32);
-      const uint4 y1 = *reinterpret_cast<const uint4*>(wp + (r0 + 8) * 32 + 16);
+      const uint4 x0 = *reinterpret_cast<const uint4*>(wp + sr0 * 32);
+      const uint4 y0 = *reinterpret_cast<const uint4*>(wp + sr0 * 32 + 16);
+      const uint4 x1 = *reinterpret_cast<const uint4*>(wp + sr1 * 32);
+      const uint4 y1 = *reinterpret_cast<const uint4*>(wp + sr1 * 32 + 16);
       const uint32_t w0[8] = {x0.x, x0.y, x0.z, x0.w, y0.x, y0.y, y0.z, y0.w};
       const uint32_t w1[8] = {x1.x, x1.y, x1.z, x1.w, y1.x, y1.y, y1.z, y1.w};
 #pragma unroll
       for (int t = 0; t < 4; t++) {
-        fa[q][t][0] = dq_pair(w0[2 * t] >> sh, 0, pair(sc[q][0][t >> 1]));
-        fa[q][t][1] = dq_pair(w1[2 * t] >> sh, 0, pair(sc[q][1][t >> 1]));
-        fa[q][t][2] = dq_pair(w0[2 * t + 1] >> sh, 0, pair(sc[q][0][t >> 1]));
-        fa[q][t][3] = dq_pair(w1[2 * t + 1] >> sh, 0, pair(sc[q][1][t >> 1]));
+        if constexpr (ZP) {
+          const __half2 kz0 = u32_as_h2(zero_bias_pair((zc[q][0] >> ((t >> 1) * zsh)) & 0xFFu));
+          const __half2 kz1 = u32_as_h2(zero_bias_pair((zc[q][1] >> ((t >> 1) * zsh)) & 0xFFu));
+          fa[q][t][0] = dq_pair(w0[2 * t] >> sh, 0, pair(sc[q][0][t >> 1]), kz0);
+          fa[q][t][1] = dq_pair(w1[2 * t] >> sh, 0, pair(sc[q][1][t >> 1]), kz1);
+          fa[q][t][2] = dq_pair(w0[2 * t + 1] >> sh, 0, pair(sc[q][0][t >> 1]), kz0);
+          fa[q][t][3] = dq_pair(w1[2 * t + 1] >> sh, 0, pair(sc[q][1][t >> 1]), kz1);
+        } else {
+          fa[q][t][0] = dq_pair(w0[2 * t] >> sh, 0, pair(sc[q][0][t >> 1]));
+          fa[q][t][1] = dq_pair(w1[2 * t] >> sh, 0, pair(sc[q][1][t >> 1]));
+          fa[q][t][2] = dq_pair(w0[2 * t + 1] >> sh, 0, pair(sc[q][0][t >> 1]));
+          fa[q][t][3] = dq_pair(w1[2 * t + 1] >> sh, 0, pair(sc[q][1][t >> 1]));
+        }
       }
     }
     const int nnext = KSUB == 1 ? (ks + 1 < KT ? 1 : 0) : min(KSUB, KT - (ks + 1) * KSUB);
 #pragma unroll
     for (int q = 0; q < KSUB; q++)
-      if (q < nnext) load_scales((kt0 + (ks + 1) * KSUB + q) * WG_KB, sc[q]);
+      if (q < nnext) {
+        load_scales((kt0 + (ks + 1) * KSUB + q) * WG_KB, sc[q]);
+        if constexpr (ZP) load_zeros((kt0 + (ks + 1) * KSUB + q) * WG_KB, zc[q]);
+      }
     const uint32_t stage = sbase + s * C_::kStageBytes;
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
@@ -254,6 +311,19 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   }
 
   // epilogue: acc[4j + 2h + e] = (block row r0 + 8h, token 8j + 2tig + e)
+  if (swiglu) {  // acc[4j + e] = g, acc[4j + 2 + e] = u of gate/up row n0 + a, token 8j + 2tig + e
+    const int n = n0 + a;
+    if (n < W.N) {
+#pragma unroll
+      for (int j = 0; j < TN / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int m = m0 + 8 * j + 2 * tig + e;
+          if (m < M) g.swiglu_out[(size_t)m * g.swiglu_ld + n] = swiglu_f16(acc[4 * j + e], acc[4 * j + 2 + e]);
+        }
+    }
+    return;
+  }
   float* const C = seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C;
   const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
   if (nz > 1) {
@@ -338,13 +408,14 @@ inline bool wg_encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void*
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// One launch of gemm_int4_wgmma<TN, WGS, STAGES, KSUB>; `tiles` = W-row tiles of 64 WGS rows over all segments,
-// `splits` = split-K count (1: none; the few-token builds only), reduced by each tile's last split.
-template <int TN, int WGS, int STAGES, int KSUB>
+// One launch of gemm_int4_wgmma<TN, WGS, STAGES, KSUB, ZP>; `tiles` = W-row tiles of 64 WGS rows over all segments
+// (with g.swiglu_out: tiles of 32 WGS rows of gate and up each), `splits` = split-K count (1: none; the few-token
+// builds only), reduced by each tile's last split.
+template <int TN, int WGS, int STAGES, int KSUB, bool ZP = false>
 int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add, int splits,
                       cudaStream_t st, GemmScratch* ws = nullptr) {
-  using C_ = WgCfg<TN, WGS, STAGES, KSUB>;
-  auto kern = gemm_int4_wgmma<TN, WGS, STAGES, KSUB>;
+  using C_ = WgCfg<TN, WGS, STAGES, KSUB, ZP>;
+  auto kern = gemm_int4_wgmma<TN, WGS, STAGES, KSUB, ZP>;
   static bool raised = false;
   if (!raised) {
     NQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C_::kSmem));
@@ -358,10 +429,14 @@ int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, i
                     WG_KB, TN, CU_TENSOR_MAP_SWIZZLE_128B))
     return fail(NQ_E_CUDA, "gemm: cuTensorMapEncodeTiled failed for the activations (M=%d, K=%d, lda=%d)", M,
                 g.s[0].W.K, lda);
+  const bool swiglu = g.swiglu_out != nullptr;
+  if (swiglu && (g.n != 2 || splits > 1 || g.s[0].W.N != g.s[1].W.N || g.s[0].W.K != g.s[1].W.K ||
+                 g.s[0].W.group != g.s[1].W.group))
+    return fail(NQ_E_INVALID_ARG, "gemm: the SwiGLU epilogue needs gate and up of one shape and group, no split");
   for (int i = 0; i < 3; i++) {
     const LinW& W = g.s[i < g.n ? i : 0].W;
     if (!wg_encode_2d(&tmW[i], CU_TENSOR_MAP_DATA_TYPE_UINT8, W.w, (uint64_t)W.K / 2, (uint64_t)W.N,
-                      (uint64_t)W.K / 2, WG_KB / 2, C_::kRows, CU_TENSOR_MAP_SWIZZLE_NONE))
+                      (uint64_t)W.K / 2, WG_KB / 2, swiglu ? C_::kRows / 2 : C_::kRows, CU_TENSOR_MAP_SWIZZLE_NONE))
       return fail(NQ_E_CUDA, "gemm: cuTensorMapEncodeTiled failed for weight segment %d (N=%d, K=%d)", i, W.N, W.K);
   }
   const int mtiles = (M + TN - 1) / TN;

@@ -1,5 +1,6 @@
 // Batch-1 GEMV launchers (kernels: gemv_kernels.cuh). INT4 weights run gemv_int4 at 2 blocks/SM with a split
-// factor chosen per shape; f16/bf16 weights run gemv_rowpair. Both launch with PDL (launch.h).
+// factor chosen per shape (layout 2, zero points set: its ZP build); f16/bf16 weights run gemv_rowpair. Both launch
+// with PDL (launch.h).
 #include "gemv_kernels.cuh"
 #include "launch.h"
 #include "format_contract.h"
@@ -22,13 +23,18 @@ int launch_dense(const GemvArgs& a, int rows, size_t smem, cudaStream_t st) {
   return launch_pdl("gemv_rowpair", gemv_rowpair<DenseRows<WT>, MODE>, dim3(grid), dim3(kThreads), smem, st, a, rows);
 }
 
-int dispatch_int4(const GemvArgs& a, int rows, cudaStream_t st) {
+// layout 1 (zeros null) or layout 2 (zeros set: the ZP build); the caller checked that every segment has the same
+template <bool ZP>
+int dispatch_int4_layout(const GemvArgs& a, int rows, cudaStream_t st) {
   switch (a.mode) {
-    case GEMV_STORE: return launch_gemv_int4<GEMV_STORE, kInt4BlocksPerSm>(a, rows, g_sm_count, st);
-    case GEMV_ADD: return launch_gemv_int4<GEMV_ADD, kInt4BlocksPerSm>(a, rows, g_sm_count, st);
-    case GEMV_SWIGLU: return launch_gemv_int4<GEMV_SWIGLU, kInt4BlocksPerSm>(a, rows, g_sm_count, st);
+    case GEMV_STORE: return launch_gemv_int4<GEMV_STORE, kInt4BlocksPerSm, F16Units, ZP>(a, rows, g_sm_count, st);
+    case GEMV_ADD: return launch_gemv_int4<GEMV_ADD, kInt4BlocksPerSm, F16Units, ZP>(a, rows, g_sm_count, st);
+    case GEMV_SWIGLU: return launch_gemv_int4<GEMV_SWIGLU, kInt4BlocksPerSm, F16Units, ZP>(a, rows, g_sm_count, st);
   }
   return fail(NQ_E_INVALID_ARG, "gemv: unknown mode %d", a.mode);
+}
+int dispatch_int4(const GemvArgs& a, int rows, cudaStream_t st) {
+  return a.seg[0].zeros ? dispatch_int4_layout<true>(a, rows, st) : dispatch_int4_layout<false>(a, rows, st);
 }
 
 template <int WT>
@@ -49,6 +55,7 @@ cudaError_t raise_limits() {
   return cudaFuncSetAttribute(Kernel<GEMV_SWIGLU>::get(), cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynSmem);
 }
 template <int MODE> struct Int4Kernel { static auto get() { return gemv_int4<MODE, kInt4BlocksPerSm>; } };
+template <int MODE> struct Int4ZpKernel { static auto get() { return gemv_int4<MODE, kInt4BlocksPerSm, F16Units, true>; } };
 template <int MODE> struct F16Kernel { static auto get() { return gemv_rowpair<DenseRows<WT_F16>, MODE>; } };
 template <int MODE> struct Bf16Kernel { static auto get() { return gemv_rowpair<DenseRows<WT_BF16>, MODE>; } };
 
@@ -59,6 +66,7 @@ int gemv_prepare() {
   NQ_CUDA(cudaGetDevice(&dev));
   NQ_CUDA(cudaDeviceGetAttribute(&g_sm_count, cudaDevAttrMultiProcessorCount, dev));
   NQ_CUDA(raise_limits<Int4Kernel>());
+  NQ_CUDA(raise_limits<Int4ZpKernel>());
   NQ_CUDA(raise_limits<F16Kernel>());
   NQ_CUDA(raise_limits<Bf16Kernel>());
   return NQ_OK;
@@ -85,9 +93,12 @@ int gemv(const GemvArgs& a, cudaStream_t st) {
         return fail(NQ_E_INVALID_ARG, "gemv: group %d with K=%d", a.seg[s].group, K);
     if (a.mode == GEMV_SWIGLU && a.up.group != w0.group)
       return fail(NQ_E_UNSUPPORTED, "gemv: gate and up have different group sizes (%d, %d)", w0.group, a.up.group);
-    bool one_group = true;
-    for (int s = 1; s < a.nseg; s++) one_group = one_group && a.seg[s].group == w0.group;
-    if (!one_group) {  // gemv_int4 takes one group size per launch: one launch per segment
+    if (a.mode == GEMV_SWIGLU && (a.up.zeros != nullptr) != (w0.zeros != nullptr))
+      return fail(NQ_E_UNSUPPORTED, "gemv: gate and up have different int4 layouts");
+    bool one_group = true;   // and one layout (zero points in every segment or in none)
+    for (int s = 1; s < a.nseg; s++)
+      one_group = one_group && a.seg[s].group == w0.group && (a.seg[s].zeros != nullptr) == (w0.zeros != nullptr);
+    if (!one_group) {  // gemv_int4 takes one group size and layout per launch: one launch per segment
       int off = 0;
       for (int s = 0; s < a.nseg; s++) {
         GemvArgs b = a;

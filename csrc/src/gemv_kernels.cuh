@@ -4,6 +4,8 @@
 // at unit index m = c*32 + l of the row, so a warp reads 512 contiguous bytes per step; kUnroll steps are
 // issued before any is used. Word j of a unit holds values k = 32m + 8j .. +7 with nibble i -> k = PERM[i];
 // (w >> 4s) & 0x000F000F gives the pair (2s, 2s+1), OR 0x6400 makes f16 1024+u, minus 1032 gives exact u-8.
+// Layout 2 (zero point z per (row, group), uint8 [N][K/g]): minus 1024+z gives exact u-z; gemv_int4<..., ZP = true>
+// loads a unit's zero beside its scale (same index, one byte) and passes the group's constants to the unpack.
 // Products and 4-deep partial sums are f16x2 (HFMA2), everything above that is f32.
 // The input x (K) is staged in shared memory as f16 (RMSNorm fused: computed by every block from the f32
 // residual stream). For INT4 the 16-byte x units are stored transposed, unit p = 4m + j at j*(K/32) + m, so the
@@ -124,19 +126,33 @@ struct RowRef {            // one weight row: its 16-byte units, its scales (int
   int gshift;
 };
 
+// The unpack constants of one group with zero point z (word_dot): lo = (1024 + z, 1024 + z) and hi = (-(64 + z),
+// -(64 + z)) as f16 pairs, exact for z <= 15 (ulp 1 at 1024, 1/16 at 64: bits 0x6400 + z and 0xD400 + 16 z). Layout 1
+// is z = 8 (zero_pair_layout1: 1032 and -72).
+struct ZeroPair {
+  __half2 lo, hi;
+};
+__device__ __forceinline__ ZeroPair zero_pair(uint32_t z) {
+  return ZeroPair{u32_as_h2(0x64006400u + z * 0x00010001u), u32_as_h2(0xD400D400u + z * 0x00100010u)};
+}
+__device__ __forceinline__ ZeroPair zero_pair_layout1() {
+  return ZeroPair{__half2half2(__ushort_as_half((unsigned short)0x6408)),    // 1032
+                  __half2half2(__ushort_as_half((unsigned short)0xD480))};   // -72
+}
+
 // ---- row dot products ---------------------------------------------------------------------------------------
 // 8 values of one word times 8 x values, accumulated into a f16x2 `acc`. One shift per word: pairs (0,1) and
-// (4,5) come out as 1024 + u (minus 1032 = u - 8); pairs (2,3) and (6,7) are taken in place (mask 0x00F000F0)
-// as 1024 + 16u, and (v / 16) - 72 = u - 8 is one exact HFMA2. One LOP3 per nibble pair (and_or).
-__device__ __forceinline__ __half2 word_dot(uint32_t q, const uint4 xv, __half2 acc) {
-  const __half2 k1032 = __half2half2(__ushort_as_half((unsigned short)0x6408));   // 1032
+// (4,5) come out as 1024 + u (minus zp.lo = 1024 + z: u - z); pairs (2,3) and (6,7) are taken in place (mask
+// 0x00F000F0) as 1024 + 16u, and (v / 16) + zp.hi = 64 + u - (64 + z) = u - z is one exact HFMA2. One LOP3 per
+// nibble pair (and_or). Layout 1: zp = zero_pair_layout1() (z = 8), whose constants fold into the instructions.
+__device__ __forceinline__ __half2 word_dot(uint32_t q, const uint4 xv, __half2 acc,
+                                            const ZeroPair zp = zero_pair_layout1()) {
   const __half2 k1_16 = __half2half2(__ushort_as_half((unsigned short)0x2C00));   // 1/16
-  const __half2 km72 = __half2half2(__ushort_as_half((unsigned short)0xD480));    // -72
   const uint32_t q8 = q >> 8;
-  const __half2 h01 = __hsub2(u32_as_h2(and_or(q, 0x000F000Fu, 0x64006400u)), k1032);
-  const __half2 h23 = __hfma2(u32_as_h2(and_or(q, 0x00F000F0u, 0x64006400u)), k1_16, km72);
-  const __half2 h45 = __hsub2(u32_as_h2(and_or(q8, 0x000F000Fu, 0x64006400u)), k1032);
-  const __half2 h67 = __hfma2(u32_as_h2(and_or(q8, 0x00F000F0u, 0x64006400u)), k1_16, km72);
+  const __half2 h01 = __hsub2(u32_as_h2(and_or(q, 0x000F000Fu, 0x64006400u)), zp.lo);
+  const __half2 h23 = __hfma2(u32_as_h2(and_or(q, 0x00F000F0u, 0x64006400u)), k1_16, zp.hi);
+  const __half2 h45 = __hsub2(u32_as_h2(and_or(q8, 0x000F000Fu, 0x64006400u)), zp.lo);
+  const __half2 h67 = __hfma2(u32_as_h2(and_or(q8, 0x00F000F0u, 0x64006400u)), k1_16, zp.hi);
   acc = __hfma2(h01, u32_as_h2(xv.x), acc);
   acc = __hfma2(h23, u32_as_h2(xv.y), acc);
   acc = __hfma2(h45, u32_as_h2(xv.z), acc);
@@ -337,6 +353,17 @@ __device__ __forceinline__ RowRef locate_int4_fast(const GemvArgs& a, int r) {
   if (a.nseg > 1 && r >= n0) return row_ref_int4_fast(a.seg[1], r - n0);
   return row_ref_int4_fast(a.seg[0], r);
 }
+// Layout 2: a row's zero points (uint8, indexed as its scales), and those of output row r located as
+// locate_int4_fast locates its weights.
+__device__ __forceinline__ const uint8_t* zero_row_int4(const LinW& W, int row) {
+  return W.zeros + (size_t)row * (W.K >> (__ffs(W.group) - 1));
+}
+__device__ __forceinline__ const uint8_t* locate_zeros_int4(const GemvArgs& a, int r) {
+  const int n0 = a.seg[0].N, n1 = a.nseg > 1 ? a.seg[1].N : 0;
+  if (a.nseg > 2 && r >= n0 + n1) return zero_row_int4(a.seg[2], r - n0 - n1);
+  if (a.nseg > 1 && r >= n0) return zero_row_int4(a.seg[1], r - n0);
+  return zero_row_int4(a.seg[0], r);
+}
 
 // ---- gemv_int4: INT4 weights, split-K warp groups, one pipeline per warp across rows ----------------------------
 // Work: a "task" is a row pair (2t, 2t+1) (STORE/ADD; an odd last row is paired with itself and its second result
@@ -364,10 +391,14 @@ struct F16Units {
   }
   // The two f16x2 chains of a unit (8 products per half each) are added in f16 (one more rounding of a sum of 16
   // products, unit_dot_f16's bound becomes gamma_9 of the same magnitudes) before the one conversion to f32.
-  __device__ static float fma(const uint4 w, __half s, const uint4* xp, int nunits, float acc) {
+  // zp: the unit's group constants (layout 2: zero_pair(z); layout 1 by default). Layout 2's values u - z lie in
+  // -15..15 against layout 1's -8..7, so the f16 partials' range bound (16 products) is |sum| <= 16 * 15 * max|x|,
+  // finite for max|x| < 273 (layout 1: < 511); the accuracy bound above is relative and unchanged.
+  __device__ static float fma(const uint4 w, __half s, const uint4* xp, int nunits, float acc,
+                              const ZeroPair zp = zero_pair_layout1()) {
     const __half2 z = __float2half2_rn(0.f);
-    const __half2 p = word_dot(w.y, xp[nunits], word_dot(w.x, xp[0], z));
-    const __half2 q = word_dot(w.w, xp[3 * nunits], word_dot(w.z, xp[2 * nunits], z));
+    const __half2 p = word_dot(w.y, xp[nunits], word_dot(w.x, xp[0], z, zp), zp);
+    const __half2 q = word_dot(w.w, xp[3 * nunits], word_dot(w.z, xp[2 * nunits], z, zp), zp);
     const float2 f = __half22float2(__hadd2(p, q));
     return fmaf(__half2float(s), f.x + f.y, acc);
   }
@@ -377,7 +408,10 @@ constexpr int kSliceAlignUnits = 8;             // split-K slices start on multi
 
 // MINB: resident blocks per SM the registers are budgeted for (the library runs 2: bench/NOTES.md).
 // All segments (and `up`) share one group size (gemv() splits launches where they do not).
-template <int MODE, int MINB, class Units = F16Units>
+// ZP: INT4 layout 2 (every segment and `up` has zero points; gemv() splits launches where layouts differ): each
+// unit's zero byte is loaded with its scale (same index, same pipeline stage) and the unpack subtracts 1024 + z.
+// ZP = false compiles to layout 1's kernel as it was (no zero loads, constants folded).
+template <int MODE, int MINB, class Units = F16Units, bool ZP = false>
 __global__ void __launch_bounds__(kThreads, MINB)
 gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds) {
   extern __shared__ uint4 smem[];
@@ -402,6 +436,7 @@ gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds)
 
   const uint4 *b0 = nullptr, *b1 = nullptr;   // the two rows of the task being loaded (units)
   const __half *c0 = nullptr, *c1 = nullptr;  // and their scales
+  const uint8_t *d0 = nullptr, *d1 = nullptr; // and their zero points (ZP)
   auto seek = [&](int i) {               // the rows of task i
     const int t = gid + i * NG;
     RowRef r0, r1;
@@ -416,12 +451,22 @@ gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds)
     b1 = r1.w;
     c0 = r0.s;
     c1 = r1.s;
+    if constexpr (ZP) {
+      if (MODE == GEMV_SWIGLU) {
+        d0 = zero_row_int4(a.seg[0], t);
+        d1 = zero_row_int4(a.up, t);
+      } else {
+        d0 = locate_zeros_int4(a, 2 * t);
+        d1 = locate_zeros_int4(a, min(2 * t + 1, total_rows - 1));
+      }
+    }
   };
   // One 32-bit cursor per side, shared by both rows: the unit of this lane's first load of the next step to load
   // (lo_ ...), and of the step being computed (co, which also addresses x).
   const int first = lo + lane;
   int lo_ = first, lj = 0, li = 0;       // next step to load: task li, step lj
-  auto load = [&](uint4 (&w0)[U], uint4 (&w1)[U], __half (&s0)[U], __half (&s1)[U]) {
+  auto load = [&](uint4 (&w0)[U], uint4 (&w1)[U], __half (&s0)[U], __half (&s1)[U], uint32_t (&z0)[U],
+                  uint32_t (&z1)[U]) {
     const bool last = lj == nsteps - 1;
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -431,6 +476,10 @@ gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds)
         w1[u] = ld_stream16(b1 + m);
         s0[u] = c0[m >> gs];
         s1[u] = c1[m >> gs];
+        if constexpr (ZP) {
+          z0[u] = d0[m >> gs];
+          z1[u] = d1[m >> gs];
+        }
       }
     }
     if (!last) {
@@ -444,13 +493,19 @@ gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds)
   };
   int cj = 0, ci = 0, co = first;        // step being computed: task ci, step cj
   float acc0 = 0.f, acc1 = 0.f;
-  auto compute = [&](const uint4 (&w0)[U], const uint4 (&w1)[U], const __half (&s0)[U], const __half (&s1)[U]) {
+  auto compute = [&](const uint4 (&w0)[U], const uint4 (&w1)[U], const __half (&s0)[U], const __half (&s1)[U],
+                     const uint32_t (&z0)[U], const uint32_t (&z1)[U]) {
     const bool last = cj == nsteps - 1;
 #pragma unroll
     for (int u = 0; u < U; u++) {
       if (!last || ((tail >> u) & 1)) {
-        acc0 = Units::fma(w0[u], s0[u], smem + co + u * 32, nunits, acc0);
-        acc1 = Units::fma(w1[u], s1[u], smem + co + u * 32, nunits, acc1);
+        if constexpr (ZP) {
+          acc0 = Units::fma(w0[u], s0[u], smem + co + u * 32, nunits, acc0, zero_pair(z0[u]));
+          acc1 = Units::fma(w1[u], s1[u], smem + co + u * 32, nunits, acc1, zero_pair(z1[u]));
+        } else {
+          acc0 = Units::fma(w0[u], s0[u], smem + co + u * 32, nunits, acc0);
+          acc1 = Units::fma(w1[u], s1[u], smem + co + u * 32, nunits, acc1);
+        }
       }
     }
     if (!last) {
@@ -472,9 +527,10 @@ gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds)
 
   uint4 wa0[U], wa1[U], wb0[U], wb1[U];
   __half sa0[U], sa1[U], sb0[U], sb1[U];
+  uint32_t za0[U], za1[U], zb0[U], zb1[U];   // ZP: zero bytes (never written nor read in layout 1's build)
   if (total > 0) {
     seek(0);
-    load(wa0, wa1, sa0, sa1);
+    load(wa0, wa1, sa0, sa1, za0, za1);
   }
   pdl_wait();     // x / out were written by the previous kernel
   pdl_trigger();
@@ -482,11 +538,11 @@ gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds)
   if (nsteps == 0 && lane == 0)          // empty slice: its partials are zero
     for (int i = 0; i < my_tasks; i++) part[(warp * rounds + i) * 2] = part[(warp * rounds + i) * 2 + 1] = 0.f;
   for (int q = 0; q < total; q += 2) {
-    if (q + 1 < total) load(wb0, wb1, sb0, sb1);
-    compute(wa0, wa1, sa0, sa1);
+    if (q + 1 < total) load(wb0, wb1, sb0, sb1, zb0, zb1);
+    compute(wa0, wa1, sa0, sa1, za0, za1);
     if (q + 1 >= total) break;
-    if (q + 2 < total) load(wa0, wa1, sa0, sa1);
-    compute(wb0, wb1, sb0, sb1);
+    if (q + 2 < total) load(wa0, wa1, sa0, sa1, za0, za1);
+    compute(wb0, wb1, sb0, sb1, zb0, zb1);
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < G * rounds; idx += kThreads) {
@@ -544,8 +600,9 @@ SplitPlan plan_split(int ntasks, int nunits, int cap_blocks, int step_units, int
   return best;
 }
 
-// gemv_int4<MODE, MINB> on `rows` output rows with a grid for `sm_count` SMs; checks the shared-memory need.
-template <int MODE, int MINB, class Units = F16Units>
+// gemv_int4<MODE, MINB, Units, ZP> on `rows` output rows with a grid for `sm_count` SMs; checks the shared-memory
+// need.
+template <int MODE, int MINB, class Units = F16Units, bool ZP = false>
 int launch_gemv_int4(const GemvArgs& a, int rows, int sm_count, cudaStream_t st) {
   const int K = a.seg[0].K, nunits = K >> 5;
   const int ntasks = MODE == GEMV_SWIGLU ? rows : (rows + 1) / 2;
@@ -553,13 +610,13 @@ int launch_gemv_int4(const GemvArgs& a, int rows, int sm_count, cudaStream_t st)
   // occupancy with 2 KB for the partials (plans need 64 B x rounds; a larger need only costs residency, never
   // correctness: blocks do not wait on each other)
   int occ = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_int4<MODE, MINB, Units>, kThreads, smem_x + 2048) != cudaSuccess ||
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_int4<MODE, MINB, Units, ZP>, kThreads, smem_x + 2048) != cudaSuccess ||
       occ < 1)
     occ = 1;
   const SplitPlan p = plan_split(ntasks, nunits, sm_count * std::min(occ, kBlocksPerSm), 32 * Units::kUnroll);
   const size_t smem = smem_x + (size_t)kWarps * p.rounds * 2 * sizeof(float);
   if (smem > (size_t)kMaxDynSmem) return fail(NQ_E_UNSUPPORTED, "gemv: K=%d with %d tasks too large", K, ntasks);
-  return launch_pdl("gemv_int4", gemv_int4<MODE, MINB, Units>, dim3(p.grid), dim3(kThreads), smem, st, a, rows, ntasks,
+  return launch_pdl("gemv_int4", gemv_int4<MODE, MINB, Units, ZP>, dim3(p.grid), dim3(kThreads), smem, st, a, rows, ntasks,
                     p.ks_log2, p.rounds);
 }
 

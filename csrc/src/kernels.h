@@ -8,8 +8,10 @@
 namespace nq {
 
 // The INT4 unpack arithmetic of the kernels (a mask of nibbles s and s + 4 of a word gives the pair of values
-// (2s, 2s + 1); OR 0x6400 then minus 1032 = 1024 + zero code) holds for layout 1 as the contract states it.
+// (2s, 2s + 1); OR 0x6400 then minus 1032 = 1024 + zero code) holds for layout 1 as the contract states it. Layout 2
+// subtracts 1024 + z with the group's zero point z (0..15: 1024 + z is exact in f16, bits 0x6400 + z).
 static_assert(contract::kInt4ZeroCode == 8, "the kernels subtract 1024 + 8");
+static_assert(contract::kInt4MaxCode == 15, "layout 2's 1024 + z and 64 + z are exact f16 values for z <= 15");
 static_assert(contract::kInt4Perm[0] == 0 && contract::kInt4Perm[4] == 1 && contract::kInt4Perm[1] == 2 &&
                   contract::kInt4Perm[5] == 3 && contract::kInt4Perm[2] == 4 && contract::kInt4Perm[6] == 5 &&
                   contract::kInt4Perm[3] == 6 && contract::kInt4Perm[7] == 7,
@@ -22,8 +24,9 @@ enum WeightType : int {
 
 // One linear layer's weight on the device, y = W @ x with W (N, K).
 struct LinW {
-  const uint8_t* w = nullptr;       // int4: qweight uint32 (N, K/8) layout 1; dense: (N, K) f16/bf16 bits
+  const uint8_t* w = nullptr;       // int4: qweight uint32 (N, K/8) (layouts 1 and 2); dense: (N, K) f16/bf16 bits
   const __half* scales = nullptr;   // int4 only: f16 (N, K/group)
+  const uint8_t* zeros = nullptr;   // int4 layout 2 only: zero points uint8 (N, K/group), 0..15; null: layout 1 (z = 8)
   int N = 0, K = 0, group = 0, type = 0;
 };
 
@@ -70,9 +73,9 @@ int gemm(const LinW& W, const __half* A, int lda, int M, float* C, int ldc, cons
 // null), all C[i] with row stride ldc. Segments of different K or dtype fall back to one launch each.
 int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, const __half* A, int lda, int M,
                int ldc, bool add, cudaStream_t st, GemmScratch* ws = nullptr);
-// The MLP's first half: H[M, I] f16 = silu(A @ gate^T) * (A @ up^T), I = gate.N = up.N, H row stride I: gemm_multi
-// into G and U (f32 [M, I] scratch), then swiglu_rows. (A SwiGLU epilogue in gemm_int4_wgmma measured no faster at
-// 512 tokens on the H200: bench/NOTES.md, session 8.)
+// The MLP's first half: H[M, I] f16 = silu(A @ gate^T) * (A @ up^T), I = gate.N = up.N, H row stride I. On a
+// Hopper GPU from kWgmmaMinM tokens (INT4) one gemm_int4_wgmma launch with the SwiGLU epilogue; otherwise
+// gemm_multi into G and U (f32 [M, I] scratch) and swiglu_rows.
 int gemm_swiglu(const LinW& gate, const LinW& up, const __half* A, int lda, int M, float* G, float* U, __half* H,
                 cudaStream_t st, GemmScratch* ws = nullptr);
 // Y[M, K] f16 = rmsnorm(X[M, K] f32) * w

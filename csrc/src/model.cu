@@ -103,6 +103,10 @@ struct Builder {
   std::vector<float> aux_host;
   std::vector<std::pair<const float**, size_t>> aux_fix;  // pointer to patch, index into aux
 
+  uint32_t layout(const std::string& name) const {  // int4 layout id of a tensor (0: dense or absent)
+    const TensorInfo* t = f.find(name);
+    return t ? t->layout_id : 0u;
+  }
   const TensorInfo* need(const std::string& name, int& rc) {
     const TensorInfo* t = f.find(name);
     if (!t && rc == NQ_OK) rc = fail(NQ_E_FORMAT, "MissingTensor: %s", name.c_str());
@@ -149,7 +153,11 @@ struct Builder {
     w->type = (int)t->dtype;
     if (t->dtype == DT_INT4G) {
       w->group = (int)t->group_size;
-      if (M.dev) w->scales = reinterpret_cast<const __half*>(M.dev + (t->offset - f.data_offset) + align128(N * K / 2));
+      const uint64_t at = t->offset - f.data_offset, scales_at = align128(N * K / 2);
+      if (M.dev) w->scales = reinterpret_cast<const __half*>(M.dev + at + scales_at);
+      // layout 2 (spec 9.5): the zero points follow the scales at Z = align128(S + N * (K / g) * 2)
+      if (M.dev && t->layout_id == contract::kLayoutInt4RowmajorK8Asym)
+        w->zeros = M.dev + at + align128(scales_at + N * (K / t->group_size) * 2);
     }
   }
 };
@@ -188,10 +196,12 @@ int walk_tensors(Builder& b, const nq_config& c) {
       b.vec(p + "self_attn.k_proj.bias", NKV, &L.bk, rc);
       b.vec(p + "self_attn.v_proj.bias", NKV, &L.bv, rc);
     }
-    if (rc == NQ_OK && (L.q.type != L.k.type || L.q.type != L.v.type || L.q.group != L.k.group || L.q.group != L.v.group))
-      rc = fail(NQ_E_UNSUPPORTED, "layer %d: q/k/v weights differ in dtype or group size", l);
-    if (rc == NQ_OK && (L.gate.type != L.up.type || L.gate.group != L.up.group))
-      rc = fail(NQ_E_UNSUPPORTED, "layer %d: gate/up weights differ in dtype or group size", l);
+    const uint32_t lq = b.layout(p + "self_attn.q_proj.weight"), lg = b.layout(p + "mlp.gate_proj.weight");
+    if (rc == NQ_OK && (L.q.type != L.k.type || L.q.type != L.v.type || L.q.group != L.k.group || L.q.group != L.v.group ||
+                        lq != b.layout(p + "self_attn.k_proj.weight") || lq != b.layout(p + "self_attn.v_proj.weight")))
+      rc = fail(NQ_E_UNSUPPORTED, "layer %d: q/k/v weights differ in dtype, group size or int4 layout", l);
+    if (rc == NQ_OK && (L.gate.type != L.up.type || L.gate.group != L.up.group || lg != b.layout(p + "mlp.up_proj.weight")))
+      rc = fail(NQ_E_UNSUPPORTED, "layer %d: gate/up weights differ in dtype, group size or int4 layout", l);
   }
   b.vec("model.norm.weight", H, &M.final_norm, rc);
   const TensorInfo* emb = b.need("model.embed_tokens.weight", rc);

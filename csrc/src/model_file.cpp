@@ -89,10 +89,12 @@ bool all_zero(const uint8_t* b, uint64_t from, uint64_t to, uint64_t* bad) {
 
 // The spec's required byte length (§8, §9.2); >= 2^64 means SizeOverflow. Dimensions are >= 1 here.
 u128 required_nbytes(const TensorInfo& t) {
-  if (t.dtype == DT_INT4G) {
+  if (t.dtype == DT_INT4G) {  // spec §9.2 (layout 1), §9.6 (layout 2: then padding and uint8 zero points)
     const u128 N = t.shape[0], K = t.shape[1];
     const u128 q = N * K / 2;
-    return (q + kAlign - 1) / kAlign * kAlign + N * (K / t.group_size) * 2;
+    const u128 scales_end = (q + kAlign - 1) / kAlign * kAlign + N * (K / t.group_size) * 2;
+    if (t.layout_id == ct::kLayoutInt4RowmajorK8Asym) return (scales_end + kAlign - 1) / kAlign * kAlign + N * (K / t.group_size);
+    return scales_end;
   }
   u128 n = t.dtype == DT_F32 ? 4 : 2;
   for (uint32_t d = 0; d < t.ndim; d++) {
@@ -350,8 +352,9 @@ int parse(ModelFile& f, bool verify) {
     for (uint32_t d = t.ndim; d < 4; d++)  // 21
       if (t.shape[d]) return NQ_FORMAT("NonZeroReserved", "tensor %s: unused shape slot %u expected 0", nm, d);
     if (rd<uint32_t>(e + TE::reserved)) return NQ_FORMAT("NonZeroReserved", "tensor %s: reserved expected 0", nm);
-    const uint32_t want_layout = t.dtype == DT_INT4G ? ct::kLayoutInt4RowmajorK8 : ct::kLayoutNone;
-    if (t.layout_id != want_layout) return NQ_FORMAT("UnknownLayout", "tensor %s: layout_id expected %u, found %u", nm, want_layout, t.layout_id);  // 22
+    if (t.dtype == DT_INT4G ? (t.layout_id != ct::kLayoutInt4RowmajorK8 && t.layout_id != ct::kLayoutInt4RowmajorK8Asym)
+                            : t.layout_id != ct::kLayoutNone)  // 22
+      return NQ_FORMAT("UnknownLayout", "tensor %s: layout_id expected %s, found %u", nm, t.dtype == DT_INT4G ? "1 or 2" : "0", t.layout_id);
     for (uint32_t d = 0; d < t.ndim; d++)  // 23
       if (t.shape[d] == 0) return NQ_FORMAT("BadShape", "tensor %s: every dimension expected >= 1, dimension %u is 0", nm, d);
     if (t.dtype == DT_INT4G && t.ndim != 2) return NQ_FORMAT("BadShape", "tensor %s: int4g ndim expected 2, found %u", nm, t.ndim);
@@ -372,6 +375,11 @@ int parse(ModelFile& f, bool verify) {
       const uint64_t q = t.shape[0] * t.shape[1] / 2;
       if (!all_zero(b, t.offset + q, t.offset + align128(q), &bad))
         return NQ_FORMAT("NonZeroPadding", "tensor %s: padding between qweight and scales: non-zero byte at %llu", nm, (unsigned long long)bad);
+      if (t.layout_id == ct::kLayoutInt4RowmajorK8Asym) {
+        const uint64_t scales_end = align128(q) + t.shape[0] * (t.shape[1] / t.group_size) * 2;
+        if (!all_zero(b, t.offset + scales_end, t.offset + align128(scales_end), &bad))
+          return NQ_FORMAT("NonZeroPadding", "tensor %s: padding between scales and zeros: non-zero byte at %llu", nm, (unsigned long long)bad);
+      }
     }
   }
   f.tensors_end = prev_end;
@@ -435,12 +443,18 @@ int parse(ModelFile& f, bool verify) {
   for (const TensorInfo& t : f.tensors) {  // 39: int4g scales have the f16 sign bit clear and exponent != 0x1F
     if (t.dtype != DT_INT4G) continue;
     const uint64_t count = t.shape[0] * (t.shape[1] / t.group_size);
-    const uint8_t* s = b + t.offset + align128(t.shape[0] * t.shape[1] / 2);
+    const uint64_t scales_at = align128(t.shape[0] * t.shape[1] / 2);
+    const uint8_t* s = b + t.offset + scales_at;
     for (uint64_t j = 0; j < count; j++) {
       const uint16_t h = rd<uint16_t>(s + 2 * j);
       if ((h & 0x8000) || (h & 0x7c00) == 0x7c00)
         return NQ_FORMAT("BadScale", "tensor %s: scale %llu has bits 0x%04x (negative, -0, inf or NaN)", t.name.c_str(), (unsigned long long)j, h);
     }
+    if (t.layout_id != ct::kLayoutInt4RowmajorK8Asym) continue;  // 39b: layout-2 zero points are codes 0..15
+    const uint8_t* z = b + t.offset + align128(scales_at + 2 * count);
+    for (uint64_t j = 0; j < count; j++)
+      if (z[j] > ct::kInt4MaxCode)
+        return NQ_FORMAT("BadZero", "tensor %s: zero point %llu expected 0..%u, found %u", t.name.c_str(), (unsigned long long)j, ct::kInt4MaxCode, z[j]);
   }
   return NQ_OK;
 }

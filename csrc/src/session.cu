@@ -12,17 +12,15 @@ namespace nq {
 
 Session::~Session() {
   if (st) cudaStreamSynchronize(st);
-  if (pool) {   // the pool's buffers are not this session's to free
-    d_rope = nullptr; d_tokens = nullptr; X = nullptr; Xn = nullptr; QKV = nullptr; ATT = nullptr; G = nullptr;
-    U = nullptr; HM = nullptr;
-  }
+  if (pool) d_rope = nullptr;   // the pool's rope table and prefill buffers are not this session's to free
+  else pre.free();
   if (decode_only) cudaGraphExecDestroy(decode_only);
   if (decode_only_graph) cudaGraphDestroy(decode_only_graph);
   if (decode_sample) cudaGraphExecDestroy(decode_sample);
   if (decode_sample_graph) cudaGraphDestroy(decode_sample_graph);
   void* dev[] = {d_pos, d_token, d_counter, d_samp, d_page_table, d_rope, kv_base, x, qkv, att, hmlp, logits, part_o,
-                 part_ml, counters, d_tokens, X, Xn, QKV, ATT, G, U, HM, d_steer, d_counts, d_mask, d_bias_ids,
-                 d_bias_vals, d_lp_part_f, d_lp_part_i, d_lp_out, d_lp_ids};
+                 part_ml, counters, d_steer, d_counts, d_mask, d_bias_ids, d_bias_vals, d_lp_part_f, d_lp_part_i,
+                 d_lp_out, d_lp_ids};
   for (void* p : dev)
     if (p) cudaFree(p);
   if (h_tokens) cudaFreeHost(h_tokens);
@@ -34,10 +32,31 @@ Session::~Session() {
 
 KvPool::~KvPool() {
   if (st) cudaStreamSynchronize(st);
-  void* dev[] = {base, d_rope, d_poison, d_tokens, X, Xn, QKV, ATT, G, U, HM};
+  void* dev[] = {base, d_rope, d_poison};
   for (void* p : dev)
     if (p) cudaFree(p);
+  pre.free();
   if (st) cudaStreamDestroy(st);
+}
+
+int PrefillBuffers::alloc(const nq_config& c, int C) {
+  const int H = c.hidden_size, I = c.intermediate_size, Nq = c.n_heads * c.head_dim;
+  const int Nqkv = Nq + 2 * c.n_kv_heads * c.head_dim;
+  int rc = NQ_OK;
+  if ((rc = dalloc(&d_tokens, C, "prefill tokens")) || (rc = dalloc(&X, (size_t)C * H, "X")) ||
+      (rc = dalloc(&Xn, (size_t)C * std::max(std::max(H, I), Nq), "Xn")) ||
+      (rc = dalloc(&QKV, (size_t)C * Nqkv, "QKV")) || (rc = dalloc(&ATT, (size_t)C * Nq, "ATT")) ||
+      (rc = dalloc(&G, (size_t)C * I, "G")) || (rc = dalloc(&U, (size_t)C * I, "U")) ||
+      (rc = dalloc(&HM, (size_t)C * I, "HM")))
+    return rc;
+  return NQ_OK;
+}
+
+void PrefillBuffers::free() {
+  void* dev[] = {d_tokens, X, Xn, QKV, ATT, G, U, HM};
+  for (void* p : dev)
+    if (p) cudaFree(p);
+  *this = PrefillBuffers{};
 }
 
 void kv_pool_release(KvPool* p) {
@@ -115,20 +134,14 @@ int kv_pool_create(Model* m, int n_pages, KvPool** out) {
   p->m = m;
   p->n_pages = n_pages;
   p->prefill_chunk = std::min(512, c.max_positions);
-  const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
-  const int Nq = c.n_heads * D, Nqkv = Nq + 2 * c.n_kv_heads * D, C = p->prefill_chunk;
+  const int D = c.head_dim;
   const size_t layer_elems = (size_t)n_pages * page_elems(c);   // per layer, per K or V
   cudaError_t e = cudaStreamCreateWithFlags(&p->st, cudaStreamNonBlocking);
   if (e != cudaSuccess) return bail(fail(cuda_status(e), "cudaStreamCreate: %s", cudaGetErrorString(e)));
   int rc = NQ_OK;
   if ((rc = dalloc(&p->base, layer_elems * 2 * c.n_layers, "KV page pool")) ||
       (rc = dalloc(&p->d_rope, (size_t)c.max_positions * (D / 2), "rope table")) ||
-      (rc = dalloc(&p->d_poison, (size_t)n_pages, "poison page list")) ||
-      (rc = dalloc(&p->d_tokens, C, "prefill tokens")) || (rc = dalloc(&p->X, (size_t)C * H, "X")) ||
-      (rc = dalloc(&p->Xn, (size_t)C * std::max(std::max(H, I), Nq), "Xn")) ||
-      (rc = dalloc(&p->QKV, (size_t)C * Nqkv, "QKV")) || (rc = dalloc(&p->ATT, (size_t)C * Nq, "ATT")) ||
-      (rc = dalloc(&p->G, (size_t)C * I, "G")) || (rc = dalloc(&p->U, (size_t)C * I, "U")) ||
-      (rc = dalloc(&p->HM, (size_t)C * I, "HM")))
+      (rc = dalloc(&p->d_poison, (size_t)n_pages, "poison page list")) || (rc = p->pre.alloc(c, p->prefill_chunk)))
     return bail(rc);
   p->kv.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; l++) {
@@ -176,8 +189,7 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
     s->pool = pool;
     s->kv = pool->kv;
     s->d_rope = pool->d_rope;
-    s->d_tokens = pool->d_tokens; s->X = pool->X; s->Xn = pool->Xn; s->QKV = pool->QKV; s->ATT = pool->ATT;
-    s->G = pool->G; s->U = pool->U; s->HM = pool->HM;
+    s->pre = pool->pre;
   }
   const int C = s->prefill_chunk;
   // decode attention: up to min(128, 256 / n_kv) splits of at least 32 keys (prefill attention does not split)
@@ -200,11 +212,7 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
       (rc = dalloc(&s->part_o, part_rows * c.n_heads * D, "attention partials")) ||
       (rc = dalloc(&s->part_ml, part_rows * c.n_heads * 2, "attention partials")) ||
       (rc = dalloc(&s->counters, (size_t)c.n_kv_heads, "attention counters")) ||
-      (!pool && ((rc = dalloc(&s->d_tokens, C, "prefill tokens")) || (rc = dalloc(&s->X, (size_t)C * H, "X")) ||
-                 (rc = dalloc(&s->Xn, (size_t)C * std::max(std::max(H, I), Nq), "Xn")) ||
-                 (rc = dalloc(&s->QKV, (size_t)C * Nqkv, "QKV")) || (rc = dalloc(&s->ATT, (size_t)C * Nq, "ATT")) ||
-                 (rc = dalloc(&s->G, (size_t)C * I, "G")) || (rc = dalloc(&s->U, (size_t)C * I, "U")) ||
-                 (rc = dalloc(&s->HM, (size_t)C * I, "HM")))) ||
+      (!pool && (rc = s->pre.alloc(c, C))) ||
       (rc = dalloc(&s->d_steer, V, "steered logits")) ||
       (rc = dalloc(&s->d_counts, V, "token counts")) || (rc = dalloc(&s->d_mask, (V + 31) / 32, "token mask")) ||
       (rc = dalloc(&s->d_bias_ids, kMaxLogitBias, "logit bias")) ||
@@ -427,39 +435,39 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
     NQ_CUDA(cudaStreamSynchronize(st));  // h_tokens is reused
     std::memcpy(s->h_tokens, tokens + done, M * sizeof(int32_t));
     auto run = [&]() -> int {
-      NQ_CUDA(cudaMemcpyAsync(s->d_tokens, s->h_tokens, M * sizeof(int32_t), cudaMemcpyHostToDevice, st));
-      NQ_TRY(embed_rows(m.embed, m.embed_dtype, s->d_tokens, M, H, s->X, st));
+      NQ_CUDA(cudaMemcpyAsync(s->pre.d_tokens, s->h_tokens, M * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+      NQ_TRY(embed_rows(m.embed, m.embed_dtype, s->pre.d_tokens, M, H, s->pre.X, st));
       for (int l = 0; l < c.n_layers; l++) {
         const Layer& L = m.layers[l];
-        NQ_TRY(rmsnorm_rows(s->X, L.ln1, M, H, eps, s->Xn, st));
+        NQ_TRY(rmsnorm_rows(s->pre.X, L.ln1, M, H, eps, s->pre.Xn, st));
         {  // q, k, v in one launch
           const LinW W3[3] = {L.q, L.k, L.v};
-          float* const C3[3] = {s->QKV, s->QKV + Nq, s->QKV + Nq + Nkv};
+          float* const C3[3] = {s->pre.QKV, s->pre.QKV + Nq, s->pre.QKV + Nq + Nkv};
           const float* const B3[3] = {L.bq, L.bk, L.bv};
-          NQ_TRY(gemm_multi(W3, C3, B3, 3, s->Xn, H, M, Nqkv, false, st));
+          NQ_TRY(gemm_multi(W3, C3, B3, 3, s->pre.Xn, H, M, Nqkv, false, st));
         }
-        NQ_TRY(rope_kv_write(s->QKV, Nqkv, M, s->d_pos, s->kv[l], s->d_page_table, s->d_rope, c.n_heads,
+        NQ_TRY(rope_kv_write(s->pre.QKV, Nqkv, M, s->d_pos, s->kv[l], s->d_page_table, s->d_rope, c.n_heads,
                              c.n_kv_heads, D, st));
         AttnArgs aa;
-        aa.qkv = s->QKV; aa.qkv_stride = Nqkv; aa.M = M; aa.pos0 = s->d_pos;
+        aa.qkv = s->pre.QKV; aa.qkv_stride = Nqkv; aa.M = M; aa.pos0 = s->d_pos;
         aa.kv = s->kv[l]; aa.page_table = s->d_page_table; aa.rope = s->d_rope;
         aa.n_heads = c.n_heads; aa.n_kv = c.n_kv_heads; aa.D = D;
         aa.keys_per_split = 32; aa.n_split = 1; aa.write_kv = false;  // M > 1: the prefill kernel, no splits
-        aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters; aa.out = s->ATT;
+        aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters; aa.out = s->pre.ATT;
         NQ_TRY(attention(aa, st));
-        NQ_TRY(gemm(L.o, s->ATT, Nq, M, s->X, H, nullptr, true, st));
-        NQ_TRY(rmsnorm_rows(s->X, L.ln2, M, H, eps, s->Xn, st));
-        NQ_TRY(gemm_swiglu(L.gate, L.up, s->Xn, H, M, s->G, s->U, s->HM, st));
-        NQ_TRY(gemm(L.down, s->HM, I, M, s->X, H, nullptr, true, st));
+        NQ_TRY(gemm(L.o, s->pre.ATT, Nq, M, s->pre.X, H, nullptr, true, st));
+        NQ_TRY(rmsnorm_rows(s->pre.X, L.ln2, M, H, eps, s->pre.Xn, st));
+        NQ_TRY(gemm_swiglu(L.gate, L.up, s->pre.Xn, H, M, s->pre.G, s->pre.U, s->pre.HM, st));
+        NQ_TRY(gemm(L.down, s->pre.HM, I, M, s->pre.X, H, nullptr, true, st));
       }
       if (logits_dev) {
-        NQ_TRY(rmsnorm_rows(s->X, m.final_norm, M, H, eps, s->Xn, st));
-        NQ_TRY(gemm(m.lm_head, s->Xn, H, M, logits_dev, V, nullptr, false, st));
+        NQ_TRY(rmsnorm_rows(s->pre.X, m.final_norm, M, H, eps, s->pre.Xn, st));
+        NQ_TRY(gemm(m.lm_head, s->pre.Xn, H, M, logits_dev, V, nullptr, false, st));
         NQ_CUDA(cudaMemcpyAsync(logits_all + (size_t)done * V, logits_dev, (size_t)M * V * sizeof(float),
                                 cudaMemcpyDeviceToHost, st));
       }
       if (done + M == n) {  // logits of the last token through the decode lm_head GEMV
-        NQ_CUDA(cudaMemcpyAsync(s->x, s->X + (size_t)(M - 1) * H, H * sizeof(float), cudaMemcpyDeviceToDevice, st));
+        NQ_CUDA(cudaMemcpyAsync(s->x, s->pre.X + (size_t)(M - 1) * H, H * sizeof(float), cudaMemcpyDeviceToDevice, st));
         GemvArgs la;
         la.seg[0] = m.lm_head; la.x_f32 = s->x; la.norm_w = m.final_norm; la.eps = eps;
         la.out_f32 = s->logits; la.mode = GEMV_STORE;

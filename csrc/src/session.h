@@ -7,6 +7,21 @@
 
 namespace nq {
 
+// The activations of a batched prefill pass over a chunk of up to C tokens. A session of its own allocates them; a
+// pooled session uses its pool's (one set for all, under KvPool::prefill_mu).
+struct PrefillBuffers {
+  int32_t* d_tokens = nullptr;   // [C]
+  float* X = nullptr;            // [C][H]
+  __half* Xn = nullptr;          // [C][max(H, I, Nq)]
+  float* QKV = nullptr;          // [C][Nq + 2 Nkv]
+  __half* ATT = nullptr;         // [C][Nq]
+  float* G = nullptr;            // [C][I]
+  float* U = nullptr;            // [C][I]
+  __half* HM = nullptr;          // [C][I]
+  int alloc(const nq_config& c, int C);   // NQ_OK, or the dalloc failure (what was allocated stays for free())
+  void free();
+};
+
 // A device KV page pool (nq_kv_pool_create): the pages of every layer, the rope table (max_positions rows) and the
 // prefill buffers, shared by the sessions made on it. Freed when its handle and all its sessions are gone (refs).
 struct KvPool {
@@ -21,14 +36,7 @@ struct KvPool {
   // prefill activations of a chunk of up to prefill_chunk tokens (sessions take prefill_mu while they use them)
   std::mutex prefill_mu;
   int prefill_chunk = 512;
-  int32_t* d_tokens = nullptr;
-  float* X = nullptr;
-  __half* Xn = nullptr;
-  float* QKV = nullptr;
-  __half* ATT = nullptr;
-  float* G = nullptr;
-  float* U = nullptr;
-  __half* HM = nullptr;
+  PrefillBuffers pre;
   ~KvPool();
 };
 
@@ -65,15 +73,8 @@ struct Session {
   int kps_decode = 32, nsplit_decode = 1;  // decode attention split (csrc/src/attention.cu)
   // prefill activations, chunk of up to prefill_chunk tokens
   int prefill_chunk = 512;
-  int32_t* d_tokens = nullptr;   // [prefill_chunk]
   int32_t* h_tokens = nullptr;   // pinned staging [prefill_chunk]
-  float* X = nullptr;            // [chunk][H]
-  __half* Xn = nullptr;          // [chunk][max(H, I, Nq)]
-  float* QKV = nullptr;          // [chunk][Nq + 2 Nkv]
-  __half* ATT = nullptr;         // [chunk][Nq]
-  float* G = nullptr;            // [chunk][I]
-  float* U = nullptr;            // [chunk][I]
-  __half* HM = nullptr;          // [chunk][I]
+  PrefillBuffers pre;            // its own, or a copy of its pool's pointers (freed by the pool)
   // host-mapped token ring for generation
   int32_t* h_ring = nullptr;
   int32_t* d_ring = nullptr;

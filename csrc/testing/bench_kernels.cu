@@ -51,18 +51,21 @@ __global__ void __launch_bounds__(kReadThreads) read_stream_kernel(const uint4* 
 
 extern "C" {
 
-int nq_bench_gemv_int4_mode(int32_t N, int32_t K, int32_t group, int32_t mode, int32_t iters, float* ms) {
-  if (!ms || iters <= 0) return fail(NQ_E_INVALID_ARG, "nq_bench_gemv_int4_mode: bad argument");
+int nq_bench_gemv_int4_layout(int32_t N, int32_t K, int32_t group, int32_t mode, int32_t layout, int32_t iters,
+                              float* ms) {
+  if (!ms || iters <= 0 || (layout != 1 && layout != 2))
+    return fail(NQ_E_INVALID_ARG, "nq_bench_gemv_int4_layout: bad argument");
+  const bool zp = layout == 2;
   NQ_TRY(check_int4(N, K, group));
   if (mode < GEMV_STORE || mode > GEMV_SWIGLU) return fail(NQ_E_INVALID_ARG, "mode %d", mode);
   NQ_TRY(gemv_prepare());
   // rotate over enough copies that the weights exceed the 60 MB L2 several times; SWIGLU reads two matrices
   const int mats = mode == GEMV_SWIGLU ? 2 : 1;
-  const size_t per_est = int4_copy_bytes(N, K, group);
+  const size_t per_est = int4_copy_bytes(N, K, group, zp);
   const int copies = (int)std::max<size_t>(2, (512ull << 20) / (per_est * mats) + 1);
   DBuf w, dx, dxh, dn, dy;
   size_t per = 0;
-  NQ_TRY(put_random_int4(w, N, K, group, copies * mats, 0x1234567ull, &per));
+  NQ_TRY(put_random_int4(w, N, K, group, copies * mats, 0x1234567ull, &per, zp));
   std::vector<float> xh(K), nh(K);
   std::vector<__half> x16(K);
   for (int i = 0; i < K; i++) {
@@ -78,41 +81,47 @@ int nq_bench_gemv_int4_mode(int32_t N, int32_t K, int32_t group, int32_t mode, i
   std::vector<GemvArgs> args(copies);
   for (int c = 0; c < copies; c++) {
     GemvArgs& a = args[c];
-    a.seg[0] = int4_copy(w, per, mats * c, N, K, group);
+    a.seg[0] = int4_copy(w, per, mats * c, N, K, group, zp);
     a.mode = mode;
     if (mode == GEMV_STORE) {            // qkv-like: x f32 with the RMSNorm prologue
       a.x_f32 = dx.as<float>(); a.norm_w = dn.as<float>(); a.out_f32 = dy.as<float>();
     } else if (mode == GEMV_ADD) {       // o/down-like: x f16, residual add
       a.x_f16 = dxh.as<__half>(); a.out_f32 = dy.as<float>();
     } else {                             // gate/up: RMSNorm prologue, two matrices, f16 out
-      a.up = int4_copy(w, per, 2 * c + 1, N, K, group);
+      a.up = int4_copy(w, per, 2 * c + 1, N, K, group, zp);
       a.x_f32 = dx.as<float>(); a.norm_w = dn.as<float>(); a.out_f16 = dy.as<__half>();
     }
   }
   return time_ms(3, iters, [&](int i) { return gemv(args[i % copies], 0); }, ms);
 }
 
+int nq_bench_gemv_int4_mode(int32_t N, int32_t K, int32_t group, int32_t mode, int32_t iters, float* ms) {
+  if (!ms) return fail(NQ_E_INVALID_ARG, "nq_bench_gemv_int4_mode: bad argument");
+  return nq_bench_gemv_int4_layout(N, K, group, mode, 1, iters, ms);
+}
+
 int nq_bench_gemv_int4(int32_t N, int32_t K, int32_t group, int32_t iters, float* ms) {
   return nq_bench_gemv_int4_mode(N, K, group, GEMV_STORE, iters, ms);
 }
 
-int nq_bench_gemm_int4_multi(int32_t M, int32_t N, int32_t K, int32_t group, int32_t nseg, int32_t iters,
-                             float* us) {
-  if (!us || iters <= 0 || M <= 0 || nseg < 1 || nseg > 3)
-    return fail(NQ_E_INVALID_ARG, "nq_bench_gemm_int4_multi: bad argument");
+int nq_bench_gemm_int4_layout(int32_t M, int32_t N, int32_t K, int32_t group, int32_t nseg, int32_t layout,
+                              int32_t iters, float* us) {
+  if (!us || iters <= 0 || M <= 0 || nseg < 1 || nseg > 3 || (layout != 1 && layout != 2))
+    return fail(NQ_E_INVALID_ARG, "nq_bench_gemm_int4_layout: bad argument");
+  const bool zp = layout == 2;
   NQ_TRY(check_int4(N, K, group));
-  const size_t per_est = int4_copy_bytes(N, K, group);
+  const size_t per_est = int4_copy_bytes(N, K, group, zp);
   const int copies = (int)std::max<size_t>(nseg, ((256ull << 20) / per_est + nseg) / nseg * nseg);
   DBuf w, da, dc;
   size_t per = 0;
-  NQ_TRY(put_random_int4(w, N, K, group, copies, 0x7654321ull, &per));
+  NQ_TRY(put_random_int4(w, N, K, group, copies, 0x7654321ull, &per, zp));
   std::vector<__half> ah((size_t)M * K);
   for (size_t i = 0; i < ah.size(); i++) ah[i] = __float2half((float)((i * 37) % 17) / 8.f - 1.f);
   NQ_TRY(da.put(ah.data(), ah.size() * 2));
   NQ_TRY(dc.alloc((size_t)M * N * nseg * 4));
   const int sets = copies / nseg;
   std::vector<LinW> Ws((size_t)copies);
-  for (int c = 0; c < copies; c++) Ws[c] = int4_copy(w, per, c, N, K, group);
+  for (int c = 0; c < copies; c++) Ws[c] = int4_copy(w, per, c, N, K, group, zp);
   float* Cs[3] = {dc.as<float>(), dc.as<float>() + N, dc.as<float>() + 2 * (size_t)N};
   const float* Bs[3] = {nullptr, nullptr, nullptr};
   float ms = 0.f;
@@ -121,6 +130,11 @@ int nq_bench_gemm_int4_multi(int32_t M, int32_t N, int32_t K, int32_t group, int
   }, &ms));
   *us = ms * 1e3f;
   return NQ_OK;
+}
+
+int nq_bench_gemm_int4_multi(int32_t M, int32_t N, int32_t K, int32_t group, int32_t nseg, int32_t iters,
+                             float* us) {
+  return nq_bench_gemm_int4_layout(M, N, K, group, nseg, 1, iters, us);
 }
 
 int nq_bench_gemm_int4(int32_t M, int32_t N, int32_t K, int32_t group, int32_t iters, float* ms) {

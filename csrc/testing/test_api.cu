@@ -49,14 +49,14 @@ struct AttnBuffers {
 
 extern "C" {
 
-int nq_test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K, int32_t group,
-                      const float* x, const float* norm_w, float eps, float* y) {
+int nq_test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, const uint8_t* zeros, int32_t N, int32_t K,
+                      int32_t group, const float* x, const float* norm_w, float eps, float* y) {
   if (!qweight || !scales || !x || !y) return fail(NQ_E_INVALID_ARG, "nq_test_gemv_int4: NULL argument");
   NQ_TRY(check_int4(N, K, group));
   NQ_TRY(gemv_prepare());
   DBuf w, dx, dn, dy;
   GemvArgs a;
-  NQ_TRY(put_int4(w, qweight, scales, N, K, group, &a.seg[0]));
+  NQ_TRY(put_int4(w, qweight, scales, zeros, N, K, group, &a.seg[0]));
   NQ_TRY(dx.put(x, (size_t)K * 4));
   if (norm_w) NQ_TRY(dn.put(norm_w, (size_t)K * 4));
   NQ_TRY(dy.alloc((size_t)N * 4));
@@ -69,9 +69,10 @@ int nq_test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N
   return NQ_OK;
 }
 
-int nq_test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scales, const uint32_t* qweight_up,
-                           const uint16_t* scales_up, int32_t N, int32_t K, int32_t group, const float* x,
-                           const float* norm_w, float eps, int32_t mode, float* y) {
+int nq_test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scales, const uint8_t* zeros,
+                           const uint32_t* qweight_up, const uint16_t* scales_up, const uint8_t* zeros_up, int32_t N,
+                           int32_t K, int32_t group, const float* x, const float* norm_w, float eps, int32_t mode,
+                           float* y) {
   if (!qweight || !scales || !x || !y) return fail(NQ_E_INVALID_ARG, "nq_test_gemv_int4_mode: NULL argument");
   NQ_TRY(check_int4(N, K, group));
   if (mode != GEMV_ADD && mode != GEMV_SWIGLU) return fail(NQ_E_INVALID_ARG, "mode %d (1 = add, 2 = swiglu)", mode);
@@ -80,7 +81,7 @@ int nq_test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scales, cons
   NQ_TRY(gemv_prepare());
   DBuf w, wu, dx, dn, dy;
   GemvArgs a;
-  NQ_TRY(put_int4(w, qweight, scales, N, K, group, &a.seg[0]));
+  NQ_TRY(put_int4(w, qweight, scales, zeros, N, K, group, &a.seg[0]));
   a.eps = eps; a.mode = mode;
   if (mode == GEMV_ADD) {               // x as f16 (the o/down inputs), y += W x
     std::vector<__half> xh(K);
@@ -93,7 +94,7 @@ int nq_test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scales, cons
     NQ_CUDA(cudaMemcpy(y, dy.p, (size_t)N * 4, cudaMemcpyDeviceToHost));
     return NQ_OK;
   }
-  NQ_TRY(put_int4(wu, qweight_up, scales_up, N, K, group, &a.up));   // y = silu(Wg x) * (Wu x), out f16
+  NQ_TRY(put_int4(wu, qweight_up, scales_up, zeros_up, N, K, group, &a.up));   // y = silu(Wg x) * (Wu x), out f16
   NQ_TRY(dx.put(x, (size_t)K * 4));
   if (norm_w) NQ_TRY(dn.put(norm_w, (size_t)K * 4));
   NQ_TRY(dy.alloc((size_t)N * 2));
@@ -126,14 +127,14 @@ int nq_test_gemv_dense(const uint16_t* wbits, int32_t dtype, int32_t N, int32_t 
   return NQ_OK;
 }
 
-int nq_test_gemm_int4(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K, int32_t group,
-                      const float* A, int32_t M, float* C) {
+int nq_test_gemm_int4(const uint32_t* qweight, const uint16_t* scales, const uint8_t* zeros, int32_t N, int32_t K,
+                      int32_t group, const float* A, int32_t M, float* C) {
   if (!qweight || !scales || !A || !C) return fail(NQ_E_INVALID_ARG, "nq_test_gemm_int4: NULL argument");
   NQ_TRY(check_int4(N, K, group));
   if (M <= 0) return fail(NQ_E_INVALID_ARG, "M=%d", M);
   DBuf w, da, dc;
   LinW W;
-  NQ_TRY(put_int4(w, qweight, scales, N, K, group, &W));
+  NQ_TRY(put_int4(w, qweight, scales, zeros, N, K, group, &W));
   std::vector<__half> ah((size_t)M * K);
   for (size_t i = 0; i < ah.size(); i++) ah[i] = __float2half_rn(A[i]);
   NQ_TRY(da.put(ah.data(), ah.size() * 2));
@@ -213,7 +214,8 @@ int nq_test_attention_prefill(const float* q, const float* k, const float* v, in
 }
 
 int nq_test_gemm_int4_multi(int32_t nseg, const uint32_t* const* qweights, const uint16_t* const* scales,
-                            const int32_t* Ns, int32_t K, int32_t group, const float* A, int32_t M, int32_t lda,
+                            const uint8_t* const* zeros, const int32_t* Ns, int32_t K, int32_t group, const float* A,
+                            int32_t M, int32_t lda,
                             const float* const* bias, float* C, int32_t ldc, int32_t add) {
   if (!qweights || !scales || !Ns || !A || !C) return fail(NQ_E_INVALID_ARG, "nq_test_gemm_int4_multi: NULL argument");
   if (nseg < 1 || nseg > 3) return fail(NQ_E_INVALID_ARG, "nseg=%d (1..3)", nseg);
@@ -226,7 +228,7 @@ int nq_test_gemm_int4_multi(int32_t nseg, const uint32_t* const* qweights, const
   for (int i = 0; i < nseg; i++) {
     NQ_TRY(check_int4(Ns[i], K, group));
     if (!qweights[i] || !scales[i]) return fail(NQ_E_INVALID_ARG, "segment %d: NULL weight", i);
-    NQ_TRY(put_int4(w[i], qweights[i], scales[i], Ns[i], K, group, &W[i]));
+    NQ_TRY(put_int4(w[i], qweights[i], scales[i], zeros ? zeros[i] : nullptr, Ns[i], K, group, &W[i]));
     if (bias && bias[i]) {
       NQ_TRY(db[i].put(bias[i], (size_t)Ns[i] * 4));
       Bs[i] = db[i].as<float>();
@@ -249,15 +251,16 @@ int nq_test_gemm_int4_multi(int32_t nseg, const uint32_t* const* qweights, const
   return NQ_OK;
 }
 
-int nq_test_gemm_swiglu(const uint32_t* q_gate, const uint16_t* s_gate, const uint32_t* q_up, const uint16_t* s_up,
-                        int32_t N, int32_t K, int32_t group, const float* A, int32_t M, uint16_t* H) {
+int nq_test_gemm_swiglu(const uint32_t* q_gate, const uint16_t* s_gate, const uint8_t* z_gate, const uint32_t* q_up,
+                        const uint16_t* s_up, const uint8_t* z_up, int32_t N, int32_t K, int32_t group, const float* A,
+                        int32_t M, int32_t unfused, uint16_t* H) {
   if (!q_gate || !s_gate || !q_up || !s_up || !A || !H) return fail(NQ_E_INVALID_ARG, "nq_test_gemm_swiglu: NULL argument");
   if (M <= 0) return fail(NQ_E_INVALID_ARG, "M=%d", M);
   NQ_TRY(check_int4(N, K, group));
   DBuf wg, wu, da, dg, du, dh;
   LinW Wg, Wu;
-  NQ_TRY(put_int4(wg, q_gate, s_gate, N, K, group, &Wg));
-  NQ_TRY(put_int4(wu, q_up, s_up, N, K, group, &Wu));
+  NQ_TRY(put_int4(wg, q_gate, s_gate, z_gate, N, K, group, &Wg));
+  NQ_TRY(put_int4(wu, q_up, s_up, z_up, N, K, group, &Wu));
   std::vector<__half> ah((size_t)M * K);
   for (size_t i = 0; i < ah.size(); i++) ah[i] = __float2half_rn(A[i]);
   NQ_TRY(da.put(ah.data(), ah.size() * 2));
@@ -265,7 +268,15 @@ int nq_test_gemm_swiglu(const uint32_t* q_gate, const uint16_t* s_gate, const ui
   NQ_TRY(dh.put(poison.data(), poison.size() * 2));
   NQ_TRY(dg.alloc((size_t)M * N * 4));
   NQ_TRY(du.alloc((size_t)M * N * 4));
-  NQ_TRY(gemm_swiglu(Wg, Wu, da.as<__half>(), K, M, dg.as<float>(), du.as<float>(), dh.as<__half>(), 0));
+  if (unfused) {
+    const LinW W2[2] = {Wg, Wu};
+    float* const C2[2] = {dg.as<float>(), du.as<float>()};
+    const float* const B2[2] = {nullptr, nullptr};
+    NQ_TRY(gemm_multi(W2, C2, B2, 2, da.as<__half>(), K, M, N, false, 0));
+    NQ_TRY(swiglu_rows(dg.as<float>(), du.as<float>(), M, N, dh.as<__half>(), 0));
+  } else {
+    NQ_TRY(gemm_swiglu(Wg, Wu, da.as<__half>(), K, M, dg.as<float>(), du.as<float>(), dh.as<__half>(), 0));
+  }
   NQ_CUDA(cudaDeviceSynchronize());
   NQ_CUDA(cudaMemcpy(H, dh.p, (size_t)M * N * 2, cudaMemcpyDeviceToHost));
   return NQ_OK;

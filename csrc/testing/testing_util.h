@@ -34,41 +34,50 @@ struct DBuf {
   template <class T> T* as() const { return static_cast<T*>(p); }
 };
 
-// int4 weight (qweight + scales) placed like the file does: qweight, pad to 128, scales
-inline int put_int4(DBuf& b, const uint32_t* qw, const uint16_t* sc, int N, int K, int g, LinW* w) {
+// int4 weight placed like the file does: qweight, pad to 128, scales (layout 1); with zeros (uint8 (N, K/g), may
+// be null) layout 2: then pad to 128 and the zero points
+inline int put_int4(DBuf& b, const uint32_t* qw, const uint16_t* sc, const uint8_t* zeros, int N, int K, int g,
+                    LinW* w) {
   const size_t qbytes = (size_t)N * K / 2, off = align128(qbytes), sbytes = (size_t)N * (K / g) * 2;
-  NQ_TRY(b.alloc(off + sbytes));
+  const size_t zoff = align128(off + sbytes), zbytes = zeros ? (size_t)N * (K / g) : 0;
+  NQ_TRY(b.alloc(zeros ? zoff + zbytes : off + sbytes));
   NQ_CUDA(cudaMemcpy(b.p, qw, qbytes, cudaMemcpyHostToDevice));
   NQ_CUDA(cudaMemcpy(static_cast<char*>(b.p) + off, sc, sbytes, cudaMemcpyHostToDevice));
+  if (zeros) NQ_CUDA(cudaMemcpy(static_cast<char*>(b.p) + zoff, zeros, zbytes, cudaMemcpyHostToDevice));
   w->w = b.as<uint8_t>();
   w->scales = reinterpret_cast<const __half*>(static_cast<char*>(b.p) + off);
+  w->zeros = zeros ? static_cast<const uint8_t*>(b.p) + zoff : nullptr;
   w->N = N; w->K = K; w->group = g; w->type = WT_INT4;
   return NQ_OK;
 }
 
-// Bytes of one int4 N x K matrix of group g placed as the file places it: qweight, pad to 128, scales, pad to 128.
-inline size_t int4_copy_bytes(int N, int K, int g) {
-  return align128(align128((size_t)N * K / 2) + (size_t)N * (K / g) * 2);
+// Bytes of one int4 N x K matrix of group g placed as the file places it: qweight, pad to 128, scales, pad to 128;
+// layout 2 (zp) then the zero points, pad to 128.
+inline size_t int4_copy_bytes(int N, int K, int g, bool zp = false) {
+  const size_t l1 = align128(align128((size_t)N * K / 2) + (size_t)N * (K / g) * 2);
+  return zp ? align128(l1 + (size_t)N * (K / g)) : l1;
 }
 
-// Random int4 weights (codes from an LCG, every scale 2^-7) of `copies` N x K matrices placed back to back, each
-// as the file places one (qweight, pad to 128, scales, pad to 128); *per = bytes per copy.
-inline int put_random_int4(DBuf& b, int N, int K, int g, int copies, uint64_t seed, size_t* per) {
-  const size_t off = align128((size_t)N * K / 2);
-  *per = int4_copy_bytes(N, K, g);
+// Random int4 weights (codes from an LCG, every scale 2^-7; layout 2 (zp): zero points from the LCG too, 0..15) of
+// `copies` N x K matrices placed back to back, each as the file places one (int4_copy_bytes); *per = bytes per copy.
+inline int put_random_int4(DBuf& b, int N, int K, int g, int copies, uint64_t seed, size_t* per, bool zp = false) {
+  const size_t off = align128((size_t)N * K / 2), zoff = int4_copy_bytes(N, K, g);
+  *per = int4_copy_bytes(N, K, g, zp);
   NQ_TRY(b.alloc(*per * copies));
   std::vector<uint8_t> h(*per);
   uint64_t st = seed;
   for (size_t i = 0; i < off; i++) { st = st * 6364136223846793005ull + 1442695040888963407ull; h[i] = (uint8_t)(st >> 56); }
-  for (size_t i = off; i + 1 < *per; i += 2) { h[i] = 0x00; h[i + 1] = 0x20; }  // scale 2^-7 ~ 0.0078
+  for (size_t i = off; i + 1 < zoff; i += 2) { h[i] = 0x00; h[i + 1] = 0x20; }  // scale 2^-7 ~ 0.0078
+  for (size_t i = zoff; i < *per; i++) { st = st * 6364136223846793005ull + 1442695040888963407ull; h[i] = (uint8_t)(st >> 60); }
   NQ_CUDA(cudaMemcpy(b.p, h.data(), *per, cudaMemcpyHostToDevice));
   for (int c = 1; c < copies; c++) NQ_CUDA(cudaMemcpy(b.as<uint8_t>() + *per * c, b.p, *per, cudaMemcpyDeviceToDevice));
   return NQ_OK;
 }
-inline LinW int4_copy(const DBuf& b, size_t per, int c, int N, int K, int g) {
+inline LinW int4_copy(const DBuf& b, size_t per, int c, int N, int K, int g, bool zp = false) {
   LinW L;
   L.w = b.as<uint8_t>() + per * c;
   L.scales = reinterpret_cast<const __half*>(b.as<uint8_t>() + per * c + align128((size_t)N * K / 2));
+  L.zeros = zp ? b.as<uint8_t>() + per * c + int4_copy_bytes(N, K, g) : nullptr;
   L.N = N; L.K = K; L.group = g; L.type = WT_INT4;
   return L;
 }

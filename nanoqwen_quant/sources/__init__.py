@@ -6,10 +6,12 @@ use for plain Hugging Face checkpoints (nanoqwen_quant.hf.Checkpoint):
 * `read_rows(name, a, b)` gives the source's own float32 values: the exact dequantization of a packed tensor
   (GPTQ/AWQ: float32(s) * (q - z), exact in float32; GGUF: the `gguf` package's dequantizer), so verify compares
   against what the source means.
-* `int4_tensor(name, g, mode)` gives layout-1 (qweight, scales): a lossless repack where the source's codes and
-  scales are already ours (symmetric 4-bit, zero 8, group g along K in k order, finite f16 scales >= 0), else our
-  quantizer applied to the exact dequantization (the "requantized" tensors, whose error is recorded).
-* `exact_int4_group(name)` says which tensors have a lossless repack, and at which group size.
+* `int4_tensor(name, g, mode, layouts)` gives (qweight, scales) in layout 1 or (qweight, scales, zeros) in layout 2:
+  a lossless repack where the source's codes and scales are already ours (4-bit, group g along K in k order, finite
+  f16 scales >= 0; zero 8 everywhere: layout 1, zero points in 0..15: layout 2 (AWQ, GPTQ sym: false), when
+  `layouts` allows it: both by default, layout 1 alone with nanoqwen-convert --int4-layout 1), else our quantizer applied to the exact dequantization, in layout 1 (the "requantized"
+  tensors, whose error is recorded).
+* `exact_int4(name, layouts)` says which tensors have a lossless repack: (group size, layout id), or None.
 
 gptq.py / awq.py: the packed formats (unpacking + exactness checks); gguf_file.py: GGUF files and Ollama blobs.
 """
@@ -21,7 +23,8 @@ from typing import Callable
 
 import numpy as np
 
-from nanoqwen_format import expected_tensors
+from nanoqwen_format import LAYOUT_INT4_ROWMAJOR_K8, LAYOUT_INT4_ROWMAJOR_K8_ASYM, expected_tensors
+from nanoqwen_format.constants import INT4_LAYOUTS
 
 from ..errstats import stats_plain
 from ..hf import (EXTRA_FILES, IGNORED_TENSOR, SOURCE_DTYPES, Checkpoint, ConvertError, Source, SourceTensor,
@@ -38,9 +41,11 @@ class ImportedTensor:
     shape: tuple[int, ...]
     encoding: str                                   # "gptq 4-bit g128", "awq 4-bit g128", "gguf Q4_K", ...
     dequantize: Callable[[], np.ndarray]            # -> float32 `shape`, the source's exact values
-    exact: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None   # -> layout-1 (qweight, scales)
+    # -> (qweight, scales) for exact_layout 1, (qweight, scales, zeros) for exact_layout 2 (spec §9.2, §9.5)
+    exact: Callable[[], tuple[np.ndarray, ...]] | None = None
     exact_group: int | None = None                  # group size of `exact`
     reason: str = ""                                # why there is no exact repack ("" when there is)
+    exact_layout: int = LAYOUT_INT4_ROWMAJOR_K8     # the int4g layout id of `exact`
     rows: Callable[[int, int], np.ndarray] | None = None   # rows [a, b) alone, when the decoder can (GGUF)
 
 
@@ -75,15 +80,18 @@ class ImportedCheckpoint(Checkpoint):
             return self.read_raw_rows(name, start, stop)
         return super().read_rows(name, start, stop)
 
-    def exact_int4_group(self, name: str) -> int | None:
+    def exact_int4(self, name: str, layouts=INT4_LAYOUTS) -> tuple[int, int] | None:
         t = self.imported.get(name)
-        return t.exact_group if t is not None and t.exact is not None else None
+        if t is None or t.exact is None or t.exact_layout not in layouts:
+            return None
+        return t.exact_group, t.exact_layout
 
-    def int4_tensor(self, name: str, group_size: int, mode: str) -> tuple[np.ndarray, np.ndarray] | None:
+    def int4_tensor(self, name: str, group_size: int, mode: str, layouts=INT4_LAYOUTS
+                    ) -> tuple[np.ndarray, ...] | None:
         t = self.imported.get(name)
         if t is None:
             return None
-        if t.exact is not None and t.exact_group == group_size:
+        if self.exact_int4(name, layouts) is not None and t.exact_group == group_size:
             return t.exact()
         w = self._values(name)
         try:
@@ -93,16 +101,26 @@ class ImportedCheckpoint(Checkpoint):
         self.requant_stats[name] = requant_error(w, q, s, group_size)
         return q, s
 
-    def import_summary(self, specs_int4: dict[str, int]) -> dict:
-        """What the converter reports: counts of exact / requantized int4 tensors (specs_int4: name -> group size
-        of the tensors written as int4), reasons, and the measured requantization error."""
-        exact = [n for n, g in specs_int4.items() if self.exact_int4_group(n) == g]
+    def import_summary(self, specs_int4: dict[str, tuple[int, int]], layouts=INT4_LAYOUTS) -> dict:
+        """What the converter reports: counts of exact / requantized int4 tensors (specs_int4: name -> (group size,
+        layout id) of the tensors written as int4; layouts: those the exact path could write), reasons, and the
+        measured requantization error."""
+        exact = [n for n, gl in specs_int4.items() if self.exact_int4(n, layouts) == gl]
         req = [n for n in specs_int4 if n in self.imported and n not in exact]
         reasons: dict[str, int] = {}
         for n in req:
-            r = self.imported[n].reason or f"source group {self.imported[n].exact_group} != requested group"
+            t = self.imported[n]
+            if t.reason:
+                r = t.reason
+            elif t.exact_layout not in layouts:
+                r = (f"asymmetric (zero points), kept exact only in int4 layout {t.exact_layout}, which "
+                     f"--int4-layout {'/'.join(map(str, layouts))} excludes")
+            else:
+                r = f"source group {t.exact_group} != requested group"
             reasons[r] = reasons.get(r, 0) + 1
-        out = dict(self.import_info, exact_int4=len(exact), requantized_int4=len(req), requantize_reasons=reasons)
+        out = dict(self.import_info, exact_int4=len(exact),
+                   exact_int4_asym=sum(specs_int4[n][1] == LAYOUT_INT4_ROWMAJOR_K8_ASYM for n in exact),
+                   requantized_int4=len(req), requantize_reasons=reasons)
         snrs = [self.requant_stats[n]["snr_db"] for n in req if n in self.requant_stats]
         if snrs:
             out["requant_snr_db_min"] = min(snrs)

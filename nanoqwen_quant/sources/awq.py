@@ -8,10 +8,12 @@ Per quantized linear of logical shape (N, K), group size g along K, G = K / g:
 * `scales`  f16 (G, N).
 * w[n, k] = scales[k // g, n] * (q[k, n] - zero[k // g, n]).
 
-AWQ is asymmetric (a zero point per group), which layout 1 (symmetric, zero 8) cannot hold in general: the
-weights are dequantized exactly and requantized by our quantizer, and the converter reports the error. A tensor
-whose zeros are all 8 (and scales are f16 values >= 0) is repacked losslessly instead. Keeping AWQ exact would
-need an asymmetric layout id: a spec change, not made here.
+AWQ is asymmetric (a zero point per group, 0..15): int4g layout 2 (spec §9.5) holds it exactly, w = s * (u - z)
+with u = q, the same f16 scales and zero points, so the codes are only repacked (along K instead of N) and the
+zeros transposed. A tensor whose zeros are all 8 is layout 1 in disguise and is repacked into layout 1. A group
+size the int4 layouts do not take, or scales that are not f16 values >= 0, leave no exact form: the weights are
+dequantized exactly and requantized by our quantizer into layout 1, and the converter reports why and the error
+(so does nanoqwen-convert --int4-layout 1, for a runtime that runs layout 1 only).
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nanoqwen_format.constants import INT4_GROUP_SIZES, INT4_ZERO_CODE
+from nanoqwen_format.constants import (INT4_GROUP_SIZES, INT4_ZERO_CODE, LAYOUT_INT4_ROWMAJOR_K8,
+                                       LAYOUT_INT4_ROWMAJOR_K8_ASYM)
 
 from ..hf import ConvertError, SourceTensor
 from ..quantize import K_MULTIPLE
@@ -98,17 +101,23 @@ class AWQParams:
             return awq_dequantize_fast(read_tensor(parts["qweight"]), scales_f32(parts["scales"]),
                                        unpack_awq(read_tensor(parts["qzeros"])), AWQ_ORDER, g)
 
+        symmetric = not np.any(unpack_awq(read_tensor(parts["qzeros"])) != INT4_ZERO_CODE)
+        layout = LAYOUT_INT4_ROWMAJOR_K8 if symmetric else LAYOUT_INT4_ROWMAJOR_K8_ASYM
+
         def exact():
-            q, _, s = load()
-            return layout1_from_codes(q, exact_scales_f16(s))
+            """Layout 1 (qweight, scales) when every zero is 8, else layout 2 (qweight, scales, zeros): the codes
+            (4-bit nibbles: zeros are 0..15 by construction) as they are."""
+            q, z, s = load()
+            qweight, scales = layout1_from_codes(q, exact_scales_f16(s))
+            if symmetric:
+                return qweight, scales
+            return qweight, scales, np.ascontiguousarray(z.T.astype(np.uint8))
 
         if g not in INT4_GROUP_SIZES or k % K_MULTIPLE:
-            reason = f"group size {g} (layout 1 takes {INT4_GROUP_SIZES})"
-        elif np.any(unpack_awq(read_tensor(parts["qzeros"])) != INT4_ZERO_CODE):
-            reason = "zero points are not the symmetric 8 (asymmetric)"
+            reason = f"group size {g} (the int4 layouts take {INT4_GROUP_SIZES})"
         elif exact_scales_f16(scales_f32(parts["scales"])) is None:
             reason = "scales are negative, non-finite or not f16 values"
         else:
             reason = ""
         return ImportedTensor(name, shape, f"awq 4-bit g{g}", dequant, None if reason else exact,
-                              None if reason else g, reason)
+                              None if reason else g, reason, layout)

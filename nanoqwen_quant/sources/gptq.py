@@ -13,10 +13,13 @@ int32 word, group size g (-1 in the config: one group spanning K), G = ceil(K / 
 The stored zero: checkpoint_format "gptq" (the default, AutoGPTQ's historical packing) stores zero - 1, so a
 symmetric 4-bit checkpoint (zero 8) stores 7; checkpoint_format "gptq_v2" (GPTQModel) stores the zero itself (8).
 
-Lossless import: 4 bits, g in the format's group sizes, K % g == 0, g_idx == k // g, every zero 8, and finite
-scales >= 0: then w = s * (q - 8) is layout 1's own rule with u = q and the same f16 scale, so the codes are only
-repacked. Anything else (desc_act, asymmetric zeros, 2/8 bits, odd groups) is dequantized exactly (float32(s) times
-a small integer is exact in float32) and requantized by our quantizer; the converter reports the error.
+Lossless import: 4 bits, g in the format's group sizes, K % g == 0, g_idx == k // g, and finite f16 scales >= 0;
+then every zero 8: w = s * (q - 8) is layout 1's own rule with u = q and the same f16 scale, so the codes are only
+repacked; zeros in 0..15 (sym: false): w = s * (q - z) is layout 2's rule (spec §9.5), the codes repacked the same
+way and the zeros stored beside them. Anything else (a permuted g_idx from desc_act, a zero of 16 (the "gptq"
+format stores zero - 1, so a zero of 0 wraps to 16), 2/8 bits, odd groups) is dequantized exactly (float32(s) times
+a small integer is exact in float32) and requantized by our quantizer into layout 1; the converter reports why and
+the error.
 """
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nanoqwen_format.constants import INT4_GROUP_SIZES, INT4_PERM, INT4_ZERO_CODE
+from nanoqwen_format.constants import (INT4_GROUP_SIZES, INT4_MAX_CODE, INT4_PERM, INT4_ZERO_CODE,
+                                       LAYOUT_INT4_ROWMAJOR_K8, LAYOUT_INT4_ROWMAJOR_K8_ASYM)
 from nanoqwen_format.int4_layout import pack_int4_reference
 
 from ..hf import ConvertError, SourceTensor
@@ -116,6 +120,7 @@ class GPTQParams:
 class GPTQLinear:
     def __init__(self, params: GPTQParams, name: str, shape: tuple[int, int], parts: dict[str, SourceTensor]):
         self.p, self.name, self.shape, self.parts = params, name, shape, parts
+        self.layout = 0                  # the exact int4g layout, set by imported() (0: none)
         n, k = shape
         b = params.bits
         per = 32 // b
@@ -171,32 +176,45 @@ class GPTQLinear:
             raise ConvertError(f"gptq {self.parts['g_idx'].name!r}: group index outside 0..{s.shape[0] - 1}")
         return gptq_dequantize_fast(read_tensor(self.parts["qweight"]), s, z, gi)
 
-    def _exact_reason(self) -> str:
-        """'' when the checkpoint is layout 1 in disguise; otherwise why not. Reads qzeros, scales, g_idx only."""
+    def _zeros(self) -> np.ndarray:
+        """The zero points the source means, int16 (G, N) (the stored value + the format's offset)."""
+        return unpack_along_cols(read_tensor(self.parts["qzeros"]), self.p.bits).astype(np.int16) \
+            + CHECKPOINT_FORMATS[self.p.checkpoint_format]
+
+    def _exact_layout(self) -> tuple[int, str]:
+        """(layout id, '') when the checkpoint is layout 1 (every zero 8) or layout 2 (zeros in 0..15) in
+        disguise; (0, why not) otherwise. Reads qzeros, scales, g_idx only."""
         n, k = self.shape
         if self.p.bits != 4:
-            return f"{self.p.bits}-bit"
+            return 0, f"{self.p.bits}-bit"
         if self.g not in INT4_GROUP_SIZES or k % self.g or k % K_MULTIPLE:
-            return f"group size {self.p.group_size} (layout 1 takes {INT4_GROUP_SIZES} dividing K)"
+            return 0, f"group size {self.p.group_size} (the int4 layouts take {INT4_GROUP_SIZES} dividing K)"
         if "g_idx" in self.parts:
             gi = read_tensor(self.parts["g_idx"]).astype(np.int64)
             if not np.array_equal(gi, np.arange(k) // self.g):
-                return "g_idx is not k // group_size (desc_act / act-order)"
-        z = unpack_along_cols(read_tensor(self.parts["qzeros"]), 4).astype(np.int16) \
-            + CHECKPOINT_FORMATS[self.p.checkpoint_format]
-        if np.any(z != INT4_ZERO_CODE):
-            return "zero points are not the symmetric 8 (asymmetric)"
+                return 0, "g_idx is not k // group_size (desc_act / act-order: no int4 layout permutes K)"
         if exact_scales_f16(scales_f32(self.parts["scales"])) is None:
-            return "scales are negative, non-finite or not f16 values"
-        return ""
+            return 0, "scales are negative, non-finite or not f16 values"
+        z = self._zeros()
+        if np.all(z == INT4_ZERO_CODE):
+            return LAYOUT_INT4_ROWMAJOR_K8, ""
+        if z.max() > INT4_MAX_CODE:          # only checkpoint_format "gptq" (stored zero - 1) reads back 16
+            return 0, (f"zero point {int(z.max())} outside 0..{INT4_MAX_CODE} (checkpoint_format "
+                       f"{self.p.checkpoint_format!r} stores zero - 1: a zero of 0 wraps to 16)")
+        return LAYOUT_INT4_ROWMAJOR_K8_ASYM, ""
 
-    def exact(self) -> tuple[np.ndarray, np.ndarray]:
-        """Layout-1 (qweight, scales); only called when _exact_reason() is '' (codes u = q, zero 8)."""
+    def exact(self) -> tuple[np.ndarray, ...]:
+        """Layout-1 (qweight, scales) or layout-2 (qweight, scales, zeros), as _exact_layout() says (only called
+        when it found one): the codes u = q repacked, the f16 scales and the zero points transposed to (N, G)."""
         s16 = exact_scales_f16(scales_f32(self.parts["scales"]))
-        return gptq_words_to_layout1(read_tensor(self.parts["qweight"])), np.ascontiguousarray(s16.T)
+        qweight, scales = gptq_words_to_layout1(read_tensor(self.parts["qweight"])), np.ascontiguousarray(s16.T)
+        if self.layout == LAYOUT_INT4_ROWMAJOR_K8:
+            return qweight, scales
+        return qweight, scales, np.ascontiguousarray(self._zeros().T.astype(np.uint8))
 
     def imported(self) -> ImportedTensor:
-        reason = self._exact_reason()
-        enc = f"gptq {self.p.bits}-bit g{self.p.group_size}" + (" desc_act" if self.p.desc_act else "")
+        self.layout, reason = self._exact_layout()
+        enc = f"gptq {self.p.bits}-bit g{self.p.group_size}" + (" desc_act" if self.p.desc_act else "") \
+            + ("" if self.p.sym else " asym")
         return ImportedTensor(self.name, self.shape, enc, self.dequantize, None if reason else self.exact,
-                              None if reason else self.g, reason)
+                              None if reason else self.g, reason, self.layout or LAYOUT_INT4_ROWMAJOR_K8)

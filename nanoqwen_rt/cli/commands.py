@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from typing import NoReturn
 
 import click
 
@@ -414,61 +415,49 @@ def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out, 
     try:   # imported here: the runtime never imports the bench package (it needs torch for the GPU parts)
         from nanoqwen_bench.measure import BenchError, format_table, run_bench, write_json_atomic
     except ImportError as e:
-        click.echo(f"nanoqwen bench: error: the nanoqwen_bench package cannot be imported: {_flat(e)}", err=True)
-        sys.exit(2)
+        _bench_fail(f"the nanoqwen_bench package cannot be imported: {_flat(e)}")
     levels = None
     if concurrency is not None:
         from nanoqwen_bench.concurrency import parse_concurrency
         try:
             levels = parse_concurrency(concurrency)
         except BenchError as e:
-            click.echo(f"nanoqwen bench: error: {_flat(e)}", err=True)
-            sys.exit(2)
+            _bench_fail(_flat(e))
         if plot_out:
-            click.echo("nanoqwen bench: error: --plot draws the single-stream run; it does not combine with "
-                       "--concurrency", err=True)
-            sys.exit(2)
+            _bench_fail("--plot draws the single-stream run; it does not combine with --concurrency")
     _require_file(file)
     if json_out:
         _check_output_path(json_out, "'--json'")
-    if levels is not None:
-        _bench_concurrency(file, levels, prompt_tokens, new_tokens, repeats, device, json_out)
-        return
     try:
-        if plot_out:          # before the run: a missing matplotlib or a bad path should not cost a whole bench
-            from nanoqwen_bench.plot import check_output_path, plot, require_matplotlib
-            check_output_path(plot_out)
-            require_matplotlib()
-        result = run_bench(file, prompt_tokens, new_tokens, peers=not no_peers, device=device, repeats=repeats)
+        if levels is not None:
+            from nanoqwen_bench.concurrency import format_concurrency_table as fmt
+            from nanoqwen_bench.concurrency import run_concurrency
+            result = run_concurrency(file, levels, prompt_tokens, new_tokens, device=device, repeats=repeats)
+        else:
+            if plot_out:      # before the run: a missing matplotlib or a bad path should not cost a whole bench
+                from nanoqwen_bench.plot import check_output_path, plot, require_matplotlib
+                check_output_path(plot_out)
+                require_matplotlib()
+            fmt = format_table
+            result = run_bench(file, prompt_tokens, new_tokens, peers=not no_peers, device=device, repeats=repeats)
     except BenchError as e:
-        click.echo(f"nanoqwen bench: error: {_flat(e)}", err=True)
-        sys.exit(2)
+        _bench_fail(_flat(e))
     except _load_errors() as e:
         raise _fail(f"{file}: {type(e).__name__}: {_flat(e)}") from None
     if json_out:
         write_json_atomic(json_out, result)
-    click.echo(format_table(result))
+    click.echo(fmt(result))
     if plot_out:              # after the table and the JSON: a plotting failure loses no measurement
         try:
             plot(result, plot_out)
         except BenchError as e:
-            click.echo(f"nanoqwen bench: error: {_flat(e)}", err=True)
-            sys.exit(2)
+            _bench_fail(_flat(e))
 
 
-def _bench_concurrency(file, levels, prompt_tokens, new_tokens, repeats, device, json_out):
-    from nanoqwen_bench.concurrency import format_concurrency_table, run_concurrency
-    from nanoqwen_bench.measure import BenchError, write_json_atomic
-    try:
-        result = run_concurrency(file, levels, prompt_tokens, new_tokens, device=device, repeats=repeats)
-    except BenchError as e:
-        click.echo(f"nanoqwen bench: error: {_flat(e)}", err=True)
-        sys.exit(2)
-    except _load_errors() as e:
-        raise _fail(f"{file}: {type(e).__name__}: {_flat(e)}") from None
-    if json_out:
-        write_json_atomic(json_out, result)
-    click.echo(format_concurrency_table(result))
+def _bench_fail(message: str) -> NoReturn:
+    """The bench command's one-line error (its own exit status 2: a measurement that could not be made)."""
+    click.echo(f"nanoqwen bench: error: {message}", err=True)
+    sys.exit(2)
 
 
 @main.command()

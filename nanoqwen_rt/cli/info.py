@@ -19,7 +19,8 @@ def file_info(path: str, verify_checksums: bool) -> dict:
                 count *= int(d)
             n_params += count
             tensors.append({"name": t.name, "dtype": dt, "shape": list(t.shape), "nbytes": t.nbytes,
-                            "group_size": t.group_size or None})
+                            "group_size": t.group_size or None,
+                            "int4_layout": t.layout_id if t.dtype == DType.INT4G else None})
             agg = by_dtype.setdefault(dt, {"tensors": 0, "parameters": 0, "nbytes": 0})
             agg["tensors"] += 1
             agg["parameters"] += count
@@ -69,7 +70,8 @@ def format_info(d: dict) -> str:
     lines += ["", "tensors:"]
     wn = max((len(t["name"]) for t in d["tensors"]), default=4)
     for t in d["tensors"]:
-        dt = t["dtype"] + (f"/g{t['group_size']}" if t["group_size"] else "")
+        dt = t["dtype"] + (f"/g{t['group_size']}" if t["group_size"] else "") \
+            + ("/asym" if t.get("int4_layout") == 2 else "")              # layout 2: zero points (spec §9.5)
         shape = "x".join(str(x) for x in t["shape"])
-        lines.append(f"  {t['name'].ljust(wn)}  {dt:9s} {shape:>14s}  {_size(t['nbytes']):>11s}")
+        lines.append(f"  {t['name'].ljust(wn)}  {dt:15s} {shape:>14s}  {_size(t['nbytes']):>11s}")
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Corrupt NANOQWEN v1 files, one or more per validation rule of spec §12, derived from the golden vector
-tiny_mixed.nanoqwen. make_vectors.py writes them to spec/vectors/corrupt/ with manifest.json (spec/vectors/README.md
+tiny_mixed.nanoqwen (and, for the int4g layout-2 rules, tiny_int4_asym.nanoqwen). make_vectors.py writes them to spec/vectors/corrupt/ with manifest.json (spec/vectors/README.md
 describes it); tests/format_corrupt.py re-exports this module for the test suite.
 
 `Mutator` sets header / config / entry fields by their spec offsets and can re-compute the header CRC (and item
@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import crc32c
 
 BASE_VECTOR = "tiny_mixed"
+ASYM_BASE_VECTOR = "tiny_int4_asym"   # the base of the cases marked asym: its attention and MLP use int4g layout 2
 MANIFEST = "manifest.json"
 
 HEADER_FIELDS = {"magic": (0, "8s"), "version": (8, "I"), "header_size": (12, "I"), "file_size": (16, "Q"),
@@ -150,13 +151,18 @@ def build_base(path) -> dict:
     with open(os.path.splitext(path)[0] + ".json", encoding="utf-8") as fh:
         desc = json.load(fh)
     info = {t["name"]: SimpleNamespace(**t) for t in desc["tensors"]}
-    return {"raw": raw, "idx": {t["name"]: i for i, t in enumerate(desc["tensors"])}, "info": info,
+    base = {"raw": raw, "idx": {t["name"]: i for i, t in enumerate(desc["tensors"])}, "info": info,
             "blob_idx": {b["kind"]: j for j, b in enumerate(desc["blobs"])}, "desc": desc}
+    asym_path = os.path.join(os.path.dirname(path), ASYM_BASE_VECTOR + ".nanoqwen")
+    if os.path.basename(path) != ASYM_BASE_VECTOR + ".nanoqwen":
+        base["asym"] = build_base(asym_path)   # the base of the layout-2 cases
+    return base
 
 
 # rule: the row of spec §12 ("15b", "31b" included); read_blob: None when open_file must raise, else the kind
 # name of the blob whose content read must raise (rules 40-41, checked lazily)
-Case = namedtuple("Case", "id rule mutate error mentions read_blob")
+# asym: the case mutates the layout-2 base (tiny_int4_asym), not tiny_mixed
+Case = namedtuple("Case", "id rule mutate error mentions read_blob asym")
 
 L0 = "model.layers.0."
 QP = L0 + "self_attn.q_proj.weight"
@@ -173,8 +179,8 @@ def corrupt_cases():
     """[Case], at least one per (rule, error) pair of spec §12, plus order cases."""
     c = []
 
-    def add(id_, rule, fn, err, mentions, read_blob=None):
-        c.append(Case(id_, rule, fn, err, mentions, read_blob))
+    def add(id_, rule, fn, err, mentions, read_blob=None, asym=False):
+        c.append(Case(id_, rule, fn, err, mentions, read_blob, asym))
 
     M = lambda b: Mutator(b["raw"])  # noqa: E731
     hs = lambda b: M(b).get_header("header_size")  # noqa: E731
@@ -252,7 +258,7 @@ def corrupt_cases():
         "shape")
     add("entry-reserved", "21", lambda b: M(b).tensor(0, "reserved", 1).fix_crc().bytes(), "NonZeroReserved",
         "reserved")
-    add("layout-int4-2", "22", lambda b: M(b).tensor(_t(b, QP), "layout_id", 2).fix_crc().bytes(), "UnknownLayout",
+    add("layout-int4-3", "22", lambda b: M(b).tensor(_t(b, QP), "layout_id", 3).fix_crc().bytes(), "UnknownLayout",
         "layout_id")
     add("layout-plain-1", "22", lambda b: M(b).tensor(0, "layout_id", 1).fix_crc().bytes(), "UnknownLayout",
         "layout_id")
@@ -287,6 +293,17 @@ def corrupt_cases():
         "NonZeroPadding", "padding before")
     add("int4-internal-padding", "28", lambda b: M(b).byte(b["info"][LM].offset + 20 * 32 // 2 + 5, 1).bytes(),
         "NonZeroPadding", "between qweight and scales")
+    # int4g layout 2 (base tiny_int4_asym; q_proj (32, 32) g32: qweight 512 B, scales 64 B, 64 B padding, zeros)
+    A = lambda b: Mutator(b["asym"]["raw"])  # noqa: E731
+    aq = lambda b: b["asym"]["idx"][QP]  # noqa: E731
+    add("asym-layout-as-1", "26", lambda b: A(b).tensor(aq(b), "layout_id", 1).fix_crc().bytes(),
+        "ByteLengthMismatch", QP, asym=True)
+    add("asym-nbytes-without-zeros", "26", lambda b: A(b).tensor(aq(b), "nbytes", 512 + 64).fix_crc().bytes(),
+        "ByteLengthMismatch", QP, asym=True)
+    add("asym-qweight-padding", "28", lambda b: A(b).byte(b["asym"]["info"][LM].offset + 20 * 32 // 2 + 3, 1)
+        .bytes(), "NonZeroPadding", "between qweight and scales", asym=True)
+    add("asym-scales-padding", "28", lambda b: A(b).byte(b["asym"]["info"][QP].offset + 512 + 64 + 7, 1).bytes(),
+        "NonZeroPadding", "between scales and zeros", asym=True)
     # --- blob entries (rules 29-33); blob 0 TOKENIZER_JSON, 1 PROVENANCE, 2 CHAT_TEMPLATE
     add("blob-kind-6", "29", lambda b: M(b).blob(0, "kind", 6).fix_crc().bytes(), "UnknownBlobKind", "kind")
     add("blob-kind-0", "29", lambda b: M(b).blob(0, "kind", 0).fix_crc().bytes(), "UnknownBlobKind", "kind")
@@ -344,6 +361,18 @@ def corrupt_cases():
         .byte(b["info"][LM].offset + 3, M(b).b[b["info"][LM].offset + 3] ^ 1).bytes(), "ChecksumMismatch", LM)
     add("order-scale-then-blob-crc", "38", lambda b: _set_scale(b, QP, 1, 0xBC00)
         .byte(M(b).get_blob(2, "offset"), ord("x")).bytes(), "ChecksumMismatch", "CHAT_TEMPLATE")
+    # int4g layout-2 zero points (rule 39b): 0..15; per tensor, its scales (39) before its zero points (39b)
+    KP = L0 + "self_attn.k_proj.weight"
+    for value in (16, 255):
+        add(f"asym-zero-{value}", "39b", lambda b, v=value: _set_zero(b["asym"], QP, 3, v).bytes(), "BadZero", QP,
+            asym=True)
+    add("asym-zero-crc-first", "38", lambda b: _set_zero(b["asym"], QP, 3, 16, fix_crc=False).bytes(),
+        "ChecksumMismatch", QP, asym=True)
+    add("order-zero-then-same-tensor-scale", "39", lambda b: _set_scale(b["asym"], QP, 5, 0x7C00,
+        raw=_set_zero(b["asym"], QP, 3, 16).bytes()).bytes(),
+        "BadScale", QP, asym=True)
+    add("order-zero-then-later-scale", "39b", lambda b: _set_scale(b["asym"], KP, 0, 0x7C00,
+        raw=_set_zero(b["asym"], QP, 3, 16).bytes()).bytes(), "BadZero", QP, asym=True)
     # --- blob content (rules 40-41): the file opens; reading the blob fails
     text = lambda b: _blob_text(b, "CHAT_TEMPLATE")  # noqa: E731
     prov = lambda b: _blob_text(b, "PROVENANCE")  # noqa: E731
@@ -374,14 +403,27 @@ def _blob_text(b, kind: str) -> bytes:
     return b["desc"]["blobs"][b["blob_idx"][kind]]["text"].encode("utf-8")
 
 
-def _set_scale(b, name, index, bits) -> Mutator:
-    """Overwrite scale number `index` of int4g tensor `name` with f16 `bits`, fix its CRC and the header CRC."""
+def _set_scale(b, name, index, bits, raw=None) -> Mutator:
+    """Overwrite scale number `index` of int4g tensor `name` with f16 `bits` (in `raw`, default the base's bytes),
+    fix its CRC and the header CRC."""
     t = b["info"][name]
     n, k = t.shape
     pos = t.offset + align128(n * k // 2) + 2 * index
-    m = Mutator(b["raw"])
+    m = Mutator(b["raw"] if raw is None else raw)
     m.b[pos:pos + 2] = bits.to_bytes(2, "little")
     return m.fix_item_crc("tensor", b["idx"][name])
+
+
+def _set_zero(b, name, index, value, fix_crc=True) -> Mutator:
+    """Overwrite zero point number `index` of int4g layout-2 tensor `name` with `value`; fix its CRC and the header
+    CRC unless fix_crc is False."""
+    t = b["info"][name]
+    n, k = t.shape
+    groups = n * (k // t.group_size)
+    pos = t.offset + align128(align128(n * k // 2) + 2 * groups) + index
+    m = Mutator(b["raw"])
+    m.b[pos] = value
+    return m.fix_item_crc("tensor", b["idx"][name]) if fix_crc else m
 
 
 def case_file(case: Case) -> str:
@@ -402,6 +444,8 @@ def write_corpus(out_dir, base_path) -> list:
         with open(path, "wb") as fh:
             fh.write(case.mutate(base))
         entry = {"rule": case.rule, "error": case.error, "mentions": case.mentions}
+        if case.asym:
+            entry["base"] = f"../{ASYM_BASE_VECTOR}.nanoqwen"
         if case.read_blob:
             entry["read_blob"] = case.read_blob
         cases[name] = entry

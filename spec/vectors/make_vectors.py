@@ -29,6 +29,7 @@ sys.path.insert(0, HERE)                                     # make_corrupt.py
 
 from nanoqwen_format import (BlobKind, DType, ModelConfig, NanoqwenWriter, TensorSpec,  # noqa: E402
                              expected_tensors, pack_int4_reference, unpack_int4_reference)
+from nanoqwen_format.constants import LAYOUT_INT4_ROWMAJOR_K8, LAYOUT_INT4_ROWMAJOR_K8_ASYM  # noqa: E402
 from nanoqwen_format.crc import crc32c  # noqa: E402
 
 LCG_MUL = 6364136223846793005
@@ -59,9 +60,10 @@ def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
 
 
-def make_payload(name: str, dtype: DType, shape, group_size: int):
+def make_payload(name: str, dtype: DType, shape, group_size: int, layout_id: int = LAYOUT_INT4_ROWMAJOR_K8):
     """Deterministic tensor data. Norm weights: 1 + 0.25*u; others: 0.5*u (u uniform in [-1, 1)).
-    INT4G: codes u = lcg & 15 (seed crc32c(name)), scales = f16(0.01 + 0.045*(1+v)) with v from seed+1."""
+    INT4G: codes u = lcg & 15 (seed crc32c(name)), scales = f16(0.01 + 0.045*(1+v)) with v from seed+1;
+    layout 2 adds zero points z = lcg & 15 from seed+2."""
     seed = crc32c(name.encode("ascii"))
     count = int(np.prod(shape))
     if dtype == DType.INT4G:
@@ -69,6 +71,9 @@ def make_payload(name: str, dtype: DType, shape, group_size: int):
         codes = (lcg_stream(seed, n * k) & np.uint64(15)).astype(np.uint8).reshape(n, k)
         v = uniform(seed + 1, n * (k // group_size))
         scales = (0.01 + 0.045 * (1.0 + v)).astype(np.float16).reshape(n, k // group_size)
+        if layout_id == LAYOUT_INT4_ROWMAJOR_K8_ASYM:
+            zeros = (lcg_stream(seed + 2, n * (k // group_size)) & np.uint64(15)).astype(np.uint8)
+            return pack_int4_reference(codes), scales, zeros.reshape(n, k // group_size)
         return pack_int4_reference(codes), scales
     u = uniform(seed, count)
     vals = (1.0 + 0.25 * u) if "norm" in name else 0.5 * u
@@ -82,11 +87,13 @@ def make_payload(name: str, dtype: DType, shape, group_size: int):
 
 # ----------------------------------------------------------------------------------------- the vectors
 def _dtype_rule(rule):
-    """rule: list of (substring, dtype name, group_size); first match wins; the last entry should be ('', ...)."""
+    """rule: list of (substring, dtype name, group_size[, int4g layout id, default 1]); first match wins; the last
+    entry should be ('', ...). Returns name -> (DType, group_size, layout_id)."""
     def f(name):
-        for sub, dt, g in rule:
+        for sub, dt, g, *layout in rule:
             if sub in name:
-                return DType[dt], g
+                dtype = DType[dt]
+                return dtype, g, ((layout or [LAYOUT_INT4_ROWMAJOR_K8])[0] if dtype == DType.INT4G else 0)
         raise KeyError(name)
     return f
 
@@ -151,6 +158,22 @@ VECTORS = [
             ("CHAT_TEMPLATE", "{% for m in messages %}{{ m['content'] }}{% endfor %}"),
         ],
     },
+    {
+        "name": "tiny_int4_asym",
+        "about": "qwen2, 1 layer, int4g layout 2 (asymmetric, zero points): q/k/v g32 (q_proj: qweight 512 B, "
+                 "scales 64 B + 64 B padding, zeros 32 B), MLP gate/up g32, down g64, lm_head g32 (qweight 320 B "
+                 "+ 64 B padding); o_proj int4g layout 1 g32 (layouts mix in one file); f16 embeddings and biases, "
+                 "f32 norms. The base of the layout-2 corrupt vectors (corrupt/)",
+        "config": dict(arch="qwen2", n_layers=1, hidden_size=32, intermediate_size=64, n_heads=2, n_kv_heads=1,
+                       head_dim=16, vocab_rows=20, max_positions=64, rope_theta=1000000.0,
+                       rope_scaling_type="none", rope_scaling_factor=1.0, rope_original_max_positions=0,
+                       rms_norm_eps=1e-6, tied_embeddings=False, qkv_bias=True, bos_token_id=-1,
+                       eos_token_id=2, pad_token_id=1),
+        "dtypes": [("self_attn.q_proj.weight", "INT4G", 32, 2), ("self_attn.k_proj.weight", "INT4G", 32, 2),
+                   ("self_attn.v_proj.weight", "INT4G", 32, 2), ("self_attn.o_proj.weight", "INT4G", 32, 1),
+                   ("down_proj", "INT4G", 64, 2), ("mlp", "INT4G", 32, 2), ("lm_head", "INT4G", 32, 2), ("norm", "F32", 0), ("", "F16", 0)],
+        "blobs": [],
+    },
 ]
 
 ENCODING = {"TOKENIZER_JSON": 1, "CHAT_TEMPLATE": 2, "GENERATION_CONFIG": 1, "PROVENANCE": 1, "TOKENIZER_CONFIG": 1}
@@ -161,8 +184,8 @@ def specs_of(v) -> list:
     rule = _dtype_rule(v["dtypes"])
     out = []
     for name, shape in expected_tensors(cfg).items():
-        dt, g = rule(name)
-        out.append(TensorSpec(name, dt, shape, group_size=g))
+        dt, g, layout = rule(name)
+        out.append(TensorSpec(name, dt, shape, group_size=g, layout_id=layout))
     return out
 
 
@@ -173,7 +196,7 @@ def build(v, path: str) -> None:
     kinds = [BlobKind[k] for k, _ in v["blobs"]]
     with NanoqwenWriter(path, cfg, specs, kinds) as w:
         for s in specs:
-            p = make_payload(s.name, s.dtype, s.shape, s.group_size)
+            p = make_payload(s.name, s.dtype, s.shape, s.group_size, s.layout_id)
             if s.dtype == DType.INT4G:
                 w.write_int4(s.name, *p)
             else:
@@ -188,19 +211,24 @@ def _a128(n):
 
 def decoded_tensors(v) -> dict:
     """{tensor name: {suffix: array}} of the tensors whose whole decoding is shipped: the first tensor of each
-    (dtype, group_size) in directory order. Plain dtypes: "f32", the values as float32 (f16 and bf16 widened
-    exactly); int4g: "f32", the dequantized values (§9.1), and "codes", the stored codes u (uint8 0..15) in
-    logical (n, k) order. Computed from the generated payloads, not read back from the file."""
+    (dtype, group_size, layout_id) in directory order. Plain dtypes: "f32", the values as float32 (f16 and bf16
+    widened exactly); int4g: "f32", the dequantized values (§9.1 / §9.6), and "codes", the stored codes u (uint8
+    0..15) in logical (n, k) order; layout 2 also "zeros", the zero points (uint8 (n, k/g)). Computed from the
+    generated payloads, not read back from the file."""
     out, seen = {}, set()
     for s in specs_of(v):
-        if (s.dtype, s.group_size) in seen:
+        if (s.dtype, s.group_size, s.layout_id) in seen:
             continue
-        seen.add((s.dtype, s.group_size))
-        p = make_payload(s.name, s.dtype, s.shape, s.group_size)
+        seen.add((s.dtype, s.group_size, s.layout_id))
+        p = make_payload(s.name, s.dtype, s.shape, s.group_size, s.layout_id)
         if s.dtype == DType.INT4G:
             codes = unpack_int4_reference(p[0])
             scales = np.repeat(p[1].astype(np.float32), s.group_size, axis=1)
-            out[s.name] = {"f32": scales * (codes.astype(np.float32) - np.float32(8)), "codes": codes}
+            if s.layout_id == LAYOUT_INT4_ROWMAJOR_K8_ASYM:
+                zeros = np.repeat(p[2].astype(np.float32), s.group_size, axis=1)
+                out[s.name] = {"f32": scales * (codes.astype(np.float32) - zeros), "codes": codes, "zeros": p[2]}
+            else:
+                out[s.name] = {"f32": scales * (codes.astype(np.float32) - np.float32(8)), "codes": codes}
         elif s.dtype == DType.BF16:
             out[s.name] = {"f32": (p.astype(np.uint32) << np.uint32(16)).view(np.float32)}
         else:
@@ -225,7 +253,7 @@ def describe(v, path: str) -> dict:
     data_offset = pos
     tensors = []
     for s in specs:
-        p = make_payload(s.name, s.dtype, s.shape, s.group_size)
+        p = make_payload(s.name, s.dtype, s.shape, s.group_size, s.layout_id)
         ent = {"name": s.name, "dtype": s.dtype.name, "shape": list(s.shape), "group_size": s.group_size,
                "layout_id": s.layout_id, "offset": pos}
         if s.dtype == DType.INT4G:
@@ -235,6 +263,9 @@ def describe(v, path: str) -> dict:
             ent["first_qweight_words"] = [f"{int(x):#010x}" for x in p[0].reshape(-1)[:2]]
             ent["first_scales"] = [float(x) for x in p[1].reshape(-1)[:N_FIRST]]
             ent["first_codes"] = [int(x) for x in unpack_int4_reference(p[0]).reshape(-1)[:16]]
+            if s.layout_id == LAYOUT_INT4_ROWMAJOR_K8_ASYM:
+                body += bytes(_a128(len(body)) - len(body)) + p[2].astype("u1").tobytes()
+                ent["first_zeros"] = [int(x) for x in p[2].reshape(-1)[:N_FIRST]]
         else:
             body = p.astype({DType.F32: "<f4", DType.F16: "<f2", DType.BF16: "<u2"}[s.dtype]).tobytes()
             if s.dtype == DType.BF16:

@@ -1,7 +1,9 @@
 """CPU backend: the reference forward pass of Qwen2 / Llama over a .nanoqwen file (numpy + numba).
 
 Weights stay in the mmap'd file (zero-copy views) and are read by the streaming kernels of kernels.py;
-only the 1-D tensors (norm weights, biases: a few KB per layer) are widened to float32 copies.
+only the 1-D tensors (norm weights, biases: a few KB per layer) are widened to float32 copies. int4g weights of
+both layouts run the same kernels: layout 2's stored zero points, or for layout 1 its constant 8 as a shared
+read-only array (kernels.symmetric_zeros), which gives layout 1's numbers bit for bit.
 Numerics (the `numerics` argument, fixed for the backend's life):
   * "oracle" (the default): every activation and accumulation is float32, weights widened exactly. The tests, the
     GPU backend's comparisons (LOGIT_ATOL) and nanoqwen-verify use it; nothing here is traded for speed.
@@ -28,7 +30,7 @@ from .fast_kernels import (gemm_int4_q16_multi, gemv_i8, gemv_int4_q16_multi, lm
                            warmup_fast_kernels)
 from .kernels import (BF16_LUT, F16_LUT, attention, attention_prefill, blas_single_threaded, gemm_int4_multi,
                       gemv_int4_multi,
-                      matmul_int4, matmul_u16, rms_norm, rows_u16, silu_mul, warmup_kernels)
+                      matmul_int4, matmul_u16, rms_norm, rows_u16, silu_mul, symmetric_zeros, warmup_kernels)
 from ...rope import apply_rope, cos_sin, rope_parameters
 from nanoqwen_format.shapes import KV_PAGE_TOKENS
 
@@ -50,17 +52,22 @@ class Linear:
     """y = x @ W.T (+ b) over one stored weight (N, K). x: f32 (T, K) → f32 (T, N)."""
 
     def __init__(self, f, name: str, bias: str | None = None):
-        from nanoqwen_format import DType
+        from nanoqwen_format import LAYOUT_INT4_ROWMAJOR_K8_ASYM, DType
         info = f.tensors[name]
         self.name = name
         self.dtype = DType(info.dtype)
         if self.dtype == DType.INT4G:
-            qw, sc = f.int4(name)
+            self.group_size = int(info.group_size)
+            self.N, self.K = int(info.shape[0]), int(info.shape[1])
+            if info.layout_id == LAYOUT_INT4_ROWMAJOR_K8_ASYM:
+                qw, sc, zeros = f.int4_asym(name)
+            else:                                              # layout 1: its constant zero point 8, shared
+                qw, sc = f.int4(name)
+                zeros = symmetric_zeros(self.N, self.K // self.group_size)
             self.qweight = qw                                  # u32 (N, K/8)
             self.qbytes = qw.view(np.uint8)                    # u8 (N, K/2): the same bytes (fast numerics)
             self.scale_bits = sc.view(np.uint16)               # u16 (N, K/g) f16 bits
-            self.group_size = int(info.group_size)
-            self.N, self.K = int(info.shape[0]), int(info.shape[1])
+            self.zeros = zeros                                 # u8 (N, K/g) zero points, read-only
         elif self.dtype in (DType.F16, DType.BF16):
             a = f.array(name)
             self.bits = a.view(np.uint16)                      # u16 (N, K)
@@ -82,7 +89,7 @@ class Linear:
         else:
             y = np.full((T, self.N), np.nan, dtype=np.float32)     # (T, N) poisoned: every entry must be written
             if self.kind == "INT4G":
-                matmul_int4(x, self.qweight, self.scale_bits, self.group_size, y)
+                matmul_int4(x, self.qweight, self.scale_bits, self.group_size, y, self.zeros)
             else:
                 matmul_u16(x, self.bits, self.is_bf16, y)
         if self.bias is not None:
@@ -100,19 +107,19 @@ def project(lins: tuple[Linear, ...], x: np.ndarray, fast: bool = False) -> list
         return [l(x) for l in lins]             # (also any callable standing in for a Linear: calibration's)
     T = x.shape[0]
     ys = [np.full((T, l.N), np.nan, dtype=np.float32) for l in lins]          # (T, N) each, poisoned
+    scales, zeros = [l.scale_bits for l in lins], [l.zeros for l in lins]
     if T > 1 and fast:
-        gemm_int4_q16_multi(np.ascontiguousarray(x, dtype=np.float32), [l.qbytes for l in lins],
-                            [l.scale_bits for l in lins], first.group_size, ys)
+        gemm_int4_q16_multi(np.ascontiguousarray(x, dtype=np.float32), [l.qbytes for l in lins], scales,
+                            first.group_size, ys, zeros)
     elif T > 1:
-        gemm_int4_multi(np.ascontiguousarray(x, dtype=np.float32), [l.qweight for l in lins],
-                        [l.scale_bits for l in lins], first.group_size, ys)
+        gemm_int4_multi(np.ascontiguousarray(x, dtype=np.float32), [l.qweight for l in lins], scales,
+                        first.group_size, ys, zeros)
     elif fast:
         x0 = np.ascontiguousarray(x[0], dtype=np.float32)
-        gemv_int4_q16_multi(x0, [l.qbytes for l in lins], [l.scale_bits for l in lins], first.group_size,
-                            [y[0] for y in ys])
+        gemv_int4_q16_multi(x0, [l.qbytes for l in lins], scales, first.group_size, [y[0] for y in ys], zeros)
     else:
-        gemv_int4_multi(np.ascontiguousarray(x[0], dtype=np.float32), [l.qweight for l in lins],
-                        [l.scale_bits for l in lins], first.group_size, [y[0] for y in ys])
+        gemv_int4_multi(np.ascontiguousarray(x[0], dtype=np.float32), [l.qweight for l in lins], scales,
+                        first.group_size, [y[0] for y in ys], zeros)
     for l, y in zip(lins, ys):
         if l.bias is not None:
             y += l.bias

@@ -4,11 +4,12 @@ The oracle kernels (kernels.py) keep every activation in float32. These round th
 token's, in a prompt as in decode) to int16 once per weight group (step = absmax of the group / 32767, round to nearest), so that the dot product of a
 group is an exact int32 sum of integer products and only one float multiply per group remains, the shape of
 llama.cpp's Q4_0 x Q8_0 dot (with 16-bit instead of 8-bit activations: 256x finer steps for the same vpmaddwd).
-  * int4g weights (layout 1, the file's bytes as they are): byte m of a row holds two codes, low nibble at
+  * int4g weights (layouts 1 and 2, the file's bytes as they are): byte m of a row holds two codes, low nibble at
     k = 8(m//4) + LO[m%4], high nibble at k = 8(m//4) + HI[m%4]; the activation is quantized straight into those two
     orders (xlo, xhi: int16 (K/2,)), so a group's sum is sum_m (b_m & 15) * xlo[m] + (b_m >> 4) * xhi[m], and the
-    code offset comes out as 8 * sum(q) per group: sum (u - 8) q = sum u q - 8 sum q, all exact in int32
-    (|sum| <= 15 * 32767 * 256 < 2^31).
+    code offset comes out as z * sum(q) per group, z the group's zero point (8 for layout 1, kernels.symmetric_zeros;
+    layout 2's stored one): sum (u - z) q = sum u q - z sum q, all exact in int32 (|sum u q|, |z sum q| <=
+    15 * 32767 * 256 < 2^27 each, so their difference is < 2^28).
   * the lm_head (f16 / bf16 / f32 in the file) is rounded once, when the backend loads, to int8 per row and group
     (`quantize_rows_i8`, step = absmax / 127) and multiplied as int8 x int16 (`gemv_i8`).
 The per-chunk dots are LLVM vector IR (`_dot_intrinsic`): loads of 16-128 bytes, widen to i32, multiply, add,
@@ -36,7 +37,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .kernels import (PARALLEL_MIN_WEIGHTS, _u32_as_f32, _widen_bf16, _widen_f16, _worker_pool, row_block,
-                      row_block_list)
+                      row_block_list, symmetric_zeros, zeros_or_symmetric)
 
 __all__ = ["LO", "HI", "Q16_MAX", "Q8_MAX", "quantize_x16_int4", "quantize_x16", "gemv_int4_q16_multi",
            "quantize_rows_i8", "lm_head_group", "gemv_i8", "LM_HEAD_GROUPS"]
@@ -164,8 +165,9 @@ def quantize_x16(x, group_size, xq, xstep):
 
 
 @njit(cache=True, inline="always")
-def _int4_rows(qb, scale_bits, group_size, xlo, xhi, xsum, xstep, out, n0, n1):
-    """out[n] for rows [n0, n1) of a layout-1 int4 weight seen as bytes qb (uint8 (N, K/2))."""
+def _int4_rows(qb, scale_bits, zeros, group_size, xlo, xhi, xsum, xstep, out, n0, n1):
+    """out[n] for rows [n0, n1) of an int4 weight seen as bytes qb (uint8 (N, K/2)), zero points zeros (uint8
+    (N, K/g))."""
     gb = group_size // 2                       # bytes per group: 16, 32, 64 or 128
     G = qb.shape[1] // gb
     for n in range(n0, n1):
@@ -181,36 +183,38 @@ def _int4_rows(qb, scale_bits, group_size, xlo, xhi, xsum, xstep, out, n0, n1):
                 s = np.int32(0)
                 for m in range(m0, m0 + gb, 64):
                     s += _dot_u4_64(row, xlo, xhi, m)
-            acc += (_widen_f16(scale_bits[n, g]) * xstep[g]) * np.float32(s - np.int32(8) * xsum[g])
+            acc += (_widen_f16(scale_bits[n, g]) * xstep[g]) * np.float32(s - np.int32(zeros[n, g]) * xsum[g])
         out[n] = acc
 
 
 @njit(cache=True)
-def _gemv_int4_q16_serial(xlo, xhi, xsum, xstep, qbs, scales, group_size, outs):
+def _gemv_int4_q16_serial(xlo, xhi, xsum, xstep, qbs, scales, zeros, group_size, outs):
     for m in range(len(qbs)):
-        _int4_rows(qbs[m], scales[m], group_size, xlo, xhi, xsum, xstep, outs[m], 0, qbs[m].shape[0])
+        _int4_rows(qbs[m], scales[m], zeros[m], group_size, xlo, xhi, xsum, xstep, outs[m], 0, qbs[m].shape[0])
 
 
 @njit(parallel=True, cache=True)
-def _gemv_int4_q16_parallel(xlo, xhi, xsum, xstep, qbs, scales, group_size, outs):
+def _gemv_int4_q16_parallel(xlo, xhi, xsum, xstep, qbs, scales, zeros, group_size, outs):
     """All row blocks of all the weights (one input) as one work list: one parallel region."""
     first = row_block_list(qbs, _ROW_BLOCK)
     for b in prange(first[-1]):
         m, n0, n1 = row_block(first, qbs, _ROW_BLOCK, b)
-        _int4_rows(qbs[m], scales[m], group_size, xlo, xhi, xsum, xstep, outs[m], n0, n1)
+        _int4_rows(qbs[m], scales[m], zeros[m], group_size, xlo, xhi, xsum, xstep, outs[m], n0, n1)
 
 
-def gemv_int4_q16_multi(x, qbytes, scales, group_size, outs):
+def gemv_int4_q16_multi(x, qbytes, scales, group_size, outs, zeros=None):
     """outs[m] = W_m @ x with x rounded to int16 per group (fast numerics) for int4g weights sharing K and
     group_size. x: f32 (K,); qbytes: uint8 (N_m, K/2) views of the packed words; scales: uint16 (N_m, K/g) f16 bits;
-    outs: f32 (N_m,) each, every element written. One parallel region for all when they are large together."""
+    outs: f32 (N_m,) each, every element written; zeros: uint8 (N_m, K/g) zero points each, None = all layout 1.
+    One parallel region for all when they are large together."""
     K = x.shape[0]
     xlo = np.empty(K // 2, dtype=np.int16)
     xhi = np.empty(K // 2, dtype=np.int16)
     xsum = np.empty(K // group_size, dtype=np.int32)
     xstep = np.empty(K // group_size, dtype=np.float32)
     quantize_x16_int4(x, group_size, xlo, xhi, xsum, xstep)
-    args = (xlo, xhi, xsum, xstep, tuple(qbytes), tuple(scales), group_size, tuple(outs))
+    zeros = tuple(zeros_or_symmetric(z, q, group_size) for q, z in zip(qbytes, zeros or (None,) * len(qbytes)))
+    args = (xlo, xhi, xsum, xstep, tuple(qbytes), tuple(scales), zeros, group_size, tuple(outs))
     if sum(q.shape[0] for q in qbytes) * K >= PARALLEL_MIN_WEIGHTS:
         _gemv_int4_q16_parallel(*args)
     else:
@@ -351,8 +355,9 @@ def _unpack_pairs(row, m0, gb, wp, w0):
 
 
 @njit(cache=True, nogil=True)
-def _gemm_int4_q16_rows(qb, scale_bits, group_size, xp, xsum, xstep, T, out, n0, n1, wp, iacc, facc):
-    """out[t, n] for rows [n0, n1) (at most _ROW_BLOCK) of one layout-1 int4 weight (bytes qb, uint8 (N, K/2)) and
+def _gemm_int4_q16_rows(qb, scale_bits, zeros, group_size, xp, xsum, xstep, T, out, n0, n1, wp, iacc, facc):
+    """out[t, n] for rows [n0, n1) (at most _ROW_BLOCK) of one int4 weight (bytes qb, uint8 (N, K/2), zero points
+    zeros uint8 (N, K/g)) and
     tokens t < T, from the activations of quantize_x16_tokens (xp: their int32 view (Tp/TOKEN_PAD, K/2, TOKEN_PAD)). Per group: the
     rows' codes unpacked once (wp), then for each block of TOKEN_PAD tokens (its activations, gb x TOKEN_PAD x 4
     bytes, stay in L1 across the row passes) R_ROWS rows at a time. Scratch: wp int32 (_ROW_BLOCK*gb,), iacc int32
@@ -374,10 +379,11 @@ def _gemm_int4_q16_rows(qb, scale_bits, group_size, xp, xsum, xstep, T, out, n0,
                 _pair_dots_rb(wp[r0 * gb:(r0 + R_ROWS) * gb], xp[t0 // TOKEN_PAD], m0, gb, 0, iacc)
                 for r in range(r0, min(rows, r0 + R_ROWS)):
                     sc = _widen_f16(scale_bits[n0 + r, g])
+                    z = np.int32(zeros[n0 + r, g])
                     fr = facc[r, t0:t0 + TOKEN_PAD]
                     ia = iacc[(r - r0) * TOKEN_PAD:(r - r0 + 1) * TOKEN_PAD]
                     for l in range(TOKEN_PAD):                  # the GEMV's expression, in its order over groups
-                        fr[l] += (sc * xs[l]) * np.float32(ia[l] - np.int32(8) * xm[l])
+                        fr[l] += (sc * xs[l]) * np.float32(ia[l] - z * xm[l])
     for r in range(rows):
         for t in range(T):
             out[t, n0 + r] = facc[r, t]
@@ -397,7 +403,7 @@ def _fetch_add(typingctx, arr):
 
 
 @njit(cache=True, nogil=True)
-def _gemm_int4_q16_worker(taken, first, qbs, scales, group_size, xp, xsum, xstep, T, outs):
+def _gemm_int4_q16_worker(taken, first, qbs, scales, zeros, group_size, xp, xsum, xstep, T, outs):
     """Take row blocks from the work list `first` (row_block_list) until none is left and compute them; `taken`
     (int64 (1,)) is the shared cursor, advanced atomically, so any number of threads may run this at once and each
     block is computed by exactly one of them (the same arithmetic whichever it is)."""
@@ -409,14 +415,15 @@ def _gemm_int4_q16_worker(taken, first, qbs, scales, group_size, xp, xsum, xstep
         if b >= first[-1]:
             return
         m, n0, n1 = row_block(first, qbs, _ROW_BLOCK, b)
-        _gemm_int4_q16_rows(qbs[m], scales[m], group_size, xp, xsum, xstep, T, outs[m], n0, n1, wp, iacc, facc)
+        _gemm_int4_q16_rows(qbs[m], scales[m], zeros[m], group_size, xp, xsum, xstep, T, outs[m], n0, n1, wp, iacc,
+                            facc)
 
 
-def gemm_int4_q16_multi(x, qbytes, scales, group_size, outs):
+def gemm_int4_q16_multi(x, qbytes, scales, group_size, outs, zeros=None):
     """outs[m] = x @ W_m.T for T tokens with each token rounded to int16 per group exactly as gemv_int4_q16_multi
     rounds it (fast numerics: a token's outputs are bitwise the GEMV's). x: f32 (T, K) contiguous; qbytes: uint8
     (N_m, K/2) views of the packed words; scales: uint16 (N_m, K/g) f16 bits; outs: f32 (T, N_m), every element
-    written. The row blocks of all the weights are one work list that the calling thread and the backend's workers
+    written; zeros: uint8 (N_m, K/g) zero points each, None = all layout 1. The row blocks of all the weights are one work list that the calling thread and the backend's workers
     take from in turn (whoever has a core does the work)."""
     T, K = x.shape
     Tp = -(-T // TOKEN_PAD) * TOKEN_PAD
@@ -425,9 +432,10 @@ def gemm_int4_q16_multi(x, qbytes, scales, group_size, outs):
     xsum = np.zeros((G, Tp), dtype=np.int32)
     xstep = np.zeros((G, Tp), dtype=np.float32)
     quantize_x16_tokens(x, group_size, xq, xsum, xstep)
+    zeros = tuple(zeros_or_symmetric(z, q, group_size) for q, z in zip(qbytes, zeros or (None,) * len(qbytes)))
     qbytes, scales, outs = tuple(qbytes), tuple(scales), tuple(outs)
     first = row_block_list(qbytes, _ROW_BLOCK)
-    args = (np.zeros(1, dtype=np.int64), first, qbytes, scales, group_size, xq.view(np.int32).reshape(Tp // TOKEN_PAD, K // 2, TOKEN_PAD),
+    args = (np.zeros(1, dtype=np.int64), first, qbytes, scales, zeros, group_size, xq.view(np.int32).reshape(Tp // TOKEN_PAD, K // 2, TOKEN_PAD),
             xsum, xstep, T, outs)
     pool, n_workers = _worker_pool()
     futs = [pool.submit(_gemm_int4_q16_worker, *args) for _ in range(min(n_workers, int(first[-1])) - 1)]
@@ -549,12 +557,13 @@ def warmup_fast_kernels(int4_groups, lm_head_group_size) -> None:
         o = np.empty(16, dtype=np.float32)
         x = np.ones(K, dtype=np.float32)
         o2 = np.empty((2, 16), dtype=np.float32)
+        z = symmetric_zeros(16, K // g)              # read-only, as the file's zero points and this one are
         for m in (1, 2, 3):
-            gemv_int4_q16_multi(x, (qb,) * m, (sc,) * m, g, (o,) * m)
-            gemm_int4_q16_multi(np.ones((2, K), dtype=np.float32), (qb,) * m, (sc,) * m, g, (o2,) * m)
+            gemv_int4_q16_multi(x, (qb,) * m, (sc,) * m, g, (o,) * m, (z,) * m)
+            gemm_int4_q16_multi(np.ones((2, K), dtype=np.float32), (qb,) * m, (sc,) * m, g, (o2,) * m, (z,) * m)
             xlo = np.zeros(K // 2, np.int16)
             _gemv_int4_q16_parallel(xlo, xlo, np.zeros(K // g, np.int32), np.zeros(K // g, np.float32),
-                                    (qb,) * m, (sc,) * m, g, (o,) * m)
+                                    (qb,) * m, (sc,) * m, (z,) * m, g, (o,) * m)
     if lm_head_group_size is not None:
         K = max(128, lm_head_group_size)
         for kind, dt in ((0, np.uint16), (1, np.uint16), (2, np.float32)):

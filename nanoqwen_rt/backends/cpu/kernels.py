@@ -2,7 +2,10 @@
 
 Every kernel computes ``out[t, n] = sum_k W[n, k] * x[t, k]`` with float32 accumulation, reading the weight in its
 stored form (zero-copy views of the mmap'd file):
-  * int4g layout 1: ``qweight`` uint32 (N, K/8) + ``scales`` f16 bits as uint16 (N, K/g);
+  * int4g layouts 1 and 2: ``qweight`` uint32 (N, K/8) + ``scales`` f16 bits as uint16 (N, K/g) + ``zeros`` uint8
+    (N, K/g), the zero point of each group: layout 2's stored ones, or for layout 1 a shared read-only array of
+    its constant 8 (`symmetric_zeros`), so both layouts run the same code and layout 1's arithmetic is what it was
+    (a product by 8.0 is exact, whether the 8 is a constant or read from memory);
   * f16 / bf16: uint16 bits (N, K), widened exactly in registers (`_widen_f16`: the CPU's f16 conversion;
     `_widen_bf16`: a shift).
 
@@ -10,8 +13,8 @@ Decode (one token, T == 1) runs a GEMV written so that LLVM vectorises it across
   * the input is first permuted to match the nibble order of a word (`_permute_x`: xp[i, j] = x[8j + PERM[i]]),
     and pre-scaled by 2^-4i, so nibble i of word j is multiplied as ``float(w & (0xF << 4i)) * xp[i, j]``: one AND,
     one int→float conversion and one FMA per nibble, with no shift and no gather;
-  * the offset of the codes (u - 8) is taken out of the loop: sum (u - 8) x = sum u x - 8 sum x, with sum x per
-    group computed once per input (`xs`);
+  * the offset of the codes (u - z, z the group's zero point) is taken out of the loop: sum (u - z) x =
+    sum u x - z sum x, with sum x per group computed once per input (`xs`);
   * the per-word partial sums of a row go to a small scratch, then are summed per group and scaled once per group.
 Prefill (T > 1) dequantizes a tile of rows to float32 once (`_dequant_int4_rows`, columns in the words' nibble-plane
 order, the input columns permuted to match) and multiplies all T tokens
@@ -46,7 +49,7 @@ from numba import njit, prange, types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
-__all__ = ["F16_LUT", "BF16_LUT", "PERM", "matmul_int4", "matmul_u16", "rows_u16", "gemv_int4", "gemm_int4",
+__all__ = ["F16_LUT", "BF16_LUT", "PERM", "symmetric_zeros", "matmul_int4", "matmul_u16", "rows_u16", "gemv_int4", "gemm_int4",
            "gemv_u16", "gemm_u16", "gemv_int4_multi", "gemm_int4_multi", "matmul_int4_reference", "matmul_u16_reference", "PARALLEL_MIN_WEIGHTS",
            "widen_f16_bits", "warmup_kernels", "blas_single_threaded", "rms_norm", "silu_mul", "attention", "attention_prefill", "rms_norm_reference",
            "silu_mul_reference", "attention_reference"]
@@ -59,6 +62,9 @@ BF16_LUT: np.ndarray = (np.arange(65536, dtype=np.uint32) << 16).view(np.float32
 #: layout 1: nibble i of a word holds the value at k = 8j + PERM[i] (spec, docs/architecture.md)
 PERM = np.array([0, 2, 4, 6, 1, 3, 5, 7], dtype=np.int64)
 
+#: layout 1's zero point: its codes are u = q + 8 (nanoqwen_format's INT4_ZERO_CODE)
+SYMMETRIC_ZERO = 8
+
 _ROW_BLOCK = 64   # rows per parallel work item of a GEMV: enough work per item to amortise the thread hand-off
 
 #: weights (N*K) from which a GEMV is split over threads; below it the hand-off to numba's thread pool costs more
@@ -69,6 +75,34 @@ PARALLEL_MIN_WEIGHTS = 1 << 21
 #: (1 MB tiles were 0-40 % faster in a noisy single-threaded test, but OpenBLAS picks other kernels by matrix size,
 #: so the tile size is part of the oracle's float32 rounding on small shapes: kept, bench/NOTES.md)
 _TILE_ELEMENTS = 1 << 16
+
+_zeros_lock = threading.Lock()
+_symmetric_zeros: dict = {}
+
+
+def symmetric_zeros(n: int, groups: int) -> np.ndarray:
+    """Layout 1's zero points as the kernels read layout 2's: uint8 (n, groups) all SYMMETRIC_ZERO, read-only (the
+    type of the file's mmap'd views, so a q/k/v tuple mixing the layouts is one numba type), one array per shape
+    shared by every weight of that shape (a few distinct shapes per model: ~1 MB for a 7B one)."""
+    key = (int(n), int(groups))
+    with _zeros_lock:
+        z = _symmetric_zeros.get(key)
+        if z is None:
+            z = np.full(key, SYMMETRIC_ZERO, dtype=np.uint8)
+            z.setflags(write=False)
+            _symmetric_zeros[key] = z
+        return z
+
+
+def zeros_or_symmetric(zeros, qweight, group_size: int) -> np.ndarray:
+    """zeros as given (layout 2: uint8 (N, K/g)), or layout 1's (symmetric_zeros) when None. qweight: u32
+    (N, K/8) or its u8 (N, K/2) view."""
+    if zeros is not None:
+        return zeros
+    n, kb = qweight.shape
+    k = kb * (8 if qweight.dtype == np.uint32 else 2)
+    return symmetric_zeros(n, k // group_size)
+
 
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -182,8 +216,8 @@ def _permute_x(x, group_size, xp, xs):
 
 
 @njit(cache=True, fastmath=True)
-def _gemv_int4_rows(xp, xs, qweight, scale_bits, group_size, out, n0, n1):
-    """out[n] for rows [n0, n1) of an int4g layout-1 weight; xp, xs from _permute_x."""
+def _gemv_int4_rows(xp, xs, qweight, scale_bits, zeros, group_size, out, n0, n1):
+    """out[n] for rows [n0, n1) of an int4g weight (zeros: its zero points); xp, xs from _permute_x."""
     KW = qweight.shape[1]
     wpg = group_size // 8
     n_groups = KW // wpg
@@ -205,33 +239,33 @@ def _gemv_int4_rows(xp, xs, qweight, scale_bits, group_size, out, n0, n1):
             a = np.float32(0.0)
             for j in range(gi * wpg, (gi + 1) * wpg):
                 a += part[j]
-            acc += _widen_f16(scale_bits[n, gi]) * (a - np.float32(8.0) * xs[gi])
+            acc += _widen_f16(scale_bits[n, gi]) * (a - np.float32(zeros[n, gi]) * xs[gi])
         out[n] = acc
 
 
 @njit(cache=True, fastmath=True)
-def _gemv_int4_serial(x, qweight, scale_bits, group_size, out):
+def _gemv_int4_serial(x, qweight, scale_bits, zeros, group_size, out):
     K = x.shape[0]
     xp = np.empty((8, K // 8), dtype=np.float32)
     xs = np.empty(K // group_size, dtype=np.float32)
     _permute_x(x, group_size, xp, xs)
-    _gemv_int4_rows(xp, xs, qweight, scale_bits, group_size, out, 0, qweight.shape[0])
+    _gemv_int4_rows(xp, xs, qweight, scale_bits, zeros, group_size, out, 0, qweight.shape[0])
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def _gemv_int4_parallel(x, qweight, scale_bits, group_size, out):
+def _gemv_int4_parallel(x, qweight, scale_bits, zeros, group_size, out):
     K = x.shape[0]
     N = qweight.shape[0]
     xp = np.empty((8, K // 8), dtype=np.float32)
     xs = np.empty(K // group_size, dtype=np.float32)
     _permute_x(x, group_size, xp, xs)
     for b in prange((N + _ROW_BLOCK - 1) // _ROW_BLOCK):
-        _gemv_int4_rows(xp, xs, qweight, scale_bits, group_size, out, b * _ROW_BLOCK,
+        _gemv_int4_rows(xp, xs, qweight, scale_bits, zeros, group_size, out, b * _ROW_BLOCK,
                         min(N, (b + 1) * _ROW_BLOCK))
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def _gemv_int4_multi_parallel(x, qweights, scales, group_size, outs):
+def _gemv_int4_multi_parallel(x, qweights, scales, zeros, group_size, outs):
     """outs[m] = W_m @ x for several int4g weights of the same K and group (one tuple entry each), in ONE parallel
     region: the row blocks of all of them are one work list, so q/k/v (or gate/up) cost one thread hand-off."""
     K = x.shape[0]
@@ -241,44 +275,50 @@ def _gemv_int4_multi_parallel(x, qweights, scales, group_size, outs):
     first = row_block_list(qweights, _ROW_BLOCK)
     for b in prange(first[-1]):
         m, n0, n1 = row_block(first, qweights, _ROW_BLOCK, b)
-        _gemv_int4_rows(xp, xs, qweights[m], scales[m], group_size, outs[m], n0, n1)
+        _gemv_int4_rows(xp, xs, qweights[m], scales[m], zeros[m], group_size, outs[m], n0, n1)
 
 
-def gemv_int4_multi(x, qweights, scales, group_size, outs):
+def gemv_int4_multi(x, qweights, scales, group_size, outs, zeros=None):
     """outs[m] = W_m @ x for a tuple of int4g weights sharing K and group_size (scales: their u16 f16-bit scales,
-    outs: f32 (N_m,) each): one parallel region for all when they are large together, else one serial GEMV each."""
+    outs: f32 (N_m,) each, zeros: their uint8 (N_m, K/g) zero points, None = all layout 1): one parallel region for
+    all when they are large together, else one serial GEMV each."""
+    zeros = tuple(zeros_or_symmetric(z, q, group_size) for q, z in zip(qweights, zeros or (None,) * len(qweights)))
     if sum(q.shape[0] for q in qweights) * qweights[0].shape[1] * 8 >= PARALLEL_MIN_WEIGHTS:
-        _gemv_int4_multi_parallel(x, tuple(qweights), tuple(scales), group_size, tuple(outs))
+        _gemv_int4_multi_parallel(x, tuple(qweights), tuple(scales), zeros, group_size, tuple(outs))
     else:
-        for qw, sc, o in zip(qweights, scales, outs):
-            _gemv_int4_serial(x, qw, sc, group_size, o)
+        for qw, sc, z, o in zip(qweights, scales, zeros, outs):
+            _gemv_int4_serial(x, qw, sc, z, group_size, o)
 
 
-def gemv_int4(x, qweight, scale_bits, group_size, out):
+def gemv_int4(x, qweight, scale_bits, group_size, out, zeros=None):
     """out = W @ x. x: f32 (K,) contiguous; qweight: u32 (N, K/8); scale_bits: u16 (N, K/g) f16 bits; out: f32 (N,),
-    every element written. Split over threads for large weights."""
+    every element written; zeros: uint8 (N, K/g) zero points (layout 2), None = layout 1's 8. Split over threads
+    for large weights."""
+    zeros = zeros_or_symmetric(zeros, qweight, group_size)
     if qweight.shape[0] * qweight.shape[1] * 8 >= PARALLEL_MIN_WEIGHTS:
-        _gemv_int4_parallel(x, qweight, scale_bits, group_size, out)
+        _gemv_int4_parallel(x, qweight, scale_bits, zeros, group_size, out)
     else:
-        _gemv_int4_serial(x, qweight, scale_bits, group_size, out)
+        _gemv_int4_serial(x, qweight, scale_bits, zeros, group_size, out)
 
 
 @njit(cache=True, fastmath=True, nogil=True)
-def _dequant_int4_rows(qweight, scale_bits, group_size, n0, n1, w):
+def _dequant_int4_rows(qweight, scale_bits, zeros, group_size, n0, n1, w):
     """w[r, i*K/8 + j] = dequantized weight at k = 8j + PERM[i] of row n0 + r (f32 (n1 - n0, K)): the nibble-plane
     order of the packed words, so every store is contiguous; the input columns are permuted to match
-    (`_plane_order`)."""
+    (`_plane_order`). Each value is the spec's f32(s) * f32(u - z) (u - z is exact in float32)."""
     KW = qweight.shape[1]
     wpg = group_size // 8
     sw = np.empty(KW, dtype=np.float32)              # (K/8,) the scale of each word's group
+    zw = np.empty(KW, dtype=np.float32)              # (K/8,) the zero point of each word's group
     for r in range(n1 - n0):
         n = n0 + r
         for j in range(KW):
             sw[j] = _widen_f16(scale_bits[n, j // wpg])
+            zw[j] = np.float32(zeros[n, j // wpg])
         for i in range(8):
             sh = np.uint32(4 * i)
             for j in range(KW):
-                w[r, i * KW + j] = sw[j] * (np.float32((qweight[n, j] >> sh) & np.uint32(0xF)) - np.float32(8.0))
+                w[r, i * KW + j] = sw[j] * (np.float32((qweight[n, j] >> sh) & np.uint32(0xF)) - zw[j])
 
 
 def _plane_order(K: int) -> np.ndarray:
@@ -323,30 +363,33 @@ def _tiled_gemm(x_t, mats, outs):
                 fut.result()
 
 
-def gemm_int4_multi(x, qweights, scales, group_size, outs):
+def gemm_int4_multi(x, qweights, scales, group_size, outs, zeros=None):
     """outs[m] = x @ W_m.T for T tokens and several int4g weights sharing K and group_size (q/k/v, gate/up). x: f32
-    (T, K) contiguous; outs: f32 (T, N_m). Tiles of rows are dequantized to f32 once and multiplied with all T tokens
-    by BLAS, the tiles of all the weights in one work list (`_tiled_gemm`)."""
+    (T, K) contiguous; outs: f32 (T, N_m); zeros: their uint8 (N_m, K/g) zero points, None = all layout 1. Tiles of
+    rows are dequantized to f32 once and multiplied with all T tokens by BLAS, the tiles of all the weights in one
+    work list (`_tiled_gemm`)."""
     K = qweights[0].shape[1] * 8
     x_t = np.ascontiguousarray(x[:, _plane_order(K)].T)       # (K, T), rows in the tiles' column order
+    zeros = [zeros_or_symmetric(z, q, group_size) for q, z in zip(qweights, zeros or (None,) * len(qweights))]
 
-    def filler(qweight, scale_bits):
-        return lambda n0, n1, w: _dequant_int4_rows(qweight, scale_bits, group_size, n0, n1, w)
-    _tiled_gemm(x_t, [(q.shape[0], filler(q, s)) for q, s in zip(qweights, scales)], outs)
+    def filler(qweight, scale_bits, z):
+        return lambda n0, n1, w: _dequant_int4_rows(qweight, scale_bits, z, group_size, n0, n1, w)
+    _tiled_gemm(x_t, [(q.shape[0], filler(q, s, z)) for q, s, z in zip(qweights, scales, zeros)], outs)
 
 
-def gemm_int4(x, qweight, scale_bits, group_size, out):
+def gemm_int4(x, qweight, scale_bits, group_size, out, zeros=None):
     """out = x @ W.T for T tokens. x: f32 (T, K) contiguous; out: f32 (T, N) (gemm_int4_multi of one weight)."""
-    gemm_int4_multi(x, (qweight,), (scale_bits,), group_size, (out,))
+    gemm_int4_multi(x, (qweight,), (scale_bits,), group_size, (out,), None if zeros is None else (zeros,))
 
 
-def matmul_int4(x, qweight, scale_bits, group_size, out):
+def matmul_int4(x, qweight, scale_bits, group_size, out, zeros=None):
     """out = x @ W.T. x: f32 (T, K) C-contiguous; qweight: u32 (N, K/8); scale_bits: u16 (N, K/g) f16 bits;
-    out: f32 (T, N), every element written. GEMV for one token, tiled BLAS GEMM for more."""
+    out: f32 (T, N), every element written; zeros: uint8 (N, K/g) zero points (layout 2), None = layout 1's 8.
+    GEMV for one token, tiled BLAS GEMM for more."""
     if x.shape[0] == 1:
-        gemv_int4(x[0], qweight, scale_bits, group_size, out[0])
+        gemv_int4(x[0], qweight, scale_bits, group_size, out[0], zeros)
     else:
-        gemm_int4(x, qweight, scale_bits, group_size, out)
+        gemm_int4(x, qweight, scale_bits, group_size, out, zeros)
 
 
 # ------------------------------------------------------------------------------------------------ f16 / bf16
@@ -430,10 +473,11 @@ def warmup_kernels(kinds) -> None:
     if "INT4G" in kinds:
         qw = np.zeros((16, 16), dtype=np.uint32)
         sc = np.zeros((16, 1), dtype=np.uint16)
-        _gemv_int4_serial(x1, qw, sc, 128, o1)
-        _gemv_int4_parallel(x1, qw, sc, 128, o1)
+        z = symmetric_zeros(16, 1)                     # read-only, as the file's zero points and this one are
+        _gemv_int4_serial(x1, qw, sc, z, 128, o1)
+        _gemv_int4_parallel(x1, qw, sc, z, 128, o1)
         for m in (2, 3):
-            _gemv_int4_multi_parallel(x1, (qw,) * m, (sc,) * m, 128, (o1,) * m)
+            _gemv_int4_multi_parallel(x1, (qw,) * m, (sc,) * m, (z,) * m, 128, (o1,) * m)
         gemm_int4(x2, qw, sc, 128, o2)
     for kind in ("F16", "BF16"):
         if kind in kinds:
@@ -447,15 +491,18 @@ def warmup_kernels(kinds) -> None:
 
 
 # -- slow, obvious references (tests) ---------------------------------------------------------------------
-def matmul_int4_reference(x: np.ndarray, qweight: np.ndarray, scales_f16: np.ndarray, group_size: int) -> np.ndarray:
-    """Unpack every nibble with the layout-1 rule, dequantize in float64, multiply in float64."""
+def matmul_int4_reference(x: np.ndarray, qweight: np.ndarray, scales_f16: np.ndarray, group_size: int,
+                          zeros: np.ndarray | None = None) -> np.ndarray:
+    """Unpack every nibble with the layout-1 rule, dequantize in float64 (u - 8, or u - zeros per group for layout
+    2), multiply in float64."""
     N, KW = qweight.shape
     K = KW * 8
     u = np.empty((N, K), dtype=np.int64)
     for i in range(8):
         u[:, PERM[i]::8] = (qweight.astype(np.int64) >> (4 * i)) & 0xF
     s = np.repeat(scales_f16.astype(np.float64), group_size, axis=1)     # (N, K)
-    w = s * (u - 8)
+    z = 8 if zeros is None else np.repeat(zeros.astype(np.int64), group_size, axis=1)
+    w = s * (u - z)
     return (x.astype(np.float64) @ w.T)
 
 
