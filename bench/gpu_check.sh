@@ -11,12 +11,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/nq_out}"; mkdir -p "$OUT"
-LOG=/tmp/nq_logs; rm -rf "$LOG"; mkdir -p "$LOG"   # full logs; packed into $OUT/logs.tgz at the end
+LOG=/tmp/nq_logs; rm -rf "$LOG"; mkdir -p "$LOG"   # full logs and JSON; packed into $OUT/logs.tgz after every step
 steps="${1:-sass,tests,kbench,bench,ncu,sanitize,hf7b}"
 has() { [[ ",$steps," == *",$1,"* ]]; }
 summary="$LOG/summary.txt"; : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
-save() { cp "$summary" "$LOG"/*.json "$OUT"/ 2>/dev/null; }   # after every step: a run cut short keeps its results
+# after every step, so that a run cut short keeps its results: $OUT holds two files (the device tool returns at most
+# 8), the summary and logs.tgz (every log and JSON: `tar xzf logs.tgz` gives nq_logs/)
+save() { cp "$summary" "$OUT"/ 2>/dev/null; tar czf "$OUT/logs.tgz" -C /tmp nq_logs 2>/dev/null; }
 export PYTHONUNBUFFERED=1 NANOQWEN_COMMIT="${NANOQWEN_COMMIT:-$(cat .commit 2>/dev/null || echo unknown)}"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -100,9 +102,11 @@ if has bench; then
     note "engine profile ($n streams) rc=$?"; head -2 "$LOG/engine_prof$n.log" | tee -a "$summary"
   done
   # GPU time per kernel (CUPTI) of the 512-token prefill and of the 32-row batched step: where TTFT and the step go
-  for prof in "prefill --tokens 512" "batch --n 32"; do
+  # and of single-stream decode steps (per step), the decode graph of Engine.generate
+  for prof in "prefill --tokens 512" "batch --n 32" "decode --tokens 512 --steps 16"; do
     timeout 90 python3 bench/profile_kernels.py /tmp/q7b.nanoqwen $prof 2>&1 | grep -v -i warn > "$LOG/prof_${prof%% *}.log"
-    note "profile ($prof) rc=$?"; head -12 "$LOG/prof_${prof%% *}.log" | tee -a "$summary"; tail -4 "$LOG/prof_${prof%% *}.log" | tee -a "$summary"
+    note "profile ($prof) rc=$?"; head -14 "$LOG/prof_${prof%% *}.log" | tee -a "$summary"
+    grep -E -A4 "^GPU time summed|^first to last" "$LOG/prof_${prof%% *}.log" | tee -a "$summary"
   done
   save
 fi
@@ -188,7 +192,6 @@ convert_checkpoint('models/tiny-py', '/tmp/tiny-py.nanoqwen', quant='int4')" >> 
     note "compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|not supported' "$LOG/sanitize_$tool.log" | head -2 | tr '\n' ' ')"
   done
 fi
-cp "$summary" "$LOG"/*.json "$OUT"/ 2>/dev/null
-tar czf "$OUT/logs.tgz" -C /tmp nq_logs
+save
 echo "================ summary ================"
 cat "$summary"

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""GPU time per kernel of one prompt prefill or one batched decode step, traced with CUPTI through torch.profiler
+"""GPU time per kernel of one prompt prefill, one batched decode step or single-stream decode steps, traced with CUPTI through torch.profiler
 (no replay per kernel as under Nsight Compute, so a whole 28-layer prefill takes seconds; kernels run as they do in
 production, graph replays included).
 
     python3 bench/profile_kernels.py FILE prefill [--tokens 512]
     python3 bench/profile_kernels.py FILE batch [--n 32]
+    python3 bench/profile_kernels.py FILE decode [--tokens 512 --steps 16]   (per step: totals / steps)
 
 Prints, per kernel name (template arguments dropped), launches, total and mean µs, and the share of the summed GPU
 time; then the summed GPU time against the wall time of the same call (the difference is launch gaps and host work).
@@ -34,8 +35,9 @@ def short(name: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file")
-    ap.add_argument("mode", choices=["prefill", "batch"])
-    ap.add_argument("--tokens", type=int, default=512, help="prefill: prompt tokens")
+    ap.add_argument("mode", choices=["prefill", "batch", "decode"])
+    ap.add_argument("--tokens", type=int, default=512, help="prefill: prompt tokens; decode: the prompt before")
+    ap.add_argument("--steps", type=int, default=16, help="decode: steps traced (the table is per step)")
     ap.add_argument("--n", type=int, default=32, help="batch: sequences in the step")
     a = ap.parse_args()
     import numpy as np
@@ -44,7 +46,7 @@ def main() -> int:
     from nanoqwen_rt.backends.cuda import CudaBackend
     from nanoqwen_rt.backends.cuda.abi import check
 
-    ctx = max(a.tokens, 64) + 16
+    ctx = max(a.tokens, 64) + 16 + (a.steps + 8 if a.mode == "decode" else 0)
     be = CudaBackend(a.file, max_context=ctx)
     V = be.config.vocab_rows
     rng = np.random.default_rng(0)
@@ -58,6 +60,17 @@ def main() -> int:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
             be.prefill(ids)
+            wall = time.perf_counter() - t0
+    elif a.mode == "decode":                      # the decode graph of Engine.generate's steps (logits to the host)
+        be.reset()
+        be.prefill(rng.integers(0, V, size=a.tokens).astype(np.int32))
+        toks = rng.integers(0, V, size=a.steps + 4).astype(np.int32)
+        for t in toks[:4]:                        # warm-up
+            be.decode(int(t))
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            for t in toks[4:]:
+                be.decode(int(t))
             wall = time.perf_counter() - t0
     else:
         sessions = [be.new_session(ctx) for _ in range(a.n)]
@@ -80,11 +93,16 @@ def main() -> int:
             k[0] += 1
             k[1] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
             spans.append((ev.time_range.start, ev.time_range.end, short(ev.name)))
+    if a.mode == "decode":                        # per step
+        per = defaultdict(lambda: [0, 0.0], {k: [v[0] / a.steps, v[1] / a.steps] for k, v in per.items()})
+        wall /= a.steps
     total = sum(v[1] for v in per.values())
-    print(f"{a.mode} ({'tokens ' + str(a.tokens) if a.mode == 'prefill' else 'n ' + str(a.n)}), {a.file}")
+    what = {"prefill": f"tokens {a.tokens}", "batch": f"n {a.n}",
+            "decode": f"per step, mean of {a.steps} after a {a.tokens}-token prompt"}[a.mode]
+    print(f"{a.mode} ({what}), {a.file}")
     print(f"{'kernel':44s} {'launches':>8s} {'total us':>10s} {'mean us':>9s} {'share':>6s}")
     for name, (cnt, us) in sorted(per.items(), key=lambda kv: -kv[1][1]):
-        print(f"{name[:44]:44s} {cnt:8d} {us:10.1f} {us / cnt:9.2f} {100 * us / max(total, 1e-9):5.1f}%")
+        print(f"{name[:44]:44s} {cnt:8g} {us:10.1f} {us / cnt:9.2f} {100 * us / max(total, 1e-9):5.1f}%")
     print(f"GPU time summed {total / 1e3:.3f} ms; wall {wall * 1e3:.3f} ms")
     # idle time between consecutive device activities (launch gaps, host work the device waits for), by the
     # kernel that follows the gap
@@ -99,7 +117,8 @@ def main() -> int:
         end = max(end, en)
     if spans:
         idle = sum(g[1] for g in gaps.values())
-        print(f"first to last activity {(end - spans[0][0]) / 1e3:.3f} ms, of it idle {idle / 1e3:.3f} ms; idle before:")
+        print(f"first to last activity {(end - spans[0][0]) / 1e3:.3f} ms{' (all steps)' if a.mode == 'decode' else ''}, "
+              f"of it idle {idle / 1e3:.3f} ms; idle before:")
         for name, (cnt, us) in sorted(gaps.items(), key=lambda kv: -kv[1][1])[:8]:
             print(f"  {name[:44]:44s} {cnt:6d} gaps {us:9.1f} us  mean {us / cnt:6.2f}")
     be.close()

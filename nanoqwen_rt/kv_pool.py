@@ -183,10 +183,12 @@ class KvPool:
         seq.tokens.extend(int(t) for t in ids)
         return new
 
-    def publish(self, seq: SequencePages) -> None:
-        """Offer the sequence's full pages (their KV rows written) to the prefix cache. A page whose prefix is
-        cached already under another page stays private (it is freed, not cached, when released)."""
-        n_full = len(seq.tokens) // self.page_tokens
+    def publish(self, seq: SequencePages, n_tokens: int | None = None) -> None:
+        """Offer the sequence's full pages (their KV rows written) to the prefix cache; n_tokens: only those full
+        within its first n_tokens tokens (the rows written so far, when later ones are still being computed). A
+        page whose prefix is cached already under another page stays private (it is freed, not cached, when
+        released)."""
+        n_full = (len(seq.tokens) if n_tokens is None else min(n_tokens, len(seq.tokens))) // self.page_tokens
         while seq.published < n_full:
             i = seq.published
             prev = seq.hashes[i - 1] if i else b""

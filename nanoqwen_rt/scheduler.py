@@ -12,6 +12,16 @@ One step (Scheduler.step), under the engine's step lock:
      a sequence whose prompt is done samples its first token;
   5. finished sequences (stop id, max new tokens, full context, a grammar that completed) leave at once.
 
+Pipelining (a SequenceKv with `pipelines`, CUDA, when every decoding sequence's tokens are drawn by the store): step 3
+launches the batch's next device step BEFORE it waits for the one launched by the previous Engine.step, so the
+device runs one step while the host delivers the other's tokens and prepares the next. A sequence whose row is in
+flight continues from that row's draw (still on the device, `chain`), unless its in-flight token is certain to be
+its last (max new tokens, full context); a sequence that ends on a stop id its in-flight row could not know has one
+wasted row in the next step, and keeps its pages and session until that step is waited (the device still writes
+them). Tokens reach consumers one step after their step was launched. Prefix-cache pages are offered only once the
+step that wrote their last row has been waited. Anything else in the batch (a host-sampled request, a store
+without pipelining) lands the step in flight first and runs the step as one call.
+
 Who samples. A request with a LogitsPipeline (grammar, logprobs, logit_bias, penalties) samples on the host from
 its logits, exactly as Backend._generate_steered does (same Sampler, same pipeline). A plain request (temperature /
 top_k / top_p / seed) samples where its logits are: on a backend whose SequenceKv draws tokens itself
@@ -113,6 +123,8 @@ class Scheduler:
         self.tokens_total = 0
         self._recent: collections.deque[tuple[int, float]] = collections.deque(maxlen=RATE_WINDOW_STEPS)
         self._closed = False
+        self._flight: list[_Seq] = []       # rows of the pipelined step launched and not yet waited, in order
+        self.kv.plan_batch(self.max_batch)
 
     # -- requests -----------------------------------------------------------------------------------------
     def add(self, seq: _Seq) -> None:
@@ -147,7 +159,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self._waiting or self._running)
+        return bool(self._waiting or self._running or self._flight)
 
     def stats(self) -> BatchStats:
         tok = sum(n for n, _ in self._recent)
@@ -172,8 +184,13 @@ class Scheduler:
         self._retire_cancelled()
         self._admit()
         batch = [s for s in self._running if s.pages is not None]
-        # decodes first: one token each, all in one SequenceKv.forward_decode call (one device step on CUDA)
-        n_tok = self._decode_all([s for s in batch if not s.prefilling and s.last is not None and not s.done])
+        # decodes first: one token each, all in one device step on CUDA (pipelined where it can be)
+        decoding = [s for s in batch if not s.prefilling and s.last is not None and not s.done]
+        if self.kv.pipelines and all(s.drawn_by_store for s in decoding):
+            n_tok = self._decode_pipelined(decoding)
+        else:
+            n_tok = self._land()
+            n_tok += self._decode_all([s for s in decoding if not s.done])
         budget = PREFILL_CHUNK_TOKENS
         for s in batch:                                           # then prompt chunks, in arrival order
             if budget <= 0:
@@ -231,6 +248,75 @@ class Scheduler:
             else:                           # the host-sampled rows' logits, in the order of `ready`
                 n += self._sample(s, logits[j])
                 j += 1
+        return n
+
+    def _ends_with_next_token(self, s: _Seq) -> bool:
+        """Whether s's next token is certain to be its last (max new tokens, or the context full): _deliver's test."""
+        return s.n_new + 1 >= s.max_new or s.ids.shape[0] + s.n_new + 1 >= self.max_context
+
+    def _decode_pipelined(self, decoding: list) -> int:
+        """Step 3 pipelined (module docstring): launch the next device step for `decoding` (every one drawn by the
+        store), then wait for the step in flight and deliver its tokens. Returns the tokens delivered."""
+        prev = {id(s): i for i, s in enumerate(self._flight)}
+        rows, p0s, toks, chain = [], [], [], []
+        for s in decoding:
+            i = prev.get(id(s))
+            if i is not None and self._ends_with_next_token(s):
+                continue                    # its row in flight yields its last token
+            try:
+                p0 = len(s.pages.tokens)
+                new = self.pool.grow(s.pages, (s.last if i is None else -1,))    # -1: the draw of row i, patched below
+                if new:
+                    self.kv.poison(new)
+            except Exception as e:          # noqa: BLE001 (reported to this request's consumer)
+                s.error = e
+                s.done = True
+                continue
+            rows.append(s)
+            p0s.append(p0)
+            toks.append(s.last if i is None else 0)
+            chain.append(-1 if i is None else i)
+        if rows:
+            try:
+                self.kv.launch_decode([s.pages for s in rows], p0s, np.array(toks, dtype=np.int32),
+                                      np.array(chain, dtype=np.int32))
+            except Exception as e:          # noqa: BLE001 (reported to each request's consumer)
+                for s in rows:
+                    s.pages.tokens.pop()     # its row was never written
+                    s.error = e
+                    s.done = True
+                rows = []
+        n = self._land(chained={id(s) for s, c in zip(rows, chain) if c >= 0})
+        self._flight = rows
+        if self.kv.shares_pages:            # the new step's rows are not written yet
+            for s in rows:
+                self.pool.publish(s.pages, len(s.pages.tokens) - 1)
+        return n
+
+    def _land(self, chained: set = frozenset()) -> int:
+        """Wait for the pipelined step in flight (if any) and deliver its tokens; a row whose sequence continues in
+        a step launched since (id in `chained`) gets its new position's token recorded. Returns the tokens
+        delivered. A failed wait ends every sequence of that step with the error."""
+        rows, self._flight = self._flight, []
+        if not rows:
+            return 0
+        try:
+            drawn = self.kv.wait_decode(len(rows)).tolist()
+        except Exception as e:              # noqa: BLE001 (reported to each request's consumer)
+            for s in rows:
+                s.error = e
+                s.done = True
+            return 0
+        n = 0
+        share = self.kv.shares_pages
+        for s, tok in zip(rows, drawn):
+            if id(s) in chained:
+                s.pages.tokens[-1] = int(tok)
+            if s.done:                      # cancelled, or ended with the step before: this row was spare
+                continue
+            n += self._deliver(s, tok, None, False)
+            if share and id(s) not in chained:
+                self.pool.publish(s.pages)
         return n
 
     def _run(self, s: _Seq, ids: np.ndarray) -> int:
@@ -333,8 +419,9 @@ class Scheduler:
 
     def _retire_done(self) -> None:
         keep = []
+        flying = {id(s) for s in self._flight}
         for s in self._running:
-            if s.done:
+            if s.done and id(s) not in flying:   # a row in flight still writes its pages: it leaves after the wait
                 self.kv.close(s.pages)
                 self.pool.release(s.pages)
                 self._end(s)
@@ -353,6 +440,10 @@ class Scheduler:
         """End every sequence with `error` (the engine is closing; called with the step lock held): their
         consumers get the error once they have read the tokens already sampled."""
         self._closed = True
+        try:
+            self._land()                    # the device finishes writing the pages before they are freed
+        except Exception:                   # noqa: BLE001 (closing: the sequences end with `error` below)
+            pass
         for s in list(self._waiting) + self._running:
             if not s.done:
                 s.error = error

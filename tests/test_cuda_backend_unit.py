@@ -278,6 +278,31 @@ class _FakePoolLib(FakeLib):
                 nxt[i] = self._draw(sid)
         return abi.NQ_OK
 
+    # the pipelined halves (nq_decode_batch_launch / _wait): a launched step's rows are written and drawn at once
+    # (the fake has no device time); a chained row takes the previous step's draw for that row, as the library does
+    _last_draws: list = []
+    _flight: list = []
+
+    def nq_decode_batch_launch(self, batch, sessions, tokens, chain, n):
+        self.calls.append(f"decode_batch {n} logits 0")
+        assert len(self._flight) < 2, "a third step launched before the first was waited"
+        toks = np.ctypeslib.as_array(tokens, shape=(n,))
+        ch = np.ctypeslib.as_array(chain, shape=(n,)) if chain else np.full(n, -1)
+        draws = []
+        for i in range(n):
+            t = self._last_draws[ch[i]] if ch[i] >= 0 else toks[i]
+            self._write(sessions[i], t)
+            draws.append(self._draw(sessions[i]))
+        self._last_draws = draws
+        self._flight.append(draws)
+        return abi.NQ_OK
+
+    def nq_decode_batch_wait(self, batch, next_tokens, n):
+        draws = self._flight.pop(0)
+        assert len(draws) == n
+        np.ctypeslib.as_array(next_tokens, shape=(n,))[:] = draws
+        return abi.NQ_OK
+
     def nq_batch_free(self, batch):
         self.calls.append("batch_free")
 
@@ -285,7 +310,7 @@ class _FakePoolLib(FakeLib):
 def _fake_backend(lib, max_context=256):
     be = object.__new__(cuda_backend.CudaBackend)          # no device: only what the batched API touches
     be._lib, be._model, be._sess = lib, ctypes.c_void_p(1), ctypes.c_void_p()
-    be._batch, be._batch_cap, be._kv_stores = None, 0, []
+    be._batch, be._batch_cap, be._kv_stores, be._in_flight = None, 0, [], []
     be.config = types.SimpleNamespace(vocab_rows=lib.V)
     be.max_context = max_context
     return be

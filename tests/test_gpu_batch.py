@@ -218,3 +218,82 @@ def test_batched_decode_copies_the_logits_of_the_first_rows_only(files, n):
             be.free_session(s)
     finally:
         be.close()
+
+
+# The pipelined halves (nq_decode_batch_launch / _wait): greedy sessions decoding their own draws, each step launched
+# before the previous one is waited and fed that step's draws on the device (chain), in a changing row order, must
+# give the tokens of the same sessions stepped one call at a time (same kernels, same inputs: equal tokens). 2 and 5
+# rows: the decode-GEMV and the GEMM steps.
+@pytest.mark.parametrize("n", [2, 5])
+@pytest.mark.parametrize("name", ["qwen2-int4g64", "llama-f16"])
+def test_pipelined_batched_decode_equals_one_call_steps(files, name, n):
+    from nanoqwen_rt.backends.cuda import CudaBackend
+    be = CudaBackend(files[name], max_context=CTX)
+    try:
+        rng = np.random.default_rng()
+        V = be.config.vocab_rows
+        prompts = [rng.integers(0, V, size=int(k)) for k in rng.integers(3, 30, size=n)]
+        steps = 12
+        ref_s = [be.new_session(CTX) for _ in range(n)]
+        for s, p in zip(ref_s, prompts):
+            _prefill(be, s, p)
+        first = rng.integers(0, V, size=n).astype(np.int32)
+        ref, toks = [], first
+        for _ in range(steps):
+            toks, _ = be.decode_batch(ref_s, toks)
+            ref.append(toks.copy())
+        pipe_s = [be.new_session(CTX) for _ in range(n)]
+        for s, p in zip(pipe_s, prompts):
+            _prefill(be, s, p)
+        order = np.arange(n)
+        be.decode_batch_launch(pipe_s, first)
+        got = []
+        for t in range(steps):
+            if t + 1 < steps:                 # the next step, fed on the device, before this one is waited
+                new = rng.permutation(n)      # rows in a new order: chain[i] = the previous row of session new[i]
+                chain = np.argsort(order)[new].astype(np.int32)
+                be.decode_batch_launch([pipe_s[i] for i in new], np.zeros(n, dtype=np.int32), chain)
+            drawn = be.decode_batch_wait(n)
+            back = np.empty(n, dtype=np.int32)
+            back[order] = drawn
+            got.append(back)
+            if t + 1 < steps:
+                order = new
+        np.testing.assert_array_equal(np.stack(got), np.stack(ref))
+        for s in ref_s + pipe_s:
+            be.free_session(s)
+    finally:
+        be.close()
+
+
+def test_pipelined_batched_decode_refuses_bad_calls(files):
+    from nanoqwen_rt.backends.cuda import CudaBackend
+    be = CudaBackend(files["qwen2-int4g64"], max_context=CTX)
+    try:
+        a, b = be.new_session(CTX), be.new_session(CTX)
+        _prefill(be, a, [1, 2, 3])
+        _prefill(be, b, [4, 5])
+        with pytest.raises(ValueError, match="no launched step"):
+            be.decode_batch_wait(2)
+        be.decode_batch_launch([a, b], np.array([1, 2]))
+        with pytest.raises(ValueError, match="in flight"):
+            _prefill(be, a, [7])                             # a session in flight takes no other call
+        with pytest.raises(ValueError, match="not waited"):
+            be.decode_batch([a, b], np.array([1, 2]))       # nor does the batch a one-call step
+        with pytest.raises(ValueError, match="chain"):
+            be.decode_batch_launch([a, b], np.array([1, 2]), np.array([0, 0], dtype=np.int32))   # a row twice
+        with pytest.raises(ValueError, match="chain"):
+            be.decode_batch_launch([a, b], np.array([1, 2]), np.array([2, -1], dtype=np.int32))  # no such row
+        be.decode_batch_launch([b, a], np.array([0, 0]), np.array([1, 0], dtype=np.int32))
+        with pytest.raises(ValueError, match="in flight already"):
+            be.decode_batch_launch([a, b], np.array([0, 0]), np.array([0, 1], dtype=np.int32))
+        with pytest.raises(ValueError, match="2 rows"):
+            be.decode_batch_wait(3)
+        first = be.decode_batch_wait(2)
+        second = be.decode_batch_wait(2)
+        assert ((0 <= first) & (first < be.config.vocab_rows)).all() and second.shape == (2,)
+        _prefill(be, a, [7])                                 # waited: the sessions are free again
+        for s in (a, b):
+            be.free_session(s)
+    finally:
+        be.close()

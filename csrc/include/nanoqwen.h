@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define NQ_ABI_VERSION 5
+#define NQ_ABI_VERSION 6
 #if defined(__GNUC__)
 #define NQ_API __attribute__((visibility("default")))
 #else
@@ -166,6 +166,18 @@ NQ_API int nq_batch_create(nq_model* m, int32_t max_batch, nq_batch** out);
  * NQ_E_CONTEXT_FULL, and nothing is done. */
 NQ_API int nq_decode_batch(nq_batch* b, nq_session* const* sessions, const int32_t* tokens, int32_t n,
                            int32_t* next_tokens, float* logits, int32_t n_logits);
+/* The same step in two halves, so that the caller prepares the next step while one runs on the device (pipelined
+ * decoding): nq_decode_batch_launch enqueues a step and returns at once; nq_decode_batch_wait waits for the oldest
+ * launched step and writes its n sampled tokens. At most 2 steps are in flight (a third launch fails); nq_decode_batch
+ * fails while any is. chain: NULL, or n ints: chain[i] >= 0 feeds sessions[i] the token that the batch's most recent
+ * step (launched or run, waited or not) sampled for its row chain[i], which stays on the device (each row at most
+ * once), and tokens[i] is then ignored; -1 takes tokens[i]. A session's position advances at the launch. No logits:
+ * every row is sampled on the device. Until its step is waited a session takes no other call (they fail with
+ * NQ_E_INVALID_ARG) except nq_session_set_pages at its position (growing its page table) and another launch that
+ * continues it; it must not be freed. */
+NQ_API int nq_decode_batch_launch(nq_batch* b, nq_session* const* sessions, const int32_t* tokens, const int32_t* chain,
+                                  int32_t n);
+NQ_API int nq_decode_batch_wait(nq_batch* b, int32_t* next_tokens, int32_t n);
 NQ_API void nq_batch_free(nq_batch* b);
 
 #ifdef __cplusplus

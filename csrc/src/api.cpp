@@ -267,12 +267,20 @@ int nq_session_create_pooled(nq_model* m, nq_kv_pool* pool, int32_t max_context,
   return create_session(m, pool->p, max_context, sampling, out);
 }
 
+// A session held by a pipelined batched step (nq_decode_batch_launch, not yet waited) takes no call that reads or
+// writes its state until that step is waited; growing its page table at its position is the one exception.
+static int refuse_in_flight(const nq_session* s, const char* what) {
+  if (!s->s->in_flight) return NQ_OK;
+  return fail(NQ_E_INVALID_ARG, "%s: the session is in a batched step in flight (nq_decode_batch_wait first)", what);
+}
+
 int nq_session_set_pages(nq_session* s, const int32_t* pages, int32_t n_pages, int32_t position) {
   if (!s) return fail(NQ_E_INVALID_ARG, "nq_session_set_pages: NULL session");
   nq::Session* ss = s->s;
   if (!ss->pool)
     return fail(NQ_E_INVALID_ARG, "set_pages: the session has a KV cache of its own (nq_session_create), not a pool's");
   NQ_TRY(nq::check_session_pages(ss->pool->n_pages, ss->max_pages, ss->max_ctx, pages, n_pages, position));
+  if (position != ss->pos) NQ_TRY(refuse_in_flight(s, "set_pages at another position"));
   NQ_GUARD_BEGIN
   return nq::session_set_pages(ss, pages, n_pages, position);
   NQ_GUARD_END
@@ -280,12 +288,14 @@ int nq_session_set_pages(nq_session* s, const int32_t* pages, int32_t n_pages, i
 
 int nq_session_set_sampling(nq_session* s, const nq_sampling* sampling) {
   if (!s) return fail(NQ_E_INVALID_ARG, "nq_session_set_sampling: NULL session");
+  NQ_TRY(refuse_in_flight(s, "set_sampling"));
   NQ_TRY(check_sampling(sampling));
   return nq::session_set_sampling(s->s, sampling);
 }
 
 int nq_session_reset(nq_session* s) {
   if (!s) return fail(NQ_E_INVALID_ARG, "nq_session_reset: NULL session");
+  NQ_TRY(refuse_in_flight(s, "reset"));
   return nq::session_reset(s->s);
 }
 
@@ -297,6 +307,7 @@ int nq_session_position(const nq_session* s, int32_t* pos) {
 
 int nq_prefill(nq_session* s, const int32_t* tokens, int32_t n) {
   if (!s || !tokens) return fail(NQ_E_INVALID_ARG, "nq_prefill: NULL argument");
+  NQ_TRY(refuse_in_flight(s, "prefill"));
   if (n <= 0) return fail(NQ_E_INVALID_ARG, "prefill: no tokens");
   NQ_TRY(check_tokens(*s->s, tokens, n));
   if ((long long)s->s->pos + n > s->s->capacity())
@@ -309,6 +320,7 @@ int nq_prefill(nq_session* s, const int32_t* tokens, int32_t n) {
 
 int nq_decode(nq_session* s, int32_t token) {
   if (!s) return fail(NQ_E_INVALID_ARG, "nq_decode: NULL session");
+  NQ_TRY(refuse_in_flight(s, "decode"));
   NQ_TRY(check_tokens(*s->s, &token, 1));
   if (s->s->pos + 1 > s->s->capacity())
     return fail(NQ_E_CONTEXT_FULL, "context full: position %d + 1 token > %s %d", s->s->pos, room(*s->s),
@@ -318,6 +330,7 @@ int nq_decode(nq_session* s, int32_t token) {
 
 int nq_get_logits(nq_session* s, float* out, int32_t n) {
   if (!s || !out) return fail(NQ_E_INVALID_ARG, "nq_get_logits: NULL argument");
+  NQ_TRY(refuse_in_flight(s, "get_logits"));
   if (n != s->s->m->cfg.vocab_rows) return fail(NQ_E_INVALID_ARG, "nq_get_logits: n=%d, vocab_rows=%d", n, s->s->m->cfg.vocab_rows);
   if (!s->s->have_logits) return fail(NQ_E_INVALID_ARG, "nq_get_logits: no current logits (prefill or decode first)");
   NQ_CUDA(cudaStreamSynchronize(s->s->st));
@@ -327,6 +340,7 @@ int nq_get_logits(nq_session* s, float* out, int32_t n) {
 
 int nq_logits_all(nq_session* s, const int32_t* tokens, int32_t n, float* out) {
   if (!s || !tokens || !out) return fail(NQ_E_INVALID_ARG, "nq_logits_all: NULL argument");
+  NQ_TRY(refuse_in_flight(s, "logits_all"));
   if (n <= 0) return fail(NQ_E_INVALID_ARG, "logits_all: no tokens");
   NQ_TRY(check_tokens(*s->s, tokens, n));
   if (n > s->s->capacity())
@@ -340,6 +354,7 @@ int nq_logits_all(nq_session* s, const int32_t* tokens, int32_t n, float* out) {
 int nq_generate(nq_session* s, int32_t max_new, const int32_t* stop_ids, int32_t n_stop, nq_token_callback cb,
                 void* user, int32_t* out_tokens, int32_t* n_out) {
   if (!s || !n_out || (n_stop > 0 && !stop_ids) || n_stop < 0) return fail(NQ_E_INVALID_ARG, "nq_generate: bad argument");
+  NQ_TRY(refuse_in_flight(s, "generate"));
   *n_out = 0;
   if (max_new < 0) return fail(NQ_E_INVALID_ARG, "max_new %d < 0", max_new);
   if (max_new > 0) {
@@ -357,6 +372,7 @@ int nq_sample_steered(nq_session* s, const int32_t* bias_ids, const float* bias_
                       int32_t top_n, int32_t* out_token, float* out_logprob, int32_t* out_top_ids,
                       float* out_top_logprobs, int32_t* out_n_top) {
   if (!s || !out_token) return fail(NQ_E_INVALID_ARG, "nq_sample_steered: NULL argument");
+  NQ_TRY(refuse_in_flight(s, "sample_steered"));
   const int32_t V = s->s->m->cfg.vocab_rows;
   if (!s->s->have_logits) return fail(NQ_E_INVALID_ARG, "sample_steered: no current logits (prefill or decode first)");
   if (n_bias < 0 || n_bias > NQ_MAX_LOGIT_BIAS || (n_bias > 0 && (!bias_ids || !bias_values)))
@@ -410,29 +426,73 @@ int nq_batch_create(nq_model* m, int32_t max_batch, nq_batch** out) {
   NQ_GUARD_END
 }
 
+// The sessions of one batched step: n in [1, max_batch] distinct sessions of b's model with room for one more
+// position; tokens in range except rows fed by chain (chain[i] >= 0: a row of the most recent step, each at most
+// once). in_flight_ok: a session may still be in a launched step (it continues there).
+static int batch_sessions(nq_batch* b, nq_session* const* sessions, const int32_t* tokens, const int32_t* chain,
+                          int32_t n, bool in_flight_ok, const char* what, std::vector<nq::Session*>& ss) {
+  if (n < 1 || n > b->b->max_batch) return fail(NQ_E_INVALID_ARG, "%s: n %d out of range [1, %d]", what, n, b->b->max_batch);
+  ss.resize(n);
+  for (int32_t i = 0; i < n; i++) {
+    if (!sessions[i]) return fail(NQ_E_INVALID_ARG, "%s: session %d is NULL", what, i);
+    nq::Session* s = sessions[i]->s;
+    if (s->m != b->b->m) return fail(NQ_E_INVALID_ARG, "%s: session %d belongs to another model", what, i);
+    for (int32_t j = 0; j < i; j++)
+      if (ss[j] == s) return fail(NQ_E_INVALID_ARG, "%s: session %d appears twice (also at %d)", what, i, j);
+    if (s->in_flight && !in_flight_ok)
+      return fail(NQ_E_INVALID_ARG, "%s: session %d is in a batched step in flight (nq_decode_batch_wait first)", what, i);
+    if (chain && chain[i] >= 0) {
+      if (chain[i] >= b->b->last_n)
+        return fail(NQ_E_INVALID_ARG, "%s: chain[%d] = %d, the most recent step had %d rows", what, i, chain[i], b->b->last_n);
+      for (int32_t j = 0; j < i; j++)
+        if (chain[j] == chain[i]) return fail(NQ_E_INVALID_ARG, "%s: chain[%d] = chain[%d] = %d", what, i, j, chain[i]);
+    } else {
+      if (chain && chain[i] != -1) return fail(NQ_E_INVALID_ARG, "%s: chain[%d] = %d (-1 or a row)", what, i, chain[i]);
+      NQ_TRY(check_tokens(*s, tokens + i, 1));
+    }
+    if (s->pos + 1 > s->capacity())
+      return fail(NQ_E_CONTEXT_FULL, "context full: session %d at position %d, %s %d", i, s->pos, room(*s), s->capacity());
+    ss[i] = s;
+  }
+  return NQ_OK;
+}
+
 int nq_decode_batch(nq_batch* b, nq_session* const* sessions, const int32_t* tokens, int32_t n, int32_t* next_tokens,
                     float* logits, int32_t n_logits) {
   if (!b || !sessions || !tokens || !next_tokens) return fail(NQ_E_INVALID_ARG, "nq_decode_batch: NULL argument");
-  if (n < 1 || n > b->b->max_batch)
-    return fail(NQ_E_INVALID_ARG, "nq_decode_batch: n %d out of range [1, %d]", n, b->b->max_batch);
   if (n_logits < 0 || n_logits > n || (n_logits > 0) != (logits != nullptr))
     return fail(NQ_E_INVALID_ARG, "nq_decode_batch: n_logits %d outside [0, n = %d] or disagrees with logits (%s)",
                 n_logits, n, logits ? "given" : "NULL");
+  if (!b->b->flight.empty())
+    return fail(NQ_E_INVALID_ARG, "nq_decode_batch: %d launched steps not waited (nq_decode_batch_wait first)",
+                (int)b->b->flight.size());
   NQ_GUARD_BEGIN
-  std::vector<nq::Session*> ss(n);
-  for (int32_t i = 0; i < n; i++) {
-    if (!sessions[i]) return fail(NQ_E_INVALID_ARG, "nq_decode_batch: session %d is NULL", i);
-    nq::Session* s = sessions[i]->s;
-    if (s->m != b->b->m) return fail(NQ_E_INVALID_ARG, "nq_decode_batch: session %d belongs to another model", i);
-    for (int32_t j = 0; j < i; j++)
-      if (ss[j] == s) return fail(NQ_E_INVALID_ARG, "nq_decode_batch: session %d appears twice (also at %d)", i, j);
-    NQ_TRY(check_tokens(*s, tokens + i, 1));
-    if (s->pos + 1 > s->capacity())
-      return fail(NQ_E_CONTEXT_FULL, "context full: session %d at position %d, %s %d", i, s->pos, room(*s),
-                  s->capacity());
-    ss[i] = s;
-  }
+  std::vector<nq::Session*> ss;
+  NQ_TRY(batch_sessions(b, sessions, tokens, nullptr, n, false, "nq_decode_batch", ss));
   return nq::batch_decode(b->b, ss.data(), tokens, n, next_tokens, logits, n_logits);
+  NQ_GUARD_END
+}
+
+int nq_decode_batch_launch(nq_batch* b, nq_session* const* sessions, const int32_t* tokens, const int32_t* chain,
+                           int32_t n) {
+  if (!b || !sessions || !tokens) return fail(NQ_E_INVALID_ARG, "nq_decode_batch_launch: NULL argument");
+  if ((int)b->b->flight.size() >= nq::Batch::kSlots)
+    return fail(NQ_E_INVALID_ARG, "nq_decode_batch_launch: %d steps in flight already (nq_decode_batch_wait first)",
+                (int)b->b->flight.size());
+  NQ_GUARD_BEGIN
+  std::vector<nq::Session*> ss;
+  NQ_TRY(batch_sessions(b, sessions, tokens, chain, n, true, "nq_decode_batch_launch", ss));
+  return nq::batch_launch(b->b, ss.data(), tokens, chain, n, nullptr, 0);
+  NQ_GUARD_END
+}
+
+int nq_decode_batch_wait(nq_batch* b, int32_t* next_tokens, int32_t n) {
+  if (!b || !next_tokens) return fail(NQ_E_INVALID_ARG, "nq_decode_batch_wait: NULL argument");
+  if (b->b->flight.empty()) return fail(NQ_E_INVALID_ARG, "nq_decode_batch_wait: no launched step to wait for");
+  if (n != b->b->flight.front().n)
+    return fail(NQ_E_INVALID_ARG, "nq_decode_batch_wait: n %d, the step had %d rows", n, b->b->flight.front().n);
+  NQ_GUARD_BEGIN
+  return nq::batch_wait(b->b, next_tokens, n);
   NQ_GUARD_END
 }
 

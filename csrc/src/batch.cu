@@ -5,6 +5,7 @@
 // layers run the decode GEMVs per token row instead of the GEMMs (same order of operations, fused the decode way).
 #include "batch.h"
 #include <algorithm>
+#include <cstring>
 
 namespace nq {
 
@@ -25,11 +26,16 @@ Batch::~Batch() {
   if (st) cudaStreamSynchronize(st);
   drop_graphs(this);
   gemm_scratch_free(&gemm_ws);
-  void* dev[] = {d_tokens, d_pos, d_kv, d_pt, d_pos_of, d_next, d_samp, X, Xn, QKV, ATT, G, U, HM, logits, part_o, part_ml,
-                 counters, d_rope};
+  void* dev[] = {d_tokens, d_pos, d_in, d_kv, d_pt, d_pos_of, d_next, d_samp, X, Xn, QKV, ATT, G, U, HM, logits, part_o,
+                 part_ml, counters, d_rope};
   for (void* p : dev)
     if (p) cudaFree(p);
-  if (h_io) cudaFreeHost(h_io);
+  for (Flight& f : flight)
+    for (Session* s : f.ss) s->in_flight--;
+  for (cudaEvent_t e : done)
+    if (e) cudaEventDestroy(e);
+  if (h_in) cudaFreeHost(h_in);
+  if (h_out) cudaFreeHost(h_out);
   if (st) cudaStreamDestroy(st);
 }
 
@@ -49,6 +55,7 @@ int batch_create(Model* m, int max_batch, Batch** out) {
   if (e != cudaSuccess) return bail(fail(cuda_status(e), "cudaStreamCreate: %s", cudaGetErrorString(e)));
   int rc = NQ_OK;
   if ((rc = dalloc(&b->d_tokens, B, "batch tokens")) || (rc = dalloc(&b->d_pos, B, "batch positions")) ||
+      (rc = dalloc(&b->d_in, 3 * B, "batch staged inputs")) ||
       (rc = dalloc(&b->d_kv, (size_t)c.n_layers * B, "batch caches")) || (rc = dalloc(&b->d_pt, B, "batch page tables")) ||
       (rc = dalloc(&b->d_pos_of, B, "batch position pointers")) || (rc = dalloc(&b->d_next, B, "batch samples")) ||
       (rc = dalloc(&b->d_samp, B, "batch sampler arguments")) ||
@@ -60,8 +67,12 @@ int batch_create(Model* m, int max_batch, Batch** out) {
       (rc = dalloc(&b->part_ml, B * c.n_heads * b->n_split * 2, "batch attention (m, l)")) ||
       (rc = dalloc(&b->counters, B * c.n_kv_heads, "batch attention counters")))
     return bail(rc);
-  if ((e = cudaMallocHost(&b->h_io, 2 * B * sizeof(int32_t))) != cudaSuccess)
+  if ((e = cudaMallocHost(&b->h_in, Batch::kSlots * 3 * B * sizeof(int32_t))) != cudaSuccess ||
+      (e = cudaMallocHost(&b->h_out, Batch::kSlots * B * sizeof(int32_t))) != cudaSuccess)
     return bail(fail(cuda_status(e), "cudaMallocHost (batch staging): %s", cudaGetErrorString(e)));
+  for (cudaEvent_t& ev : b->done)
+    if ((e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)) != cudaSuccess)
+      return bail(fail(cuda_status(e), "cudaEventCreate (batch): %s", cudaGetErrorString(e)));
   if ((e = cudaMemsetAsync(b->counters, 0, B * c.n_kv_heads * sizeof(int), b->st)) != cudaSuccess ||
       (e = cudaStreamSynchronize(b->st)) != cudaSuccess)
     return bail(fail(cuda_status(e), "batch init: %s", cudaGetErrorString(e)));
@@ -120,7 +131,7 @@ int bind(Batch* b, Session* const* ss, int n) {
 }
 }  // namespace
 
-int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int32_t* next, float* logits_host,
+int batch_launch(Batch* b, Session* const* ss, const int32_t* tokens, const int32_t* chain, int n, float* logits_host,
                  int n_logits) {
   const Model& m = *b->m;
   const nq_config& c = m.cfg;
@@ -130,15 +141,20 @@ int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int
   cudaStream_t st = b->st;
   // a session's own step (nq_decode returns once it is enqueued) finishes before this one reads its cache
   for (int i = 0; i < n; i++) NQ_CUDA(cudaStreamSynchronize(ss[i]->st));
-  NQ_TRY(bind(b, ss, n));
+  NQ_TRY(bind(b, ss, n));   // a changed set waits for the steps in flight (its uploads are from pageable memory)
+  // stage the inputs in this step's slot (the slot's previous step has been waited: at most kSlots in flight)
+  const int slot = b->next_slot, mb = b->max_batch;
+  int32_t* in = b->h_in + (size_t)slot * 3 * mb;
   for (int i = 0; i < n; i++) {
-    b->h_io[i] = tokens[i];
-    b->h_io[b->max_batch + i] = ss[i]->pos;
+    const bool chained = chain && chain[i] >= 0;
+    in[i] = chained ? 0 : tokens[i];
+    in[mb + i] = ss[i]->pos;
+    in[2 * mb + i] = chained ? chain[i] : -1;
   }
-  // the step, from the staged tokens and positions to the sampled tokens in h_io (all of it stream-capturable)
+  NQ_CUDA(cudaMemcpyAsync(b->d_in, in, 3 * (size_t)mb * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  // the step, from the staged inputs to the samples in d_next (all of it stream-capturable)
   auto run = [&]() -> int {
-    NQ_CUDA(cudaMemcpyAsync(b->d_tokens, b->h_io, n * sizeof(int32_t), cudaMemcpyHostToDevice, st));
-    NQ_CUDA(cudaMemcpyAsync(b->d_pos, b->h_io + b->max_batch, n * sizeof(int), cudaMemcpyHostToDevice, st));
+    NQ_TRY(take_batch_inputs(b->d_in, mb, b->d_next, b->d_tokens, b->d_pos, n, st));
     NQ_TRY(embed_rows(m.embed, m.embed_dtype, b->d_tokens, n, H, b->X, st));
     const bool rows = n <= kGemvRowsMax;   // the decode GEMVs, one launch per token row (module comment)
     for (int l = 0; l < c.n_layers; l++) {
@@ -200,7 +216,6 @@ int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int
     }
     NQ_TRY(sample_rows(b->d_samp, n, st));   // one block per sequence, its session's settings (bound above)
     NQ_TRY(advance_positions(b->d_pos_of, b->d_pos, n, st));
-    NQ_CUDA(cudaMemcpyAsync(b->h_io, b->d_next, n * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
     return NQ_OK;
   };
   // first step for this n: run it as is; second: capture it; then replay (its ~260 launches at 32 rows, ungraphed,
@@ -235,15 +250,40 @@ int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int
                                           cudaMemcpyDeviceToHost, st);
     if (e != cudaSuccess) rc = fail(cuda_status(e), "batched decode logits: %s", cudaGetErrorString(e));
   }
-  const cudaError_t e = cudaStreamSynchronize(st);
-  if (rc != NQ_OK) return rc;
-  if (e != cudaSuccess) return fail(cuda_status(e), "batched decode: %s", cudaGetErrorString(e));
+  if (rc == NQ_OK) {
+    cudaError_t e = cudaMemcpyAsync(b->h_out + (size_t)slot * mb, b->d_next, n * sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost, st);
+    if (e == cudaSuccess) e = cudaEventRecord(b->done[slot], st);
+    if (e != cudaSuccess) rc = fail(cuda_status(e), "batched decode samples: %s", cudaGetErrorString(e));
+  }
+  if (rc != NQ_OK) {   // nothing is in flight for the caller: let what was enqueued finish
+    cudaStreamSynchronize(st);
+    return rc;
+  }
+  b->flight.push_back(Batch::Flight{slot, n, std::vector<Session*>(ss, ss + n)});
+  b->next_slot = (slot + 1) % Batch::kSlots;
+  b->last_n = n;
   for (int i = 0; i < n; i++) {
-    next[i] = b->h_io[i];
     ss[i]->pos += 1;
     ss[i]->have_logits = false;   // this step's logits are the batch's, not in the session
+    ss[i]->in_flight++;
   }
   return NQ_OK;
+}
+
+int batch_wait(Batch* b, int32_t* next, int n) {
+  const Batch::Flight f = b->flight.front();
+  b->flight.erase(b->flight.begin());
+  for (Session* s : f.ss) s->in_flight--;
+  const cudaError_t e = cudaEventSynchronize(b->done[f.slot]);
+  if (e != cudaSuccess) return fail(cuda_status(e), "batched decode: %s", cudaGetErrorString(e));
+  std::memcpy(next, b->h_out + (size_t)f.slot * b->max_batch, (size_t)std::min(n, f.n) * sizeof(int32_t));
+  return NQ_OK;
+}
+
+int batch_decode(Batch* b, Session* const* ss, const int32_t* tokens, int n, int32_t* next, float* logits, int n_logits) {
+  NQ_TRY(batch_launch(b, ss, tokens, nullptr, n, logits, n_logits));
+  return batch_wait(b, next, n);
 }
 
 }  // namespace nq

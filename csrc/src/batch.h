@@ -20,7 +20,20 @@ struct Batch {
   int32_t* d_next = nullptr;       // [max_batch] sampled tokens
   SampleArgs* d_samp = nullptr;    // [max_batch] each sequence's sampler arguments (its logits row, its session's
                                    // settings and counter, its d_next slot)
-  int32_t* h_io = nullptr;         // pinned [2 * max_batch]: tokens and positions in, sampled tokens out
+  // a step's inputs and outputs, staged: slot k of h_in goes to d_in before the step (take_batch_inputs reads it
+  // there), the step's samples go from d_next to slot k of h_out after it; one slot per step in flight
+  static constexpr int kSlots = 2;
+  int32_t* d_in = nullptr;         // [3][max_batch] tokens, positions, chain (take_batch_inputs)
+  int32_t* h_in = nullptr;         // pinned [kSlots][3][max_batch]
+  int32_t* h_out = nullptr;        // pinned [kSlots][max_batch]
+  cudaEvent_t done[kSlots] = {};   // recorded once a step's samples are in its h_out slot
+  struct Flight {                  // a launched step not yet waited
+    int slot, n;
+    std::vector<Session*> ss;
+  };
+  std::vector<Flight> flight;      // oldest first, at most kSlots
+  int next_slot = 0;
+  int last_n = 0;                  // rows of the most recent step (a chain index names one of them); 0: none yet
   std::vector<uint64_t> bound;     // serials of the sessions d_kv, d_pt, d_pos_of and d_samp describe, in order
   // activations, [max_batch] rows
   float* X = nullptr;              // [H] residual stream
@@ -53,5 +66,14 @@ int batch_create(Model* m, int max_batch, Batch** out);
 // sessions of b's model, tokens in range, room in every context, n_logits in [0, n].
 int batch_decode(Batch* b, Session* const* sessions, const int32_t* tokens, int n, int32_t* next, float* logits,
                  int n_logits);
+// The same step in two halves, so that the host prepares the next step while this one runs (pipelining):
+// batch_launch enqueues it and returns (each session's position advances now, and it counts as in flight until the
+// wait); chain: null, or n ints, chain[i] >= 0 feeding sessions[i] the token the most recent step sampled for its
+// row chain[i] (still on the device) instead of tokens[i]; logits as batch_decode's (the copy to the caller's pageable
+// memory waits for the step). batch_wait waits for the oldest launched step and writes its n sampled tokens to next.
+// The C ABI checked the arguments (and that fewer than kSlots steps are in flight, and at most kSlots for the wait).
+int batch_launch(Batch* b, Session* const* sessions, const int32_t* tokens, const int32_t* chain, int n, float* logits,
+                 int n_logits);
+int batch_wait(Batch* b, int32_t* next, int n);
 
 }  // namespace nq

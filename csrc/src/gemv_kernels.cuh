@@ -5,7 +5,8 @@
 // issued before any is used. Word j of a unit holds values k = 32m + 8j .. +7 with nibble i -> k = PERM[i];
 // (w >> 4s) & 0x000F000F gives the pair (2s, 2s+1), OR 0x6400 makes f16 1024+u, minus 1032 gives exact u-8.
 // Layout 2 (zero point z per (row, group), uint8 [N][K/g]): minus 1024+z gives exact u-z; gemv_int4<..., ZP = true>
-// loads a unit's zero beside its scale (same index, one byte) and passes the group's constants to the unpack.
+// loads a unit's zero beside its scale (same index, one byte) and passes the group's constants to the unpack; it
+// runs on x / 2 and doubles its sums, so that its f16 products keep layout 1's range (F16Units::fma).
 // Products and 4-deep partial sums are f16x2 (HFMA2), everything above that is f32.
 // The input x (K) is staged in shared memory as f16 (RMSNorm fused: computed by every block from the f32
 // residual stream). For INT4 the 16-byte x units are stored transposed, unit p = 4m + j at j*(K/32) + m, so the
@@ -52,10 +53,13 @@ __device__ float rms_inv(const GemvArgs& a, int K, float* red) {
 
 // HI16 (for csrc/dev/gemv_int4_tc.cuh, the tensor-core INT4 GEMV): the second and fourth f16 pair of every 8
 // values (.y, .w of a unit, the pairs its unpack takes "in place" as 1024 + 16u) are stored divided by 16 (exact:
-// a power of two).
-template <int WT, bool HI16 = false>
+// a power of two). HALF_X (gemv_int4's layout-2 build): every value is stored halved (exact, f16 subnormals aside),
+// which gives the layout-2 f16 products and partial sums layout 1's range (F16Units::fma).
+template <int WT, bool HI16 = false, bool HALF_X = false>
 __device__ void stage_x_f16(const GemvArgs& a, int K, uint4* xs, float* red) {
   const __half2 k1_16 = __half2half2(__ushort_as_half((unsigned short)0x2C00));   // 1/16
+  const __half2 k1_2 = __half2half2(__ushort_as_half((unsigned short)0x3800));    // 1/2
+  const float post = HALF_X ? 0.5f : 1.f;
   const int nunits = K >> 3, bd = blockDim.x;
   const bool norm = a.x_f16 == nullptr && a.norm_w != nullptr;
   const float inv = rms_inv(a, K, red);
@@ -75,6 +79,12 @@ __device__ void stage_x_f16(const GemvArgs& a, int K, uint4* xs, float* red) {
         if (HI16) {
           u[b].y = h2_as_u32(__hmul2(u32_as_h2(u[b].y), k1_16));
           u[b].w = h2_as_u32(__hmul2(u32_as_h2(u[b].w), k1_16));
+        }
+        if (HALF_X) {
+          u[b].x = h2_as_u32(__hmul2(u32_as_h2(u[b].x), k1_2));
+          u[b].y = h2_as_u32(__hmul2(u32_as_h2(u[b].y), k1_2));
+          u[b].z = h2_as_u32(__hmul2(u32_as_h2(u[b].z), k1_2));
+          u[b].w = h2_as_u32(__hmul2(u32_as_h2(u[b].w), k1_2));
         }
         if (p < nunits) xs[(WT == WT_INT4) ? (p & 3) * (K >> 5) + (p >> 2) : p] = u[b];
       }
@@ -103,6 +113,10 @@ __device__ void stage_x_f16(const GemvArgs& a, int K, uint4* xs, float* red) {
             const float w[8] = {w0[b].x, w0[b].y, w0[b].z, w0[b].w, w1[b].x, w1[b].y, w1[b].z, w1[b].w};
 #pragma unroll
             for (int e = 0; e < 8; e++) f[e] = f[e] * inv * w[e];
+          }
+          if (HALF_X) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) f[e] *= post;
           }
           if (HI16) {
             f[2] *= 0.0625f; f[3] *= 0.0625f; f[6] *= 0.0625f; f[7] *= 0.0625f;
@@ -386,14 +400,21 @@ __device__ __forceinline__ const uint8_t* locate_zeros_int4(const GemvArgs& a, i
 // the unit's x in plane 0 of the transposed staging (planes nunits apart). The library runs F16Units.
 struct F16Units {
   static constexpr int kUnroll = 2;  // units per lane and row per pipeline stage
+  // x staged as f16; halved for layout 2 (gemv_int4's ZP build, whose task sums are doubled back: both exact)
   __device__ static void stage(const GemvArgs& a, int K, uint4* smem, float* red) {
     stage_x_f16<WT_INT4>(a, K, smem, red);
   }
+  __device__ static void stage_halved(const GemvArgs& a, int K, uint4* smem, float* red) {
+    stage_x_f16<WT_INT4, false, true>(a, K, smem, red);
+  }
   // The two f16x2 chains of a unit (8 products per half each) are added in f16 (one more rounding of a sum of 16
   // products, unit_dot_f16's bound becomes gamma_9 of the same magnitudes) before the one conversion to f32.
-  // zp: the unit's group constants (layout 2: zero_pair(z); layout 1 by default). Layout 2's values u - z lie in
-  // -15..15 against layout 1's -8..7, so the f16 partials' range bound (16 products) is |sum| <= 16 * 15 * max|x|,
-  // finite for max|x| < 273 (layout 1: < 511); the accuracy bound above is relative and unchanged.
+  // zp: the unit's group constants (layout 2: zero_pair(z); layout 1 by default). Range: layout 1's products
+  // (u - 8) x and 16-product partials stay finite for max|x| < 8190 and < 511. Layout 2's values u - z lie in
+  // -15..15; on x / 2 (stage_halved) its products are at most 7.5 max|x| and its partials 120 max|x|: finite for
+  // max|x| < 8733 and < 546, layout 1's range or more (on x itself they would end at 4370 and 273, which a
+  // checkpoint with large activations in one channel can reach). Scaling by 2 is exact, so the accuracy bound above
+  // (relative) is unchanged.
   __device__ static float fma(const uint4 w, __half s, const uint4* xp, int nunits, float acc,
                               const ZeroPair zp = zero_pair_layout1()) {
     const __half2 z = __float2half2_rn(0.f);
@@ -409,7 +430,8 @@ constexpr int kSliceAlignUnits = 8;             // split-K slices start on multi
 // MINB: resident blocks per SM the registers are budgeted for (the library runs 2: bench/NOTES.md).
 // All segments (and `up`) share one group size (gemv() splits launches where they do not).
 // ZP: INT4 layout 2 (every segment and `up` has zero points; gemv() splits launches where layouts differ): each
-// unit's zero byte is loaded with its scale (same index, same pipeline stage) and the unpack subtracts 1024 + z.
+// unit's zero byte is loaded with its scale (same index, same pipeline stage) and the unpack subtracts 1024 + z; x is
+// staged halved and each task's sums doubled (exact), for layout 1's f16 range (F16Units::fma).
 // ZP = false compiles to layout 1's kernel as it was (no zero loads, constants folded).
 template <int MODE, int MINB, class Units = F16Units, bool ZP = false>
 __global__ void __launch_bounds__(kThreads, MINB)
@@ -514,7 +536,8 @@ gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds)
     } else {                             // task ci complete (uniform over the warp)
       cj = 0;
       co = first;
-      const float y0 = warp_sum(acc0), y1 = warp_sum(acc1);
+      const float xs = ZP ? 2.f : 1.f;   // the ZP build ran on x / 2
+      const float y0 = xs * warp_sum(acc0), y1 = xs * warp_sum(acc1);
       if (lane == 0) {
         part[(warp * rounds + ci) * 2] = y0;
         part[(warp * rounds + ci) * 2 + 1] = y1;
@@ -534,7 +557,10 @@ gemv_int4(const GemvArgs a, int total_rows, int ntasks, int ks_log2, int rounds)
   }
   pdl_wait();     // x / out were written by the previous kernel
   pdl_trigger();
-  Units::stage(a, K, smem, red);
+  if constexpr (ZP)
+    Units::stage_halved(a, K, smem, red);  // x / 2: layout 1's range for the layout-2 products (F16Units::fma)
+  else
+    Units::stage(a, K, smem, red);
   if (nsteps == 0 && lane == 0)          // empty slice: its partials are zero
     for (int i = 0; i < my_tasks; i++) part[(warp * rounds + i) * 2] = part[(warp * rounds + i) * 2 + 1] = 0.f;
   for (int q = 0; q < total; q += 2) {

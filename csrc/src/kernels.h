@@ -126,6 +126,11 @@ int embed_token(const void* table, int dtype, const int32_t* d_token, int H, flo
 int advance_pos(int* pos, int n, cudaStream_t st);
 // *pos_of[i] = pos[i] + 1 for i < n (a batched decode step's sessions)
 int advance_positions(int* const* pos_of, const int* pos, int n, cudaStream_t st);
+// A batched step's inputs from its staging row `in` (int32 [3][stride]: tokens, positions, chain): for i < n,
+// tokens[i] = chain[i] >= 0 ? prev_next[chain[i]] (the token the previous step sampled for that row) : in tokens[i],
+// pos[i] = in positions[i]
+int take_batch_inputs(const int32_t* in, int stride, const int32_t* prev_next, int32_t* tokens, int* pos, int n,
+                      cudaStream_t st);
 
 struct SampleArgs {
   const float* logits; int V;

@@ -68,6 +68,19 @@ __global__ void advance_positions_kernel(int* const* pos_of, const int* pos, int
   for (int i = threadIdx.x; i < n; i += blockDim.x) *pos_of[i] = pos[i] + 1;
 }
 
+// Batched decode: the step's tokens and positions from the staged inputs (kernels.h take_batch_inputs). prev_next
+// is the batch's sample buffer, which this step's sampler overwrites only after every layer has run.
+__global__ void take_batch_inputs_kernel(const int32_t* in, int stride, const int32_t* prev_next, int32_t* tokens,
+                                         int* pos, int n) {
+  pdl_wait();
+  pdl_trigger();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int c = in[2 * stride + i];
+    tokens[i] = c >= 0 ? prev_next[c] : in[i];
+    pos[i] = in[stride + i];
+  }
+}
+
 // ---- sampler -------------------------------------------------------------------------------------------------
 constexpr int kSampleThreads = 1024;
 
@@ -271,6 +284,12 @@ int advance_positions(int* const* pos_of, const int* pos, int n, cudaStream_t st
 int sample(const SampleArgs& a, cudaStream_t st) {
   return launch_pdl("sample_kernel", sample_kernel, dim3(1), dim3(kSampleThreads), 0, st, a);
 }
+int take_batch_inputs(const int32_t* in, int stride, const int32_t* prev_next, int32_t* tokens, int* pos, int n,
+                      cudaStream_t st) {
+  return launch_pdl("take_batch_inputs_kernel", take_batch_inputs_kernel, dim3(1), dim3(256), 0, st, in, stride,
+                    prev_next, tokens, pos, n);
+}
+
 int sample_rows(const SampleArgs* d_args, int n, cudaStream_t st) {
   return launch_pdl("sample_rows_kernel", sample_rows_kernel, dim3(n), dim3(kSampleThreads), 0, st, d_args);
 }

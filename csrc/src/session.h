@@ -50,6 +50,7 @@ struct Session {
   // positions this session can hold: max_ctx, or for a pooled session what its pages hold
   int capacity() const { return pool ? std::min(max_ctx, (int)pages.size() * kPage) : max_ctx; }
   bool have_logits = false;
+  int in_flight = 0;             // pipelined batched steps (batch_launch) holding this session, not yet waited
   nq_sampling samp{0.f, 0, 1.f, 0};
   cudaStream_t st = nullptr;
   // device state

@@ -248,6 +248,23 @@ class SequenceKv(abc.ABC):
     #: for a sequence given set_sampling(): the scheduler then asks forward_token() / forward_decode() for its
     #: tokens and never sees its logits. False: the scheduler samples every sequence on the host from its logits.
     samples_tokens: bool = False
+    #: True when the store can run a decode step in two halves, launch_decode() and wait_decode(), with the next
+    #: step's tokens taken from the previous step's draws on the store's side (CUDA: nq_decode_batch_launch /
+    #: _wait), so that the scheduler prepares one step while the other runs (nanoqwen_rt/scheduler.py)
+    pipelines: bool = False
+
+    def plan_batch(self, max_rows: int) -> None:
+        """The most sequences one decode step will hold (the scheduler's max_batch), said once before any step."""
+
+    def launch_decode(self, seqs, p0s, tokens: np.ndarray, chain: np.ndarray) -> None:
+        """Start one decode step for `seqs` (every one drawn by the store: set_sampling) and return before it ends:
+        seqs[i] takes tokens[i] at position p0s[i], or, where chain[i] >= 0 (int32 (n,)), the token the previous
+        step drew for its row chain[i]. At most two steps are started and not yet waited."""
+        raise NotImplementedError(f"{type(self).__name__} does not pipeline (pipelines is False)")
+
+    def wait_decode(self, n: int) -> np.ndarray:
+        """Wait for the oldest step launch_decode started (n rows) and return its draws, int32 (n,)."""
+        raise NotImplementedError(f"{type(self).__name__} does not pipeline (pipelines is False)")
 
     @abc.abstractmethod
     def open(self, seq, capacity: int) -> None:

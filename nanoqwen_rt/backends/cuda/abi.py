@@ -22,7 +22,7 @@ __all__ = ["NQ_ABI_VERSION", "NQ_STATUS", "NQ_OK", "NqConfig", "NqSampling", "TO
            "library_path", "load_library", "has_symbol", "call", "check", "error_for_status", "last_error"]
 
 #: the ABI version this binding is written against (nq_abi_version() must return it)
-NQ_ABI_VERSION = 5
+NQ_ABI_VERSION = 6
 #: most sessions one nq_decode_batch step takes (nanoqwen.h NQ_MAX_BATCH)
 NQ_MAX_BATCH = 256
 #: most pages one nq_kv_pool_create takes (nanoqwen.h NQ_MAX_KV_POOL_PAGES)
@@ -92,6 +92,8 @@ SIGNATURES = {
     "nq_batch_create": (ctypes.c_int, [_P, ctypes.c_int32, ctypes.POINTER(_P)]),
     "nq_decode_batch": (ctypes.c_int, [_P, ctypes.POINTER(_P), _I32P, ctypes.c_int32, _I32P, _F32P,
                                        ctypes.c_int32]),
+    "nq_decode_batch_launch": (ctypes.c_int, [_P, ctypes.POINTER(_P), _I32P, _I32P, ctypes.c_int32]),
+    "nq_decode_batch_wait": (ctypes.c_int, [_P, _I32P, ctypes.c_int32]),
     "nq_batch_free": (None, [_P]),
     "nq_kv_page_bytes": (ctypes.c_int, [_P, _U64P]),
     "nq_kv_pool_create": (ctypes.c_int, [_P, ctypes.c_int32, ctypes.POINTER(_P)]),

@@ -178,6 +178,7 @@ class CudaBackend(Backend):
         self._model = _P()
         self._sess = _P()
         self._batch, self._batch_cap = None, 0     # nq_batch of decode_batch, created on first use
+        self._in_flight: list[int] = []            # rows of the steps decode_batch_launch started, not yet waited
         self._kv_stores: list[SessionKv] = []      # the batched API's page pools, freed before the model
         if file is not None:          # else the C loader checks the file first, and the config is read after
             self.config = file.config
@@ -354,14 +355,7 @@ class CudaBackend(Backend):
             raise BackendError("decode_batch: no sessions")
         if not 0 <= n_logits <= n:
             raise BackendError(f"decode_batch: n_logits {n_logits} outside [0, {n}]")
-        if self._batch is None or self._batch_cap < n:
-            if self._batch is not None:
-                self._lib.nq_batch_free(self._batch)
-                self._batch = None
-            cap = min(abi.NQ_MAX_BATCH, max(8, 1 << (n - 1).bit_length()))
-            b = _P()
-            check(self._lib, "nq_batch_create", self._model, cap, ctypes.byref(b), what="create the batch")
-            self._batch, self._batch_cap = b, cap
+        self.plan_batch(n)
         handles = (_P * n)(*[s.value if isinstance(s, _P) else s for s in sessions])
         toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
         if toks.shape[0] != n:
@@ -372,6 +366,52 @@ class CudaBackend(Backend):
               _ptr(nxt, ctypes.c_int32), _ptr(logits, ctypes.c_float) if logits is not None else None, n_logits,
               what="batched decode")
         return nxt, logits
+
+    def plan_batch(self, n: int) -> None:
+        """A batch object (nq_batch_create) for steps of up to n sessions: made, or remade larger, here (its
+        buffers and graphs go with it, so never while a launched step is not waited)."""
+        if self._batch is not None and self._batch_cap >= n:
+            return
+        if self._in_flight:
+            raise BackendError(f"decode_batch: a batch of {n} rows needs a larger batch object while "
+                               f"{len(self._in_flight)} launched steps are not waited")
+        if self._batch is not None:
+            self._lib.nq_batch_free(self._batch)
+            self._batch = None
+        cap = min(abi.NQ_MAX_BATCH, max(8, 1 << (n - 1).bit_length()))
+        b = _P()
+        check(self._lib, "nq_batch_create", self._model, cap, ctypes.byref(b), what="create the batch")
+        self._batch, self._batch_cap = b, cap
+
+    def decode_batch_launch(self, sessions: list, tokens: np.ndarray, chain: np.ndarray | None = None) -> None:
+        """decode_batch's step, started and not waited for (nq_decode_batch_launch): session i takes tokens[i], or
+        where chain[i] >= 0 the token the previous step drew for its row chain[i] (int32 (n,) each). Every row is
+        sampled on the device; decode_batch_wait returns the draws. At most two steps are in flight."""
+        n = len(sessions)
+        if n == 0:
+            raise BackendError("decode_batch_launch: no sessions")
+        self.plan_batch(n)
+        handles = (_P * n)(*[s.value if isinstance(s, _P) else s for s in sessions])
+        toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        ch = None if chain is None else np.ascontiguousarray(chain, dtype=np.int32).reshape(-1)
+        if toks.shape[0] != n or (ch is not None and ch.shape[0] != n):
+            raise BackendError(f"decode_batch_launch: {n} sessions, {toks.shape[0]} tokens, "
+                               f"{None if ch is None else ch.shape[0]} chain entries")
+        check(self._lib, "nq_decode_batch_launch", self._batch, handles, _ptr(toks, ctypes.c_int32),
+              _ptr(ch, ctypes.c_int32) if ch is not None else None, n, what="batched decode launch")
+        self._in_flight.append(n)
+
+    def decode_batch_wait(self, n: int) -> np.ndarray:
+        """The draws of the oldest step decode_batch_launch started (n rows), int32 (n,), once it has run."""
+        if not self._in_flight:
+            raise ValueError("decode_batch_wait: no launched step to wait for")
+        nxt = np.empty(n, dtype=np.int32)
+        rc, msg = abi.call(self._lib, "nq_decode_batch_wait", self._batch, _ptr(nxt, ctypes.c_int32), n)
+        if rc != abi.NQ_E_INVALID_ARG:   # past the argument checks the library drops the step, ran well or not
+            self._in_flight.pop(0)
+        if rc != NQ_OK:
+            raise error_for_status(rc, msg, "batched decode")
+        return nxt
 
     @property
     def session(self):
@@ -452,6 +492,7 @@ class SessionKv(SequenceKv):
 
     shares_pages = True
     samples_tokens = True
+    pipelines = True
 
     def __init__(self, be: CudaBackend, n_pages: int):
         self.be = be
@@ -543,6 +584,17 @@ class SessionKv(SequenceKv):
             logits = np.empty((0, self.be.config.vocab_rows), dtype=np.float32)
         return drawn, logits
 
+    def plan_batch(self, max_rows: int) -> None:
+        self.be.plan_batch(max_rows)
+
+    def launch_decode(self, seqs, p0s, tokens: np.ndarray, chain: np.ndarray) -> None:
+        """SequenceKv.launch_decode on the device (CudaBackend.decode_batch_launch); a session whose page table grew
+        uploads it first (nq_session_set_pages at its position: allowed while its previous step runs)."""
+        self.be.decode_batch_launch([self._sync(s, int(p0), 1) for s, p0 in zip(seqs, p0s)], tokens, chain)
+
+    def wait_decode(self, n: int) -> np.ndarray:
+        return self.be.decode_batch_wait(n)
+
     def close(self, seq) -> None:
         """The sequence ended: its session drops its pages (nothing can run on it until a reuse gives it new ones)
         and waits for the next sequence; the device no longer samples for its seq_id."""
@@ -560,6 +612,13 @@ class SessionKv(SequenceKv):
     def release(self) -> None:
         """Free every session and then the pool (the backend's close, before the model). Idempotent."""
         lib = self.be._lib
+        while self.be._in_flight:             # a launched step still uses the sessions and the pool
+            try:
+                self.be.decode_batch_wait(self.be._in_flight[0])
+            except ValueError:                # the library holds no such step: nothing left to wait for
+                self.be._in_flight.clear()
+            except Exception:                 # noqa: BLE001 (freeing: a failed step is dropped all the same)
+                pass
         for sess in self._idle + [st[0] for st in self._sessions.values()]:
             lib.nq_session_free(sess)
         self._idle, self._sessions, self._drawn = [], {}, set()
