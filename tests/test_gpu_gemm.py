@@ -123,6 +123,10 @@ CASES = [  # (M, [N per segment], K, group, lda pad, ldc pad, bias, add)
     (513, [18944], 3584, 256, 0, 0, False, False),       # gate, one token past a tile, group 256
     (2048, [3584], 3584, 64, 0, 0, True, True),          # o, bias and residual add
     (128, [9000, 4100], 512, 64, 0, 0, True, True),      # the smallest wgmma M (104 blocks), segment tails
+    # few-token builds on a Hopper GPU (gemm.cu): 16-token tile to M = 16, 32-token to 64 (M = 64 above: two tiles),
+    # two 64-token tiles from 65
+    (100, [4608], 3584, 128, 0, 0, True, False),         # q/k/v rows, two 64-token tiles
+    (40, [3584], 18944, 64, 0, 0, False, True),          # down + residual, two 32-token tiles, the second short
 ]
 
 

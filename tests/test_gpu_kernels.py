@@ -273,13 +273,14 @@ def test_gemv_int4_large_activations_stay_finite(lib, layout):
 # Layout 2 with every zero point 8 dequantises exactly as layout 1 (spec 9.5), and its kernels do the same arithmetic
 # in the same order (1024 + 8 = 1032 subtracted, the same split and tile plans), so the GEMM outputs must be
 # bit-identical: a check of the zero points' indexing and of every layout-2 build's plumbing that needs no tolerance.
-# The GEMV's layout-2 build runs on x / 2 and doubles its sums (its f16 range, F16Units::fma): exact scaling except
-# where a halved x or an f16 partial falls into f16's subnormal range (|v| < 2^-14), which moves an output by about
-# one f16 rounding of one partial; so its outputs are almost all bit-identical and the rest within GEMV_SAME_AS_L1 of
-# the row scale (a misread zero point or a wrong x moves them by O(1)). The GEMM
-# cases reach every INT4 GEMM build on an H200 (gemm.cu, 132 SMs): M 1, 20, 40, 64 the few-token wgmma builds (16,
-# 32, 64 tokens); M 130 x N 512 gemm_int4_mma (8 blocks: below half the SMs); M 512 x N 4608 the 192 x 128 build,
-# M 512 x N 3584 x K 18944 the 128 x 128 build, M 2048 x N 3584 the 128 x 256 build (choose_wgmma's costs).
+# The GEMM cases reach every INT4 GEMM build on an H200 (gemm.cu, 132 SMs): M 1, 20, 40 (two 32-token tiles), 100 the
+# few-token wgmma builds (16, 32, 64 tokens); M 130 x N 512 gemm_int4_mma (8 blocks: below half the SMs); M 512 x N
+# 4608 the 192 x 128 build, M 512 x N 3584 x K 18944 the 128 x 128 build, M 2048 x N 3584 the 128 x 256 build
+# (choose_wgmma's costs). The GEMV's layout-2 build runs on x / 2 and doubles its sums (its f16 range,
+# F16Units::fma): exact scaling except where a halved x or an f16 partial falls into f16's subnormal range
+# (|v| < 2^-14), which moves an output by about one f16 rounding of one partial; so its outputs are almost all
+# bit-identical and the rest within GEMV_SAME_AS_L1 of the row scale (a misread zero point or a wrong x moves them
+# by O(1)).
 GEMV_SAME_AS_L1 = 1e-5
 
 
@@ -329,7 +330,7 @@ def test_layout_2_with_zeros_8_is_layout_1(lib, g):
         ys.append(y)
     _same_as_layout_1(ys[0], ys[1], "gemv swiglu")
     # GEMM: every build
-    for M, N, K in ((1, 4608, 3584), (20, 4608, 3584), (40, 4608, 3584), (64, 4608, 3584), (130, 512, 3584),
+    for M, N, K in ((1, 4608, 3584), (20, 4608, 3584), (40, 4608, 3584), (100, 4608, 3584), (130, 512, 3584),
                     (512, 4608, 3584), (512, 3584, 18944), (2048, 3584, 3584)):
         u, q, s = random_int4(rng, N, K, g)
         A = rng.standard_normal((M, K)).astype(np.float32)

@@ -19,11 +19,13 @@ constexpr int kMmaStages = 3, kMmaBlocksPerSm = 2;
 // on gemm_int4_mma. Below 128 tokens (batched decode, short prompts) the few-token builds below run instead.
 constexpr int kWgmmaMinM = 128;
 
-// Few-token builds of gemm_int4_wgmma (M < kWgmmaMinM: the batched decode step, short prompts): the token tile is M
-// rounded up to 16, 32 or 64 (two 64-token tiles above 64), 64 kSmallWgs W rows per block, stages of kSmallSub 64-k
-// sub-tiles (kSmallStages in flight; at 64 tokens 6 stages of 2, whose fragments fit the registers), and split-K filling
-// the SMs (one block per SM, as every gemm_int4_wgmma build). At these M the work is the weight stream (the FLOPs are
-// ~M/2 per weight byte).
+// Few-token builds of gemm_int4_wgmma (M < kWgmmaMinM: the batched decode step, short prompts): the token tile is 16
+// tokens up to M = 16, 32 up to M = 64 (two 32-token tiles from 33 on), 64 above (two 64-token tiles), 64 kSmallWgs W
+// rows per block, stages of kSmallSub 64-k sub-tiles (kSmallStages in flight; at 64 tokens 6 stages of 2, whose
+// fragments fit the registers), and split-K filling the SMs (one block per SM, as every gemm_int4_wgmma build). At
+// these M the work is the weight stream (the FLOPs are ~M/2 per weight byte). Per 7B layer at M = 64 (H200,
+// csrc/dev/gemm_int4_wgmma timebatch, bench/NOTES.md "Session 9"): two 32-token tiles 190.6 us, one 64-token tile
+// 226.3; at M = 5..16 the 16-token tile wins (128-131 against 145-149), at M = 32 the 32-token one (147 against 174).
 constexpr int kSmallWgs = 3, kSmallSub = 4, kSmallStages = 4;
 // split-K bounds of the few-token builds: at least kSmallMinStages 64-k stages per split (the pipeline fill is ~8),
 // at most kSmallMaxSplits splits (each adds one read-modify-write of the C tile, small at these M)
@@ -99,7 +101,7 @@ int gemm_int4_launch(GemmGroup& g, const LinW* W, int n, const __half* A, int ld
   }
   if (M < kWgmmaMinM && tma_ok && wgmma_available(&sms)) {  // few tokens: the weight stream, split over the SMs
     const int wt = count_tiles(64 * kSmallWgs);
-    const int tn = M <= 16 ? 16 : M <= 32 ? 32 : 64;
+    const int tn = M <= 16 ? 16 : M <= 64 ? 32 : 64;
     const int splits = choose_splits((long long)((M + tn - 1) / tn) * wt, W[0].K / WG_KB, /*blocks_per_sm=*/1,
                                      kSmallMaxSplits, kSmallMinStages, /*fill_rounds=*/true);
     if (tn == 16)
