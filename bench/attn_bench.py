@@ -9,6 +9,9 @@ Split parameters as a session derives them (csrc/src/session.cu) for each keys_p
 n_split = min(128, budget / n_kv, ceil(max_ctx / kps)) with the session's budget of 256 blocks per launch (other
 budgets with --split-budget); prefill n_split = min(16, ceil(max_ctx / kps)).
 GB/s counts the K and V bytes of one KV head group read once per launch (decode only).
+--batch-rows R ...: also the batched decode step's attention (nq_bench_attention_batch: R sequences, one token each
+at position n_pos - 1 of its own pages), 7B heads, at each --batch-splits count (batch.cu uses min(128, 256 / n_kv)
+splits for every batch size, 64 on the 7B): which split count the batched step should take per batch size.
 """
 from __future__ import annotations
 
@@ -37,9 +40,26 @@ def main() -> int:
     ap.add_argument("--split-budget", type=int, nargs="+", default=[256],
                     help="decode: blocks per launch the split count is capped by (the session uses 256)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[65, 577, 2048, 8192], help="decode key counts")
+    ap.add_argument("--batch-rows", type=int, nargs="*", default=[], help="batched decode: sequences per step")
+    ap.add_argument("--batch-splits", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64],
+                    help="batched decode: splits per (token, KV head) to time")
+    ap.add_argument("--batch-contexts", type=int, nargs="+", default=[577, 2048], help="batched decode key counts")
     a = ap.parse_args()
     lib = load_testing_library()
     rows = []
+    nh, nkv, d = LAYOUTS["7B"]
+    for n_rows in a.batch_rows:
+        for n_pos in a.batch_contexts:
+            for nsplit in a.batch_splits:
+                us = ctypes.c_float(0.0)
+                rc = lib.nq_bench_attention_batch(nh, nkv, d, n_pos, n_rows, 32, nsplit, a.iters, ctypes.byref(us))
+                if rc != 0:
+                    raise SystemExit(f"batched attention {n_rows} rows {n_pos}: {lib.nq_last_error().decode()}")
+                gbs = (n_rows * 2 * n_pos * nkv * d * 2) / (us.value * 1e-6) / 1e9
+                rows.append({"layout": "7B", "mode": "batch", "n_pos": n_pos, "M": n_rows, "kps": 32,
+                             "n_split": nsplit, "budget": 0, "us": us.value, "GBps": gbs})
+                print(f"attn 7B    batch   n_pos={n_pos:5d} rows={n_rows:3d} n_split={nsplit:3d}: {us.value:8.2f} us"
+                      f"  {gbs:7.0f} GB/s", flush=True)
     for name, (nh, nkv, d) in LAYOUTS.items():
         cases = [("decode", n, 1, kps, b) for n in a.contexts for kps in a.decode_kps for b in a.split_budget] + \
                 [("prefill", 512, 512, kps, 0) for kps in a.prefill_kps]

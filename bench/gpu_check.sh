@@ -67,7 +67,7 @@ if has kbench; then
   save
 fi
 if has abench; then
-  timeout 120 python3 bench/attn_bench.py --json "$LOG/attn_bench.json" > "$LOG/attn_bench.log" 2>&1
+  timeout 240 python3 bench/attn_bench.py --batch-rows 8 32 64 --json "$LOG/attn_bench.json" > "$LOG/attn_bench.log" 2>&1
   note "attention bench rc=$?"; grep -E "^attn" "$LOG/attn_bench.log" | tee -a "$summary"
   save
 fi

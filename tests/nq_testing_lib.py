@@ -41,6 +41,7 @@ SIGNATURES = {
     "nq_bench_gemm_int4_layout": (ctypes.c_int, [_I32] * 7 + [_F32P]),
     "nq_bench_mma_peak": (ctypes.c_int, [_I32, _I32, _F32P]),
     "nq_bench_attention": (ctypes.c_int, [_I32] * 8 + [_F32P]),
+    "nq_bench_attention_batch": (ctypes.c_int, [_I32] * 8 + [_F32P]),
     "nq_bench_read_bandwidth": (ctypes.c_int, [ctypes.c_uint64, _I32, _F32P]),
 }
 

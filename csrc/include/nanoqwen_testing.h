@@ -84,6 +84,11 @@ NQ_API int nq_bench_mma_peak(int32_t blocks, int32_t iters, float* tflops);
  * L2; `iters` launches captured in one CUDA graph. Microseconds per launch into *us. */
 NQ_API int nq_bench_attention(int32_t n_heads, int32_t n_kv, int32_t head_dim, int32_t n_pos, int32_t M,
                               int32_t keys_per_split, int32_t n_split, int32_t iters, float* us);
+/* The batched decode step's attention alone: `rows` sequences, one query token each at position n_pos-1 of its own
+ * pages (write_kv, per-sequence positions, caches and page tables as batch.cu passes them), n_split splits per
+ * (token, KV head); otherwise as nq_bench_attention. Microseconds per launch into *us. */
+NQ_API int nq_bench_attention_batch(int32_t n_heads, int32_t n_kv, int32_t head_dim, int32_t n_pos, int32_t rows,
+                                    int32_t keys_per_split, int32_t n_split, int32_t iters, float* us);
 /* Device read bandwidth: a read-only stream over `bytes` (rounded to whole buffers; at least 2 x L2, rotated so
  * nothing is L2-resident) with 16-byte non-allocating loads, several in flight per thread, a grid that fills the
  * GPU; best of `iters` passes, GB/s (1e9 bytes/s) into *gb_per_s. The ceiling the GEMV's bytes/s is read against. */
