@@ -78,8 +78,8 @@ struct WgCfg {
   static constexpr int kSmem = STAGES * kStageBytes + 2 * STAGES * 8 + 1024;  // + mbarriers + 1024-B alignment slack
   // setmaxnreg split of one block per SM's registers: the producer keeps 40, the consumers take the rest
   static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = WGS == 2 ? 232 : 152;
-  static_assert(WGS == 2 || WGS == 3, "2 or 3 consumer warpgroups");
+  static constexpr int kConsumerRegs = WGS == 2 ? 232 : WGS == 3 ? 152 : 112;
+  static_assert(WGS >= 2 && WGS <= 4, "2, 3 or 4 consumer warpgroups (4: csrc/dev few-token builds only)");
   static_assert(KSUB == 1 || KSUB == 2 || KSUB == 4, "64-k sub-tiles per stage: 1, 2 or 4");
   static_assert(128 * (kProducerRegs + WGS * kConsumerRegs) <= 65536, "register file");
   // accumulators, the A fragments and scales (and zero points, ZP) of a stage, the words of a sub-tile, addresses
