@@ -20,6 +20,10 @@ One warm-up level of the same size runs first (CUDA: sessions, the batch, graph 
 * consumer_ms_per_step: the median time the streams' handles took to turn a step's tokens into chunks (text
   decoding, stop handling), in this thread between steps; it is part of itl_ms (a server pays it on the
   handlers' threads instead), not of decode_step_ms.
+* scaling (scaling_of): between consecutive levels a < b, the decode tokens/s gained against proportional
+  scaling, (tps_b / tps_a) / (b / a): 1.0 when b streams run as fast per stream as a did, 1 / (b / a) when the
+  aggregate stopped growing. The knee is the first level whose step scales below KNEE_SCALING: past it, adding
+  streams buys less than half their share of throughput (each stream slows down more than the batch gains).
 """
 from __future__ import annotations
 
@@ -31,13 +35,15 @@ import numpy as np
 
 from .timing import BenchError, gpu_name
 
-__all__ = ["MAX_CONCURRENCY", "parse_concurrency", "measure_concurrency", "run_concurrency",
-           "format_concurrency_table"]
+__all__ = ["MAX_CONCURRENCY", "KNEE_SCALING", "parse_concurrency", "measure_concurrency", "run_concurrency",
+           "scaling_of", "format_concurrency_table"]
 
 #: most streams one level may ask for: the library's batch limit (nanoqwen.h NQ_MAX_BATCH)
 MAX_CONCURRENCY = 256
 #: ids a random prompt draws from: below Qwen2's first special id (151643), as nanoqwen_bench.measure does
 FIRST_SPECIAL_ID = 151643
+#: the knee: the first level whose step from the level before scales below this (module docstring, "scaling")
+KNEE_SCALING = 0.5
 
 
 def parse_concurrency(text: str) -> list[int]:
@@ -159,12 +165,23 @@ def run_concurrency(path, levels: list[int], prompt_tokens: int = 512, new_token
         res["single_stream"] = {k: single[k] for k in ("ms_per_token", "ms_per_token_all", "tokens_per_s", "ttft_ms",
                                                        "backend")}
     res["concurrency"] = measure_concurrency(path, levels, prompt_tokens, new_tokens, device=device)
+    res["scaling"] = scaling_of(res["concurrency"]["levels"])
     if "single_stream" in res:
         one = next(r for r in res["concurrency"]["levels"] if r["concurrency"] == 1)
         if "itl_p50_ms" in one:
             # the batched API at one stream against the single stream: > 1 is slower
             res["single_stream"]["batch1_itl_vs_single"] = one["itl_p50_ms"] / res["single_stream"]["ms_per_token"]
     return res
+
+
+def scaling_of(levels: list[dict]) -> dict:
+    """The scaling between consecutive levels with a decode tokens/s figure, in concurrency order (module
+    docstring): {"steps": [{"from", "to", "scaling"}], "knee": the first level whose step scales below
+    KNEE_SCALING, or None}."""
+    pts = sorted((r["concurrency"], r["decode_tokens_per_s"]) for r in levels if r.get("decode_tokens_per_s"))
+    steps = [{"from": a, "to": b, "scaling": (tb / ta) / (b / a)} for (a, ta), (b, tb) in zip(pts, pts[1:])]
+    knee = next((st["to"] for st in steps if st["scaling"] < KNEE_SCALING), None)
+    return {"steps": steps, "knee": knee}
 
 
 def format_concurrency_table(result: dict) -> str:
@@ -188,6 +205,13 @@ def format_concurrency_table(result: dict) -> str:
     lines += ["  ".join(x.rjust(w[i]) for i, x in enumerate(row)) for row in rows]
     lines.append("(ms; ITL = a stream's inter-token time, median over streams of its p50 / p90; decode = the steps "
                  "where every stream decoded; consumer = the handles' chunking after a step, inside ITL)")
+    sc = scaling_of(c["levels"])
+    if sc["steps"]:
+        top = max(r["concurrency"] for r in c["levels"])
+        knee = (f"knee at {sc['knee']} streams" if sc["knee"] is not None
+                else f"no knee up to {top} streams (every step >= {KNEE_SCALING:g})")
+        lines.append("scaling of decode tok/s against proportional: "
+                     + ", ".join(f"{st['from']} -> {st['to']} {st['scaling']:.2f}" for st in sc["steps"]) + f"; {knee}")
     s = result.get("single_stream")
     if s:
         line = (f"single stream (generate_ids): {s['ms_per_token']:.3f} ms/token = {s['tokens_per_s']:.1f} tok/s, "

@@ -351,3 +351,20 @@ def test_int4_asym_variant_holds_the_layout_1_weights(tiny_file, tmp_path):
             seen |= set(np.unique(z).tolist())
             assert np.array_equal(b.float32(name).view(np.uint32), a.float32(name).view(np.uint32)), name
         assert seen == {7, 8, 9}
+
+
+def test_concurrency_scaling_and_knee():
+    """scaling_of: each step's decode tok/s gain against proportional scaling, and the knee at the first step
+    below KNEE_SCALING (session 9's 7B figures: no knee up to 64 streams)."""
+    from nanoqwen_bench.concurrency import KNEE_SCALING, scaling_of
+    lv = lambda c, t: {"concurrency": c, "decode_tokens_per_s": t}  # noqa: E731
+    s9 = scaling_of([lv(8, 2016.0), lv(1, 489.0), lv(64, 10334.0), lv(32, 6037.0)])
+    assert [(st["from"], st["to"]) for st in s9["steps"]] == [(1, 8), (8, 32), (32, 64)]
+    assert [round(st["scaling"], 3) for st in s9["steps"]] == [0.515, 0.749, 0.856]
+    assert s9["knee"] is None
+    # the aggregate stops growing from 32: that step scales 1/4, the knee
+    flat = scaling_of([lv(1, 100.0), lv(8, 700.0), lv(32, 800.0), lv(64, 820.0)])
+    assert flat["steps"][1]["scaling"] == pytest.approx(800 / 700 / 4) and flat["knee"] == 32
+    assert flat["steps"][1]["scaling"] < KNEE_SCALING <= flat["steps"][0]["scaling"]
+    # levels without a steady decode figure are left out; one point has no step
+    assert scaling_of([lv(1, 100.0), {"concurrency": 8}]) == {"steps": [], "knee": None}
