@@ -25,6 +25,8 @@ Session::~Session() {
     if (p) cudaFree(p);
   if (h_tokens) cudaFreeHost(h_tokens);
   if (h_ring) cudaFreeHost(h_ring);
+  for (cudaEvent_t e : ring_ev)
+    if (e) cudaEventDestroy(e);
   if (h_steer_out) cudaFreeHost(h_steer_out);
   if (st) cudaStreamDestroy(st);
   if (pool) kv_pool_release(pool);
@@ -513,9 +515,19 @@ int session_generate(Session* s, int max_new, const int32_t* stop, int n_stop, n
   // (Backend contract: generation ends when prompt + generated reaches max_context; the ABI checked
   // pos < capacity(): max_ctx, or a pooled session's pages)
   const int max_tokens = std::min(max_new, s->capacity() - start_pos);
-  std::vector<cudaEvent_t> ev(s->ring, nullptr);
-  for (auto& e : ev) NQ_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  auto destroy = [&]() { for (auto& e : ev) if (e) cudaEventDestroy(e); };
+  if (s->ring_ev.empty()) {   // once per session; every call ends with the stream drained, so the events are free
+    std::vector<cudaEvent_t> made(s->ring, nullptr);
+    for (auto& e : made) {
+      const cudaError_t ce = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+      if (ce != cudaSuccess) {
+        for (cudaEvent_t x : made)
+          if (x) cudaEventDestroy(x);
+        return fail(cuda_status(ce), "generate: cudaEventCreate: %s", cudaGetErrorString(ce));
+      }
+    }
+    s->ring_ev = std::move(made);
+  }
+  const std::vector<cudaEvent_t>& ev = s->ring_ev;
   unsigned long long counter0 = 0;
   NQ_CUDA(cudaMemcpy(&counter0, s->d_counter, 8, cudaMemcpyDeviceToHost));
   const int lookahead = std::min(8, s->ring - 1);
@@ -543,7 +555,6 @@ int session_generate(Session* s, int max_new, const int32_t* stop, int n_stop, n
     if (stop_now) break;
   }
   cudaError_t e = cudaStreamSynchronize(st);
-  destroy();
   if (rc != NQ_OK) return rc;
   if (e != cudaSuccess) return fail(NQ_E_CUDA, "generate: %s", cudaGetErrorString(e));
   // tokens produced: p; decoded: p - 1 (the last produced token is never decoded)

@@ -80,6 +80,8 @@ struct Session {
   int32_t* h_ring = nullptr;
   int32_t* d_ring = nullptr;
   int ring = 64;
+  std::vector<cudaEvent_t> ring_ev;   // [ring] generation's per-token events, made by the first generate (not per
+                                     // call: 64 creations and destructions sat between the prefill and the first token)
   // steered sampling (nq_sample_steered): processed logits, token counts for the penalties, mask, sparse bias,
   // the logprob stages, and the pinned result (token, logprob, n_top as int bits, top logprobs | top ids)
   float* d_steer = nullptr;      // [V]
