@@ -218,10 +218,7 @@ class Scheduler:
         ready, p0s = [], []
         for s in seqs:
             try:
-                p0 = len(s.pages.tokens)
-                new = self.pool.grow(s.pages, (s.last,))
-                if new:
-                    self.kv.poison(new)
+                p0 = self._grow(s, (s.last,))
             except Exception as e:          # noqa: BLE001 (reported to this request's consumer)
                 s.error = e
                 s.done = True
@@ -250,6 +247,15 @@ class Scheduler:
                 j += 1
         return n
 
+    def _grow(self, s: _Seq, ids) -> int:
+        """Record ids as s's next KV rows in the pool (pool.grow) and poison the pages that gives it; returns the
+        position of the first (raises what grow raises)."""
+        p0 = len(s.pages.tokens)
+        new = self.pool.grow(s.pages, ids)
+        if new:
+            self.kv.poison(new)
+        return p0
+
     def _ends_with_next_token(self, s: _Seq) -> bool:
         """Whether s's next token is certain to be its last (max new tokens, or the context full): _deliver's test."""
         return s.n_new + 1 >= s.max_new or s.ids.shape[0] + s.n_new + 1 >= self.max_context
@@ -264,10 +270,7 @@ class Scheduler:
             if i is not None and self._ends_with_next_token(s):
                 continue                    # its row in flight yields its last token
             try:
-                p0 = len(s.pages.tokens)
-                new = self.pool.grow(s.pages, (s.last if i is None else -1,))    # -1: the draw of row i, patched below
-                if new:
-                    self.kv.poison(new)
+                p0 = self._grow(s, (s.last if i is None else -1,))    # -1: the draw of row i, patched in _land
             except Exception as e:          # noqa: BLE001 (reported to this request's consumer)
                 s.error = e
                 s.done = True
@@ -323,10 +326,7 @@ class Scheduler:
         """Compute ids for s (a prompt chunk), then sample when the prompt is done. Returns 1 when a token was
         sampled. A backend failure ends this sequence with the error; the others go on."""
         try:
-            p0 = len(s.pages.tokens)
-            new = self.pool.grow(s.pages, ids)
-            if new:
-                self.kv.poison(new)
+            p0 = self._grow(s, ids)
             if len(s.pages.tokens) < s.ids.shape[0]:     # more prompt to come: nobody reads these logits
                 self.kv.extend(s.pages, p0, ids)
                 out = None

@@ -350,22 +350,28 @@ class CudaBackend(Backend):
         each session's position; returns the next tokens sampled on the device with each session's sampling
         settings, int32 (n,), and the logits of the first n_logits sessions, float32 (n_logits, vocab_rows) (None
         when n_logits is 0)."""
-        n = len(sessions)
-        if n == 0:
-            raise BackendError("decode_batch: no sessions")
+        n, handles, toks = self._batch_args("decode_batch", sessions, tokens)
         if not 0 <= n_logits <= n:
             raise BackendError(f"decode_batch: n_logits {n_logits} outside [0, {n}]")
-        self.plan_batch(n)
-        handles = (_P * n)(*[s.value if isinstance(s, _P) else s for s in sessions])
-        toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
-        if toks.shape[0] != n:
-            raise BackendError(f"decode_batch: {n} sessions but {toks.shape[0]} tokens")
         nxt = np.empty(n, dtype=np.int32)
         logits = np.empty((n_logits, self.config.vocab_rows), dtype=np.float32) if n_logits else None
         check(self._lib, "nq_decode_batch", self._batch, handles, _ptr(toks, ctypes.c_int32), n,
               _ptr(nxt, ctypes.c_int32), _ptr(logits, ctypes.c_float) if logits is not None else None, n_logits,
               what="batched decode")
         return nxt, logits
+
+    def _batch_args(self, what: str, sessions: list, tokens) -> tuple:
+        """A batched step's (n, session handle array, contiguous int32 tokens (n,)), the batch object made big
+        enough (plan_batch); BackendError for no sessions or a token count that is not n."""
+        n = len(sessions)
+        if n == 0:
+            raise BackendError(f"{what}: no sessions")
+        self.plan_batch(n)
+        handles = (_P * n)(*[s.value if isinstance(s, _P) else s for s in sessions])
+        toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        if toks.shape[0] != n:
+            raise BackendError(f"{what}: {n} sessions but {toks.shape[0]} tokens")
+        return n, handles, toks
 
     def plan_batch(self, n: int) -> None:
         """A batch object (nq_batch_create) for steps of up to n sessions: made, or remade larger, here (its
@@ -387,16 +393,10 @@ class CudaBackend(Backend):
         """decode_batch's step, started and not waited for (nq_decode_batch_launch): session i takes tokens[i], or
         where chain[i] >= 0 the token the previous step drew for its row chain[i] (int32 (n,) each). Every row is
         sampled on the device; decode_batch_wait returns the draws. At most two steps are in flight."""
-        n = len(sessions)
-        if n == 0:
-            raise BackendError("decode_batch_launch: no sessions")
-        self.plan_batch(n)
-        handles = (_P * n)(*[s.value if isinstance(s, _P) else s for s in sessions])
-        toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        n, handles, toks = self._batch_args("decode_batch_launch", sessions, tokens)
         ch = None if chain is None else np.ascontiguousarray(chain, dtype=np.int32).reshape(-1)
-        if toks.shape[0] != n or (ch is not None and ch.shape[0] != n):
-            raise BackendError(f"decode_batch_launch: {n} sessions, {toks.shape[0]} tokens, "
-                               f"{None if ch is None else ch.shape[0]} chain entries")
+        if ch is not None and ch.shape[0] != n:
+            raise BackendError(f"decode_batch_launch: {n} sessions but {ch.shape[0]} chain entries")
         check(self._lib, "nq_decode_batch_launch", self._batch, handles, _ptr(toks, ctypes.c_int32),
               _ptr(ch, ctypes.c_int32) if ch is not None else None, n, what="batched decode launch")
         self._in_flight.append(n)
