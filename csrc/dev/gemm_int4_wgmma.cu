@@ -345,7 +345,7 @@ const Kernel kKernels[] = {
     {"tma_n32w3s6k2", 192, 32, launch_lib_wgmma<32, 3, 6, 2>},
     {"tma_n32w3s4k4", 192, 32, launch_lib_wgmma<32, 3, 4, 4>},
     {"tma_n64w3s6k2", 192, 64, launch_lib_wgmma<64, 3, 6, 2>},
-    // 4 consumer warpgroups (256 W rows a block, 112 registers a consumer thread): 4 warps per scheduler where the
+    // 4 consumer warpgroups (256 W rows a block, 104 registers a consumer thread): 4 warps per scheduler where the
     // library's builds have 3, to hide more of each warpgroup's dequantise -> wgmma -> wait chain
     {"tma_n16w4s6k2", 256, 16, launch_lib_wgmma<16, 4, 6, 2>},
     {"tma_n32w4s6k2", 256, 32, launch_lib_wgmma<32, 4, 6, 2>},

@@ -14,7 +14,18 @@ namespace nq {
 // for any n up to 16 (28 layers x 125 us, H200, bench/NOTES.md "Session 6"), so the GEMMs win from 3 rows on.
 constexpr int kGemvRowsMax = 2;
 
+// Attention blocks a batched step aims for: n_split = this / (KV heads x rows), at most the single-token decode's
+// count. Measured (H200, 7B, 577 keys, attn_bench.py --batch-rows, bench/NOTES.md "Session 10"): the best split
+// count fell as rows rose, 64 at 8 rows, 16 at 32 rows, 8-16 at 64 rows, each ~2,048 blocks; with the decode's 64
+// splits a 32-row step ran 8,192 blocks, most of them without keys (46.4 against 39.9 us a layer; 64 rows 83.4
+// against 69.9).
+constexpr int kBatchAttentionBlocks = 2048;
+
 namespace {
+int batch_attention_splits(const Batch* b, int n) {
+  return std::max(1, std::min(b->n_split, kBatchAttentionBlocks / (b->m->cfg.n_kv_heads * n)));
+}
+
 void drop_graphs(Batch* b) {
   for (cudaGraphExec_t& g : b->graphs)
     if (g) cudaGraphExecDestroy(g), g = nullptr;
@@ -179,7 +190,7 @@ int batch_launch(Batch* b, Session* const* ss, const int32_t* tokens, const int3
       aa.qkv = b->QKV; aa.qkv_stride = Nqkv; aa.M = n; aa.pos0 = b->d_pos;
       aa.rope = b->d_rope;   // every sequence's cache and page table come from kv_of / page_table_of
       aa.n_heads = c.n_heads; aa.n_kv = c.n_kv_heads; aa.D = D;
-      aa.keys_per_split = 32; aa.n_split = b->n_split; aa.write_kv = true;
+      aa.keys_per_split = 32; aa.n_split = batch_attention_splits(b, n); aa.write_kv = true;
       aa.part_o = b->part_o; aa.part_ml = b->part_ml; aa.counters = b->counters; aa.out = b->ATT;
       aa.pos_of = b->d_pos; aa.kv_of = b->d_kv + (size_t)l * b->max_batch; aa.page_table_of = b->d_pt;
       NQ_TRY(attention(aa, st));

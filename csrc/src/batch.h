@@ -9,7 +9,7 @@ namespace nq {
 struct Batch {
   Model* m = nullptr;
   int max_batch = 0;
-  int n_split = 1;                 // decode attention splits per (token, KV head)
+  int n_split = 1;                 // most attention splits per (token, KV head); a step of n rows uses batch.cu batch_attention_splits
   cudaStream_t st = nullptr;
   // a step's inputs, and per sequence where its state lives
   int32_t* d_tokens = nullptr;     // [max_batch] the tokens fed

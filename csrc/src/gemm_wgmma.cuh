@@ -76,12 +76,18 @@ struct WgCfg {
   static constexpr int kSubBytes = kActBytes + kWBytes;
   static constexpr int kStageBytes = KSUB * kSubBytes;  // a stage: KSUB sub-tiles, each [activations][W words]
   static constexpr int kSmem = STAGES * kStageBytes + 2 * STAGES * 8 + 1024;  // + mbarriers + 1024-B alignment slack
-  // setmaxnreg split of one block per SM's registers: the producer keeps 40, the consumers take the rest
+  // setmaxnreg split of one block per SM's registers: the producer keeps 40, the consumers take the rest.
+  // The block launches with kLaunchRegs per thread (__launch_bounds__(kThreads, 1): the register file over the
+  // threads, in steps of 8), and setmaxnreg.inc only takes registers that the producer's setmaxnreg.dec gave back
+  // to the block: a consumer count above that waits forever (the first 4-warpgroup build did, at 112 of 96 + 14).
+  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8 > 255 ? 248 : (65536 / kThreads) / 8 * 8;
   static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = WGS == 2 ? 232 : WGS == 3 ? 152 : 112;
+  static constexpr int kConsumerRegs = WGS == 2 ? 232 : WGS == 3 ? 152 : 104;
   static_assert(WGS >= 2 && WGS <= 4, "2, 3 or 4 consumer warpgroups (4: csrc/dev few-token builds only)");
   static_assert(KSUB == 1 || KSUB == 2 || KSUB == 4, "64-k sub-tiles per stage: 1, 2 or 4");
-  static_assert(128 * (kProducerRegs + WGS * kConsumerRegs) <= 65536, "register file");
+  static_assert(kConsumerRegs % 8 == 0 && kProducerRegs % 8 == 0, "setmaxnreg counts are multiples of 8");
+  static_assert(WGS * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
+                "the consumers' setmaxnreg.inc must fit in what the producer's setmaxnreg.dec frees");
   // accumulators, the A fragments and scales (and zero points, ZP) of a stage, the words of a sub-tile, addresses
   static_assert(kConsumerRegs >= TN / 2 + (ZP ? 22 : 20) * KSUB + 48, "consumer registers");
   static_assert(kSmem <= 227 * 1024, "shared memory per SM");
