@@ -159,8 +159,8 @@ def test_gemm_int4_multi_mixed_layouts(lib, M):
 @pytest.mark.parametrize("M,N,K", [(512, 3584, 18944), (17, 1000, 3584)])
 def test_gemm_split_k_is_deterministic(lib, M, N, K, layout):
     """Split-K (gemm_int4_mma; the few-token wgmma builds at M = 17 on a Hopper GPU) adds the partials of a tile in
-    split order, and the prefill gemm_int4_wgmma (M = 512 here, stream-K on a Hopper GPU) adds a shared tile's
-    partials in block order: two runs on the same inputs give the same bits."""
+    split order, and the prefill gemm_int4_wgmma (M = 512 here) does not split: two runs on the same inputs give the
+    same bits."""
     rng = np.random.default_rng()
     segs, A, lda, bias, C, ldc, ref, owned = make_case(rng, M, [N], K, 128, 0, 0, True, True, [layout])
     outs = []

@@ -305,16 +305,6 @@ int launch_lib_wgmma(const nq::GemmGroup& g, int tiles, const __half* A, int lda
   g_last_splits = splits;
   return nq::launch_int4_wgmma<TN, WGS, STAGES, KSUB>(g, tiles, A, lda, M, ldc, add, splits, st);
 }
-// the library's prefill builds as stream-K (one block per SM sharing all tiles' k-units, gemm_wgmma.cuh), whatever
-// the grid would fill; gemm.cu picks it for grids that fill the SMs' rounds less than kStreamKMinFill
-template <int TN, int WGS, int STAGES>
-int launch_lib_wgmma_sk(const nq::GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add, bool,
-                        cudaStream_t st) {
-  int sms = 0;
-  DEV_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  g_last_splits = -sms;
-  return nq::launch_int4_wgmma<TN, WGS, STAGES, 1>(g, tiles, A, lda, M, ldc, add, 1, st, nullptr, sms);
-}
 // gemm_int4_wgmma_ss.cuh's few-token kernel, split as the library's few-token builds are split
 template <int TN, int WGS, int STAGES, int KSUB>
 int launch_dev_ss(const nq::GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add,
@@ -347,9 +337,6 @@ const Kernel kKernels[] = {
     {"tma_n128w2", 128, 128, launch_lib_wgmma<128, 2, 5>},
     {"tma_n256w2", 128, 256, launch_lib_wgmma<256, 2, 4>},
     {"tma_n128w3", 192, 128, launch_lib_wgmma<128, 3, 5>},
-    {"sk_n128w2", 128, 128, launch_lib_wgmma_sk<128, 2, 5>},
-    {"sk_n256w2", 128, 256, launch_lib_wgmma_sk<256, 2, 4>},
-    {"sk_n128w3", 192, 128, launch_lib_wgmma_sk<128, 3, 5>},
     // few-token builds (batched decode): s<stages>, k<64-k sub-tiles per stage>; split-K reduced by each tile's last
     // split
     {"tma_n16w3s8", 192, 16, launch_lib_wgmma<16, 3, 8>},

@@ -40,21 +40,9 @@ struct WgShape {
 };
 constexpr WgShape kWgShapes[3] = {{256, 2, 590.0}, {128, 2, 453.0}, {128, 3, 516.0}};
 
-// Stream-K (gemm_wgmma.cuh, "Work split"): a prefill grid whose rounds of one block per SM fill less than
-// kStreamKMinFill of them runs instead as one block per SM, the blocks sharing all tiles' 64-k units equally (a tile
-// split between blocks is summed by its last one). Its time is then the tiles' work over the SMs, times
-// kStreamKCost for the partial tiles' sums and each segment's pipeline fill. Returns the block count, 0 for the tile
-// grid.
-constexpr double kStreamKMinFill = 0.95, kStreamKCost = 1.05;
-int stream_k_blocks(long long blocks, int sms) {
-  const long long rounds = (blocks + sms - 1) / sms;
-  return (double)blocks / (double)(rounds * sms) < kStreamKMinFill ? sms : 0;
-}
-
-// The build with the least estimated time: (rounds of one block per SM, or stream-K's share) x (block FLOPs /
-// rate). At M = 512 on the 7B this picks 128 x 256 as stream-K for every projection (q/k/v 72 tiles, o and down 56,
-// gate+up 592 in 4.48 waves); the tile grid alone ranked 192 x 128 for q/k/v (96 blocks: one round), 128 x 128 for o
-// and down (112 blocks) and 128 x 256 for gate+up.
+// The build with the least estimated time: (rounds of one block per SM) x (block FLOPs / rate). At M = 512 this
+// picks 192 x 128 for qkv (96 blocks: one round), 128 x 128 for o and down (112 blocks), 128 x 256 for gate+up
+// (592 blocks), as the measurements ranked them.
 // Returns the build index and its block count in *blocks.
 int choose_wgmma(const LinW* W, int n, int M, int sms, long long* blocks) {
   int best = 0;
@@ -64,8 +52,7 @@ int choose_wgmma(const LinW* W, int n, int M, int sms, long long* blocks) {
     long long tiles = 0;
     for (int i = 0; i < n; i++) tiles += (W[i].N + rows - 1) / rows;
     const long long b = (long long)((M + kWgShapes[c].tn - 1) / kWgShapes[c].tn) * tiles;
-    const double rounds = stream_k_blocks(b, sms) ? kStreamKCost * (double)b / sms : (double)((b + sms - 1) / sms);
-    const double cost = rounds * rows * kWgShapes[c].tn / kWgShapes[c].rate;
+    const double cost = (double)((b + sms - 1) / sms) * rows * kWgShapes[c].tn / kWgShapes[c].rate;
     if (c == 0 || cost < best_cost) best = c, best_cost = cost, *blocks = b;
   }
   return best;
@@ -107,10 +94,10 @@ int gemm_int4_launch(GemmGroup& g, const LinW* W, int n, const __half* A, int ld
   long long blocks = 0;
   const int c = M >= kWgmmaMinM && tma_ok && wgmma_available(&sms) ? choose_wgmma(W, n, M, sms, &blocks) : -1;
   if (c >= 0 && 2 * blocks >= sms) {
-    const int wt = count_tiles(64 * kWgShapes[c].wgs), sk = stream_k_blocks(blocks, sms);
-    if (c == 0) return launch_int4_wgmma<256, 2, 4, 1, ZP>(g, wt, A, lda, M, ldc, add, 1, st, ws, sk);
-    if (c == 1) return launch_int4_wgmma<128, 2, 5, 1, ZP>(g, wt, A, lda, M, ldc, add, 1, st, ws, sk);
-    return launch_int4_wgmma<128, 3, 5, 1, ZP>(g, wt, A, lda, M, ldc, add, 1, st, ws, sk);
+    const int wt = count_tiles(64 * kWgShapes[c].wgs);
+    if (c == 0) return launch_int4_wgmma<256, 2, 4, 1, ZP>(g, wt, A, lda, M, ldc, add, 1, st);
+    if (c == 1) return launch_int4_wgmma<128, 2, 5, 1, ZP>(g, wt, A, lda, M, ldc, add, 1, st);
+    return launch_int4_wgmma<128, 3, 5, 1, ZP>(g, wt, A, lda, M, ldc, add, 1, st);
   }
   if (M < kWgmmaMinM && tma_ok && wgmma_available(&sms)) {  // few tokens: the weight stream, split over the SMs
     const int wt = count_tiles(64 * kSmallWgs);
@@ -198,15 +185,15 @@ int gemm_swiglu(const LinW& gate, const LinW& up, const __half* A, int lda, int 
     for (int i = 0; i < 2; i++) g.s[i].W = W[i], g.s[i].C = nullptr, g.s[i].bias = nullptr;
     g.swiglu_out = H;
     g.swiglu_ld = I;
-    const int half = 32 * kWgShapes[c].wgs, tiles = (I + half - 1) / half, sk = stream_k_blocks(blocks, sms);
+    const int half = 32 * kWgShapes[c].wgs, tiles = (I + half - 1) / half;
     if (gate.zeros) {   // layout 2: the ZP builds
-      if (c == 0) return launch_int4_wgmma<256, 2, 4, 1, true>(g, tiles, A, lda, M, 0, false, 1, st, ws, sk);
-      if (c == 1) return launch_int4_wgmma<128, 2, 5, 1, true>(g, tiles, A, lda, M, 0, false, 1, st, ws, sk);
-      return launch_int4_wgmma<128, 3, 5, 1, true>(g, tiles, A, lda, M, 0, false, 1, st, ws, sk);
+      if (c == 0) return launch_int4_wgmma<256, 2, 4, 1, true>(g, tiles, A, lda, M, 0, false, 1, st);
+      if (c == 1) return launch_int4_wgmma<128, 2, 5, 1, true>(g, tiles, A, lda, M, 0, false, 1, st);
+      return launch_int4_wgmma<128, 3, 5, 1, true>(g, tiles, A, lda, M, 0, false, 1, st);
     }
-    if (c == 0) return launch_int4_wgmma<256, 2, 4, 1>(g, tiles, A, lda, M, 0, false, 1, st, ws, sk);
-    if (c == 1) return launch_int4_wgmma<128, 2, 5, 1>(g, tiles, A, lda, M, 0, false, 1, st, ws, sk);
-    return launch_int4_wgmma<128, 3, 5, 1>(g, tiles, A, lda, M, 0, false, 1, st, ws, sk);
+    if (c == 0) return launch_int4_wgmma<256, 2, 4, 1>(g, tiles, A, lda, M, 0, false, 1, st);
+    if (c == 1) return launch_int4_wgmma<128, 2, 5, 1>(g, tiles, A, lda, M, 0, false, 1, st);
+    return launch_int4_wgmma<128, 3, 5, 1>(g, tiles, A, lda, M, 0, false, 1, st);
   }
   float* const C2[2] = {G, U};
   const float* const B2[2] = {nullptr, nullptr};

@@ -30,17 +30,11 @@
 //   wgmma.wait_group 0 before the next dequantisation. Dequantising the next stage during the wgmmas let ptxas give
 //   the new values the in-flight HGMMAs' registers (NaN results, bench/NOTES.md); csrc/dev/check_wgmma_sass.py
 //   checks the rule on the SASS.
-// * Work split. The few-token builds (batched decode, TN 16-64: the weight stream) split K so that their grids fill
-//   the GPU (gemm.cu's choice), and reduce in parallel: every split stores its partial, the tile's last split sums
-//   them in split order (deterministic). gemm_int4_mma's serial order (split z adds into C after split z - 1) costs a
-//   global round trip per split, which at these sizes is most of a launch. The prefill builds (TN >= 128) run
-//   either the tile grid or, where that leaves SMs idle in its last round (gemm.cu), stream-K: one block per SM, the
-//   tiles' k-units (64-k sub-tiles, grouped so that a unit starts on a scale group) cut into equal runs, block b
-//   taking units [b U / sk, (b + 1) U / sk) across tile boundaries. A tile that one block covers whole is stored as
-//   the tile grid stores it; a tile shared by blocks is summed by the last of them to finish, from partials stored in
-//   two slots per block (its first and its last segment; the segments between are whole tiles), in block order:
-//   deterministic too. Every split and segment starts on a scale group, so the scale (and zero point) rows are
-//   offset once per segment and the mainloop indexes from the segment's start, as the unsplit loop does.
+// * Split-K. The prefill builds do not split: every split count > 1 was slower on the 7B shapes (bench/NOTES.md), and
+//   small grids take a narrower block instead. The few-token builds (batched decode, TN 16-64: the weight stream)
+//   split K so that their grids fill the GPU (gemm.cu's choice), and reduce in parallel: every split stores its
+//   partial, the tile's last split sums them in split order (deterministic). gemm_int4_mma's serial order (split z
+//   adds into C after split z - 1) costs a global round trip per split, which at these sizes is most of a launch.
 // * Stages of KSUB 64-k sub-tiles (each an activation atom and a raw W box, as above): the prefill builds take 1,
 //   the few-token builds 4, whose per-stage work (mbarrier wait and arrive, wgmma fence/commit/wait, loop and scale
 //   addressing: ~90 of the ~160 instructions of a 1-sub-tile stage in their SASS) is then paid once per 256 k.
@@ -138,14 +132,11 @@ __device__ __forceinline__ void wg_reg_fence(float& r) { asm volatile("" : "+f"(
 #endif
 
 // ZP: INT4 layout 2 (every segment has zero points; gemm_multi launches per segment where layouts differ).
-// Work of a block (file comment, "Work split"): the tile grid (sk == 0; blockIdx.x token tile, blockIdx.y W-row tile,
-// blockIdx.z the few-token builds' K split) or stream-K (sk > 0, the prefill builds: sk blocks share the tiles x
-// k-units of the whole GEMM, `tiles` W-row tiles over all segments).
 template <int TN, int WGS, int STAGES, int KSUB, bool ZP = false>
 __global__ void __launch_bounds__(128 * WGS + 128, 1)
     gemm_int4_wgmma(const GemmGroup g, const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmW0,
                     const __grid_constant__ CUtensorMap tmW1, const __grid_constant__ CUtensorMap tmW2, int M, int ldc,
-                    int add, int tiles, int sk, int* sem, float* part) {
+                    int add, int* sem, float* part) {
 #if NQ_WGMMA_DEVICE
   using C_ = WgCfg<TN, WGS, STAGES, KSUB, ZP>;
   extern __shared__ __align__(128) unsigned char wsm_raw[];
@@ -153,64 +144,26 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   const uint32_t sbase = (raw_u32 + 1023u) & ~1023u;
   unsigned char* const wsm = wsm_raw + (sbase - raw_u32);
   const uint32_t full0 = sbase + STAGES * C_::kStageBytes, empty0 = full0 + STAGES * 8;
-  const int tid = threadIdx.x;
+
+  const int by = blockIdx.y;  // W-row tile over all segments; blockIdx.x = token tile (fastest: W read ~once)
   // SwiGLU blocks (g.swiglu_out; the prefill builds only, gemm.cu): rows n0 .. n0 + kRows/2 - 1 of gate and the
   // same rows of up, one TMA box each
   const bool swiglu = TN >= 128 && g.swiglu_out != nullptr;
-  const int KTall = g.s[0].W.K / WG_KB;  // 64-k sub-tiles of K (every segment shares A, so K)
-  const int mtiles = (M + TN - 1) / TN;
-
-  // The block's segments: (tile t = by * mtiles + mt, sub-tiles [kt0, kt0 + KT)). Tile grid: one, the whole of K,
-  // or the few-token builds' split z of nz (kSplits). Stream-K: the tiles x UT k-units (kU sub-tiles each, so that
-  // a segment starts on a group boundary: the scale rows below are offset per segment) are cut into sk equal runs;
-  // block b takes units [ustart(b), ustart(b + 1)), which may end one tile and begin others. A tile that a block
-  // does not cover whole is "partial": its blocks store partials, its last one to finish sums them (epilogue).
+  const int seg = swiglu ? 0 : (g.n > 2 && by >= g.tiles0 + g.tiles1) ? 2 : (g.n > 1 && by >= g.tiles0) ? 1 : 0;
+  const LinW W = seg == 2 ? g.s[2].W : seg == 1 ? g.s[1].W : g.s[0].W;
+  const CUtensorMap* tmW = seg == 2 ? &tmW2 : seg == 1 ? &tmW1 : &tmW0;
+  const int n0 = swiglu ? by * (C_::kRows / 2) : (by - (seg == 2 ? g.tiles0 + g.tiles1 : seg == 1 ? g.tiles0 : 0)) * C_::kRows;
+  const int m0 = blockIdx.x * TN;
+  const int tid = threadIdx.x;
+  // split-K (gridDim.z splits; sem != null): split z owns the 64-k sub-tiles [kt0, kt0 + KT), in NS stages of KSUB
+  // (the last one possibly shorter)
+  // The prefill builds (TN >= 128) never split (gemm.cu), so their k range is constant-folded to the whole of K: the
+  // split offsets in their loop's scale addressing cost ~14 % of their speed (SASS: 164 vs 144 instructions a stage).
   constexpr bool kSplits = TN < 128;
-  const int z = kSplits ? blockIdx.z : 0, nz = kSplits ? gridDim.z : 1;
-  const int skb = kSplits ? 0 : sk;  // stream-K is the prefill builds' (constant 0 in the few-token ones)
-  int kU = 1;
-  for (int i = 0; i < g.n; i++) kU = max(kU, g.s[i].W.group / WG_KB);
-  const int UT = (KTall + kU - 1) / kU;
-  const int units = mtiles * tiles * UT;  // < 2^31: the launcher caps tiles and M
-  auto ustart = [&](int b) { return (int)((long long)units * b / skb); };
-  int u = 0, u_end = 1;  // stream-K: units; tile grid: one pass
-  if (skb > 0) u = ustart(blockIdx.x), u_end = ustart(blockIdx.x + 1);
-  struct Seg {
-    int t, kt0, KT;
-    bool partial, first;  // stream-K: the tile is shared / this is the block's first segment
-  };
-  auto segment = [&](int uu, bool first) {
-    Seg sg;
-    if (skb == 0) {
-      sg.t = blockIdx.y * mtiles + blockIdx.x;
-      // the few-token splits start on kU boundaries too (their scale rows are offset the same way)
-      sg.kt0 = kSplits ? (int)((long long)UT * z / nz) * kU : 0;
-      sg.KT = (kSplits ? min(KTall, (int)((long long)UT * (z + 1) / nz) * kU) : KTall) - sg.kt0;
-      sg.partial = false;
-    } else {
-      sg.t = uu / UT;
-      const int uo = uu - sg.t * UT, ue = min(UT, u_end - sg.t * UT);
-      sg.kt0 = uo * kU;
-      sg.KT = min(ue * kU, KTall) - sg.kt0;
-      sg.partial = uo > 0 || ue < UT;
-    }
-    sg.first = first;
-    return sg;
-  };
-  auto next_u = [&](const Seg& sg) { return (sg.t + 1) * UT; };  // stream-K: the next tile's first unit
-  // tile t's W rows: segment `seg` of the group, W-row tile by (over all segments), token tile mt
-  struct TileOf {
-    int seg, n0, m0;
-  };
-  auto tile_of = [&](int t) {
-    TileOf o;
-    const int by = t / mtiles;
-    o.m0 = (t - by * mtiles) * TN;
-    o.seg = swiglu ? 0 : (g.n > 2 && by >= g.tiles0 + g.tiles1) ? 2 : (g.n > 1 && by >= g.tiles0) ? 1 : 0;
-    o.n0 = swiglu ? by * (C_::kRows / 2)
-                  : (by - (o.seg == 2 ? g.tiles0 + g.tiles1 : o.seg == 1 ? g.tiles0 : 0)) * C_::kRows;
-    return o;
-  };
+  const int KTall = W.K / WG_KB, z = kSplits ? blockIdx.z : 0, nz = kSplits ? gridDim.z : 1;
+  const int kt0 = kSplits ? (int)((long long)KTall * z / nz) : 0;
+  const int KT = kSplits ? (int)((long long)KTall * (z + 1) / nz) - kt0 : KTall;
+  const int NS = (KT + KSUB - 1) / KSUB;
 
   if (tid == 0) {
 #pragma unroll
@@ -226,33 +179,23 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C_::kProducerRegs));
     if (tid == C_::kConsumers) {
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmA)) : "memory");
-      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmW0)) : "memory");
-      if (g.n > 1) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmW1)) : "memory");
-      if (g.n > 2) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmW2)) : "memory");
-      int it = 0;  // stages loaded so far (the ring's position carries over from segment to segment)
-      for (bool first = true; u < u_end; first = false) {
-        const Seg sg = segment(u, first);
-        const TileOf to = tile_of(sg.t);
-        const CUtensorMap* tmW = to.seg == 2 ? &tmW2 : to.seg == 1 ? &tmW1 : &tmW0;
-        const int NS = (sg.KT + KSUB - 1) / KSUB;
-        for (int ks = 0; ks < NS; ks++, it++) {
-          const int s = it % STAGES, nsub = KSUB == 1 ? 1 : min(KSUB, sg.KT - ks * KSUB);
-          if (it >= STAGES) wg_mbar_wait(empty0 + 8 * s, ((it / STAGES) - 1) & 1);
-          const uint32_t buf = sbase + s * C_::kStageBytes, full = full0 + 8 * s;
-          wg_mbar_expect_tx(full, nsub * C_::kSubBytes);
-          for (int q = 0; q < nsub; q++) {
-            const int kt = sg.kt0 + ks * KSUB + q;
-            wg_tma_load_2d(buf + q * C_::kSubBytes, &tmA, kt * WG_KB, to.m0, full);
-            if (swiglu) {  // kRows/2 rows of gate, then the same rows of up
-              wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, &tmW0, kt * WG_KB / 2, to.n0, full);
-              wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes + C_::kWBytes / 2, &tmW1, kt * WG_KB / 2, to.n0,
-                             full);
-            } else {
-              wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, tmW, kt * WG_KB / 2, to.n0, full);
-            }
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmW)) : "memory");
+      if (swiglu) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmW1)) : "memory");
+      for (int ks = 0; ks < NS; ks++) {
+        const int s = ks % STAGES, nsub = KSUB == 1 ? 1 : min(KSUB, KT - ks * KSUB);
+        if (ks >= STAGES) wg_mbar_wait(empty0 + 8 * s, ((ks / STAGES) - 1) & 1);
+        const uint32_t buf = sbase + s * C_::kStageBytes, full = full0 + 8 * s;
+        wg_mbar_expect_tx(full, nsub * C_::kSubBytes);
+        for (int q = 0; q < nsub; q++) {
+          const int kt = kt0 + ks * KSUB + q;
+          wg_tma_load_2d(buf + q * C_::kSubBytes, &tmA, kt * WG_KB, m0, full);
+          if (swiglu) {  // kRows/2 rows of gate, then the same rows of up
+            wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, &tmW0, kt * WG_KB / 2, n0, full);
+            wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes + C_::kWBytes / 2, &tmW1, kt * WG_KB / 2, n0, full);
+          } else {
+            wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, tmW, kt * WG_KB / 2, n0, full);
           }
         }
-        u = skb > 0 ? next_u(sg) : u_end;
       }
     }
     return;
@@ -268,205 +211,175 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   const int a = wg * 32 + wq * 8 + gid;                                   // SwiGLU: 0 .. kRows/2 - 1
   const int sr0 = swiglu ? a : r0, sr1 = swiglu ? C_::kRows / 2 + a : r0 + 8;  // shared-memory rows
   const int sh = 4 * tig;
-  const int zsh = 8;  // ZP, group 32: half q's zero is (register >> q * 8) & 0xFF (load_zeros)
-  int it = 0;         // stages consumed so far (as the producer's)
-  for (bool first = true; u < u_end; first = false) {
-    const Seg sg = segment(u, first);
-    const TileOf to = tile_of(sg.t);
-    const LinW W = to.seg == 2 ? g.s[2].W : to.seg == 1 ? g.s[1].W : g.s[0].W;
-    const int groups = W.K / W.group, gshift = __ffs(W.group) - 1;  // groups are powers of two (format rule)
-    // scale rows of the two fragment rows; rows beyond N read row 0's (their outputs are never stored). SwiGLU: gate
-    // and up have one K, group and layout (gemm.cu checks), so `groups` is both's. Offset to the segment's first
-    // group: kt0 is a multiple of kU, so kt0 * 64 is one of the group and the loop below indexes from the segment.
-    const int wr0 = to.n0 + (swiglu ? a : r0), wr1 = swiglu ? wr0 : wr0 + 8;
-    const LinW& W1 = swiglu ? g.s[1].W : W;   // the matrix of the second fragment row
-    const int g0 = (sg.kt0 * WG_KB) >> gshift;
-    const __half* srow0 = W.scales + (size_t)(wr0 < W.N ? wr0 : 0) * groups + g0;
-    const __half* srow1 = W1.scales + (size_t)(wr1 < W.N ? wr1 : 0) * groups + g0;
-    // ZP: the zero points of the same rows, indexed as the scales
-    const uint8_t* zrow0 = ZP ? W.zeros + (size_t)(wr0 < W.N ? wr0 : 0) * groups + g0 : nullptr;
-    const uint8_t* zrow1 = ZP ? W1.zeros + (size_t)(wr1 < W.N ? wr1 : 0) * groups + g0 : nullptr;
-    // The scales' raw bits [row r0 / r0+8][32-k half], loaded a stage ahead and paired (s, s) only where the next
-    // stage dequantises: pairing them here made the thread wait for the loads before it issued this stage's wgmmas
-    // (SASS: the PRMTs right after the LDGs, ahead of WARPGROUP.ARRIVE), a global-memory latency in every stage.
-    // k0: the sub-tile's first k from the segment's start.
-    auto load_scales = [&](int k0, uint32_t (&s)[2][2]) {
+  const int groups = W.K / W.group, gshift = __ffs(W.group) - 1;  // groups are powers of two (format rule)
+  // scale rows of the two fragment rows; rows beyond N read row 0's (their outputs are never stored). SwiGLU: gate
+  // and up have one K, group and layout (gemm.cu checks), so `groups` is both's.
+  const int wr0 = n0 + (swiglu ? a : r0), wr1 = swiglu ? wr0 : wr0 + 8;
+  const LinW& W1 = swiglu ? g.s[1].W : W;   // the matrix of the second fragment row
+  const __half* srow0 = W.scales + (size_t)(wr0 < W.N ? wr0 : 0) * groups;
+  const __half* srow1 = W1.scales + (size_t)(wr1 < W.N ? wr1 : 0) * groups;
+  // ZP: the zero points of the same rows, indexed as the scales
+  const uint8_t* zrow0 = ZP ? W.zeros + (size_t)(wr0 < W.N ? wr0 : 0) * groups : nullptr;
+  const uint8_t* zrow1 = ZP ? W1.zeros + (size_t)(wr1 < W.N ? wr1 : 0) * groups : nullptr;
+  // The scales' raw bits [row r0 / r0+8][32-k half], loaded a stage ahead and paired (s, s) only where the next
+  // stage dequantises: pairing them here made the thread wait for the loads before it issued this stage's wgmmas
+  // (SASS: the PRMTs right after the LDGs, ahead of WARPGROUP.ARRIVE), a global-memory latency in every stage.
+  auto load_scales = [&](int k0, uint32_t (&s)[2][2]) {
 #pragma unroll
-      for (int q = 0; q < 2; q++) {
-        s[0][q] = __half_as_ushort(__ldg(srow0 + ((k0 + 32 * q) >> gshift)));
-        s[1][q] = __half_as_ushort(__ldg(srow1 + ((k0 + 32 * q) >> gshift)));
-      }
-    };
-    // ZP: the zero bytes of rows r0 and r0 + 8 for the sub-tile at k0 (a multiple of 64), one register per row (file
-    // comment): group 32, the two bytes at the even index k0 / 32 (rows of K / 32 bytes, K % 64 == 0, g0 even, and
-    // the zeros' base 128-byte aligned: a 2-byte aligned load); turned into dq_pair's (1024 + z, 1024 + z) only where
-    // the next stage dequantises (as the scales)
-    auto load_zeros = [&](int k0, uint32_t (&zz)[2]) {
-      if (gshift == 5) {
-        zz[0] = __ldg(reinterpret_cast<const unsigned short*>(zrow0 + (k0 >> 5)));
-        zz[1] = __ldg(reinterpret_cast<const unsigned short*>(zrow1 + (k0 >> 5)));
-      } else {
-        zz[0] = __ldg(zrow0 + (k0 >> gshift));
-        zz[1] = __ldg(zrow1 + (k0 >> gshift));
-      }
-    };
-    const int zs = gshift == 5 ? zsh : 0;
-    auto pair = [](uint32_t b) { return u32_as_h2(b | (b << 16)); };
+    for (int q = 0; q < 2; q++) {
+      s[0][q] = __half_as_ushort(__ldg(srow0 + ((k0 + 32 * q) >> gshift)));
+      s[1][q] = __half_as_ushort(__ldg(srow1 + ((k0 + 32 * q) >> gshift)));
+    }
+  };
+  // ZP: the zero bytes of rows r0 and r0 + 8 for the sub-tile at k0 (a multiple of 64), one register per row (file
+  // comment): group 32, the two bytes at the even index k0 / 32 (rows of K / 32 bytes, K % 64 == 0, and the zeros'
+  // base 128-byte aligned: a 2-byte aligned load); turned into dq_pair's (1024 + z, 1024 + z) only where the next
+  // stage dequantises (as the scales)
+  const int zsh = gshift == 5 ? 8 : 0;    // half q's zero: (register >> q * zsh) & 0xFF
+  auto load_zeros = [&](int k0, uint32_t (&zz)[2]) {
+    if (gshift == 5) {
+      zz[0] = __ldg(reinterpret_cast<const unsigned short*>(zrow0 + (k0 >> 5)));
+      zz[1] = __ldg(reinterpret_cast<const unsigned short*>(zrow1 + (k0 >> 5)));
+    } else {
+      zz[0] = __ldg(zrow0 + (k0 >> gshift));
+      zz[1] = __ldg(zrow1 + (k0 >> gshift));
+    }
+  };
+  auto pair = [](uint32_t b) { return u32_as_h2(b | (b << 16)); };
 
-    float acc[TN / 2];
+  float acc[TN / 2];
 #pragma unroll
-    for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;
-    // a stage's A fragments (KSUB sub-tiles x 4 16-k steps) and scales; the scales of the next stage are loaded while
-    // this one's wgmmas run
-    uint32_t fa[KSUB][4][4], sc[KSUB][2][2];
-    uint32_t zc[ZP ? KSUB : 1][2];      // ZP: the zero bytes of a stage, [sub-tile][row] (unused in layout 1's builds)
-    const int KT = sg.KT, NS = (KT + KSUB - 1) / KSUB;
+  for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;
+  // a stage's A fragments (KSUB sub-tiles x 4 16-k steps) and scales; the scales of the next stage are loaded while
+  // this one's wgmmas run
+  uint32_t fa[KSUB][4][4], sc[KSUB][2][2];
+  uint32_t zc[ZP ? KSUB : 1][2];      // ZP: the zero bytes of a stage, [sub-tile][row] (unused in layout 1's builds)
+#pragma unroll
+  for (int q = 0; q < KSUB; q++)
+    if (q < KT) {
+      load_scales((kt0 + q) * WG_KB, sc[q]);
+      if constexpr (ZP) load_zeros((kt0 + q) * WG_KB, zc[q]);
+    }
+  for (int ks = 0; ks < NS; ks++) {
+    // (constant for one sub-tile per stage, so the prefill builds' loop has no sub-tile branches)
+    const int s = ks % STAGES, nsub = KSUB == 1 ? 1 : min(KSUB, KT - ks * KSUB);
+    wg_mbar_wait(full0 + 8 * s, (ks / STAGES) & 1);
+#pragma unroll
+    for (int q = 0; q < KSUB; q++) {
+      if (q >= nsub) break;
+      // dequantise the two fragment rows (shared-memory rows sr0, sr1) of sub-tile q into the A fragments of its 4
+      // 16-k steps
+      const unsigned char* wp = wsm + s * C_::kStageBytes + q * C_::kSubBytes + C_::kActBytes;
+      const uint4 x0 = *reinterpret_cast<const uint4*>(wp + sr0 * 32);
+      const uint4 y0 = *reinterpret_cast<const uint4*>(wp + sr0 * 32 + 16);
+      const uint4 x1 = *reinterpret_cast<const uint4*>(wp + sr1 * 32);
+      const uint4 y1 = *reinterpret_cast<const uint4*>(wp + sr1 * 32 + 16);
+      const uint32_t w0[8] = {x0.x, x0.y, x0.z, x0.w, y0.x, y0.y, y0.z, y0.w};
+      const uint32_t w1[8] = {x1.x, x1.y, x1.z, x1.w, y1.x, y1.y, y1.z, y1.w};
+#pragma unroll
+      for (int t = 0; t < 4; t++) {
+        if constexpr (ZP) {
+          const __half2 kz0 = u32_as_h2(zero_bias_pair((zc[q][0] >> ((t >> 1) * zsh)) & 0xFFu));
+          const __half2 kz1 = u32_as_h2(zero_bias_pair((zc[q][1] >> ((t >> 1) * zsh)) & 0xFFu));
+          fa[q][t][0] = dq_pair(w0[2 * t] >> sh, 0, pair(sc[q][0][t >> 1]), kz0);
+          fa[q][t][1] = dq_pair(w1[2 * t] >> sh, 0, pair(sc[q][1][t >> 1]), kz1);
+          fa[q][t][2] = dq_pair(w0[2 * t + 1] >> sh, 0, pair(sc[q][0][t >> 1]), kz0);
+          fa[q][t][3] = dq_pair(w1[2 * t + 1] >> sh, 0, pair(sc[q][1][t >> 1]), kz1);
+        } else {
+          fa[q][t][0] = dq_pair(w0[2 * t] >> sh, 0, pair(sc[q][0][t >> 1]));
+          fa[q][t][1] = dq_pair(w1[2 * t] >> sh, 0, pair(sc[q][1][t >> 1]));
+          fa[q][t][2] = dq_pair(w0[2 * t + 1] >> sh, 0, pair(sc[q][0][t >> 1]));
+          fa[q][t][3] = dq_pair(w1[2 * t + 1] >> sh, 0, pair(sc[q][1][t >> 1]));
+        }
+      }
+    }
+    const int nnext = KSUB == 1 ? (ks + 1 < KT ? 1 : 0) : min(KSUB, KT - (ks + 1) * KSUB);
 #pragma unroll
     for (int q = 0; q < KSUB; q++)
-      if (q < KT) {
-        load_scales(q * WG_KB, sc[q]);
-        if constexpr (ZP) load_zeros(q * WG_KB, zc[q]);
+      if (q < nnext) {
+        load_scales((kt0 + (ks + 1) * KSUB + q) * WG_KB, sc[q]);
+        if constexpr (ZP) load_zeros((kt0 + (ks + 1) * KSUB + q) * WG_KB, zc[q]);
       }
-    for (int ks = 0; ks < NS; ks++, it++) {
-      // (constant for one sub-tile per stage, so the prefill builds' loop has no sub-tile branches)
-      const int s = it % STAGES, nsub = KSUB == 1 ? 1 : min(KSUB, KT - ks * KSUB);
-      wg_mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+    const uint32_t stage = sbase + s * C_::kStageBytes;
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-      for (int q = 0; q < KSUB; q++) {
-        if (q >= nsub) break;
-        // dequantise the two fragment rows (shared-memory rows sr0, sr1) of sub-tile q into the A fragments of its 4
-        // 16-k steps
-        const unsigned char* wp = wsm + s * C_::kStageBytes + q * C_::kSubBytes + C_::kActBytes;
-        const uint4 x0 = *reinterpret_cast<const uint4*>(wp + sr0 * 32);
-        const uint4 y0 = *reinterpret_cast<const uint4*>(wp + sr0 * 32 + 16);
-        const uint4 x1 = *reinterpret_cast<const uint4*>(wp + sr1 * 32);
-        const uint4 y1 = *reinterpret_cast<const uint4*>(wp + sr1 * 32 + 16);
-        const uint32_t w0[8] = {x0.x, x0.y, x0.z, x0.w, y0.x, y0.y, y0.z, y0.w};
-        const uint32_t w1[8] = {x1.x, x1.y, x1.z, x1.w, y1.x, y1.y, y1.z, y1.w};
+    for (int q = 0; q < KSUB; q++) {
+      if (q >= nsub) break;
 #pragma unroll
-        for (int t = 0; t < 4; t++) {
-          if constexpr (ZP) {
-            const __half2 kz0 = u32_as_h2(zero_bias_pair((zc[q][0] >> ((t >> 1) * zs)) & 0xFFu));
-            const __half2 kz1 = u32_as_h2(zero_bias_pair((zc[q][1] >> ((t >> 1) * zs)) & 0xFFu));
-            fa[q][t][0] = dq_pair(w0[2 * t] >> sh, 0, pair(sc[q][0][t >> 1]), kz0);
-            fa[q][t][1] = dq_pair(w1[2 * t] >> sh, 0, pair(sc[q][1][t >> 1]), kz1);
-            fa[q][t][2] = dq_pair(w0[2 * t + 1] >> sh, 0, pair(sc[q][0][t >> 1]), kz0);
-            fa[q][t][3] = dq_pair(w1[2 * t + 1] >> sh, 0, pair(sc[q][1][t >> 1]), kz1);
-          } else {
-            fa[q][t][0] = dq_pair(w0[2 * t] >> sh, 0, pair(sc[q][0][t >> 1]));
-            fa[q][t][1] = dq_pair(w1[2 * t] >> sh, 0, pair(sc[q][1][t >> 1]));
-            fa[q][t][2] = dq_pair(w0[2 * t + 1] >> sh, 0, pair(sc[q][0][t >> 1]));
-            fa[q][t][3] = dq_pair(w1[2 * t + 1] >> sh, 0, pair(sc[q][1][t >> 1]));
-          }
-        }
-      }
-      const int nnext = KSUB == 1 ? (ks + 1 < KT ? 1 : 0) : min(KSUB, KT - (ks + 1) * KSUB);
-#pragma unroll
-      for (int q = 0; q < KSUB; q++)
-        if (q < nnext) {
-          load_scales(((ks + 1) * KSUB + q) * WG_KB, sc[q]);
-          if constexpr (ZP) load_zeros(((ks + 1) * KSUB + q) * WG_KB, zc[q]);
-        }
-      const uint32_t stage = sbase + s * C_::kStageBytes;
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-      for (int q = 0; q < KSUB; q++) {
-        if (q >= nsub) break;
-#pragma unroll
-        for (int t = 0; t < 4; t++) wgmma::mma_rs<TN>(acc, fa[q][t], wg_desc_sw128(stage + q * C_::kSubBytes + 32 * t));
-      }
-      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");  // the register-A rule; stage s is free
-#pragma unroll
-      for (int i = 0; i < TN / 2; i++) wg_reg_fence(acc[i]);
-      __syncwarp();
-      if (lane == 0) wg_mbar_arrive(empty0 + 8 * s);
+      for (int t = 0; t < 4; t++) wgmma::mma_rs<TN>(acc, fa[q][t], wg_desc_sw128(stage + q * C_::kSubBytes + 32 * t));
     }
-    u = skb > 0 ? next_u(sg) : u_end;
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");  // the register-A rule; stage s is free
+#pragma unroll
+    for (int i = 0; i < TN / 2; i++) wg_reg_fence(acc[i]);
+    __syncwarp();
+    if (lane == 0) wg_mbar_arrive(empty0 + 8 * s);
+  }
 
-    // Partial sums. Few-token K splits (nz > 1): every split stores its partial (thread-major, TN/2 floats per
-    // thread) in slot z of the tile; stream-K (a partial tile): every block stores its partial in its own slot, 2b
-    // for its first segment, 2b + 1 for its last (a block's other segments are whole tiles). The tile's last block
-    // to finish (tile counter in sem) sums all of them in slot order, so the result does not depend on which one that
-    // is, and stores it as an unsplit tile does.
-    if (nz > 1 || sg.partial) {
-      const size_t tl = (size_t)sg.t;
-      auto slot = [&](size_t sl) {
-        return reinterpret_cast<float4*>(part + ((sl * C_::kConsumers) + tid) * (TN / 2));
-      };
-      const size_t ntile = (size_t)mtiles * tiles;
-      const size_t mine = nz > 1 ? (size_t)z * ntile + tl : 2 * (size_t)blockIdx.x + (sg.first ? 0 : 1);
-      // the tile's contributors: splits 0 .. nz - 1, or the blocks whose unit runs meet [t UT, (t + 1) UT)
-      int c0 = 0, c1 = nz - 1;
-      if (nz == 1) {
-        const int tu0 = sg.t * UT, tu1 = tu0 + UT;
-        c0 = (int)((long long)tu0 * skb / units);  // ustart(c0) <= tu0 < ustart(c0 + 1) after the corrections
-        while (c0 > 0 && ustart(c0) > tu0) c0--;
-        while (ustart(c0 + 1) <= tu0) c0++;
-        c1 = c0;
-        while (c1 + 1 < skb && ustart(c1 + 1) < tu1) c1++;
-      }
-#pragma unroll
-      for (int i = 0; i < TN / 8; i++)
-        __stcg(slot(mine) + i, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
-      __threadfence();
-      asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
-      __shared__ int s_last;
-      if (tid == 0) {
-        s_last = atomicAdd(sem + tl, 1) == c1 - c0;
-        if (s_last) sem[tl] = 0;  // every contributor has counted: the counter is zero again for the next launch
-      }
-      asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
-      if (!s_last) continue;
-      __threadfence();
-#pragma unroll
-      for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;
-      for (int c = c0; c <= c1; c++) {
-        // split c's slot, or block c's: its first segment's if its run starts inside this tile, else its last's
-        const size_t sl = nz > 1 ? (size_t)c * ntile + tl
-                                 : 2 * (size_t)c + (ustart(c) >= sg.t * UT ? 0 : 1);
-        const float4* const p = slot(sl);
-#pragma unroll
-        for (int i = 0; i < TN / 8; i++) {
-          const float4 v = __ldcg(p + i);
-          acc[4 * i] += v.x, acc[4 * i + 1] += v.y, acc[4 * i + 2] += v.z, acc[4 * i + 3] += v.w;
-        }
-      }
-    }
-
-    // epilogue: acc[4j + 2h + e] = (block row r0 + 8h, token 8j + 2tig + e)
-    if (swiglu) {  // acc[4j + e] = g, acc[4j + 2 + e] = u of gate/up row n0 + a, token 8j + 2tig + e
-      const int n = to.n0 + a;
-      if (n < W.N) {
-#pragma unroll
-        for (int j = 0; j < TN / 8; j++)
-#pragma unroll
-          for (int e = 0; e < 2; e++) {
-            const int m = to.m0 + 8 * j + 2 * tig + e;
-            if (m < M) g.swiglu_out[(size_t)m * g.swiglu_ld + n] = swiglu_f16(acc[4 * j + e], acc[4 * j + 2 + e]);
-          }
-      }
-      continue;
-    }
-    float* const C = to.seg == 2 ? g.s[2].C : to.seg == 1 ? g.s[1].C : g.s[0].C;
-    const float* const bias = to.seg == 2 ? g.s[2].bias : to.seg == 1 ? g.s[1].bias : g.s[0].bias;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const int n = to.n0 + r0 + 8 * h;
-      if (n >= W.N) continue;
-      const float bn = bias ? bias[n] : 0.f;
+  // epilogue: acc[4j + 2h + e] = (block row r0 + 8h, token 8j + 2tig + e)
+  if (swiglu) {  // acc[4j + e] = g, acc[4j + 2 + e] = u of gate/up row n0 + a, token 8j + 2tig + e
+    const int n = n0 + a;
+    if (n < W.N) {
 #pragma unroll
       for (int j = 0; j < TN / 8; j++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-          const int m = to.m0 + 8 * j + 2 * tig + e;
-          if (m >= M) continue;
-          float* dst = C + (size_t)m * ldc + n;
-          float v = acc[4 * j + 2 * h + e] + bn;
-          if (add) v += __ldcg(dst);
-          __stcg(dst, v);
+          const int m = m0 + 8 * j + 2 * tig + e;
+          if (m < M) g.swiglu_out[(size_t)m * g.swiglu_ld + n] = swiglu_f16(acc[4 * j + e], acc[4 * j + 2 + e]);
         }
     }
+    return;
+  }
+  float* const C = seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C;
+  const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
+  if (nz > 1) {
+    // parallel split-K: every split stores its partial (thread-major, TN/2 floats per thread); the tile's last split to
+    // finish (tile counter in sem) sums all of them in split order, so the result does not depend on which one that is
+    const size_t ntile = (size_t)gridDim.x * gridDim.y, tl = (size_t)blockIdx.y * gridDim.x + blockIdx.x;
+    auto slot = [&](int zz) {
+      return reinterpret_cast<float4*>(part + (((size_t)zz * ntile + tl) * C_::kConsumers + tid) * (TN / 2));
+    };
+    float4* const mine = slot(z);
+#pragma unroll
+    for (int i = 0; i < TN / 8; i++)
+      __stcg(mine + i, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+    __threadfence();
+    asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
+    __shared__ int s_last;
+    if (tid == 0) {
+      s_last = atomicAdd(sem + tl, 1) == nz - 1;
+      if (s_last) sem[tl] = 0;  // every split has counted: the counter is zero again for the next launch
+    }
+    asm volatile("bar.sync 1, %0;\n" ::"n"(C_::kConsumers) : "memory");
+    if (!s_last) return;
+    __threadfence();
+#pragma unroll
+    for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;
+    for (int zz = 0; zz < nz; zz++) {
+      const float4* const p = slot(zz);
+#pragma unroll
+      for (int i = 0; i < TN / 8; i++) {
+        const float4 v = __ldcg(p + i);
+        acc[4 * i] += v.x, acc[4 * i + 1] += v.y, acc[4 * i + 2] += v.z, acc[4 * i + 3] += v.w;
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int n = n0 + r0 + 8 * h;
+    if (n >= W.N) continue;
+    const float bn = bias ? bias[n] : 0.f;
+#pragma unroll
+    for (int j = 0; j < TN / 8; j++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int m = m0 + 8 * j + 2 * tig + e;
+        if (m >= M) continue;
+        float* dst = C + (size_t)m * ldc + n;
+        float v = acc[4 * j + 2 * h + e] + bn;
+        if (add) v += __ldcg(dst);
+        __stcg(dst, v);
+      }
   }
 #endif
 }
@@ -506,7 +419,7 @@ inline bool wg_encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void*
 // builds only), reduced by each tile's last split.
 template <int TN, int WGS, int STAGES, int KSUB, bool ZP = false>
 int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add, int splits,
-                      cudaStream_t st, GemmScratch* ws = nullptr, int sk = 0) {
+                      cudaStream_t st, GemmScratch* ws = nullptr) {
   using C_ = WgCfg<TN, WGS, STAGES, KSUB, ZP>;
   auto kern = gemm_int4_wgmma<TN, WGS, STAGES, KSUB, ZP>;
   static bool raised = false;
@@ -515,10 +428,8 @@ int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, i
     raised = true;
   }
   if (tiles > 65535) return fail(NQ_E_UNSUPPORTED, "gemm: %d N tiles (at most 65535)", tiles);
-  if (TN >= 128 && splits > 1)  // the prefill builds share K by stream-K (sk) instead (kernel comment)
+  if (TN >= 128 && splits > 1)  // the prefill builds' k range is the whole of K (kernel comment)
     return fail(NQ_E_INVALID_ARG, "gemm: split-K (%d) with a %d-token build", splits, TN);
-  if (sk < 0 || (sk > 0 && (TN < 128 || splits > 1)))
-    return fail(NQ_E_INVALID_ARG, "gemm: stream-K (%d blocks) is for the prefill builds, without split-K", sk);
   CUtensorMap tmA, tmW[3];
   if (!wg_encode_2d(&tmA, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, A, (uint64_t)g.s[0].W.K, (uint64_t)M, (uint64_t)lda * 2,
                     WG_KB, TN, CU_TENSOR_MAP_SWIZZLE_128B))
@@ -535,22 +446,12 @@ int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, i
       return fail(NQ_E_CUDA, "gemm: cuTensorMapEncodeTiled failed for weight segment %d (N=%d, K=%d)", i, W.N, W.K);
   }
   const int mtiles = (M + TN - 1) / TN;
-  if (sk > 0) {  // every block needs at least one k-unit (the kernel's contributor count assumes it)
-    int kU = 1;
-    for (int i = 0; i < g.n; i++) kU = std::max(kU, g.s[i].W.group / WG_KB);
-    const long long units = (long long)mtiles * tiles * ((g.s[0].W.K / WG_KB + kU - 1) / kU);
-    if (units >= (1LL << 31)) return fail(NQ_E_UNSUPPORTED, "gemm: %lld stream-K units (M=%d)", units, M);
-    sk = (int)std::min<long long>(sk, units);
-  }
-  const bool shared_k = splits > 1 || sk > 0;  // partials and tile counters needed
   int* sem = nullptr;
   float* part = nullptr;
   bool own = false;  // sem/part allocated for this launch alone
   const size_t sem_bytes = ((size_t)mtiles * tiles * sizeof(int) + 255) / 256 * 256;
-  // partial slots: split z of each tile, or (stream-K) a block's first and last segments
-  const size_t slots = sk > 0 ? 2 * (size_t)sk : (size_t)splits * mtiles * tiles;
-  const size_t part_bytes = slots * C_::kConsumers * (TN / 2) * sizeof(float);
-  if (shared_k && ws) {  // the caller's scratch, grown if this launch needs more and the stream is not captured
+  const size_t part_bytes = (size_t)splits * mtiles * tiles * C_::kConsumers * (TN / 2) * sizeof(float);
+  if (splits > 1 && ws) {  // the caller's scratch, grown if this launch needs more and the stream is not captured
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     NQ_CUDA(cudaStreamIsCapturing(st, &cs));
     if ((ws->counter_bytes < sem_bytes || ws->part_bytes < part_bytes) && cs == cudaStreamCaptureStatusNone) {
@@ -566,21 +467,20 @@ int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, i
       part = reinterpret_cast<float*>(static_cast<char*>(ws->p) + ws->counter_bytes);
     }
   }
-  if (shared_k && !sem) {
+  if (splits > 1 && !sem) {
     // per-launch tile counters + partials, stream-ordered: no state shared between streams or launches
     own = true;
     if (cudaMallocAsync(reinterpret_cast<void**>(&sem), sem_bytes + part_bytes, st) != cudaSuccess) {
       (void)cudaGetLastError();  // no stream-ordered allocator here: run unsplit
       sem = nullptr;
-      splits = 1, sk = 0;
+      splits = 1;
     } else {
       NQ_CUDA(cudaMemsetAsync(sem, 0, sem_bytes, st));
       part = reinterpret_cast<float*>(reinterpret_cast<char*>(sem) + sem_bytes);
     }
   }
-  const dim3 grid = sk > 0 ? dim3(sk) : dim3(mtiles, tiles, splits > 1 ? splits : 1);
-  kern<<<grid, C_::kThreads, C_::kSmem, st>>>(g, tmA, tmW[0], tmW[1], tmW[2], M, ldc, add ? 1 : 0, tiles, sk, sem,
-                                              part);
+  dim3 grid(mtiles, tiles, splits > 1 ? splits : 1);
+  kern<<<grid, C_::kThreads, C_::kSmem, st>>>(g, tmA, tmW[0], tmW[1], tmW[2], M, ldc, add ? 1 : 0, sem, part);
   NQ_LAUNCH_CHECK("gemm_int4_wgmma");
   if (own && sem) NQ_CUDA(cudaFreeAsync(sem, st));
   return NQ_OK;

@@ -58,7 +58,6 @@ void PrefillBuffers::free() {
   void* dev[] = {d_tokens, X, Xn, QKV, ATT, G, U, HM};
   for (void* p : dev)
     if (p) cudaFree(p);
-  gemm_scratch_free(&gemm_ws);
   *this = PrefillBuffers{};
 }
 
@@ -447,7 +446,7 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
           const LinW W3[3] = {L.q, L.k, L.v};
           float* const C3[3] = {s->pre.QKV, s->pre.QKV + Nq, s->pre.QKV + Nq + Nkv};
           const float* const B3[3] = {L.bq, L.bk, L.bv};
-          NQ_TRY(gemm_multi(W3, C3, B3, 3, s->pre.Xn, H, M, Nqkv, false, st, &s->pre.gemm_ws));
+          NQ_TRY(gemm_multi(W3, C3, B3, 3, s->pre.Xn, H, M, Nqkv, false, st));
         }
         NQ_TRY(rope_kv_write(s->pre.QKV, Nqkv, M, s->d_pos, s->kv[l], s->d_page_table, s->d_rope, c.n_heads,
                              c.n_kv_heads, D, st));
@@ -458,14 +457,14 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
         aa.keys_per_split = 32; aa.n_split = 1; aa.write_kv = false;  // M > 1: the prefill kernel, no splits
         aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters; aa.out = s->pre.ATT;
         NQ_TRY(attention(aa, st));
-        NQ_TRY(gemm(L.o, s->pre.ATT, Nq, M, s->pre.X, H, nullptr, true, st, &s->pre.gemm_ws));
+        NQ_TRY(gemm(L.o, s->pre.ATT, Nq, M, s->pre.X, H, nullptr, true, st));
         NQ_TRY(rmsnorm_rows(s->pre.X, L.ln2, M, H, eps, s->pre.Xn, st));
-        NQ_TRY(gemm_swiglu(L.gate, L.up, s->pre.Xn, H, M, s->pre.G, s->pre.U, s->pre.HM, st, &s->pre.gemm_ws));
-        NQ_TRY(gemm(L.down, s->pre.HM, I, M, s->pre.X, H, nullptr, true, st, &s->pre.gemm_ws));
+        NQ_TRY(gemm_swiglu(L.gate, L.up, s->pre.Xn, H, M, s->pre.G, s->pre.U, s->pre.HM, st));
+        NQ_TRY(gemm(L.down, s->pre.HM, I, M, s->pre.X, H, nullptr, true, st));
       }
       if (logits_dev) {
         NQ_TRY(rmsnorm_rows(s->pre.X, m.final_norm, M, H, eps, s->pre.Xn, st));
-        NQ_TRY(gemm(m.lm_head, s->pre.Xn, H, M, logits_dev, V, nullptr, false, st, &s->pre.gemm_ws));
+        NQ_TRY(gemm(m.lm_head, s->pre.Xn, H, M, logits_dev, V, nullptr, false, st));
         NQ_CUDA(cudaMemcpyAsync(logits_all + (size_t)done * V, logits_dev, (size_t)M * V * sizeof(float),
                                 cudaMemcpyDeviceToHost, st));
       }

@@ -18,7 +18,6 @@ struct PrefillBuffers {
   float* G = nullptr;            // [C][I]
   float* U = nullptr;            // [C][I]
   __half* HM = nullptr;          // [C][I]
-  GemmScratch gemm_ws;           // the prefill GEMMs' stream-K partials and tile counters (grown on first use)
   int alloc(const nq_config& c, int C);   // NQ_OK, or the dalloc failure (what was allocated stays for free())
   void free();
 };
