@@ -7,7 +7,10 @@ Each row: nq_bench_attention (libnanoqwen_testing) = `iters` launches captured i
 rotated over enough layers' caches to exceed L2 (HBM reads, as in a real step), best of 3 replays; us per launch.
 Split parameters as a session derives them (csrc/src/session.cu) for each keys_per_split timed: decode
 n_split = min(128, budget / n_kv, ceil(max_ctx / kps)) with the session's budget of 256 blocks per launch (other
-budgets with --split-budget); prefill n_split = min(16, ceil(max_ctx / kps)).
+budgets with --split-budget); prefill (M = 512): the prefill kernel (n_split 1, no splits).
+A few prompt tokens after many keys (--few-tokens, 7B heads, at --batch-contexts keys): the prefill kernel
+("prefill", n_split 1) against the decode kernel with the keys split ("split", n_split = nsplit_decode / M, as
+session_prefill runs chunks of up to kSplitPrefillMaxTokens tokens): where the crossover lies.
 GB/s counts the K and V bytes of one KV head group read once per launch (decode only).
 --batch-rows R ...: also the batched decode step's attention (nq_bench_attention_batch: R sequences, one token each
 at position n_pos - 1 of its own pages), 7B heads, at each --batch-splits count (batch.cu uses min(128, 256 / n_kv)
@@ -36,7 +39,6 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--iters", type=int, default=56)
     ap.add_argument("--decode-kps", type=int, nargs="+", default=[32, 64, 128], help="keys per split to time (decode)")
-    ap.add_argument("--prefill-kps", type=int, nargs="+", default=[64, 128, 256], help="keys per split (prefill)")
     ap.add_argument("--split-budget", type=int, nargs="+", default=[256],
                     help="decode: blocks per launch the split count is capped by (the session uses 256)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[65, 577, 2048, 8192], help="decode key counts")
@@ -44,6 +46,7 @@ def main() -> int:
     ap.add_argument("--batch-splits", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64],
                     help="batched decode: splits per (token, KV head) to time")
     ap.add_argument("--batch-contexts", type=int, nargs="+", default=[577, 2048], help="batched decode key counts")
+    ap.add_argument("--few-tokens", type=int, nargs="*", default=[], help="prompt chunks of M tokens: both kernels")
     a = ap.parse_args()
     lib = load_testing_library()
     rows = []
@@ -60,15 +63,24 @@ def main() -> int:
                              "n_split": nsplit, "budget": 0, "us": us.value, "GBps": gbs})
                 print(f"attn 7B    batch   n_pos={n_pos:5d} rows={n_rows:3d} n_split={nsplit:3d}: {us.value:8.2f} us"
                       f"  {gbs:7.0f} GB/s", flush=True)
+    for m in a.few_tokens:
+        for n_pos in a.batch_contexts:
+            nsplit_decode = max(1, min(128, 256 // nkv, (n_pos + 128 + 31) // 32))
+            for kind, nsplit in (("prefill", 1), ("split", max(1, nsplit_decode // m))):
+                us = ctypes.c_float(0.0)
+                rc = lib.nq_bench_attention(nh, nkv, d, n_pos, m, 32, nsplit, a.iters, ctypes.byref(us))
+                if rc != 0:
+                    raise SystemExit(f"attention {kind} M={m} {n_pos}: {lib.nq_last_error().decode()}")
+                rows.append({"layout": "7B", "mode": "few-" + kind, "n_pos": n_pos, "M": m, "kps": 32,
+                             "n_split": nsplit, "budget": 0, "us": us.value, "GBps": float("nan")})
+                print(f"attn 7B    few {kind:7s} n_pos={n_pos:5d} M={m:3d} n_split={nsplit:3d}: {us.value:8.2f} us",
+                      flush=True)
     for name, (nh, nkv, d) in LAYOUTS.items():
         cases = [("decode", n, 1, kps, b) for n in a.contexts for kps in a.decode_kps for b in a.split_budget] + \
-                [("prefill", 512, 512, kps, 0) for kps in a.prefill_kps]
+                [("prefill", 512, 512, 32, 0)]
         for mode, n_pos, m, kps, budget in cases:
             max_ctx = n_pos + 128
-            if mode == "decode":
-                nsplit = max(1, min(128, budget // nkv, (max_ctx + kps - 1) // kps))
-            else:
-                nsplit = max(1, min(16, (max_ctx + kps - 1) // kps))
+            nsplit = max(1, min(128, budget // nkv, (max_ctx + kps - 1) // kps)) if mode == "decode" else 1
             us = ctypes.c_float(0.0)
             rc = lib.nq_bench_attention(nh, nkv, d, n_pos, m, kps, nsplit, a.iters, ctypes.byref(us))
             if rc != 0:

@@ -67,7 +67,9 @@ if has kbench; then
   save
 fi
 if has abench; then
-  timeout 240 python3 bench/attn_bench.py --batch-rows 8 32 64 --json "$LOG/attn_bench.json" > "$LOG/attn_bench.log" 2>&1
+  # the few-token prefill chunks both ways (kernel crossover), decode at two contexts, prefill at 512 tokens
+  timeout 240 python3 bench/attn_bench.py --few-tokens 2 5 8 16 32 --batch-contexts 577 2048 --contexts 577 2048 \
+    --json "$LOG/attn_bench.json" > "$LOG/attn_bench.log" 2>&1
   note "attention bench rc=$?"; grep -E "^attn" "$LOG/attn_bench.log" | tee -a "$summary"
   save
 fi

@@ -8,7 +8,8 @@ One step (Scheduler.step), under the engine's step lock:
      a prefix-cache hit gives a new sequence the KV rows of its prompt's cached leading pages;
   3. every decoding sequence decodes its last token and samples the next one;
   4. prefilling sequences compute their prompts in chunks, in arrival order, at most PREFILL_CHUNK_TOKENS prompt
-     tokens per step in all, so a long prompt never holds the decodes of step 3 back for longer than one chunk;
+     tokens per step in all, so a long prompt never holds the decodes of step 3 back for longer than one chunk
+     (in a step where no sequence decodes, the store's idle_prefill_tokens if it has one: nobody waits then);
      a sequence whose prompt is done samples its first token;
   5. finished sequences (stop id, max new tokens, full context, a grammar that completed) leave at once.
 
@@ -191,7 +192,9 @@ class Scheduler:
         else:
             n_tok = self._land()
             n_tok += self._decode_all([s for s in decoding if not s.done])
-        budget = PREFILL_CHUNK_TOKENS
+        # prompt tokens this step: a chunk that holds decodes back at most PREFILL_CHUNK_TOKENS long, or with no
+        # decode in the step the store's efficient prompt size (CUDA: a 2,006-token prompt in 1 step, not 8)
+        budget = PREFILL_CHUNK_TOKENS if decoding else (self.kv.idle_prefill_tokens or PREFILL_CHUNK_TOKENS)
         for s in batch:                                           # then prompt chunks, in arrival order
             if budget <= 0:
                 break

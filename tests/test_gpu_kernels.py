@@ -391,12 +391,35 @@ def test_attention_prefill_vs_numpy(lib, n_heads, n_kv, D, n_pos, M):
     k = rng.standard_normal((n_pos, n_kv, D)).astype(np.float32)
     v = rng.standard_normal((n_pos, n_kv, D)).astype(np.float32)
     out = np.empty((M, n_heads * D), dtype=np.float32)
-    _check(lib, lib.nq_test_attention_prefill(_f32p(q), _f32p(k), _f32p(v), n_heads, n_kv, D, n_pos, M, _f32p(out)))
+    _check(lib, lib.nq_test_attention_prefill(_f32p(q), _f32p(k), _f32p(v), n_heads, n_kv, D, n_pos, M, 1,
+                                              _f32p(out)))
     assert np.isfinite(out).all()  # the output was poisoned with NaN: every element written
     err = rel_err(out, attention_prefill_ref(q, k, v, n_heads, n_kv, D))
     # f16 K/V (in the reference too); the tensor cores also take q and the probabilities P in f16 (2^-12 relative
     # each: ~1e-3 absolute on scores of a few units in the log2 domain -> ~5e-4 relative on the output), f32
     # accumulation and softmax, output rounded to f16 (2^-12): ~1e-3 in all, under the 2e-3 of the decode kernel
+    assert err < 2e-3, f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("n_heads,n_kv,D", [(14, 2, 64), (28, 4, 128), (40, 8, 128)])
+@pytest.mark.parametrize("n_pos,M,n_split", [(2, 2, 64), (45, 13, 4), (700, 5, 12), (2005, 16, 4), (2005, 5, 25),
+                                             (300, 3, 128)])
+def test_attention_prefill_split_vs_numpy(lib, n_heads, n_kv, D, n_pos, M, n_split):
+    """A few prompt tokens with the keys split (the decode kernel, session_prefill's path up to
+    kSplitPrefillMaxTokens tokens): each token t attends to its own n_pos - M + t + 1 keys, the splits' partials
+    merged by the last block of each (token, KV head), which re-arms its counter (the library checks). Splits past
+    the used ones (n_pos 2, 300) return at once."""
+    rng = np.random.default_rng()
+    q = (rng.standard_normal((M, n_heads * D)) * 2).astype(np.float32)
+    k = rng.standard_normal((n_pos, n_kv, D)).astype(np.float32)
+    v = rng.standard_normal((n_pos, n_kv, D)).astype(np.float32)
+    out = np.empty((M, n_heads * D), dtype=np.float32)
+    _check(lib, lib.nq_test_attention_prefill(_f32p(q), _f32p(k), _f32p(v), n_heads, n_kv, D, n_pos, M, n_split,
+                                              _f32p(out)))
+    assert np.isfinite(out).all()  # the output was poisoned with NaN: every element written
+    err = rel_err(out, attention_prefill_ref(q, k, v, n_heads, n_kv, D))
+    # the decode kernel's arithmetic (f16 K/V, f32 q, scores, softmax and merge; output rounded to f16): the decode
+    # test's 2e-3
     assert err < 2e-3, f"relative error {err:.2e}"
 
 

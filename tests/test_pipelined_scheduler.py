@@ -214,3 +214,43 @@ def test_prefix_cache_pages_hold_real_tokens_only():
         assert got[i] == reference(p, m, st)
     assert sched.pool.prefix_hit_pages >= 2            # the later prompts found the first one's pages (and read
                                                        # them: FakeKv._history asserts every row was written)
+
+
+def test_steps_without_decodes_take_the_stores_idle_prompt_budget():
+    """A step in which no sequence decodes computes up to the store's idle_prefill_tokens prompt tokens (a long
+    prompt alone enters in fewer, larger chunks); a step with decodes at most PREFILL_CHUNK_TOKENS, so a running
+    stream is never held back by more than one such chunk. The tokens are what each sequence yields alone."""
+    from nanoqwen_rt.scheduler import PREFILL_CHUNK_TOKENS
+    idle = 4 * PREFILL_CHUNK_TOKENS
+    be = FakeBackend(True, max_context=1800, n_pages=240)
+    be.kv.idle_prefill_tokens = idle
+    chunks: list[tuple[int, int]] = []                   # (seq_id, prompt tokens computed in one call)
+    for name in ("extend", "forward_token"):
+        inner = getattr(be.kv, name)
+
+        def wrapped(seq, p0, ids, inner=inner):
+            chunks.append((seq.seq_id, len(ids)))
+            return inner(seq, p0, ids)
+        setattr(be.kv, name, wrapped)
+    sched = Scheduler(be, max_batch=4, kv_pages=240, lock=threading.Lock())
+    rng = np.random.default_rng(3)
+    long_a = rng.integers(0, V, idle + 76).tolist()      # alone: one idle-budget chunk, then the rest
+    long_b = rng.integers(0, V, 2 * PREFILL_CHUNK_TOKENS + 88).tolist()   # arrives while A decodes
+    got = {0: [], 1: []}
+    a = _Seq(np.asarray(long_a, dtype=np.int32), SamplingParams(0.0), 40, set(), None,
+             lambda t, lp, c: got[0].append(int(t)))
+    sched.add(a)
+    b = None
+    for step in range(400):
+        if step == 3:
+            b = _Seq(np.asarray(long_b, dtype=np.int32), SamplingParams(0.0), 5, set(), None,
+                     lambda t, lp, c: got[1].append(int(t)))
+            sched.add(b)
+        if step > 3 and not sched.has_work:
+            break
+        sched.step()
+    assert got[0] == reference(long_a, 40, (), max_context=1800)
+    assert got[1] == reference(long_b, 5, (), max_context=1800)
+    sizes = sorted([n for s, n in chunks if s == sid] for sid in {s for s, _ in chunks})
+    assert sizes == sorted([[idle, 76], [PREFILL_CHUNK_TOKENS, PREFILL_CHUNK_TOKENS, 88]]), sizes
+    sched.pool.check(live=[])

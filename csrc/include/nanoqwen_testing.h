@@ -48,9 +48,10 @@ NQ_API int nq_test_gemm_swiglu(const uint32_t* q_gate, const uint16_t* s_gate, c
 NQ_API int nq_test_attention(const float* q, const float* k, const float* v, int32_t n_heads, int32_t n_kv,
                              int32_t head_dim, int32_t n_pos, int32_t keys_per_split, float* out);
 /* Prefill attention of M >= 2 query tokens at positions n_pos-M .. n_pos-1 (causal): q[M][n_heads*D] f32 (already
- * roped), K/V[n_pos, n_kv, D] f32 (already roped) all in the cache; returns out[M][n_heads*D]. */
+ * roped), K/V[n_pos, n_kv, D] f32 (already roped) all in the cache; returns out[M][n_heads*D]. n_split 1: the
+ * prefill kernel; more: the decode kernel with the keys split (session_prefill's choice for a few tokens). */
 NQ_API int nq_test_attention_prefill(const float* q, const float* k, const float* v, int32_t n_heads, int32_t n_kv,
-                                     int32_t head_dim, int32_t n_pos, int32_t M, float* out);
+                                     int32_t head_dim, int32_t n_pos, int32_t M, int32_t n_split, float* out);
 /* Sample from logits[V] with the device sampler; returns the token in *out. */
 NQ_API int nq_test_sample(const float* logits, int32_t V, const nq_sampling* sp, uint64_t counter, int32_t* out);
 

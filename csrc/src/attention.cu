@@ -514,14 +514,17 @@ int attention(const AttnArgs& a, cudaStream_t st) {
   if (a.keys_per_split <= 0 || a.keys_per_split % 32)
     return fail(NQ_E_INVALID_ARG, "attention: keys_per_split %d", a.keys_per_split);
   if (a.D != 128 && a.D != 64) return fail(NQ_E_UNSUPPORTED, "attention: head_dim %d (64 or 128)", a.D);
-  if (a.M > 1 && a.pos_of == nullptr) {  // prefill: kPQ query tokens per block, no splits (rope_kv_write wrote the cache)
+  if (a.M > 1 && a.pos_of == nullptr) {  // prefill: rope_kv_write wrote the cache
     if (a.write_kv) return fail(NQ_E_INVALID_ARG, "attention: write_kv with M = %d > 1", a.M);
-    const dim3 grid(a.n_kv, (a.M + kPQ - 1) / kPQ);
-    if (a.D == 128) return launch_prefill<128>(grid, a, st);
-    return launch_prefill<64>(grid, a, st);
-  }
-  if (a.M > 1 && !(a.write_kv && a.kv_of && a.page_table_of))
+    if (a.n_split == 1) {  // kPQ query tokens per block, all keys in series
+      const dim3 grid(a.n_kv, (a.M + kPQ - 1) / kPQ);
+      if (a.D == 128) return launch_prefill<128>(grid, a, st);
+      return launch_prefill<64>(grid, a, st);
+    }
+    // a few tokens with the keys split: the decode kernel, token t at *pos0 + t (session_prefill's choice)
+  } else if (a.M > 1 && !(a.write_kv && a.kv_of && a.page_table_of)) {
     return fail(NQ_E_INVALID_ARG, "attention: a batched decode of %d sequences needs write_kv, kv_of, page_table_of", a.M);
+  }
   const dim3 grid(a.n_kv, a.n_split, a.M);
   if (a.D == 128) return launch_pdl("attn_kernel", attn_kernel<128>, grid, dim3(kAttnThreads), 0, st, a);
   return launch_pdl("attn_kernel", attn_kernel<64>, grid, dim3(kAttnThreads), 0, st, a);

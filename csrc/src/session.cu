@@ -213,7 +213,7 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
       (rc = dalloc(&s->logits, V, "logits")) ||
       (rc = dalloc(&s->part_o, part_rows * c.n_heads * D, "attention partials")) ||
       (rc = dalloc(&s->part_ml, part_rows * c.n_heads * 2, "attention partials")) ||
-      (rc = dalloc(&s->counters, (size_t)c.n_kv_heads, "attention counters")) ||
+      (rc = dalloc(&s->counters, (size_t)kSplitPrefillMaxTokens * c.n_kv_heads, "attention counters")) ||
       (!pool && (rc = s->pre.alloc(c, C))) ||
       (rc = dalloc(&s->d_steer, V, "steered logits")) ||
       (rc = dalloc(&s->d_counts, V, "token counts")) || (rc = dalloc(&s->d_mask, (V + 31) / 32, "token mask")) ||
@@ -251,7 +251,7 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
     if ((e = cudaMemcpy(s->d_rope, rope.data(), rope.size() * sizeof(float2), cudaMemcpyHostToDevice)))
       return fail_cuda(e, "rope upload");
   }
-  if ((e = cudaMemset(s->counters, 0, (size_t)c.n_kv_heads * 4))) return fail_cuda(e, "counters");
+  if ((e = cudaMemset(s->counters, 0, (size_t)kSplitPrefillMaxTokens * c.n_kv_heads * 4))) return fail_cuda(e, "counters");
   if ((e = cudaMemset(s->d_pos, 0, 4)) || (e = cudaMemset(s->d_token, 0, 4)) || (e = cudaMemset(s->d_counter, 0, 8)) ||
       (e = cudaMemset(s->d_counts, 0, (size_t)V * sizeof(int))))
     return fail_cuda(e, "state init");
@@ -454,7 +454,11 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
         aa.qkv = s->pre.QKV; aa.qkv_stride = Nqkv; aa.M = M; aa.pos0 = s->d_pos;
         aa.kv = s->kv[l]; aa.page_table = s->d_page_table; aa.rope = s->d_rope;
         aa.n_heads = c.n_heads; aa.n_kv = c.n_kv_heads; aa.D = D;
-        aa.keys_per_split = 32; aa.n_split = 1; aa.write_kv = false;  // M > 1: the prefill kernel, no splits
+        // up to kSplitPrefillMaxTokens tokens (a prefix-cache hit's suffix, a short prompt, a long prompt's last
+        // chunk): the decode kernel, keys split over nsplit_decode / M blocks per (token, KV head), partials in
+        // the decode buffers (M x n_split <= nsplit_decode rows); more: the prefill kernel (tensor cores, no splits)
+        aa.keys_per_split = 32; aa.write_kv = false;
+        aa.n_split = M <= kSplitPrefillMaxTokens ? std::max(1, s->nsplit_decode / M) : 1;
         aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters; aa.out = s->pre.ATT;
         NQ_TRY(attention(aa, st));
         NQ_TRY(gemm(L.o, s->pre.ATT, Nq, M, s->pre.X, H, nullptr, true, st));

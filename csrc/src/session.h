@@ -40,6 +40,12 @@ struct KvPool {
   ~KvPool();
 };
 
+// Prefill chunks of at most this many tokens run their attention in the decode kernel with the keys split
+// (session_prefill): the prefill kernel gives each KV head ceil(M / 8) blocks that walk all keys in series, so a
+// prefix-cache hit's few new tokens after 2,000 cached ones ran 4 blocks per layer on a 132-SM GPU. 16: two such
+// blocks per KV head, where the prefill kernel's tensor cores start to pay (bench/NOTES.md "Session 10").
+constexpr int kSplitPrefillMaxTokens = 16;
+
 struct Session {
   Model* m = nullptr;
   uint64_t serial = 0;           // unique per session of the process (a Batch recognises its bound sessions by it)
@@ -68,9 +74,9 @@ struct Session {
   __half* att = nullptr;         // [n_heads * D]
   __half* hmlp = nullptr;        // [I]
   float* logits = nullptr;       // [V]
-  float* part_o = nullptr;       // attention partials (sized for prefill chunk)
+  float* part_o = nullptr;       // attention partials [nsplit_decode][n_heads][D] (M x n_split rows of a prefill)
   float* part_ml = nullptr;
-  int* counters = nullptr;       // [prefill_chunk][n_kv]
+  int* counters = nullptr;       // [kSplitPrefillMaxTokens][n_kv]
   int kps_decode = 32, nsplit_decode = 1;  // decode attention split (csrc/src/attention.cu)
   // prefill activations, chunk of up to prefill_chunk tokens
   int prefill_chunk = 512;

@@ -194,8 +194,8 @@ int nq_test_attention(const float* q, const float* k, const float* v, int32_t n_
 }
 
 int nq_test_attention_prefill(const float* q, const float* k, const float* v, int32_t n_heads, int32_t n_kv,
-                              int32_t head_dim, int32_t n_pos, int32_t M, float* out) {
-  if (!q || !k || !v || !out || n_kv <= 0 || n_heads <= 0 || n_heads % n_kv || M < 2 || n_pos < M)
+                              int32_t head_dim, int32_t n_pos, int32_t M, int32_t n_split, float* out) {
+  if (!q || !k || !v || !out || n_kv <= 0 || n_heads <= 0 || n_heads % n_kv || M < 2 || n_pos < M || n_split < 1)
     return fail(NQ_E_INVALID_ARG, "nq_test_attention_prefill: bad argument");
   const int D = head_dim, pos0 = n_pos - M;
   // cache: all n_pos rows (the prefill path writes them before attention)
@@ -204,12 +204,16 @@ int nq_test_attention_prefill(const float* q, const float* k, const float* v, in
   std::vector<float> qkv((size_t)M * stride, 1e30f);  // k/v parts are not read by the prefill kernel
   for (int t = 0; t < M; t++) std::memcpy(qkv.data() + (size_t)t * stride, q + (size_t)t * Nq, Nq * 4);
   AttnBuffers b;
-  NQ_TRY(b.setup(cache, qkv, pos0, n_pos, n_heads, n_kv, D, M, 1));
+  NQ_TRY(b.setup(cache, qkv, pos0, n_pos, n_heads, n_kv, D, M, n_split));
   AttnArgs a = b.args(stride, M, n_heads, n_kv, D);
-  a.keys_per_split = 32; a.n_split = 1; a.write_kv = false;
+  a.keys_per_split = 32; a.n_split = n_split; a.write_kv = false;
   NQ_TRY(attention(a, 0));
   NQ_CUDA(cudaDeviceSynchronize());
   NQ_TRY(b.read_out(out, (size_t)M * Nq));
+  std::vector<int> cnt((size_t)M * n_kv);   // split: every (token, KV head) counter re-armed by its merge
+  NQ_CUDA(cudaMemcpy(cnt.data(), b.counters.p, cnt.size() * 4, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < cnt.size(); i++)
+    if (cnt[i] != 0) return fail(NQ_E_CUDA, "attention left counter %zu at %d", i, cnt[i]);
   return NQ_OK;
 }
 

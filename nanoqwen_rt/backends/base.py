@@ -252,6 +252,9 @@ class SequenceKv(abc.ABC):
     #: step's tokens taken from the previous step's draws on the store's side (CUDA: nq_decode_batch_launch /
     #: _wait), so that the scheduler prepares one step while the other runs (nanoqwen_rt/scheduler.py)
     pipelines: bool = False
+    #: prompt tokens the scheduler may compute in a step in which no sequence decodes (nobody's next token waits
+    #: for it): the store's efficient prompt size; None: PREFILL_CHUNK_TOKENS, as in a step with decodes
+    idle_prefill_tokens: int | None = None
 
     def plan_batch(self, max_rows: int) -> None:
         """The most sequences one decode step will hold (the scheduler's max_batch), said once before any step."""

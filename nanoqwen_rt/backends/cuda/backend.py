@@ -493,6 +493,10 @@ class SessionKv(SequenceKv):
     shares_pages = True
     samples_tokens = True
     pipelines = True
+    # four of the library's 512-token prefill chunks (session.cu prefill_chunk): at M = 512 its GEMMs run the
+    # full-size tiles; a 2,006-token prompt then takes one engine step of ~70 ms instead of eight 256-token steps
+    # (122 ms, bench/NOTES.md "Session 10"); the cap keeps a cancelled request's pages from waiting long
+    idle_prefill_tokens = 2048
 
     def __init__(self, be: CudaBackend, n_pages: int):
         self.be = be
