@@ -419,6 +419,21 @@ int session_sample_steered(Session* s, const int32_t* bias_ids, const float* bia
   return NQ_OK;
 }
 
+// The attention split count of a prefill chunk of M tokens whose last token sees n_keys keys: nsplit_decode / M
+// splits of the decode kernel where that gives at least kSplitPrefillMinSplits splits with keys, else 1 (the
+// prefill kernel). attn_bench --few-tokens (bench/NOTES.md "Session 10" §6): the split path takes ~5 + 0.12 x
+// keys-per-split us a layer, the prefill kernel ~9 + 0.033 x keys whatever M <= 32; 2 used splits lost (577 keys,
+// M = 8: 37.5 against 28.3 us), 4 or more won everywhere measured.
+namespace {
+constexpr int kSplitPrefillMinSplits = 4;
+int split_prefill_count(int M, int n_keys, int nsplit_decode) {
+  if (M > kSplitPrefillMaxTokens) return 1;
+  const int ns = std::max(1, nsplit_decode / M);
+  const int kps = std::max(32, ((n_keys + ns - 1) / ns + 31) / 32 * 32);   // as attn_kernel derives it
+  return (n_keys + kps - 1) / kps >= kSplitPrefillMinSplits ? ns : 1;
+}
+}  // namespace
+
 // Batched pass over n tokens (chunks of prefill_chunk). logits_all: n*V floats (host) or null.
 int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all) {
   const Model& m = *s->m;
@@ -458,7 +473,7 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
         // chunk): the decode kernel, keys split over nsplit_decode / M blocks per (token, KV head), partials in
         // the decode buffers (M x n_split <= nsplit_decode rows); more: the prefill kernel (tensor cores, no splits)
         aa.keys_per_split = 32; aa.write_kv = false;
-        aa.n_split = M <= kSplitPrefillMaxTokens ? std::max(1, s->nsplit_decode / M) : 1;
+        aa.n_split = split_prefill_count(M, s->pos + M, s->nsplit_decode);
         aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters; aa.out = s->pre.ATT;
         NQ_TRY(attention(aa, st));
         NQ_TRY(gemm(L.o, s->pre.ATT, Nq, M, s->pre.X, H, nullptr, true, st));
