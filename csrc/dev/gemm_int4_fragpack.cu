@@ -1,0 +1,538 @@
+// INT4 few-token GEMM on mma.sync with the weights repacked into the B-fragment order (Marlin's idea, written here
+// from the PTX fragment layout; no code taken from it): C[M, N] (+)= A[M, K] @ W[N, K]^T, M <= 16 * MT tokens.
+// Experiment for issues 13 and 15 (bench/NOTES.md "Session 10" §7): the library's few-token wgmma builds stream a
+// 7B layer's 120 MB at ~0.9 TB/s (129 us at M = 5..16, 147 at 32) because every thread of a quad re-reads and
+// re-unpacks the same words (the register-A fragment layout of the file's rows), and the decode GEMV at ~2.2 TB/s.
+//
+//   build/dev/gemm_int4_fragpack --case pack      # CPU only: the repack and the kernel's unpack are a pair
+//   build/dev/gemm_int4_fragpack --case check     # GPU: every M tile build against a float64 reference
+//   build/dev/gemm_int4_fragpack --case time      # GPU: 7B shapes at M = 1, 8, 16, 32, 64 against the product
+//
+// The pair (repack on the host here; in a product, once at load or in the file through the spec):
+// * mma.m16n8k16 (row.col, f16 in, f32 acc): A = activations (16 tokens x 16 k), B = weights (16 k x 8 rows n), C =
+//   16 tokens x 8 rows. B fragment of lane l = 4g + t: b0 = (k 2t, 2t+1), b1 = (k 2t+8, 2t+9), both of row n = g.
+// * Tile (kb, nb): k 16kb .. 16kb+15, rows 64nb .. 64nb+63 (8 n8-tiles j, row 64nb + 8j + g). Lane l owns 16 bytes
+//   (4 words) of it; word w carries n8-tiles 2w and 2w+1 (codes u = q + 8 in 0..15):
+//     nibble 0 / 4: tile 2w,   k 2t / 2t+1     (b0 of tile 2w)
+//     nibble 1 / 5: tile 2w,   k 2t+8 / 2t+9   (b1 of tile 2w)
+//     nibble 2 / 6: tile 2w+1, k 2t / 2t+1     (b0 of tile 2w+1)
+//     nibble 3 / 7: tile 2w+1, k 2t+8 / 2t+9   (b1 of tile 2w+1)
+//   so (w & 0x000F000F) | 0x64006400 is the f16 pair (1024 + u0, 1024 + u4) and (w & 0x00F000F0) | 0x64006400 the
+//   pair (1024 + 16 u1, 1024 + 16 u5); w >> 8 gives nibbles 2/6 and 3/7 the same way (one LOP3 each). (q) = pair -
+//   1032, or pair / 16 - 72: exact small integers; times the row's scale: one f16 rounding, the library's dq.
+// * Memory order: [nb][kb][lane][16 bytes]: a warp streams its 64 rows' tiles as one contiguous run, 512 B per
+//   16-k step (one 16-byte load per lane: the whole step's B fragments for 8 n8-tiles).
+// * Scales: [nb][group][g][j] f16, 128 B per (nb, group): lane l reads the 16 bytes of its g (rows 64nb + 8j + g,
+//   j = 0..7); the 4 lanes of a quad read the same address.
+// Kernel: block = kWarps warps, warp w = 64-row block nb = blockIdx.x * kWarps + w, K split S ways over blockIdx.y
+// (on 16-k steps). The block's A rows (16 MT x its k range, f16) are staged in shared memory once (after the first
+// weight loads are in flight: they do not depend on A), read with ldmatrix.x4. Weights: U steps loaded ahead into
+// registers. Split-K: every split stores its partial [M][64 kWarps] f32, the column block's last split to finish
+// sums them in split order (deterministic) and stores C (+ bias, + C if add).
+#include "dev_common.cuh"
+#include "gemm_dev.cuh"
+#include "gemm_wgmma.cuh"
+#include "gemm.cu"  // the product entry point gemm_multi, the timing baseline
+#include <cstring>
+#include <string>
+
+namespace fp {
+using namespace dev;
+
+constexpr int kWarps = 8;            // 64-row blocks per CUDA block: 512 W rows share one staging of A
+constexpr int kRowsPerBlock = 64 * kWarps;
+
+// ---- the pair: host repack and the device unpack ---------------------------------------------------------------
+struct Packed {
+  int N = 0, K = 0, group = 0;
+  std::vector<uint32_t> words;    // [N/64][K/16][32 lanes][4]
+  std::vector<__half> scales;     // [N/64][K/group][8 g][8 j]
+  size_t word_bytes() const { return words.size() * 4; }
+  size_t bytes() const { return align128(word_bytes()) + scales.size() * 2; }
+};
+
+// codes u[n][k] (0..15) of a layout-1 weight
+inline std::vector<uint8_t> codes_of(const Int4Weight& W) {
+  std::vector<uint8_t> u((size_t)W.N * W.K);
+  const uint32_t* q = reinterpret_cast<const uint32_t*>(W.file_bytes.data());
+  for (int n = 0; n < W.N; n++)
+    for (int j = 0; j < W.K / 8; j++) {
+      const uint32_t word = q[(size_t)n * (W.K / 8) + j];
+      for (int i = 0; i < 8; i++) u[(size_t)n * W.K + 8 * j + nq::contract::kInt4Perm[i]] = (word >> (4 * i)) & 15u;
+    }
+  return u;
+}
+
+// (nibble i of word w of lane l) -> (row offset in the 64-row tile, k offset in the 16-k step); the file comment
+inline void nibble_place(int lane, int w, int i, int* row, int* k) {
+  const int g = lane >> 2, t = lane & 3;
+  const int tile = 2 * w + ((i & 3) >> 1);      // nibbles 0,1,4,5: tile 2w; 2,3,6,7: tile 2w+1
+  const int hi8 = i & 1;                        // nibbles 1,3,5,7: k + 8 (b1)
+  const int odd = i >> 2;                       // nibbles 4..7: the second k of the pair
+  *row = 8 * tile + g;
+  *k = 2 * t + odd + 8 * hi8;
+}
+
+inline Packed repack(const Int4Weight& W) {
+  Packed P;
+  P.N = W.N; P.K = W.K; P.group = W.group;
+  const int NB = W.N / 64, KB = W.K / 16, G = W.K / W.group;
+  const std::vector<uint8_t> u = codes_of(W);
+  P.words.assign((size_t)NB * KB * 32 * 4, 0);
+  for (int nb = 0; nb < NB; nb++)
+    for (int kb = 0; kb < KB; kb++)
+      for (int lane = 0; lane < 32; lane++)
+        for (int w = 0; w < 4; w++) {
+          uint32_t word = 0;
+          for (int i = 0; i < 8; i++) {
+            int r, k;
+            nibble_place(lane, w, i, &r, &k);
+            word |= (uint32_t)u[(size_t)(64 * nb + r) * W.K + 16 * kb + k] << (4 * i);
+          }
+          P.words[(((size_t)nb * KB + kb) * 32 + lane) * 4 + w] = word;
+        }
+  const __half* sc = reinterpret_cast<const __half*>(W.file_bytes.data() + W.scales_offset());
+  P.scales.resize((size_t)NB * G * 64);
+  for (int nb = 0; nb < NB; nb++)
+    for (int gi = 0; gi < G; gi++)
+      for (int g = 0; g < 8; g++)
+        for (int j = 0; j < 8; j++)
+          P.scales[(((size_t)nb * G + gi) * 8 + g) * 8 + j] = sc[(size_t)(64 * nb + 8 * j + g) * G + gi];
+  return P;
+}
+
+// The kernel's unpack of one word, emulated on the host: the 4 f16 pairs (b0, b1 of tile 2w; b0, b1 of tile 2w+1)
+// as code pairs, through the same masks and shifts
+inline void unpack_host(uint32_t w, int out[4][2]) {
+  auto lo = [](uint32_t x, int* p) { p[0] = x & 15; p[1] = (x >> 16) & 15; };          // & 0x000F000F
+  auto hi = [](uint32_t x, int* p) { p[0] = (x >> 4) & 15; p[1] = (x >> 20) & 15; };   // & 0x00F000F0, / 16
+  lo(w, out[0]); hi(w, out[1]); lo(w >> 8, out[2]); hi(w >> 8, out[3]);
+}
+
+// --case pack: every code of a random weight comes back from the packed words at the place the kernel's MMAs put
+// it (B fragment of lane l: tile, row g, k 2t / 2t+1 / 2t+8 / 2t+9); every scale at its (row, group). CPU only.
+int case_pack() {
+  int fails = 0;
+  for (const int K : {64, 256}) {
+    const Int4Weight W = random_int4(192, K, K == 64 ? 32 : 128, 99u + K);
+    const std::vector<uint8_t> u = codes_of(W);
+    const Packed P = repack(W);
+    const int KB = K / 16;
+    for (int nb = 0; nb < W.N / 64; nb++)
+      for (int kb = 0; kb < KB; kb++)
+        for (int lane = 0; lane < 32; lane++) {
+          const int g = lane >> 2, t = lane & 3;
+          for (int w = 0; w < 4; w++) {
+            int pr[4][2];
+            unpack_host(P.words[(((size_t)nb * KB + kb) * 32 + lane) * 4 + w], pr);
+            for (int f = 0; f < 4; f++) {            // f: (tile 2w b0, tile 2w b1, tile 2w+1 b0, tile 2w+1 b1)
+              const int tile = 2 * w + (f >> 1), n = 64 * nb + 8 * tile + g;
+              const int k = 16 * kb + 2 * t + 8 * (f & 1);
+              fails += pr[f][0] != u[(size_t)n * K + k];
+              fails += pr[f][1] != u[(size_t)n * K + k + 1];
+            }
+          }
+        }
+    const __half* sc = reinterpret_cast<const __half*>(W.file_bytes.data() + W.scales_offset());
+    const int G = K / W.group;
+    for (int nb = 0; nb < W.N / 64; nb++)
+      for (int gi = 0; gi < G; gi++)
+        for (int lane = 0; lane < 32; lane++)
+          for (int j = 0; j < 8; j++) {
+            const int g = lane >> 2, n = 64 * nb + 8 * j + g;
+            fails += __half_as_ushort(P.scales[(((size_t)nb * G + gi) * 8 + g) * 8 + j]) !=
+                     __half_as_ushort(sc[(size_t)n * G + gi]);
+          }
+    std::printf("pack K=%d group %d: %s\n", K, W.group, fails ? "FAIL" : "PASS");
+  }
+  return fails ? 1 : 0;
+}
+
+// ---- the kernel ---------------------------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t mask, uint32_t orv) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(a), "r"(mask), "r"(orv));  // (a & b) | c
+  return r;
+}
+__device__ __forceinline__ uint32_t h2u(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+__device__ __forceinline__ __half2 u2h(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
+
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], uint32_t saddr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(saddr));
+}
+
+struct Args {
+  const uint4* w;          // packed words
+  const uint4* s;          // packed scales
+  const __half* A;         // [M][lda]
+  const float* bias;       // [N] or null
+  float* C;                // [M][ldc]
+  float* part;             // split-K partials [S][gridDim.x][M][kRowsPerBlock]
+  int* sem;                // [gridDim.x] zero
+  int M, N, K, group, lda, ldc, add;
+};
+
+// MT: 16-token m-tiles (M <= 16 MT); U: 16-k steps loaded ahead
+template <int MT, int U>
+__global__ void __launch_bounds__(32 * kWarps) gemm_int4_fragpack(const Args a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __half* As = reinterpret_cast<__half*>(smem_raw);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int KB = a.K / 16, S = gridDim.y, s = blockIdx.y;
+  const int kb0 = (int)((long long)KB * s / S), kb1 = (int)((long long)KB * (s + 1) / S), nk = kb1 - kb0;
+  const int NB = a.N / 64, nb = blockIdx.x * kWarps + warp;
+  const bool active = nb < NB;
+  const int gsteps_log2 = __ffs(a.group) - 1 - 4;     // log2(16-k steps per group); groups >= 16 (powers of two)
+  const int G = a.K / a.group;
+  // this lane's weights and scales: tile (nb, kb) at words[(nb KB + kb) 32 + lane]
+  const uint4* wp = a.w + ((size_t)(active ? nb : 0) * KB + kb0) * 32 + lane;
+  const uint4* sp = a.s + ((size_t)(active ? nb : 0) * G) * 8 + g;   // + gi * 8
+
+  uint4 wbuf[U];
+#pragma unroll
+  for (int u = 0; u < U; u++)
+    if (active && u < nk) wbuf[u] = nq::ld_stream16(wp + (size_t)u * 32);
+
+  // A rows of this block's k range into shared memory: row r at r * lds halves (lds = 16 nk + 8: rows 16 B apart mod
+  // 128 B, so ldmatrix's 8 row addresses hit distinct banks); rows >= M are zero
+  const int lds = 16 * nk + 8;
+  for (int i = threadIdx.x; i < 16 * MT * 2 * nk; i += 32 * kWarps) {   // 8-half (16-byte) chunks
+    const int r = i / (2 * nk), c = i - r * (2 * nk);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < a.M) v = *reinterpret_cast<const uint4*>(a.A + (size_t)r * a.lda + 16 * kb0 + 8 * c);
+    *reinterpret_cast<uint4*>(As + (size_t)r * lds + 8 * c) = v;
+  }
+  __syncthreads();
+
+  float acc[MT][8][4];
+#pragma unroll
+  for (int m = 0; m < MT; m++)
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[m][j][e] = 0.f;
+
+  // ldmatrix.x4 row address of this lane: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
+  // (rows 8-15, k 8-15) -> a0..a3 of the m16n8k16 A fragment
+  const uint32_t a_base = (uint32_t)__cvta_generic_to_shared(As) +
+                          2u * (uint32_t)(((lane & 7) + 8 * ((lane >> 3) & 1)) * lds + 8 * (lane >> 4));
+  const uint32_t k_lo = 0x64006400u;
+  const __half2 q_sub = __float2half2_rn(1032.f), inv16 = __float2half2_rn(1.f / 16.f), q_off = __float2half2_rn(-72.f);
+  __half2 sc2[8];
+  int cur_group = -1;
+
+  if (active) {
+    for (int i0 = 0; i0 < nk; i0 += U) {
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int i = i0 + u;
+        if (i >= nk) break;
+        const uint4 cur = wbuf[u];
+        if (i + U < nk) wbuf[u] = nq::ld_stream16(wp + (size_t)(i + U) * 32);
+        const int gi = (kb0 + i) >> gsteps_log2;
+        if (gi != cur_group) {   // the 8 rows' scales of this group, as (s, s) pairs
+          cur_group = gi;
+          const uint4 sv = __ldg(sp + (size_t)gi * 8);
+          const uint32_t sw[4] = {sv.x, sv.y, sv.z, sv.w};
+#pragma unroll
+          for (int j = 0; j < 4; j++) {
+            sc2[2 * j] = u2h(__byte_perm(sw[j], 0, 0x1010));
+            sc2[2 * j + 1] = u2h(__byte_perm(sw[j], 0, 0x3232));
+          }
+        }
+        uint32_t b[8][2];   // B fragments of the 8 n8-tiles
+        const uint32_t cw[4] = {cur.x, cur.y, cur.z, cur.w};
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+          const uint32_t x = cw[w], y = cw[w] >> 8;
+          const __half2 p0 = __hsub2(u2h(lop3_and_or(x, 0x000F000Fu, k_lo)), q_sub);
+          const __half2 p1 = __hfma2(u2h(lop3_and_or(x, 0x00F000F0u, k_lo)), inv16, q_off);
+          const __half2 p2 = __hsub2(u2h(lop3_and_or(y, 0x000F000Fu, k_lo)), q_sub);
+          const __half2 p3 = __hfma2(u2h(lop3_and_or(y, 0x00F000F0u, k_lo)), inv16, q_off);
+          b[2 * w][0] = h2u(__hmul2(p0, sc2[2 * w]));
+          b[2 * w][1] = h2u(__hmul2(p1, sc2[2 * w]));
+          b[2 * w + 1][0] = h2u(__hmul2(p2, sc2[2 * w + 1]));
+          b[2 * w + 1][1] = h2u(__hmul2(p3, sc2[2 * w + 1]));
+        }
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+          uint32_t af[4];
+          ldmatrix_x4(af, a_base + 2u * (uint32_t)(16 * m * lds + 16 * i));
+#pragma unroll
+          for (int j = 0; j < 8; j++) mma16816(acc[m][j], af, b[j][0], b[j][1]);
+        }
+      }
+    }
+  }
+
+  // acc[m][j]: (token 16m + g, rows n0 + 8j + 2t, +1) and (token 16m + g + 8, same rows), n0 = 64 nb
+  const int cb = blockIdx.x, n_blk = 64 * warp;   // the warp's columns within the block's kRowsPerBlock
+  auto store = [&](int m, int col, float v) {    // token m, block column col: the final value
+    const int n = cb * kRowsPerBlock + col;
+    if (m >= a.M || n >= a.N) return;
+    float* dst = a.C + (size_t)m * a.ldc + n;
+    v += a.bias ? a.bias[n] : 0.f;
+    if (a.add) v += *dst;
+    *dst = v;
+  };
+  if (S == 1) {
+    if (!active) return;
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) store(16 * m + g + 8 * (e >> 1), n_blk + 8 * j + 2 * t + (e & 1), acc[m][j][e]);
+    return;
+  }
+  const int Mp = 16 * MT;
+  float* mine = a.part + ((size_t)s * gridDim.x + cb) * Mp * kRowsPerBlock;
+  if (active)
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+          __stcg(mine + (size_t)(16 * m + g + 8 * (e >> 1)) * kRowsPerBlock + n_blk + 8 * j + 2 * t + (e & 1),
+                 acc[m][j][e]);
+  __threadfence();
+  __syncthreads();
+  __shared__ int last;
+  if (threadIdx.x == 0) {
+    last = atomicAdd(a.sem + cb, 1) == S - 1;
+    if (last) a.sem[cb] = 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < a.M * kRowsPerBlock; i += 32 * kWarps) {
+    const int m = i / kRowsPerBlock, col = i - m * kRowsPerBlock;
+    float v = 0.f;
+    for (int z = 0; z < S; z++) v += __ldcg(a.part + ((size_t)z * gridDim.x + cb) * Mp * kRowsPerBlock + i);
+    store(m, col, v);
+  }
+}
+
+// split count: fill ~2 blocks per SM (8 warps each) with at least kMinSteps 16-k steps per split (U = 4 of them
+// are in flight from the start, so a split of 12 streams ~3 rounds of loads)
+constexpr int kMinSteps = 12;
+inline int choose_splits(int N, int K, int sms) {
+  const int cols = (N + kRowsPerBlock - 1) / kRowsPerBlock, KB = K / 16;
+  int s = 1;
+  while (cols * (s + 1) <= 2 * sms && KB / (s + 1) >= kMinSteps) s++;
+  return s;
+}
+
+// scratch of the split-K launches (grown when needed), one per program
+struct Scratch {
+  float* part = nullptr;
+  int* sem = nullptr;
+  size_t part_bytes = 0, sem_bytes = 0;
+  void need(size_t pb, size_t sb) {
+    if (pb > part_bytes) { cudaFree(part); DEV_CHECK(cudaMalloc(&part, pb)); part_bytes = pb; }
+    if (sb > sem_bytes) {
+      cudaFree(sem); DEV_CHECK(cudaMalloc(&sem, sb)); DEV_CHECK(cudaMemset(sem, 0, sb)); sem_bytes = sb;
+    }
+  }
+};
+Scratch g_scratch;
+
+template <int MT, int U>
+void launch(const uint4* w, const uint4* s, const __half* A, int lda, int M, int N, int K, int group, const float* bias,
+            float* C, int ldc, bool add, int splits, cudaStream_t st) {
+  const int cols = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int nk_max = (K / 16 + splits - 1) / splits;
+  const size_t smem = (size_t)16 * MT * (16 * nk_max + 8) * 2;
+  static bool raised = false;
+  if (!raised) {
+    DEV_CHECK(cudaFuncSetAttribute(gemm_int4_fragpack<MT, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    raised = true;
+  }
+  if (smem > 200 * 1024) { std::printf("fragpack: %zu B of shared memory (K range too long)\n", smem); std::exit(2); }
+  Args a;
+  a.w = w; a.s = s; a.A = A; a.bias = bias; a.C = C;
+  a.M = M; a.N = N; a.K = K; a.group = group; a.lda = lda; a.ldc = ldc; a.add = add ? 1 : 0;
+  if (splits > 1) g_scratch.need((size_t)splits * cols * 16 * MT * kRowsPerBlock * 4, (size_t)cols * 4);
+  a.part = g_scratch.part; a.sem = g_scratch.sem;
+  gemm_int4_fragpack<MT, U><<<dim3(cols, splits), 32 * kWarps, smem, st>>>(a);
+  DEV_CHECK(cudaGetLastError());
+}
+
+using LaunchFn = void (*)(const uint4*, const uint4*, const __half*, int, int, int, int, int, const float*, float*, int,
+                          bool, int, cudaStream_t);
+LaunchFn pick(int M) {
+  if (M <= 16) return launch<1, 4>;
+  if (M <= 32) return launch<2, 4>;
+  return launch<4, 2>;
+}
+
+// device copy of a packed weight: words, pad to 128, scales
+struct DevPacked {
+  uint8_t* base = nullptr;
+  size_t per = 0, scale_off = 0;
+  int n = 1;
+  DevPacked(const Packed& P, int copies) {
+    scale_off = align128(P.word_bytes());
+    per = align128(scale_off + P.scales.size() * 2);
+    n = copies;
+    DEV_CHECK(cudaMalloc(&base, per * n));
+    for (int c = 0; c < n; c++) {
+      DEV_CHECK(cudaMemcpy(base + per * c, P.words.data(), P.word_bytes(), cudaMemcpyHostToDevice));
+      DEV_CHECK(cudaMemcpy(base + per * c + scale_off, P.scales.data(), P.scales.size() * 2, cudaMemcpyHostToDevice));
+    }
+  }
+  ~DevPacked() { cudaFree(base); }
+  const uint4* w(int c) const { return reinterpret_cast<const uint4*>(base + per * (c % n)); }
+  const uint4* s(int c) const { return reinterpret_cast<const uint4*>(base + per * (c % n) + scale_off); }
+};
+
+std::vector<float> acts(int M, int K, uint32_t seed) {
+  std::vector<float> A = random_vector((size_t)M * K, seed);
+  for (float& x : A) x = __half2float(__float2half_rn(x));   // what the kernel multiplies
+  return A;
+}
+std::vector<float> gemm_ref(const Int4Weight& W, const std::vector<float>& A, int M) {
+  std::vector<float> C((size_t)M * W.N);
+#pragma omp parallel for
+  for (int n = 0; n < W.N; n++)
+    for (int m = 0; m < M; m++) {
+      double s = 0.0;
+      for (int k = 0; k < W.K; k++) s += (double)A[(size_t)m * W.K + k] * W.w[(size_t)n * W.K + k];
+      C[(size_t)m * W.N + n] = (float)s;
+    }
+  return C;
+}
+
+// --case check: M in {1, 5, 16, 17, 32, 40, 64}, shapes with N not a multiple of the 512-row block, groups 32..256,
+// split-K 1 and several, bias and residual add; poisoned C where the kernel stores
+int case_check() {
+  struct Case { int M, N, K, group, splits; bool bias, add; };
+  const Case cs[] = {{1, 512, 256, 128, 1, false, false},  {5, 576, 512, 32, 1, true, false},
+                     {16, 4608, 3584, 128, 7, true, false}, {17, 3584, 3584, 64, 4, false, true},
+                     {32, 1024, 1024, 256, 2, false, false}, {40, 640, 768, 128, 3, true, true},
+                     {64, 3584, 18944, 128, 19, false, true}, {8, 18944, 3584, 128, 1, false, false}};
+  int fails = 0;
+  for (const Case& c : cs) {
+    const Int4Weight W = random_int4(c.N, c.K, c.group, 7u + c.N + c.K);
+    const Packed P = repack(W);
+    DevPacked D(P, 1);
+    const std::vector<float> A = acts(c.M, c.K, 11u + c.M);
+    std::vector<__half> Ah(A.size());
+    for (size_t i = 0; i < A.size(); i++) Ah[i] = __float2half_rn(A[i]);
+    std::vector<float> ref = gemm_ref(W, A, c.M);
+    std::vector<float> bias(c.N), C0((size_t)c.M * c.N);
+    for (int n = 0; n < c.N; n++) bias[n] = 0.01f * (float)((n * 37) % 23 - 11);
+    for (size_t i = 0; i < C0.size(); i++) C0[i] = c.add ? 0.1f * (float)((i * 13) % 17 - 8) : NAN;   // poison
+    for (int m = 0; m < c.M; m++)
+      for (int n = 0; n < c.N; n++)
+        ref[(size_t)m * c.N + n] += (c.bias ? bias[n] : 0.f) + (c.add ? C0[(size_t)m * c.N + n] : 0.f);
+    __half* dA; float *dC, *db;
+    DEV_CHECK(cudaMalloc(&dA, Ah.size() * 2));
+    DEV_CHECK(cudaMalloc(&dC, C0.size() * 4));
+    DEV_CHECK(cudaMalloc(&db, bias.size() * 4));
+    DEV_CHECK(cudaMemcpy(dA, Ah.data(), Ah.size() * 2, cudaMemcpyHostToDevice));
+    DEV_CHECK(cudaMemcpy(dC, C0.data(), C0.size() * 4, cudaMemcpyHostToDevice));
+    DEV_CHECK(cudaMemcpy(db, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice));
+    pick(c.M)(D.w(0), D.s(0), dA, c.K, c.M, c.N, c.K, c.group, c.bias ? db : nullptr, dC, c.N, c.add, c.splits, 0);
+    DEV_CHECK(cudaDeviceSynchronize());
+    std::vector<float> got(C0.size());
+    DEV_CHECK(cudaMemcpy(got.data(), dC, got.size() * 4, cudaMemcpyDeviceToHost));
+    char what[160];
+    std::snprintf(what, sizeof what, "fragpack M=%d N=%d K=%d g%d split %d%s%s", c.M, c.N, c.K, c.group, c.splits,
+                  c.bias ? " bias" : "", c.add ? " add" : "");
+    // f16 weights ((q - 8) s rounded once, 2^-11 relative) and f16 activations (rounded in the reference too), f32
+    // accumulation: ~5e-4 relative in all; the library's GEMM tests allow 1e-3 (tests/test_gpu_gemm.py TOL_REL)
+    double num = 0, den = 0;
+    bool finite = true;
+    for (size_t i = 0; i < got.size(); i++) {
+      finite = finite && std::isfinite(got[i]);
+      num += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
+      den += (double)ref[i] * ref[i];
+    }
+    const double err = std::sqrt(num / std::max(den, 1e-30));
+    const bool ok = finite && err < 1e-3;
+    std::printf("%-60s %s rel %.2e%s\n", what, ok ? "PASS" : "FAIL", err, finite ? "" : " (non-finite)");
+    fails += !ok;
+    cudaFree(dA); cudaFree(dC); cudaFree(db);
+  }
+  return fails ? 1 : 0;
+}
+
+// --case time: the 7B layer's four GEMMs at M = 1, 8, 16, 32, 64 (weights rotated over > 256 MB), fragpack against
+// the product's gemm_multi (few-token wgmma builds from 3 tokens; at 1-2 tokens gemm.cu's own choice) and the read
+// ceiling of the same bytes
+int case_time() {
+  int sms = 0;
+  DEV_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  struct Sh { const char* name; int N, K; };
+  const Sh shapes[] = {{"qkv", 4608, 3584}, {"o", 3584, 3584}, {"gate+up", 37888, 3584}, {"down", 3584, 18944}};
+  const int Ms[] = {1, 8, 16, 32, 64};
+  double layer_fp[5] = {0}, layer_prod[5] = {0};
+  for (const Sh& sh : shapes) {
+    const Int4Weight W = random_int4(sh.N, sh.K, 128, 1234u + sh.N);
+    const Packed P = repack(W);
+    const int copies = (int)std::max<size_t>(2, kRotateBytes / P.bytes() + 1);
+    DevPacked D(P, copies);
+    DeviceCopies wc(W.file_bytes);
+    const int splits = choose_splits(sh.N, sh.K, sms);
+    for (int mi = 0; mi < 5; mi++) {
+      const int M = Ms[mi];
+      const std::vector<float> A = acts(M, sh.K, 5u);
+      std::vector<__half> Ah(A.size());
+      for (size_t i = 0; i < A.size(); i++) Ah[i] = __float2half_rn(A[i]);
+      __half* dA; float* dC;
+      DEV_CHECK(cudaMalloc(&dA, Ah.size() * 2));
+      DEV_CHECK(cudaMalloc(&dC, (size_t)M * sh.N * 4));
+      DEV_CHECK(cudaMemcpy(dA, Ah.data(), Ah.size() * 2, cudaMemcpyHostToDevice));
+      const LaunchFn f = pick(M);
+      const double t_fp = median_us([&](int i) {
+        f(D.w(i), D.s(i), dA, sh.K, M, sh.N, sh.K, 128, nullptr, dC, sh.N, false, splits, 0);
+      }, 20);
+      nq::GemmScratch ws;
+      const double t_prod = median_us([&](int i) {
+        nq::LinW L;
+        L.w = wc.copy(i);
+        L.scales = reinterpret_cast<const __half*>(wc.copy(i) + W.scales_offset());
+        L.N = sh.N; L.K = sh.K; L.group = 128; L.type = nq::WT_INT4;
+        float* Cs[1] = {dC};
+        const float* bs[1] = {nullptr};
+        dev::must(nq::gemm_multi(&L, Cs, bs, 1, dA, sh.K, M, sh.N, false, 0, &ws));
+      }, 20);
+      nq::gemm_scratch_free(&ws);
+      layer_fp[mi] += t_fp;
+      layer_prod[mi] += t_prod;
+      const double gb = (double)P.bytes() / 1e9;
+      std::printf("  %-8s N=%5d K=%5d M=%2d: fragpack %7.1f us (%4.2f TB/s, split %d)  product %7.1f us\n", sh.name,
+                  sh.N, sh.K, M, t_fp, gb / (t_fp * 1e-6) / 1e3, splits, t_prod);
+      cudaFree(dA); cudaFree(dC);
+    }
+  }
+  for (int mi = 0; mi < 5; mi++)
+    std::printf("  per 7B layer M=%2d: fragpack %7.1f us (x28 = %.2f ms)  product %7.1f us (x28 = %.2f ms)\n", Ms[mi],
+                layer_fp[mi], 28 * layer_fp[mi] / 1e3, layer_prod[mi], 28 * layer_prod[mi] / 1e3);
+  return 0;
+}
+
+}  // namespace fp
+
+int main(int argc, char** argv) {
+  const std::string c = argc > 2 && std::strcmp(argv[1], "--case") == 0 ? argv[2] : "";
+  if (c == "pack") return fp::case_pack();
+  if (c != "check" && c != "time") {
+    std::printf("usage: gemm_int4_fragpack --case pack|check|time\n");
+    return 2;
+  }
+  cudaDeviceProp prop;
+  DEV_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("== case %s on %s\n", c.c_str(), prop.name);
+  return c == "check" ? fp::case_check() : fp::case_time();
+}
