@@ -5,6 +5,7 @@
 // re-unpacks the same words (the register-A fragment layout of the file's rows), and the decode GEMV at ~2.2 TB/s.
 //
 //   build/dev/gemm_int4_fragpack --case pack      # CPU only: the repack and the kernel's unpack are a pair
+//   build/dev/gemm_int4_fragpack --case emulate   # CPU only: the kernel's index math and PTX layouts, emulated
 //   build/dev/gemm_int4_fragpack --case check     # GPU: every M tile build against a float64 reference
 //   build/dev/gemm_int4_fragpack --case time      # GPU: 7B shapes at M = 1, 8, 16, 32, 64 against the product
 //
@@ -148,6 +149,19 @@ int case_pack() {
   return fails ? 1 : 0;
 }
 
+// ---- the kernel's index math, shared with the host emulation (--case emulate) -----------------------------------
+// ldmatrix.x4: the row (token) and k (halves) of the shared-memory row whose address lane gives, within the m-tile
+// and 16-k step: matrices (tokens 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) -> A fragment a0..a3
+__host__ __device__ inline int lds_row(int lane) { return (lane & 7) + 8 * ((lane >> 3) & 1); }
+__host__ __device__ inline int lds_k(int lane) { return 8 * (lane >> 4); }
+// accumulator e of n8-tile j, m-tile m of lane: token and column within the warp's 64 rows
+__host__ __device__ inline int acc_token(int m, int e, int lane) { return 16 * m + (lane >> 2) + 8 * (e >> 1); }
+__host__ __device__ inline int acc_col(int j, int e, int lane) { return 8 * j + 2 * (lane & 3) + (e & 1); }
+// split s of S over KB 16-k steps: [kb_begin(s), kb_begin(s + 1))
+__host__ __device__ inline int kb_begin(int KB, int s, int S) { return (int)((long long)KB * s / S); }
+// shared-memory row stride of the staged A (halves) for nk steps: rows 16 B apart mod 128 B
+__host__ __device__ inline int a_stride(int nk) { return 16 * nk + 8; }
+
 // ---- the kernel ---------------------------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t mask, uint32_t orv) {
   uint32_t r;
@@ -187,7 +201,7 @@ __global__ void __launch_bounds__(32 * kWarps) gemm_int4_fragpack(const Args a) 
   __half* As = reinterpret_cast<__half*>(smem_raw);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int KB = a.K / 16, S = gridDim.y, s = blockIdx.y;
-  const int kb0 = (int)((long long)KB * s / S), kb1 = (int)((long long)KB * (s + 1) / S), nk = kb1 - kb0;
+  const int kb0 = kb_begin(KB, s, S), kb1 = kb_begin(KB, s + 1, S), nk = kb1 - kb0;
   const int NB = a.N / 64, nb = blockIdx.x * kWarps + warp;
   const bool active = nb < NB;
   const int gsteps_log2 = __ffs(a.group) - 1 - 4;     // log2(16-k steps per group); groups >= 16 (powers of two)
@@ -203,7 +217,7 @@ __global__ void __launch_bounds__(32 * kWarps) gemm_int4_fragpack(const Args a) 
 
   // A rows of this block's k range into shared memory: row r at r * lds halves (lds = 16 nk + 8: rows 16 B apart mod
   // 128 B, so ldmatrix's 8 row addresses hit distinct banks); rows >= M are zero
-  const int lds = 16 * nk + 8;
+  const int lds = a_stride(nk);
   for (int i = threadIdx.x; i < 16 * MT * 2 * nk; i += 32 * kWarps) {   // 8-half (16-byte) chunks
     const int r = i / (2 * nk), c = i - r * (2 * nk);
     uint4 v = make_uint4(0, 0, 0, 0);
@@ -223,7 +237,7 @@ __global__ void __launch_bounds__(32 * kWarps) gemm_int4_fragpack(const Args a) 
   // ldmatrix.x4 row address of this lane: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
   // (rows 8-15, k 8-15) -> a0..a3 of the m16n8k16 A fragment
   const uint32_t a_base = (uint32_t)__cvta_generic_to_shared(As) +
-                          2u * (uint32_t)(((lane & 7) + 8 * ((lane >> 3) & 1)) * lds + 8 * (lane >> 4));
+                          2u * (uint32_t)(lds_row(lane) * lds + lds_k(lane));
   const uint32_t k_lo = 0x64006400u;
   const __half2 q_sub = __float2half2_rn(1032.f), inv16 = __float2half2_rn(1.f / 16.f), q_off = __float2half2_rn(-72.f);
   __half2 sc2[8];
@@ -290,7 +304,7 @@ __global__ void __launch_bounds__(32 * kWarps) gemm_int4_fragpack(const Args a) 
 #pragma unroll
       for (int j = 0; j < 8; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) store(16 * m + g + 8 * (e >> 1), n_blk + 8 * j + 2 * t + (e & 1), acc[m][j][e]);
+        for (int e = 0; e < 4; e++) store(acc_token(m, e, lane), n_blk + acc_col(j, e, lane), acc[m][j][e]);
     return;
   }
   const int Mp = 16 * MT;
@@ -302,8 +316,7 @@ __global__ void __launch_bounds__(32 * kWarps) gemm_int4_fragpack(const Args a) 
       for (int j = 0; j < 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
-          __stcg(mine + (size_t)(16 * m + g + 8 * (e >> 1)) * kRowsPerBlock + n_blk + 8 * j + 2 * t + (e & 1),
-                 acc[m][j][e]);
+          __stcg(mine + (size_t)acc_token(m, e, lane) * kRowsPerBlock + n_blk + acc_col(j, e, lane), acc[m][j][e]);
   __threadfence();
   __syncthreads();
   __shared__ int last;
@@ -410,6 +423,118 @@ std::vector<float> gemm_ref(const Int4Weight& W, const std::vector<float>& A, in
       C[(size_t)m * W.N + n] = (float)s;
     }
   return C;
+}
+
+// --case emulate (CPU only): the kernel's data path on the host for small GEMMs, with the kernel's own index helpers
+// (lds_row / lds_k, acc_token / acc_col, kb_begin, a_stride) and unpack masks, and the PTX semantics written apart
+// from them: ldmatrix.x4 (thread l gets row l / 4, halves 2 (l % 4) + {0, 1} of matrix q, whose row r address comes
+// from lane 8q + r) and mma.m16n8k16 (A: a0 (g, 2t), a1 (g + 8, 2t), a2 (g, 2t + 8), a3 (g + 8, 2t + 8); B: b0 (k 2t,
+// col g), b1 (k 2t + 8, col g); C: (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)), then split-K in split order.
+// Against the float64 reference at the check's tolerance: catches an index or layout slip without a GPU.
+int case_emulate() {
+  struct Case { int M, N, K, group, S; };
+  const Case cs[] = {{5, 512, 64, 32, 1}, {17, 640, 128, 64, 3}, {40, 192, 256, 128, 2}, {16, 1088, 512, 256, 5}};
+  int fails = 0;
+  for (const Case& c : cs) {
+    const int MT = c.M <= 16 ? 1 : c.M <= 32 ? 2 : 4, Mp = 16 * MT;
+    const Int4Weight W = random_int4(c.N, c.K, c.group, 3u + c.N + c.K);
+    const Packed P = repack(W);
+    const std::vector<float> A = acts(c.M, c.K, 17u + c.M);
+    const std::vector<float> ref = gemm_ref(W, A, c.M);
+    const int KB = c.K / 16, NB = c.N / 64, G = c.K / c.group, cols = (c.N + kRowsPerBlock - 1) / kRowsPerBlock;
+    std::vector<float> C((size_t)c.M * c.N, NAN), part((size_t)c.S * cols * Mp * kRowsPerBlock, 0.f);
+    for (int cb = 0; cb < cols; cb++)
+      for (int s = 0; s < c.S; s++) {
+        const int kb0 = kb_begin(KB, s, c.S), nk = kb_begin(KB, s + 1, c.S) - kb0, lds = a_stride(nk);
+        std::vector<float> As((size_t)Mp * lds, 0.f);     // the staged A (f16 values), rows >= M zero
+        for (int r = 0; r < c.M; r++)
+          for (int k = 0; k < 16 * nk; k++) As[(size_t)r * lds + k] = A[(size_t)r * c.K + 16 * kb0 + k];
+        for (int warp = 0; warp < kWarps; warp++) {
+          const int nb = cb * kWarps + warp;
+          if (nb >= NB) continue;
+          std::vector<float> acc((size_t)MT * 8 * 4 * 32, 0.f);   // [m][j][e][lane]
+          for (int i = 0; i < nk; i++) {
+            const int kb = kb0 + i, gi = kb * 16 / c.group;
+            float b[32][8][2][2];                                   // [lane][tile][b0/b1][half]
+            for (int lane = 0; lane < 32; lane++)
+              for (int w = 0; w < 4; w++) {
+                int pr[4][2];
+                unpack_host(P.words[(((size_t)nb * KB + kb) * 32 + lane) * 4 + w], pr);
+                for (int f = 0; f < 4; f++) {
+                  const int tile = 2 * w + (f >> 1);
+                  const float sc = __half2float(P.scales[(((size_t)nb * G + gi) * 8 + (lane >> 2)) * 8 + tile]);
+                  for (int h = 0; h < 2; h++) b[lane][tile][f & 1][h] = __half2float(__float2half_rn((pr[f][h] - 8) * sc));
+                }
+              }
+            for (int m = 0; m < MT; m++) {
+              float a[32][4][2];                                    // ldmatrix.x4
+              for (int l = 0; l < 32; l++)
+                for (int q = 0; q < 4; q++) {
+                  const int x = 8 * q + l / 4;                      // the lane that gave this row's address
+                  const size_t addr = (size_t)(16 * m + lds_row(x)) * lds + lds_k(x) + 16 * i;
+                  for (int h = 0; h < 2; h++) a[l][q][h] = As[addr + 2 * (l % 4) + h];
+                }
+              float Am[16][16], Bm[8][16][8];
+              for (int l = 0; l < 32; l++) {
+                const int g = l / 4, t = l % 4;
+                for (int h = 0; h < 2; h++) {
+                  Am[g][2 * t + h] = a[l][0][h];
+                  Am[g + 8][2 * t + h] = a[l][1][h];
+                  Am[g][2 * t + 8 + h] = a[l][2][h];
+                  Am[g + 8][2 * t + 8 + h] = a[l][3][h];
+                  for (int j = 0; j < 8; j++) {
+                    Bm[j][2 * t + h][g] = b[l][j][0][h];
+                    Bm[j][2 * t + 8 + h][g] = b[l][j][1][h];
+                  }
+                }
+              }
+              for (int j = 0; j < 8; j++)
+                for (int l = 0; l < 32; l++) {
+                  const int g = l / 4, t = l % 4;
+                  const int rows[4] = {g, g, g + 8, g + 8}, colz[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+                  for (int e = 0; e < 4; e++) {
+                    float d = 0.f;
+                    for (int k = 0; k < 16; k++) d += Am[rows[e]][k] * Bm[j][k][colz[e]];
+                    acc[(((size_t)m * 8 + j) * 4 + e) * 32 + l] += d;
+                  }
+                }
+            }
+          }
+          for (int m = 0; m < MT; m++)
+            for (int j = 0; j < 8; j++)
+              for (int e = 0; e < 4; e++)
+                for (int l = 0; l < 32; l++) {
+                  const float v = acc[(((size_t)m * 8 + j) * 4 + e) * 32 + l];
+                  const int tok = acc_token(m, e, l), col = 64 * warp + acc_col(j, e, l), n = cb * kRowsPerBlock + col;
+                  if (c.S > 1) part[(((size_t)s * cols + cb) * Mp + tok) * kRowsPerBlock + col] = v;
+                  else if (tok < c.M && n < c.N) C[(size_t)tok * c.N + n] = v;
+                }
+        }
+      }
+    if (c.S > 1)
+      for (int cb = 0; cb < cols; cb++)
+        for (int m = 0; m < c.M; m++)
+          for (int col = 0; col < kRowsPerBlock; col++) {
+            const int n = cb * kRowsPerBlock + col;
+            if (n >= c.N) continue;
+            float v = 0.f;
+            for (int z = 0; z < c.S; z++) v += part[(((size_t)z * cols + cb) * Mp + m) * kRowsPerBlock + col];
+            C[(size_t)m * c.N + n] = v;
+          }
+    double num = 0, den = 0;
+    bool finite = true;
+    for (size_t i = 0; i < C.size(); i++) {
+      finite = finite && std::isfinite(C[i]);
+      num += ((double)C[i] - ref[i]) * ((double)C[i] - ref[i]);
+      den += (double)ref[i] * ref[i];
+    }
+    const double err = std::sqrt(num / std::max(den, 1e-30));
+    const bool ok = finite && err < 1e-3;   // the check's tolerance (case_check)
+    std::printf("emulate M=%d N=%d K=%d g%d split %d: %s rel %.2e%s\n", c.M, c.N, c.K, c.group, c.S,
+                ok ? "PASS" : "FAIL", err, finite ? "" : " (unwritten outputs)");
+    fails += !ok;
+  }
+  return fails ? 1 : 0;
 }
 
 // --case check: M in {1, 5, 16, 17, 32, 40, 64}, shapes with N not a multiple of the 512-row block, groups 32..256,
@@ -527,8 +652,9 @@ int case_time() {
 int main(int argc, char** argv) {
   const std::string c = argc > 2 && std::strcmp(argv[1], "--case") == 0 ? argv[2] : "";
   if (c == "pack") return fp::case_pack();
+  if (c == "emulate") return fp::case_emulate();
   if (c != "check" && c != "time") {
-    std::printf("usage: gemm_int4_fragpack --case pack|check|time\n");
+    std::printf("usage: gemm_int4_fragpack --case pack|emulate|check|time\n");
     return 2;
   }
   cudaDeviceProp prop;

@@ -7,6 +7,7 @@ B=build/dev/gemm_int4_fragpack
 OUT=${OUT:-/tmp/fp_out}; mkdir -p "$OUT"
 [ -x $B ] || make -C csrc/dev "$PWD/$B" > "$OUT/make.log" 2>&1 || { tail -20 "$OUT/make.log"; exit 1; }
 $B --case pack | tee "$OUT/pack.log" || exit 1
+$B --case emulate | tee "$OUT/emulate.log" || exit 1
 timeout 120 $B --case check > "$OUT/check.log" 2>&1; rc=$?; cat "$OUT/check.log"
 [ $rc = 0 ] || { echo "check failed (rc=$rc): no timing"; exit 1; }
 timeout 300 $B --case time > "$OUT/time.log" 2>&1; echo "time rc=$?"; cat "$OUT/time.log"
