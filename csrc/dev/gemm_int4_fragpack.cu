@@ -601,7 +601,9 @@ int case_time() {
   struct Sh { const char* name; int N, K; };
   const Sh shapes[] = {{"qkv", 4608, 3584}, {"o", 3584, 3584}, {"gate+up", 37888, 3584}, {"down", 3584, 18944}};
   const int Ms[] = {1, 8, 16, 32, 64};
-  double layer_fp[5] = {0}, layer_prod[5] = {0};
+  double layer_fp[5] = {0}, layer_prod[5] = {0}, layer_ceil = 0, layer_u2 = 0, layer_u8 = 0;
+  unsigned* sink = nullptr;
+  DEV_CHECK(cudaMalloc(&sink, (size_t)sms * 8 * sizeof(unsigned)));
   for (const Sh& sh : shapes) {
     const Int4Weight W = random_int4(sh.N, sh.K, 128, 1234u + sh.N);
     const Packed P = repack(W);
@@ -609,6 +611,14 @@ int case_time() {
     DevPacked D(P, copies);
     DeviceCopies wc(W.file_bytes);
     const int splits = choose_splits(sh.N, sh.K, sms);
+    // the read-only ceiling of the same bytes (words + scales), same rotation
+    const size_t n16 = P.bytes() / 16;
+    const int cgrid = (int)std::min<size_t>((size_t)sms * 8, (n16 + kCeilThreads * kCeilInFlight - 1) /
+                                                                 (kCeilThreads * kCeilInFlight));
+    const double t_ceil = median_us([&](int i) { read_ceiling<<<cgrid, kCeilThreads>>>(D.w(i), n16, sink); }, 20);
+    layer_ceil += t_ceil;
+    std::printf("  %-8s N=%5d K=%5d: read ceiling %7.1f us (%4.2f TB/s)\n", sh.name, sh.N, sh.K, t_ceil,
+                (double)P.bytes() / (t_ceil * 1e-6) / 1e12);
     for (int mi = 0; mi < 5; mi++) {
       const int M = Ms[mi];
       const std::vector<float> A = acts(M, sh.K, 5u);
@@ -633,6 +643,17 @@ int case_time() {
         dev::must(nq::gemm_multi(&L, Cs, bs, 1, dA, sh.K, M, sh.N, false, 0, &ws));
       }, 20);
       nq::gemm_scratch_free(&ws);
+      if (M == 16) {   // loads in flight per warp: 2 and 8 steps ahead against pick()'s 4
+        const double t2 = median_us([&](int i) {
+          launch<1, 2>(D.w(i), D.s(i), dA, sh.K, M, sh.N, sh.K, 128, nullptr, dC, sh.N, false, splits, 0);
+        }, 20);
+        const double t8 = median_us([&](int i) {
+          launch<1, 8>(D.w(i), D.s(i), dA, sh.K, M, sh.N, sh.K, 128, nullptr, dC, sh.N, false, splits, 0);
+        }, 20);
+        layer_u2 += t2;
+        layer_u8 += t8;
+        std::printf("  %-8s M=16 U=2 %7.1f us, U=8 %7.1f us\n", sh.name, t2, t8);
+      }
       layer_fp[mi] += t_fp;
       layer_prod[mi] += t_prod;
       const double gb = (double)P.bytes() / 1e9;
@@ -642,8 +663,12 @@ int case_time() {
     }
   }
   for (int mi = 0; mi < 5; mi++)
-    std::printf("  per 7B layer M=%2d: fragpack %7.1f us (x28 = %.2f ms)  product %7.1f us (x28 = %.2f ms)\n", Ms[mi],
-                layer_fp[mi], 28 * layer_fp[mi] / 1e3, layer_prod[mi], 28 * layer_prod[mi] / 1e3);
+    std::printf("  per 7B layer M=%2d: fragpack %7.1f us (x28 = %.2f ms, %3.0f %% of the read ceiling)  product "
+                "%7.1f us (x28 = %.2f ms)\n", Ms[mi], layer_fp[mi], 28 * layer_fp[mi] / 1e3,
+                100.0 * layer_ceil / layer_fp[mi], layer_prod[mi], 28 * layer_prod[mi] / 1e3);
+  std::printf("  per 7B layer: read ceiling %7.1f us; M=16 with U=2 %7.1f us, U=8 %7.1f us\n", layer_ceil, layer_u2,
+              layer_u8);
+  cudaFree(sink);
   return 0;
 }
 
