@@ -90,7 +90,9 @@ if has bench; then
   timeout 240 python3 bench/batch_bench.py /tmp/q7b.nanoqwen --batch 1,2,4,8,32,64 --json "$LOG/batch7b.json" > "$LOG/batch7b.log" 2>&1
   note "batch bench 7B rc=$?"; tail -7 "$LOG/batch7b.log" | tee -a "$summary"
   # the batched API (Engine.submit: device sampling, the server's path) under N concurrent streams, same file
-  timeout 300 python3 -m nanoqwen_rt.cli bench /tmp/q7b.nanoqwen --device cuda --concurrency 1,8,32,64 \
+  # --new-tokens 256: a steady window at 64 streams (128 tokens leave 1-7 steps with all 64 decoding: NOTES
+  # "Session 10" §9)
+  timeout 300 python3 -m nanoqwen_rt.cli bench /tmp/q7b.nanoqwen --device cuda --concurrency 1,8,32,64 --new-tokens 256 \
     --json "$LOG/conc7b.json" > "$LOG/conc7b.log" 2>&1
   note "concurrency bench 7B rc=$?"; tail -9 "$LOG/conc7b.log" | tee -a "$summary"
   # a 2,000-token cached prefix on the device KV pool: TTFT of a hit against a miss (the batched API)

@@ -16,6 +16,10 @@ One warm-up level of the same size runs first (CUDA: sessions, the batch, graph 
 * tokens_per_s: every generated token / (first submit → last token), prompts included.
 * decode_tokens_per_s, decode_step_ms: over the steady steps, where every stream of the level had its first token
   and each sampled one (a batch of N decodes, no prompt chunk): tokens / time, and the median step time.
+  steady_steps: how many. The prompts enter a few hundred tokens a step while the first streams already decode, so
+  with N x prompt_tokens large against new_tokens the window where all N decode is short: 512-token prompts and 128
+  new tokens leave 1-7 steps at 64 streams (bench/NOTES.md "Session 10" §9). The table flags a level with fewer
+  than MIN_STEADY_STEPS; its decode figure is then one or a few steps, not a steady rate.
 * batch: the running sequences per step (min / median / max over the steps that sampled a token).
 * consumer_ms_per_step: the median time the streams' handles took to turn a step's tokens into chunks (text
   decoding, stop handling), in this thread between steps; it is part of itl_ms (a server pays it on the
@@ -35,7 +39,7 @@ import numpy as np
 
 from .timing import BenchError, gpu_name
 
-__all__ = ["MAX_CONCURRENCY", "KNEE_SCALING", "parse_concurrency", "measure_concurrency", "run_concurrency",
+__all__ = ["MAX_CONCURRENCY", "KNEE_SCALING", "MIN_STEADY_STEPS", "parse_concurrency", "measure_concurrency", "run_concurrency",
            "scaling_of", "format_concurrency_table"]
 
 #: most streams one level may ask for: the library's batch limit (nanoqwen.h NQ_MAX_BATCH)
@@ -44,6 +48,8 @@ MAX_CONCURRENCY = 256
 FIRST_SPECIAL_ID = 151643
 #: the knee: the first level whose step from the level before scales below this (module docstring, "scaling")
 KNEE_SCALING = 0.5
+#: steady steps below which a level's decode tok/s is flagged as not a steady rate (module docstring)
+MIN_STEADY_STEPS = 16
 
 
 def parse_concurrency(text: str) -> list[int]:
@@ -193,18 +199,25 @@ def format_concurrency_table(result: dict) -> str:
 
     def f(r, key, fmt):
         return format(r[key], fmt) if key in r else "-"
-    head = ("streams", "tok/s all", "decode tok/s", "step ms", "ITL p50", "ITL p90", "ITL p50 worst",
+    head = ("streams", "tok/s all", "decode tok/s", "steady", "step ms", "ITL p50", "ITL p90", "ITL p50 worst",
             "TTFT p50", "TTFT p90", "batch min/med/max", "consumer ms")
     rows = [head]
     for r in c["levels"]:
         rows.append((str(r["concurrency"]), f(r, "tokens_per_s", ".1f"), f(r, "decode_tokens_per_s", ".1f"),
+                     f(r, "steady_steps", "d"),
                      f(r, "decode_step_ms", ".3f"), f(r, "itl_p50_ms", ".3f"), f(r, "itl_p90_ms", ".3f"),
                      f(r, "itl_p50_worst_ms", ".3f"), f(r, "ttft_p50_ms", ".1f"), f(r, "ttft_p90_ms", ".1f"),
                      f"{r['batch_min']}/{r['batch_median']:g}/{r['batch_max']}", f(r, "consumer_ms_per_step", ".3f")))
     w = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines += ["  ".join(x.rjust(w[i]) for i, x in enumerate(row)) for row in rows]
     lines.append("(ms; ITL = a stream's inter-token time, median over streams of its p50 / p90; decode = the steps "
-                 "where every stream decoded; consumer = the handles' chunking after a step, inside ITL)")
+                 "where every stream decoded, steady = how many; consumer = the handles' chunking after a step, "
+                 "inside ITL)")
+    short = [r for r in c["levels"] if r.get("decode_tokens_per_s") and r.get("steady_steps", 0) < MIN_STEADY_STEPS]
+    if short:
+        lines.append("not a steady rate (fewer than %d steps with every stream decoding): " % MIN_STEADY_STEPS
+                     + ", ".join(f"{r['concurrency']} streams ({r['steady_steps']})" for r in short)
+                     + "; more --new-tokens (against streams x prompt tokens) widen that window")
     sc = scaling_of(c["levels"])
     if sc["steps"]:
         top = max(r["concurrency"] for r in c["levels"])

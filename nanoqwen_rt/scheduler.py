@@ -104,6 +104,11 @@ class _Seq:
     def prefilling(self) -> bool:
         return self.pages is not None and len(self.pages.tokens) < self.ids.shape[0]
 
+    def fail(self, error: BaseException) -> None:
+        """End this sequence with `error` (reported to its consumer when it leaves)."""
+        self.error = error
+        self.done = True
+
 
 class Scheduler:
     """Continuous batching over one backend (see the module docstring). `lock` is the engine's step lock: every
@@ -223,8 +228,7 @@ class Scheduler:
             try:
                 p0 = self._grow(s, (s.last,))
             except Exception as e:          # noqa: BLE001 (reported to this request's consumer)
-                s.error = e
-                s.done = True
+                s.fail(e)
                 continue
             ready.append(s)
             p0s.append(p0)
@@ -235,8 +239,7 @@ class Scheduler:
                                                    np.array([s.last for s in ready], dtype=np.int32))
         except Exception as e:              # noqa: BLE001 (reported to each request's consumer)
             for s in ready:
-                s.error = e
-                s.done = True
+                s.fail(e)
             return 0
         n = j = 0
         share = self.kv.shares_pages        # else no sequence can reuse a page: nothing to offer the cache
@@ -275,8 +278,7 @@ class Scheduler:
             try:
                 p0 = self._grow(s, (s.last if i is None else -1,))    # -1: the draw of row i, patched in _land
             except Exception as e:          # noqa: BLE001 (reported to this request's consumer)
-                s.error = e
-                s.done = True
+                s.fail(e)
                 continue
             rows.append(s)
             p0s.append(p0)
@@ -289,8 +291,7 @@ class Scheduler:
             except Exception as e:          # noqa: BLE001 (reported to each request's consumer)
                 for s in rows:
                     s.pages.tokens.pop()     # its row was never written
-                    s.error = e
-                    s.done = True
+                    s.fail(e)
                 rows = []
         n = self._land(chained={id(s) for s, c in zip(rows, chain) if c >= 0})
         self._flight = rows
@@ -310,8 +311,7 @@ class Scheduler:
             drawn = self.kv.wait_decode(len(rows)).tolist()
         except Exception as e:              # noqa: BLE001 (reported to each request's consumer)
             for s in rows:
-                s.error = e
-                s.done = True
+                s.fail(e)
             return 0
         n = 0
         share = self.kv.shares_pages
@@ -340,8 +340,7 @@ class Scheduler:
             if self.kv.shares_pages:
                 self.pool.publish(s.pages)
         except Exception as e:              # noqa: BLE001 (reported to this request's consumer)
-            s.error = e
-            s.done = True
+            s.fail(e)
             return 0
         if out is None:
             return 0
@@ -359,8 +358,7 @@ class Scheduler:
                 tok = s.sampler(logits)
                 lp, complete = None, False
         except Exception as e:              # noqa: BLE001 (reported to this request's consumer)
-            s.error = e
-            s.done = True
+            s.fail(e)
             return 0
         return self._deliver(s, tok, lp, complete)
 
@@ -449,7 +447,6 @@ class Scheduler:
             pass
         for s in list(self._waiting) + self._running:
             if not s.done:
-                s.error = error
-                s.done = True
+                s.fail(error)
         self._waiting.clear()
         self._retire_done()

@@ -368,3 +368,23 @@ def test_concurrency_scaling_and_knee():
     assert flat["steps"][1]["scaling"] < KNEE_SCALING <= flat["steps"][0]["scaling"]
     # levels without a steady decode figure are left out; one point has no step
     assert scaling_of([lv(1, 100.0), {"concurrency": 8}]) == {"steps": [], "knee": None}
+
+
+def test_concurrency_table_flags_levels_without_a_steady_window():
+    """A level whose decode figure comes from fewer than MIN_STEADY_STEPS steps with every stream decoding is
+    named under the table (session 10: 64 streams of 512-token prompts and 128 new tokens had 1-7 such steps); the
+    steady column shows the count for every level."""
+    from nanoqwen_bench.concurrency import MIN_STEADY_STEPS, format_concurrency_table
+
+    def level(n, steady):
+        return {"concurrency": n, "tokens_per_s": 1.0, "decode_tokens_per_s": 100.0 * n, "decode_step_ms": 5.0,
+                "steady_steps": steady, "itl_p50_ms": 5.0, "itl_p90_ms": 6.0, "itl_p50_worst_ms": 7.0,
+                "ttft_p50_ms": 10.0, "ttft_p90_ms": 20.0, "batch_min": 1, "batch_median": n, "batch_max": n,
+                "consumer_ms_per_step": 0.1}
+    res = {"concurrency": {"backend": "fake", "prompt_tokens": 512, "new_tokens": 128,
+                           "levels": [level(8, 90), level(32, MIN_STEADY_STEPS), level(64, 1)]}}
+    text = format_concurrency_table(res)
+    assert "steady" in text.splitlines()[3]
+    flagged = [ln for ln in text.splitlines() if ln.startswith("not a steady rate")]
+    assert len(flagged) == 1 and "64 streams (1)" in flagged[0]
+    assert "32 streams" not in flagged[0] and "8 streams" not in flagged[0]

@@ -254,3 +254,42 @@ def test_steps_without_decodes_take_the_stores_idle_prompt_budget():
     sizes = sorted([n for s, n in chunks if s == sid] for sid in {s for s, _ in chunks})
     assert sizes == sorted([[idle, 76], [PREFILL_CHUNK_TOKENS, PREFILL_CHUNK_TOKENS, 88]]), sizes
     sched.pool.check(live=[])
+
+
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_a_failing_device_step_ends_its_sequences_with_the_error(pipelined):
+    """The store's decode step raises once: every sequence in that step ends with that error (_Seq.fail),
+    a sequence not in it goes on to its reference tokens, and no page or reservation is left behind."""
+    class Boom(RuntimeError):
+        pass
+
+    be = FakeBackend(pipelined, max_context=96, n_pages=64)
+    name = "launch_decode" if pipelined else "forward_decode"
+    inner, calls = getattr(be.kv, name), [0]
+
+    def failing(*args):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise Boom("device step failed")
+        return inner(*args)
+    setattr(be.kv, name, failing)
+    sched = Scheduler(be, max_batch=4, kv_pages=64, lock=threading.Lock())
+    got = [[], []]
+    a = _Seq(np.asarray([1, 2, 3], dtype=np.int32), SamplingParams(0.0), 20, set(), None,
+             lambda t, lp, c: got[0].append(int(t)))
+    sched.add(a)
+    for _ in range(200):
+        if not sched.has_work:
+            break
+        sched.step()
+    b = _Seq(np.asarray([4, 5], dtype=np.int32), SamplingParams(0.0), 6, set(), None,
+             lambda t, lp, c: got[1].append(int(t)))
+    sched.add(b)
+    for _ in range(200):
+        if not sched.has_work:
+            break
+        sched.step()
+    assert isinstance(a.error, Boom) and a.done and len(got[0]) < 20
+    assert b.error is None and got[1] == reference([4, 5], 6, ())
+    sched.pool.check(live=[])
+    assert sched.pool.reserved_pages == 0

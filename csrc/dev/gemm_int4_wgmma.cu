@@ -17,7 +17,6 @@
 #include "gemm_wgmma.cuh"
 #include "gemm.cu"  // the product entry point gemm_multi (gemm.cu picks the kernel)
 #include "wgmma_rs.cuh"
-#include "gemm_int4_wgmma_ss.cuh"  // the few-token kernel with the dequantised weights in shared memory (ss_*)
 #include <cstring>
 #include <string>
 
@@ -305,18 +304,6 @@ int launch_lib_wgmma(const nq::GemmGroup& g, int tiles, const __half* A, int lda
   g_last_splits = splits;
   return nq::launch_int4_wgmma<TN, WGS, STAGES, KSUB>(g, tiles, A, lda, M, ldc, add, splits, st);
 }
-// gemm_int4_wgmma_ss.cuh's few-token kernel, split as the library's few-token builds are split
-template <int TN, int WGS, int STAGES, int KSUB>
-int launch_dev_ss(const nq::GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add,
-                  bool allow_split, cudaStream_t st) {
-  int splits = 1;
-  if (allow_split)
-    splits = nq::choose_splits((long long)((M + TN - 1) / TN) * tiles, g.s[0].W.K / KB, 1, nq::kSmallMaxSplits,
-                               nq::kSmallMinStages, /*fill_rounds=*/true);
-  if (g_force_splits > 0) splits = std::min(g_force_splits, g.s[0].W.K / KB);
-  g_last_splits = splits;
-  return wgss::launch_ss<TN, WGS, STAGES, KSUB>(g, tiles, A, lda, M, ldc, add, splits, st);
-}
 // the product path: nq::gemm_multi (gemm.cu), which picks the kernel and the block shape itself
 int launch_product(const nq::GemmGroup& g, int, const __half* A, int lda, int M, int ldc, bool add, bool,
                    cudaStream_t st) {
@@ -350,11 +337,6 @@ const Kernel kKernels[] = {
     {"tma_n16w4s6k2", 256, 16, launch_lib_wgmma<16, 4, 6, 2>},
     {"tma_n32w4s6k2", 256, 32, launch_lib_wgmma<32, 4, 6, 2>},
     {"tma_n64w4s8k1", 256, 64, launch_lib_wgmma<64, 4, 8, 1>},
-    // the same tiles with the dequantised weights in shared memory (gemm_int4_wgmma_ss.cuh)
-    {"ss_n16w3s4k4", 192, 16, launch_dev_ss<16, 3, 4, 4>},
-    {"ss_n32w3s4k4", 192, 32, launch_dev_ss<32, 3, 4, 4>},
-    {"ss_n32w3s6k2", 192, 32, launch_dev_ss<32, 3, 6, 2>},
-    {"ss_n64w3s6k2", 192, 64, launch_dev_ss<64, 3, 6, 2>},
     {"library", nq::MM_BN, nq::MM_BM, launch_library},
     {"product", 128, 0, launch_product},
 };

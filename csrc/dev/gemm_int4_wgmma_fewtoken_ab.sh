@@ -4,8 +4,9 @@
 # candidates against the library's few-token builds and the product path at M in {5, 8, 16, 32, 64}. Logs to $OUT.
 #   device: run(command="bash csrc/dev/gemm_int4_wgmma_fewtoken_ab.sh tma_n16w4s6k2 tma_n32w4s6k2",
 #               carry=["build/dev/gemm_int4_wgmma"])
-# With no arguments: the 4-consumer-warpgroup builds (w4). Session 9 ran it as gemm_int4_wgmma_ss_run.sh on the
-# shared-memory builds (ss_*), which lost (bench/NOTES.md "Session 9").
+# With no arguments: the 4-consumer-warpgroup builds (w4), which lost (bench/NOTES.md "Session 10" §2). Session 9
+# ran it on the shared-memory builds (ss_*), which lost too; their kernel, a copy of the library's with the weights
+# dequantised into shared memory, is on branch wip/fewtoken-ss (bench/NOTES.md "Session 9").
 set -o pipefail
 B=build/dev/gemm_int4_wgmma
 OUT=${OUT:-/tmp/ab_out}; mkdir -p "$OUT"
