@@ -40,8 +40,6 @@
 namespace fp {
 using namespace dev;
 
-constexpr int kWarps = 8;            // 64-row blocks per CUDA block: 512 W rows share one staging of A
-constexpr int kRowsPerBlock = 64 * kWarps;
 
 // ---- the pair: host repack and the device unpack ---------------------------------------------------------------
 struct Packed {
@@ -150,6 +148,9 @@ int case_pack() {
 }
 
 // ---- the kernel's index math, shared with the host emulation (--case emulate) -----------------------------------
+// K runs in chunks of kChunkSteps 16-k steps (128 k; every Qwen2.5 K is a multiple of 128): the unit of the weight
+// ring (a warp holds one chunk's 8 loads in flight while it computes the previous one) and of the K split.
+constexpr int kChunkSteps = 8;
 // ldmatrix.x4: the row (token) and k (halves) of the shared-memory row whose address lane gives, within the m-tile
 // and 16-k step: matrices (tokens 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) -> A fragment a0..a3
 __host__ __device__ inline int lds_row(int lane) { return (lane & 7) + 8 * ((lane >> 3) & 1); }
@@ -157,8 +158,8 @@ __host__ __device__ inline int lds_k(int lane) { return 8 * (lane >> 4); }
 // accumulator e of n8-tile j, m-tile m of lane: token and column within the warp's 64 rows
 __host__ __device__ inline int acc_token(int m, int e, int lane) { return 16 * m + (lane >> 2) + 8 * (e >> 1); }
 __host__ __device__ inline int acc_col(int j, int e, int lane) { return 8 * j + 2 * (lane & 3) + (e & 1); }
-// split s of S over KB 16-k steps: [kb_begin(s), kb_begin(s + 1))
-__host__ __device__ inline int kb_begin(int KB, int s, int S) { return (int)((long long)KB * s / S); }
+// split s of S over KC chunks: [chunk_begin(s), chunk_begin(s + 1))
+__host__ __device__ inline int chunk_begin(int KC, int s, int S) { return (int)((long long)KC * s / S); }
 // shared-memory row stride of the staged A (halves) for nk steps: rows 16 B apart mod 128 B
 __host__ __device__ inline int a_stride(int nk) { return 16 * nk + 8; }
 
@@ -177,6 +178,13 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// the same with a zero accumulator in (the first step of a scale segment)
+__device__ __forceinline__ void mma16816_zero(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+      : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+}
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], uint32_t saddr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
@@ -189,39 +197,53 @@ struct Args {
   const __half* A;         // [M][lda]
   const float* bias;       // [N] or null
   float* C;                // [M][ldc]
-  float* part;             // split-K partials [S][gridDim.x][M][kRowsPerBlock]
+  float* part;             // split-K partials [S][gridDim.x][16 MT][64 WARPS]
   int* sem;                // [gridDim.x] zero
-  int M, N, K, group, lda, ldc, add;
+  int M, N, K, lda, ldc, add;
 };
 
-// MT: 16-token m-tiles (M <= 16 MT); U: 16-k steps loaded ahead
-template <int MT, int U>
-__global__ void __launch_bounds__(32 * kWarps) gemm_int4_fragpack(const Args a) {
+// MT: 16-token m-tiles (M <= 16 MT); WARPS: 64-row tiles per block (one per warp, sharing the block's staged A);
+// SPG: 16-k steps per scale group (group 32..256 = 2..16); SACC: the scale is applied to the accumulators once per
+// scale segment (min(SPG, 8) steps: the MMAs multiply the exact codes q - 8, f32 partial sums per segment, then
+// acc += s * partial) instead of to every weight pair (4 HMUL2 per word). SACC needs a lane's scales for its
+// accumulator rows 8j + 2t, +1 (two 16-byte vectors, g = 2t and 2t + 1), not for its B rows 8j + g.
+template <int MT, int WARPS, int SPG, bool SACC>
+__global__ void __launch_bounds__(32 * WARPS) gemm_int4_fragpack(const Args a) {
+  constexpr int SEG = SPG < kChunkSteps ? SPG : kChunkSteps;   // steps sharing one scale within a chunk
+  constexpr int NSV = kChunkSteps / SEG;                         // scale groups a chunk touches
+  constexpr int SV = SACC ? 2 : 1;                               // 16-byte scale vectors per group and lane
+  constexpr int RB = 64 * WARPS;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* As = reinterpret_cast<__half*>(smem_raw);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int KB = a.K / 16, S = gridDim.y, s = blockIdx.y;
-  const int kb0 = kb_begin(KB, s, S), kb1 = kb_begin(KB, s + 1, S), nk = kb1 - kb0;
-  const int NB = a.N / 64, nb = blockIdx.x * kWarps + warp;
+  const int KB = a.K / 16, KC = a.K / (16 * kChunkSteps), S = gridDim.y, s = blockIdx.y;
+  const int c0 = chunk_begin(KC, s, S), nc = chunk_begin(KC, s + 1, S) - c0, nk = kChunkSteps * nc;
+  const int NB = a.N / 64, nb = blockIdx.x * WARPS + warp, G = a.K / (16 * SPG);
   const bool active = nb < NB;
-  const int gsteps_log2 = __ffs(a.group) - 1 - 4;     // log2(16-k steps per group); groups >= 16 (powers of two)
-  const int G = a.K / a.group;
-  // this lane's weights and scales: tile (nb, kb) at words[(nb KB + kb) 32 + lane]
-  const uint4* wp = a.w + ((size_t)(active ? nb : 0) * KB + kb0) * 32 + lane;
-  const uint4* sp = a.s + ((size_t)(active ? nb : 0) * G) * 8 + g;   // + gi * 8
+  // this lane's weights: tile (nb, kb) at words[(nb KB + kb) 32 + lane]; scales [nb][gi][g][8]
+  const uint4* wp = a.w + ((size_t)(active ? nb : 0) * KB + kChunkSteps * c0) * 32 + lane;
+  const uint4* sp = a.s + (size_t)(active ? nb : 0) * G * 8 + (SACC ? 2 * t : g);
 
-  uint4 wbuf[U];
+  uint4 wbuf[kChunkSteps];
+  uint4 snext[NSV][SV];
+  auto load_scales = [&](int c) {   // chunk c (absolute): its NSV groups
 #pragma unroll
-  for (int u = 0; u < U; u++)
-    if (active && u < nk) wbuf[u] = nq::ld_stream16(wp + (size_t)u * 32);
+    for (int v = 0; v < NSV; v++)
+#pragma unroll
+      for (int q = 0; q < SV; q++) snext[v][q] = __ldg(sp + (size_t)((kChunkSteps * c + v * SEG) / SPG) * 8 + q);
+  };
+  if (active && nc > 0) {   // the first chunk's weights and scales go out before A is staged: they do not need it
+#pragma unroll
+    for (int u = 0; u < kChunkSteps; u++) wbuf[u] = nq::ld_stream16(wp + u * 32);
+    load_scales(c0);
+  }
 
-  // A rows of this block's k range into shared memory: row r at r * lds halves (lds = 16 nk + 8: rows 16 B apart mod
-  // 128 B, so ldmatrix's 8 row addresses hit distinct banks); rows >= M are zero
+  // A rows of this block's k range into shared memory: row r at r * lds halves; rows >= M are zero
   const int lds = a_stride(nk);
-  for (int i = threadIdx.x; i < 16 * MT * 2 * nk; i += 32 * kWarps) {   // 8-half (16-byte) chunks
+  for (int i = threadIdx.x; i < 16 * MT * 2 * nk; i += 32 * WARPS) {   // 8-half (16-byte) chunks
     const int r = i / (2 * nk), c = i - r * (2 * nk);
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < a.M) v = *reinterpret_cast<const uint4*>(a.A + (size_t)r * a.lda + 16 * kb0 + 8 * c);
+    if (r < a.M) v = *reinterpret_cast<const uint4*>(a.A + (size_t)r * a.lda + 16 * kChunkSteps * c0 + 8 * c);
     *reinterpret_cast<uint4*>(As + (size_t)r * lds + 8 * c) = v;
   }
   __syncthreads();
@@ -234,36 +256,31 @@ __global__ void __launch_bounds__(32 * kWarps) gemm_int4_fragpack(const Args a) 
 #pragma unroll
       for (int e = 0; e < 4; e++) acc[m][j][e] = 0.f;
 
-  // ldmatrix.x4 row address of this lane: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
-  // (rows 8-15, k 8-15) -> a0..a3 of the m16n8k16 A fragment
   const uint32_t a_base = (uint32_t)__cvta_generic_to_shared(As) +
                           2u * (uint32_t)(lds_row(lane) * lds + lds_k(lane));
   const uint32_t k_lo = 0x64006400u;
   const __half2 q_sub = __float2half2_rn(1032.f), inv16 = __float2half2_rn(1.f / 16.f), q_off = __float2half2_rn(-72.f);
-  __half2 sc2[8];
-  int cur_group = -1;
 
   if (active) {
-    for (int i0 = 0; i0 < nk; i0 += U) {
+    for (int c = 0; c < nc; c++) {
+      const bool more = c + 1 < nc;
+      uint4 scur[NSV][SV];
 #pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int i = i0 + u;
-        if (i >= nk) break;
+      for (int v = 0; v < NSV; v++)
+#pragma unroll
+        for (int q = 0; q < SV; q++) scur[v][q] = snext[v][q];
+      if (more) load_scales(c0 + c + 1);   // one chunk ahead: no scale load in a step's critical path
+      const uint4* wn = wp + (size_t)(c + 1) * kChunkSteps * 32;
+      const uint32_t a_chunk = a_base + 2u * (uint32_t)(16 * kChunkSteps * c);
+      float tmp[MT][8][4];
+#pragma unroll
+      for (int u = 0; u < kChunkSteps; u++) {
+        const int v = u / SEG;
         const uint4 cur = wbuf[u];
-        if (i + U < nk) wbuf[u] = nq::ld_stream16(wp + (size_t)(i + U) * 32);
-        const int gi = (kb0 + i) >> gsteps_log2;
-        if (gi != cur_group) {   // the 8 rows' scales of this group, as (s, s) pairs
-          cur_group = gi;
-          const uint4 sv = __ldg(sp + (size_t)gi * 8);
-          const uint32_t sw[4] = {sv.x, sv.y, sv.z, sv.w};
-#pragma unroll
-          for (int j = 0; j < 4; j++) {
-            sc2[2 * j] = u2h(__byte_perm(sw[j], 0, 0x1010));
-            sc2[2 * j + 1] = u2h(__byte_perm(sw[j], 0, 0x3232));
-          }
-        }
+        if (more) wbuf[u] = nq::ld_stream16(wn + u * 32);
         uint32_t b[8][2];   // B fragments of the 8 n8-tiles
         const uint32_t cw[4] = {cur.x, cur.y, cur.z, cur.w};
+        const uint32_t sw[4] = {scur[v][0].x, scur[v][0].y, scur[v][0].z, scur[v][0].w};
 #pragma unroll
         for (int w = 0; w < 4; w++) {
           const uint32_t x = cw[w], y = cw[w] >> 8;
@@ -271,26 +288,45 @@ __global__ void __launch_bounds__(32 * kWarps) gemm_int4_fragpack(const Args a) 
           const __half2 p1 = __hfma2(u2h(lop3_and_or(x, 0x00F000F0u, k_lo)), inv16, q_off);
           const __half2 p2 = __hsub2(u2h(lop3_and_or(y, 0x000F000Fu, k_lo)), q_sub);
           const __half2 p3 = __hfma2(u2h(lop3_and_or(y, 0x00F000F0u, k_lo)), inv16, q_off);
-          b[2 * w][0] = h2u(__hmul2(p0, sc2[2 * w]));
-          b[2 * w][1] = h2u(__hmul2(p1, sc2[2 * w]));
-          b[2 * w + 1][0] = h2u(__hmul2(p2, sc2[2 * w + 1]));
-          b[2 * w + 1][1] = h2u(__hmul2(p3, sc2[2 * w + 1]));
+          if (SACC) {
+            b[2 * w][0] = h2u(p0); b[2 * w][1] = h2u(p1); b[2 * w + 1][0] = h2u(p2); b[2 * w + 1][1] = h2u(p3);
+          } else {   // (s, s) of rows 8(2w) + g and 8(2w+1) + g: halves 2w and 2w+1 of the lane's scale vector
+            const __half2 s0 = u2h(__byte_perm(sw[w], 0, 0x1010)), s1 = u2h(__byte_perm(sw[w], 0, 0x3232));
+            b[2 * w][0] = h2u(__hmul2(p0, s0)); b[2 * w][1] = h2u(__hmul2(p1, s0));
+            b[2 * w + 1][0] = h2u(__hmul2(p2, s1)); b[2 * w + 1][1] = h2u(__hmul2(p3, s1));
+          }
         }
 #pragma unroll
         for (int m = 0; m < MT; m++) {
           uint32_t af[4];
-          ldmatrix_x4(af, a_base + 2u * (uint32_t)(16 * m * lds + 16 * i));
+          ldmatrix_x4(af, a_chunk + 2u * (uint32_t)(16 * m * lds + 16 * u));
 #pragma unroll
-          for (int j = 0; j < 8; j++) mma16816(acc[m][j], af, b[j][0], b[j][1]);
+          for (int j = 0; j < 8; j++) {
+            if (!SACC) mma16816(acc[m][j], af, b[j][0], b[j][1]);
+            else if (u % SEG == 0) mma16816_zero(tmp[m][j], af, b[j][0], b[j][1]);
+            else mma16816(tmp[m][j], af, b[j][0], b[j][1]);
+          }
+        }
+        if (SACC && u % SEG == SEG - 1) {   // acc += s (row) * segment sum; rows 8j + 2t + (e & 1)
+#pragma unroll
+          for (int j = 0; j < 8; j++) {
+            const uint32_t s0w = (&scur[v][0].x)[j >> 1], s1w = (&scur[v][1].x)[j >> 1];
+            const float sr0 = __half2float(__ushort_as_half((unsigned short)(j & 1 ? s0w >> 16 : s0w & 0xFFFF)));
+            const float sr1 = __half2float(__ushort_as_half((unsigned short)(j & 1 ? s1w >> 16 : s1w & 0xFFFF)));
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+              for (int e = 0; e < 4; e++) acc[m][j][e] = fmaf(e & 1 ? sr1 : sr0, tmp[m][j][e], acc[m][j][e]);
+          }
         }
       }
     }
   }
 
   // acc[m][j]: (token 16m + g, rows n0 + 8j + 2t, +1) and (token 16m + g + 8, same rows), n0 = 64 nb
-  const int cb = blockIdx.x, n_blk = 64 * warp;   // the warp's columns within the block's kRowsPerBlock
+  const int cb = blockIdx.x, n_blk = 64 * warp;   // the warp's columns within the block's RB
   auto store = [&](int m, int col, float v) {    // token m, block column col: the final value
-    const int n = cb * kRowsPerBlock + col;
+    const int n = cb * RB + col;
     if (m >= a.M || n >= a.N) return;
     float* dst = a.C + (size_t)m * a.ldc + n;
     v += a.bias ? a.bias[n] : 0.f;
@@ -307,16 +343,19 @@ __global__ void __launch_bounds__(32 * kWarps) gemm_int4_fragpack(const Args a) 
         for (int e = 0; e < 4; e++) store(acc_token(m, e, lane), n_blk + acc_col(j, e, lane), acc[m][j][e]);
     return;
   }
+  // split-K: every split stores its partial (float2 per (token, row pair)), the column block's last split sums them
+  // in split order (deterministic), float4 at a time over all the block's threads
   const int Mp = 16 * MT;
-  float* mine = a.part + ((size_t)s * gridDim.x + cb) * Mp * kRowsPerBlock;
+  float* mine = a.part + ((size_t)s * gridDim.x + cb) * Mp * RB;
   if (active)
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
       for (int j = 0; j < 8; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-          __stcg(mine + (size_t)acc_token(m, e, lane) * kRowsPerBlock + n_blk + acc_col(j, e, lane), acc[m][j][e]);
+        for (int h = 0; h < 2; h++)
+          __stcg(reinterpret_cast<float2*>(mine + (size_t)acc_token(m, 2 * h, lane) * RB + n_blk + acc_col(j, 0, lane)),
+                 make_float2(acc[m][j][2 * h], acc[m][j][2 * h + 1]));
   __threadfence();
   __syncthreads();
   __shared__ int last;
@@ -327,22 +366,18 @@ __global__ void __launch_bounds__(32 * kWarps) gemm_int4_fragpack(const Args a) 
   __syncthreads();
   if (!last) return;
   __threadfence();
-  for (int i = threadIdx.x; i < a.M * kRowsPerBlock; i += 32 * kWarps) {
-    const int m = i / kRowsPerBlock, col = i - m * kRowsPerBlock;
-    float v = 0.f;
-    for (int z = 0; z < S; z++) v += __ldcg(a.part + ((size_t)z * gridDim.x + cb) * Mp * kRowsPerBlock + i);
-    store(m, col, v);
+  const float4* part4 = reinterpret_cast<const float4*>(a.part + (size_t)cb * Mp * RB);
+  const size_t zstride4 = (size_t)gridDim.x * Mp * RB / 4;
+  for (int i = threadIdx.x; i < a.M * RB / 4; i += 32 * WARPS) {
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+    for (int z = 0; z < S; z++) {
+      const float4 p = __ldcg(part4 + z * zstride4 + i);
+      v.x += p.x; v.y += p.y; v.z += p.z; v.w += p.w;
+    }
+    const int m = (4 * i) / RB, col = 4 * i - m * RB;
+    store(m, col, v.x); store(m, col + 1, v.y); store(m, col + 2, v.z); store(m, col + 3, v.w);
   }
-}
-
-// split count: fill ~2 blocks per SM (8 warps each) with at least kMinSteps 16-k steps per split (U = 4 of them
-// are in flight from the start, so a split of 12 streams ~3 rounds of loads)
-constexpr int kMinSteps = 12;
-inline int choose_splits(int N, int K, int sms) {
-  const int cols = (N + kRowsPerBlock - 1) / kRowsPerBlock, KB = K / 16;
-  int s = 1;
-  while (cols * (s + 1) <= 2 * sms && KB / (s + 1) >= kMinSteps) s++;
-  return s;
 }
 
 // scratch of the split-K launches (grown when needed), one per program
@@ -359,34 +394,54 @@ struct Scratch {
 };
 Scratch g_scratch;
 
-template <int MT, int U>
-void launch(const uint4* w, const uint4* s, const __half* A, int lda, int M, int N, int K, int group, const float* bias,
-            float* C, int ldc, bool add, int splits, cudaStream_t st) {
-  const int cols = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  const int nk_max = (K / 16 + splits - 1) / splits;
-  const size_t smem = (size_t)16 * MT * (16 * nk_max + 8) * 2;
+constexpr size_t kMaxSmem = 200 * 1024;
+// shared memory of a launch (the staged A of the longest split), 0 if it does not fit
+inline size_t smem_of(int MT, int K, int splits) {
+  const int KC = K / (16 * kChunkSteps), nk = kChunkSteps * ((KC + splits - 1) / splits);
+  const size_t b = (size_t)16 * MT * a_stride(nk) * 2;
+  return b <= kMaxSmem ? b : 0;
+}
+
+struct Variant { int mt, warps, spg; bool sacc; };
+template <int MT, int WARPS, int SPG, bool SACC>
+void launch_t(const uint4* w, const uint4* s, const __half* A, int lda, int M, int N, int K, const float* bias,
+              float* C, int ldc, bool add, int splits, cudaStream_t st) {
+  constexpr int RB = 64 * WARPS;
+  const int cols = (N + RB - 1) / RB;
+  const size_t smem = smem_of(MT, K, splits);
   static bool raised = false;
   if (!raised) {
-    DEV_CHECK(cudaFuncSetAttribute(gemm_int4_fragpack<MT, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    DEV_CHECK(cudaFuncSetAttribute(gemm_int4_fragpack<MT, WARPS, SPG, SACC>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kMaxSmem));
     raised = true;
   }
-  if (smem > 200 * 1024) { std::printf("fragpack: %zu B of shared memory (K range too long)\n", smem); std::exit(2); }
+  if (!smem) { std::printf("fragpack: K=%d in %d splits does not fit shared memory\n", K, splits); std::exit(2); }
   Args a;
   a.w = w; a.s = s; a.A = A; a.bias = bias; a.C = C;
-  a.M = M; a.N = N; a.K = K; a.group = group; a.lda = lda; a.ldc = ldc; a.add = add ? 1 : 0;
-  if (splits > 1) g_scratch.need((size_t)splits * cols * 16 * MT * kRowsPerBlock * 4, (size_t)cols * 4);
+  a.M = M; a.N = N; a.K = K; a.lda = lda; a.ldc = ldc; a.add = add ? 1 : 0;
+  if (splits > 1) g_scratch.need((size_t)splits * cols * 16 * MT * RB * 4, (size_t)cols * 4);
   a.part = g_scratch.part; a.sem = g_scratch.sem;
-  gemm_int4_fragpack<MT, U><<<dim3(cols, splits), 32 * kWarps, smem, st>>>(a);
+  gemm_int4_fragpack<MT, WARPS, SPG, SACC><<<dim3(cols, splits), 32 * WARPS, smem, st>>>(a);
   DEV_CHECK(cudaGetLastError());
 }
 
-using LaunchFn = void (*)(const uint4*, const uint4*, const __half*, int, int, int, int, int, const float*, float*, int,
+// the instantiated builds: every (MT, WARPS, SACC) at group 128; group 32 / 64 / 256 at MT 1 and 2, 8 warps
+using LaunchFn = void (*)(const uint4*, const uint4*, const __half*, int, int, int, int, const float*, float*, int,
                           bool, int, cudaStream_t);
-LaunchFn pick(int M) {
-  if (M <= 16) return launch<1, 4>;
-  if (M <= 32) return launch<2, 4>;
-  return launch<4, 2>;
+LaunchFn build(const Variant& v) {
+#define FP_CASE(MT, W, SPG, SA) \
+  if (v.mt == MT && v.warps == W && v.spg == SPG && v.sacc == SA) return launch_t<MT, W, SPG, SA>;
+  FP_CASE(1, 4, 8, false) FP_CASE(1, 8, 8, false) FP_CASE(1, 4, 8, true) FP_CASE(1, 8, 8, true)
+  FP_CASE(2, 4, 8, false) FP_CASE(2, 8, 8, false) FP_CASE(2, 4, 8, true) FP_CASE(2, 8, 8, true)
+  FP_CASE(4, 4, 8, false) FP_CASE(4, 8, 8, false)
+  FP_CASE(1, 8, 2, false) FP_CASE(1, 8, 4, false) FP_CASE(1, 8, 16, false)
+  FP_CASE(1, 8, 2, true) FP_CASE(1, 8, 4, true) FP_CASE(1, 8, 16, true)
+  FP_CASE(2, 8, 2, true) FP_CASE(2, 8, 16, true)
+#undef FP_CASE
+  std::printf("fragpack: no build MT=%d warps=%d spg=%d sacc=%d\n", v.mt, v.warps, v.spg, (int)v.sacc);
+  std::exit(2);
 }
+inline int mt_of(int M) { return M <= 16 ? 1 : M <= 32 ? 2 : 4; }
 
 // device copy of a packed weight: words, pad to 128, scales
 struct DevPacked {
@@ -424,16 +479,28 @@ std::vector<float> gemm_ref(const Int4Weight& W, const std::vector<float>& A, in
     }
   return C;
 }
+double rel_err(const std::vector<float>& got, const std::vector<float>& ref, bool* finite) {
+  double num = 0, den = 0;
+  *finite = true;
+  for (size_t i = 0; i < got.size(); i++) {
+    *finite = *finite && std::isfinite(got[i]);
+    num += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
+    den += (double)ref[i] * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
 
 // --case emulate (CPU only): the kernel's data path on the host for small GEMMs, with the kernel's own index helpers
-// (lds_row / lds_k, acc_token / acc_col, kb_begin, a_stride) and unpack masks, and the PTX semantics written apart
+// (lds_row / lds_k, acc_token / acc_col, chunk_begin, a_stride) and unpack masks, and the PTX semantics written apart
 // from them: ldmatrix.x4 (thread l gets row l / 4, halves 2 (l % 4) + {0, 1} of matrix q, whose row r address comes
 // from lane 8q + r) and mma.m16n8k16 (A: a0 (g, 2t), a1 (g + 8, 2t), a2 (g, 2t + 8), a3 (g + 8, 2t + 8); B: b0 (k 2t,
 // col g), b1 (k 2t + 8, col g); C: (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)), then split-K in split order.
+// The B path is the non-SACC one (scale in the weights); SACC's scale rows are those of acc_col.
 // Against the float64 reference at the check's tolerance: catches an index or layout slip without a GPU.
 int case_emulate() {
   struct Case { int M, N, K, group, S; };
-  const Case cs[] = {{5, 512, 64, 32, 1}, {17, 640, 128, 64, 3}, {40, 192, 256, 128, 2}, {16, 1088, 512, 256, 5}};
+  const Case cs[] = {{5, 512, 128, 32, 1}, {17, 640, 384, 64, 3}, {40, 192, 256, 128, 2}, {16, 1088, 512, 256, 4}};
+  constexpr int kWarps = 8, RB = 64 * kWarps;
   int fails = 0;
   for (const Case& c : cs) {
     const int MT = c.M <= 16 ? 1 : c.M <= 32 ? 2 : 4, Mp = 16 * MT;
@@ -441,11 +508,12 @@ int case_emulate() {
     const Packed P = repack(W);
     const std::vector<float> A = acts(c.M, c.K, 17u + c.M);
     const std::vector<float> ref = gemm_ref(W, A, c.M);
-    const int KB = c.K / 16, NB = c.N / 64, G = c.K / c.group, cols = (c.N + kRowsPerBlock - 1) / kRowsPerBlock;
-    std::vector<float> C((size_t)c.M * c.N, NAN), part((size_t)c.S * cols * Mp * kRowsPerBlock, 0.f);
+    const int KB = c.K / 16, KC = KB / kChunkSteps, NB = c.N / 64, G = c.K / c.group, cols = (c.N + RB - 1) / RB;
+    std::vector<float> C((size_t)c.M * c.N, NAN), part((size_t)c.S * cols * Mp * RB, 0.f);
     for (int cb = 0; cb < cols; cb++)
       for (int s = 0; s < c.S; s++) {
-        const int kb0 = kb_begin(KB, s, c.S), nk = kb_begin(KB, s + 1, c.S) - kb0, lds = a_stride(nk);
+        const int cc0 = chunk_begin(KC, s, c.S), kb0 = kChunkSteps * cc0;
+        const int nk = kChunkSteps * (chunk_begin(KC, s + 1, c.S) - cc0), lds = a_stride(nk);
         std::vector<float> As((size_t)Mp * lds, 0.f);     // the staged A (f16 values), rows >= M zero
         for (int r = 0; r < c.M; r++)
           for (int k = 0; k < 16 * nk; k++) As[(size_t)r * lds + k] = A[(size_t)r * c.K + 16 * kb0 + k];
@@ -505,8 +573,8 @@ int case_emulate() {
               for (int e = 0; e < 4; e++)
                 for (int l = 0; l < 32; l++) {
                   const float v = acc[(((size_t)m * 8 + j) * 4 + e) * 32 + l];
-                  const int tok = acc_token(m, e, l), col = 64 * warp + acc_col(j, e, l), n = cb * kRowsPerBlock + col;
-                  if (c.S > 1) part[(((size_t)s * cols + cb) * Mp + tok) * kRowsPerBlock + col] = v;
+                  const int tok = acc_token(m, e, l), col = 64 * warp + acc_col(j, e, l), n = cb * RB + col;
+                  if (c.S > 1) part[(((size_t)s * cols + cb) * Mp + tok) * RB + col] = v;
                   else if (tok < c.M && n < c.N) C[(size_t)tok * c.N + n] = v;
                 }
         }
@@ -514,21 +582,15 @@ int case_emulate() {
     if (c.S > 1)
       for (int cb = 0; cb < cols; cb++)
         for (int m = 0; m < c.M; m++)
-          for (int col = 0; col < kRowsPerBlock; col++) {
-            const int n = cb * kRowsPerBlock + col;
+          for (int col = 0; col < RB; col++) {
+            const int n = cb * RB + col;
             if (n >= c.N) continue;
             float v = 0.f;
-            for (int z = 0; z < c.S; z++) v += part[(((size_t)z * cols + cb) * Mp + m) * kRowsPerBlock + col];
+            for (int z = 0; z < c.S; z++) v += part[(((size_t)z * cols + cb) * Mp + m) * RB + col];
             C[(size_t)m * c.N + n] = v;
           }
-    double num = 0, den = 0;
-    bool finite = true;
-    for (size_t i = 0; i < C.size(); i++) {
-      finite = finite && std::isfinite(C[i]);
-      num += ((double)C[i] - ref[i]) * ((double)C[i] - ref[i]);
-      den += (double)ref[i] * ref[i];
-    }
-    const double err = std::sqrt(num / std::max(den, 1e-30));
+    bool finite;
+    const double err = rel_err(C, ref, &finite);
     const bool ok = finite && err < 1e-3;   // the check's tolerance (case_check)
     std::printf("emulate M=%d N=%d K=%d g%d split %d: %s rel %.2e%s\n", c.M, c.N, c.K, c.group, c.S,
                 ok ? "PASS" : "FAIL", err, finite ? "" : " (unwritten outputs)");
@@ -537,14 +599,15 @@ int case_emulate() {
   return fails ? 1 : 0;
 }
 
-// --case check: M in {1, 5, 16, 17, 32, 40, 64}, shapes with N not a multiple of the 512-row block, groups 32..256,
-// split-K 1 and several, bias and residual add; poisoned C where the kernel stores
+// --case check: M in {1, 5, 16, 17, 32, 40, 64}, every build, shapes with N not a multiple of the block's rows,
+// groups 32..256, split-K 1 and several, bias and residual add; poisoned C where the kernel stores
 int case_check() {
   struct Case { int M, N, K, group, splits; bool bias, add; };
   const Case cs[] = {{1, 512, 256, 128, 1, false, false},  {5, 576, 512, 32, 1, true, false},
                      {16, 4608, 3584, 128, 7, true, false}, {17, 3584, 3584, 64, 4, false, true},
                      {32, 1024, 1024, 256, 2, false, false}, {40, 640, 768, 128, 3, true, true},
-                     {64, 3584, 18944, 128, 19, false, true}, {8, 18944, 3584, 128, 1, false, false}};
+                     {64, 3584, 18944, 128, 19, false, true}, {8, 18944, 3584, 128, 1, false, false},
+                     {3, 1152, 4864, 256, 5, true, true},    {24, 896, 896, 128, 7, false, true}};
   int fails = 0;
   for (const Case& c : cs) {
     const Int4Weight W = random_int4(c.N, c.K, c.group, 7u + c.N + c.K);
@@ -556,7 +619,7 @@ int case_check() {
     std::vector<float> ref = gemm_ref(W, A, c.M);
     std::vector<float> bias(c.N), C0((size_t)c.M * c.N);
     for (int n = 0; n < c.N; n++) bias[n] = 0.01f * (float)((n * 37) % 23 - 11);
-    for (size_t i = 0; i < C0.size(); i++) C0[i] = c.add ? 0.1f * (float)((i * 13) % 17 - 8) : NAN;   // poison
+    for (size_t i = 0; i < C0.size(); i++) C0[i] = c.add ? 0.1f * (float)((int)((i * 13) % 17) - 8) : NAN;   // poison
     for (int m = 0; m < c.M; m++)
       for (int n = 0; n < c.N; n++)
         ref[(size_t)m * c.N + n] += (c.bias ? bias[n] : 0.f) + (c.add ? C0[(size_t)m * c.N + n] : 0.f);
@@ -565,43 +628,52 @@ int case_check() {
     DEV_CHECK(cudaMalloc(&dC, C0.size() * 4));
     DEV_CHECK(cudaMalloc(&db, bias.size() * 4));
     DEV_CHECK(cudaMemcpy(dA, Ah.data(), Ah.size() * 2, cudaMemcpyHostToDevice));
-    DEV_CHECK(cudaMemcpy(dC, C0.data(), C0.size() * 4, cudaMemcpyHostToDevice));
     DEV_CHECK(cudaMemcpy(db, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice));
-    pick(c.M)(D.w(0), D.s(0), dA, c.K, c.M, c.N, c.K, c.group, c.bias ? db : nullptr, dC, c.N, c.add, c.splits, 0);
-    DEV_CHECK(cudaDeviceSynchronize());
-    std::vector<float> got(C0.size());
-    DEV_CHECK(cudaMemcpy(got.data(), dC, got.size() * 4, cudaMemcpyDeviceToHost));
-    char what[160];
-    std::snprintf(what, sizeof what, "fragpack M=%d N=%d K=%d g%d split %d%s%s", c.M, c.N, c.K, c.group, c.splits,
-                  c.bias ? " bias" : "", c.add ? " add" : "");
-    // f16 weights ((q - 8) s rounded once, 2^-11 relative) and f16 activations (rounded in the reference too), f32
-    // accumulation: ~5e-4 relative in all; the library's GEMM tests allow 1e-3 (tests/test_gpu_gemm.py TOL_REL)
-    double num = 0, den = 0;
-    bool finite = true;
-    for (size_t i = 0; i < got.size(); i++) {
-      finite = finite && std::isfinite(got[i]);
-      num += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
-      den += (double)ref[i] * ref[i];
+    const int mt = mt_of(c.M), spg = c.group / 16;
+    std::vector<Variant> vs;
+    for (int warps : {4, 8})
+      for (bool sacc : {false, true}) {
+        const Variant v{mt, warps, spg, sacc};
+        if (sacc && mt == 4) continue;
+        if (spg != 8 && (warps != 8 || (mt == 2 && !sacc) || (mt == 2 && spg == 4))) continue;
+        vs.push_back(v);
+      }
+    for (const Variant& v : vs) {
+      if (!smem_of(v.mt, c.K, c.splits)) continue;
+      DEV_CHECK(cudaMemcpy(dC, C0.data(), C0.size() * 4, cudaMemcpyHostToDevice));
+      build(v)(D.w(0), D.s(0), dA, c.K, c.M, c.N, c.K, c.bias ? db : nullptr, dC, c.N, c.add, c.splits, 0);
+      DEV_CHECK(cudaDeviceSynchronize());
+      std::vector<float> got(C0.size());
+      DEV_CHECK(cudaMemcpy(got.data(), dC, got.size() * 4, cudaMemcpyDeviceToHost));
+      char what[200];
+      std::snprintf(what, sizeof what, "fragpack mt%d w%d %s M=%d N=%d K=%d g%d split %d%s%s", v.mt, v.warps,
+                    v.sacc ? "sacc" : "hmul", c.M, c.N, c.K, c.group, c.splits, c.bias ? " bias" : "",
+                    c.add ? " add" : "");
+      // f16 weights ((q - 8) s rounded once, 2^-11 relative; exact codes with sacc) and f16 activations (rounded in
+      // the reference too), f32 accumulation: ~5e-4 relative in all; the library's GEMM tests allow 1e-3
+      // (tests/test_gpu_gemm.py TOL_REL)
+      bool finite;
+      const double err = rel_err(got, ref, &finite);
+      const bool ok = finite && err < 1e-3;
+      std::printf("%-72s %s rel %.2e%s\n", what, ok ? "PASS" : "FAIL", err, finite ? "" : " (non-finite)");
+      fails += !ok;
     }
-    const double err = std::sqrt(num / std::max(den, 1e-30));
-    const bool ok = finite && err < 1e-3;
-    std::printf("%-60s %s rel %.2e%s\n", what, ok ? "PASS" : "FAIL", err, finite ? "" : " (non-finite)");
-    fails += !ok;
     cudaFree(dA); cudaFree(dC); cudaFree(db);
   }
   return fails ? 1 : 0;
 }
 
-// --case time: the 7B layer's four GEMMs at M = 1, 8, 16, 32, 64 (weights rotated over > 256 MB), fragpack against
-// the product's gemm_multi (few-token wgmma builds from 3 tokens; at 1-2 tokens gemm.cu's own choice) and the read
-// ceiling of the same bytes
+// --case time: the 7B layer's four GEMMs at M = 1, 8, 16, 32, 64 (weights rotated over > 256 MB): every build and
+// split count that fits, the best per (shape, M) against the product's gemm_multi (few-token wgmma builds from 3
+// tokens; at 1-2 tokens gemm.cu's own choice) and the read ceiling of the same bytes
 int case_time() {
   int sms = 0;
   DEV_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   struct Sh { const char* name; int N, K; };
   const Sh shapes[] = {{"qkv", 4608, 3584}, {"o", 3584, 3584}, {"gate+up", 37888, 3584}, {"down", 3584, 18944}};
   const int Ms[] = {1, 8, 16, 32, 64};
-  double layer_fp[5] = {0}, layer_prod[5] = {0}, layer_ceil = 0, layer_u2 = 0, layer_u8 = 0;
+  const int Ss[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48};
+  double layer_fp[5] = {0}, layer_prod[5] = {0}, layer_ceil = 0;
   unsigned* sink = nullptr;
   DEV_CHECK(cudaMalloc(&sink, (size_t)sms * 8 * sizeof(unsigned)));
   for (const Sh& sh : shapes) {
@@ -610,8 +682,6 @@ int case_time() {
     const int copies = (int)std::max<size_t>(2, kRotateBytes / P.bytes() + 1);
     DevPacked D(P, copies);
     DeviceCopies wc(W.file_bytes);
-    const int splits = choose_splits(sh.N, sh.K, sms);
-    // the read-only ceiling of the same bytes (words + scales), same rotation
     const size_t n16 = P.bytes() / 16;
     const int cgrid = (int)std::min<size_t>((size_t)sms * 8, (n16 + kCeilThreads * kCeilInFlight - 1) /
                                                                  (kCeilThreads * kCeilInFlight));
@@ -620,7 +690,7 @@ int case_time() {
     std::printf("  %-8s N=%5d K=%5d: read ceiling %7.1f us (%4.2f TB/s)\n", sh.name, sh.N, sh.K, t_ceil,
                 (double)P.bytes() / (t_ceil * 1e-6) / 1e12);
     for (int mi = 0; mi < 5; mi++) {
-      const int M = Ms[mi];
+      const int M = Ms[mi], mt = mt_of(M);
       const std::vector<float> A = acts(M, sh.K, 5u);
       std::vector<__half> Ah(A.size());
       for (size_t i = 0; i < A.size(); i++) Ah[i] = __float2half_rn(A[i]);
@@ -628,10 +698,6 @@ int case_time() {
       DEV_CHECK(cudaMalloc(&dA, Ah.size() * 2));
       DEV_CHECK(cudaMalloc(&dC, (size_t)M * sh.N * 4));
       DEV_CHECK(cudaMemcpy(dA, Ah.data(), Ah.size() * 2, cudaMemcpyHostToDevice));
-      const LaunchFn f = pick(M);
-      const double t_fp = median_us([&](int i) {
-        f(D.w(i), D.s(i), dA, sh.K, M, sh.N, sh.K, 128, nullptr, dC, sh.N, false, splits, 0);
-      }, 20);
       nq::GemmScratch ws;
       const double t_prod = median_us([&](int i) {
         nq::LinW L;
@@ -643,31 +709,39 @@ int case_time() {
         dev::must(nq::gemm_multi(&L, Cs, bs, 1, dA, sh.K, M, sh.N, false, 0, &ws));
       }, 20);
       nq::gemm_scratch_free(&ws);
-      if (M == 16) {   // loads in flight per warp: 2 and 8 steps ahead against pick()'s 4
-        const double t2 = median_us([&](int i) {
-          launch<1, 2>(D.w(i), D.s(i), dA, sh.K, M, sh.N, sh.K, 128, nullptr, dC, sh.N, false, splits, 0);
-        }, 20);
-        const double t8 = median_us([&](int i) {
-          launch<1, 8>(D.w(i), D.s(i), dA, sh.K, M, sh.N, sh.K, 128, nullptr, dC, sh.N, false, splits, 0);
-        }, 20);
-        layer_u2 += t2;
-        layer_u8 += t8;
-        std::printf("  %-8s M=16 U=2 %7.1f us, U=8 %7.1f us\n", sh.name, t2, t8);
-      }
-      layer_fp[mi] += t_fp;
+      double best = 1e30;
+      char best_what[64] = "";
+      for (int warps : {4, 8})
+        for (bool sacc : {false, true}) {
+          if (sacc && mt == 4) continue;
+          const Variant v{mt, warps, 8, sacc};
+          const LaunchFn f = build(v);
+          std::printf("  %-8s M=%2d w%d %s:", sh.name, M, warps, sacc ? "sacc" : "hmul");
+          for (const int S : Ss) {
+            if (!smem_of(mt, sh.K, S) || S > sh.K / 128) continue;
+            const double tf = median_us([&](int i) {
+              f(D.w(i), D.s(i), dA, sh.K, M, sh.N, sh.K, nullptr, dC, sh.N, false, S, 0);
+            }, 20);
+            std::printf(" S%d %.1f", S, tf);
+            if (tf < best) {
+              best = tf;
+              std::snprintf(best_what, sizeof best_what, "w%d %s S%d", warps, sacc ? "sacc" : "hmul", S);
+            }
+          }
+          std::printf("\n");
+        }
+      layer_fp[mi] += best;
       layer_prod[mi] += t_prod;
-      const double gb = (double)P.bytes() / 1e9;
-      std::printf("  %-8s N=%5d K=%5d M=%2d: fragpack %7.1f us (%4.2f TB/s, split %d)  product %7.1f us\n", sh.name,
-                  sh.N, sh.K, M, t_fp, gb / (t_fp * 1e-6) / 1e3, splits, t_prod);
+      std::printf("  %-8s N=%5d K=%5d M=%2d: fragpack best %7.1f us (%4.2f TB/s, %s)  product %7.1f us\n", sh.name,
+                  sh.N, sh.K, M, best, (double)P.bytes() / (best * 1e-6) / 1e12, best_what, t_prod);
       cudaFree(dA); cudaFree(dC);
     }
   }
   for (int mi = 0; mi < 5; mi++)
-    std::printf("  per 7B layer M=%2d: fragpack %7.1f us (x28 = %.2f ms, %3.0f %% of the read ceiling)  product "
-                "%7.1f us (x28 = %.2f ms)\n", Ms[mi], layer_fp[mi], 28 * layer_fp[mi] / 1e3,
+    std::printf("  per 7B layer M=%2d: fragpack (best build per shape) %7.1f us (x28 = %.2f ms, %3.0f %% of the read "
+                "ceiling)  product %7.1f us (x28 = %.2f ms)\n", Ms[mi], layer_fp[mi], 28 * layer_fp[mi] / 1e3,
                 100.0 * layer_ceil / layer_fp[mi], layer_prod[mi], 28 * layer_prod[mi] / 1e3);
-  std::printf("  per 7B layer: read ceiling %7.1f us; M=16 with U=2 %7.1f us, U=8 %7.1f us\n", layer_ceil, layer_u2,
-              layer_u8);
+  std::printf("  per 7B layer: read ceiling %7.1f us\n", layer_ceil);
   cudaFree(sink);
   return 0;
 }
