@@ -34,6 +34,7 @@
 #include "gemm_dev.cuh"
 #include "gemm_wgmma.cuh"
 #include "gemm.cu"  // the product entry point gemm_multi, the timing baseline
+#include "cp_async.cuh"
 #include <cstring>
 #include <string>
 
@@ -207,11 +208,21 @@ struct Args {
 // scale segment (min(SPG, 8) steps: the MMAs multiply the exact codes q - 8, f32 partial sums per segment, then
 // acc += s * partial) instead of to every weight pair (4 HMUL2 per word). SACC needs a lane's scales for its
 // accumulator rows 8j + 2t, +1 (two 16-byte vectors, g = 2t and 2t + 1), not for its B rows 8j + g.
-template <int MT, int WARPS, int SPG, bool SACC>
+// RING: 0 = the next chunk's weights in registers (8 x 16 B per lane) and its scales too; R > 0 = a warp-private
+// ring of R chunks in shared memory filled by cp.async (each lane copies and later reads only its own 16-byte
+// pieces, so no barrier but the lane's own cp.async.wait_group): R - 1 chunks in flight without registers. A stage
+// is [step u][lane][16 B] weights then [scale vector][lane][16 B]: every LDS.128 of a step is 512 contiguous bytes.
+template <int SPG, bool SACC>
+struct ScaleShape {
+  static constexpr int SEG = SPG < kChunkSteps ? SPG : kChunkSteps;   // steps sharing one scale within a chunk
+  static constexpr int NSV = kChunkSteps / SEG;                         // scale groups a chunk touches
+  static constexpr int SV = SACC ? 2 : 1;                               // 16-byte scale vectors per group and lane
+  static constexpr int kStageBytes = 32 * 16 * (kChunkSteps + NSV * SV);   // one warp's chunk in the ring
+};
+template <int MT, int WARPS, int SPG, bool SACC, int RING>
 __global__ void __launch_bounds__(32 * WARPS) gemm_int4_fragpack(const Args a) {
-  constexpr int SEG = SPG < kChunkSteps ? SPG : kChunkSteps;   // steps sharing one scale within a chunk
-  constexpr int NSV = kChunkSteps / SEG;                         // scale groups a chunk touches
-  constexpr int SV = SACC ? 2 : 1;                               // 16-byte scale vectors per group and lane
+  using SS = ScaleShape<SPG, SACC>;
+  constexpr int SEG = SS::SEG, NSV = SS::NSV, SV = SS::SV;
   constexpr int RB = 64 * WARPS;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* As = reinterpret_cast<__half*>(smem_raw);
@@ -224,7 +235,7 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_int4_fragpack(const Args a) {
   const uint4* wp = a.w + ((size_t)(active ? nb : 0) * KB + kChunkSteps * c0) * 32 + lane;
   const uint4* sp = a.s + (size_t)(active ? nb : 0) * G * 8 + (SACC ? 2 * t : g);
 
-  uint4 wbuf[kChunkSteps];
+  uint4 wbuf[RING ? 1 : kChunkSteps];
   uint4 snext[NSV][SV];
   auto load_scales = [&](int c) {   // chunk c (absolute): its NSV groups
 #pragma unroll
@@ -232,14 +243,36 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_int4_fragpack(const Args a) {
 #pragma unroll
       for (int q = 0; q < SV; q++) snext[v][q] = __ldg(sp + (size_t)((kChunkSteps * c + v * SEG) / SPG) * 8 + q);
   };
-  if (active && nc > 0) {   // the first chunk's weights and scales go out before A is staged: they do not need it
+  // RING: the warp's ring after the staged A (16-byte aligned); chunk c (relative) into stage c % RING
+  const int lds = a_stride(nk);
+  const uint32_t ring = (uint32_t)__cvta_generic_to_shared(smem_raw) +
+                        (uint32_t)((16 * MT * lds * 2 + 15) / 16 * 16) + (uint32_t)(warp * RING * SS::kStageBytes);
+  auto ring_issue = [&](int c) {   // every lane copies its own pieces of chunk c
+    const uint32_t st = ring + (uint32_t)((c % (RING ? RING : 1)) * SS::kStageBytes) + 16u * lane;
 #pragma unroll
-    for (int u = 0; u < kChunkSteps; u++) wbuf[u] = nq::ld_stream16(wp + u * 32);
-    load_scales(c0);
+    for (int u = 0; u < kChunkSteps; u++) nq::cp_async16(st + 512u * u, wp + ((size_t)c * kChunkSteps + u) * 32, 16);
+#pragma unroll
+    for (int v = 0; v < NSV; v++)
+#pragma unroll
+      for (int q = 0; q < SV; q++)
+        nq::cp_async16(st + 512u * (kChunkSteps + v * SV + q),
+                       sp + (size_t)((kChunkSteps * (c0 + c) + v * SEG) / SPG) * 8 + q, 16);
+  };
+  if (active && nc > 0) {   // the first chunk's weights and scales go out before A is staged: they do not need it
+    if constexpr (RING > 0) {
+#pragma unroll
+      for (int r = 0; r < RING - 1; r++) {
+        if (r < nc) ring_issue(r);
+        nq::cp_async_commit();
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < kChunkSteps; u++) wbuf[u] = nq::ld_stream16(wp + u * 32);
+      load_scales(c0);
+    }
   }
 
   // A rows of this block's k range into shared memory: row r at r * lds halves; rows >= M are zero
-  const int lds = a_stride(nk);
   for (int i = threadIdx.x; i < 16 * MT * 2 * nk; i += 32 * WARPS) {   // 8-half (16-byte) chunks
     const int r = i / (2 * nk), c = i - r * (2 * nk);
     uint4 v = make_uint4(0, 0, 0, 0);
@@ -265,19 +298,41 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_int4_fragpack(const Args a) {
     for (int c = 0; c < nc; c++) {
       const bool more = c + 1 < nc;
       uint4 scur[NSV][SV];
+      uint32_t st = 0;   // RING: this chunk's stage, this lane's first piece
+      if constexpr (RING > 0) {
+        nq::cp_async_wait<RING - 2>();   // chunk c landed (the lane's own copies)
+        if (c + RING - 1 < nc) ring_issue(c + RING - 1);   // into the stage chunk c - 1 used
+        nq::cp_async_commit();
+        st = ring + (uint32_t)((c % RING) * SS::kStageBytes) + 16u * lane;
 #pragma unroll
-      for (int v = 0; v < NSV; v++)
+        for (int v = 0; v < NSV; v++)
 #pragma unroll
-        for (int q = 0; q < SV; q++) scur[v][q] = snext[v][q];
-      if (more) load_scales(c0 + c + 1);   // one chunk ahead: no scale load in a step's critical path
+          for (int q = 0; q < SV; q++)
+            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(scur[v][q].x), "=r"(scur[v][q].y), "=r"(scur[v][q].z), "=r"(scur[v][q].w)
+                         : "r"(st + 512u * (kChunkSteps + v * SV + q)));
+      } else {
+#pragma unroll
+        for (int v = 0; v < NSV; v++)
+#pragma unroll
+          for (int q = 0; q < SV; q++) scur[v][q] = snext[v][q];
+        if (more) load_scales(c0 + c + 1);   // one chunk ahead: no scale load in a step's critical path
+      }
       const uint4* wn = wp + (size_t)(c + 1) * kChunkSteps * 32;
       const uint32_t a_chunk = a_base + 2u * (uint32_t)(16 * kChunkSteps * c);
       float tmp[MT][8][4];
 #pragma unroll
       for (int u = 0; u < kChunkSteps; u++) {
         const int v = u / SEG;
-        const uint4 cur = wbuf[u];
-        if (more) wbuf[u] = nq::ld_stream16(wn + u * 32);
+        uint4 cur;
+        if constexpr (RING > 0) {
+          asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                       : "=r"(cur.x), "=r"(cur.y), "=r"(cur.z), "=r"(cur.w)
+                       : "r"(st + 512u * u));
+        } else {
+          cur = wbuf[u];
+          if (more) wbuf[u] = nq::ld_stream16(wn + u * 32);
+        }
         uint32_t b[8][2];   // B fragments of the 8 n8-tiles
         const uint32_t cw[4] = {cur.x, cur.y, cur.z, cur.w};
         const uint32_t sw[4] = {scur[v][0].x, scur[v][0].y, scur[v][0].z, scur[v][0].w};
@@ -402,26 +457,27 @@ inline size_t smem_of(int MT, int K, int splits) {
   return b <= kMaxSmem ? b : 0;
 }
 
-struct Variant { int mt, warps, spg; bool sacc; };
-template <int MT, int WARPS, int SPG, bool SACC>
+struct Variant { int mt, warps, spg; bool sacc; int ring; };
+template <int MT, int WARPS, int SPG, bool SACC, int RING>
 void launch_t(const uint4* w, const uint4* s, const __half* A, int lda, int M, int N, int K, const float* bias,
               float* C, int ldc, bool add, int splits, cudaStream_t st) {
   constexpr int RB = 64 * WARPS;
   const int cols = (N + RB - 1) / RB;
-  const size_t smem = smem_of(MT, K, splits);
+  const size_t a_smem = smem_of(MT, K, splits);
+  const size_t smem = (a_smem + 15) / 16 * 16 + (size_t)WARPS * RING * ScaleShape<SPG, SACC>::kStageBytes;
   static bool raised = false;
   if (!raised) {
-    DEV_CHECK(cudaFuncSetAttribute(gemm_int4_fragpack<MT, WARPS, SPG, SACC>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kMaxSmem));
+    DEV_CHECK(cudaFuncSetAttribute(gemm_int4_fragpack<MT, WARPS, SPG, SACC, RING>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
     raised = true;
   }
-  if (!smem) { std::printf("fragpack: K=%d in %d splits does not fit shared memory\n", K, splits); std::exit(2); }
+  if (!a_smem || smem > 227 * 1024) { std::printf("fragpack: K=%d in %d splits does not fit shared memory\n", K, splits); std::exit(2); }
   Args a;
   a.w = w; a.s = s; a.A = A; a.bias = bias; a.C = C;
   a.M = M; a.N = N; a.K = K; a.lda = lda; a.ldc = ldc; a.add = add ? 1 : 0;
   if (splits > 1) g_scratch.need((size_t)splits * cols * 16 * MT * RB * 4, (size_t)cols * 4);
   a.part = g_scratch.part; a.sem = g_scratch.sem;
-  gemm_int4_fragpack<MT, WARPS, SPG, SACC><<<dim3(cols, splits), 32 * WARPS, smem, st>>>(a);
+  gemm_int4_fragpack<MT, WARPS, SPG, SACC, RING><<<dim3(cols, splits), 32 * WARPS, smem, st>>>(a);
   DEV_CHECK(cudaGetLastError());
 }
 
@@ -429,17 +485,21 @@ void launch_t(const uint4* w, const uint4* s, const __half* A, int lda, int M, i
 using LaunchFn = void (*)(const uint4*, const uint4*, const __half*, int, int, int, int, const float*, float*, int,
                           bool, int, cudaStream_t);
 LaunchFn build(const Variant& v) {
-#define FP_CASE(MT, W, SPG, SA) \
-  if (v.mt == MT && v.warps == W && v.spg == SPG && v.sacc == SA) return launch_t<MT, W, SPG, SA>;
-  FP_CASE(1, 4, 8, false) FP_CASE(1, 8, 8, false) FP_CASE(1, 4, 8, true) FP_CASE(1, 8, 8, true)
-  FP_CASE(2, 4, 8, false) FP_CASE(2, 8, 8, false) FP_CASE(2, 4, 8, true) FP_CASE(2, 8, 8, true)
-  FP_CASE(4, 4, 8, false) FP_CASE(4, 8, 8, false)
-  FP_CASE(1, 8, 2, false) FP_CASE(1, 8, 4, false) FP_CASE(1, 8, 16, false)
-  FP_CASE(1, 8, 2, true) FP_CASE(1, 8, 4, true) FP_CASE(1, 8, 16, true)
-  FP_CASE(2, 8, 2, true) FP_CASE(2, 8, 16, true)
+#define FP_CASE(MT, W, SPG, SA, R) \
+  if (v.mt == MT && v.warps == W && v.spg == SPG && v.sacc == SA && v.ring == R) return launch_t<MT, W, SPG, SA, R>;
+  FP_CASE(1, 4, 8, false, 0) FP_CASE(1, 8, 8, false, 0) FP_CASE(1, 4, 8, true, 0) FP_CASE(1, 8, 8, true, 0)
+  FP_CASE(2, 4, 8, false, 0) FP_CASE(2, 8, 8, false, 0) FP_CASE(2, 4, 8, true, 0) FP_CASE(2, 8, 8, true, 0)
+  FP_CASE(4, 4, 8, false, 0) FP_CASE(4, 8, 8, false, 0)
+  FP_CASE(1, 8, 2, false, 0) FP_CASE(1, 8, 4, false, 0) FP_CASE(1, 8, 16, false, 0)
+  FP_CASE(1, 8, 2, true, 0) FP_CASE(1, 8, 4, true, 0) FP_CASE(1, 8, 16, true, 0)
+  FP_CASE(2, 8, 2, true, 0) FP_CASE(2, 8, 16, true, 0)
+  // the shared-memory ring: 3 and 4 stages
+  FP_CASE(1, 4, 8, false, 3) FP_CASE(1, 4, 8, true, 3) FP_CASE(1, 4, 8, true, 4) FP_CASE(1, 8, 8, true, 3)
+  FP_CASE(2, 4, 8, false, 3) FP_CASE(2, 4, 8, true, 3) FP_CASE(2, 4, 8, false, 4) FP_CASE(2, 8, 8, false, 3)
+  FP_CASE(4, 4, 8, false, 3)
+  FP_CASE(1, 4, 2, true, 3) FP_CASE(1, 4, 16, true, 3) FP_CASE(2, 4, 4, false, 3)
 #undef FP_CASE
-  std::printf("fragpack: no build MT=%d warps=%d spg=%d sacc=%d\n", v.mt, v.warps, v.spg, (int)v.sacc);
-  std::exit(2);
+  return nullptr;   // not instantiated
 }
 inline int mt_of(int M) { return M <= 16 ? 1 : M <= 32 ? 2 : 4; }
 
@@ -632,12 +692,9 @@ int case_check() {
     const int mt = mt_of(c.M), spg = c.group / 16;
     std::vector<Variant> vs;
     for (int warps : {4, 8})
-      for (bool sacc : {false, true}) {
-        const Variant v{mt, warps, spg, sacc};
-        if (sacc && mt == 4) continue;
-        if (spg != 8 && (warps != 8 || (mt == 2 && !sacc) || (mt == 2 && spg == 4))) continue;
-        vs.push_back(v);
-      }
+      for (bool sacc : {false, true})
+        for (int ring : {0, 3, 4})
+          if (build(Variant{mt, warps, spg, sacc, ring})) vs.push_back(Variant{mt, warps, spg, sacc, ring});
     for (const Variant& v : vs) {
       if (!smem_of(v.mt, c.K, c.splits)) continue;
       DEV_CHECK(cudaMemcpy(dC, C0.data(), C0.size() * 4, cudaMemcpyHostToDevice));
@@ -646,8 +703,8 @@ int case_check() {
       std::vector<float> got(C0.size());
       DEV_CHECK(cudaMemcpy(got.data(), dC, got.size() * 4, cudaMemcpyDeviceToHost));
       char what[200];
-      std::snprintf(what, sizeof what, "fragpack mt%d w%d %s M=%d N=%d K=%d g%d split %d%s%s", v.mt, v.warps,
-                    v.sacc ? "sacc" : "hmul", c.M, c.N, c.K, c.group, c.splits, c.bias ? " bias" : "",
+      std::snprintf(what, sizeof what, "fragpack mt%d w%d %s r%d M=%d N=%d K=%d g%d split %d%s%s", v.mt, v.warps,
+                    v.sacc ? "sacc" : "hmul", v.ring, c.M, c.N, c.K, c.group, c.splits, c.bias ? " bias" : "",
                     c.add ? " add" : "");
       // f16 weights ((q - 8) s rounded once, 2^-11 relative; exact codes with sacc) and f16 activations (rounded in
       // the reference too), f32 accumulation: ~5e-4 relative in all; the library's GEMM tests allow 1e-3
@@ -712,20 +769,24 @@ int case_time() {
       double best = 1e30;
       char best_what[64] = "";
       for (int warps : {4, 8})
-        for (bool sacc : {false, true}) {
-          if (sacc && mt == 4) continue;
-          const Variant v{mt, warps, 8, sacc};
+        for (bool sacc : {false, true})
+        for (int ring : {0, 3, 4}) {
+          const Variant v{mt, warps, 8, sacc, ring};
           const LaunchFn f = build(v);
-          std::printf("  %-8s M=%2d w%d %s:", sh.name, M, warps, sacc ? "sacc" : "hmul");
+          if (!f) continue;
+          std::printf("  %-8s M=%2d w%d %s r%d:", sh.name, M, warps, sacc ? "sacc" : "hmul", ring);
           for (const int S : Ss) {
-            if (!smem_of(mt, sh.K, S) || S > sh.K / 128) continue;
+            if (!smem_of(mt, sh.K, S) || S > sh.K / 128 ||
+                (smem_of(mt, sh.K, S) + 15) / 16 * 16 + (size_t)warps * ring * 32 * 16 * (8 + (sacc ? 2 : 1)) >
+                    227 * 1024)
+              continue;
             const double tf = median_us([&](int i) {
               f(D.w(i), D.s(i), dA, sh.K, M, sh.N, sh.K, nullptr, dC, sh.N, false, S, 0);
             }, 20);
             std::printf(" S%d %.1f", S, tf);
             if (tf < best) {
               best = tf;
-              std::snprintf(best_what, sizeof best_what, "w%d %s S%d", warps, sacc ? "sacc" : "hmul", S);
+              std::snprintf(best_what, sizeof best_what, "w%d %s r%d S%d", warps, sacc ? "sacc" : "hmul", ring, S);
             }
           }
           std::printf("\n");
