@@ -450,6 +450,7 @@ struct Scratch {
 Scratch g_scratch;
 
 constexpr size_t kMaxSmem = 200 * 1024;
+constexpr size_t kMaxRingSmem = 220 * 1024;   // the staged A and the rings (the opt-in limit, 227 KB, less the static smem)
 // shared memory of a launch (the staged A of the longest split), 0 if it does not fit
 inline size_t smem_of(int MT, int K, int splits) {
   const int KC = K / (16 * kChunkSteps), nk = kChunkSteps * ((KC + splits - 1) / splits);
@@ -468,10 +469,10 @@ void launch_t(const uint4* w, const uint4* s, const __half* A, int lda, int M, i
   static bool raised = false;
   if (!raised) {
     DEV_CHECK(cudaFuncSetAttribute(gemm_int4_fragpack<MT, WARPS, SPG, SACC, RING>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kMaxRingSmem));
     raised = true;
   }
-  if (!a_smem || smem > 227 * 1024) { std::printf("fragpack: K=%d in %d splits does not fit shared memory\n", K, splits); std::exit(2); }
+  if (!a_smem || smem > kMaxRingSmem) { std::printf("fragpack: K=%d in %d splits does not fit shared memory\n", K, splits); std::exit(2); }
   Args a;
   a.w = w; a.s = s; a.A = A; a.bias = bias; a.C = C;
   a.M = M; a.N = N; a.K = K; a.lda = lda; a.ldc = ldc; a.add = add ? 1 : 0;
@@ -482,6 +483,13 @@ void launch_t(const uint4* w, const uint4* s, const __half* A, int lda, int M, i
 }
 
 // the instantiated builds: every (MT, WARPS, SACC) at group 128; group 32 / 64 / 256 at MT 1 and 2, 8 warps
+// a build's whole shared memory at K in `splits` splits (the staged A and the rings), 0 if it does not fit
+inline size_t total_smem(const Variant& v, int K, int splits) {
+  const size_t a = smem_of(v.mt, K, splits);
+  const int nsv = v.spg < kChunkSteps ? kChunkSteps / v.spg : 1;
+  const size_t b = (a + 15) / 16 * 16 + (size_t)v.warps * v.ring * 32 * 16 * (kChunkSteps + nsv * (v.sacc ? 2 : 1));
+  return a && b <= kMaxRingSmem ? b : 0;
+}
 using LaunchFn = void (*)(const uint4*, const uint4*, const __half*, int, int, int, int, const float*, float*, int,
                           bool, int, cudaStream_t);
 LaunchFn build(const Variant& v) {
@@ -696,7 +704,7 @@ int case_check() {
         for (int ring : {0, 3, 4})
           if (build(Variant{mt, warps, spg, sacc, ring})) vs.push_back(Variant{mt, warps, spg, sacc, ring});
     for (const Variant& v : vs) {
-      if (!smem_of(v.mt, c.K, c.splits)) continue;
+      if (!total_smem(v, c.K, c.splits)) continue;
       DEV_CHECK(cudaMemcpy(dC, C0.data(), C0.size() * 4, cudaMemcpyHostToDevice));
       build(v)(D.w(0), D.s(0), dA, c.K, c.M, c.N, c.K, c.bias ? db : nullptr, dC, c.N, c.add, c.splits, 0);
       DEV_CHECK(cudaDeviceSynchronize());
@@ -776,10 +784,7 @@ int case_time() {
           if (!f) continue;
           std::printf("  %-8s M=%2d w%d %s r%d:", sh.name, M, warps, sacc ? "sacc" : "hmul", ring);
           for (const int S : Ss) {
-            if (!smem_of(mt, sh.K, S) || S > sh.K / 128 ||
-                (smem_of(mt, sh.K, S) + 15) / 16 * 16 + (size_t)warps * ring * 32 * 16 * (8 + (sacc ? 2 : 1)) >
-                    227 * 1024)
-              continue;
+            if (!total_smem(v, sh.K, S) || S > sh.K / 128) continue;
             const double tf = median_us([&](int i) {
               f(D.w(i), D.s(i), dA, sh.K, M, sh.N, sh.K, nullptr, dC, sh.N, false, S, 0);
             }, 20);
