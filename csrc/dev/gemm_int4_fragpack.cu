@@ -36,6 +36,7 @@
 #include "gemm_wgmma.cuh"
 #include "gemm.cu"  // the product entry point gemm_multi, the timing baseline
 #include "cp_async.cuh"
+#include <cooperative_groups.h>
 #include <cstring>
 #include <string>
 
@@ -221,7 +222,11 @@ struct ScaleShape {
   static constexpr int kStageBytes = 32 * 16 * (kChunkSteps + NSV * SV);   // one warp's chunk in the ring
 };
 // MODE (--case diag only): 0 the GEMM; 1 loads and unpacking without the MMAs; 2 the loads alone (results wrong)
-template <int MT, int WARPS, int SPG, bool SACC, int RING, int MODE = 0>
+// CLUSTER: the S splits of a column block run as one thread-block cluster (grid (cols, S), cluster (1, S, 1)) and
+// reduce on chip: each block leaves its partial [16 MT][64 WARPS] f32 in its own shared memory (over the staged A),
+// the cluster syncs, and block rank r sums slice r of the partials over the S blocks' shared memory in split order
+// (distributed shared memory: deterministic, no global partials, no semaphore).
+template <int MT, int WARPS, int SPG, bool SACC, int RING, int MODE = 0, bool CLUSTER = false>
 __global__ void __launch_bounds__(32 * WARPS) gemm_int4_fragpack(const Args a) {
   using SS = ScaleShape<SPG, SACC>;
   constexpr int SEG = SS::SEG, NSV = SS::NSV, SV = SS::SV;
@@ -411,9 +416,38 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_int4_fragpack(const Args a) {
         for (int e = 0; e < 4; e++) store(acc_token(m, e, lane), n_blk + acc_col(j, e, lane), acc[m][j][e]);
     return;
   }
+  const int Mp = 16 * MT;
+  if constexpr (CLUSTER) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    float* P = reinterpret_cast<float*>(smem_raw);   // [Mp][RB]: this split's partial, over the staged A
+    __syncthreads();                                  // every warp's last ldmatrix of A is done
+    if (active)
+#pragma unroll
+      for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+          for (int h = 0; h < 2; h++)
+            *reinterpret_cast<float2*>(P + acc_token(m, 2 * h, lane) * RB + n_blk + acc_col(j, 0, lane)) =
+                make_float2(acc[m][j][2 * h], acc[m][j][2 * h + 1]);
+    cl.sync();                                        // every split's partial is in its shared memory
+    const int r = (int)cl.block_rank(), tot4 = a.M * RB / 4, per = (tot4 + S - 1) / S;
+    const int i1 = min(tot4, (r + 1) * per);
+    for (int i = r * per + threadIdx.x; i < i1; i += 32 * WARPS) {
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int z = 0; z < S; z++) {                   // split order
+        const float4 p = cl.map_shared_rank(reinterpret_cast<float4*>(P), z)[i];
+        v.x += p.x; v.y += p.y; v.z += p.z; v.w += p.w;
+      }
+      const int m = (4 * i) / RB, col = 4 * i - m * RB;
+      store(m, col, v.x); store(m, col + 1, v.y); store(m, col + 2, v.z); store(m, col + 3, v.w);
+    }
+    cl.sync();                                        // no block leaves while another reads its shared memory
+    return;
+  }
   // split-K: every split stores its partial (float2 per (token, row pair)), the column block's last split sums them
   // in split order (deterministic), float4 at a time over all the block's threads
-  const int Mp = 16 * MT;
   float* mine = a.part + ((size_t)s * gridDim.x + cb) * Mp * RB;
   if (active)
 #pragma unroll
@@ -471,44 +505,77 @@ inline size_t smem_of(int MT, int K, int splits) {
   return b <= kMaxSmem ? b : 0;
 }
 
-struct Variant { int mt, warps, spg; bool sacc; int ring; int mode = 0; };
-template <int MT, int WARPS, int SPG, bool SACC, int RING, int MODE = 0>
-void launch_t(const uint4* w, const uint4* s, const __half* A, int lda, int M, int N, int K, const float* bias,
+struct Variant { int mt, warps, spg; bool sacc; int ring; int mode = 0; bool cluster = false; };
+constexpr int kMaxClusterSplits = 16;   // the non-portable cluster size of Hopper (8 portable)
+// returns false where a cluster launch was refused (a cluster that cannot be co-resident): the caller skips it
+template <int MT, int WARPS, int SPG, bool SACC, int RING, int MODE = 0, bool CLUSTER = false>
+bool launch_t(const uint4* w, const uint4* s, const __half* A, int lda, int M, int N, int K, const float* bias,
               float* C, int ldc, bool add, int splits, cudaStream_t st) {
   constexpr int RB = 64 * WARPS;
   const int cols = (N + RB - 1) / RB;
-  const size_t a_smem = smem_of(MT, K, splits);
+  size_t a_smem = smem_of(MT, K, splits);
+  if (CLUSTER && a_smem) a_smem = std::max(a_smem, (size_t)16 * MT * RB * 4);   // the partial lies over A
   const size_t smem = (a_smem + 15) / 16 * 16 + (size_t)WARPS * RING * ScaleShape<SPG, SACC>::kStageBytes;
+  auto kern = gemm_int4_fragpack<MT, WARPS, SPG, SACC, RING, MODE, CLUSTER>;
   static bool raised = false;
   if (!raised) {
-    DEV_CHECK(cudaFuncSetAttribute(gemm_int4_fragpack<MT, WARPS, SPG, SACC, RING, MODE>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kMaxRingSmem));
+    DEV_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kMaxRingSmem));
+    if (CLUSTER) DEV_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     raised = true;
   }
   if (!a_smem || smem > kMaxRingSmem) { std::printf("fragpack: K=%d in %d splits does not fit shared memory\n", K, splits); std::exit(2); }
   Args a;
   a.w = w; a.s = s; a.A = A; a.bias = bias; a.C = C;
   a.M = M; a.N = N; a.K = K; a.lda = lda; a.ldc = ldc; a.add = add ? 1 : 0;
-  if (splits > 1) g_scratch.need((size_t)splits * cols * 16 * MT * RB * 4, (size_t)cols * 4);
+  if (!CLUSTER && splits > 1) g_scratch.need((size_t)splits * cols * 16 * MT * RB * 4, (size_t)cols * 4);
   a.part = g_scratch.part; a.sem = g_scratch.sem;
-  gemm_int4_fragpack<MT, WARPS, SPG, SACC, RING, MODE><<<dim3(cols, splits), 32 * WARPS, smem, st>>>(a);
+  if (CLUSTER) {
+    if (splits > kMaxClusterSplits) return false;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(cols, splits);
+    cfg.blockDim = dim3(32 * WARPS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1; at[0].val.clusterDim.y = splits; at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    if (cudaLaunchKernelEx(&cfg, kern, a) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return true;
+  }
+  kern<<<dim3(cols, splits), 32 * WARPS, smem, st>>>(a);
   DEV_CHECK(cudaGetLastError());
+  return true;
 }
 
 // the instantiated builds: every (MT, WARPS, SACC) at group 128; group 32 / 64 / 256 at MT 1 and 2, 8 warps
 // a build's whole shared memory at K in `splits` splits (the staged A and the rings), 0 if it does not fit
 inline size_t total_smem(const Variant& v, int K, int splits) {
-  const size_t a = smem_of(v.mt, K, splits);
+  size_t a = smem_of(v.mt, K, splits);
+  if (v.cluster && a) a = std::max(a, (size_t)16 * v.mt * 64 * v.warps * 4);   // the partial lies over A
+  if (v.cluster && splits > kMaxClusterSplits) return 0;
   const int nsv = v.spg < kChunkSteps ? kChunkSteps / v.spg : 1;
   const size_t b = (a + 15) / 16 * 16 + (size_t)v.warps * v.ring * 32 * 16 * (kChunkSteps + nsv * (v.sacc ? 2 : 1));
   return a && b <= kMaxRingSmem ? b : 0;
 }
-using LaunchFn = void (*)(const uint4*, const uint4*, const __half*, int, int, int, int, const float*, float*, int,
+using LaunchFn = bool (*)(const uint4*, const uint4*, const __half*, int, int, int, int, const float*, float*, int,
                           bool, int, cudaStream_t);
 LaunchFn build(const Variant& v) {
 #define FP_CASE(MT, W, SPG, SA, R) \
-  if (v.mt == MT && v.warps == W && v.spg == SPG && v.sacc == SA && v.ring == R && v.mode == 0) \
+  if (v.mt == MT && v.warps == W && v.spg == SPG && v.sacc == SA && v.ring == R && v.mode == 0 && !v.cluster) \
     return launch_t<MT, W, SPG, SA, R>;
+#define FP_CLUSTER(MT, W, SPG, SA) \
+  if (v.mt == MT && v.warps == W && v.spg == SPG && v.sacc == SA && v.ring == 0 && v.mode == 0 && v.cluster) \
+    return launch_t<MT, W, SPG, SA, 0, 0, true>;
+  // the on-chip split-K (clusters)
+  FP_CLUSTER(1, 4, 8, true) FP_CLUSTER(1, 8, 8, true) FP_CLUSTER(1, 4, 8, false) FP_CLUSTER(2, 4, 8, false)
+  FP_CLUSTER(2, 8, 8, false) FP_CLUSTER(2, 4, 8, true) FP_CLUSTER(4, 4, 8, false) FP_CLUSTER(4, 8, 8, false)
+  FP_CLUSTER(1, 4, 2, true) FP_CLUSTER(1, 4, 4, true) FP_CLUSTER(1, 4, 16, true) FP_CLUSTER(2, 4, 16, false)
+#undef FP_CLUSTER
   FP_CASE(1, 4, 8, false, 0) FP_CASE(1, 8, 8, false, 0) FP_CASE(1, 4, 8, true, 0) FP_CASE(1, 8, 8, true, 0)
   FP_CASE(2, 4, 8, false, 0) FP_CASE(2, 8, 8, false, 0) FP_CASE(2, 4, 8, true, 0) FP_CASE(2, 8, 8, true, 0)
   FP_CASE(4, 4, 8, false, 0) FP_CASE(4, 8, 8, false, 0)
@@ -720,18 +787,25 @@ int case_check() {
     std::vector<Variant> vs;
     for (int warps : {4, 8})
       for (bool sacc : {false, true})
-        for (int ring : {0, 3, 4})
-          if (build(Variant{mt, warps, spg, sacc, ring})) vs.push_back(Variant{mt, warps, spg, sacc, ring});
+        for (int ring : {0, 3, 4, -1}) {   // -1: the cluster (on-chip split-K) build
+          Variant v{mt, warps, spg, sacc, ring < 0 ? 0 : ring};
+          v.cluster = ring < 0;
+          if (build(v)) vs.push_back(v);
+        }
     for (const Variant& v : vs) {
       if (!total_smem(v, c.K, c.splits)) continue;
       DEV_CHECK(cudaMemcpy(dC, C0.data(), C0.size() * 4, cudaMemcpyHostToDevice));
-      build(v)(D.w(0), D.s(0), dA, c.K, c.M, c.N, c.K, c.bias ? db : nullptr, dC, c.N, c.add, c.splits, 0);
+      if (!build(v)(D.w(0), D.s(0), dA, c.K, c.M, c.N, c.K, c.bias ? db : nullptr, dC, c.N, c.add, c.splits, 0)) {
+        std::printf("fragpack mt%d w%d cluster of %d: launch refused (not co-resident), skipped\n", v.mt, v.warps,
+                    c.splits);
+        continue;
+      }
       DEV_CHECK(cudaDeviceSynchronize());
       std::vector<float> got(C0.size());
       DEV_CHECK(cudaMemcpy(got.data(), dC, got.size() * 4, cudaMemcpyDeviceToHost));
       char what[200];
-      std::snprintf(what, sizeof what, "fragpack mt%d w%d %s r%d M=%d N=%d K=%d g%d split %d%s%s", v.mt, v.warps,
-                    v.sacc ? "sacc" : "hmul", v.ring, c.M, c.N, c.K, c.group, c.splits, c.bias ? " bias" : "",
+      std::snprintf(what, sizeof what, "fragpack mt%d w%d %s %s%d M=%d N=%d K=%d g%d split %d%s%s", v.mt, v.warps,
+                    v.sacc ? "sacc" : "hmul", v.cluster ? "cluster" : "r", v.ring, c.M, c.N, c.K, c.group, c.splits, c.bias ? " bias" : "",
                     c.add ? " add" : "");
       // f16 weights ((q - 8) s rounded once, 2^-11 relative; exact codes with sacc) and f16 activations (rounded in
       // the reference too), f32 accumulation: ~5e-4 relative in all; the library's GEMM tests allow 1e-3
@@ -797,20 +871,26 @@ int case_time() {
       char best_what[64] = "";
       for (int warps : {4, 8})
         for (bool sacc : {false, true})
-        for (int ring : {0, 3, 4}) {
-          const Variant v{mt, warps, 8, sacc, ring};
+        for (int ring : {0, -1}) {   // the register ring (the shared-memory ring lost, NOTES 7d) and the cluster build
+          Variant v{mt, warps, 8, sacc, 0};
+          v.cluster = ring < 0;
           const LaunchFn f = build(v);
           if (!f) continue;
-          std::printf("  %-8s M=%2d w%d %s r%d:", sh.name, M, warps, sacc ? "sacc" : "hmul", ring);
+          const char* kind = v.cluster ? "cluster" : "global";
+          std::printf("  %-8s M=%2d w%d %s %s:", sh.name, M, warps, sacc ? "sacc" : "hmul", kind);
           for (const int S : Ss) {
             if (!total_smem(v, sh.K, S) || S > sh.K / 128) continue;
+            if (!f(D.w(0), D.s(0), dA, sh.K, M, sh.N, sh.K, nullptr, dC, sh.N, false, S, 0)) {
+              std::printf(" S%d refused", S);
+              continue;
+            }
             const double tf = median_us([&](int i) {
               f(D.w(i), D.s(i), dA, sh.K, M, sh.N, sh.K, nullptr, dC, sh.N, false, S, 0);
             }, 20);
             std::printf(" S%d %.1f", S, tf);
             if (tf < best) {
               best = tf;
-              std::snprintf(best_what, sizeof best_what, "w%d %s r%d S%d", warps, sacc ? "sacc" : "hmul", ring, S);
+              std::snprintf(best_what, sizeof best_what, "w%d %s %s S%d", warps, sacc ? "sacc" : "hmul", kind, S);
             }
           }
           std::printf("\n");
