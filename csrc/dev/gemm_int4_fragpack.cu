@@ -490,78 +490,70 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_int4_fragpack(const Args a) {
 // 4 f16 products pairs (HMUL2 / HFMA2 with the x pairs (2t, 2t+1) and (2t+8, 2t+9)), 2-step f16 partial sums (4
 // products deep, as gemv_int4's), then f32: acc_j += s_j (sum). The quad's 4 lanes hold 4 k subsets of the same 8
 // rows: two shuffles. K split over a cluster of blocks as the GEMM's CLUSTER builds (S = 1: no cluster). x: f16.
-template <int WARPS, int SPG>
-__global__ void __launch_bounds__(32 * WARPS) gemv_int4_fragpack(const Args a) {
-  constexpr int SEG = SPG < kChunkSteps ? SPG : kChunkSteps, NSV = kChunkSteps / SEG, RB = 64 * WARPS;
+// One warp's part of the GEMV: 64-row tile nb over chunks [cw0, cw0 + ncw) (absolute), x of those chunks at xw
+// (shared memory, f16, k 16 kb order). Returns, in lane (g, 0) of each quad, the sums of rows 64 nb + 8 j + g.
+template <int SPG>
+__device__ __forceinline__ void gemv_fp_warp(const Args& a, int nb, int cw0, int ncw, const __half* xw,
+                                             float (&acc)[8]) {
+  constexpr int SEG = SPG < kChunkSteps ? SPG : kChunkSteps, NSV = kChunkSteps / SEG;
   static_assert(SEG % 2 == 0, "2-step partial sums within a scale segment");
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  __half* xs = reinterpret_cast<__half*>(smem_raw);   // this split's k range of x
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int KB = a.K / 16, KC = a.K / (16 * kChunkSteps), S = gridDim.y, s = blockIdx.y;
-  const int c0 = chunk_begin(KC, s, S), nc = chunk_begin(KC, s + 1, S) - c0, nk = kChunkSteps * nc;
-  const int NB = a.N / 64, nb = blockIdx.x * WARPS + warp, G = a.K / (16 * SPG);
-  const bool active = nb < NB;
-  const uint4* wp = a.w + ((size_t)(active ? nb : 0) * KB + kChunkSteps * c0) * 32 + lane;
-  const uint4* sp = a.s + (size_t)(active ? nb : 0) * G * 8 + g;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int KB = a.K / 16, G = a.K / (16 * SPG);
+  const uint4* wp = a.w + ((size_t)nb * KB + kChunkSteps * cw0) * 32 + lane;
+  const uint4* sp = a.s + (size_t)nb * G * 8 + g;
   uint4 wbuf[kChunkSteps];
   uint4 snext[NSV];
   auto load_scales = [&](int c) {
 #pragma unroll
     for (int v = 0; v < NSV; v++) snext[v] = __ldg(sp + (size_t)((kChunkSteps * c + v * SEG) / SPG) * 8);
   };
-  if (active && nc > 0) {
-#pragma unroll
-    for (int u = 0; u < kChunkSteps; u++) wbuf[u] = nq::ld_stream16(wp + u * 32);
-    load_scales(c0);
-  }
-  for (int i = threadIdx.x; i < 2 * nk; i += 32 * WARPS)   // 16-byte pieces of x[16 kb0 ..]
-    reinterpret_cast<uint4*>(xs)[i] = reinterpret_cast<const uint4*>(a.A + 16 * kChunkSteps * c0)[i];
-  __syncthreads();
-  float acc[8];
 #pragma unroll
   for (int j = 0; j < 8; j++) acc[j] = 0.f;
+  if (ncw > 0) {
+#pragma unroll
+    for (int u = 0; u < kChunkSteps; u++) wbuf[u] = nq::ld_stream16(wp + u * 32);
+    load_scales(cw0);
+  }
   const uint32_t k_lo = 0x64006400u;
   const __half2 q_sub = __float2half2_rn(1032.f), inv16 = __float2half2_rn(1.f / 16.f), q_off = __float2half2_rn(-72.f);
-  if (active) {
-    for (int c = 0; c < nc; c++) {
-      const bool more = c + 1 < nc;
-      uint4 scur[NSV];
+  for (int c = 0; c < ncw; c++) {
+    const bool more = c + 1 < ncw;
+    uint4 scur[NSV];
 #pragma unroll
-      for (int v = 0; v < NSV; v++) scur[v] = snext[v];
-      if (more) load_scales(c0 + c + 1);
-      const uint4* wn = wp + (size_t)(c + 1) * kChunkSteps * 32;
-      const __half* xc = xs + 16 * kChunkSteps * c + 2 * t;
-      __half2 h[8];
+    for (int v = 0; v < NSV; v++) scur[v] = snext[v];
+    if (more) load_scales(cw0 + c + 1);
+    const uint4* wn = wp + (size_t)(c + 1) * kChunkSteps * 32;
+    const __half* xc = xw + 16 * kChunkSteps * c + 2 * t;
+    __half2 h[8];
 #pragma unroll
-      for (int u = 0; u < kChunkSteps; u++) {
-        const uint4 cur = wbuf[u];
-        if (more) wbuf[u] = nq::ld_stream16(wn + u * 32);
-        const __half2 xlo = *reinterpret_cast<const __half2*>(xc + 16 * u);
-        const __half2 xhi = *reinterpret_cast<const __half2*>(xc + 16 * u + 8);
-        const uint32_t cw[4] = {cur.x, cur.y, cur.z, cur.w};
+    for (int u = 0; u < kChunkSteps; u++) {
+      const uint4 cur = wbuf[u];
+      if (more) wbuf[u] = nq::ld_stream16(wn + u * 32);
+      const __half2 xlo = *reinterpret_cast<const __half2*>(xc + 16 * u);
+      const __half2 xhi = *reinterpret_cast<const __half2*>(xc + 16 * u + 8);
+      const uint32_t cw[4] = {cur.x, cur.y, cur.z, cur.w};
 #pragma unroll
-        for (int w = 0; w < 4; w++) {
-          const uint32_t x = cw[w], y = cw[w] >> 8;
-          const __half2 p0 = __hsub2(u2h(lop3_and_or(x, 0x000F000Fu, k_lo)), q_sub);
-          const __half2 p1 = __hfma2(u2h(lop3_and_or(x, 0x00F000F0u, k_lo)), inv16, q_off);
-          const __half2 p2 = __hsub2(u2h(lop3_and_or(y, 0x000F000Fu, k_lo)), q_sub);
-          const __half2 p3 = __hfma2(u2h(lop3_and_or(y, 0x00F000F0u, k_lo)), inv16, q_off);
-          if (u % 2 == 0) {
-            h[2 * w] = __hfma2(p1, xhi, __hmul2(p0, xlo));
-            h[2 * w + 1] = __hfma2(p3, xhi, __hmul2(p2, xlo));
-          } else {
-            h[2 * w] = __hfma2(p1, xhi, __hfma2(p0, xlo, h[2 * w]));
-            h[2 * w + 1] = __hfma2(p3, xhi, __hfma2(p2, xlo, h[2 * w + 1]));
-          }
+      for (int w = 0; w < 4; w++) {
+        const uint32_t x = cw[w], y = cw[w] >> 8;
+        const __half2 p0 = __hsub2(u2h(lop3_and_or(x, 0x000F000Fu, k_lo)), q_sub);
+        const __half2 p1 = __hfma2(u2h(lop3_and_or(x, 0x00F000F0u, k_lo)), inv16, q_off);
+        const __half2 p2 = __hsub2(u2h(lop3_and_or(y, 0x000F000Fu, k_lo)), q_sub);
+        const __half2 p3 = __hfma2(u2h(lop3_and_or(y, 0x00F000F0u, k_lo)), inv16, q_off);
+        if (u % 2 == 0) {
+          h[2 * w] = __hfma2(p1, xhi, __hmul2(p0, xlo));
+          h[2 * w + 1] = __hfma2(p3, xhi, __hmul2(p2, xlo));
+        } else {
+          h[2 * w] = __hfma2(p1, xhi, __hfma2(p0, xlo, h[2 * w]));
+          h[2 * w + 1] = __hfma2(p3, xhi, __hfma2(p2, xlo, h[2 * w + 1]));
         }
-        if (u % 2 == 1) {   // 4-deep f16 sums of rows 8j + g into f32, times the row's scale
-          const uint4 sv = scur[u / SEG];
-          const uint32_t sw[4] = {sv.x, sv.y, sv.z, sv.w};
+      }
+      if (u % 2 == 1) {   // 4-deep f16 sums of rows 8j + g into f32, times the row's scale
+        const uint4 sv = scur[u / SEG];
+        const uint32_t sw[4] = {sv.x, sv.y, sv.z, sv.w};
 #pragma unroll
-          for (int j = 0; j < 8; j++) {
-            const float sj = __half2float(__ushort_as_half((unsigned short)(j & 1 ? sw[j >> 1] >> 16 : sw[j >> 1] & 0xFFFF)));
-            acc[j] = fmaf(sj, __low2float(h[j]) + __high2float(h[j]), acc[j]);
-          }
+        for (int j = 0; j < 8; j++) {
+          const float sj = __half2float(__ushort_as_half((unsigned short)(j & 1 ? sw[j >> 1] >> 16 : sw[j >> 1] & 0xFFFF)));
+          acc[j] = fmaf(sj, __low2float(h[j]) + __high2float(h[j]), acc[j]);
         }
       }
     }
@@ -571,18 +563,37 @@ __global__ void __launch_bounds__(32 * WARPS) gemv_int4_fragpack(const Args a) {
     acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], 1);
     acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], 2);
   }
+}
+
+// the GEMV's output: row n = value (+ bias, + y if add)
+__device__ __forceinline__ void gemv_fp_store(const Args& a, int n, float v) {
+  if (n >= a.N) return;
+  v += a.bias ? a.bias[n] : 0.f;
+  if (a.add) v += a.C[n];
+  a.C[n] = v;
+}
+
+// Layout "rows": warp w of block x takes 64-row tile x WARPS + w over the split's chunks (the GEMM's grid).
+template <int WARPS, int SPG>
+__global__ void __launch_bounds__(32 * WARPS) gemv_int4_fragpack(const Args a) {
+  constexpr int RB = 64 * WARPS;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __half* xs = reinterpret_cast<__half*>(smem_raw);   // this split's k range of x
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int KC = a.K / (16 * kChunkSteps), S = gridDim.y, s = blockIdx.y;
+  const int c0 = chunk_begin(KC, s, S), nc = chunk_begin(KC, s + 1, S) - c0;
+  const int nb = blockIdx.x * WARPS + warp;
+  const bool active = nb < a.N / 64;
+  for (int i = threadIdx.x; i < 2 * kChunkSteps * nc; i += 32 * WARPS)   // 16-byte pieces of x[128 c0 ..]
+    reinterpret_cast<uint4*>(xs)[i] = reinterpret_cast<const uint4*>(a.A + 16 * kChunkSteps * c0)[i];
+  __syncthreads();
+  float acc[8];
+  gemv_fp_warp<SPG>(a, active ? nb : 0, c0, active ? nc : 0, xs, acc);
   const int cb = blockIdx.x;
-  auto store = [&](int col, float v) {
-    const int n = cb * RB + col;
-    if (n >= a.N) return;
-    v += a.bias ? a.bias[n] : 0.f;
-    if (a.add) v += a.C[n];
-    a.C[n] = v;
-  };
   if (S == 1) {
     if (active && t == 0)
 #pragma unroll
-      for (int j = 0; j < 8; j++) store(64 * warp + 8 * j + g, acc[j]);
+      for (int j = 0; j < 8; j++) gemv_fp_store(a, cb * RB + 64 * warp + 8 * j + g, acc[j]);
     return;
   }
   namespace cg = cooperative_groups;
@@ -597,18 +608,61 @@ __global__ void __launch_bounds__(32 * WARPS) gemv_int4_fragpack(const Args a) {
   for (int i = r * per + threadIdx.x; i < i1; i += 32 * WARPS) {
     float v = 0.f;
     for (int z = 0; z < S; z++) v += cl.map_shared_rank(P, z)[i];   // split order
-    store(i, v);
+    gemv_fp_store(a, cb * RB + i, v);
   }
   cl.sync();
 }
 
+// Layout "tile": block x takes one 64-row tile; its WARPS warps split the split's chunks among themselves and sum
+// in shared memory (warp order), then the cluster sums the S splits (split order). More warps per tile: the small
+// shapes (qkv, o: 72 and 56 tiles) get the GPU's warps without a cluster of 16.
 template <int WARPS, int SPG>
+__global__ void __launch_bounds__(32 * WARPS) gemv_int4_fragpack_tile(const Args a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __half* xs = reinterpret_cast<__half*>(smem_raw);
+  __shared__ float Pw[WARPS][64];
+  __shared__ float P[64];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int KC = a.K / (16 * kChunkSteps), S = gridDim.y, s = blockIdx.y;
+  const int c0 = chunk_begin(KC, s, S), nc = chunk_begin(KC, s + 1, S) - c0;
+  const int nb = blockIdx.x;
+  const int w0 = chunk_begin(nc, warp, WARPS), nw = chunk_begin(nc, warp + 1, WARPS) - w0;
+  for (int i = threadIdx.x; i < 2 * kChunkSteps * nc; i += 32 * WARPS)
+    reinterpret_cast<uint4*>(xs)[i] = reinterpret_cast<const uint4*>(a.A + 16 * kChunkSteps * c0)[i];
+  __syncthreads();
+  float acc[8];
+  gemv_fp_warp<SPG>(a, nb, c0 + w0, nw, xs + 16 * kChunkSteps * w0, acc);
+  if (t == 0)
+#pragma unroll
+    for (int j = 0; j < 8; j++) Pw[warp][8 * j + g] = acc[j];
+  __syncthreads();
+  if (threadIdx.x < 64) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) v += Pw[w][threadIdx.x];   // warp order
+    if (S == 1) gemv_fp_store(a, 64 * nb + threadIdx.x, v);
+    else P[threadIdx.x] = v;
+  }
+  if (S == 1) return;
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  cl.sync();
+  const int r = (int)cl.block_rank(), per = (64 + S - 1) / S, i1 = min(64, (r + 1) * per);
+  for (int i = r * per + threadIdx.x; i < i1; i += 32 * WARPS) {
+    float v = 0.f;
+    for (int z = 0; z < S; z++) v += cl.map_shared_rank(P, z)[i];   // split order
+    gemv_fp_store(a, 64 * nb + i, v);
+  }
+  cl.sync();
+}
+
+template <int WARPS, int SPG, bool TILE = false>
 bool launch_gemv_fp(const uint4* w, const uint4* s, const __half* x, int N, int K, const float* bias, float* y,
                     bool add, int splits, cudaStream_t st) {
   constexpr int RB = 64 * WARPS;
-  const int KC = K / (16 * kChunkSteps), cols = (N + RB - 1) / RB;
+  const int KC = K / (16 * kChunkSteps), cols = TILE ? N / 64 : (N + RB - 1) / RB;
   const size_t smem = std::max((size_t)32 * kChunkSteps * ((KC + splits - 1) / splits), (size_t)RB * 4);
-  auto kern = gemv_int4_fragpack<WARPS, SPG>;
+  auto kern = TILE ? gemv_int4_fragpack_tile<WARPS, SPG> : gemv_int4_fragpack<WARPS, SPG>;
   static bool raised = false;
   if (!raised) {
     DEV_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
@@ -1148,10 +1202,13 @@ int case_gemv() {
     }, 20);
     double best = 1e30;
     char best_what[48] = "";
-    for (int warps : {4, 8}) {
-      std::printf("  %-8s w%d:", sh.name, warps);
+    for (int vi = 0; vi < 4; vi++) {   // rows w4, rows w8, tile w4, tile w8
+      const int warps = vi & 1 ? 8 : 4;
+      const bool tile = vi >= 2;
+      std::printf("  %-8s %s w%d:", sh.name, tile ? "tile" : "rows", warps);
       for (const int S : {1, 2, 3, 4, 6, 8, 12, 16}) {
-        auto f = warps == 4 ? launch_gemv_fp<4, 8> : launch_gemv_fp<8, 8>;
+        auto f = vi == 0 ? launch_gemv_fp<4, 8> : vi == 1 ? launch_gemv_fp<8, 8> : vi == 2 ? launch_gemv_fp<4, 8, true>
+                                                                                            : launch_gemv_fp<8, 8, true>;
         DEV_CHECK(cudaMemset(dy, 0xff, sh.N * 4));   // poison
         if (!f(D.w(0), D.s(0), dx, sh.N, sh.K, nullptr, dy, false, S, 0)) { std::printf(" S%d refused", S); continue; }
         DEV_CHECK(cudaDeviceSynchronize());
@@ -1164,7 +1221,10 @@ int case_gemv() {
         fails += !ok;
         const double tf = median_us([&](int i) { f(D.w(i), D.s(i), dx, sh.N, sh.K, nullptr, dy, false, S, 0); }, 20);
         std::printf(" S%d %.1f%s", S, tf, ok ? "" : " FAIL");
-        if (ok && tf < best) { best = tf; std::snprintf(best_what, sizeof best_what, "w%d S%d", warps, S); }
+        if (ok && tf < best) {
+          best = tf;
+          std::snprintf(best_what, sizeof best_what, "%s w%d S%d", tile ? "tile" : "rows", warps, S);
+        }
       }
       std::printf("\n");
     }
