@@ -491,29 +491,42 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_int4_fragpack(const Args a) {
 // products deep, as gemv_int4's), then f32: acc_j += s_j (sum). The quad's 4 lanes hold 4 k subsets of the same 8
 // rows: two shuffles. K split over a cluster of blocks as the GEMM's CLUSTER builds (S = 1: no cluster). x: f16.
 // One warp's part of the GEMV: 64-row tile nb over chunks [cw0, cw0 + ncw) (absolute), x of those chunks at xw
-// (shared memory, f16, k 16 kb order). Returns, in lane (g, 0) of each quad, the sums of rows 64 nb + 8 j + g.
+// (shared memory, f16, k 16 kb order). gemv_fp_prefetch issues the first chunk's weights and scales (they do not
+// depend on x: before the PDL wait and the staging of x); gemv_fp_warp returns, in lane (g, 0) of each quad, the
+// sums of rows 64 nb + 8 j + g.
 template <int SPG>
-__device__ __forceinline__ void gemv_fp_warp(const Args& a, int nb, int cw0, int ncw, const __half* xw,
-                                             float (&acc)[8]) {
-  constexpr int SEG = SPG < kChunkSteps ? SPG : kChunkSteps, NSV = kChunkSteps / SEG;
-  static_assert(SEG % 2 == 0, "2-step partial sums within a scale segment");
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int KB = a.K / 16, G = a.K / (16 * SPG);
-  const uint4* wp = a.w + ((size_t)nb * KB + kChunkSteps * cw0) * 32 + lane;
-  const uint4* sp = a.s + (size_t)nb * G * 8 + g;
+struct GemvFpRing {
+  static constexpr int SEG = SPG < kChunkSteps ? SPG : kChunkSteps, NSV = kChunkSteps / SEG;
   uint4 wbuf[kChunkSteps];
   uint4 snext[NSV];
-  auto load_scales = [&](int c) {
+};
+template <int SPG>
+__device__ __forceinline__ void gemv_fp_load_scales(const Args& a, int nb, int c, GemvFpRing<SPG>& r) {
+  using R = GemvFpRing<SPG>;
+  const uint4* sp = a.s + (size_t)nb * (a.K / (16 * SPG)) * 8 + ((threadIdx.x & 31) >> 2);
 #pragma unroll
-    for (int v = 0; v < NSV; v++) snext[v] = __ldg(sp + (size_t)((kChunkSteps * c + v * SEG) / SPG) * 8);
-  };
+  for (int v = 0; v < R::NSV; v++) r.snext[v] = __ldg(sp + (size_t)((kChunkSteps * c + v * R::SEG) / SPG) * 8);
+}
+template <int SPG>
+__device__ __forceinline__ void gemv_fp_prefetch(const Args& a, int nb, int cw0, int ncw, GemvFpRing<SPG>& r) {
+  if (ncw <= 0) return;
+  const uint4* wp = a.w + ((size_t)nb * (a.K / 16) + kChunkSteps * cw0) * 32 + (threadIdx.x & 31);
+#pragma unroll
+  for (int u = 0; u < kChunkSteps; u++) r.wbuf[u] = nq::ld_stream16(wp + u * 32);
+  gemv_fp_load_scales<SPG>(a, nb, cw0, r);
+}
+template <int SPG>
+__device__ __forceinline__ void gemv_fp_warp(const Args& a, int nb, int cw0, int ncw, const __half* xw,
+                                             GemvFpRing<SPG>& r, float (&acc)[8]) {
+  constexpr int SEG = GemvFpRing<SPG>::SEG, NSV = GemvFpRing<SPG>::NSV;
+  static_assert(SEG % 2 == 0, "2-step partial sums within a scale segment");
+  const int lane = threadIdx.x & 31, t = lane & 3;
+  const uint4* wp = a.w + ((size_t)nb * (a.K / 16) + kChunkSteps * cw0) * 32 + lane;
+  uint4 (&wbuf)[kChunkSteps] = r.wbuf;
+  uint4 (&snext)[NSV] = r.snext;
+  auto load_scales = [&](int c) { gemv_fp_load_scales<SPG>(a, nb, c, r); };
 #pragma unroll
   for (int j = 0; j < 8; j++) acc[j] = 0.f;
-  if (ncw > 0) {
-#pragma unroll
-    for (int u = 0; u < kChunkSteps; u++) wbuf[u] = nq::ld_stream16(wp + u * 32);
-    load_scales(cw0);
-  }
   const uint32_t k_lo = 0x64006400u;
   const __half2 q_sub = __float2half2_rn(1032.f), inv16 = __float2half2_rn(1.f / 16.f), q_off = __float2half2_rn(-72.f);
   for (int c = 0; c < ncw; c++) {
@@ -584,11 +597,15 @@ __global__ void __launch_bounds__(32 * WARPS) gemv_int4_fragpack(const Args a) {
   const int c0 = chunk_begin(KC, s, S), nc = chunk_begin(KC, s + 1, S) - c0;
   const int nb = blockIdx.x * WARPS + warp;
   const bool active = nb < a.N / 64;
+  GemvFpRing<SPG> ring;
+  gemv_fp_prefetch<SPG>(a, active ? nb : 0, c0, active ? nc : 0, ring);
+  nq::pdl_wait();     // x was written by the previous kernel
+  nq::pdl_trigger();
   for (int i = threadIdx.x; i < 2 * kChunkSteps * nc; i += 32 * WARPS)   // 16-byte pieces of x[128 c0 ..]
     reinterpret_cast<uint4*>(xs)[i] = reinterpret_cast<const uint4*>(a.A + 16 * kChunkSteps * c0)[i];
   __syncthreads();
   float acc[8];
-  gemv_fp_warp<SPG>(a, active ? nb : 0, c0, active ? nc : 0, xs, acc);
+  gemv_fp_warp<SPG>(a, active ? nb : 0, c0, active ? nc : 0, xs, ring, acc);
   const int cb = blockIdx.x;
   if (S == 1) {
     if (active && t == 0)
@@ -627,11 +644,15 @@ __global__ void __launch_bounds__(32 * WARPS) gemv_int4_fragpack_tile(const Args
   const int c0 = chunk_begin(KC, s, S), nc = chunk_begin(KC, s + 1, S) - c0;
   const int nb = blockIdx.x;
   const int w0 = chunk_begin(nc, warp, WARPS), nw = chunk_begin(nc, warp + 1, WARPS) - w0;
+  GemvFpRing<SPG> ring;
+  gemv_fp_prefetch<SPG>(a, nb, c0 + w0, nw, ring);
+  nq::pdl_wait();     // x was written by the previous kernel
+  nq::pdl_trigger();
   for (int i = threadIdx.x; i < 2 * kChunkSteps * nc; i += 32 * WARPS)
     reinterpret_cast<uint4*>(xs)[i] = reinterpret_cast<const uint4*>(a.A + 16 * kChunkSteps * c0)[i];
   __syncthreads();
   float acc[8];
-  gemv_fp_warp<SPG>(a, nb, c0 + w0, nw, xs + 16 * kChunkSteps * w0, acc);
+  gemv_fp_warp<SPG>(a, nb, c0 + w0, nw, xs + 16 * kChunkSteps * w0, ring, acc);
   if (t == 0)
 #pragma unroll
     for (int j = 0; j < 8; j++) Pw[warp][8 * j + g] = acc[j];
@@ -678,11 +699,13 @@ bool launch_gemv_fp(const uint4* w, const uint4* s, const __half* x, int N, int 
   cfg.blockDim = dim3(32 * WARPS);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
-  cudaLaunchAttribute at[1];
+  cudaLaunchAttribute at[2];   // the cluster, and PDL as the library launches its GEMVs (launch.h)
   at[0].id = cudaLaunchAttributeClusterDimension;
   at[0].val.clusterDim.x = 1; at[0].val.clusterDim.y = splits; at[0].val.clusterDim.z = 1;
+  at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = at;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = 2;
   if (cudaLaunchKernelEx(&cfg, kern, a) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
