@@ -9,6 +9,7 @@
 //   build/dev/gemm_int4_fragpack --case check     # GPU: every M tile build against a float64 reference
 //   build/dev/gemm_int4_fragpack --case time      # GPU: 7B shapes at M = 1, 8, 16, 32, 64 against the product
 //   build/dev/gemm_int4_fragpack --case diag      # GPU: the best builds without MMAs, and the loads alone
+//   build/dev/gemm_int4_fragpack --case gemv      # GPU: a batch-1 GEMV over the same order against gemv_int4
 //
 // The pair (repack on the host here; in a product, once at load or in the file through the spec):
 // * mma.m16n8k16 (row.col, f16 in, f32 acc): A = activations (16 tokens x 16 k), B = weights (16 k x 8 rows n), C =
@@ -35,6 +36,7 @@
 #include "gemm_dev.cuh"
 #include "gemm_wgmma.cuh"
 #include "gemm.cu"  // the product entry point gemm_multi, the timing baseline
+#include "gemv_dev.cuh"  // the product's decode GEMV (gemv_int4), the --case gemv baseline
 #include "cp_async.cuh"
 #include <cooperative_groups.h>
 #include <cstring>
@@ -480,6 +482,235 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_int4_fragpack(const Args a) {
     const int m = (4 * i) / RB, col = 4 * i - m * RB;
     store(m, col, v.x); store(m, col + 1, v.y); store(m, col + 2, v.z); store(m, col + 3, v.w);
   }
+}
+
+// ---- the batch-1 GEMV over the fragment order (--case gemv) -------------------------------------------------------
+// Whether one INT4 order can serve decode too: lane (g, t) of warp w streams the same 16 bytes per 16-k step as the
+// GEMM (rows 64 nb + 8 j + g, j = 0..7; k 2t, 2t+1, 2t+8, 2t+9) and multiplies them by x on the CUDA cores: per word
+// 4 f16 products pairs (HMUL2 / HFMA2 with the x pairs (2t, 2t+1) and (2t+8, 2t+9)), 2-step f16 partial sums (4
+// products deep, as gemv_int4's), then f32: acc_j += s_j (sum). The quad's 4 lanes hold 4 k subsets of the same 8
+// rows: two shuffles. K split over a cluster of blocks as the GEMM's CLUSTER builds (S = 1: no cluster). x: f16.
+// One warp's part of the GEMV: 64-row tile nb over chunks [cw0, cw0 + ncw) (absolute), x of those chunks at xw
+// (shared memory, f16, k 16 kb order). gemv_fp_prefetch issues the first chunk's weights and scales (they do not
+// depend on x: before the PDL wait and the staging of x); gemv_fp_warp returns, in lane (g, 0) of each quad, the
+// sums of rows 64 nb + 8 j + g.
+template <int SPG>
+struct GemvFpRing {
+  static constexpr int SEG = SPG < kChunkSteps ? SPG : kChunkSteps, NSV = kChunkSteps / SEG;
+  uint4 wbuf[kChunkSteps];
+  uint4 snext[NSV];
+};
+template <int SPG>
+__device__ __forceinline__ void gemv_fp_load_scales(const Args& a, int nb, int c, GemvFpRing<SPG>& r) {
+  using R = GemvFpRing<SPG>;
+  const uint4* sp = a.s + (size_t)nb * (a.K / (16 * SPG)) * 8 + ((threadIdx.x & 31) >> 2);
+#pragma unroll
+  for (int v = 0; v < R::NSV; v++) r.snext[v] = __ldg(sp + (size_t)((kChunkSteps * c + v * R::SEG) / SPG) * 8);
+}
+template <int SPG>
+__device__ __forceinline__ void gemv_fp_prefetch(const Args& a, int nb, int cw0, int ncw, GemvFpRing<SPG>& r) {
+  if (ncw <= 0) return;
+  const uint4* wp = a.w + ((size_t)nb * (a.K / 16) + kChunkSteps * cw0) * 32 + (threadIdx.x & 31);
+#pragma unroll
+  for (int u = 0; u < kChunkSteps; u++) r.wbuf[u] = nq::ld_stream16(wp + u * 32);
+  gemv_fp_load_scales<SPG>(a, nb, cw0, r);
+}
+template <int SPG>
+__device__ __forceinline__ void gemv_fp_warp(const Args& a, int nb, int cw0, int ncw, const __half* xw,
+                                             GemvFpRing<SPG>& r, float (&acc)[8]) {
+  constexpr int SEG = GemvFpRing<SPG>::SEG, NSV = GemvFpRing<SPG>::NSV;
+  static_assert(SEG % 2 == 0, "2-step partial sums within a scale segment");
+  const int lane = threadIdx.x & 31, t = lane & 3;
+  const uint4* wp = a.w + ((size_t)nb * (a.K / 16) + kChunkSteps * cw0) * 32 + lane;
+  uint4 (&wbuf)[kChunkSteps] = r.wbuf;
+  uint4 (&snext)[NSV] = r.snext;
+  auto load_scales = [&](int c) { gemv_fp_load_scales<SPG>(a, nb, c, r); };
+#pragma unroll
+  for (int j = 0; j < 8; j++) acc[j] = 0.f;
+  const uint32_t k_lo = 0x64006400u;
+  const __half2 q_sub = __float2half2_rn(1032.f), inv16 = __float2half2_rn(1.f / 16.f), q_off = __float2half2_rn(-72.f);
+  for (int c = 0; c < ncw; c++) {
+    const bool more = c + 1 < ncw;
+    uint4 scur[NSV];
+#pragma unroll
+    for (int v = 0; v < NSV; v++) scur[v] = snext[v];
+    if (more) load_scales(cw0 + c + 1);
+    const uint4* wn = wp + (size_t)(c + 1) * kChunkSteps * 32;
+    const __half* xc = xw + 16 * kChunkSteps * c + 2 * t;
+    __half2 h[8];
+#pragma unroll
+    for (int u = 0; u < kChunkSteps; u++) {
+      const uint4 cur = wbuf[u];
+      if (more) wbuf[u] = nq::ld_stream16(wn + u * 32);
+      const __half2 xlo = *reinterpret_cast<const __half2*>(xc + 16 * u);
+      const __half2 xhi = *reinterpret_cast<const __half2*>(xc + 16 * u + 8);
+      const uint32_t cw[4] = {cur.x, cur.y, cur.z, cur.w};
+#pragma unroll
+      for (int w = 0; w < 4; w++) {
+        const uint32_t x = cw[w], y = cw[w] >> 8;
+        const __half2 p0 = __hsub2(u2h(lop3_and_or(x, 0x000F000Fu, k_lo)), q_sub);
+        const __half2 p1 = __hfma2(u2h(lop3_and_or(x, 0x00F000F0u, k_lo)), inv16, q_off);
+        const __half2 p2 = __hsub2(u2h(lop3_and_or(y, 0x000F000Fu, k_lo)), q_sub);
+        const __half2 p3 = __hfma2(u2h(lop3_and_or(y, 0x00F000F0u, k_lo)), inv16, q_off);
+        if (u % 2 == 0) {
+          h[2 * w] = __hfma2(p1, xhi, __hmul2(p0, xlo));
+          h[2 * w + 1] = __hfma2(p3, xhi, __hmul2(p2, xlo));
+        } else {
+          h[2 * w] = __hfma2(p1, xhi, __hfma2(p0, xlo, h[2 * w]));
+          h[2 * w + 1] = __hfma2(p3, xhi, __hfma2(p2, xlo, h[2 * w + 1]));
+        }
+      }
+      if (u % 2 == 1) {   // 4-deep f16 sums of rows 8j + g into f32, times the row's scale
+        const uint4 sv = scur[u / SEG];
+        const uint32_t sw[4] = {sv.x, sv.y, sv.z, sv.w};
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          const float sj = __half2float(__ushort_as_half((unsigned short)(j & 1 ? sw[j >> 1] >> 16 : sw[j >> 1] & 0xFFFF)));
+          acc[j] = fmaf(sj, __low2float(h[j]) + __high2float(h[j]), acc[j]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; j++) {   // the quad's 4 k subsets
+    acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], 1);
+    acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], 2);
+  }
+}
+
+// the GEMV's output: row n = value (+ bias, + y if add)
+__device__ __forceinline__ void gemv_fp_store(const Args& a, int n, float v) {
+  if (n >= a.N) return;
+  v += a.bias ? a.bias[n] : 0.f;
+  if (a.add) v += a.C[n];
+  a.C[n] = v;
+}
+
+// Layout "rows": warp w of block x takes 64-row tile x WARPS + w over the split's chunks (the GEMM's grid).
+template <int WARPS, int SPG>
+__global__ void __launch_bounds__(32 * WARPS) gemv_int4_fragpack(const Args a) {
+  constexpr int RB = 64 * WARPS;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __half* xs = reinterpret_cast<__half*>(smem_raw);   // this split's k range of x
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int KC = a.K / (16 * kChunkSteps), S = gridDim.y, s = blockIdx.y;
+  const int c0 = chunk_begin(KC, s, S), nc = chunk_begin(KC, s + 1, S) - c0;
+  const int nb = blockIdx.x * WARPS + warp;
+  const bool active = nb < a.N / 64;
+  GemvFpRing<SPG> ring;
+  gemv_fp_prefetch<SPG>(a, active ? nb : 0, c0, active ? nc : 0, ring);
+  nq::pdl_wait();     // x was written by the previous kernel
+  nq::pdl_trigger();
+  for (int i = threadIdx.x; i < 2 * kChunkSteps * nc; i += 32 * WARPS)   // 16-byte pieces of x[128 c0 ..]
+    reinterpret_cast<uint4*>(xs)[i] = reinterpret_cast<const uint4*>(a.A + 16 * kChunkSteps * c0)[i];
+  __syncthreads();
+  float acc[8];
+  gemv_fp_warp<SPG>(a, active ? nb : 0, c0, active ? nc : 0, xs, ring, acc);
+  const int cb = blockIdx.x;
+  if (S == 1) {
+    if (active && t == 0)
+#pragma unroll
+      for (int j = 0; j < 8; j++) gemv_fp_store(a, cb * RB + 64 * warp + 8 * j + g, acc[j]);
+    return;
+  }
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  float* P = reinterpret_cast<float*>(smem_raw);   // [RB], over x
+  __syncthreads();
+  if (active && t == 0)
+#pragma unroll
+    for (int j = 0; j < 8; j++) P[64 * warp + 8 * j + g] = acc[j];
+  cl.sync();
+  const int r = (int)cl.block_rank(), per = (RB + S - 1) / S, i1 = min(RB, (r + 1) * per);
+  for (int i = r * per + threadIdx.x; i < i1; i += 32 * WARPS) {
+    float v = 0.f;
+    for (int z = 0; z < S; z++) v += cl.map_shared_rank(P, z)[i];   // split order
+    gemv_fp_store(a, cb * RB + i, v);
+  }
+  cl.sync();
+}
+
+// Layout "tile": block x takes one 64-row tile; its WARPS warps split the split's chunks among themselves and sum
+// in shared memory (warp order), then the cluster sums the S splits (split order). More warps per tile: the small
+// shapes (qkv, o: 72 and 56 tiles) get the GPU's warps without a cluster of 16.
+template <int WARPS, int SPG>
+__global__ void __launch_bounds__(32 * WARPS) gemv_int4_fragpack_tile(const Args a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __half* xs = reinterpret_cast<__half*>(smem_raw);
+  __shared__ float Pw[WARPS][64];
+  __shared__ float P[64];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int KC = a.K / (16 * kChunkSteps), S = gridDim.y, s = blockIdx.y;
+  const int c0 = chunk_begin(KC, s, S), nc = chunk_begin(KC, s + 1, S) - c0;
+  const int nb = blockIdx.x;
+  const int w0 = chunk_begin(nc, warp, WARPS), nw = chunk_begin(nc, warp + 1, WARPS) - w0;
+  GemvFpRing<SPG> ring;
+  gemv_fp_prefetch<SPG>(a, nb, c0 + w0, nw, ring);
+  nq::pdl_wait();     // x was written by the previous kernel
+  nq::pdl_trigger();
+  for (int i = threadIdx.x; i < 2 * kChunkSteps * nc; i += 32 * WARPS)
+    reinterpret_cast<uint4*>(xs)[i] = reinterpret_cast<const uint4*>(a.A + 16 * kChunkSteps * c0)[i];
+  __syncthreads();
+  float acc[8];
+  gemv_fp_warp<SPG>(a, nb, c0 + w0, nw, xs + 16 * kChunkSteps * w0, ring, acc);
+  if (t == 0)
+#pragma unroll
+    for (int j = 0; j < 8; j++) Pw[warp][8 * j + g] = acc[j];
+  __syncthreads();
+  if (threadIdx.x < 64) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) v += Pw[w][threadIdx.x];   // warp order
+    if (S == 1) gemv_fp_store(a, 64 * nb + threadIdx.x, v);
+    else P[threadIdx.x] = v;
+  }
+  if (S == 1) return;
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  cl.sync();
+  const int r = (int)cl.block_rank(), per = (64 + S - 1) / S, i1 = min(64, (r + 1) * per);
+  for (int i = r * per + threadIdx.x; i < i1; i += 32 * WARPS) {
+    float v = 0.f;
+    for (int z = 0; z < S; z++) v += cl.map_shared_rank(P, z)[i];   // split order
+    gemv_fp_store(a, 64 * nb + i, v);
+  }
+  cl.sync();
+}
+
+template <int WARPS, int SPG, bool TILE = false>
+bool launch_gemv_fp(const uint4* w, const uint4* s, const __half* x, int N, int K, const float* bias, float* y,
+                    bool add, int splits, cudaStream_t st) {
+  constexpr int RB = 64 * WARPS;
+  const int KC = K / (16 * kChunkSteps), cols = TILE ? N / 64 : (N + RB - 1) / RB;
+  const size_t smem = std::max((size_t)32 * kChunkSteps * ((KC + splits - 1) / splits), (size_t)RB * 4);
+  auto kern = TILE ? gemv_int4_fragpack_tile<WARPS, SPG> : gemv_int4_fragpack<WARPS, SPG>;
+  static bool raised = false;
+  if (!raised) {
+    DEV_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    DEV_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    raised = true;
+  }
+  if (splits > 16 || smem > 200 * 1024) return false;
+  Args a;
+  a.w = w; a.s = s; a.A = x; a.bias = bias; a.C = y;
+  a.M = 1; a.N = N; a.K = K; a.lda = K; a.ldc = N; a.add = add ? 1 : 0;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(cols, splits);
+  cfg.blockDim = dim3(32 * WARPS);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute at[2];   // the cluster, and PDL as the library launches its GEMVs (launch.h)
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = 1; at[0].val.clusterDim.y = splits; at[0].val.clusterDim.z = 1;
+  at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 2;
+  if (cudaLaunchKernelEx(&cfg, kern, a) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
 }
 
 // scratch of the split-K launches (grown when needed), one per program
@@ -955,18 +1186,95 @@ int case_diag() {
   return 0;
 }
 
+// --case gemv: the fragment-order GEMV (4 and 8 warps, splits 1-16) against float64 and against the product's
+// gemv_int4 (STORE mode, f16 x, the file's order) on the 7B decode shapes; per layer, the best of each
+int case_gemv() {
+  const int sms = dev::sm_count();
+  dev::raise_smem(nq::gemv_int4<nq::GEMV_STORE, 2>);
+  struct Sh { const char* name; int N, K; };
+  const Sh shapes[] = {{"qkv", 4608, 3584}, {"o", 3584, 3584}, {"gate+up", 37888, 3584}, {"down", 3584, 18944}};
+  double sum_fp = 0, sum_prod = 0, sum_ceil = 0;
+  int fails = 0;
+  unsigned* sink = nullptr;
+  DEV_CHECK(cudaMalloc(&sink, (size_t)sms * 8 * sizeof(unsigned)));
+  for (const Sh& sh : shapes) {
+    const Int4Weight W = random_int4(sh.N, sh.K, 128, 1234u + sh.N);
+    const Packed P = repack(W);
+    DevPacked D(P, (int)std::max<size_t>(2, kRotateBytes / P.bytes() + 1));
+    DeviceCopies wc(W.file_bytes);
+    const std::vector<float> x = acts(1, sh.K, 77u);
+    std::vector<__half> xh(sh.K);
+    for (int k = 0; k < sh.K; k++) xh[k] = __float2half_rn(x[k]);
+    const std::vector<float> ref = gemm_ref(W, x, 1);
+    __half* dx; float* dy;
+    DEV_CHECK(cudaMalloc(&dx, sh.K * 2));
+    DEV_CHECK(cudaMalloc(&dy, sh.N * 4));
+    DEV_CHECK(cudaMemcpy(dx, xh.data(), sh.K * 2, cudaMemcpyHostToDevice));
+    const size_t n16 = P.bytes() / 16;
+    const int cgrid = (int)std::min<size_t>((size_t)sms * 8, (n16 + kCeilThreads * kCeilInFlight - 1) /
+                                                                 (kCeilThreads * kCeilInFlight));
+    const double t_ceil = median_us([&](int i) { read_ceiling<<<cgrid, kCeilThreads>>>(D.w(i), n16, sink); }, 20);
+    // the product: gemv_int4, f16 x as given, STORE
+    auto pargs = [&](int c) {
+      nq::GemvArgs a = dev::store_args(W, wc.copy(c), nullptr, dy);
+      a.x_f16 = dx;
+      return a;
+    };
+    const double t_prod = median_us([&](int i) {
+      dev::must(nq::launch_gemv_int4<nq::GEMV_STORE, 2>(pargs(i), sh.N, sms, 0));
+    }, 20);
+    double best = 1e30;
+    char best_what[48] = "";
+    for (int vi = 0; vi < 4; vi++) {   // rows w4, rows w8, tile w4, tile w8
+      const int warps = vi & 1 ? 8 : 4;
+      const bool tile = vi >= 2;
+      std::printf("  %-8s %s w%d:", sh.name, tile ? "tile" : "rows", warps);
+      for (const int S : {1, 2, 3, 4, 6, 8, 12, 16}) {
+        auto f = vi == 0 ? launch_gemv_fp<4, 8> : vi == 1 ? launch_gemv_fp<8, 8> : vi == 2 ? launch_gemv_fp<4, 8, true>
+                                                                                            : launch_gemv_fp<8, 8, true>;
+        DEV_CHECK(cudaMemset(dy, 0xff, sh.N * 4));   // poison
+        if (!f(D.w(0), D.s(0), dx, sh.N, sh.K, nullptr, dy, false, S, 0)) { std::printf(" S%d refused", S); continue; }
+        DEV_CHECK(cudaDeviceSynchronize());
+        std::vector<float> got(sh.N);
+        DEV_CHECK(cudaMemcpy(got.data(), dy, sh.N * 4, cudaMemcpyDeviceToHost));
+        bool finite;
+        // f16 products, 4-deep f16 partial sums (gemv_int4's tolerance, csrc/dev/gemv_int4_3blocks.cu: 3e-3)
+        const double err = rel_err(got, ref, &finite);
+        const bool ok = finite && err < 3e-3;
+        fails += !ok;
+        const double tf = median_us([&](int i) { f(D.w(i), D.s(i), dx, sh.N, sh.K, nullptr, dy, false, S, 0); }, 20);
+        std::printf(" S%d %.1f%s", S, tf, ok ? "" : " FAIL");
+        if (ok && tf < best) {
+          best = tf;
+          std::snprintf(best_what, sizeof best_what, "%s w%d S%d", tile ? "tile" : "rows", warps, S);
+        }
+      }
+      std::printf("\n");
+    }
+    std::printf("  %-8s N=%5d K=%5d: fragment-order GEMV best %6.1f us (%s), gemv_int4 %6.1f us, read ceiling %6.1f\n",
+                sh.name, sh.N, sh.K, best, best_what, t_prod, t_ceil);
+    sum_fp += best; sum_prod += t_prod; sum_ceil += t_ceil;
+    cudaFree(dx); cudaFree(dy);
+  }
+  std::printf("  per 7B layer: fragment-order GEMV %6.1f us, gemv_int4 %6.1f us, read ceiling %6.1f us%s\n", sum_fp,
+              sum_prod, sum_ceil, fails ? " (FAILURES)" : "");
+  cudaFree(sink);
+  return fails ? 1 : 0;
+}
+
 }  // namespace fp
 
 int main(int argc, char** argv) {
   const std::string c = argc > 2 && std::strcmp(argv[1], "--case") == 0 ? argv[2] : "";
   if (c == "pack") return fp::case_pack();
   if (c == "emulate") return fp::case_emulate();
-  if (c != "check" && c != "time" && c != "diag") {
-    std::printf("usage: gemm_int4_fragpack --case pack|emulate|check|time|diag\n");
+  if (c != "check" && c != "time" && c != "diag" && c != "gemv") {
+    std::printf("usage: gemm_int4_fragpack --case pack|emulate|check|time|diag|gemv\n");
     return 2;
   }
   cudaDeviceProp prop;
   DEV_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("== case %s on %s\n", c.c_str(), prop.name);
+  if (c == "gemv") return fp::case_gemv();
   return c == "check" ? fp::case_check() : c == "diag" ? fp::case_diag() : fp::case_time();
 }
