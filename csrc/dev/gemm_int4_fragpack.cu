@@ -1,8 +1,10 @@
 // INT4 few-token GEMM on mma.sync with the weights repacked into the B-fragment order (Marlin's idea, written here
 // from the PTX fragment layout; no code taken from it): C[M, N] (+)= A[M, K] @ W[N, K]^T, M <= 16 * MT tokens.
-// Experiment for issues 13 and 15 (bench/NOTES.md "Session 10" §7): the library's few-token wgmma builds stream a
-// 7B layer's 120 MB at ~0.9 TB/s (129 us at M = 5..16, 147 at 32) because every thread of a quad re-reads and
-// re-unpacks the same words (the register-A fragment layout of the file's rows), and the decode GEMV at ~2.2 TB/s.
+// Experiment for issues 13 and 15 (bench/NOTES.md "Session 10" §7, "Session 11" §7b-7g): the library's few-token
+// wgmma builds stream a 7B layer's 120 MB at ~0.9 TB/s because every thread of a quad re-reads and re-unpacks the
+// same words (the register-A fragment layout of the file's rows). Measured on the H200 (Session 11), per 7B layer
+// against the library in the same run: this GEMM -42 % at 1 token, -36 % at 16, -23 % at 32, -9 % at 64; the GEMV
+// over the same order 43.7 against gemv_int4's 48.0 us. The numpy reference of the order: tests/fragment_order.py.
 //
 //   build/dev/gemm_int4_fragpack --case pack      # CPU only: the repack and the kernel's unpack are a pair
 //   build/dev/gemm_int4_fragpack --case emulate   # CPU only: the kernel's index math and PTX layouts, emulated
@@ -27,11 +29,15 @@
 //   16-k step (one 16-byte load per lane: the whole step's B fragments for 8 n8-tiles).
 // * Scales: [nb][group][g][j] f16, 128 B per (nb, group): lane l reads the 16 bytes of its g (rows 64nb + 8j + g,
 //   j = 0..7); the 4 lanes of a quad read the same address.
-// Kernel: block = kWarps warps, warp w = 64-row block nb = blockIdx.x * kWarps + w, K split S ways over blockIdx.y
-// (on 16-k steps). The block's A rows (16 MT x its k range, f16) are staged in shared memory once (after the first
-// weight loads are in flight: they do not depend on A), read with ldmatrix.x4. Weights: U steps loaded ahead into
-// registers. Split-K: every split stores its partial [M][64 kWarps] f32, the column block's last split to finish
-// sums them in split order (deterministic) and stores C (+ bias, + C if add).
+// Kernel (gemm_int4_fragpack<MT, WARPS, SPG, SACC, RING, MODE, CLUSTER>): block = WARPS warps, warp w = 64-row
+// tile nb = blockIdx.x * WARPS + w; K runs in chunks of 8 16-k steps, split S ways over blockIdx.y on chunk bounds.
+// The block's A rows (16 MT x its k range, f16) are staged in shared memory once (after the first chunk's weight
+// loads are out: they do not depend on A), read with ldmatrix.x4. Weights: a ring of one chunk (8 x 16 B per lane)
+// in registers, the next chunk's scales one chunk ahead (RING > 0: a shared-memory cp.async ring instead; lost).
+// SACC: the scale applied to f32 segment sums instead of every weight pair. Split-K: CLUSTER = the S splits of a
+// column block are one thread-block cluster and sum their partials through distributed shared memory in split
+// order (won); otherwise every split stores its partial and the column block's last split sums them in split
+// order. Both deterministic. The GEMV (gemv_int4_fragpack, _tile): see its comment.
 #include "dev_common.cuh"
 #include "gemm_dev.cuh"
 #include "gemm_wgmma.cuh"
