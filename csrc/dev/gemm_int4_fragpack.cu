@@ -182,6 +182,16 @@ __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t mask, uint3
 }
 __device__ __forceinline__ uint32_t h2u(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 __device__ __forceinline__ __half2 u2h(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
+// The kernels' unpack of one word, the device twin of unpack_host (the masks of the file comment): the exact codes
+// q = u - 8 as f16 pairs, b0 and b1 of tile 2w, then b0 and b1 of tile 2w + 1.
+__device__ __forceinline__ void unpack_word(uint32_t w, __half2 (&p)[4]) {
+  const uint32_t k_lo = 0x64006400u, y = w >> 8;
+  const __half2 q_sub = __float2half2_rn(1032.f), inv16 = __float2half2_rn(1.f / 16.f), q_off = __float2half2_rn(-72.f);
+  p[0] = __hsub2(u2h(lop3_and_or(w, 0x000F000Fu, k_lo)), q_sub);
+  p[1] = __hfma2(u2h(lop3_and_or(w, 0x00F000F0u, k_lo)), inv16, q_off);
+  p[2] = __hsub2(u2h(lop3_and_or(y, 0x000F000Fu, k_lo)), q_sub);
+  p[3] = __hfma2(u2h(lop3_and_or(y, 0x00F000F0u, k_lo)), inv16, q_off);
+}
 
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -306,8 +316,6 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_int4_fragpack(const Args a) {
 
   const uint32_t a_base = (uint32_t)__cvta_generic_to_shared(As) +
                           2u * (uint32_t)(lds_row(lane) * lds + lds_k(lane));
-  const uint32_t k_lo = 0x64006400u;
-  const __half2 q_sub = __float2half2_rn(1032.f), inv16 = __float2half2_rn(1.f / 16.f), q_off = __float2half2_rn(-72.f);
 
   uint32_t sink = 0;   // MODE 1 / 2: what the skipped work would have consumed
   if (active) {
@@ -358,11 +366,9 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_int4_fragpack(const Args a) {
         const uint32_t sw[4] = {scur[v][0].x, scur[v][0].y, scur[v][0].z, scur[v][0].w};
 #pragma unroll
         for (int w = 0; w < 4; w++) {
-          const uint32_t x = cw[w], y = cw[w] >> 8;
-          const __half2 p0 = __hsub2(u2h(lop3_and_or(x, 0x000F000Fu, k_lo)), q_sub);
-          const __half2 p1 = __hfma2(u2h(lop3_and_or(x, 0x00F000F0u, k_lo)), inv16, q_off);
-          const __half2 p2 = __hsub2(u2h(lop3_and_or(y, 0x000F000Fu, k_lo)), q_sub);
-          const __half2 p3 = __hfma2(u2h(lop3_and_or(y, 0x00F000F0u, k_lo)), inv16, q_off);
+          __half2 pq[4];
+          unpack_word(cw[w], pq);
+          const __half2 p0 = pq[0], p1 = pq[1], p2 = pq[2], p3 = pq[3];
           if (SACC) {
             b[2 * w][0] = h2u(p0); b[2 * w][1] = h2u(p1); b[2 * w + 1][0] = h2u(p2); b[2 * w + 1][1] = h2u(p3);
           } else {   // (s, s) of rows 8(2w) + g and 8(2w+1) + g: halves 2w and 2w+1 of the lane's scale vector
@@ -533,8 +539,6 @@ __device__ __forceinline__ void gemv_fp_warp(const Args& a, int nb, int cw0, int
   auto load_scales = [&](int c) { gemv_fp_load_scales<SPG>(a, nb, c, r); };
 #pragma unroll
   for (int j = 0; j < 8; j++) acc[j] = 0.f;
-  const uint32_t k_lo = 0x64006400u;
-  const __half2 q_sub = __float2half2_rn(1032.f), inv16 = __float2half2_rn(1.f / 16.f), q_off = __float2half2_rn(-72.f);
   for (int c = 0; c < ncw; c++) {
     const bool more = c + 1 < ncw;
     uint4 scur[NSV];
@@ -553,11 +557,9 @@ __device__ __forceinline__ void gemv_fp_warp(const Args& a, int nb, int cw0, int
       const uint32_t cw[4] = {cur.x, cur.y, cur.z, cur.w};
 #pragma unroll
       for (int w = 0; w < 4; w++) {
-        const uint32_t x = cw[w], y = cw[w] >> 8;
-        const __half2 p0 = __hsub2(u2h(lop3_and_or(x, 0x000F000Fu, k_lo)), q_sub);
-        const __half2 p1 = __hfma2(u2h(lop3_and_or(x, 0x00F000F0u, k_lo)), inv16, q_off);
-        const __half2 p2 = __hsub2(u2h(lop3_and_or(y, 0x000F000Fu, k_lo)), q_sub);
-        const __half2 p3 = __hfma2(u2h(lop3_and_or(y, 0x00F000F0u, k_lo)), inv16, q_off);
+        __half2 pq[4];
+        unpack_word(cw[w], pq);
+        const __half2 p0 = pq[0], p1 = pq[1], p2 = pq[2], p3 = pq[3];
         if (u % 2 == 0) {
           h[2 * w] = __hfma2(p1, xhi, __hmul2(p0, xlo));
           h[2 * w + 1] = __hfma2(p3, xhi, __hmul2(p2, xlo));
