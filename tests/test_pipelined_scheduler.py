@@ -277,18 +277,18 @@ def test_a_failing_device_step_ends_its_sequences_with_the_error(pipelined):
     got = [[], []]
     a = _Seq(np.asarray([1, 2, 3], dtype=np.int32), SamplingParams(0.0), 20, set(), None,
              lambda t, lp, c: got[0].append(int(t)))
+
+    def drain():   # steps until the scheduler is idle (bounded: a hang fails the assertions below)
+        for _ in range(200):
+            if not sched.has_work:
+                break
+            sched.step()
     sched.add(a)
-    for _ in range(200):
-        if not sched.has_work:
-            break
-        sched.step()
+    drain()
     b = _Seq(np.asarray([4, 5], dtype=np.int32), SamplingParams(0.0), 6, set(), None,
              lambda t, lp, c: got[1].append(int(t)))
     sched.add(b)
-    for _ in range(200):
-        if not sched.has_work:
-            break
-        sched.step()
+    drain()
     assert isinstance(a.error, Boom) and a.done and len(got[0]) < 20
     assert b.error is None and got[1] == reference([4, 5], 6, ())
     sched.pool.check(live=[])
