@@ -13,8 +13,8 @@ A few prompt tokens after many keys (--few-tokens, 7B heads, at --batch-contexts
 session_prefill runs chunks of up to kSplitPrefillMaxTokens tokens): where the crossover lies.
 GB/s counts the K and V bytes of one KV head group read once per launch (decode only).
 --batch-rows R ...: also the batched decode step's attention (nq_bench_attention_batch: R sequences, one token each
-at position n_pos - 1 of its own pages), 7B heads, at each --batch-splits count (batch.cu uses min(128, 256 / n_kv)
-splits for every batch size, 64 on the 7B): which split count the batched step should take per batch size.
+at position n_pos - 1 of its own pages), 7B heads, at each --batch-splits count: the measurement behind batch.cu's
+batch_attention_splits (about kBatchAttentionBlocks blocks a step, capped by the single-token decode's count).
 """
 from __future__ import annotations
 

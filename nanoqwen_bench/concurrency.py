@@ -39,8 +39,8 @@ import numpy as np
 
 from .timing import BenchError, gpu_name
 
-__all__ = ["MAX_CONCURRENCY", "KNEE_SCALING", "MIN_STEADY_STEPS", "parse_concurrency", "measure_concurrency", "run_concurrency",
-           "scaling_of", "format_concurrency_table"]
+__all__ = ["MAX_CONCURRENCY", "KNEE_SCALING", "MIN_STEADY_STEPS", "parse_concurrency", "measure_concurrency",
+           "run_concurrency", "scaling_of", "format_concurrency_table"]
 
 #: most streams one level may ask for: the library's batch limit (nanoqwen.h NQ_MAX_BATCH)
 MAX_CONCURRENCY = 256
