@@ -75,16 +75,28 @@ def unwind_on_signals(signals=UNWIND_SIGNALS):
             fired.append(signum)
             raise Terminated(signum)
 
+    # Once a signal has fired, objects that the unwinding tears down half-built (numba's llvmlite refs interrupted
+    # in their constructor: "Exception ignored in ObjectRef.__del__ ... AttributeError") would print a traceback
+    # beside the one-line error; they are the unwinding's debris, so they stay quiet. Before a signal, as before.
+    prev_hook = sys.unraisablehook
+
+    def quiet_after_signal(unraisable):
+        if not fired:
+            prev_hook(unraisable)
+
     old = {}
     if threading.current_thread() is threading.main_thread():     # only the main thread may set handlers
         for s in signals:
             if signal.getsignal(s) is signal.SIG_DFL:
                 old[s] = signal.signal(s, handler)
+        sys.unraisablehook = quiet_after_signal
     try:
         yield
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        if sys.unraisablehook is quiet_after_signal:
+            sys.unraisablehook = prev_hook
 
 
 def _is_within(path: str, root: str) -> bool:

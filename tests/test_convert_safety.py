@@ -518,3 +518,26 @@ def test_bad_input_unwritable_output_dir_one_line(src, readonly_dir):
     code, _, stderr = _run(["-m", "nanoqwen_quant.convert", str(src), "-o", str(readonly_dir / "m.nanoqwen")])
     assert code == 2
     assert "is not writable" in _one_stderr_line(stderr)
+
+
+def test_unwinding_debris_stays_quiet(monkeypatch):
+    """A finalizer that fails while a signal unwinds the converter (numba's llvmlite refs interrupted half-built) must
+    not print a traceback beside the one-line error; before any signal such failures are reported as usual."""
+    from nanoqwen_quant.convert import Terminated, unwind_on_signals
+    seen = []
+    hook = seen.append
+    monkeypatch.setattr(sys, "unraisablehook", hook)
+
+    class Debris:
+        def __del__(self):
+            raise AttributeError("half-built")
+
+    with unwind_on_signals():
+        Debris()
+        assert len(seen) == 1                       # no signal yet: reported
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)                           # the handler raises Terminated here
+        except Terminated:
+            Debris()                                # the unwinding's debris: quiet
+    assert len(seen) == 1 and sys.unraisablehook is hook
