@@ -685,6 +685,30 @@ __global__ void __launch_bounds__(32 * WARPS) gemv_int4_fragpack_tile(const Args
   cl.sync();
 }
 
+// One launch whose blocks form clusters of 1 x cluster_y x 1 (with PDL when pdl); false where it was refused (a cluster
+// that cannot be co-resident): the callers skip that build
+template <class Kern>
+bool launch_cluster(Kern kern, dim3 grid, int threads, size_t smem, cudaStream_t st, int cluster_y, bool pdl,
+                    const Args& a) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute at[2];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = 1; at[0].val.clusterDim.y = cluster_y; at[0].val.clusterDim.z = 1;
+  at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = pdl ? 2 : 1;
+  if (cudaLaunchKernelEx(&cfg, kern, a) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
 template <int WARPS, int SPG, bool TILE = false>
 bool launch_gemv_fp(const uint4* w, const uint4* s, const __half* x, int N, int K, const float* bias, float* y,
                     bool add, int splits, cudaStream_t st) {
@@ -702,23 +726,7 @@ bool launch_gemv_fp(const uint4* w, const uint4* s, const __half* x, int N, int 
   Args a;
   a.w = w; a.s = s; a.A = x; a.bias = bias; a.C = y;
   a.M = 1; a.N = N; a.K = K; a.lda = K; a.ldc = N; a.add = add ? 1 : 0;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(cols, splits);
-  cfg.blockDim = dim3(32 * WARPS);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cudaLaunchAttribute at[2];   // the cluster, and PDL as the library launches its GEMVs (launch.h)
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = 1; at[0].val.clusterDim.y = splits; at[0].val.clusterDim.z = 1;
-  at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = 2;
-  if (cudaLaunchKernelEx(&cfg, kern, a) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return true;
+  return launch_cluster(kern, dim3(cols, splits), 32 * WARPS, smem, st, splits, /*pdl=*/true, a);   // as launch.h
 }
 
 // scratch of the split-K launches (grown when needed), one per program
@@ -770,21 +778,7 @@ bool launch_t(const uint4* w, const uint4* s, const __half* A, int lda, int M, i
   a.part = g_scratch.part; a.sem = g_scratch.sem;
   if (CLUSTER) {
     if (splits > kMaxClusterSplits) return false;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(cols, splits);
-    cfg.blockDim = dim3(32 * WARPS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 1; at[0].val.clusterDim.y = splits; at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    if (cudaLaunchKernelEx(&cfg, kern, a) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    return true;
+    return launch_cluster(kern, dim3(cols, splits), 32 * WARPS, smem, st, splits, /*pdl=*/false, a);
   }
   kern<<<dim3(cols, splits), 32 * WARPS, smem, st>>>(a);
   DEV_CHECK(cudaGetLastError());
@@ -855,6 +849,14 @@ struct DevPacked {
   const uint4* w(int c) const { return reinterpret_cast<const uint4*>(base + per * (c % n)); }
   const uint4* s(int c) const { return reinterpret_cast<const uint4*>(base + per * (c % n) + scale_off); }
 };
+
+// the read-only ceiling (dev_common.cuh's read_ceiling) over `bytes` of the rotated copies of D, µs (median of 20)
+double ceiling_us(const DevPacked& D, size_t bytes, unsigned* sink, int sms) {
+  const size_t n16 = bytes / 16;
+  const int cgrid = (int)std::min<size_t>((size_t)sms * 8, (n16 + kCeilThreads * kCeilInFlight - 1) /
+                                                               (kCeilThreads * kCeilInFlight));
+  return median_us([&](int i) { read_ceiling<<<cgrid, kCeilThreads>>>(D.w(i), n16, sink); }, 20);
+}
 
 std::vector<float> acts(int M, int K, uint32_t seed) {
   std::vector<float> A = random_vector((size_t)M * K, seed);
@@ -1079,10 +1081,7 @@ int case_time() {
     const int copies = (int)std::max<size_t>(2, kRotateBytes / P.bytes() + 1);
     DevPacked D(P, copies);
     DeviceCopies wc(W.file_bytes);
-    const size_t n16 = P.bytes() / 16;
-    const int cgrid = (int)std::min<size_t>((size_t)sms * 8, (n16 + kCeilThreads * kCeilInFlight - 1) /
-                                                                 (kCeilThreads * kCeilInFlight));
-    const double t_ceil = median_us([&](int i) { read_ceiling<<<cgrid, kCeilThreads>>>(D.w(i), n16, sink); }, 20);
+    const double t_ceil = ceiling_us(D, P.bytes(), sink, sms);
     layer_ceil += t_ceil;
     std::printf("  %-8s N=%5d K=%5d: read ceiling %7.1f us (%4.2f TB/s)\n", sh.name, sh.N, sh.K, t_ceil,
                 (double)P.bytes() / (t_ceil * 1e-6) / 1e12);
@@ -1163,10 +1162,7 @@ int case_diag() {
     const Int4Weight W = random_int4(sh.N, sh.K, 128, 1234u + sh.N);
     const Packed P = repack(W);
     DevPacked D(P, (int)std::max<size_t>(2, kRotateBytes / P.bytes() + 1));
-    const size_t n16 = P.bytes() / 16;
-    const int cgrid = (int)std::min<size_t>((size_t)sms * 8, (n16 + kCeilThreads * kCeilInFlight - 1) /
-                                                                 (kCeilThreads * kCeilInFlight));
-    const double t_ceil = median_us([&](int i) { read_ceiling<<<cgrid, kCeilThreads>>>(D.w(i), n16, sink); }, 20);
+    const double t_ceil = ceiling_us(D, P.bytes(), sink, sms);
     for (const int M : {16, 32}) {
       const int mt = mt_of(M), S = M == 16 ? sh.s16 : sh.s32;
       const bool sacc = M == 16;
@@ -1218,10 +1214,7 @@ int case_gemv() {
     DEV_CHECK(cudaMalloc(&dx, sh.K * 2));
     DEV_CHECK(cudaMalloc(&dy, sh.N * 4));
     DEV_CHECK(cudaMemcpy(dx, xh.data(), sh.K * 2, cudaMemcpyHostToDevice));
-    const size_t n16 = P.bytes() / 16;
-    const int cgrid = (int)std::min<size_t>((size_t)sms * 8, (n16 + kCeilThreads * kCeilInFlight - 1) /
-                                                                 (kCeilThreads * kCeilInFlight));
-    const double t_ceil = median_us([&](int i) { read_ceiling<<<cgrid, kCeilThreads>>>(D.w(i), n16, sink); }, 20);
+    const double t_ceil = ceiling_us(D, P.bytes(), sink, sms);
     // the product: gemv_int4, f16 x as given, STORE
     auto pargs = [&](int c) {
       nq::GemvArgs a = dev::store_args(W, wc.copy(c), nullptr, dy);
