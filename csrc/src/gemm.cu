@@ -115,6 +115,13 @@ int gemm_int4_launch(GemmGroup& g, const LinW* W, int n, const __half* A, int ld
 }
 }  // namespace
 
+// Every INT4 consumer reads the fragment order where gemm_int4_wgmma runs: the GEMV and the few-token GEMM need
+// thread-block clusters (sm_90), the prefill GEMM wgmma (sm_90a).
+bool int4_fragment_order_available() {
+  int sms = 0;
+  return wgmma_available(&sms);
+}
+
 void gemm_scratch_free(GemmScratch* ws) {
   if (ws->p) cudaFree(ws->p);
   *ws = GemmScratch{};
