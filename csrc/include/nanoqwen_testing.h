@@ -43,6 +43,30 @@ NQ_API int nq_test_gemm_int4_multi(int32_t nseg, const uint32_t* const* qweights
 NQ_API int nq_test_gemm_swiglu(const uint32_t* q_gate, const uint16_t* s_gate, const uint8_t* z_gate,
                                const uint32_t* q_up, const uint16_t* s_up, const uint8_t* z_up, int32_t N, int32_t K,
                                int32_t group, const float* A, int32_t M, int32_t unfused, uint16_t* H);
+/* The same kernels over weights in the INT4 fragment order (csrc/src/int4_frag.cuh): each entry takes the
+ * file-order (layout 1) weights like its twin above, repacks them on the device as the loader does on Hopper (a
+ * SWIGLU GEMV's and gemm_swiglu's gate and up as the interleaved pair), then runs the product's dispatch. The
+ * multi GEMV: nseg (1..3) segments sharing x in one STORE launch, f32 x with optional RMSNorm, optional f32 bias
+ * per segment; y = the segments' outputs concatenated. */
+NQ_API int nq_test_gemv_int4_frag(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K,
+                                  int32_t group, const float* x, const float* norm_w, float eps, float* y);
+NQ_API int nq_test_gemv_int4_mode_frag(const uint32_t* qweight, const uint16_t* scales, const uint32_t* qweight_up,
+                                       const uint16_t* scales_up, int32_t N, int32_t K, int32_t group, const float* x,
+                                       const float* norm_w, float eps, int32_t mode, float* y);
+NQ_API int nq_test_gemv_int4_multi_frag(int32_t nseg, const uint32_t* const* qweights, const uint16_t* const* scales,
+                                        const int32_t* Ns, int32_t K, int32_t group, const float* x,
+                                        const float* norm_w, float eps, const float* const* bias, float* y);
+NQ_API int nq_test_gemm_int4_multi_frag(int32_t nseg, const uint32_t* const* qweights, const uint16_t* const* scales,
+                                        const int32_t* Ns, int32_t K, int32_t group, const float* A, int32_t M,
+                                        int32_t lda, const float* const* bias, float* C, int32_t ldc, int32_t add);
+NQ_API int nq_test_gemm_swiglu_frag(const uint32_t* q_gate, const uint16_t* s_gate, const uint32_t* q_up,
+                                    const uint16_t* s_up, int32_t N, int32_t K, int32_t group, const float* A,
+                                    int32_t M, uint16_t* H);
+/* The repack alone: words (N K / 8 uint32, [N/64][K/16][32][4]) and scales (N K / group f16 bits, [N/64][K/g][8][8])
+ * of the fragment order; with qweight_up/scales_up set, of the gate/up pair P (2N rows: gate's bytes then up's). */
+NQ_API int nq_test_frag_repack(const uint32_t* qweight, const uint16_t* scales, const uint32_t* qweight_up,
+                               const uint16_t* scales_up, int32_t N, int32_t K, int32_t group, uint32_t* words,
+                               uint16_t* scales_out);
 /* Decode attention for one query position: q[n_heads*D] f32 (already roped), K/V[(pos+1), n_kv, D] f32
  * (already roped); returns out[n_heads*D]. keys_per_split sets the split size (multiple of 32). */
 NQ_API int nq_test_attention(const float* q, const float* k, const float* v, int32_t n_heads, int32_t n_kv,
