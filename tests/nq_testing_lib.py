@@ -39,6 +39,7 @@ SIGNATURES = {
                                                     _I32, _F32P, _I32, _I32, ctypes.POINTER(_F32P), _F32P, _I32,
                                                     _I32]),
     "nq_test_gemm_swiglu_frag": (ctypes.c_int, [_U32P, _U16P, _U32P, _U16P, _I32, _I32, _I32, _F32P, _I32, _U16P]),
+    "nq_test_fragment_order_available": (ctypes.c_int, []),
     "nq_test_frag_repack": (ctypes.c_int, [_U32P, _U16P, _U32P, _U16P, _I32, _I32, _I32, _U32P, _U16P]),
     "nq_test_attention": (ctypes.c_int, [_F32P, _F32P, _F32P] + [_I32] * 5 + [_F32P]),
     "nq_test_attention_prefill": (ctypes.c_int, [_F32P, _F32P, _F32P] + [_I32] * 6 + [_F32P]),
@@ -71,6 +72,14 @@ def load_testing_library():
         fn.restype = res
         fn.argtypes = args
     return lib
+
+
+def require_fragment_order(lib) -> None:
+    """Skip the calling test where the library does not use the INT4 fragment order (not Hopper, or no sm_90a build):
+    the *_frag entry points run only where the loader repacks."""
+    import pytest
+    if not lib.nq_test_fragment_order_available():
+        pytest.skip("the INT4 fragment order runs on Hopper GPUs with the sm_90a build only")
 
 
 def check(lib, rc: int) -> None:

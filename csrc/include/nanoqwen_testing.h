@@ -62,6 +62,9 @@ NQ_API int nq_test_gemm_int4_multi_frag(int32_t nseg, const uint32_t* const* qwe
 NQ_API int nq_test_gemm_swiglu_frag(const uint32_t* q_gate, const uint16_t* s_gate, const uint32_t* q_up,
                                     const uint16_t* s_up, int32_t N, int32_t K, int32_t group, const float* A,
                                     int32_t M, uint16_t* H);
+/* 1 where the loader repacks INT4 weights into the fragment order (Hopper with the sm_90a build), else 0: the
+ * *_frag entries fail elsewhere. */
+NQ_API int nq_test_fragment_order_available(void);
 /* The repack alone: words (N K / 8 uint32, [N/64][K/16][32][4]) and scales (N K / group f16 bits, [N/64][K/g][8][8])
  * of the fragment order; with qweight_up/scales_up set, of the gate/up pair P (2N rows: gate's bytes then up's). */
 NQ_API int nq_test_frag_repack(const uint32_t* qweight, const uint16_t* scales, const uint32_t* qweight_up,

@@ -395,6 +395,9 @@ int nq_test_gemm_swiglu_frag(const uint32_t* q_gate, const uint16_t* s_gate, con
   return test_gemm_swiglu(q_gate, s_gate, nullptr, q_up, s_up, nullptr, N, K, group, A, M, 0, H, true);
 }
 
+// 1 where the loader repacks INT4 weights into the fragment order (int4_fragment_order_available), else 0
+int nq_test_fragment_order_available(void) { return int4_fragment_order_available() ? 1 : 0; }
+
 // The repack alone: the fragment order's words [N/64][K/16][32][4] (N K / 8 uint32) and scales [N/64][K/g][8][8]
 // (N K / g f16) of a layout-1 weight, or (pair: qweight_up set) of the gate/up pair P (2N rows: gate's bytes, then
 // up's). Compared bit for bit with tests/fragment_order.py.
