@@ -1,5 +1,6 @@
-// gemm_int4_wgmma: the INT4 (layout 1) x f16 prefill GEMM on Hopper wgmma + TMA (sm_90a only; launchers:
-// gemm.cu). Same contract as gemm_int4_mma (gemm_kernels.cuh): C[M, N] (+)= A[M, K] @ W[N, K]^T (+ bias), A f16
+// gemm_int4_wgmma: the INT4 x f16 prefill GEMM on Hopper wgmma + TMA (sm_90a only; launchers below, dispatch:
+// gemm.cu), over layout 1 as the file stores it, layout 2 (ZP builds) or layout 1 in the fragment order (FRAG
+// builds). Same contract as gemm_int4_mma (gemm_kernels.cuh): C[M, N] (+)= A[M, K] @ W[N, K]^T (+ bias), A f16
 // (row stride lda), f32 C (row stride ldc), 1-3 segments sharing A (GemmGroup), any group of the format.
 // Development, variants and measurements: csrc/dev/gemm_int4_wgmma.cu, bench/NOTES.md ("wgmma prefill GEMM").
 //
@@ -44,6 +45,20 @@
 //   register per row and 64-k sub-tile holds both 32-k halves' zeros (group 32: one 16-bit load of the two bytes,
 //   byte q = half q; groups >= 64: one byte, the same group for both halves), so the few-token builds' 4 sub-tiles a
 //   stage stay within the consumer registers.
+// * The fragment order (FRAG builds, launch_int4_wgmma_frag; layout-1 weights repacked at load, int4_frag.cuh): the
+//   words of a 64-row tile and 16-k step are 512 contiguous bytes, lane l's 16 at 16 l, and word w of them is exactly
+//   the register-A fragment of warp w of a warpgroup (int4_frag.cuh). The W box of a 64-k sub-tile is one TMA per
+//   64-row tile: the words viewed as a 2-D tensor of 8-byte elements, N/64 rows (tiles) of K/16 x 64 elements, box
+//   256 x 1 (4 steps = 2,048 B); warpgroup wg's tile lands at wg x 2,048 in the stage, the same kWBytes as the file
+//   order's box. Tiles past N are neither loaded nor counted in the stage's expect_tx (N % 64 == 0: a tile is all in
+//   or all out; its warpgroup computes on stale shared memory, rows never stored). Warp wq at step t reads word wq of
+//   its lane's 16 bytes (one 4-byte LDS: 4-way bank-conflicted, the 4 wavefronts of the file order's LDS.128),
+//   unpacks the exact codes (frag::unpack_word) and scales each pair with one HMUL2: the same f16 weights as dq_pair
+//   ((code - 8) exact, one rounding by the scale), so a FRAG build's output equals the file-order build's bit for
+//   bit. Scales [N/64][K/g][8 g][8 j]: a thread loads one 32-bit word per 32-k half, both of its rows' scales. The
+//   SwiGLU pair (ORDER_FRAG_PAIR) is one matrix P of 2I rows whose tile T holds gate and up rows 32 T .. 32 T + 31 in
+//   the fragment rows gid and gid + 8: block by takes P tiles by WGS .., the first I/64 tiles from gate's tensor map,
+//   the rest from up's, and the paired epilogue's row mapping is the file order's. The register-A rule holds as above.
 // * Tensor maps are encoded on the host per launch (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion:
 //   no -lcuda) and passed as __grid_constant__ parameters, so a captured launch replays with the pointers it had.
 #pragma once

@@ -89,9 +89,11 @@ int gemm(const LinW& W, const __half* A, int lda, int M, float* C, int ldc, cons
 // null), all C[i] with row stride ldc. Segments of different K or dtype fall back to one launch each.
 int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, const __half* A, int lda, int M,
                int ldc, bool add, cudaStream_t st, GemmScratch* ws = nullptr);
-// The MLP's first half: H[M, I] f16 = silu(A @ gate^T) * (A @ up^T), I = gate.N = up.N, H row stride I. On a
-// Hopper GPU from kWgmmaMinM tokens (INT4) one gemm_int4_wgmma launch with the SwiGLU epilogue; otherwise
-// gemm_multi into G and U (f32 [M, I] scratch) and swiglu_rows.
+// The MLP's first half: H[M, I] f16 = silu(A @ gate^T) * (A @ up^T), I = gate.N = up.N, H row stride I. Gate and
+// up in the fragment order's pair (ORDER_FRAG_PAIR): fused at every M (gemm_int4_wgmma's FRAG builds or
+// gemm_int4_frag with the SwiGLU epilogue), G and U unused. File order: on a Hopper GPU from kWgmmaMinM tokens (INT4)
+// one gemm_int4_wgmma launch with the SwiGLU epilogue; otherwise gemm_multi into G and U (f32 [M, I] scratch) and
+// swiglu_rows.
 int gemm_swiglu(const LinW& gate, const LinW& up, const __half* A, int lda, int M, float* G, float* U, __half* H,
                 cudaStream_t st, GemmScratch* ws = nullptr);
 // Y[M, K] f16 = rmsnorm(X[M, K] f32) * w
