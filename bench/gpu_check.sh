@@ -3,7 +3,7 @@
 # and end-to-end benchmarks, compute-sanitizer; full logs under $OUT, a short table last.
 #   device: run(command="bash bench/gpu_check.sh [STEPS]", carry=[".whl", "nanoqwen_rt/lib", "build/lib"])
 #   (nanoqwen_rt/lib: the product library; build/lib: the testing library the kernel tests and benches load)
-# STEPS: comma list of sass,tests,kbench,abench,bench,long,base,ncu,sanitize,hf7b,asym (default: all but abench, long,
+# STEPS: comma list of sass,tests,kbench,frag,abench,bench,long,base,ncu,sanitize,hf7b,asym (default: all but abench, long,
 # base and asym; ncu, long and base need bench; long: the bench at 8K and 32K-token prompts; base: the bench again
 # with an earlier tree carried in .base/, see the step; asym: int4g layout 2 against layout 1, see the step).
 # The kernels that lost are timed by csrc/dev programs: `make -C csrc/dev` then build/dev/<name>.
@@ -52,7 +52,7 @@ if has tests; then
   # NQ_TEST_K narrows the selection (pytest -k), e.g. to re-check one kernel quickly. The files are named: the
   # device image has no `openai`, which tests/test_server.py (CPU, CI) imports at collection.
   timeout 480 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 -rfEs \
-    tests/test_gpu_kernels.py tests/test_gpu_gemm.py tests/test_gpu_e2e.py tests/test_server_gpu.py tests/test_bench.py tests/test_cli.py tests/test_gpu_steer.py tests/test_gpu_batch.py tests/test_batch.py tests/test_gpu_batch_engine.py tests/test_gpu_pool.py \
+    tests/test_gpu_frag_repack.py tests/test_gpu_frag_gemv.py tests/test_gpu_frag_gemm.py tests/test_gpu_frag_prefill.py tests/test_gpu_kernels.py tests/test_gpu_gemm.py tests/test_gpu_e2e.py tests/test_server_gpu.py tests/test_bench.py tests/test_cli.py tests/test_gpu_steer.py tests/test_gpu_batch.py tests/test_batch.py tests/test_gpu_batch_engine.py tests/test_gpu_pool.py \
     -k "not 7b_shaped${NQ_TEST_K:+ and ($NQ_TEST_K)}" \
     > "$LOG/pytest_gpu.log" 2>&1
   rc=$?
@@ -64,6 +64,11 @@ if has kbench; then
   timeout 120 python3 bench/gpu_kernels_bench.py --json "$LOG/gemv_bench.json" > "$LOG/gemv_bench.log" 2>&1
   note "gemv bench rc=$?"; grep -E "^read|^shape|^7B|^32B|^0.5B|^gemm" "$LOG/gemv_bench.log" | tee -a "$summary"
   tail -3 "$LOG/gemv_bench.log" | grep -v "^gemm" | tee -a "$summary"
+  save
+fi
+if has frag; then   # the INT4 fragment order against the file order per 7B layer: decode GEMVs, GEMMs at 1-512 tokens
+  timeout 240 python3 bench/frag_bench.py --json "$LOG/frag_bench.json" > "$LOG/frag_bench.log" 2>&1
+  note "frag bench rc=$?"; grep -E "^gemv|^gemm" "$LOG/frag_bench.log" | tee -a "$summary"
   save
 fi
 if has abench; then

@@ -29,6 +29,18 @@ SIGNATURES = {
                                                _I32, _I32]),
     "nq_test_gemm_swiglu": (ctypes.c_int, [_U32P, _U16P, _U8P, _U32P, _U16P, _U8P, _I32, _I32, _I32, _F32P, _I32,
                                            _I32, _U16P]),
+    # the same over the fragment order (repacked on the device): no zeros arguments (layout 1 only)
+    "nq_test_gemv_int4_frag": (ctypes.c_int, [_U32P, _U16P, _I32, _I32, _I32, _F32P, _F32P, _F32, _F32P]),
+    "nq_test_gemv_int4_mode_frag": (ctypes.c_int, [_U32P, _U16P, _U32P, _U16P, _I32, _I32, _I32, _F32P, _F32P, _F32,
+                                                   _I32, _F32P]),
+    "nq_test_gemv_int4_multi_frag": (ctypes.c_int, [_I32, ctypes.POINTER(_U32P), ctypes.POINTER(_U16P), _I32P, _I32,
+                                                    _I32, _F32P, _F32P, _F32, ctypes.POINTER(_F32P), _F32P]),
+    "nq_test_gemm_int4_multi_frag": (ctypes.c_int, [_I32, ctypes.POINTER(_U32P), ctypes.POINTER(_U16P), _I32P, _I32,
+                                                    _I32, _F32P, _I32, _I32, ctypes.POINTER(_F32P), _F32P, _I32,
+                                                    _I32]),
+    "nq_test_gemm_swiglu_frag": (ctypes.c_int, [_U32P, _U16P, _U32P, _U16P, _I32, _I32, _I32, _F32P, _I32, _U16P]),
+    "nq_test_fragment_order_available": (ctypes.c_int, []),
+    "nq_test_frag_repack": (ctypes.c_int, [_U32P, _U16P, _U32P, _U16P, _I32, _I32, _I32, _U32P, _U16P]),
     "nq_test_attention": (ctypes.c_int, [_F32P, _F32P, _F32P] + [_I32] * 5 + [_F32P]),
     "nq_test_attention_prefill": (ctypes.c_int, [_F32P, _F32P, _F32P] + [_I32] * 6 + [_F32P]),
     "nq_test_sample": (ctypes.c_int, [_F32P, _I32, ctypes.POINTER(NqSampling), ctypes.c_uint64, _I32P]),
@@ -36,9 +48,12 @@ SIGNATURES = {
     "nq_bench_gemv_int4": (ctypes.c_int, [_I32] * 4 + [_F32P]),
     "nq_bench_gemv_int4_mode": (ctypes.c_int, [_I32] * 5 + [_F32P]),
     "nq_bench_gemv_int4_layout": (ctypes.c_int, [_I32] * 6 + [_F32P]),
+    "nq_bench_gemv_int4_frag": (ctypes.c_int, [_I32] * 5 + [_F32P]),   # microseconds (nq_bench_gemv_int4_mode: ms)
     "nq_bench_gemm_int4": (ctypes.c_int, [_I32] * 5 + [_F32P]),
     "nq_bench_gemm_int4_multi": (ctypes.c_int, [_I32] * 6 + [_F32P]),
     "nq_bench_gemm_int4_layout": (ctypes.c_int, [_I32] * 7 + [_F32P]),
+    "nq_bench_gemm_int4_frag": (ctypes.c_int, [_I32] * 5 + [_F32P]),
+    "nq_bench_gemm_int4_frag_layer": (ctypes.c_int, [_I32] * 3 + [_F32P, _F32P]),
     "nq_bench_mma_peak": (ctypes.c_int, [_I32, _I32, _F32P]),
     "nq_bench_attention": (ctypes.c_int, [_I32] * 8 + [_F32P]),
     "nq_bench_attention_batch": (ctypes.c_int, [_I32] * 8 + [_F32P]),
@@ -60,6 +75,14 @@ def load_testing_library():
         fn.restype = res
         fn.argtypes = args
     return lib
+
+
+def require_fragment_order(lib) -> None:
+    """Skip the calling test where the library does not use the INT4 fragment order (not Hopper, or no sm_90a build):
+    the *_frag entry points run only where the loader repacks."""
+    import pytest
+    if not lib.nq_test_fragment_order_available():
+        pytest.skip("the INT4 fragment order runs on Hopper GPUs with the sm_90a build only")
 
 
 def check(lib, rc: int) -> None:

@@ -43,6 +43,33 @@ NQ_API int nq_test_gemm_int4_multi(int32_t nseg, const uint32_t* const* qweights
 NQ_API int nq_test_gemm_swiglu(const uint32_t* q_gate, const uint16_t* s_gate, const uint8_t* z_gate,
                                const uint32_t* q_up, const uint16_t* s_up, const uint8_t* z_up, int32_t N, int32_t K,
                                int32_t group, const float* A, int32_t M, int32_t unfused, uint16_t* H);
+/* The same kernels over weights in the INT4 fragment order (csrc/src/int4_frag.cuh): each entry takes the
+ * file-order (layout 1) weights like its twin above, repacks them on the device as the loader does on Hopper (a
+ * SWIGLU GEMV's and gemm_swiglu's gate and up as the interleaved pair), then runs the product's dispatch. The
+ * multi GEMV: nseg (1..3) segments sharing x in one STORE launch, f32 x with optional RMSNorm, optional f32 bias
+ * per segment; y = the segments' outputs concatenated. */
+NQ_API int nq_test_gemv_int4_frag(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K,
+                                  int32_t group, const float* x, const float* norm_w, float eps, float* y);
+NQ_API int nq_test_gemv_int4_mode_frag(const uint32_t* qweight, const uint16_t* scales, const uint32_t* qweight_up,
+                                       const uint16_t* scales_up, int32_t N, int32_t K, int32_t group, const float* x,
+                                       const float* norm_w, float eps, int32_t mode, float* y);
+NQ_API int nq_test_gemv_int4_multi_frag(int32_t nseg, const uint32_t* const* qweights, const uint16_t* const* scales,
+                                        const int32_t* Ns, int32_t K, int32_t group, const float* x,
+                                        const float* norm_w, float eps, const float* const* bias, float* y);
+NQ_API int nq_test_gemm_int4_multi_frag(int32_t nseg, const uint32_t* const* qweights, const uint16_t* const* scales,
+                                        const int32_t* Ns, int32_t K, int32_t group, const float* A, int32_t M,
+                                        int32_t lda, const float* const* bias, float* C, int32_t ldc, int32_t add);
+NQ_API int nq_test_gemm_swiglu_frag(const uint32_t* q_gate, const uint16_t* s_gate, const uint32_t* q_up,
+                                    const uint16_t* s_up, int32_t N, int32_t K, int32_t group, const float* A,
+                                    int32_t M, uint16_t* H);
+/* 1 where the loader repacks INT4 weights into the fragment order (Hopper with the sm_90a build), else 0: the
+ * *_frag entries fail elsewhere. */
+NQ_API int nq_test_fragment_order_available(void);
+/* The repack alone: words (N K / 8 uint32, [N/64][K/16][32][4]) and scales (N K / group f16 bits, [N/64][K/g][8][8])
+ * of the fragment order; with qweight_up/scales_up set, of the gate/up pair P (2N rows: gate's bytes then up's). */
+NQ_API int nq_test_frag_repack(const uint32_t* qweight, const uint16_t* scales, const uint32_t* qweight_up,
+                               const uint16_t* scales_up, int32_t N, int32_t K, int32_t group, uint32_t* words,
+                               uint16_t* scales_out);
 /* Decode attention for one query position: q[n_heads*D] f32 (already roped), K/V[(pos+1), n_kv, D] f32
  * (already roped); returns out[n_heads*D]. keys_per_split sets the split size (multiple of 32). */
 NQ_API int nq_test_attention(const float* q, const float* k, const float* v, int32_t n_heads, int32_t n_kv,
@@ -69,6 +96,11 @@ NQ_API int nq_bench_gemv_int4_mode(int32_t N, int32_t K, int32_t group, int32_t 
 /* nq_bench_gemv_int4_mode for int4g layout 1 or 2 (layout 2: random zero points after the scales, as in a file). */
 NQ_API int nq_bench_gemv_int4_layout(int32_t N, int32_t K, int32_t group, int32_t mode, int32_t layout,
                                      int32_t iters, float* ms);
+/* nq_bench_gemv_int4_mode (layout 1: the same random weights, x, modes and timing) with every weight copy repacked
+ * into the INT4 fragment order on the device (SWIGLU: gate and up as the pair), as the loader does on Hopper, so the
+ * product's gemv() runs its fragment-order kernel. MICROseconds per launch into *us. NQ_E_UNSUPPORTED where the
+ * order is not available (not Hopper, or a library without sm_90a code) or has no such shape (N % 64, K % 128). */
+NQ_API int nq_bench_gemv_int4_frag(int32_t N, int32_t K, int32_t group, int32_t mode, int32_t iters, float* us);
 /* ms per launch of the prefill GEMM (M tokens, int4 weights N x K) on random data. */
 NQ_API int nq_bench_gemm_int4(int32_t M, int32_t N, int32_t K, int32_t group, int32_t iters, float* ms);
 /* us per launch of the prefill GEMM with nseg copies of an N x K int4 weight in one launch (like gate/up); the
@@ -78,6 +110,16 @@ NQ_API int nq_bench_gemm_int4_multi(int32_t M, int32_t N, int32_t K, int32_t gro
 /* nq_bench_gemm_int4_multi for int4g layout 1 or 2. */
 NQ_API int nq_bench_gemm_int4_layout(int32_t M, int32_t N, int32_t K, int32_t group, int32_t nseg, int32_t layout,
                                      int32_t iters, float* us);
+/* us per gemm_multi launch over one N x K int4 weight (layout 1) repacked into the fragment order on the device (the
+ * loader's repack; Hopper with the sm_90a build only: NQ_E_UNSUPPORTED elsewhere), M tokens: below 128 the
+ * fragment-order few-token GEMM (gemm_frag.cuh), more in 64-token pieces. Inputs and timing as
+ * nq_bench_gemm_int4_multi with nseg 1 (the same random weights, A and rotation), so the two compare in one process. */
+NQ_API int nq_bench_gemm_int4_frag(int32_t N, int32_t K, int32_t group, int32_t M, int32_t iters, float* us);
+/* One Qwen2.5-7B layer's GEMMs at M tokens, group `group`, in both INT4 orders on the same random weights: q/k/v (3
+ * segments), o (+ residual), gate/up (gemm_swiglu: the fragment order's pair with its SwiGLU epilogue; the file order's
+ * path, unfused below 128 tokens) and down (+ residual), each timed over > 256 MB of rotated copies; the sums in us into
+ * *us_frag and *us_file. Hopper with the sm_90a build only. */
+NQ_API int nq_bench_gemm_int4_frag_layer(int32_t M, int32_t group, int32_t iters, float* us_frag, float* us_file);
 /* The ceiling of mma.sync m16n8k16 (f16 x f16 -> f32): TFLOP/s over blocks x 8 warps x iters x 8 HMMA chains. */
 NQ_API int nq_bench_mma_peak(int32_t blocks, int32_t iters, float* tflops);
 /* The attention kernel alone: M = 1 is the decode step's attention (writes the new row) at position n_pos-1, M > 1

@@ -1,10 +1,20 @@
-// Prefill GEMM entry points (kernels: gemm_kernels.cuh, gemm_wgmma.cuh). INT4 weights run gemm_int4_wgmma (wgmma +
-// TMA) on a Hopper GPU from kWgmmaMinM tokens on, with the block shape chosen per call (choose_wgmma); otherwise
-// gemm_int4_mma with 3 cp.async stages at 2 blocks/SM and serial split-K where the grid leaves SMs idle; f16/bf16
-// weights run the wmma kernel. INT4 layout 2 (zero points set) runs the ZP builds of the same kernels, chosen the
-// same way.
+// Prefill GEMM entry points (kernels: gemm_kernels.cuh, gemm_wgmma.cuh, gemm_frag.cuh). The dispatch, by the INT4
+// weights' device order (LinW.order, kernels.h):
+// * File order (ORDER_FILE), as today: gemm_int4_wgmma (wgmma + TMA) on a Hopper GPU, the prefill builds from
+//   kWgmmaMinM tokens on where their grid (choose_wgmma) has at least half as many blocks as the GPU has SMs, the
+//   few-token builds below kWgmmaMinM tokens; otherwise gemm_int4_mma with 3 cp.async stages at 2 blocks/SM and
+//   serial split-K where the grid leaves SMs idle. INT4 layout 2 (zero points set) runs the ZP builds of the same
+//   kernels, chosen the same way. f16/bf16 weights run the wmma kernel.
+// * Fragment order (Hopper with the sm_90a build: the loader repacks layout-1 INT4 weights, int4_frag.cuh): gemm_multi
+//   with every segment ORDER_FRAG, and gemm_swiglu over the gate/up pair (both ORDER_FRAG_PAIR), run the FRAG
+//   builds of gemm_int4_wgmma (launch_int4_wgmma_frag, SwiGLU epilogue for the pair) from kWgmmaMinM tokens on
+//   under the same grid rule and build choice; otherwise gemm_int4_frag (gemm_frag.cuh: mma.sync, split-K over a
+//   thread-block cluster), 1-64 tokens a launch, more in 64-token pieces, the pair with its SwiGLU epilogue (G and U
+//   unused). A mix of orders in one gemm_multi call, or the pair given to gemm_multi, fails (NQ_E_UNSUPPORTED): no
+//   kernel reads both. gemm_swiglu over gate and up each ORDER_FRAG (not the pair) takes the unfused path.
 #include "gemm_kernels.cuh"
 #include "gemm_wgmma.cuh"
+#include "gemm_frag.cuh"
 #include "format_contract.h"
 
 namespace nq {
@@ -113,7 +123,81 @@ int gemm_int4_launch(GemmGroup& g, const LinW* W, int n, const __half* A, int ld
   return launch_int4_mma<kMmaStages, kMmaBlocksPerSm, ZP>(g, count_tiles(MM_BN), A, lda, M, ldc, add,
                                                           /*allow_split=*/true, st);
 }
+
+// What every fragment-order launch needs: the GPU and build that read the order (the loader repacks only there),
+// layout-1 INT4 weights of a shape the order covers, A and the weights 16-byte aligned (TMA, 16-byte loads). *sms: the
+// GPU's SM count.
+int frag_check(const LinW* W, int n, const __half* A, int lda, int* sms) {
+  if (!wgmma_available(sms))
+    return fail(NQ_E_UNSUPPORTED, "gemm: INT4 weights in the fragment order need a Hopper GPU and the sm_90a build");
+  if (lda % 8 != 0 || reinterpret_cast<uintptr_t>(A) % 16 != 0)
+    return fail(NQ_E_UNSUPPORTED, "gemm: the fragment-order GEMM needs A 16-byte aligned and lda %% 8 == 0 (lda=%d)",
+                lda);
+  for (int i = 0; i < n; i++)
+    if (W[i].type != WT_INT4 || W[i].zeros || !frag::shape_ok(W[i].N, W[i].K, W[i].group) ||
+        !contract::int4_group_ok(W[i].group, W[i].K) || reinterpret_cast<uintptr_t>(W[i].w) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(W[i].scales) % 16 != 0)
+      return fail(NQ_E_UNSUPPORTED, "gemm: weight %d (%d x %d, group %d) cannot be read in the fragment order", i,
+                  W[i].N, W[i].K, W[i].group);
+  return NQ_OK;
+}
+
+// The fragment-order launch of gemm_multi (every segment ORDER_FRAG, one K and group; count_tiles as in
+// gemm_int4_launch): the FRAG prefill build that choose_wgmma picks, from kWgmmaMinM tokens on where its grid has at
+// least half as many blocks as the GPU has SMs (the file order's rule); otherwise gemm_int4_frag.
+template <class CountTiles>
+int gemm_frag_launch(GemmGroup& g, const LinW* W, int n, const __half* A, int lda, int M, int ldc, bool add,
+                     cudaStream_t st, CountTiles count_tiles) {
+  int sms = 0;
+  NQ_TRY(frag_check(W, n, A, lda, &sms));
+  long long blocks = 0;
+  const int c = M >= kWgmmaMinM ? choose_wgmma(W, n, M, sms, &blocks) : -1;
+  if (c >= 0 && 2 * blocks >= sms) {
+    const int wt = count_tiles(64 * kWgShapes[c].wgs);
+    if (c == 0) return launch_int4_wgmma_frag<256, 2, 4>(g, wt, A, lda, M, ldc, add, st);
+    if (c == 1) return launch_int4_wgmma_frag<128, 2, 5>(g, wt, A, lda, M, ldc, add, st);
+    return launch_int4_wgmma_frag<128, 3, 5>(g, wt, A, lda, M, ldc, add, st);
+  }
+  return launch_int4_frag(g, count_tiles(kFragRB), A, lda, M, ldc, add, st);
+}
+
+// gemm_swiglu over the gate/up pair (both ORDER_FRAG_PAIR): the FRAG prefill build with the SwiGLU epilogue under
+// gemm_multi's rule, otherwise gemm_int4_frag with its SwiGLU epilogue. H [M][I], row stride I.
+int gemm_swiglu_frag(const LinW& gate, const LinW& up, const __half* A, int lda, int M, __half* H, cudaStream_t st) {
+  const int I = gate.N;
+  if (gate.order != ORDER_FRAG_PAIR || up.order != ORDER_FRAG_PAIR)
+    return fail(NQ_E_UNSUPPORTED, "gemm_swiglu: gate and up in different device orders (%d, %d)", gate.order,
+                up.order);
+  if (M <= 0 || up.N != I || up.K != gate.K || up.group != gate.group)
+    return fail(NQ_E_UNSUPPORTED, "gemm_swiglu: the gate/up pair needs one shape and group (gate %d x %d g%d, up %d x "
+                "%d g%d), M > 0 (M=%d)", I, gate.K, gate.group, up.N, up.K, up.group, M);
+  const LinW W[2] = {gate, up};
+  int sms = 0;
+  NQ_TRY(frag_check(W, 2, A, lda, &sms));
+  GemmGroup g;
+  g.n = 2;
+  for (int i = 0; i < 2; i++) g.s[i].W = W[i], g.s[i].C = nullptr, g.s[i].bias = nullptr;
+  g.swiglu_out = H;
+  g.swiglu_ld = I;
+  long long blocks = 0;
+  const int c = M >= kWgmmaMinM ? choose_wgmma(W, 2, M, sms, &blocks) : -1;
+  if (c >= 0 && 2 * blocks >= sms) {   // blocks of 32 WGS outputs: WGS tiles of the pair
+    const int half = 32 * kWgShapes[c].wgs, tiles = (I + half - 1) / half;
+    if (c == 0) return launch_int4_wgmma_frag<256, 2, 4>(g, tiles, A, lda, M, 0, false, st);
+    if (c == 1) return launch_int4_wgmma_frag<128, 2, 5>(g, tiles, A, lda, M, 0, false, st);
+    return launch_int4_wgmma_frag<128, 3, 5>(g, tiles, A, lda, M, 0, false, st);
+  }
+  // 4 tiles of the pair (I / 32 of them, 32 outputs each) a block
+  return launch_int4_frag(g, (I / 32 + kFragWarps - 1) / kFragWarps, A, lda, M, 0, false, st);
+}
 }  // namespace
+
+// Every INT4 consumer reads the fragment order where gemm_int4_wgmma runs: the GEMV and the few-token GEMM need
+// thread-block clusters (sm_90), the prefill GEMM wgmma (sm_90a).
+bool int4_fragment_order_available() {
+  int sms = 0;
+  return wgmma_available(&sms);
+}
 
 void gemm_scratch_free(GemmScratch* ws) {
   if (ws->p) cudaFree(ws->p);
@@ -131,9 +215,18 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
       return fail(NQ_E_UNSUPPORTED, "gemm: int4 group %d is not an allowed group size dividing K=%d", W[i].group,
                   W[i].K);
   }
-  bool same = true;   // K, dtype and INT4 layout (zero points or none)
+  int nfrag = 0;   // segments in the fragment order (ORDER_FRAG); the gate/up pair is gemm_swiglu's alone
+  for (int i = 0; i < n; i++) {
+    if (W[i].order == ORDER_FRAG_PAIR)
+      return fail(NQ_E_UNSUPPORTED, "gemm: segment %d is half of a gate/up pair (ORDER_FRAG_PAIR): gemm_swiglu's", i);
+    nfrag += W[i].order == ORDER_FRAG;
+  }
+  if (nfrag != 0 && nfrag != n)
+    return fail(NQ_E_UNSUPPORTED, "gemm: %d of %d segments in the fragment order, the rest in the file's", nfrag, n);
+  bool same = true;   // K, dtype and INT4 layout (zero points or none); the fragment order: one group too
   for (int i = 1; i < n; i++)
-    same = same && W[i].K == W[0].K && W[i].type == W[0].type && (W[i].zeros != nullptr) == (W[0].zeros != nullptr);
+    same = same && W[i].K == W[0].K && W[i].type == W[0].type && (W[i].zeros != nullptr) == (W[0].zeros != nullptr) &&
+           (nfrag == 0 || W[i].group == W[0].group);
   if (!same) {  // segments of different K, dtype or layout: one launch each
     for (int i = 0; i < n; i++) NQ_TRY(gemm_multi(W + i, C + i, bias + i, 1, A, lda, M, ldc, add, st, ws));
     return NQ_OK;
@@ -157,6 +250,7 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
     }
     return total;
   };
+  if (nfrag) return gemm_frag_launch(g, W, n, A, lda, M, ldc, add, st, count_tiles);
   if (W[0].type == WT_INT4)
     return W[0].zeros ? gemm_int4_launch<true>(g, W, n, A, lda, M, ldc, add, st, ws, count_tiles)
                       : gemm_int4_launch<false>(g, W, n, A, lda, M, ldc, add, st, ws, count_tiles);
@@ -168,12 +262,16 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
 
 int gemm_swiglu(const LinW& gate, const LinW& up, const __half* A, int lda, int M, float* G, float* U, __half* H,
                 cudaStream_t st, GemmScratch* ws) {
+  if (gate.order == ORDER_FRAG_PAIR || up.order == ORDER_FRAG_PAIR)   // the pair: G and U unused
+    return gemm_swiglu_frag(gate, up, A, lda, M, H, st);
   const int I = gate.N;
   const LinW W[2] = {gate, up};
   int sms = 0;
   long long blocks = 0;
-  const bool fused_ok = gate.type == WT_INT4 && up.type == WT_INT4 && up.N == I && up.K == gate.K &&
-                        up.group == gate.group && M >= kWgmmaMinM && gate.K % BK == 0 && lda % 8 == 0 &&
+  // (the file order only: ORDER_FRAG gate and up take the unfused path, gemm_multi reading the fragment order)
+  const bool fused_ok = gate.order == ORDER_FILE && up.order == ORDER_FILE && gate.type == WT_INT4 &&
+                        up.type == WT_INT4 && up.N == I && up.K == gate.K && up.group == gate.group &&
+                        M >= kWgmmaMinM && gate.K % BK == 0 && lda % 8 == 0 &&
                         contract::int4_group_ok(gate.group, gate.K) && reinterpret_cast<uintptr_t>(A) % 16 == 0 &&
                         reinterpret_cast<uintptr_t>(gate.w) % 16 == 0 && reinterpret_cast<uintptr_t>(up.w) % 16 == 0 &&
                         (gate.zeros != nullptr) == (up.zeros != nullptr) && wgmma_available(&sms);

@@ -1,5 +1,6 @@
-// gemm_int4_wgmma: the INT4 (layout 1) x f16 prefill GEMM on Hopper wgmma + TMA (sm_90a only; launchers:
-// gemm.cu). Same contract as gemm_int4_mma (gemm_kernels.cuh): C[M, N] (+)= A[M, K] @ W[N, K]^T (+ bias), A f16
+// gemm_int4_wgmma: the INT4 x f16 prefill GEMM on Hopper wgmma + TMA (sm_90a only; launchers below, dispatch:
+// gemm.cu), over layout 1 as the file stores it, layout 2 (ZP builds) or layout 1 in the fragment order (FRAG
+// builds). Same contract as gemm_int4_mma (gemm_kernels.cuh): C[M, N] (+)= A[M, K] @ W[N, K]^T (+ bias), A f16
 // (row stride lda), f32 C (row stride ldc), 1-3 segments sharing A (GemmGroup), any group of the format.
 // Development, variants and measurements: csrc/dev/gemm_int4_wgmma.cu, bench/NOTES.md ("wgmma prefill GEMM").
 //
@@ -44,6 +45,20 @@
 //   register per row and 64-k sub-tile holds both 32-k halves' zeros (group 32: one 16-bit load of the two bytes,
 //   byte q = half q; groups >= 64: one byte, the same group for both halves), so the few-token builds' 4 sub-tiles a
 //   stage stay within the consumer registers.
+// * The fragment order (FRAG builds, launch_int4_wgmma_frag; layout-1 weights repacked at load, int4_frag.cuh): the
+//   words of a 64-row tile and 16-k step are 512 contiguous bytes, lane l's 16 at 16 l, and word w of them is exactly
+//   the register-A fragment of warp w of a warpgroup (int4_frag.cuh). The W box of a 64-k sub-tile is one TMA per
+//   64-row tile: the words viewed as a 2-D tensor of 8-byte elements, N/64 rows (tiles) of K/16 x 64 elements, box
+//   256 x 1 (4 steps = 2,048 B); warpgroup wg's tile lands at wg x 2,048 in the stage, the same kWBytes as the file
+//   order's box. Tiles past N are neither loaded nor counted in the stage's expect_tx (N % 64 == 0: a tile is all in
+//   or all out; its warpgroup computes on stale shared memory, rows never stored). Warp wq at step t reads word wq of
+//   its lane's 16 bytes (one 4-byte LDS: 4-way bank-conflicted, the 4 wavefronts of the file order's LDS.128),
+//   unpacks the exact codes (frag::unpack_word) and scales each pair with one HMUL2: the same f16 weights as dq_pair
+//   ((code - 8) exact, one rounding by the scale), so a FRAG build's output equals the file-order build's bit for
+//   bit. Scales [N/64][K/g][8 g][8 j]: a thread loads one 32-bit word per 32-k half, both of its rows' scales. The
+//   SwiGLU pair (ORDER_FRAG_PAIR) is one matrix P of 2I rows whose tile T holds gate and up rows 32 T .. 32 T + 31 in
+//   the fragment rows gid and gid + 8: block by takes P tiles by WGS .., the first I/64 tiles from gate's tensor map,
+//   the rest from up's, and the paired epilogue's row mapping is the file order's. The register-A rule holds as above.
 // * Tensor maps are encoded on the host per launch (cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion:
 //   no -lcuda) and passed as __grid_constant__ parameters, so a captured launch replays with the pointers it had.
 #pragma once
@@ -51,6 +66,7 @@
 #include <cudaTypedefs.h>
 #include <algorithm>
 #include "gemm_kernels.cuh"
+#include "int4_frag.cuh"
 #include "wgmma_rs.cuh"
 
 // sm_90a device code only (wgmma, setmaxnreg, TMA); the sm_80 build compiles the kernels empty and the host never
@@ -66,13 +82,18 @@ namespace {
 
 constexpr int WG_KB = 64;  // k per stage: one 128-byte (swizzle-atom) row of f16 per token
 
-template <int TN, int WGS, int STAGES, int KSUB, bool ZP = false>
+template <int TN, int WGS, int STAGES, int KSUB, bool ZP = false, bool FRAG = false>
 struct WgCfg {
   static constexpr int kConsumers = 128 * WGS;
   static constexpr int kThreads = kConsumers + 128;  // + the producer warpgroup
   static constexpr int kRows = 64 * WGS;             // W rows per block
   static constexpr int kActBytes = TN * WG_KB * 2;   // a 64-k sub-tile of the activations: TN token rows x 128 B
   static constexpr int kWBytes = kRows * WG_KB / 2;  // a 64-k sub-tile of raw int4 words: 32 B per W row
+  // FRAG: the same bytes as WGS fragment-order tiles of 64 rows x 64 k (4 steps of 512 B), tile i at i * kFragTileBytes
+  static constexpr int kFragTileBytes = (WG_KB / frag::kStepK) * frag::kTileStepBytes;  // 2,048
+  static_assert(!FRAG || kWBytes == WGS * kFragTileBytes, "a FRAG sub-tile is WGS fragment tiles");
+  static_assert(!(ZP && FRAG), "the fragment order takes layout 1 only");
+  static_assert(!FRAG || (TN >= 128 && KSUB == 1), "FRAG: the prefill builds only (no split-K, one sub-tile a stage)");
   static constexpr int kSubBytes = kActBytes + kWBytes;
   static constexpr int kStageBytes = KSUB * kSubBytes;  // a stage: KSUB sub-tiles, each [activations][W words]
   static constexpr int kSmem = STAGES * kStageBytes + 2 * STAGES * 8 + 1024;  // + mbarriers + 1024-B alignment slack
@@ -132,13 +153,14 @@ __device__ __forceinline__ void wg_reg_fence(float& r) { asm volatile("" : "+f"(
 #endif
 
 // ZP: INT4 layout 2 (every segment has zero points; gemm_multi launches per segment where layouts differ).
-template <int TN, int WGS, int STAGES, int KSUB, bool ZP = false>
+// FRAG: the fragment order (every segment ORDER_FRAG, or the SwiGLU pair ORDER_FRAG_PAIR; the prefill builds only).
+template <int TN, int WGS, int STAGES, int KSUB, bool ZP = false, bool FRAG = false>
 __global__ void __launch_bounds__(128 * WGS + 128, 1)
     gemm_int4_wgmma(const GemmGroup g, const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmW0,
                     const __grid_constant__ CUtensorMap tmW1, const __grid_constant__ CUtensorMap tmW2, int M, int ldc,
                     int add, int* sem, float* part) {
 #if NQ_WGMMA_DEVICE
-  using C_ = WgCfg<TN, WGS, STAGES, KSUB, ZP>;
+  using C_ = WgCfg<TN, WGS, STAGES, KSUB, ZP, FRAG>;
   extern __shared__ __align__(128) unsigned char wsm_raw[];
   const uint32_t raw_u32 = smem_u32(wsm_raw);
   const uint32_t sbase = (raw_u32 + 1023u) & ~1023u;
@@ -155,6 +177,14 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   const int n0 = swiglu ? by * (C_::kRows / 2) : (by - (seg == 2 ? g.tiles0 + g.tiles1 : seg == 1 ? g.tiles0 : 0)) * C_::kRows;
   const int m0 = blockIdx.x * TN;
   const int tid = threadIdx.x;
+  // FRAG: the block's 64-row fragment tiles ftile0 .. ftile0 + WGS - 1 (consumer warpgroup wg: tile ftile0 + wg), those
+  // below fend real (N % 64 == 0: a tile is all in or all out). Segments: tiles n0/64 .. of the segment's weight (map
+  // tmW). SwiGLU: tiles by WGS .. of the pair P (I/32 tiles), below fhalf = I/64 in gate's bytes (map tmW0, tile T),
+  // the rest in up's (map tmW1, tile T - I/64); P tile T's rows 16 wq + gid and 16 wq + 8 + gid are gate and up row
+  // 32 T + 8 wq + gid, which is n0 + a below (the paired epilogue as in the file order).
+  const int ftile0 = swiglu ? by * WGS : n0 / 64;
+  const int fend = swiglu ? 2 * (W.N / 64) : W.N / 64;
+  const int fhalf = swiglu ? W.N / 64 : 0x7fffffff;
   // split-K (gridDim.z splits; sem != null): split z owns the 64-k sub-tiles [kt0, kt0 + KT), in NS stages of KSUB
   // (the last one possibly shorter)
   // The prefill builds (TN >= 128) never split (gemm.cu), so their k range is constant-folded to the whole of K: the
@@ -181,15 +211,28 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmA)) : "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmW)) : "memory");
       if (swiglu) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmW1)) : "memory");
+      // FRAG: one box per real tile (the tiles past fend are not loaded and not counted; their consumers' rows are
+      // never stored)
+      const int nft = FRAG ? min(WGS, fend - ftile0) : WGS;
+      const uint32_t sub_bytes = FRAG ? C_::kActBytes + nft * C_::kFragTileBytes : C_::kSubBytes;
       for (int ks = 0; ks < NS; ks++) {
         const int s = ks % STAGES, nsub = KSUB == 1 ? 1 : min(KSUB, KT - ks * KSUB);
         if (ks >= STAGES) wg_mbar_wait(empty0 + 8 * s, ((ks / STAGES) - 1) & 1);
         const uint32_t buf = sbase + s * C_::kStageBytes, full = full0 + 8 * s;
-        wg_mbar_expect_tx(full, nsub * C_::kSubBytes);
+        wg_mbar_expect_tx(full, nsub * sub_bytes);
         for (int q = 0; q < nsub; q++) {
           const int kt = kt0 + ks * KSUB + q;
           wg_tma_load_2d(buf + q * C_::kSubBytes, &tmA, kt * WG_KB, m0, full);
-          if (swiglu) {  // kRows/2 rows of gate, then the same rows of up
+          if constexpr (FRAG) {  // tile i: 2,048 B = 256 8-byte elements from element 256 kt of its row (tile)
+#pragma unroll
+            for (int i = 0; i < WGS; i++)
+              if (i < nft) {
+                const int T = ftile0 + i;
+                const bool up = T >= fhalf;
+                wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes + i * C_::kFragTileBytes, up ? &tmW1 : tmW,
+                               kt * (C_::kFragTileBytes / 8), up ? T - fhalf : T, full);
+              }
+          } else if (swiglu) {  // kRows/2 rows of gate, then the same rows of up
             wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, &tmW0, kt * WG_KB / 2, n0, full);
             wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes + C_::kWBytes / 2, &tmW1, kt * WG_KB / 2, n0, full);
           } else {
@@ -221,14 +264,29 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   // ZP: the zero points of the same rows, indexed as the scales
   const uint8_t* zrow0 = ZP ? W.zeros + (size_t)(wr0 < W.N ? wr0 : 0) * groups : nullptr;
   const uint8_t* zrow1 = ZP ? W1.zeros + (size_t)(wr1 < W.N ? wr1 : 0) * groups : nullptr;
+  // FRAG: this warpgroup's tile ft (tile 0 of the same weight where ft is past fend) and the scale word of the thread's
+  // two rows 16 wq + gid (low half) and 16 wq + 8 + gid (high half): word wq of the uint4 (nb * groups + gi) * 8 + gid,
+  // i.e. uint32 ((nb * groups + gi) * 8 + gid) * 4 + wq (int4_frag.cuh, frag::word_scales)
+  const int ft = ftile0 + wg;
+  const bool fup = ft >= fhalf;
+  const uint32_t* const fsc =
+      FRAG ? reinterpret_cast<const uint32_t*>(fup ? g.s[1].W.scales : W.scales) +
+                 ((size_t)(ft < fend ? (fup ? ft - fhalf : ft) : 0) * groups * 8 + gid) * 4 + wq
+           : nullptr;
   // The scales' raw bits [row r0 / r0+8][32-k half], loaded a stage ahead and paired (s, s) only where the next
   // stage dequantises: pairing them here made the thread wait for the loads before it issued this stage's wgmmas
   // (SASS: the PRMTs right after the LDGs, ahead of WARPGROUP.ARRIVE), a global-memory latency in every stage.
+  // FRAG: s[0][q] = the scale word of both rows (fsc above) for 32-k half q
   auto load_scales = [&](int k0, uint32_t (&s)[2][2]) {
+    if constexpr (FRAG) {
 #pragma unroll
-    for (int q = 0; q < 2; q++) {
-      s[0][q] = __half_as_ushort(__ldg(srow0 + ((k0 + 32 * q) >> gshift)));
-      s[1][q] = __half_as_ushort(__ldg(srow1 + ((k0 + 32 * q) >> gshift)));
+      for (int q = 0; q < 2; q++) s[0][q] = __ldg(fsc + (((k0 + 32 * q) >> gshift) << 5));
+    } else {
+#pragma unroll
+      for (int q = 0; q < 2; q++) {
+        s[0][q] = __half_as_ushort(__ldg(srow0 + ((k0 + 32 * q) >> gshift)));
+        s[1][q] = __half_as_ushort(__ldg(srow1 + ((k0 + 32 * q) >> gshift)));
+      }
     }
   };
   // ZP: the zero bytes of rows r0 and r0 + 8 for the sub-tile at k0 (a multiple of 64), one register per row (file
@@ -267,6 +325,26 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
 #pragma unroll
     for (int q = 0; q < KSUB; q++) {
       if (q >= nsub) break;
+      if constexpr (FRAG) {
+        // step t: word wq of the lane's 16 bytes of tile wg is this warp's A fragment (int4_frag.cuh): one 4-byte LDS
+        // (4-way bank-conflicted: the 4 wavefronts of the file order's LDS.128), exact codes, one HMUL2 per pair with
+        // the row's scale, as dq_pair rounds: {a01, a23, a45, a67} = {p0 s_lo, p2 s_hi, p1 s_lo, p3 s_hi}
+        const unsigned char* fp = wsm + s * C_::kStageBytes + q * C_::kSubBytes + C_::kActBytes +
+                                  wg * C_::kFragTileBytes + lane * 16 + 4 * wq;
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+          const uint32_t word = *reinterpret_cast<const uint32_t*>(fp + t * frag::kTileStepBytes);
+          __half2 p[4];
+          frag::unpack_word(word, p);
+          const uint32_t sw = sc[q][0][t >> 1];
+          const __half2 s_lo = u32_as_h2(__byte_perm(sw, 0, 0x1010)), s_hi = u32_as_h2(__byte_perm(sw, 0, 0x3232));
+          fa[q][t][0] = h2_as_u32(__hmul2(p[0], s_lo));
+          fa[q][t][1] = h2_as_u32(__hmul2(p[2], s_hi));
+          fa[q][t][2] = h2_as_u32(__hmul2(p[1], s_lo));
+          fa[q][t][3] = h2_as_u32(__hmul2(p[3], s_hi));
+        }
+        continue;
+      }
       // dequantise the two fragment rows (shared-memory rows sr0, sr1) of sub-tile q into the A fragments of its 4
       // 16-k steps
       const unsigned char* wp = wsm + s * C_::kStageBytes + q * C_::kSubBytes + C_::kActBytes;
@@ -483,6 +561,60 @@ int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, i
   kern<<<grid, C_::kThreads, C_::kSmem, st>>>(g, tmA, tmW[0], tmW[1], tmW[2], M, ldc, add ? 1 : 0, sem, part);
   NQ_LAUNCH_CHECK("gemm_int4_wgmma");
   if (own && sem) NQ_CUDA(cudaFreeAsync(sem, st));
+  return NQ_OK;
+}
+
+// launch_int4_wgmma_frag<TN, WGS, STAGES>: the fragment-order build (INT4 layout 1 repacked at load, int4_frag.cuh)
+// of the prefill kernel; KSUB = 1, no split-K; builds (256, 2, 4), (128, 2, 5), (128, 3, 5).
+// g: as launch_int4_wgmma takes it. Either 1-3 segments, every W in ORDER_FRAG, with C / bias (and add), g.tiles0 /
+// g.tiles1 set for 64 WGS rows per block (gemm.cu's count_tiles(64 * WGS)); or SwiGLU: g.swiglu_out / g.swiglu_ld
+// set, g.n = 2, g.s[0].W = gate and g.s[1].W = up, both ORDER_FRAG_PAIR, one shape and group (ldc, add unused).
+// `tiles` = the grid's block rows (gridDim.y), exactly what launch_int4_wgmma takes for the same g:
+//   segments: sum over segments i of ceil(N_i / (64 WGS)) (each block = WGS 64-row fragment tiles of one segment;
+//             the 64-row tiles past N_i in a segment's last block are skipped);
+//   SwiGLU:   ceil(I / (32 WGS)), I = gate.N (each block = WGS tiles of the pair P = outputs 32 WGS by ..
+//             32 WGS by + 32 WGS - 1; P has I / 32 tiles).
+// M: tokens (>= 1; gemm.cu sends M >= 128), A: f16 [M][lda] (lda % 8 == 0, 16-byte aligned), ldc: C's row stride.
+// Tensor maps: the activations as launch_int4_wgmma's; each weight's words as a 2-D tensor of 8-byte elements, N/64
+// rows (tiles) of K/16 x 64 elements (512 B a 16-k step), box 256 x 1 (one tile's 64-k sub-tile, 2,048 B).
+template <int TN, int WGS, int STAGES>
+int launch_int4_wgmma_frag(GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add,
+                           cudaStream_t st) {
+  using C_ = WgCfg<TN, WGS, STAGES, 1, false, true>;
+  auto kern = gemm_int4_wgmma<TN, WGS, STAGES, 1, false, true>;
+  static bool raised = false;
+  if (!raised) {
+    NQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C_::kSmem));
+    raised = true;
+  }
+  if (tiles < 1 || tiles > 65535) return fail(NQ_E_UNSUPPORTED, "gemm: %d N tiles (1..65535)", tiles);
+  if (M < 1 || g.n < 1 || g.n > 3) return fail(NQ_E_INVALID_ARG, "gemm: M=%d, %d segments", M, g.n);
+  const bool swiglu = g.swiglu_out != nullptr;
+  if (swiglu && (g.n != 2 || g.s[0].W.N != g.s[1].W.N || g.s[0].W.K != g.s[1].W.K || g.s[0].W.group != g.s[1].W.group))
+    return fail(NQ_E_INVALID_ARG, "gemm: the SwiGLU epilogue needs gate and up of one shape and group");
+  for (int i = 0; i < g.n; i++) {
+    const LinW& W = g.s[i].W;
+    if (W.type != WT_INT4 || W.zeros || W.order != (swiglu ? ORDER_FRAG_PAIR : ORDER_FRAG) ||
+        !frag::shape_ok(W.N, W.K, W.group) || W.K != g.s[0].W.K || reinterpret_cast<uintptr_t>(W.w) % 16 != 0)
+      return fail(NQ_E_INVALID_ARG, "gemm: segment %d is not an INT4 weight in the fragment order%s (N=%d, K=%d, g=%d)",
+                  i, swiglu ? " pair" : "", W.N, W.K, W.group);
+  }
+  CUtensorMap tmA, tmW[3];
+  if (!wg_encode_2d(&tmA, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, A, (uint64_t)g.s[0].W.K, (uint64_t)M, (uint64_t)lda * 2,
+                    WG_KB, TN, CU_TENSOR_MAP_SWIZZLE_128B))
+    return fail(NQ_E_CUDA, "gemm: cuTensorMapEncodeTiled failed for the activations (M=%d, K=%d, lda=%d)", M,
+                g.s[0].W.K, lda);
+  for (int i = 0; i < 3; i++) {
+    const LinW& W = g.s[i < g.n ? i : 0].W;
+    const uint64_t steps = (uint64_t)(W.K / frag::kStepK);
+    if (!wg_encode_2d(&tmW[i], CU_TENSOR_MAP_DATA_TYPE_UINT64, W.w, steps * (frag::kTileStepBytes / 8),
+                      (uint64_t)(W.N / frag::kTileRows), steps * frag::kTileStepBytes, C_::kFragTileBytes / 8, 1,
+                      CU_TENSOR_MAP_SWIZZLE_NONE))
+      return fail(NQ_E_CUDA, "gemm: cuTensorMapEncodeTiled failed for weight segment %d (N=%d, K=%d)", i, W.N, W.K);
+  }
+  dim3 grid((M + TN - 1) / TN, tiles, 1);
+  kern<<<grid, C_::kThreads, C_::kSmem, st>>>(g, tmA, tmW[0], tmW[1], tmW[2], M, ldc, add ? 1 : 0, nullptr, nullptr);
+  NQ_LAUNCH_CHECK("gemm_int4_wgmma (fragment order)");
   return NQ_OK;
 }
 

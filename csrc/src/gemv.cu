@@ -1,7 +1,9 @@
-// Batch-1 GEMV launchers (kernels: gemv_kernels.cuh). INT4 weights run gemv_int4 at 2 blocks/SM with a split
-// factor chosen per shape (layout 2, zero points set: its ZP build); f16/bf16 weights run gemv_rowpair. Both launch
-// with PDL (launch.h).
+// Batch-1 GEMV launchers (kernels: gemv_kernels.cuh, gemv_frag.cuh). INT4 weights in the file's order run gemv_int4
+// at 2 blocks/SM with a split factor chosen per shape (layout 2, zero points set: its ZP build); INT4 weights the
+// loader repacked into the fragment order (LinW.order, int4_frag.cuh; Hopper only) run gemv_frag_kernel, K split over
+// a thread-block cluster; f16/bf16 weights run gemv_rowpair. All launch with PDL (launch.h).
 #include "gemv_kernels.cuh"
+#include "gemv_frag.cuh"
 #include "launch.h"
 #include "format_contract.h"
 
@@ -34,7 +36,35 @@ int dispatch_int4_layout(const GemvArgs& a, int rows, cudaStream_t st) {
   return fail(NQ_E_INVALID_ARG, "gemv: unknown mode %d", a.mode);
 }
 int dispatch_int4(const GemvArgs& a, int rows, cudaStream_t st) {
+  if (a.seg[0].order != ORDER_FILE) return gemv_frag(a, rows, g_sm_count, st);   // check_int4_orders passed
   return a.seg[0].zeros ? dispatch_int4_layout<true>(a, rows, st) : dispatch_int4_layout<false>(a, rows, st);
+}
+
+// One INT4 order per launch: every weight in the file's order (gemv_int4), or every weight in the fragment order
+// (STORE / ADD: ORDER_FRAG; SWIGLU: gate and up the pair, ORDER_FRAG_PAIR), layout 1, frag::shape_ok, on a GPU and
+// build where int4_fragment_order_available() (the loader repacks only there).
+int check_int4_orders(const GemvArgs& a) {
+  const bool swiglu = a.mode == GEMV_SWIGLU;
+  const int n = a.nseg + (swiglu ? 1 : 0);
+  auto weight = [&](int i) -> const LinW& { return i < a.nseg ? a.seg[i] : a.up; };
+  bool any_frag = false, all_frag = true;
+  for (int i = 0; i < n; i++) {
+    any_frag = any_frag || weight(i).order != ORDER_FILE;
+    all_frag = all_frag && weight(i).order == (swiglu ? ORDER_FRAG_PAIR : ORDER_FRAG);
+  }
+  if (!any_frag) return NQ_OK;
+  if (!all_frag)
+    return fail(NQ_E_UNSUPPORTED, "gemv: mixed INT4 weight orders in one launch (mode %d needs every weight in %s)",
+                a.mode, swiglu ? "the gate/up pair order" : "the fragment order");
+  for (int i = 0; i < n; i++) {
+    const LinW& w = weight(i);
+    if (w.zeros != nullptr || !frag::shape_ok(w.N, w.K, w.group))
+      return fail(NQ_E_UNSUPPORTED, "gemv: a %d x %d group %d INT4 weight%s has no fragment order", w.N, w.K, w.group,
+                  w.zeros ? " with zero points" : "");
+  }
+  if (!int4_fragment_order_available())
+    return fail(NQ_E_UNSUPPORTED, "gemv: INT4 weights in the fragment order need a Hopper GPU and the sm_90a build");
+  return NQ_OK;
 }
 
 template <int WT>
@@ -69,6 +99,7 @@ int gemv_prepare() {
   NQ_CUDA(raise_limits<Int4ZpKernel>());
   NQ_CUDA(raise_limits<F16Kernel>());
   NQ_CUDA(raise_limits<Bf16Kernel>());
+  if (int4_fragment_order_available()) NQ_CUDA(gemv_frag_prepare());
   return NQ_OK;
 }
 
@@ -95,10 +126,11 @@ int gemv(const GemvArgs& a, cudaStream_t st) {
       return fail(NQ_E_UNSUPPORTED, "gemv: gate and up have different group sizes (%d, %d)", w0.group, a.up.group);
     if (a.mode == GEMV_SWIGLU && (a.up.zeros != nullptr) != (w0.zeros != nullptr))
       return fail(NQ_E_UNSUPPORTED, "gemv: gate and up have different int4 layouts");
+    NQ_TRY(check_int4_orders(a));
     bool one_group = true;   // and one layout (zero points in every segment or in none)
     for (int s = 1; s < a.nseg; s++)
       one_group = one_group && a.seg[s].group == w0.group && (a.seg[s].zeros != nullptr) == (w0.zeros != nullptr);
-    if (!one_group) {  // gemv_int4 takes one group size and layout per launch: one launch per segment
+    if (!one_group) {  // one group size and layout per launch (both INT4 kernels): one launch per segment
       int off = 0;
       for (int s = 0; s < a.nseg; s++) {
         GemvArgs b = a;

@@ -28,7 +28,23 @@ struct LinW {
   const __half* scales = nullptr;   // int4 only: f16 (N, K/group)
   const uint8_t* zeros = nullptr;   // int4 layout 2 only: zero points uint8 (N, K/group), 0..15; null: layout 1 (z = 8)
   int N = 0, K = 0, group = 0, type = 0;
+  int order = 0;                    // WeightOrder: how the int4 words and scales lie on the device
 };
+
+// The device order of an INT4 weight (int4_frag.cuh). ORDER_FILE: layout 1 or 2 as the file stores it. ORDER_FRAG:
+// the fragment order (repacked at load on GPUs where every INT4 kernel reads it). ORDER_FRAG_PAIR: gate and up as one
+// interleaved matrix P, P's first half in gate's bytes, its second in up's (both LinW carry this order).
+enum WeightOrder : int { ORDER_FILE = 0, ORDER_FRAG = 1, ORDER_FRAG_PAIR = 2 };
+
+// Whether this GPU and build run every INT4 kernel over the fragment order (Hopper, sm_90a code: gemm.cu).
+bool int4_fragment_order_available();
+// Bytes of scratch a repack of W (or of the pair gate + up) needs: the file-order copy it reads from.
+size_t frag_repack_scratch_bytes(const LinW& W);
+// In place: W (layout 1, ORDER_FILE, frag::shape_ok) into ORDER_FRAG, through `scratch` (>= the bytes above).
+int frag_repack(LinW* W, void* scratch, size_t scratch_bytes, cudaStream_t st);
+// In place: gate and up (same shape and group, I % 64 == 0) into the pair P, both ORDER_FRAG_PAIR; scratch >= the
+// sum of their scratch bytes.
+int frag_repack_pair(LinW* gate, LinW* up, void* scratch, size_t scratch_bytes, cudaStream_t st);
 
 enum GemvMode : int {
   GEMV_STORE = 0,   // out_f32[r] = y + bias
@@ -73,9 +89,11 @@ int gemm(const LinW& W, const __half* A, int lda, int M, float* C, int ldc, cons
 // null), all C[i] with row stride ldc. Segments of different K or dtype fall back to one launch each.
 int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, const __half* A, int lda, int M,
                int ldc, bool add, cudaStream_t st, GemmScratch* ws = nullptr);
-// The MLP's first half: H[M, I] f16 = silu(A @ gate^T) * (A @ up^T), I = gate.N = up.N, H row stride I. On a
-// Hopper GPU from kWgmmaMinM tokens (INT4) one gemm_int4_wgmma launch with the SwiGLU epilogue; otherwise
-// gemm_multi into G and U (f32 [M, I] scratch) and swiglu_rows.
+// The MLP's first half: H[M, I] f16 = silu(A @ gate^T) * (A @ up^T), I = gate.N = up.N, H row stride I. Gate and
+// up in the fragment order's pair (ORDER_FRAG_PAIR): fused at every M (gemm_int4_wgmma's FRAG builds or
+// gemm_int4_frag with the SwiGLU epilogue), G and U unused. File order: on a Hopper GPU from kWgmmaMinM tokens (INT4)
+// one gemm_int4_wgmma launch with the SwiGLU epilogue; otherwise gemm_multi into G and U (f32 [M, I] scratch) and
+// swiglu_rows.
 int gemm_swiglu(const LinW& gate, const LinW& up, const __half* A, int lda, int M, float* G, float* U, __half* H,
                 cudaStream_t st, GemmScratch* ws = nullptr);
 // Y[M, K] f16 = rmsnorm(X[M, K] f32) * w

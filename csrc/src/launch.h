@@ -27,4 +27,30 @@ int launch_pdl(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block
   return NQ_OK;
 }
 
+// launch_pdl for a kernel whose blocks form thread-block clusters of `cluster` (sm_90+; the grid a multiple of it in
+// every dimension). Clusters above 8 blocks need cudaFuncAttributeNonPortableClusterSizeAllowed set on the kernel
+// beforehand; a cluster the GPU cannot make co-resident is a launch error (reported, as every launch error).
+template <typename... KArgs, typename... Args>
+int launch_pdl_cluster(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block, dim3 cluster, size_t smem,
+                       cudaStream_t st, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster.x;
+  attr[0].val.clusterDim.y = cluster.y;
+  attr[0].val.clusterDim.z = cluster.z;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 2 : 1;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  if (e != cudaSuccess) return fail(cuda_status(e), "launch of %s failed: %s", name, cudaGetErrorString(e));
+  NQ_LAUNCH_CHECK(name);
+  return NQ_OK;
+}
+
 }  // namespace nq

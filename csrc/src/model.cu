@@ -1,8 +1,11 @@
 // Loader: validate (model_file.cpp), check that this library runs the model (check_model, also behind
 // nq_model_check), one cudaMalloc for all tensor data,
 // filled by 4 reader threads: pread from the file (page cache) into double-buffered pinned staging, then
-// cudaMemcpyAsync on the thread's own stream. Device pointer of a tensor = dev + (offset - data_offset).
+// cudaMemcpyAsync on the thread's own stream. Device pointer of a tensor = dev + (offset - data_offset). On Hopper
+// the layout-1 INT4 weights are then repacked in place into the fragment order (repack_int4, int4_frag.cuh).
 #include "model.h"
+#include "int4_frag.cuh"
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -220,6 +223,50 @@ int walk_tensors(Builder& b, const nq_config& c) {
   return rc;
 }
 
+// A layout-1 INT4 weight whose shape the fragment order covers
+bool frag_candidate(const LinW& W) {
+  return W.type == WT_INT4 && W.zeros == nullptr && W.order == ORDER_FILE && frag::shape_ok(W.N, W.K, W.group);
+}
+
+// On GPUs where every INT4 kernel reads the fragment order (int4_frag.cuh), repack the model's layout-1 INT4
+// weights into it in place, through one scratch of the largest weight (the gate/up pair: both): q/k/v all or none
+// (one GEMV launch reads the three), gate and up only as the pair, o, down and an INT4 lm_head alone. Layout 2 and
+// shapes the order does not cover keep the file's order and its kernels. The file and its mapping are untouched.
+int repack_int4(Model& M) {
+  if (!int4_fragment_order_available()) return NQ_OK;
+  auto qkv_ok = [](const Layer& L) { return frag_candidate(L.q) && frag_candidate(L.k) && frag_candidate(L.v); };
+  auto pair_ok = [](const Layer& L) {
+    return frag_candidate(L.gate) && frag_candidate(L.up) && L.gate.N == L.up.N && L.gate.group == L.up.group;
+  };
+  size_t need = 0;
+  for (const Layer& L : M.layers) {
+    if (qkv_ok(L)) need = std::max({need, frag_repack_scratch_bytes(L.q), frag_repack_scratch_bytes(L.k), frag_repack_scratch_bytes(L.v)});
+    if (pair_ok(L)) need = std::max(need, frag_repack_scratch_bytes(L.gate) + frag_repack_scratch_bytes(L.up));
+    for (const LinW* W : {&L.o, &L.down})
+      if (frag_candidate(*W)) need = std::max(need, frag_repack_scratch_bytes(*W));
+  }
+  if (frag_candidate(M.lm_head)) need = std::max(need, frag_repack_scratch_bytes(M.lm_head));
+  if (need == 0) return NQ_OK;
+  void* scratch = nullptr;
+  cudaError_t e = cudaMalloc(&scratch, need);
+  if (e != cudaSuccess) return fail(cuda_status(e), "cudaMalloc(%zu bytes) for the INT4 repack: %s", need, cudaGetErrorString(e));
+  int rc = NQ_OK;
+  for (Layer& L : M.layers) {
+    if (rc == NQ_OK && qkv_ok(L))
+      for (LinW* W : {&L.q, &L.k, &L.v})
+        if (rc == NQ_OK) rc = frag_repack(W, scratch, need, 0);
+    if (rc == NQ_OK && pair_ok(L)) rc = frag_repack_pair(&L.gate, &L.up, scratch, need, 0);
+    for (LinW* W : {&L.o, &L.down})
+      if (rc == NQ_OK && frag_candidate(*W)) rc = frag_repack(W, scratch, need, 0);
+  }
+  if (rc == NQ_OK && frag_candidate(M.lm_head)) rc = frag_repack(&M.lm_head, scratch, need, 0);
+  e = cudaDeviceSynchronize();   // the scratch is reused by every repack on stream 0; free it after the last
+  cudaFree(scratch);
+  if (rc != NQ_OK) return rc;
+  if (e != cudaSuccess) return fail(cuda_status(e), "INT4 repack: %s", cudaGetErrorString(e));
+  return NQ_OK;
+}
+
 }  // namespace
 
 int check_model(const ModelFile& f) {
@@ -255,6 +302,7 @@ int load_model(const char* path, bool verify, Model** out) {
 
   const int urc = upload(*f, M->dev, M->dev_bytes);
   if (urc != NQ_OK) return bail(urc);
+  if (const int rc = repack_int4(*M)) return bail(rc);
   {
     cudaError_t e = cudaMalloc(&M->aux, std::max<size_t>(4, b.aux_host.size() * 4));
     if (e == cudaSuccess) e = cudaMemcpy(M->aux, b.aux_host.data(), b.aux_host.size() * 4, cudaMemcpyHostToDevice);

@@ -2,6 +2,7 @@
 // out. Used by tests/test_gpu_kernels.py and tests/test_gpu_gemm.py to compare each kernel with a numpy reference.
 #include "testing_util.h"
 #include "session.h"
+#include "int4_frag.cuh"
 #include <cstring>
 
 using namespace nq;
@@ -45,18 +46,24 @@ struct AttnBuffers {
     return NQ_OK;
   }
 };
-}  // namespace
 
-extern "C" {
+// The weights of a kernel test: as the file places them, or (frag) repacked into the fragment order on the device
+// as the loader does on Hopper (layout 1 only).
+int put_weight(DBuf& b, const uint32_t* qw, const uint16_t* sc, const uint8_t* zeros, int N, int K, int g, bool frag,
+               LinW* w) {
+  if (!frag) return put_int4(b, qw, sc, zeros, N, K, g, w);
+  if (zeros) return fail(NQ_E_INVALID_ARG, "the fragment order takes layout 1 only (zeros must be NULL)");
+  return put_int4_frag(b, qw, sc, N, K, g, w);
+}
 
-int nq_test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, const uint8_t* zeros, int32_t N, int32_t K,
-                      int32_t group, const float* x, const float* norm_w, float eps, float* y) {
+int test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, const uint8_t* zeros, int32_t N, int32_t K,
+                   int32_t group, const float* x, const float* norm_w, float eps, float* y, bool frag) {
   if (!qweight || !scales || !x || !y) return fail(NQ_E_INVALID_ARG, "nq_test_gemv_int4: NULL argument");
   NQ_TRY(check_int4(N, K, group));
   NQ_TRY(gemv_prepare());
   DBuf w, dx, dn, dy;
   GemvArgs a;
-  NQ_TRY(put_int4(w, qweight, scales, zeros, N, K, group, &a.seg[0]));
+  NQ_TRY(put_weight(w, qweight, scales, zeros, N, K, group, frag, &a.seg[0]));
   NQ_TRY(dx.put(x, (size_t)K * 4));
   if (norm_w) NQ_TRY(dn.put(norm_w, (size_t)K * 4));
   NQ_TRY(dy.alloc((size_t)N * 4));
@@ -69,10 +76,10 @@ int nq_test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, const uin
   return NQ_OK;
 }
 
-int nq_test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scales, const uint8_t* zeros,
-                           const uint32_t* qweight_up, const uint16_t* scales_up, const uint8_t* zeros_up, int32_t N,
-                           int32_t K, int32_t group, const float* x, const float* norm_w, float eps, int32_t mode,
-                           float* y) {
+int test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scales, const uint8_t* zeros,
+                        const uint32_t* qweight_up, const uint16_t* scales_up, const uint8_t* zeros_up, int32_t N,
+                        int32_t K, int32_t group, const float* x, const float* norm_w, float eps, int32_t mode,
+                        float* y, bool frag) {
   if (!qweight || !scales || !x || !y) return fail(NQ_E_INVALID_ARG, "nq_test_gemv_int4_mode: NULL argument");
   NQ_TRY(check_int4(N, K, group));
   if (mode != GEMV_ADD && mode != GEMV_SWIGLU) return fail(NQ_E_INVALID_ARG, "mode %d (1 = add, 2 = swiglu)", mode);
@@ -81,7 +88,12 @@ int nq_test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scales, cons
   NQ_TRY(gemv_prepare());
   DBuf w, wu, dx, dn, dy;
   GemvArgs a;
-  NQ_TRY(put_int4(w, qweight, scales, zeros, N, K, group, &a.seg[0]));
+  if (frag && mode == GEMV_SWIGLU) {   // gate and up as the pair
+    if (zeros || zeros_up) return fail(NQ_E_INVALID_ARG, "the fragment order takes layout 1 only (zeros must be NULL)");
+    NQ_TRY(put_int4_frag_pair(w, wu, qweight, scales, qweight_up, scales_up, N, K, group, &a.seg[0], &a.up));
+  } else {
+    NQ_TRY(put_weight(w, qweight, scales, zeros, N, K, group, frag, &a.seg[0]));
+  }
   a.eps = eps; a.mode = mode;
   if (mode == GEMV_ADD) {               // x as f16 (the o/down inputs), y += W x
     std::vector<__half> xh(K);
@@ -94,7 +106,7 @@ int nq_test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scales, cons
     NQ_CUDA(cudaMemcpy(y, dy.p, (size_t)N * 4, cudaMemcpyDeviceToHost));
     return NQ_OK;
   }
-  NQ_TRY(put_int4(wu, qweight_up, scales_up, zeros_up, N, K, group, &a.up));   // y = silu(Wg x) * (Wu x), out f16
+  if (!frag) NQ_TRY(put_int4(wu, qweight_up, scales_up, zeros_up, N, K, group, &a.up));   // y = silu(Wg x) * (Wu x), out f16
   NQ_TRY(dx.put(x, (size_t)K * 4));
   if (norm_w) NQ_TRY(dn.put(norm_w, (size_t)K * 4));
   NQ_TRY(dy.alloc((size_t)N * 2));
@@ -106,6 +118,70 @@ int nq_test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scales, cons
   NQ_CUDA(cudaMemcpy(yh.data(), dy.p, (size_t)N * 2, cudaMemcpyDeviceToHost));
   for (int i = 0; i < N; i++) y[i] = __half2float(yh[i]);
   return NQ_OK;
+}
+
+// q/k/v-like segments sharing x in one GEMV (STORE, f32 x, optional RMSNorm and biases), weights in the fragment
+// order: y = the segments' outputs concatenated.
+int test_gemv_int4_multi_frag(int32_t nseg, const uint32_t* const* qweights, const uint16_t* const* scales,
+                              const int32_t* Ns, int32_t K, int32_t group, const float* x, const float* norm_w,
+                              float eps, const float* const* bias, float* y) {
+  if (!qweights || !scales || !Ns || !x || !y) return fail(NQ_E_INVALID_ARG, "nq_test_gemv_int4_multi_frag: NULL argument");
+  if (nseg < 1 || nseg > 3) return fail(NQ_E_INVALID_ARG, "nseg=%d (1..3)", nseg);
+  NQ_TRY(gemv_prepare());
+  DBuf w[3], db[3], dx, dn, dy;
+  GemvArgs a;
+  a.nseg = nseg;
+  int rows = 0;
+  for (int i = 0; i < nseg; i++) {
+    NQ_TRY(check_int4(Ns[i], K, group));
+    if (!qweights[i] || !scales[i]) return fail(NQ_E_INVALID_ARG, "segment %d: NULL weight", i);
+    NQ_TRY(put_int4_frag(w[i], qweights[i], scales[i], Ns[i], K, group, &a.seg[i]));
+    if (bias && bias[i]) {
+      NQ_TRY(db[i].put(bias[i], (size_t)Ns[i] * 4));
+      a.bias[i] = db[i].as<float>();
+    }
+    rows += Ns[i];
+  }
+  NQ_TRY(dx.put(x, (size_t)K * 4));
+  if (norm_w) NQ_TRY(dn.put(norm_w, (size_t)K * 4));
+  NQ_TRY(dy.alloc((size_t)rows * 4));
+  NQ_TRY(dy.poison((size_t)rows * 4));
+  a.x_f32 = dx.as<float>(); a.norm_w = norm_w ? dn.as<float>() : nullptr; a.eps = eps;
+  a.out_f32 = dy.as<float>(); a.mode = GEMV_STORE;
+  NQ_TRY(gemv(a, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  NQ_CUDA(cudaMemcpy(y, dy.p, (size_t)rows * 4, cudaMemcpyDeviceToHost));
+  return NQ_OK;
+}
+}  // namespace
+
+extern "C" {
+
+int nq_test_gemv_int4(const uint32_t* qweight, const uint16_t* scales, const uint8_t* zeros, int32_t N, int32_t K,
+                      int32_t group, const float* x, const float* norm_w, float eps, float* y) {
+  return test_gemv_int4(qweight, scales, zeros, N, K, group, x, norm_w, eps, y, false);
+}
+int nq_test_gemv_int4_frag(const uint32_t* qweight, const uint16_t* scales, int32_t N, int32_t K, int32_t group,
+                           const float* x, const float* norm_w, float eps, float* y) {
+  return test_gemv_int4(qweight, scales, nullptr, N, K, group, x, norm_w, eps, y, true);
+}
+int nq_test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scales, const uint8_t* zeros,
+                           const uint32_t* qweight_up, const uint16_t* scales_up, const uint8_t* zeros_up, int32_t N,
+                           int32_t K, int32_t group, const float* x, const float* norm_w, float eps, int32_t mode,
+                           float* y) {
+  return test_gemv_int4_mode(qweight, scales, zeros, qweight_up, scales_up, zeros_up, N, K, group, x, norm_w, eps,
+                             mode, y, false);
+}
+int nq_test_gemv_int4_mode_frag(const uint32_t* qweight, const uint16_t* scales, const uint32_t* qweight_up,
+                                const uint16_t* scales_up, int32_t N, int32_t K, int32_t group, const float* x,
+                                const float* norm_w, float eps, int32_t mode, float* y) {
+  return test_gemv_int4_mode(qweight, scales, nullptr, qweight_up, scales_up, nullptr, N, K, group, x, norm_w, eps,
+                             mode, y, true);
+}
+int nq_test_gemv_int4_multi_frag(int32_t nseg, const uint32_t* const* qweights, const uint16_t* const* scales,
+                                 const int32_t* Ns, int32_t K, int32_t group, const float* x, const float* norm_w,
+                                 float eps, const float* const* bias, float* y) {
+  return test_gemv_int4_multi_frag(nseg, qweights, scales, Ns, K, group, x, norm_w, eps, bias, y);
 }
 
 int nq_test_gemv_dense(const uint16_t* wbits, int32_t dtype, int32_t N, int32_t K, const float* x, float* y) {
@@ -217,10 +293,13 @@ int nq_test_attention_prefill(const float* q, const float* k, const float* v, in
   return NQ_OK;
 }
 
-int nq_test_gemm_int4_multi(int32_t nseg, const uint32_t* const* qweights, const uint16_t* const* scales,
-                            const uint8_t* const* zeros, const int32_t* Ns, int32_t K, int32_t group, const float* A,
-                            int32_t M, int32_t lda,
-                            const float* const* bias, float* C, int32_t ldc, int32_t add) {
+}  // extern "C"
+
+namespace {
+int test_gemm_int4_multi(int32_t nseg, const uint32_t* const* qweights, const uint16_t* const* scales,
+                         const uint8_t* const* zeros, const int32_t* Ns, int32_t K, int32_t group, const float* A,
+                         int32_t M, int32_t lda, const float* const* bias, float* C, int32_t ldc, int32_t add,
+                         bool frag) {
   if (!qweights || !scales || !Ns || !A || !C) return fail(NQ_E_INVALID_ARG, "nq_test_gemm_int4_multi: NULL argument");
   if (nseg < 1 || nseg > 3) return fail(NQ_E_INVALID_ARG, "nseg=%d (1..3)", nseg);
   if (M <= 0 || lda < K) return fail(NQ_E_INVALID_ARG, "M=%d, lda=%d, K=%d", M, lda, K);
@@ -232,7 +311,7 @@ int nq_test_gemm_int4_multi(int32_t nseg, const uint32_t* const* qweights, const
   for (int i = 0; i < nseg; i++) {
     NQ_TRY(check_int4(Ns[i], K, group));
     if (!qweights[i] || !scales[i]) return fail(NQ_E_INVALID_ARG, "segment %d: NULL weight", i);
-    NQ_TRY(put_int4(w[i], qweights[i], scales[i], zeros ? zeros[i] : nullptr, Ns[i], K, group, &W[i]));
+    NQ_TRY(put_weight(w[i], qweights[i], scales[i], zeros ? zeros[i] : nullptr, Ns[i], K, group, frag, &W[i]));
     if (bias && bias[i]) {
       NQ_TRY(db[i].put(bias[i], (size_t)Ns[i] * 4));
       Bs[i] = db[i].as<float>();
@@ -255,16 +334,21 @@ int nq_test_gemm_int4_multi(int32_t nseg, const uint32_t* const* qweights, const
   return NQ_OK;
 }
 
-int nq_test_gemm_swiglu(const uint32_t* q_gate, const uint16_t* s_gate, const uint8_t* z_gate, const uint32_t* q_up,
-                        const uint16_t* s_up, const uint8_t* z_up, int32_t N, int32_t K, int32_t group, const float* A,
-                        int32_t M, int32_t unfused, uint16_t* H) {
+int test_gemm_swiglu(const uint32_t* q_gate, const uint16_t* s_gate, const uint8_t* z_gate, const uint32_t* q_up,
+                     const uint16_t* s_up, const uint8_t* z_up, int32_t N, int32_t K, int32_t group, const float* A,
+                     int32_t M, int32_t unfused, uint16_t* H, bool frag) {
   if (!q_gate || !s_gate || !q_up || !s_up || !A || !H) return fail(NQ_E_INVALID_ARG, "nq_test_gemm_swiglu: NULL argument");
   if (M <= 0) return fail(NQ_E_INVALID_ARG, "M=%d", M);
   NQ_TRY(check_int4(N, K, group));
   DBuf wg, wu, da, dg, du, dh;
   LinW Wg, Wu;
-  NQ_TRY(put_int4(wg, q_gate, s_gate, z_gate, N, K, group, &Wg));
-  NQ_TRY(put_int4(wu, q_up, s_up, z_up, N, K, group, &Wu));
+  if (frag) {   // the pair (the unfused path reads gate and up apart: the file's order only)
+    if (z_gate || z_up || unfused) return fail(NQ_E_INVALID_ARG, "the fragment-order pair: layout 1, fused only");
+    NQ_TRY(put_int4_frag_pair(wg, wu, q_gate, s_gate, q_up, s_up, N, K, group, &Wg, &Wu));
+  } else {
+    NQ_TRY(put_int4(wg, q_gate, s_gate, z_gate, N, K, group, &Wg));
+    NQ_TRY(put_int4(wu, q_up, s_up, z_up, N, K, group, &Wu));
+  }
   std::vector<__half> ah((size_t)M * K);
   for (size_t i = 0; i < ah.size(); i++) ah[i] = __float2half_rn(A[i]);
   NQ_TRY(da.put(ah.data(), ah.size() * 2));
@@ -283,6 +367,61 @@ int nq_test_gemm_swiglu(const uint32_t* q_gate, const uint16_t* s_gate, const ui
   }
   NQ_CUDA(cudaDeviceSynchronize());
   NQ_CUDA(cudaMemcpy(H, dh.p, (size_t)M * N * 2, cudaMemcpyDeviceToHost));
+  return NQ_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+int nq_test_gemm_int4_multi(int32_t nseg, const uint32_t* const* qweights, const uint16_t* const* scales,
+                            const uint8_t* const* zeros, const int32_t* Ns, int32_t K, int32_t group, const float* A,
+                            int32_t M, int32_t lda, const float* const* bias, float* C, int32_t ldc, int32_t add) {
+  return test_gemm_int4_multi(nseg, qweights, scales, zeros, Ns, K, group, A, M, lda, bias, C, ldc, add, false);
+}
+int nq_test_gemm_int4_multi_frag(int32_t nseg, const uint32_t* const* qweights, const uint16_t* const* scales,
+                                 const int32_t* Ns, int32_t K, int32_t group, const float* A, int32_t M, int32_t lda,
+                                 const float* const* bias, float* C, int32_t ldc, int32_t add) {
+  return test_gemm_int4_multi(nseg, qweights, scales, nullptr, Ns, K, group, A, M, lda, bias, C, ldc, add, true);
+}
+int nq_test_gemm_swiglu(const uint32_t* q_gate, const uint16_t* s_gate, const uint8_t* z_gate, const uint32_t* q_up,
+                        const uint16_t* s_up, const uint8_t* z_up, int32_t N, int32_t K, int32_t group, const float* A,
+                        int32_t M, int32_t unfused, uint16_t* H) {
+  return test_gemm_swiglu(q_gate, s_gate, z_gate, q_up, s_up, z_up, N, K, group, A, M, unfused, H, false);
+}
+int nq_test_gemm_swiglu_frag(const uint32_t* q_gate, const uint16_t* s_gate, const uint32_t* q_up,
+                             const uint16_t* s_up, int32_t N, int32_t K, int32_t group, const float* A, int32_t M,
+                             uint16_t* H) {
+  return test_gemm_swiglu(q_gate, s_gate, nullptr, q_up, s_up, nullptr, N, K, group, A, M, 0, H, true);
+}
+
+// 1 where the loader repacks INT4 weights into the fragment order (int4_fragment_order_available), else 0
+int nq_test_fragment_order_available(void) { return int4_fragment_order_available() ? 1 : 0; }
+
+// The repack alone: the fragment order's words [N/64][K/16][32][4] (N K / 8 uint32) and scales [N/64][K/g][8][8]
+// (N K / g f16) of a layout-1 weight, or (pair: qweight_up set) of the gate/up pair P (2N rows: gate's bytes, then
+// up's). Compared bit for bit with tests/fragment_order.py.
+int nq_test_frag_repack(const uint32_t* qweight, const uint16_t* scales, const uint32_t* qweight_up,
+                        const uint16_t* scales_up, int32_t N, int32_t K, int32_t group, uint32_t* words,
+                        uint16_t* scales_out) {
+  if (!qweight || !scales || !words || !scales_out) return fail(NQ_E_INVALID_ARG, "nq_test_frag_repack: NULL argument");
+  NQ_TRY(check_int4(N, K, group));
+  if (!frag::shape_ok(N, K, group)) return fail(NQ_E_UNSUPPORTED, "no fragment order for %d x %d group %d", N, K, group);
+  const size_t wb = (size_t)N * K / 2, sb = (size_t)N * (K / group) * 2;
+  DBuf g, u;
+  LinW G, U;
+  if (qweight_up) {
+    if (!scales_up) return fail(NQ_E_INVALID_ARG, "nq_test_frag_repack: NULL up scales");
+    NQ_TRY(put_int4_frag_pair(g, u, qweight, scales, qweight_up, scales_up, N, K, group, &G, &U));
+    NQ_CUDA(cudaMemcpy(words, G.w, wb, cudaMemcpyDeviceToHost));
+    NQ_CUDA(cudaMemcpy(reinterpret_cast<uint8_t*>(words) + wb, U.w, wb, cudaMemcpyDeviceToHost));
+    NQ_CUDA(cudaMemcpy(scales_out, G.scales, sb, cudaMemcpyDeviceToHost));
+    NQ_CUDA(cudaMemcpy(reinterpret_cast<uint8_t*>(scales_out) + sb, U.scales, sb, cudaMemcpyDeviceToHost));
+    return NQ_OK;
+  }
+  NQ_TRY(put_int4_frag(g, qweight, scales, N, K, group, &G));
+  NQ_CUDA(cudaMemcpy(words, G.w, wb, cudaMemcpyDeviceToHost));
+  NQ_CUDA(cudaMemcpy(scales_out, G.scales, sb, cudaMemcpyDeviceToHost));
   return NQ_OK;
 }
 

@@ -51,6 +51,29 @@ inline int put_int4(DBuf& b, const uint32_t* qw, const uint16_t* sc, const uint8
   return NQ_OK;
 }
 
+// put_int4 (layout 1), then the repack into the fragment order on the device (int4_frag.cuh), as the loader does
+// on a GPU where int4_fragment_order_available(): the product's kernels then take their fragment-order paths.
+inline int put_int4_frag(DBuf& b, const uint32_t* qw, const uint16_t* sc, int N, int K, int g, LinW* w) {
+  NQ_TRY(put_int4(b, qw, sc, nullptr, N, K, g, w));
+  DBuf scratch;
+  NQ_TRY(scratch.alloc(frag_repack_scratch_bytes(*w)));
+  NQ_TRY(frag_repack(w, scratch.p, frag_repack_scratch_bytes(*w), 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  return NQ_OK;
+}
+// The same for a gate/up pair (ORDER_FRAG_PAIR on both)
+inline int put_int4_frag_pair(DBuf& bg, DBuf& bu, const uint32_t* qg, const uint16_t* sg, const uint32_t* qu,
+                              const uint16_t* su, int I, int K, int g, LinW* gate, LinW* up) {
+  NQ_TRY(put_int4(bg, qg, sg, nullptr, I, K, g, gate));
+  NQ_TRY(put_int4(bu, qu, su, nullptr, I, K, g, up));
+  const size_t n = frag_repack_scratch_bytes(*gate) + frag_repack_scratch_bytes(*up);
+  DBuf scratch;
+  NQ_TRY(scratch.alloc(n));
+  NQ_TRY(frag_repack_pair(gate, up, scratch.p, n, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  return NQ_OK;
+}
+
 // Bytes of one int4 N x K matrix of group g placed as the file places it: qweight, pad to 128, scales, pad to 128;
 // layout 2 (zp) then the zero points, pad to 128.
 inline size_t int4_copy_bytes(int N, int K, int g, bool zp = false) {

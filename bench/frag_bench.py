@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""The INT4 fragment order (csrc/src/int4_frag.cuh) against the file order, per Qwen2.5-7B layer, in one process
+(libnanoqwen_testing; Hopper with the sm_90a build):
+
+* the decode GEMV per projection in the mode the decode step uses (nq_bench_gemv_int4_mode against
+  nq_bench_gemv_int4_frag: the same random weights, x and rotation over > 512 MB of copies);
+* the GEMMs of one layer at 1 / 5 / 16 / 32 / 64 / 128 / 512 tokens (nq_bench_gemm_int4_frag_layer: q/k/v, o, gate/up
+  through gemm_swiglu, down, both orders on the same weights).
+
+    python3 bench/frag_bench.py [--json OUT.json] [--tokens 1 5 16 32 64 128 512]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests")]
+
+from nanoqwen_format.shapes import QWEN25_SHAPES  # noqa: E402
+from nq_testing_lib import load_testing_library  # noqa: E402
+
+MODES = {"qkv": 0, "o": 1, "gate": 2, "down": 1}   # 0 store (+RMSNorm), 1 residual add (f16 x), 2 SwiGLU
+
+
+def _call(lib, what, rc):
+    if rc != 0:
+        raise SystemExit(f"frag_bench: {what}: {lib.nq_last_error().decode()}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json")
+    ap.add_argument("--group", type=int, default=128)
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 5, 16, 32, 64, 128, 512])
+    a = ap.parse_args()
+    lib = load_testing_library()
+    if not lib.nq_test_fragment_order_available():
+        raise SystemExit("frag_bench: the fragment order is not used on this GPU / build")
+    sh = QWEN25_SHAPES["7B"]
+    rows = {"qkv": (sh.qkv_rows, sh.hidden), "o": (sh.hidden, sh.n_heads * sh.head_dim),
+            "gate": (sh.intermediate, sh.hidden), "down": (sh.hidden, sh.intermediate)}
+    out = {"gemv": {}, "gemm": {}}
+    tot_file = tot_frag = 0.0
+    for name, (N, K) in rows.items():
+        ms, us = ctypes.c_float(), ctypes.c_float()
+        _call(lib, f"gemv {name}", lib.nq_bench_gemv_int4_mode(N, K, a.group, MODES[name], a.iters, ctypes.byref(ms)))
+        _call(lib, f"gemv frag {name}", lib.nq_bench_gemv_int4_frag(N, K, a.group, MODES[name], a.iters, ctypes.byref(us)))
+        f, g = ms.value * 1e3, us.value
+        tot_file += f
+        tot_frag += g
+        out["gemv"][name] = {"file_us": f, "frag_us": g}
+        print(f"gemv 7B {name:5s} {N:6d} x {K:6d}: file order {f:7.2f} us, fragment order {g:7.2f} us ({g / f - 1:+.1%})")
+    print(f"gemv 7B layer: file order {tot_file:.1f} us, fragment order {tot_frag:.1f} us ({tot_frag / tot_file - 1:+.1%})")
+    for M in a.tokens:
+        uf, ul = ctypes.c_float(), ctypes.c_float()
+        _call(lib, f"gemm layer M={M}", lib.nq_bench_gemm_int4_frag_layer(M, a.group, 20, ctypes.byref(uf), ctypes.byref(ul)))
+        out["gemm"][M] = {"file_us": ul.value, "frag_us": uf.value}
+        print(f"gemm 7B layer M={M:4d}: file order {ul.value:8.1f} us, fragment order {uf.value:8.1f} us "
+              f"({uf.value / ul.value - 1:+.1%})")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,352 @@
+// Batch-1 decode GEMV over INT4 weights in the fragment order (int4_frag.cuh): gemv_int4's contract (gemv_kernels.cuh:
+// 1-3 segments with their row offsets and biases, STORE / ADD / SWIGLU, f16 x or f32 x with the fused RMSNorm
+// prologue, PDL) for weights the loader repacked (ORDER_FRAG; SWIGLU: the gate/up pair, ORDER_FRAG_PAIR). Promoted
+// from the dev prototype's "tile" design (csrc/dev/gemm_int4_fragpack.cu gemv_int4_fragpack_tile, gemv_fp_warp,
+// gemv_fp_prefetch; measured in bench/NOTES.md "Session 11" §7f, the product's lessons in "Session 12" §1-5).
+//
+// * Work: block (b, s) takes 64-row tile b of the concatenated segments (segments are multiples of 64 rows, so a
+//   tile never straddles two; its outputs are rows 64 b .. 64 b + 63) or, for SWIGLU, tile b of the pair P (its
+//   outputs are 32 b .. 32 b + 31), over split s of S of K's 128-k chunks (frag::chunk_begin). The block's WARPS
+//   warps split the split's chunks among themselves (chunk_begin again) and add their tile sums in shared memory in
+//   warp order. S > 1: the S blocks of a tile are one thread-block cluster (1, S, 1) (cluster rank = blockIdx.y = s)
+//   and block rank r sums outputs slice r over the S blocks' tile sums through distributed shared memory in split
+//   order. Every output's sums run in a fixed order: the results do not depend on scheduling.
+// * A warp's chunk loop (frag_warp_dot): lane (g, t) streams its 16 bytes of the tile per 16-k step (rows 8 j + g,
+//   j = 0..7; k 2t, 2t + 1, 2t + 8, 2t + 9: one 16-byte load), a ring of one chunk's 8 loads in registers (the next
+//   chunk's step u is loaded as this chunk's step u is consumed), the next chunk's scales one chunk ahead. Per word
+//   frag::unpack_word's exact codes times the f16 x pairs (2t, 2t + 1) and (2t + 8, 2t + 9): f16 products summed two
+//   steps deep (4 products per f16 partial), then in f32 times the row's scale (acc_j += s_j * partial_j). The
+//   quad's 4 lanes hold 4 k subsets of the same 8 rows: two shuffles at the end.
+// * Prologue: the first chunk's weights and scales are issued before pdl_wait() (they do not depend on the previous
+//   kernel), then pdl_wait, pdl_trigger, then x is staged: only the split's k range, as f16 in k order, rounded as
+//   gemv_int4 stages it (stage_x_f16: f16 x as given; f32 x rounded once; with RMSNorm (x * inv) * norm_w rounded
+//   once, inv from rms_inv over ALL of x).
+// * Plan (frag_plan): S = the largest power of two <= ceil(2 SMs / tiles), at most 16 (a non-portable cluster size:
+//   gemv_frag_prepare allows it) and at most the chunk count; 8 warps where K >= 8192 (the down projection), else 4;
+//   SWIGLU 4. Registers: __launch_bounds__ minimum per build (FragMinBlocks): a minimum of 1 let ptxas take 168 and
+//   cost the down projection a second wave (NOTES "Session 12" §4).
+// The kernels are sm_90 code (clusters, distributed shared memory, PDL): the sm_80 build's bodies trap; gemv.cu
+// takes this path only where int4_fragment_order_available() (Hopper and the sm_90a build), the only GPUs on which
+// the loader repacks.
+#pragma once
+#include "gemv_kernels.cuh"
+#include "int4_frag.cuh"
+#include <cooperative_groups.h>
+
+namespace nq {
+namespace {
+
+constexpr int kFragChunkK = frag::kStepK * frag::kChunkSteps;   // k of one chunk (128)
+constexpr int kFragMaxSplits = 16;                              // the largest (non-portable) cluster on Hopper
+
+// Resident blocks per SM each build's registers are budgeted for (__launch_bounds__' minimum): 8 warps 2 and 4 warps
+// 4 (128 registers), SWIGLU 5 (96 registers: the 7B's 592 P tiles in one wave of 132 x 5 blocks, not two of 132 x 4).
+// SWIGLU at group 32 (four scale vectors a chunk, twice) spilled at 96 registers (ptxas, sm_90a): that build takes 4.
+template <int SPG, int MODE, int WARPS>
+struct FragMinBlocks {
+  static constexpr int value = WARPS == 8 ? 2 : (MODE == GEMV_SWIGLU && SPG >= 4) ? 5 : 4;
+};
+
+// One warp's weights in flight: a chunk's 8 steps (16 bytes per lane each) and the next chunk's scale vectors.
+template <int SPG>
+struct FragRing {
+  static constexpr int SEG = SPG < frag::kChunkSteps ? SPG : frag::kChunkSteps;   // steps of a chunk sharing a scale
+  static constexpr int NSV = frag::kChunkSteps / SEG;                             // scale vectors per chunk
+  uint4 w[frag::kChunkSteps];
+  uint4 s[NSV];
+};
+
+// The scale vectors of chunk c (absolute) of the tile: lane (g, t) reads the 16 bytes of its g (the scales of rows
+// 8 j + g, j = 0..7) of each scale group the chunk touches; the 4 lanes of a quad read the same address.
+template <int SPG>
+__device__ __forceinline__ void frag_load_scales(const frag::Tile& tile, int c, FragRing<SPG>& r) {
+  using R = FragRing<SPG>;
+  const uint4* sp = tile.s + ((threadIdx.x & 31) >> 2);
+#pragma unroll
+  for (int v = 0; v < R::NSV; v++) r.s[v] = __ldg(sp + (size_t)((frag::kChunkSteps * c + v * R::SEG) / SPG) * 8);
+}
+// The first chunk (c0) of a warp's nc chunks: its 8 weight loads and its scales (before the PDL wait)
+template <int SPG>
+__device__ __forceinline__ void frag_prefetch(const frag::Tile& tile, int c0, int nc, FragRing<SPG>& r) {
+  if (nc <= 0) return;
+  const uint4* wp = tile.w + (size_t)frag::kChunkSteps * c0 * 32 + (threadIdx.x & 31);
+#pragma unroll
+  for (int u = 0; u < frag::kChunkSteps; u++) r.w[u] = ld_stream16(wp + u * 32);
+  frag_load_scales<SPG>(tile, c0, r);
+}
+
+// The warp's sums of the tile's 64 rows over chunks [c0, c0 + nc) (absolute), x of those chunks at xw (f16, k order:
+// xw[0] is k = 128 c0). Returns acc[j] = the sum of row 8 j + g (g = lane / 4) in every lane of the quad; zeros when
+// nc == 0. frag_prefetch(tile, c0, nc, r) issued the first chunk.
+template <int SPG>
+__device__ __forceinline__ void frag_warp_dot(const frag::Tile& tile, int c0, int nc, const __half* xw,
+                                              FragRing<SPG>& r, float (&acc)[8]) {
+  constexpr int SEG = FragRing<SPG>::SEG, NSV = FragRing<SPG>::NSV;
+  static_assert(SEG % 2 == 0, "the 2-step f16 partial sums lie inside one scale group");
+  const int lane = threadIdx.x & 31, t = lane & 3;
+  const uint4* wp = tile.w + (size_t)frag::kChunkSteps * c0 * 32 + lane;
+#pragma unroll
+  for (int j = 0; j < 8; j++) acc[j] = 0.f;
+  for (int c = 0; c < nc; c++) {
+    const bool more = c + 1 < nc;
+    uint4 scur[NSV];
+#pragma unroll
+    for (int v = 0; v < NSV; v++) scur[v] = r.s[v];
+    if (more) frag_load_scales<SPG>(tile, c0 + c + 1, r);
+    const uint4* wn = wp + (size_t)(c + 1) * frag::kChunkSteps * 32;
+    const __half* xc = xw + kFragChunkK * c + 2 * t;
+    __half2 h[8];   // h[j]: row 8 j + g, the f16 partial of two steps (k pairs (2t, 2t + 1) and (2t + 8, 2t + 9))
+#pragma unroll
+    for (int u = 0; u < frag::kChunkSteps; u++) {
+      const uint4 cur = r.w[u];
+      if (more) r.w[u] = ld_stream16(wn + u * 32);
+      const __half2 xlo = *reinterpret_cast<const __half2*>(xc + frag::kStepK * u);
+      const __half2 xhi = *reinterpret_cast<const __half2*>(xc + frag::kStepK * u + 8);
+      const uint32_t cw[4] = {cur.x, cur.y, cur.z, cur.w};
+#pragma unroll
+      for (int w = 0; w < 4; w++) {   // word w: rows 16 w + g (pairs 0, 1) and 16 w + 8 + g (pairs 2, 3)
+        __half2 p[4];
+        frag::unpack_word(cw[w], p);
+        if (u % 2 == 0) {
+          h[2 * w] = __hfma2(p[1], xhi, __hmul2(p[0], xlo));
+          h[2 * w + 1] = __hfma2(p[3], xhi, __hmul2(p[2], xlo));
+        } else {
+          h[2 * w] = __hfma2(p[1], xhi, __hfma2(p[0], xlo, h[2 * w]));
+          h[2 * w + 1] = __hfma2(p[3], xhi, __hfma2(p[2], xlo, h[2 * w + 1]));
+        }
+      }
+      if (u % 2 == 1) {   // steps u - 1 and u share a scale group (SEG even): f32, times the row's scale
+        const uint4 sv = scur[u / SEG];
+        const uint32_t sw[4] = {sv.x, sv.y, sv.z, sv.w};
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          const uint32_t bits = j & 1 ? sw[j >> 1] >> 16 : sw[j >> 1] & 0xFFFFu;   // scale j: half j & 1 of word j / 2
+          const float sj = __half2float(__ushort_as_half((unsigned short)bits));
+          acc[j] = fmaf(sj, __low2float(h[j]) + __high2float(h[j]), acc[j]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; j++) {   // the quad's 4 k subsets
+    acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], 1);
+    acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], 2);
+  }
+}
+
+// x's k range [k0, k0 + 8 n) into xs as n f16 units in k order (xs[p] = x[k0 + 8 p .. + 7]), rounded as
+// stage_x_f16 rounds x for gemv_int4: x_f16 as given; x_f32 once to f16; with norm_w ((x * inv) * norm_w) once, inv
+// = rms_inv over all K of x (block-wide). Loads batched B deep per thread. Ends with __syncthreads.
+__device__ __forceinline__ void frag_stage_x(const GemvArgs& a, int K, int k0, int n, uint4* xs, float* red) {
+  const float inv = rms_inv(a, K, red);
+  const int bd = blockDim.x;
+  if (a.x_f16) {
+    constexpr int B = 4;
+    const uint4* src = reinterpret_cast<const uint4*>(a.x_f16 + k0);
+    for (int p0 = threadIdx.x; p0 < n; p0 += B * bd) {
+      uint4 u[B];
+#pragma unroll
+      for (int b = 0; b < B; b++)
+        if (p0 + b * bd < n) u[b] = src[p0 + b * bd];
+#pragma unroll
+      for (int b = 0; b < B; b++)
+        if (p0 + b * bd < n) xs[p0 + b * bd] = u[b];
+    }
+  } else {
+    constexpr int B = 2;
+    const bool norm = a.norm_w != nullptr;
+    const float4* x4 = reinterpret_cast<const float4*>(a.x_f32 + k0);
+    const float4* w4 = reinterpret_cast<const float4*>(norm ? a.norm_w + k0 : a.x_f32 + k0);
+    for (int p0 = threadIdx.x; p0 < n; p0 += B * bd) {
+      float4 v0[B], v1[B], n0[B], n1[B];
+#pragma unroll
+      for (int b = 0; b < B; b++) {
+        const int p = p0 + b * bd;
+        if (p < n) {
+          v0[b] = x4[2 * p];
+          v1[b] = x4[2 * p + 1];
+          if (norm) { n0[b] = w4[2 * p]; n1[b] = w4[2 * p + 1]; }
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < B; b++) {
+        const int p = p0 + b * bd;
+        if (p < n) {
+          float f[8] = {v0[b].x, v0[b].y, v0[b].z, v0[b].w, v1[b].x, v1[b].y, v1[b].z, v1[b].w};
+          if (norm) {
+            const float w[8] = {n0[b].x, n0[b].y, n0[b].z, n0[b].w, n1[b].x, n1[b].y, n1[b].z, n1[b].w};
+#pragma unroll
+            for (int e = 0; e < 8; e++) f[e] = f[e] * inv * w[e];
+          }
+          uint4 o;
+          o.x = h2_as_u32(__floats2half2_rn(f[0], f[1]));
+          o.y = h2_as_u32(__floats2half2_rn(f[2], f[3]));
+          o.z = h2_as_u32(__floats2half2_rn(f[4], f[5]));
+          o.w = h2_as_u32(__floats2half2_rn(f[6], f[7]));
+          xs[p] = o;
+        }
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// STORE / ADD: tile b of the concatenated segments -> its weights, its segment's bias and its first row in the segment
+struct FragTileRef {
+  frag::Tile tile;
+  const float* bias;
+  int row0;
+};
+__device__ __forceinline__ FragTileRef frag_locate(const GemvArgs& a, int b) {
+  const int t0 = a.seg[0].N / frag::kTileRows, t1 = a.nseg > 1 ? a.seg[1].N / frag::kTileRows : 0;
+  if (a.nseg > 2 && b >= t0 + t1)
+    return {frag::tile_of(a.seg[2], b - t0 - t1), a.bias[2], frag::kTileRows * (b - t0 - t1)};
+  if (a.nseg > 1 && b >= t0) return {frag::tile_of(a.seg[1], b - t0), a.bias[1], frag::kTileRows * (b - t0)};
+  return {frag::tile_of(a.seg[0], b), a.bias[0], frag::kTileRows * b};
+}
+
+// The epilogue of output o (0..63 of tile b; SWIGLU 0..31 of P tile b), sum(i) giving the tile's total of tile row i
+template <int MODE, class Sum>
+__device__ __forceinline__ void frag_output(const GemvArgs& a, int b, int o, Sum sum) {
+  if constexpr (MODE == GEMV_SWIGLU) {   // output 32 b + 8 q + g: gate = P row 16 q + g (n8-tile 2q), up = 16 q + 8 + g
+    const int q = o >> 3, g = o & 7;
+    a.out_f16[32 * b + o] = swiglu_f16(sum(16 * q + g), sum(16 * q + 8 + g));
+  } else {
+    const FragTileRef t = frag_locate(a, b);
+    store_row<MODE>(a, frag::kTileRows * b + o, sum(o), t.bias, t.row0 + o);
+  }
+}
+
+template <int SPG, int MODE, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS, FragMinBlocks<SPG, MODE, WARPS>::value)
+gemv_frag_kernel(const GemvArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ uint4 xs_units[];        // the split's k range of x, f16 in k order
+  __shared__ float red[32];
+  __shared__ float warp_sums[WARPS][frag::kTileRows];
+  __shared__ float tile_sums[frag::kTileRows];   // this split's sums of the tile's rows (read by the cluster)
+  constexpr int kOut = MODE == GEMV_SWIGLU ? frag::kTileRows / 2 : frag::kTileRows;   // outputs of a tile
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int K = a.seg[0].K, KC = K / kFragChunkK;
+  const int S = gridDim.y, s = blockIdx.y, b = blockIdx.x;
+  const int c0 = frag::chunk_begin(KC, s, S), nc = frag::chunk_begin(KC, s + 1, S) - c0;       // the split's chunks
+  const int w0 = frag::chunk_begin(nc, warp, WARPS), nw = frag::chunk_begin(nc, warp + 1, WARPS) - w0;   // the warp's
+  const frag::Tile tile = MODE == GEMV_SWIGLU ? frag::pair_tile(a.seg[0], a.up, b) : frag_locate(a, b).tile;
+  FragRing<SPG> ring;
+  frag_prefetch<SPG>(tile, c0 + w0, nw, ring);   // weights never depend on the previous kernel
+  pdl_wait();                                    // x / out were written by the previous kernel
+  pdl_trigger();
+  frag_stage_x(a, K, kFragChunkK * c0, nc * kFragChunkK / 8, xs_units, red);
+  float acc[8];
+  frag_warp_dot<SPG>(tile, c0 + w0, nw, reinterpret_cast<const __half*>(xs_units) + kFragChunkK * w0, ring, acc);
+  if (t == 0)
+#pragma unroll
+    for (int j = 0; j < 8; j++) warp_sums[warp][8 * j + g] = acc[j];
+  __syncthreads();
+  if (threadIdx.x < frag::kTileRows) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) v += warp_sums[w][threadIdx.x];   // warp order
+    tile_sums[threadIdx.x] = v;
+  }
+  if (S == 1) {
+    __syncthreads();
+    if (threadIdx.x < kOut) frag_output<MODE>(a, b, threadIdx.x, [&](int i) { return tile_sums[i]; });
+    return;
+  }
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  cl.sync();   // every split's tile_sums written; cluster rank z = blockIdx.y = split z (cluster (1, S, 1))
+  const int r = (int)cl.block_rank(), per = kOut / S;   // S: a power of two <= 16, which divides 32 and 64
+  for (int o = r * per + (int)threadIdx.x; o < (r + 1) * per; o += 32 * WARPS)
+    frag_output<MODE>(a, b, o, [&](int i) {
+      float v = 0.f;
+      for (int z = 0; z < S; z++) v += cl.map_shared_rank(tile_sums, z)[i];   // split order
+      return v;
+    });
+  cl.sync();   // no block leaves while another reads its shared memory
+#else
+  __trap();    // sm_80 build: never launched (gemv.cu takes this path only where int4_fragment_order_available())
+#endif
+}
+
+// ---- host ---------------------------------------------------------------------------------------------------------
+struct FragPlan {
+  int splits, warps;
+};
+inline FragPlan frag_plan(int tiles, int K, int mode, int sm_count) {
+  const int KC = K / kFragChunkK;
+  const int want = (2 * sm_count + tiles - 1) / tiles;   // ceil(2 SMs / tiles)
+  int S = 1;
+  while (2 * S <= want && 2 * S <= kFragMaxSplits && 2 * S <= KC) S *= 2;
+  return FragPlan{S, mode == GEMV_SWIGLU ? 4 : K >= 8192 ? 8 : 4};
+}
+
+template <int SPG, int MODE, int WARPS>
+int launch_gemv_frag(const GemvArgs& a, int tiles, int S, cudaStream_t st) {
+  const int KC = a.seg[0].K / kFragChunkK;
+  const size_t smem = (size_t)((KC + S - 1) / S) * kFragChunkK * sizeof(__half);   // the longest split's x
+  if (smem > (size_t)kMaxDynSmem)
+    return fail(NQ_E_UNSUPPORTED, "gemv: K=%d too large for the fragment order", a.seg[0].K);
+  if (S == 1)
+    return launch_pdl("gemv_frag", gemv_frag_kernel<SPG, MODE, WARPS>, dim3(tiles), dim3(32 * WARPS), smem, st, a);
+  return launch_pdl_cluster("gemv_frag", gemv_frag_kernel<SPG, MODE, WARPS>, dim3(tiles, S), dim3(32 * WARPS),
+                            dim3(1, S, 1), smem, st, a);
+}
+
+template <int SPG>
+int gemv_frag_spg(const GemvArgs& a, int tiles, const FragPlan& p, cudaStream_t st) {
+  switch (a.mode) {
+    case GEMV_STORE:
+      return p.warps == 8 ? launch_gemv_frag<SPG, GEMV_STORE, 8>(a, tiles, p.splits, st)
+                          : launch_gemv_frag<SPG, GEMV_STORE, 4>(a, tiles, p.splits, st);
+    case GEMV_ADD:
+      return p.warps == 8 ? launch_gemv_frag<SPG, GEMV_ADD, 8>(a, tiles, p.splits, st)
+                          : launch_gemv_frag<SPG, GEMV_ADD, 4>(a, tiles, p.splits, st);
+    case GEMV_SWIGLU: return launch_gemv_frag<SPG, GEMV_SWIGLU, 4>(a, tiles, p.splits, st);
+  }
+  return fail(NQ_E_INVALID_ARG, "gemv: unknown mode %d", a.mode);
+}
+
+// The fragment-order GEMV of `rows` outputs (the segments' N summed; SWIGLU: gate.N). The caller (gemv.cu) checked
+// the orders, shapes (frag::shape_ok) and the one group of every segment and of `up`.
+int gemv_frag(const GemvArgs& a, int rows, int sm_count, cudaStream_t st) {
+  const int tiles = a.mode == GEMV_SWIGLU ? rows / (frag::kTileRows / 2) : rows / frag::kTileRows;
+  const FragPlan p = frag_plan(tiles, a.seg[0].K, a.mode, sm_count);
+  switch (a.seg[0].group) {
+    case 32: return gemv_frag_spg<2>(a, tiles, p, st);
+    case 64: return gemv_frag_spg<4>(a, tiles, p, st);
+    case 128: return gemv_frag_spg<8>(a, tiles, p, st);
+    case 256: return gemv_frag_spg<16>(a, tiles, p, st);
+  }
+  return fail(NQ_E_UNSUPPORTED, "gemv: no fragment-order build for group %d", a.seg[0].group);
+}
+
+// Every instantiation's limits: the dynamic shared memory (x's range) and clusters above 8 blocks.
+template <int SPG, int MODE, int WARPS>
+cudaError_t gemv_frag_attrs() {
+  const cudaError_t e = cudaFuncSetAttribute(gemv_frag_kernel<SPG, MODE, WARPS>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynSmem);
+  if (e != cudaSuccess) return e;
+  return cudaFuncSetAttribute(gemv_frag_kernel<SPG, MODE, WARPS>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+}
+template <int SPG>
+cudaError_t gemv_frag_attrs_spg() {
+  cudaError_t e;
+  if ((e = gemv_frag_attrs<SPG, GEMV_STORE, 4>())) return e;
+  if ((e = gemv_frag_attrs<SPG, GEMV_STORE, 8>())) return e;
+  if ((e = gemv_frag_attrs<SPG, GEMV_ADD, 4>())) return e;
+  if ((e = gemv_frag_attrs<SPG, GEMV_ADD, 8>())) return e;
+  return gemv_frag_attrs<SPG, GEMV_SWIGLU, 4>();
+}
+// Only where the path runs (int4_fragment_order_available(): the cluster attribute needs sm_90).
+cudaError_t gemv_frag_prepare() {
+  cudaError_t e;
+  if ((e = gemv_frag_attrs_spg<2>())) return e;
+  if ((e = gemv_frag_attrs_spg<4>())) return e;
+  if ((e = gemv_frag_attrs_spg<8>())) return e;
+  return gemv_frag_attrs_spg<16>();
+}
+
+}  // namespace
+}  // namespace nq
