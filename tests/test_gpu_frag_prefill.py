@@ -23,7 +23,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from nq_testing_lib import require_fragment_order
+from test_gpu_frag_gemm import lib, run_gemm_frag  # noqa: F401  (lib: the module fixture, skipping off Hopper)
 from test_gpu_gemm import SWIGLU_TOL_REL, _silu_mul, check, make_case, run_gemm
 from test_gpu_kernels import dequant, random_int4, rel_err
 
@@ -31,33 +31,6 @@ pytestmark = pytest.mark.gpu
 
 _F32P = ctypes.POINTER(ctypes.c_float)
 _U32P, _U16P = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint16)
-
-
-@pytest.fixture(scope="module")
-def lib():
-    from nq_testing_lib import load_testing_library
-    lib = load_testing_library()
-    require_fragment_order(lib)
-    return lib
-
-
-def run_gemm_frag(lib, segs, A, K, g, lda, bias, C, ldc, add):
-    """run_gemm (test_gpu_gemm) over the fragment order: segs [(q uint32 (N, K/8), s f16 (N, K/g)[, None])], the
-    weights repacked on the device. Returns (rc, C after)."""
-    n = len(segs)
-    qs = [np.ascontiguousarray(seg[0]) for seg in segs]
-    ss = [np.ascontiguousarray(seg[1].view(np.uint16)) for seg in segs]
-    assert all(len(seg) < 3 or seg[2] is None for seg in segs), "the fragment order takes layout 1 only"
-    qp = (_U32P * n)(*[q.ctypes.data_as(_U32P) for q in qs])
-    sp = (_U16P * n)(*[s.ctypes.data_as(_U16P) for s in ss])
-    Ns = (ctypes.c_int32 * n)(*[q.shape[0] for q in qs])
-    bs = [None if b is None else np.ascontiguousarray(b, dtype=np.float32) for b in bias]
-    bp = (_F32P * n)(*[ctypes.cast(None, _F32P) if b is None else b.ctypes.data_as(_F32P) for b in bs])
-    A = np.ascontiguousarray(A, dtype=np.float32)
-    out = np.ascontiguousarray(C, dtype=np.float32).copy()
-    rc = lib.nq_test_gemm_int4_multi_frag(n, qp, sp, Ns, K, g, A.ctypes.data_as(_F32P), A.shape[0], lda, bp,
-                                          out.ctypes.data_as(_F32P), ldc, 1 if add else 0)
-    return rc, out
 
 
 CASES = [  # (M, [N per segment], K, group, lda pad, ldc pad, bias, add); N % 64 == 0, K % 128 == 0 (the order's rule)

@@ -21,7 +21,7 @@ _U32P, _U16P = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint16)
 def lib():
     from nq_testing_lib import load_testing_library
     lib = load_testing_library()
-    require_fragment_order(lib)
+    require_fragment_order(lib)   # the repack runs where the loader uses it
     return lib
 
 

@@ -175,23 +175,11 @@ __host__ __device__ inline int chunk_begin(int KC, int s, int S) { return (int)(
 __host__ __device__ inline int a_stride(int nk) { return 16 * nk + 8; }
 
 // ---- the kernel ---------------------------------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t mask, uint32_t orv) {
-  uint32_t r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(a), "r"(mask), "r"(orv));  // (a & b) | c
-  return r;
-}
-__device__ __forceinline__ uint32_t h2u(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
-__device__ __forceinline__ __half2 u2h(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
-// The kernels' unpack of one word, the device twin of unpack_host (the masks of the file comment): the exact codes
-// q = u - 8 as f16 pairs, b0 and b1 of tile 2w, then b0 and b1 of tile 2w + 1.
-__device__ __forceinline__ void unpack_word(uint32_t w, __half2 (&p)[4]) {
-  const uint32_t k_lo = 0x64006400u, y = w >> 8;
-  const __half2 q_sub = __float2half2_rn(1032.f), inv16 = __float2half2_rn(1.f / 16.f), q_off = __float2half2_rn(-72.f);
-  p[0] = __hsub2(u2h(lop3_and_or(w, 0x000F000Fu, k_lo)), q_sub);
-  p[1] = __hfma2(u2h(lop3_and_or(w, 0x00F000F0u, k_lo)), inv16, q_off);
-  p[2] = __hsub2(u2h(lop3_and_or(y, 0x000F000Fu, k_lo)), q_sub);
-  p[3] = __hfma2(u2h(lop3_and_or(y, 0x00F000F0u, k_lo)), inv16, q_off);
-}
+// The unpack of one word and its helpers: the product's (csrc/src/int4_frag.cuh, promoted from this file), the device
+// twin of unpack_host above.
+using nq::frag::h2u;
+using nq::frag::u2h;
+using nq::frag::unpack_word;
 
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(

@@ -478,6 +478,8 @@ __global__ void __launch_bounds__(kAttnThreads) attn_prefill_kernel(const AttnAr
 template <int D>
 __global__ void rope_kv_kernel(const float* qkv, int qkv_stride, const int* pos0, KvLayer kv, const int* page_table,
                                const float2* rope, int n_heads, int n_kv) {
+  pdl_wait();
+  pdl_trigger();
   const int t = blockIdx.x, h = blockIdx.y;
   const int pos = *pos0 + t;
   const float* kin = qkv + (size_t)t * qkv_stride + n_heads * D + h * D;
@@ -533,11 +535,13 @@ int attention(const AttnArgs& a, cudaStream_t st) {
 int rope_kv_write(const float* qkv, int qkv_stride, int M, const int* pos0, KvLayer kv, const int* page_table,
                   const float2* rope, int n_heads, int n_kv, int D, cudaStream_t st) {
   dim3 grid(M, n_kv);
-  if (D == 128) rope_kv_kernel<128><<<grid, 64, 0, st>>>(qkv, qkv_stride, pos0, kv, page_table, rope, n_heads, n_kv);
-  else if (D == 64) rope_kv_kernel<64><<<grid, 32, 0, st>>>(qkv, qkv_stride, pos0, kv, page_table, rope, n_heads, n_kv);
-  else return fail(NQ_E_UNSUPPORTED, "rope_kv_write: head_dim %d", D);
-  NQ_LAUNCH_CHECK("rope_kv_kernel");
-  return NQ_OK;
+  if (D == 128)
+    return launch_pdl("rope_kv_kernel", rope_kv_kernel<128>, grid, dim3(64), 0, st, qkv, qkv_stride, pos0, kv,
+                      page_table, rope, n_heads, n_kv);
+  if (D == 64)
+    return launch_pdl("rope_kv_kernel", rope_kv_kernel<64>, grid, dim3(32), 0, st, qkv, qkv_stride, pos0, kv,
+                      page_table, rope, n_heads, n_kv);
+  return fail(NQ_E_UNSUPPORTED, "rope_kv_write: head_dim %d", D);
 }
 
 }  // namespace nq

@@ -13,6 +13,7 @@
 #include "kernels.h"
 #include "device_util.cuh"
 #include "cp_async.cuh"
+#include "launch.h"
 #include <mma.h>
 
 namespace nq {
@@ -102,6 +103,8 @@ struct GemmGroup {
 template <int WT>
 __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmGroup g, const __half* A, int lda, int M,
                                                             int ldc, int add) {
+  pdl_wait();      // launched with PDL (launch.h)
+  pdl_trigger();
   extern __shared__ __align__(16) unsigned char gsm[];
   __half* As = reinterpret_cast<__half*>(gsm);
   __half* Ws = As + BM * LDS;
@@ -174,9 +177,8 @@ int launch_gemm(const GemmGroup& g, int tiles, const __half* A, int lda, int M, 
     raised = true;
   }
   dim3 grid(tiles, (M + BM - 1) / BM);
-  gemm_kernel<WT><<<grid, kGemmThreads, kGemmSmem, st>>>(g, A, lda, M, ldc, add ? 1 : 0);
-  NQ_LAUNCH_CHECK("gemm_kernel");
-  return NQ_OK;
+  return launch_pdl("gemm_kernel", gemm_kernel<WT>, grid, dim3(kGemmThreads), kGemmSmem, st, g, A, lda, M, ldc,
+                    add ? 1 : 0);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -161,6 +161,8 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
                     int add, int* sem, float* part) {
 #if NQ_WGMMA_DEVICE
   using C_ = WgCfg<TN, WGS, STAGES, KSUB, ZP, FRAG>;
+  pdl_wait();      // launched with PDL (launch.h): A, C and the split-K scratch are the earlier kernels' outputs
+  pdl_trigger();
   extern __shared__ __align__(128) unsigned char wsm_raw[];
   const uint32_t raw_u32 = smem_u32(wsm_raw);
   const uint32_t sbase = (raw_u32 + 1023u) & ~1023u;
@@ -558,8 +560,8 @@ int launch_int4_wgmma(const GemmGroup& g, int tiles, const __half* A, int lda, i
     }
   }
   dim3 grid(mtiles, tiles, splits > 1 ? splits : 1);
-  kern<<<grid, C_::kThreads, C_::kSmem, st>>>(g, tmA, tmW[0], tmW[1], tmW[2], M, ldc, add ? 1 : 0, sem, part);
-  NQ_LAUNCH_CHECK("gemm_int4_wgmma");
+  NQ_TRY(launch_pdl("gemm_int4_wgmma", kern, grid, dim3(C_::kThreads), C_::kSmem, st, g, tmA, tmW[0], tmW[1], tmW[2],
+                    M, ldc, add ? 1 : 0, sem, part));
   if (own && sem) NQ_CUDA(cudaFreeAsync(sem, st));
   return NQ_OK;
 }
@@ -613,9 +615,8 @@ int launch_int4_wgmma_frag(GemmGroup& g, int tiles, const __half* A, int lda, in
       return fail(NQ_E_CUDA, "gemm: cuTensorMapEncodeTiled failed for weight segment %d (N=%d, K=%d)", i, W.N, W.K);
   }
   dim3 grid((M + TN - 1) / TN, tiles, 1);
-  kern<<<grid, C_::kThreads, C_::kSmem, st>>>(g, tmA, tmW[0], tmW[1], tmW[2], M, ldc, add ? 1 : 0, nullptr, nullptr);
-  NQ_LAUNCH_CHECK("gemm_int4_wgmma (fragment order)");
-  return NQ_OK;
+  return launch_pdl("gemm_int4_wgmma (fragment order)", kern, grid, dim3(C_::kThreads), C_::kSmem, st, g, tmA, tmW[0],
+                    tmW[1], tmW[2], M, ldc, add ? 1 : 0, (int*)nullptr, (float*)nullptr);
 }
 
 }  // namespace

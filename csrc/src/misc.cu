@@ -23,6 +23,8 @@ __global__ void embed_token_kernel(const void* table, int dtype, const int32_t* 
 }
 
 __global__ void embed_rows_kernel(const void* table, int dtype, const int32_t* tokens, int H, float* X) {
+  pdl_wait();
+  pdl_trigger();
   const size_t row = (size_t)tokens[blockIdx.x] * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) X[(size_t)blockIdx.x * H + i] = load_elem(table, dtype, row + i);
 }
@@ -31,6 +33,8 @@ __global__ void embed_rows_kernel(const void* table, int dtype, const int32_t* t
 // independent (the scalar loop left ~14 dependent-latency loads per thread at K = 3584)
 __global__ void rmsnorm_rows_kernel(const float* X, const float* w, int K, float eps, __half* Y) {
   __shared__ float red[32];
+  pdl_wait();
+  pdl_trigger();
   const float4* x = reinterpret_cast<const float4*>(X + (size_t)blockIdx.x * K);
   const float4* w4 = reinterpret_cast<const float4*>(w);
   const int K4 = K / 4;
@@ -50,6 +54,8 @@ __global__ void rmsnorm_rows_kernel(const float* X, const float* w, int K, float
 }
 
 __global__ void swiglu_rows_kernel(const float* G, const float* U, size_t n, __half* H) {
+  pdl_wait();
+  pdl_trigger();
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
     H[i] = swiglu_f16(G[i], U[i]);
   }
@@ -255,24 +261,18 @@ int embed_token(const void* table, int dtype, const int32_t* d_token, int H, flo
                     d_token, H, x);
 }
 int embed_rows(const void* table, int dtype, const int32_t* tokens, int M, int H, float* X, cudaStream_t st) {
-  embed_rows_kernel<<<M, 256, 0, st>>>(table, dtype, tokens, H, X);
-  NQ_LAUNCH_CHECK("embed_rows_kernel");
-  return NQ_OK;
+  return launch_pdl("embed_rows_kernel", embed_rows_kernel, dim3(M), dim3(256), 0, st, table, dtype, tokens, H, X);
 }
 int rmsnorm_rows(const float* X, const float* w, int M, int K, float eps, __half* Y, cudaStream_t st) {
   if (K % 4 != 0 || reinterpret_cast<uintptr_t>(X) % 16 || reinterpret_cast<uintptr_t>(w) % 16 ||
       reinterpret_cast<uintptr_t>(Y) % 8)
     return fail(NQ_E_UNSUPPORTED, "rmsnorm_rows: needs K %% 4 == 0 (K=%d) and 16-byte aligned rows", K);
-  rmsnorm_rows_kernel<<<M, 256, 0, st>>>(X, w, K, eps, Y);
-  NQ_LAUNCH_CHECK("rmsnorm_rows_kernel");
-  return NQ_OK;
+  return launch_pdl("rmsnorm_rows_kernel", rmsnorm_rows_kernel, dim3(M), dim3(256), 0, st, X, w, K, eps, Y);
 }
 int swiglu_rows(const float* G, const float* U, int M, int I, __half* H, cudaStream_t st) {
   const size_t n = (size_t)M * I;
   const int grid = (int)std::min<size_t>((n + 255) / 256, 4096);
-  swiglu_rows_kernel<<<grid, 256, 0, st>>>(G, U, n, H);
-  NQ_LAUNCH_CHECK("swiglu_rows_kernel");
-  return NQ_OK;
+  return launch_pdl("swiglu_rows_kernel", swiglu_rows_kernel, dim3(grid), dim3(256), 0, st, G, U, n, H);
 }
 int advance_pos(int* pos, int n, cudaStream_t st) {
   return launch_pdl("advance_pos_kernel", advance_pos_kernel, dim3(1), dim3(1), 0, st, pos, n);
