@@ -3,6 +3,7 @@
 // the product runs ~52 TFLOP/s at a 512-token prompt and ~110-140 at 8K-32K (bench/NOTES.md "Session 13: prefill
 // attention (helper)" has the design reasoning and the prediction).
 //
+//   build/dev/attn_prefill_fa --case emulate # CPU: the kernel's index math and data flow against float64
 //   build/dev/attn_prefill_fa --case check   # GPU: every variant x split against float64, and the product
 //   build/dev/attn_prefill_fa --case time    # GPU: 7B (28 / 4 heads, D 128) prompts 512..32768, µs per layer
 //
@@ -84,6 +85,61 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
 }
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) { return nq::h2_as_u32(__floats2half2_rn(lo, hi)); }
 
+// ---- index math shared by the kernel and the CPU emulation (--case emulate) ------------------------------------
+struct Geom {   // one block: its tokens and rows, its keys and its split's tile range
+  int G, TQ, t0, nq, Rreal, n_keys, ntiles, ts, te, nt;
+};
+template <class C>
+__host__ __device__ __forceinline__ Geom block_geom(int n_heads, int n_kv, int M, int pos0, int by, int nby, int split,
+                                                    int nsplit) {
+  Geom b;
+  b.G = n_heads / n_kv;
+  b.TQ = C::ROWS / b.G;
+  b.t0 = (nby - 1 - by) * b.TQ;                   // heaviest row blocks first
+  b.nq = b.TQ < M - b.t0 ? b.TQ : M - b.t0;
+  b.Rreal = b.nq * b.G;                           // rows r = token * G + head; r >= Rreal: pad
+  b.n_keys = pos0 + b.t0 + b.nq;                  // keys 0 .. the block's last position
+  b.ntiles = (b.n_keys + C::KT - 1) / C::KT;
+  b.ts = split * b.ntiles / nsplit;
+  b.te = (split + 1) * b.ntiles / nsplit;
+  b.nt = b.te - b.ts;
+  return b;
+}
+// The warp's first real position (wmin), last (wmax; -1: no real row, the warp skips every tile) and the positions
+// of this lane's rows r = wr0 + 16mt + g + 8hr (pad rows take wmax: they see keys, so no row is empty).
+template <class C>
+__host__ __device__ __forceinline__ void warp_rows(const Geom& b, int pos0, int warp, int g, int& wmin, int& wmax,
+                                                   int (&rpos)[C::MT][2]) {
+  const int wr0 = warp * 16 * C::MT;
+  wmin = pos0 + b.t0 + wr0 / b.G;
+  const int wr1 = wr0 + 16 * C::MT < b.Rreal ? wr0 + 16 * C::MT : b.Rreal;   // past the warp's last real row
+  wmax = wr0 < b.Rreal ? pos0 + b.t0 + (wr1 - 1) / b.G : -1;
+  for (int mt = 0; mt < C::MT; mt++)
+    for (int hr = 0; hr < 2; hr++) {
+      const int r = wr0 + 16 * mt + g + 8 * hr;
+      rpos[mt][hr] = r < b.Rreal ? pos0 + b.t0 + r / b.G : wmax;
+    }
+}
+// K/V copies: thread (crow, cpart) copies 16-byte chunk cpart of rows j = crow + p*KPP of a tile. Page slot of row
+// j: crow % 16 + (p*KPP) % 16 (KPP and 16 powers of 2, tiles start on page bounds). Pages: KPP <= 16: pass p lies
+// in page q = p*KPP/16 of the tile (KT/16 registers), else one register per pass.
+template <class C>
+struct Copy {
+  static_assert(nq::kPage == 16 && (C::KPP % 16 == 0 || 16 % C::KPP == 0), "copy passes vs pages");
+  static constexpr bool kSlot = C::KPP <= 16;
+  static constexpr int NPG = kSlot ? C::KT / 16 : C::NPASS;
+  __host__ __device__ static int page_key(int tile, int q, int crow) {   // a key of the page register q
+    return tile * C::KT + (kSlot ? q * 16 : crow + q * C::KPP);
+  }
+  __host__ __device__ static int page_reg(int p) { return kSlot ? p * C::KPP / 16 : p; }
+  __host__ __device__ static uint32_t thr_off(int h, int crow, int cpart) {   // elements, within a physical page
+    return ((uint32_t)h * 16 + crow % 16) * C::D + cpart * 8;
+  }
+  __host__ __device__ static size_t src_bytes(uint32_t page, uint32_t pstride, uint32_t thr, int p) {
+    return 2ull * ((size_t)page * pstride + thr + ((p * C::KPP) % 16) * C::D);
+  }
+};
+
 template <class C>
 __global__ void __launch_bounds__(C::THREADS, C::MINB) fa_prefill(const AttnArgs a) {
   constexpr int D = C::D, KT = C::KT, ST = C::ST, MT = C::MT, NT = C::NT, ND = C::ND, KS = C::KS, LD = C::LD;
@@ -97,31 +153,23 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) fa_prefill(const AttnArgs
   nq::pdl_trigger();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int h = blockIdx.x, nsplit = gridDim.z, split = blockIdx.z;
-  const int G = a.n_heads / a.n_kv, TQ = C::ROWS / G;
-  const int t0 = (gridDim.y - 1 - blockIdx.y) * TQ;   // heaviest row blocks first
   const int pos0 = *a.pos0;
-  const int nq_ = min(TQ, a.M - t0), Rreal = nq_ * G;
-  const int n_keys = pos0 + t0 + nq_;                 // keys 0 .. the block's last position
-  const int ntiles = (n_keys + KT - 1) / KT;
-  const int ts = split * ntiles / nsplit, te = (split + 1) * ntiles / nsplit, nt = te - ts;
+  const Geom b = block_geom<C>(a.n_heads, a.n_kv, a.M, pos0, blockIdx.y, gridDim.y, split, nsplit);
+  const int G = b.G, t0 = b.t0, Rreal = b.Rreal, n_keys = b.n_keys, ts = b.ts, nt = b.nt;
 
-  // ---- K/V copies: chunk `cpart` of key rows crow + p * KPP of a tile; pages one tile ahead. The page slot of
-  // row j = crow + p*KPP is crow % 16 + (p*KPP) % 16 (KPP and 16 are powers of 2; tiles start on page bounds).
-  static_assert(kPage == 16 && (C::KPP % kPage == 0 || kPage % C::KPP == 0), "copy passes vs pages");
+  // ---- K/V copies (Copy<C>); the pages of a tile are loaded one tile ahead of its copies
+  using CP = Copy<C>;
   const int cpart = tid % C::CPR, crow = tid / C::CPR;
-  const uint32_t pstride = (uint32_t)a.n_kv * kPage * D;                           // elements per physical page
-  const uint32_t thr_off = ((uint32_t)h * kPage + crow % kPage) * D + cpart * 8;    // this thread's chunk in a page
+  const uint32_t pstride = (uint32_t)a.n_kv * kPage * D;   // elements per physical page
+  const uint32_t thr_off = CP::thr_off(h, crow, cpart);
   const uint32_t thr_dst = 2u * (crow * LD + cpart * 8);
   const char* const kbase = reinterpret_cast<const char*>(a.kv.k);
   const char* const vbase = reinterpret_cast<const char*>(a.kv.v);
-  // pages: KPP <= 16: pass p lies in page slot p*KPP/16 of the tile (KT/16 registers); else one per pass
-  constexpr bool kSlot = C::KPP <= kPage;
-  constexpr int NPG = kSlot ? KT / kPage : C::NPASS;
-  uint32_t pg[NPG];
+  uint32_t pg[CP::NPG];
   auto load_pages = [&](int tile) {  // physical pages of tile `tile` (0 past the keys: never read)
 #pragma unroll
-    for (int q = 0; q < NPG; q++) {
-      const int key = tile * KT + (kSlot ? q * kPage : crow + q * C::KPP);
+    for (int q = 0; q < CP::NPG; q++) {
+      const int key = CP::page_key(tile, q, crow);
       pg[q] = key < n_keys ? (uint32_t)__ldg(a.page_table + (key >> 4)) : 0u;
     }
   };
@@ -130,8 +178,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) fa_prefill(const AttnArgs
 #pragma unroll
     for (int p = 0; p < C::NPASS; p++) {
       const bool ok = tile * KT + crow + p * C::KPP < n_keys;
-      const uint32_t page = pg[kSlot ? p * C::KPP / kPage : p];
-      const size_t off = 2ull * ((size_t)page * pstride + thr_off + ((p * C::KPP) % kPage) * D);   // bytes
+      const size_t off = CP::src_bytes(pg[CP::page_reg(p)], pstride, thr_off, p);
       const uint32_t so = 2u * (p * C::KPP * LD);
       nq::cp_async16(kb + so, kbase + off, ok ? 16 : 0);   // 0: 16 zero bytes, nothing read
       nq::cp_async16(vb + so, vbase + off, ok ? 16 : 0);
@@ -180,17 +227,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) fa_prefill(const AttnArgs
     for (int ks = 0; ks < KS; ks++) ldsm4(qreg[ks], qa_u + 2u * (ks * 16));
   }
 
-  // rows of this lane: r = wr0 + 16mt + g + 8hr; pad rows (past the block's tokens) take the warp's last position
-  const int wmin = pos0 + t0 + wr0 / G;
-  const int wmax = wr0 < Rreal ? pos0 + t0 + (min(wr0 + 16 * MT, Rreal) - 1) / G : -1;  // -1: no rows, skip all
-  int rpos[MT][2];
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-      const int r = wr0 + 16 * mt + g + 8 * hr;
-      rpos[mt][hr] = r < Rreal ? pos0 + t0 + r / G : wmax;
-    }
+  int wmin, wmax, rpos[MT][2];
+  warp_rows<C>(b, pos0, warp, g, wmin, wmax, rpos);
   float m[MT][2], l[MT][2], o[MT][ND][4];
 #pragma unroll
   for (int mt = 0; mt < MT; mt++) {
@@ -436,12 +474,22 @@ Variant make_variant(const char* name) {
   v.smem = C::SMEM;
   return v;
 }
+template <class C> struct Tag { using type = C; };
+template <int D, class F>
+void for_each_variant(F&& f) {   // f(Tag<Cfg>, name)
+  f(Tag<W8M1K64S2Q<D>>{}, "w8m1k64s2q");
+  f(Tag<W8M1K64S3Q<D>>{}, "w8m1k64s3q");
+  f(Tag<W4M2K64S2<D>>{}, "w4m2k64s2");
+  f(Tag<W4M2K32S3<D>>{}, "w4m2k32s3");
+  f(Tag<W4M1K64S2Q<D>>{}, "w4m1k64s2q");
+  f(Tag<W8M1K64S2B2<D>>{}, "w8m1k64s2b2");
+  f(Tag<W8M1K32S3B2<D>>{}, "w8m1k32s3b2");
+}
 template <int D>
 std::vector<Variant> variants() {
-  return {make_variant<W8M1K64S2Q<D>>("w8m1k64s2q"), make_variant<W8M1K64S3Q<D>>("w8m1k64s3q"),
-          make_variant<W4M2K64S2<D>>("w4m2k64s2"), make_variant<W4M2K32S3<D>>("w4m2k32s3"),
-          make_variant<W4M1K64S2Q<D>>("w4m1k64s2q"), make_variant<W8M1K64S2B2<D>>("w8m1k64s2b2"),
-          make_variant<W8M1K32S3B2<D>>("w8m1k32s3b2")};
+  std::vector<Variant> v;
+  for_each_variant<D>([&](auto tag, const char* name) { v.push_back(make_variant<typename decltype(tag)::type>(name)); });
+  return v;
 }
 
 // ---- inputs ----------------------------------------------------------------------------------------------------
@@ -547,21 +595,39 @@ std::vector<double> reference(const HostProblem& hp) {
   return out;
 }
 
-void upload(DevProblem& dp, const HostProblem& hp) {
+// The paged cache of a check problem: pages in reversed physical order (the tests' fill_paged_cache), the rows past
+// n_pos in the last page NaN (never read)
+struct HostCache {
+  std::vector<int> pt;
+  std::vector<__half> k, v;
+};
+HostCache make_cache(const HostProblem& hp) {
   const Problem& p = hp.p;
-  dp.p = p;
   const int pages = (p.n_pos() + kPage - 1) / kPage, D = p.D;
-  std::vector<int> pt(pages);
-  for (int i = 0; i < pages; i++) pt[i] = pages - 1 - i;
+  HostCache c;
+  c.pt.resize(pages);
+  for (int i = 0; i < pages; i++) c.pt[i] = pages - 1 - i;
   const size_t cache = (size_t)pages * p.n_kv * kPage * D;
-  std::vector<__half> k(cache, __ushort_as_half(0xffff)), v(cache, __ushort_as_half(0xffff));   // NaN: never read
+  c.k.assign(cache, __ushort_as_half(0xffff));
+  c.v.assign(cache, __ushort_as_half(0xffff));
   for (int j = 0; j < p.n_pos(); j++)
     for (int hh = 0; hh < p.n_kv; hh++)
       for (int d = 0; d < D; d++) {
-        const size_t idx = (((size_t)pt[j / kPage] * p.n_kv + hh) * kPage + j % kPage) * D + d;
-        k[idx] = hp.kc[((size_t)j * p.n_kv + hh) * D + d];
-        v[idx] = hp.vc[((size_t)j * p.n_kv + hh) * D + d];
+        const size_t idx = (((size_t)c.pt[j / kPage] * p.n_kv + hh) * kPage + j % kPage) * D + d;
+        c.k[idx] = hp.kc[((size_t)j * p.n_kv + hh) * D + d];
+        c.v[idx] = hp.vc[((size_t)j * p.n_kv + hh) * D + d];
       }
+  return c;
+}
+
+void upload(DevProblem& dp, const HostProblem& hp) {
+  const Problem& p = hp.p;
+  dp.p = p;
+  const HostCache hc = make_cache(hp);
+  const std::vector<int>& pt = hc.pt;
+  const std::vector<__half>&k = hc.k, &v = hc.v;
+  const int pages = (int)pt.size(), D = p.D;
+  const size_t cache = k.size();
   std::vector<float> qkv((size_t)p.M * p.stride(), 1e30f);  // the k/v parts: not read by prefill attention
   for (int t = 0; t < p.M; t++)
     std::memcpy(qkv.data() + (size_t)t * p.stride(), hp.q.data() + (size_t)t * p.n_heads * D, (size_t)p.n_heads * D * 4);
@@ -610,6 +676,204 @@ double run_and_compare(DevProblem& dp, const std::vector<double>& ref, const std
     den += ref[i] * ref[i];
   }
   return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// ---- --case emulate (CPU): the kernel's index math and data flow on the host ------------------------------------
+// Runs fa_prefill<C>'s block geometry, key split, K/V copy addressing (against kv_row), Q staging, per-warp skip and
+// causal-mask decisions, the online softmax with its lane ownership (lane 4g + t: rows g, g + 8 of each m-tile,
+// keys / dims 8n + 2t + e), the f16 roundings of q and P, the output rows and the cluster merge, with the same
+// shared helpers (block_geom, warp_rows, Copy). What it cannot see: ldmatrix / mma fragment addressing (the
+// product's, unchanged), cp.async ordering and barriers (the GPU check's job).
+template <class C>
+std::vector<float> emulate(const HostProblem& hp, const HostCache& hc, int nsplit, long* addr_errors) {
+  constexpr int D = C::D, KT = C::KT, MT = C::MT, ND = C::ND, ROWS = C::ROWS;
+  using CP = Copy<C>;
+  const Problem& p = hp.p;
+  const int G = p.n_heads / p.n_kv, TQ = ROWS / G, nby = (p.M + TQ - 1) / TQ, pos0 = p.pos0;
+  std::vector<float> out((size_t)p.M * p.n_heads * D, std::nanf(""));
+  std::vector<int> written(out.size(), 0);
+  const uint32_t pstride = (uint32_t)p.n_kv * kPage * D;
+  long errs = 0;
+#pragma omp parallel for schedule(dynamic) reduction(+ : errs)
+  for (int hb = 0; hb < p.n_kv * nby; hb++) {
+    const int h = hb % p.n_kv, by = hb / p.n_kv;
+    std::vector<std::vector<float>> PO(nsplit, std::vector<float>((size_t)ROWS * D, 0.f));
+    std::vector<std::vector<float>> PM(nsplit, std::vector<float>(ROWS)), PL(nsplit, std::vector<float>(ROWS));
+    std::vector<float> Qs((size_t)ROWS * D), Ks((size_t)KT * D), Vs((size_t)KT * D);
+    Geom b{};
+    for (int split = 0; split < nsplit; split++) {
+      b = block_geom<C>(p.n_heads, p.n_kv, p.M, pos0, by, nby, split, nsplit);
+      // Q staging, as the kernel's items (r, d..d+3)
+      const float qs = 1.4426950408889634f / std::sqrt((float)D);
+      for (int i = 0; i < ROWS * (D / 8); i++) {
+        const int r = i / (D / 8), d0 = (i % (D / 8)) * 4;
+        const bool valid = r < b.Rreal;
+        const int tq = valid ? r / G : 0, hg = valid ? r % G : 0;
+        const float* qin = hp.q.data() + (size_t)(b.t0 + tq) * p.n_heads * D + (h * G + hg) * D;
+        for (int e = 0; e < 4; e++) {
+          const int d = d0 + e;
+          const float2 cs = hp.rope[(size_t)(pos0 + b.t0 + tq) * (D / 2) + d];
+          const float x0 = qin[d], x1 = qin[d + D / 2];
+          Qs[(size_t)r * D + d] = valid ? __half2float(__float2half_rn((x0 * cs.x - x1 * cs.y) * qs)) : 0.f;
+          Qs[(size_t)r * D + d + D / 2] = valid ? __half2float(__float2half_rn((x1 * cs.x + x0 * cs.y) * qs)) : 0.f;
+        }
+      }
+      // per lane state: m per (warp, g, mt, hr) (equal over the quad), l per lane, O per (row, dim) (one owner each)
+      std::vector<float> m((size_t)C::WARPS * 8 * MT * 2, -INFINITY), l((size_t)C::WARPS * 32 * MT * 2, 0.f);
+      std::vector<float>& O = PO[split];
+      std::fill(O.begin(), O.end(), 0.f);
+      for (int i = 0; i < b.nt; i++) {
+        const int tile = b.ts + i, kt0 = tile * KT;
+        // copies
+        for (int tid = 0; tid < C::THREADS; tid++) {
+          const int cpart = tid % C::CPR, crow = tid / C::CPR;
+          uint32_t pg[CP::NPG];
+          for (int q = 0; q < CP::NPG; q++) {
+            const int key = CP::page_key(tile, q, crow);
+            pg[q] = key < b.n_keys ? (uint32_t)hc.pt[key >> 4] : 0u;
+          }
+          for (int pp = 0; pp < C::NPASS; pp++) {
+            const int j = crow + pp * C::KPP, key = kt0 + j;
+            const bool ok = key < b.n_keys;
+            const size_t off = CP::src_bytes(pg[CP::page_reg(pp)], pstride, CP::thr_off(h, crow, cpart), pp) / 2;
+            if (ok && off != (((size_t)hc.pt[key / kPage] * p.n_kv + h) * kPage + key % kPage) * D + cpart * 8) errs++;
+            for (int e = 0; e < 8; e++) {
+              Ks[(size_t)j * D + cpart * 8 + e] = ok ? __half2float(hc.k[off + e]) : 0.f;
+              Vs[(size_t)j * D + cpart * 8 + e] = ok ? __half2float(hc.v[off + e]) : 0.f;
+            }
+          }
+        }
+        for (int w = 0; w < C::WARPS; w++) {
+          const int wr0 = w * 16 * MT;
+          for (int g = 0; g < 8; g++) {
+            int wmin, wmax, rpos[MT][2];
+            warp_rows<C>(b, pos0, w, g, wmin, wmax, rpos);
+            if (kt0 > wmax) continue;
+            const bool mask = kt0 + KT - 1 > wmin;
+            for (int mt = 0; mt < MT; mt++)
+              for (int hr = 0; hr < 2; hr++) {
+                const int row = wr0 + 16 * mt + g + 8 * hr;
+                float sc[KT];
+                for (int kl = 0; kl < KT; kl++) {  // key kl = 8n + 2t + e lies in lane t's sc[mt][n][2hr + e]
+                  float acc = 0.f;
+                  for (int d = 0; d < D; d++) acc += Qs[(size_t)row * D + d] * Ks[(size_t)kl * D + d];
+                  sc[kl] = mask && kt0 + kl > rpos[mt][hr] ? -INFINITY : acc;
+                }
+                float& mm = m[((size_t)(w * 8 + g) * MT + mt) * 2 + hr];
+                float mx = -INFINITY;
+                for (int kl = 0; kl < KT; kl++) mx = std::max(mx, sc[kl]);
+                const float m_new = std::max(mm, mx), m_use = m_new == -INFINITY ? 0.f : m_new;
+                const float corr = std::exp2(mm - m_use);
+                for (int t = 0; t < 4; t++) {
+                  float sum = 0.f;
+                  for (int n = 0; n < KT / 8; n++)
+                    for (int e = 0; e < 2; e++) {
+                      float& v = sc[8 * n + 2 * t + e];
+                      v = std::exp2(v - m_use);
+                      sum += v;
+                    }
+                  float& ll = l[((size_t)(w * 32 + 4 * g + t) * MT + mt) * 2 + hr];
+                  ll = ll * corr + sum;
+                }
+                mm = m_new;
+                for (int dim = 0; dim < D; dim++) {  // owner: lane 4g + (dim % 8) / 2, o[mt][dim / 8][2hr + dim % 2]
+                  float acc = O[(size_t)row * D + dim] * corr;
+                  for (int kl = 0; kl < KT; kl++) acc += __half2float(__float2half_rn(sc[kl])) * Vs[(size_t)kl * D + dim];
+                  O[(size_t)row * D + dim] = acc;
+                }
+              }
+          }
+        }
+      }
+      // row sums over the quad; partial or output
+      for (int w = 0; w < C::WARPS; w++)
+        for (int g = 0; g < 8; g++)
+          for (int mt = 0; mt < MT; mt++)
+            for (int hr = 0; hr < 2; hr++) {
+              const int row = w * 16 * MT + 16 * mt + g + 8 * hr;
+              float L = 0.f;
+              for (int t = 0; t < 4; t++) L += l[((size_t)(w * 32 + 4 * g + t) * MT + mt) * 2 + hr];
+              PM[split][row] = m[((size_t)(w * 8 + g) * MT + mt) * 2 + hr];
+              PL[split][row] = L;
+              if (nsplit == 1 && row < b.Rreal)
+                for (int t = 0; t < 4; t++)
+                  for (int n = 0; n < ND; n++)
+                    for (int e = 0; e < 2; e++) {
+                      const int dim = 8 * n + 2 * t + e;
+                      const size_t oi = (size_t)(b.t0 + row / G) * p.n_heads * D + (h * G + row % G) * D + dim;
+                      out[oi] = __half2float(__float2half_rn(O[(size_t)row * D + dim] * (1.f / L)));
+                      written[oi]++;
+                    }
+            }
+    }
+    if (nsplit > 1)
+      for (int rank = 0; rank < nsplit; rank++) {
+        const int r0 = rank * b.Rreal / nsplit, r1 = (rank + 1) * b.Rreal / nsplit;
+        for (int r = r0; r < r1; r++) {
+          float M = -INFINITY, L = 0.f, wj[C::kMaxSplit];
+          for (int j = 0; j < nsplit; j++) M = std::max(M, PM[j][r]);
+          for (int j = 0; j < nsplit; j++) { wj[j] = std::exp2(PM[j][r] - M); L += PL[j][r] * wj[j]; }
+          for (int dim = 0; dim < D; dim++) {
+            float acc = 0.f;
+            for (int j = 0; j < nsplit; j++) acc += wj[j] / L * PO[j][(size_t)r * D + dim];
+            const size_t oi = (size_t)(b.t0 + r / G) * p.n_heads * D + (h * G + r % G) * D + dim;
+            out[oi] = __half2float(__float2half_rn(acc));
+            written[oi]++;
+          }
+        }
+      }
+  }
+  for (int w : written)
+    if (w != 1) errs++;   // every output exactly once
+  *addr_errors = errs;
+  return out;
+}
+
+template <class C>
+int emulate_one(const char* name, const HostProblem& hp, const HostCache& hc, const std::vector<double>& ref, int nsplit) {
+  long errs = 0;
+  const std::vector<float> got = emulate<C>(hp, hc, nsplit, &errs);
+  double num = 0.0, den = 0.0;
+  bool finite = true;
+  for (size_t i = 0; i < ref.size(); i++) {
+    finite &= std::isfinite(got[i]);
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  const double e = std::sqrt(num / std::max(den, 1e-300));
+  const bool ok = finite && errs == 0 && e < 2e-3;
+  std::printf("  %-11s split %d: %.2e%s%s %s\n", name, nsplit, e, finite ? "" : " [non-finite]",
+              errs ? " [address / coverage errors]" : "", ok ? "ok" : "FAIL");
+  return ok ? 0 : 1;
+}
+
+int case_emulate() {
+  int fails = 0;
+  uint32_t seed = 99;
+  auto run = [&](const Problem& p, std::initializer_list<int> splits) {
+    const HostProblem hp = make_host(p, seed++);
+    const HostCache hc = make_cache(hp);
+    const std::vector<double> ref = reference(hp);
+    std::printf("-- heads %d/%d (G %d) D %d, M %d after %d keys\n", p.n_heads, p.n_kv, p.n_heads / p.n_kv, p.D, p.M,
+                p.pos0);
+    auto each = [&](auto tag, const char* name) {
+      using C = typename decltype(tag)::type;
+      if (p.n_heads / p.n_kv > C::ROWS) return;
+      for (int s : splits) fails += emulate_one<C>(name, hp, hc, ref, s);
+    };
+    if (p.D == 128) for_each_variant<128>(each); else for_each_variant<64>(each);
+    std::fflush(stdout);
+  };
+  for (int D : {128, 64})
+    for (int G : {7, 2})
+      for (int M : {2, 17, 100})
+        for (int pos0 : {0, 37}) run(Problem{G == 7 ? 28 : 4, G == 7 ? 4 : 2, D, M, pos0}, {1, 2, 3, 8});
+  run(Problem{28, 4, 128, 300, 140}, {1, 2, 3});
+  for (const Problem& p : {Problem{16, 2, 128, 45, 32}, Problem{40, 8, 128, 100, 200}, Problem{12, 2, 128, 64, 236},
+                           Problem{8, 8, 64, 100, 200}, Problem{14, 2, 64, 130, 3}})
+    run(p, {1, 2, 5});
+  std::printf("emulate: %d failure(s)\n", fails);
+  return fails ? 1 : 0;
 }
 
 // ---- --case check -------------------------------------------------------------------------------------------
@@ -768,8 +1032,9 @@ int case_time() {
 
 int main(int argc, char** argv) {
   const std::string c = argc > 2 && std::strcmp(argv[1], "--case") == 0 ? argv[2] : "";
+  if (c == "emulate") return fa::case_emulate();
   if (c != "check" && c != "time") {
-    std::printf("usage: attn_prefill_fa --case check|time\n");
+    std::printf("usage: attn_prefill_fa --case emulate|check|time\n");
     return 2;
   }
   cudaDeviceProp prop;
