@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/fa_out}; mkdir -p "$OUT"
 make -C csrc/dev "$PWD/$B" > "$OUT/make.log" 2>&1 || { tail -30 "$OUT/make.log"; exit 1; }
 # registers / spills per kernel (function name line, then its spill line, then its register line)
 grep -E "Compiling entry function|spill stores|Used [0-9]+ registers" "$OUT/make.log" | paste - - - |
-  grep -E "fa_prefill|attn_prefill_kernel" |
+  grep -E "attn_prefill_faINS|attn_prefill_kernelILi" |
   sed -E 's/.*CfgILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])ELi([0-9]+).*sm_90a.(.*)/fa D\1 W\2 MT\3 KT\4 ST\5 QREG\6 MINB\7 \8/;
           s/.*attn_prefill_kernelILi([0-9]+).*sm_90a.(.*)/product attn_prefill_kernel D\1 \2/;
           s/ptxas info *: //g; s/[ \t]+/ /g' | tee "$OUT/regs.txt"
