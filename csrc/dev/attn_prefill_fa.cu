@@ -1,7 +1,8 @@
 // Causal prefill attention on mma.sync (csrc/src/attn_prefill.cuh: the kernel attn_prefill_fa<Cfg>, its design in
-// the header's comment) against the product's attn_prefill_kernel (csrc/src/attention.cu, included below and launched
-// through nq::attention, the timing baseline). Issue 12: the product runs ~52 TFLOP/s at a 512-token prompt and
-// ~110-140 at 8K-32K (bench/NOTES.md "Session 13: prefill attention (helper)": the reasoning and the prediction).
+// the header's comment) against the product's prefill path (csrc/src/attention.cu, included below and launched through
+// nq::attention: since the promotion attn_prefill_fa with PrefillCfg and its split rule) and the kernel it replaced
+// (v1, csrc/dev/attn_prefill_v1.cuh: ~52 TFLOP/s at a 512-token prompt and ~110-140 at 8K-32K on the H200). Issue 12;
+// bench/NOTES.md "Session 13: prefill attention (helper)": the reasoning and the prediction.
 //
 //   build/dev/attn_prefill_fa --case emulate # CPU: the kernel's index math and data flow against float64
 //   build/dev/attn_prefill_fa --case check   # GPU: every variant x split against float64, and the product
@@ -15,6 +16,7 @@
 #include "dev_common.cuh"
 #include "attention.cu"  // the product: nq::attention (attn_prefill_kernel), the baseline
 #include "attn_prefill.cuh"  // the kernel (attn_prefill_fa<Cfg>), its index math, launch_attn_prefill
+#include "attn_prefill_v1.cuh"  // the prefill kernel the product had before (v1), a baseline
 #include "cp_async.cuh"
 #include "launch.h"
 #include <cooperative_groups.h>
@@ -470,19 +472,22 @@ int check_one(const Problem& p, uint32_t seed, int* fails) {
   DevProblem dp;
   upload(dp, hp);
   std::printf("-- heads %d/%d (G %d) D %d, M %d after %d keys\n", p.n_heads, p.n_kv, p.n_heads / p.n_kv, D, p.M, p.pos0);
-  std::vector<float> prod;
-  const double ep = run_and_compare(dp, ref, [&] { return nq::attention(dp.args(), 0); }, &prod);
-  std::printf("  product attn_prefill_kernel: %.2e %s\n", ep, ep >= 0 && ep < kTol ? "ok" : "FAIL");
+  std::vector<float> prod;   // v1's output: the variants' max difference against it, for the record
+  const double e1 = run_and_compare(dp, ref, [&] { return nq::v1::attention_prefill_v1(dp.args(), 0); }, &prod);
+  std::printf("  v1 attn_prefill_kernel:      %.2e %s\n", e1, e1 >= 0 && e1 < kTol ? "ok" : "FAIL");
+  if (!(e1 >= 0 && e1 < kTol)) ++*fails;
+  const double ep = run_and_compare(dp, ref, [&] { return nq::attention(dp.args(), 0); });
+  std::printf("  product nq::attention():     %.2e %s\n", ep, ep >= 0 && ep < kTol ? "ok" : "FAIL");
   if (!(ep >= 0 && ep < kTol)) ++*fails;
   for (const Variant& v : variants<D>()) {
     if (p.n_heads / p.n_kv > v.rows) continue;
     for (int s : {1, 2, 3, 4, 8}) {
       std::vector<float> got;
       const double e = run_and_compare(dp, ref, [&] { return v.launch(dp.args(), s, 0); }, &got);
-      double dmax = 0.0;   // against the product, for the record
+      double dmax = 0.0;   // against v1, for the record
       for (size_t i = 0; i < got.size() && i < prod.size(); i++) dmax = std::max(dmax, (double)std::fabs(got[i] - prod[i]));
       const bool ok = e >= 0 && e < kTol;
-      std::printf("  %-11s split %d: %.2e %s (max |fa - product| %.1e)%s\n", v.name, s, e, ok ? "ok" : "FAIL", dmax,
+      std::printf("  %-11s split %d: %.2e %s (max |fa - v1| %.1e)%s\n", v.name, s, e, ok ? "ok" : "FAIL", dmax,
                   e == -1 ? " [unwritten/non-finite output or write past M]" : e == -2 ? " [launch failed]" : "");
       if (!ok) ++*fails;
     }
@@ -571,7 +576,7 @@ int case_time() {
   for (const Variant& v : vs)
     std::printf("%-11s rows %3d: %d registers, %d bytes local (spill), %d B dynamic shared memory\n", v.name, v.rows,
                 v.regs, v.spill, v.smem);
-  struct Best { double us = 1e30; std::string what; double prod = 0; };
+  struct Best { double us = 1e30; std::string what; double v1 = 0, prod = 0; };
   std::vector<std::pair<std::string, Best>> bests;
   for (int chunked : {1, 0})
     for (int N : {512, 2048, 8192, 32768}) {
@@ -587,24 +592,36 @@ int case_time() {
       };
       const std::string mode = chunked ? "chunks of 512" : "one launch";
       const double fl = tp.flops();
+      const double u1 = per_layer([](const AttnArgs& a) { return nq::v1::attention_prefill_v1(a, 0); });
       const double up = per_layer([](const AttnArgs& a) { return nq::attention(a, 0); });
-      std::printf("N %5d (%s, %d launch%s): product attn_prefill_kernel %9.1f us/layer %6.1f TFLOP/s\n", N,
-                  mode.c_str(), nc, nc > 1 ? "es" : "", up, fl / up * 1e-6);
+      std::printf("N %5d (%s, %d launch%s): v1 attn_prefill_kernel %9.1f us/layer %6.1f TFLOP/s\n", N, mode.c_str(), nc,
+                  nc > 1 ? "es" : "", u1, fl / u1 * 1e-6);
+      std::printf("N %5d (%s): product nq::attention() %9.1f us/layer %6.1f TFLOP/s  x%.2f vs v1\n", N, mode.c_str(), up,
+                  fl / up * 1e-6, u1 / up);
+      {
+        int sms = 132;
+        DEV_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        using PC = nq::PrefillCfg<128>;
+        const int blocks = tp.dp.p.n_kv * ((tp.dp.p.M + PC::ROWS / 7 - 1) / (PC::ROWS / 7));
+        std::printf("N %5d (%s): the product runs attn_prefill_fa<PrefillCfg> with split %d (%d row blocks, %d SMs)\n", N,
+                    mode.c_str(), nq::pf::prefill_splits(blocks, sms), blocks, sms);
+      }
       Best b;
+      b.v1 = u1;
       b.prod = up;
       for (const Variant& v : vs)
         for (int s : {1, 2, 4}) {
           const double us = per_layer([&](const AttnArgs& a) { return v.launch(a, s, 0); });
-          std::printf("N %5d (%s): %-11s split %d %9.1f us/layer %6.1f TFLOP/s  x%.2f vs product\n", N, mode.c_str(),
-                      v.name, s, us, fl / us * 1e-6, up / us);
+          std::printf("N %5d (%s): %-11s split %d %9.1f us/layer %6.1f TFLOP/s  x%.2f vs v1\n", N, mode.c_str(), v.name,
+                      s, us, fl / us * 1e-6, u1 / us);
           if (us < b.us) { b.us = us; b.what = std::string(v.name) + " split " + std::to_string(s); }
         }
       bests.push_back({"N " + std::to_string(N) + " (" + mode + ")", b});
       std::fflush(stdout);
     }
   for (auto& [k, b] : bests)
-    std::printf("best per prompt: %-26s %-20s %9.1f us/layer (product %9.1f: x%.2f)\n", k.c_str(), b.what.c_str(),
-                b.us, b.prod, b.prod / b.us);
+    std::printf("best per prompt: %-26s %-20s %9.1f us/layer (v1 %9.1f: x%.2f; product %9.1f)\n", k.c_str(),
+                b.what.c_str(), b.us, b.v1, b.v1 / b.us, b.prod);
   (void)prop;
   return 0;
 }

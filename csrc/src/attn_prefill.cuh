@@ -139,8 +139,15 @@ struct Copy {
   }
 };
 
+// Blocks per SM the registers are capped for: Cfg::MINB on sm_90; 1 on older GPUs (sm_80: two blocks' shared memory
+// does not fit an SM, and a cap of 128 registers spilled there)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define NQ_PF_MINB(C) 1
+#else
+#define NQ_PF_MINB(C) (C::MINB)
+#endif
 template <class C>
-__global__ void __launch_bounds__(C::THREADS, C::MINB) attn_prefill_fa(const AttnArgs a) {
+__global__ void __launch_bounds__(C::THREADS, NQ_PF_MINB(C)) attn_prefill_fa(const AttnArgs a) {
   constexpr int D = C::D, KT = C::KT, ST = C::ST, MT = C::MT, NT = C::NT, ND = C::ND, KS = C::KS, LD = C::LD;
   extern __shared__ __align__(128) unsigned char smem[];
   __half* const sm = reinterpret_cast<__half*>(smem);
@@ -374,7 +381,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) attn_prefill_fa(const Att
       }
     return;
   }
-  // ---- key split: (m, l, O) of every row into this block's shared memory, merged over the cluster
+  // ---- key split: (m, l, O) of every row into this block's shared memory, merged over the cluster (sm_90+: the
+  // launcher gives older GPUs nsplit = 1)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   cg::cluster_group cl = cg::this_cluster();
   float* const Ob = reinterpret_cast<float*>(smem);  // [ROWS][OLD], over the ring (and Q)
@@ -431,18 +440,33 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) attn_prefill_fa(const Att
     dst[1] = __floats2half2_rn(acc.z, acc.w);
   }
   cl.sync();  // no block leaves while another reads its shared memory
+#endif
+}
+
+// Whether this GPU runs the kernel's sm_90 code (clusters and distributed shared memory: key splits > 1).
+template <class C>
+bool prefill_clusters_ok() {
+  static const bool ok = [] {
+    cudaFuncAttributes fa{};
+    return cudaFuncGetAttributes(&fa, attn_prefill_fa<C>) == cudaSuccess && fa.binaryVersion >= 90;
+  }();
+  return ok;
 }
 
 template <class C>
 int launch_attn_prefill(const AttnArgs& a, int nsplit, cudaStream_t st) {
   static const cudaError_t raised =
       cudaFuncSetAttribute(attn_prefill_fa<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
-  if (raised != cudaSuccess) return fail(NQ_E_CUDA, "smem opt-in: %s", cudaGetErrorString(raised));
+  if (raised != cudaSuccess) return fail(NQ_E_CUDA, "attention: shared memory opt-in: %s", cudaGetErrorString(raised));
   const int G = a.n_heads / a.n_kv, TQ = C::ROWS / G;
-  if (TQ < 1 || nsplit < 1 || nsplit > C::kMaxSplit) return fail(NQ_E_INVALID_ARG, "G %d / split %d", G, nsplit);
+  if (TQ < 1 || nsplit < 1 || nsplit > C::kMaxSplit)
+    return fail(NQ_E_INVALID_ARG, "attention: prefill with G %d, %d key splits", G, nsplit);
+  if (nsplit > 1 && !prefill_clusters_ok<C>())
+    return fail(NQ_E_UNSUPPORTED, "attention: prefill key splits need the kernel's sm_90 code (clusters)");
   const dim3 grid(a.n_kv, (a.M + TQ - 1) / TQ, nsplit);
   if (nsplit == 1) return launch_pdl("attn_prefill_fa", attn_prefill_fa<C>, grid, dim3(C::THREADS), C::SMEM, st, a);
-  return launch_pdl_cluster("attn_prefill_fa", attn_prefill_fa<C>, grid, dim3(C::THREADS), dim3(1, 1, nsplit), C::SMEM, st, a);
+  return launch_pdl_cluster("attn_prefill_fa", attn_prefill_fa<C>, grid, dim3(C::THREADS), dim3(1, 1, nsplit), C::SMEM,
+                            st, a);
 }
 
 // Key splits for a grid of `blocks` row blocks (n_kv x ceil(M / TQ)) on `sm_count` SMs: while the grid is under one
