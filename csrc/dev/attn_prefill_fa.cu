@@ -611,6 +611,12 @@ int case_time() {
       b.prod = up;
       for (const Variant& v : vs)
         for (int s : {1, 2, 4}) {
+          if (v.launch(tp.dp.args(0), s, 0) != NQ_OK || cudaDeviceSynchronize() != cudaSuccess) {   // refused: skip
+            std::printf("N %5d (%s): %-11s split %d: launch failed (%s), skipped\n", N, mode.c_str(), v.name, s,
+                        nq::last_error());
+            (void)cudaGetLastError();
+            continue;
+          }
           const double us = per_layer([&](const AttnArgs& a) { return v.launch(a, s, 0); });
           std::printf("N %5d (%s): %-11s split %d %9.1f us/layer %6.1f TFLOP/s  x%.2f vs v1\n", N, mode.c_str(), v.name,
                       s, us, fl / us * 1e-6, u1 / us);
