@@ -106,6 +106,7 @@ struct DevProblem {
     a.keys_per_split = 32; a.n_split = 1; a.write_kv = false;
     a.part_o = part_o; a.part_ml = part_ml; a.counters = counters;
     a.out = out + (size_t)chunk * p.M * p.n_heads * p.D;
+    a.max_keys = p.pos0 + (chunk + 1) * p.M;   // as session_prefill: the product's build choice
     return a;
   }
 };
@@ -507,7 +508,9 @@ int case_check() {
         }
   // the product tests' other head layouts: G 8, 5, 6, 1
   for (const Problem& p : {Problem{16, 2, 128, 45, 32}, Problem{40, 8, 128, 100, 600}, Problem{12, 2, 128, 64, 236},
-                           Problem{8, 8, 64, 100, 600}, Problem{14, 2, 64, 130, 3}})
+                           Problem{8, 8, 64, 100, 600}, Problem{14, 2, 64, 130, 3},
+                           // past kPrefillLongKeys: the product's long build (split 2 on these small grids)
+                           Problem{28, 4, 128, 100, 2000}, Problem{14, 2, 64, 512, 1700}})
     if (p.D == 128) check_one<128>(p, seed++, &fails); else check_one<64>(p, seed++, &fails);
   std::printf("check: %d failure(s)\n", fails);
   return fails ? 1 : 0;
@@ -601,10 +604,13 @@ int case_time() {
       {
         int sms = 132;
         DEV_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-        using PC = nq::PrefillCfg<128>;
-        const int blocks = tp.dp.p.n_kv * ((tp.dp.p.M + PC::ROWS / 7 - 1) / (PC::ROWS / 7));
-        std::printf("N %5d (%s): the product runs attn_prefill_fa<PrefillCfg> with split %d (%d row blocks, %d SMs)\n", N,
-                    mode.c_str(), nq::pf::prefill_splits(blocks, sms), blocks, sms);
+        using PL = nq::PrefillLong<128>;
+        const int blocks = tp.dp.p.n_kv * ((tp.dp.p.M + PL::ROWS / 7 - 1) / (PL::ROWS / 7));
+        int n_long = 0;
+        for (int c = 0; c < nc; c++) n_long += tp.dp.args(c).max_keys >= nq::kPrefillLongKeys;
+        std::printf("N %5d (%s): the product runs PrefillShort (w4m1k64s2q split 1) on %d launch(es), PrefillLong "
+                    "(w4m2k32s3 split %d) on %d\n", N, mode.c_str(), nc - n_long, nq::pf::prefill_splits(blocks, sms),
+                    n_long);
       }
       Best b;
       b.v1 = u1;

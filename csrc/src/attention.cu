@@ -274,8 +274,8 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
 
 // ---- Prefill attention (M > 1 query tokens, causal): attn_prefill_fa<Cfg> of attn_prefill.cuh (mma.sync, FlashAttention-2
 // style, (token, head) rows packed densely, key splits over thread-block clusters where the grid is small); its
-// design in that header. The product instantiates one Cfg per head_dim (PrefillCfg below); csrc/dev/attn_prefill_fa.cu
-// times the other variants and the kernel this one replaced (csrc/dev/attn_prefill_v1.cuh).
+// design in that header. The product builds two Cfgs per head_dim (PrefillShort / PrefillLong below, by key count);
+// csrc/dev/attn_prefill_fa.cu times the other variants and the kernel this one replaced (csrc/dev/attn_prefill_v1.cuh).
 
 template <int D>
 __global__ void rope_kv_kernel(const float* qkv, int qkv_stride, const int* pos0, KvLayer kv, const int* page_table,
@@ -301,14 +301,25 @@ __global__ void rope_kv_kernel(const float* qkv, int qkv_stride, const int* pos0
 
 }  // namespace
 
-// w8m1k64s2b2 of csrc/dev/attn_prefill_fa.cu: 128 rows (8 warps x 16), 64-key tiles, 2 ring stages, Q from shared
-// memory, <= 128 registers (2 blocks per SM, so a split grid of <= 2 blocks per SM runs in one wave)
+// Two builds of attn_prefill_fa, picked by the keys the chunk's last token sees (AttnArgs::max_keys; 0, unknown: the
+// short build). Measured on the H200 (bench/NOTES.md Session 13, call 6: csrc/dev/attn_prefill_fa.cu, 7B, 512-token
+// chunks): short key ranges are latency-bound and gain from many small blocks, long ones from 32-row warps and a
+// key split over a cluster of 2 while the grid is under one block per SM.
+//   short: w4m1k64s2q: 64 rows (4 warps x 16), Q in registers, 64-key tiles, 2 stages, no split (splits only lost):
+//          512 tokens 23.6 us a layer (v1 37.3), 2,048 tokens in 4 chunks 194 (341);
+//   long:  w4m2k32s3: 128 rows (4 warps x 32), 32-key tiles, 3 stages, split 2 (the 7B's 512-token chunk: 116 blocks
+//          -> 232 on 132 SMs) or 1: 8K in 16 chunks 2,074 us (4,326), 32K in 64 chunks 27,205 (64,098), one launch
+//          of 8K ~1,535 (2,556).
 template <int D>
-using PrefillCfg = pf::Cfg<D, 8, 1, 64, 2, false, 2>;
+using PrefillShort = pf::Cfg<D, 4, 1, 64, 2, true, 2>;
+template <int D>
+using PrefillLong = pf::Cfg<D, 4, 2, 32, 3, false, 1>;
+constexpr int kPrefillLongKeys = 2048;   // the crossover of the two builds' per-chunk times lies at ~1.2K-4K keys
 
 template <int D>
 int launch_prefill(const AttnArgs& a, cudaStream_t st) {
-  using C = PrefillCfg<D>;
+  if (a.max_keys < kPrefillLongKeys) return pf::launch_attn_prefill<PrefillShort<D>>(a, 1, st);
+  using C = PrefillLong<D>;
   static const int sms = [] {
     int dev = 0, n = 132;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
