@@ -382,10 +382,14 @@ def attention_prefill_ref(q, k, v, n_heads, n_kv, D):
 
 @pytest.mark.parametrize("n_heads,n_kv,D", [(14, 2, 64), (12, 2, 128), (28, 4, 128), (40, 8, 128), (8, 8, 64),
                                             (16, 2, 128)])
-@pytest.mark.parametrize("n_pos,M", [(2, 2), (17, 17), (45, 13), (300, 64), (700, 100)])
+@pytest.mark.parametrize("n_pos,M", [(2, 2), (17, 17), (45, 13), (300, 64), (700, 100), (600, 512), (1100, 700),
+                                     (2100, 100), (2600, 512)])
 def test_attention_prefill_vs_numpy(lib, n_heads, n_kv, D, n_pos, M):
-    # M query tokens at positions n_pos-M .. n_pos-1 (a later prefill chunk when n_pos > M): blocks of 8 tokens,
-    # partial last block, key tiles of 32 with a partial last tile, G = 1..8 heads per KV head
+    # M query tokens at positions n_pos-M .. n_pos-1 (a later prefill chunk when n_pos > M): blocks of (token, head)
+    # rows, partial last block, pad rows, a partial last key tile, G = 1..8 heads per KV head. Two builds by
+    # n_pos (attention.cu, kPrefillLongKeys 2048): below, 64-row blocks with 64-key tiles, no key split; from 2048,
+    # 128-row blocks with 32-key tiles and the keys split over a cluster of 2 where the grid is under one block per
+    # SM ((2100, 100): every head layout; (2600, 512): all but (40, 8), whose 168 row blocks exceed 132 SMs)
     rng = np.random.default_rng()
     q = (rng.standard_normal((M, n_heads * D)) * 2).astype(np.float32)
     k = rng.standard_normal((n_pos, n_kv, D)).astype(np.float32)

@@ -1,36 +1,22 @@
-// Causal prefill attention on mma.sync, FlashAttention-2 style, against the product's attn_prefill_kernel
-// (csrc/src/attention.cu, included below and launched through nq::attention, the timing baseline). Issue 12:
-// the product runs ~52 TFLOP/s at a 512-token prompt and ~110-140 at 8K-32K (bench/NOTES.md "Session 13: prefill
-// attention (helper)" has the design reasoning and the prediction).
+// Causal prefill attention on mma.sync (csrc/src/attn_prefill.cuh: the kernel attn_prefill_fa<Cfg>, its design in
+// the header's comment) against the product's prefill path (csrc/src/attention.cu, included below and launched through
+// nq::attention: since the promotion attn_prefill_fa with PrefillCfg and its split rule) and the kernel it replaced
+// (v1, csrc/dev/attn_prefill_v1.cuh: ~52 TFLOP/s at a 512-token prompt and ~110-140 at 8K-32K on the H200). Issue 12;
+// bench/NOTES.md "Session 13: prefill attention (helper)": the reasoning and the prediction.
 //
+//   build/dev/attn_prefill_fa --case emulate # CPU: the kernel's index math and data flow against float64
 //   build/dev/attn_prefill_fa --case check   # GPU: every variant x split against float64, and the product
 //   build/dev/attn_prefill_fa --case time    # GPU: 7B (28 / 4 heads, D 128) prompts 512..32768, µs per layer
 //
-// Contract: the product's (AttnArgs, M > 1 query tokens at *pos0 .. *pos0 + M - 1, causal over the paged f16 cache,
-// q roped from the f32 qkv rows with the rope table and scaled by log2(e)/sqrt(D), output f16 [token][n_heads*D]).
-//
-// Kernel fa_prefill<Cfg>: block (h, b, s) = KV head h, row block b (the heaviest first: b counts down), key split s.
-// Rows pack (token, head) densely: row r = token * G + head (G = n_heads / n_kv query heads share the KV head), so a
-// block of ROWS = 16 * MT * WARPS rows serves TQ = ROWS / G tokens (7B, 128 rows: 18 tokens x 7 heads + 2 pad rows;
-// the product's 8 tokens x 7 = 56 of 64). Warp w owns rows 16*MT*w .. +16*MT-1 (MT m16 tiles; every B fragment of
-// K and V feeds MT MMAs). Keys in tiles of KT, ST-stage cp.async ring with ONE __syncthreads per tile:
-//     wait(tile i) ; __syncthreads ; issue tile i+ST-1 into the stage tile i-1 used ; compute tile i
-// The physical page of each copy pass is loaded one tile ahead (a register), so no dependent global load sits on the
-// tile loop's path (the product reads page_table right before each cp.async: one L2 round trip per tile). Keys past
-// the block's last position are zero-filled by the copy (src-size 0), never read.
-// Per tile and warp: S = Q K^T (ldmatrix K, m16n8k16), the causal compare only where the tile crosses the warp's
-// first position (full tiles skip it), a warp skips the tiles past its last position, online softmax per row in the
-// log2 domain (row max: 2 quad shuffles; ex2.approx), O rescaled only when some row's max moved (warp vote), then
-// O += P V with the S fragments as the A operand (the product's fragment use, its comment) and ldmatrix.trans of V.
-// Q: QREG keeps the warp's A fragments of Q in registers (MT = 1; its staging then lies over the last ring stage),
-// else ldmatrix from shared memory every k-step.
-// Key split (gridDim.z = S > 1): the S blocks of a row block are one thread-block cluster over tile ranges of the row
-// block's keys; each leaves (m, l, O unnormalised) in its shared memory, the cluster syncs, block rank s merges rows
-// slice s over the S blocks' shared memory (distributed shared memory) and writes them. No global scratch, no
-// counters, deterministic. It gives short grids (a 512-token chunk: 29 row blocks x 4 KV heads = 116 blocks) more
-// blocks in flight and halves the critical path of a short prompt's longest blocks.
+// Variants (Cfg<D, WARPS, MT, KT, ST, QREG, MINB>): 128-row blocks of 8 warps x 16 rows (Q in registers, ~200
+// registers, 1 block per SM; or Q from shared memory at <= 128 registers, 2 blocks per SM) or 4 warps x 32 rows
+// (FlashAttention-2's split: each K/V fragment feeds 2 MMAs), 64-row blocks of 4 warps, 64- or 32-key tiles, 2 or 3
+// ring stages; each with key splits 1, 2, 4 (clusters). Timing: per layer as the session runs a prompt (chunks of
+// prefill_chunk = 512 tokens, launch c at pos0 = 512c) and as one launch of M = N (a larger chunk).
 #include "dev_common.cuh"
 #include "attention.cu"  // the product: nq::attention (attn_prefill_kernel), the baseline
+#include "attn_prefill.cuh"  // the kernel (attn_prefill_fa<Cfg>), its index math, launch_attn_prefill
+#include "attn_prefill_v1.cuh"  // the prefill kernel the product had before (v1), a baseline
 #include "cp_async.cuh"
 #include "launch.h"
 #include <cooperative_groups.h>
@@ -41,360 +27,7 @@ namespace fa {
 using namespace dev;
 using nq::AttnArgs;
 using nq::kPage;
-
-template <int D_, int WARPS_, int MT_, int KT_, int ST_, bool QREG_, int MINB_>
-struct Cfg {
-  static constexpr int D = D_, WARPS = WARPS_, MT = MT_, KT = KT_, ST = ST_, MINB = MINB_;
-  static constexpr bool QREG = QREG_;
-  static constexpr int THREADS = 32 * WARPS, ROWS = 16 * MT * WARPS, LD = D + 8;  // LD: ldmatrix rows 16 B apart mod 128
-  static constexpr int KS = D / 16, NT = KT / 8, ND = D / 8;
-  static constexpr int CPR = D / 8;              // 16-byte chunks per K/V row
-  static constexpr int KPP = THREADS / CPR;      // keys per copy pass
-  static constexpr int NPASS = KT / KPP;
-  static constexpr int STAGE_H = 2 * KT * LD;    // halves per ring stage: K [KT][LD] then V [KT][LD]
-  static constexpr int Q_H = ROWS * LD;
-  static constexpr bool Q_ALIAS = QREG && Q_H <= STAGE_H;   // staged Q lies over the last stage (free until tile 1)
-  static constexpr int LOOP_BYTES = (ST * STAGE_H + (Q_ALIAS ? 0 : Q_H)) * 2;
-  static constexpr int OLD = D + 4;              // merge: f32 row stride of O (16-byte rows)
-  static constexpr int kMaxSplit = 8;            // portable cluster size
-  static constexpr int MERGE_BYTES = (ROWS * OLD + ROWS * 2 + ROWS * kMaxSplit) * 4;
-  static constexpr int SMEM = LOOP_BYTES > MERGE_BYTES ? LOOP_BYTES : MERGE_BYTES;
-  static_assert(KT % KPP == 0 && KT % 16 == 0 && ST >= 2 && (!QREG || MT == 1), "config");
-  static_assert(ROWS * (D / 8) % THREADS == 0, "q staging: whole iterations per thread");
-};
-
-__device__ __forceinline__ float ex2(float x) {  // 2^x; ex2(-inf) = +0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], uint32_t a) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-__device__ __forceinline__ void ldsm4t(uint32_t (&r)[4], uint32_t a) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) { return nq::h2_as_u32(__floats2half2_rn(lo, hi)); }
-
-template <class C>
-__global__ void __launch_bounds__(C::THREADS, C::MINB) fa_prefill(const AttnArgs a) {
-  constexpr int D = C::D, KT = C::KT, ST = C::ST, MT = C::MT, NT = C::NT, ND = C::ND, KS = C::KS, LD = C::LD;
-  extern __shared__ __align__(128) unsigned char smem[];
-  __half* const sm = reinterpret_cast<__half*>(smem);
-  const uint32_t sm_u = nq::smem_u32(sm);
-  const uint32_t q_u = sm_u + 2u * (C::Q_ALIAS ? (ST - 1) * C::STAGE_H : ST * C::STAGE_H);
-  __half* const Qs = sm + (C::Q_ALIAS ? (ST - 1) * C::STAGE_H : ST * C::STAGE_H);
-
-  nq::pdl_wait();   // qkv and the cache come from earlier kernels
-  nq::pdl_trigger();
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int h = blockIdx.x, nsplit = gridDim.z, split = blockIdx.z;
-  const int G = a.n_heads / a.n_kv, TQ = C::ROWS / G;
-  const int t0 = (gridDim.y - 1 - blockIdx.y) * TQ;   // heaviest row blocks first
-  const int pos0 = *a.pos0;
-  const int nq_ = min(TQ, a.M - t0), Rreal = nq_ * G;
-  const int n_keys = pos0 + t0 + nq_;                 // keys 0 .. the block's last position
-  const int ntiles = (n_keys + KT - 1) / KT;
-  const int ts = split * ntiles / nsplit, te = (split + 1) * ntiles / nsplit, nt = te - ts;
-
-  // ---- K/V copies: chunk `cpart` of key rows crow + p * KPP of a tile; pages one tile ahead. The page slot of
-  // row j = crow + p*KPP is crow % 16 + (p*KPP) % 16 (KPP and 16 are powers of 2; tiles start on page bounds).
-  static_assert(kPage == 16 && (C::KPP % kPage == 0 || kPage % C::KPP == 0), "copy passes vs pages");
-  const int cpart = tid % C::CPR, crow = tid / C::CPR;
-  const uint32_t pstride = (uint32_t)a.n_kv * kPage * D;                           // elements per physical page
-  const uint32_t thr_off = ((uint32_t)h * kPage + crow % kPage) * D + cpart * 8;    // this thread's chunk in a page
-  const uint32_t thr_dst = 2u * (crow * LD + cpart * 8);
-  const char* const kbase = reinterpret_cast<const char*>(a.kv.k);
-  const char* const vbase = reinterpret_cast<const char*>(a.kv.v);
-  // pages: KPP <= 16: pass p lies in page slot p*KPP/16 of the tile (KT/16 registers); else one per pass
-  constexpr bool kSlot = C::KPP <= kPage;
-  constexpr int NPG = kSlot ? KT / kPage : C::NPASS;
-  uint32_t pg[NPG];
-  auto load_pages = [&](int tile) {  // physical pages of tile `tile` (0 past the keys: never read)
-#pragma unroll
-    for (int q = 0; q < NPG; q++) {
-      const int key = tile * KT + (kSlot ? q * kPage : crow + q * C::KPP);
-      pg[q] = key < n_keys ? (uint32_t)__ldg(a.page_table + (key >> 4)) : 0u;
-    }
-  };
-  auto issue = [&](int tile, int stage) {
-    const uint32_t kb = sm_u + 2u * (stage * C::STAGE_H) + thr_dst, vb = kb + 2u * (KT * LD);
-#pragma unroll
-    for (int p = 0; p < C::NPASS; p++) {
-      const bool ok = tile * KT + crow + p * C::KPP < n_keys;
-      const uint32_t page = pg[kSlot ? p * C::KPP / kPage : p];
-      const size_t off = 2ull * ((size_t)page * pstride + thr_off + ((p * C::KPP) % kPage) * D);   // bytes
-      const uint32_t so = 2u * (p * C::KPP * LD);
-      nq::cp_async16(kb + so, kbase + off, ok ? 16 : 0);   // 0: 16 zero bytes, nothing read
-      nq::cp_async16(vb + so, vbase + off, ok ? 16 : 0);
-    }
-  };
-#pragma unroll
-  for (int s = 0; s < ST - 1; s++) {
-    load_pages(ts + s);
-    if (s < nt) issue(ts + s, s);
-    nq::cp_async_commit();
-  }
-  load_pages(ts + ST - 1);
-
-  // ---- Q: roped, times log2(e)/sqrt(D), f16, rows past the block's tokens zero (4 dims per item)
-  {
-    const float qs = 1.4426950408889634f * rsqrtf((float)D);
-    constexpr int QI = C::ROWS * (D / 8) / C::THREADS;
-#pragma unroll 4
-    for (int k = 0; k < QI; k++) {
-      const int i = tid + k * C::THREADS, r = i / (D / 8), d = (i % (D / 8)) * 4;
-      const bool valid = r < Rreal;
-      const int tq = valid ? r / G : 0, hg = valid ? r % G : 0;
-      const float* qin = a.qkv + (size_t)(t0 + tq) * a.qkv_stride + (h * G + hg) * D;
-      const float4 x0 = *reinterpret_cast<const float4*>(qin + d);
-      const float4 x1 = *reinterpret_cast<const float4*>(qin + d + D / 2);
-      const float4* rp = reinterpret_cast<const float4*>(a.rope + (size_t)(pos0 + t0 + tq) * (D / 2) + d);
-      const float4 c01 = rp[0], c23 = rp[1];   // (cos, sin) of dims d, d+1 ; d+2, d+3
-      const float a0 = (x0.x * c01.x - x1.x * c01.y) * qs, b0 = (x1.x * c01.x + x0.x * c01.y) * qs;
-      const float a1 = (x0.y * c01.z - x1.y * c01.w) * qs, b1 = (x1.y * c01.z + x0.y * c01.w) * qs;
-      const float a2 = (x0.z * c23.x - x1.z * c23.y) * qs, b2 = (x1.z * c23.x + x0.z * c23.y) * qs;
-      const float a3 = (x0.w * c23.z - x1.w * c23.w) * qs, b3 = (x1.w * c23.z + x0.w * c23.w) * qs;
-      const uint2 lo = valid ? make_uint2(pack2(a0, a1), pack2(a2, a3)) : make_uint2(0u, 0u);
-      const uint2 hi = valid ? make_uint2(pack2(b0, b1), pack2(b2, b3)) : make_uint2(0u, 0u);
-      *reinterpret_cast<uint2*>(Qs + r * LD + d) = lo;
-      *reinterpret_cast<uint2*>(Qs + r * LD + d + D / 2) = hi;
-    }
-  }
-  __syncthreads();  // q staged
-  const int mi = lane >> 3, mr = lane & 7;  // ldmatrix: this lane addresses row mr of matrix mi
-  const int wr0 = warp * 16 * MT;           // the warp's first row
-  // A fragment of Q (m-tile mt, k-step ks): rows wr0 + 16mt + (mi&1)*8 + mr, dims 16ks + (mi>>1)*8
-  const uint32_t qa_u = q_u + 2u * ((wr0 + (mi & 1) * 8 + mr) * LD + (mi >> 1) * 8);
-  uint32_t qreg[C::QREG ? KS : 1][4];
-  if constexpr (C::QREG) {
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++) ldsm4(qreg[ks], qa_u + 2u * (ks * 16));
-  }
-
-  // rows of this lane: r = wr0 + 16mt + g + 8hr; pad rows (past the block's tokens) take the warp's last position
-  const int wmin = pos0 + t0 + wr0 / G;
-  const int wmax = wr0 < Rreal ? pos0 + t0 + (min(wr0 + 16 * MT, Rreal) - 1) / G : -1;  // -1: no rows, skip all
-  int rpos[MT][2];
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-      const int r = wr0 + 16 * mt + g + 8 * hr;
-      rpos[mt][hr] = r < Rreal ? pos0 + t0 + r / G : wmax;
-    }
-  float m[MT][2], l[MT][2], o[MT][ND][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++) {
-    m[mt][0] = m[mt][1] = -CUDART_INF_F;
-    l[mt][0] = l[mt][1] = 0.f;
-#pragma unroll
-    for (int n = 0; n < ND; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
-  }
-  // ldmatrix lane offsets in a stage: K (B of S: keys np*16 + (mi>>1)*8 + mr, dims ks*16 + (mi&1)*8),
-  // V (B of PV, transposed: keys kk*16 + (mi&1)*8 + mr, dims dp*16 + (mi>>1)*8)
-  const uint32_t k_lane = 2u * (((mi >> 1) * 8 + mr) * LD + (mi & 1) * 8);
-  const uint32_t v_lane = 2u * (KT * LD + ((mi & 1) * 8 + mr) * LD + (mi >> 1) * 8);
-
-  int cstage = 0, istage = ST - 1;
-  for (int i = 0; i < nt; i++) {
-    nq::cp_async_wait<ST - 2>();
-    __syncthreads();  // tile i landed for every thread; every warp is done with tile i-1's stage (= istage)
-    if (i + ST - 1 < nt) issue(ts + i + ST - 1, istage);
-    nq::cp_async_commit();
-    load_pages(ts + i + ST);
-    const int kt0 = (ts + i) * KT;
-    if (kt0 <= wmax) {  // warp-uniform: some row of the warp sees a key of this tile
-      const uint32_t st_u = sm_u + 2u * (cstage * C::STAGE_H);
-      float sc[MT][NT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int n = 0; n < NT; n++) sc[mt][n][0] = sc[mt][n][1] = sc[mt][n][2] = sc[mt][n][3] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < KS; ks++) {
-        uint32_t qa[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-          if constexpr (C::QREG) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) qa[mt][e] = qreg[ks][e];
-          } else {
-            ldsm4(qa[mt], qa_u + 2u * (mt * 16 * LD + ks * 16));
-          }
-        }
-#pragma unroll
-        for (int np = 0; np < NT / 2; np++) {
-          uint32_t b[4];
-          ldsm4(b, st_u + k_lane + 2u * (np * 16 * LD + ks * 16));
-#pragma unroll
-          for (int mt = 0; mt < MT; mt++) {
-            mma(sc[mt][2 * np], qa[mt], b[0], b[1]);
-            mma(sc[mt][2 * np + 1], qa[mt], b[2], b[3]);
-          }
-        }
-      }
-      if (kt0 + KT - 1 > wmin) {  // warp-uniform: the tile crosses the diagonal of some row of the warp
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-          for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-              if (kt0 + n * 8 + 2 * t + (e & 1) > rpos[mt][e >> 1]) sc[mt][n][e] = -CUDART_INF_F;
-      }
-      float corr[MT][2];
-      bool moved = false;
-#pragma unroll
-      for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-          float mx = -CUDART_INF_F;
-#pragma unroll
-          for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(sc[mt][n][2 * hr], sc[mt][n][2 * hr + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(m[mt][hr], mx);
-          const float m_use = m_new == -CUDART_INF_F ? 0.f : m_new;  // a row with no key yet: p = 0, corr = 0
-          corr[mt][hr] = ex2(m[mt][hr] - m_use);
-          moved |= m_new != m[mt][hr];
-          float sum = 0.f;
-#pragma unroll
-          for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-              const float p = ex2(sc[mt][n][2 * hr + e] - m_use);
-              sc[mt][n][2 * hr + e] = p;
-              sum += p;
-            }
-          l[mt][hr] = l[mt][hr] * corr[mt][hr] + sum;  // this lane's part of the row sum
-          m[mt][hr] = m_new;
-        }
-      if (__any_sync(0xffffffffu, moved)) {  // corr == 1 exactly for rows whose max did not move
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-          for (int n = 0; n < ND; n++) {
-            o[mt][n][0] *= corr[mt][0]; o[mt][n][1] *= corr[mt][0];
-            o[mt][n][2] *= corr[mt][1]; o[mt][n][3] *= corr[mt][1];
-          }
-      }
-#pragma unroll
-      for (int kk = 0; kk < KT / 16; kk++) {
-        uint32_t pa[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-          pa[mt][0] = pack2(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
-          pa[mt][1] = pack2(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
-          pa[mt][2] = pack2(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
-          pa[mt][3] = pack2(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
-        }
-#pragma unroll
-        for (int dp = 0; dp < ND / 2; dp++) {
-          uint32_t b[4];
-          ldsm4t(b, st_u + v_lane + 2u * (kk * 16 * LD + dp * 16));
-#pragma unroll
-          for (int mt = 0; mt < MT; mt++) {
-            mma(o[mt][2 * dp], pa[mt], b[0], b[1]);
-            mma(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
-          }
-        }
-      }
-    }
-    cstage = cstage + 1 == ST ? 0 : cstage + 1;
-    istage = istage + 1 == ST ? 0 : istage + 1;
-  }
-
-  // ---- epilogue: row sums over the quad
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-      l[mt][hr] += __shfl_xor_sync(0xffffffffu, l[mt][hr], 1);
-      l[mt][hr] += __shfl_xor_sync(0xffffffffu, l[mt][hr], 2);
-    }
-  if (nsplit == 1) {
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-      for (int hr = 0; hr < 2; hr++) {
-        const int r = wr0 + 16 * mt + g + 8 * hr;
-        if (r >= Rreal) continue;
-        const int tq = r / G, hg = r % G;
-        const float inv = 1.f / l[mt][hr];  // >= 1: the row's maximum contributes 2^0
-        __half* dst = a.out + (size_t)(t0 + tq) * a.n_heads * D + (h * G + hg) * D + 2 * t;
-#pragma unroll
-        for (int n = 0; n < ND; n++)
-          *reinterpret_cast<__half2*>(dst + n * 8) = __floats2half2_rn(o[mt][n][2 * hr] * inv, o[mt][n][2 * hr + 1] * inv);
-      }
-    return;
-  }
-  // ---- key split: (m, l, O) of every row into this block's shared memory, merged over the cluster
-  namespace cg = cooperative_groups;
-  cg::cluster_group cl = cg::this_cluster();
-  float* const Ob = reinterpret_cast<float*>(smem);  // [ROWS][OLD], over the ring (and Q)
-  float* const ML = Ob + C::ROWS * C::OLD;           // [ROWS][2]: m, l
-  float* const Wt = ML + C::ROWS * 2;                // [ROWS][kMaxSplit]: split weights / L (this block's rows)
-  nq::cp_async_wait<0>();
-  __syncthreads();  // every warp is done with the ring and Q
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-      const int r = wr0 + 16 * mt + g + 8 * hr;
-#pragma unroll
-      for (int n = 0; n < ND; n++)
-        *reinterpret_cast<float2*>(Ob + r * C::OLD + n * 8 + 2 * t) = make_float2(o[mt][n][2 * hr], o[mt][n][2 * hr + 1]);
-      if (t == 0) { ML[2 * r] = m[mt][hr]; ML[2 * r + 1] = l[mt][hr]; }
-    }
-  cl.sync();  // every split's partial is in its shared memory
-  const int r0 = split * Rreal / nsplit, r1 = (split + 1) * Rreal / nsplit;   // this block's slice of the rows
-  for (int r = r0 + tid; r < r1; r += C::THREADS) {
-    float mj[C::kMaxSplit], lj[C::kMaxSplit], M = -CUDART_INF_F;
-#pragma unroll
-    for (int j = 0; j < C::kMaxSplit; j++)
-      if (j < nsplit) {
-        const float* rml = cl.map_shared_rank(ML, j);
-        mj[j] = rml[2 * r];
-        lj[j] = rml[2 * r + 1];
-        M = fmaxf(M, mj[j]);   // finite: the split holding key 0 saw it
-      }
-    float L = 0.f;
-#pragma unroll
-    for (int j = 0; j < C::kMaxSplit; j++)
-      if (j < nsplit) {
-        mj[j] = ex2(mj[j] - M);  // 0 for a split that saw no key of this row
-        L += lj[j] * mj[j];
-      }
-    const float inv = 1.f / L;
-#pragma unroll
-    for (int j = 0; j < C::kMaxSplit; j++)
-      if (j < nsplit) Wt[r * C::kMaxSplit + j] = mj[j] * inv;
-  }
-  __syncthreads();
-  for (int i = tid; i < (r1 - r0) * (D / 4); i += C::THREADS) {
-    const int r = r0 + i / (D / 4), d = (i % (D / 4)) * 4;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int j = 0; j < nsplit; j++) {  // split order
-      const float w = Wt[r * C::kMaxSplit + j];
-      const float4 v = *reinterpret_cast<const float4*>(cl.map_shared_rank(Ob, j) + r * C::OLD + d);
-      acc.x = fmaf(w, v.x, acc.x); acc.y = fmaf(w, v.y, acc.y); acc.z = fmaf(w, v.z, acc.z); acc.w = fmaf(w, v.w, acc.w);
-    }
-    const int tq = r / G, hg = r % G;
-    __half2* dst = reinterpret_cast<__half2*>(a.out + (size_t)(t0 + tq) * a.n_heads * D + (h * G + hg) * D + d);
-    dst[0] = __floats2half2_rn(acc.x, acc.y);
-    dst[1] = __floats2half2_rn(acc.z, acc.w);
-  }
-  cl.sync();  // no block leaves while another reads its shared memory
-}
+using namespace nq::pf;
 
 // ---- variants -------------------------------------------------------------------------------------------------
 struct Variant {
@@ -403,18 +36,6 @@ struct Variant {
   int (*launch)(const AttnArgs&, int nsplit, cudaStream_t);
   int regs = 0, spill = 0, smem = 0;
 };
-
-template <class C>
-int launch_fa(const AttnArgs& a, int nsplit, cudaStream_t st) {
-  static const cudaError_t raised =
-      cudaFuncSetAttribute(fa_prefill<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
-  if (raised != cudaSuccess) return nq::fail(NQ_E_CUDA, "smem opt-in: %s", cudaGetErrorString(raised));
-  const int G = a.n_heads / a.n_kv, TQ = C::ROWS / G;
-  if (TQ < 1 || nsplit < 1 || nsplit > C::kMaxSplit) return nq::fail(NQ_E_INVALID_ARG, "G %d / split %d", G, nsplit);
-  const dim3 grid(a.n_kv, (a.M + TQ - 1) / TQ, nsplit);
-  if (nsplit == 1) return nq::launch_pdl("fa_prefill", fa_prefill<C>, grid, dim3(C::THREADS), C::SMEM, st, a);
-  return nq::launch_pdl_cluster("fa_prefill", fa_prefill<C>, grid, dim3(C::THREADS), dim3(1, 1, nsplit), C::SMEM, st, a);
-}
 
 //                      D   W  MT  KT ST QREG MINB
 template <int D> using W8M1K64S2Q = Cfg<D, 8, 1, 64, 2, true, 1>;
@@ -427,21 +48,31 @@ template <int D> using W8M1K32S3B2 = Cfg<D, 8, 1, 32, 3, false, 2>;
 
 template <class C>
 Variant make_variant(const char* name) {
-  Variant v{name, C::ROWS, &launch_fa<C>};
+  Variant v{name, C::ROWS, &launch_attn_prefill<C>};
   cudaFuncAttributes fa;
-  if (cudaFuncGetAttributes(&fa, fa_prefill<C>) == cudaSuccess) {
+  if (cudaFuncGetAttributes(&fa, attn_prefill_fa<C>) == cudaSuccess) {
     v.regs = fa.numRegs;
     v.spill = (int)fa.localSizeBytes;
   }
   v.smem = C::SMEM;
   return v;
 }
+template <class C> struct Tag { using type = C; };
+template <int D, class F>
+void for_each_variant(F&& f) {   // f(Tag<Cfg>, name)
+  f(Tag<W8M1K64S2Q<D>>{}, "w8m1k64s2q");
+  f(Tag<W8M1K64S3Q<D>>{}, "w8m1k64s3q");
+  f(Tag<W4M2K64S2<D>>{}, "w4m2k64s2");
+  f(Tag<W4M2K32S3<D>>{}, "w4m2k32s3");
+  f(Tag<W4M1K64S2Q<D>>{}, "w4m1k64s2q");
+  f(Tag<W8M1K64S2B2<D>>{}, "w8m1k64s2b2");
+  f(Tag<W8M1K32S3B2<D>>{}, "w8m1k32s3b2");
+}
 template <int D>
 std::vector<Variant> variants() {
-  return {make_variant<W8M1K64S2Q<D>>("w8m1k64s2q"), make_variant<W8M1K64S3Q<D>>("w8m1k64s3q"),
-          make_variant<W4M2K64S2<D>>("w4m2k64s2"), make_variant<W4M2K32S3<D>>("w4m2k32s3"),
-          make_variant<W4M1K64S2Q<D>>("w4m1k64s2q"), make_variant<W8M1K64S2B2<D>>("w8m1k64s2b2"),
-          make_variant<W8M1K32S3B2<D>>("w8m1k32s3b2")};
+  std::vector<Variant> v;
+  for_each_variant<D>([&](auto tag, const char* name) { v.push_back(make_variant<typename decltype(tag)::type>(name)); });
+  return v;
 }
 
 // ---- inputs ----------------------------------------------------------------------------------------------------
@@ -475,6 +106,7 @@ struct DevProblem {
     a.keys_per_split = 32; a.n_split = 1; a.write_kv = false;
     a.part_o = part_o; a.part_ml = part_ml; a.counters = counters;
     a.out = out + (size_t)chunk * p.M * p.n_heads * p.D;
+    a.max_keys = p.pos0 + (chunk + 1) * p.M;   // as session_prefill: the product's build choice
     return a;
   }
 };
@@ -547,21 +179,39 @@ std::vector<double> reference(const HostProblem& hp) {
   return out;
 }
 
-void upload(DevProblem& dp, const HostProblem& hp) {
+// The paged cache of a check problem: pages in reversed physical order (the tests' fill_paged_cache), the rows past
+// n_pos in the last page NaN (never read)
+struct HostCache {
+  std::vector<int> pt;
+  std::vector<__half> k, v;
+};
+HostCache make_cache(const HostProblem& hp) {
   const Problem& p = hp.p;
-  dp.p = p;
   const int pages = (p.n_pos() + kPage - 1) / kPage, D = p.D;
-  std::vector<int> pt(pages);
-  for (int i = 0; i < pages; i++) pt[i] = pages - 1 - i;
+  HostCache c;
+  c.pt.resize(pages);
+  for (int i = 0; i < pages; i++) c.pt[i] = pages - 1 - i;
   const size_t cache = (size_t)pages * p.n_kv * kPage * D;
-  std::vector<__half> k(cache, __ushort_as_half(0xffff)), v(cache, __ushort_as_half(0xffff));   // NaN: never read
+  c.k.assign(cache, __ushort_as_half(0xffff));
+  c.v.assign(cache, __ushort_as_half(0xffff));
   for (int j = 0; j < p.n_pos(); j++)
     for (int hh = 0; hh < p.n_kv; hh++)
       for (int d = 0; d < D; d++) {
-        const size_t idx = (((size_t)pt[j / kPage] * p.n_kv + hh) * kPage + j % kPage) * D + d;
-        k[idx] = hp.kc[((size_t)j * p.n_kv + hh) * D + d];
-        v[idx] = hp.vc[((size_t)j * p.n_kv + hh) * D + d];
+        const size_t idx = (((size_t)c.pt[j / kPage] * p.n_kv + hh) * kPage + j % kPage) * D + d;
+        c.k[idx] = hp.kc[((size_t)j * p.n_kv + hh) * D + d];
+        c.v[idx] = hp.vc[((size_t)j * p.n_kv + hh) * D + d];
       }
+  return c;
+}
+
+void upload(DevProblem& dp, const HostProblem& hp) {
+  const Problem& p = hp.p;
+  dp.p = p;
+  const HostCache hc = make_cache(hp);
+  const std::vector<int>& pt = hc.pt;
+  const std::vector<__half>&k = hc.k, &v = hc.v;
+  const int pages = (int)pt.size(), D = p.D;
+  const size_t cache = k.size();
   std::vector<float> qkv((size_t)p.M * p.stride(), 1e30f);  // the k/v parts: not read by prefill attention
   for (int t = 0; t < p.M; t++)
     std::memcpy(qkv.data() + (size_t)t * p.stride(), hp.q.data() + (size_t)t * p.n_heads * D, (size_t)p.n_heads * D * 4);
@@ -612,6 +262,204 @@ double run_and_compare(DevProblem& dp, const std::vector<double>& ref, const std
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
+// ---- --case emulate (CPU): the kernel's index math and data flow on the host ------------------------------------
+// Runs attn_prefill_fa<C>'s block geometry, key split, K/V copy addressing (against kv_row), Q staging, per-warp skip and
+// causal-mask decisions, the online softmax with its lane ownership (lane 4g + t: rows g, g + 8 of each m-tile,
+// keys / dims 8n + 2t + e), the f16 roundings of q and P, the output rows and the cluster merge, with the same
+// shared helpers (block_geom, warp_rows, Copy). What it cannot see: ldmatrix / mma fragment addressing (the
+// product's, unchanged), cp.async ordering and barriers (the GPU check's job).
+template <class C>
+std::vector<float> emulate(const HostProblem& hp, const HostCache& hc, int nsplit, long* addr_errors) {
+  constexpr int D = C::D, KT = C::KT, MT = C::MT, ND = C::ND, ROWS = C::ROWS;
+  using CP = Copy<C>;
+  const Problem& p = hp.p;
+  const int G = p.n_heads / p.n_kv, TQ = ROWS / G, nby = (p.M + TQ - 1) / TQ, pos0 = p.pos0;
+  std::vector<float> out((size_t)p.M * p.n_heads * D, std::nanf(""));
+  std::vector<int> written(out.size(), 0);
+  const uint32_t pstride = (uint32_t)p.n_kv * kPage * D;
+  long errs = 0;
+#pragma omp parallel for schedule(dynamic) reduction(+ : errs)
+  for (int hb = 0; hb < p.n_kv * nby; hb++) {
+    const int h = hb % p.n_kv, by = hb / p.n_kv;
+    std::vector<std::vector<float>> PO(nsplit, std::vector<float>((size_t)ROWS * D, 0.f));
+    std::vector<std::vector<float>> PM(nsplit, std::vector<float>(ROWS)), PL(nsplit, std::vector<float>(ROWS));
+    std::vector<float> Qs((size_t)ROWS * D), Ks((size_t)KT * D), Vs((size_t)KT * D);
+    Geom b{};
+    for (int split = 0; split < nsplit; split++) {
+      b = block_geom<C>(p.n_heads, p.n_kv, p.M, pos0, by, nby, split, nsplit);
+      // Q staging, as the kernel's items (r, d..d+3)
+      const float qs = 1.4426950408889634f / std::sqrt((float)D);
+      for (int i = 0; i < ROWS * (D / 8); i++) {
+        const int r = i / (D / 8), d0 = (i % (D / 8)) * 4;
+        const bool valid = r < b.Rreal;
+        const int tq = valid ? r / G : 0, hg = valid ? r % G : 0;
+        const float* qin = hp.q.data() + (size_t)(b.t0 + tq) * p.n_heads * D + (h * G + hg) * D;
+        for (int e = 0; e < 4; e++) {
+          const int d = d0 + e;
+          const float2 cs = hp.rope[(size_t)(pos0 + b.t0 + tq) * (D / 2) + d];
+          const float x0 = qin[d], x1 = qin[d + D / 2];
+          Qs[(size_t)r * D + d] = valid ? __half2float(__float2half_rn((x0 * cs.x - x1 * cs.y) * qs)) : 0.f;
+          Qs[(size_t)r * D + d + D / 2] = valid ? __half2float(__float2half_rn((x1 * cs.x + x0 * cs.y) * qs)) : 0.f;
+        }
+      }
+      // per lane state: m per (warp, g, mt, hr) (equal over the quad), l per lane, O per (row, dim) (one owner each)
+      std::vector<float> m((size_t)C::WARPS * 8 * MT * 2, -INFINITY), l((size_t)C::WARPS * 32 * MT * 2, 0.f);
+      std::vector<float>& O = PO[split];
+      std::fill(O.begin(), O.end(), 0.f);
+      for (int i = 0; i < b.nt; i++) {
+        const int tile = b.ts + i, kt0 = tile * KT;
+        // copies
+        for (int tid = 0; tid < C::THREADS; tid++) {
+          const int cpart = tid % C::CPR, crow = tid / C::CPR;
+          uint32_t pg[CP::NPG];
+          for (int q = 0; q < CP::NPG; q++) {
+            const int key = CP::page_key(tile, q, crow);
+            pg[q] = key < b.n_keys ? (uint32_t)hc.pt[key >> 4] : 0u;
+          }
+          for (int pp = 0; pp < C::NPASS; pp++) {
+            const int j = crow + pp * C::KPP, key = kt0 + j;
+            const bool ok = key < b.n_keys;
+            const size_t off = CP::src_bytes(pg[CP::page_reg(pp)], pstride, CP::thr_off(h, crow, cpart), pp) / 2;
+            if (ok && off != (((size_t)hc.pt[key / kPage] * p.n_kv + h) * kPage + key % kPage) * D + cpart * 8) errs++;
+            for (int e = 0; e < 8; e++) {
+              Ks[(size_t)j * D + cpart * 8 + e] = ok ? __half2float(hc.k[off + e]) : 0.f;
+              Vs[(size_t)j * D + cpart * 8 + e] = ok ? __half2float(hc.v[off + e]) : 0.f;
+            }
+          }
+        }
+        for (int w = 0; w < C::WARPS; w++) {
+          const int wr0 = w * 16 * MT;
+          for (int g = 0; g < 8; g++) {
+            int wmin, wmax, rpos[MT][2];
+            warp_rows<C>(b, pos0, w, g, wmin, wmax, rpos);
+            if (kt0 > wmax) continue;
+            const bool mask = kt0 + KT - 1 > wmin;
+            for (int mt = 0; mt < MT; mt++)
+              for (int hr = 0; hr < 2; hr++) {
+                const int row = wr0 + 16 * mt + g + 8 * hr;
+                float sc[KT];
+                for (int kl = 0; kl < KT; kl++) {  // key kl = 8n + 2t + e lies in lane t's sc[mt][n][2hr + e]
+                  float acc = 0.f;
+                  for (int d = 0; d < D; d++) acc += Qs[(size_t)row * D + d] * Ks[(size_t)kl * D + d];
+                  sc[kl] = mask && kt0 + kl > rpos[mt][hr] ? -INFINITY : acc;
+                }
+                float& mm = m[((size_t)(w * 8 + g) * MT + mt) * 2 + hr];
+                float mx = -INFINITY;
+                for (int kl = 0; kl < KT; kl++) mx = std::max(mx, sc[kl]);
+                const float m_new = std::max(mm, mx), m_use = m_new == -INFINITY ? 0.f : m_new;
+                const float corr = std::exp2(mm - m_use);
+                for (int t = 0; t < 4; t++) {
+                  float sum = 0.f;
+                  for (int n = 0; n < KT / 8; n++)
+                    for (int e = 0; e < 2; e++) {
+                      float& v = sc[8 * n + 2 * t + e];
+                      v = std::exp2(v - m_use);
+                      sum += v;
+                    }
+                  float& ll = l[((size_t)(w * 32 + 4 * g + t) * MT + mt) * 2 + hr];
+                  ll = ll * corr + sum;
+                }
+                mm = m_new;
+                for (int dim = 0; dim < D; dim++) {  // owner: lane 4g + (dim % 8) / 2, o[mt][dim / 8][2hr + dim % 2]
+                  float acc = O[(size_t)row * D + dim] * corr;
+                  for (int kl = 0; kl < KT; kl++) acc += __half2float(__float2half_rn(sc[kl])) * Vs[(size_t)kl * D + dim];
+                  O[(size_t)row * D + dim] = acc;
+                }
+              }
+          }
+        }
+      }
+      // row sums over the quad; partial or output
+      for (int w = 0; w < C::WARPS; w++)
+        for (int g = 0; g < 8; g++)
+          for (int mt = 0; mt < MT; mt++)
+            for (int hr = 0; hr < 2; hr++) {
+              const int row = w * 16 * MT + 16 * mt + g + 8 * hr;
+              float L = 0.f;
+              for (int t = 0; t < 4; t++) L += l[((size_t)(w * 32 + 4 * g + t) * MT + mt) * 2 + hr];
+              PM[split][row] = m[((size_t)(w * 8 + g) * MT + mt) * 2 + hr];
+              PL[split][row] = L;
+              if (nsplit == 1 && row < b.Rreal)
+                for (int t = 0; t < 4; t++)
+                  for (int n = 0; n < ND; n++)
+                    for (int e = 0; e < 2; e++) {
+                      const int dim = 8 * n + 2 * t + e;
+                      const size_t oi = (size_t)(b.t0 + row / G) * p.n_heads * D + (h * G + row % G) * D + dim;
+                      out[oi] = __half2float(__float2half_rn(O[(size_t)row * D + dim] * (1.f / L)));
+                      written[oi]++;
+                    }
+            }
+    }
+    if (nsplit > 1)
+      for (int rank = 0; rank < nsplit; rank++) {
+        const int r0 = rank * b.Rreal / nsplit, r1 = (rank + 1) * b.Rreal / nsplit;
+        for (int r = r0; r < r1; r++) {
+          float M = -INFINITY, L = 0.f, wj[C::kMaxSplit];
+          for (int j = 0; j < nsplit; j++) M = std::max(M, PM[j][r]);
+          for (int j = 0; j < nsplit; j++) { wj[j] = std::exp2(PM[j][r] - M); L += PL[j][r] * wj[j]; }
+          for (int dim = 0; dim < D; dim++) {
+            float acc = 0.f;
+            for (int j = 0; j < nsplit; j++) acc += wj[j] / L * PO[j][(size_t)r * D + dim];
+            const size_t oi = (size_t)(b.t0 + r / G) * p.n_heads * D + (h * G + r % G) * D + dim;
+            out[oi] = __half2float(__float2half_rn(acc));
+            written[oi]++;
+          }
+        }
+      }
+  }
+  for (int w : written)
+    if (w != 1) errs++;   // every output exactly once
+  *addr_errors = errs;
+  return out;
+}
+
+template <class C>
+int emulate_one(const char* name, const HostProblem& hp, const HostCache& hc, const std::vector<double>& ref, int nsplit) {
+  long errs = 0;
+  const std::vector<float> got = emulate<C>(hp, hc, nsplit, &errs);
+  double num = 0.0, den = 0.0;
+  bool finite = true;
+  for (size_t i = 0; i < ref.size(); i++) {
+    finite &= std::isfinite(got[i]);
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  const double e = std::sqrt(num / std::max(den, 1e-300));
+  const bool ok = finite && errs == 0 && e < 2e-3;
+  std::printf("  %-11s split %d: %.2e%s%s %s\n", name, nsplit, e, finite ? "" : " [non-finite]",
+              errs ? " [address / coverage errors]" : "", ok ? "ok" : "FAIL");
+  return ok ? 0 : 1;
+}
+
+int case_emulate() {
+  int fails = 0;
+  uint32_t seed = 99;
+  auto run = [&](const Problem& p, std::initializer_list<int> splits) {
+    const HostProblem hp = make_host(p, seed++);
+    const HostCache hc = make_cache(hp);
+    const std::vector<double> ref = reference(hp);
+    std::printf("-- heads %d/%d (G %d) D %d, M %d after %d keys\n", p.n_heads, p.n_kv, p.n_heads / p.n_kv, p.D, p.M,
+                p.pos0);
+    auto each = [&](auto tag, const char* name) {
+      using C = typename decltype(tag)::type;
+      if (p.n_heads / p.n_kv > C::ROWS) return;
+      for (int s : splits) fails += emulate_one<C>(name, hp, hc, ref, s);
+    };
+    if (p.D == 128) for_each_variant<128>(each); else for_each_variant<64>(each);
+    std::fflush(stdout);
+  };
+  for (int D : {128, 64})
+    for (int G : {7, 2})
+      for (int M : {2, 17, 100})
+        for (int pos0 : {0, 37}) run(Problem{G == 7 ? 28 : 4, G == 7 ? 4 : 2, D, M, pos0}, {1, 2, 3, 8});
+  run(Problem{28, 4, 128, 300, 140}, {1, 2, 3});
+  for (const Problem& p : {Problem{16, 2, 128, 45, 32}, Problem{40, 8, 128, 100, 200}, Problem{12, 2, 128, 64, 236},
+                           Problem{8, 8, 64, 100, 200}, Problem{14, 2, 64, 130, 3}})
+    run(p, {1, 2, 5});
+  std::printf("emulate: %d failure(s)\n", fails);
+  return fails ? 1 : 0;
+}
+
 // ---- --case check -------------------------------------------------------------------------------------------
 // Tolerance 2e-3, the product contract's (tests/test_gpu_kernels.py test_attention_prefill_vs_numpy): f16 K/V in
 // the reference too; the tensor cores take q and P in f16 (2^-12 relative each), f32 accumulation and softmax, the
@@ -625,19 +473,22 @@ int check_one(const Problem& p, uint32_t seed, int* fails) {
   DevProblem dp;
   upload(dp, hp);
   std::printf("-- heads %d/%d (G %d) D %d, M %d after %d keys\n", p.n_heads, p.n_kv, p.n_heads / p.n_kv, D, p.M, p.pos0);
-  std::vector<float> prod;
-  const double ep = run_and_compare(dp, ref, [&] { return nq::attention(dp.args(), 0); }, &prod);
-  std::printf("  product attn_prefill_kernel: %.2e %s\n", ep, ep >= 0 && ep < kTol ? "ok" : "FAIL");
+  std::vector<float> prod;   // v1's output: the variants' max difference against it, for the record
+  const double e1 = run_and_compare(dp, ref, [&] { return nq::v1::attention_prefill_v1(dp.args(), 0); }, &prod);
+  std::printf("  v1 attn_prefill_kernel:      %.2e %s\n", e1, e1 >= 0 && e1 < kTol ? "ok" : "FAIL");
+  if (!(e1 >= 0 && e1 < kTol)) ++*fails;
+  const double ep = run_and_compare(dp, ref, [&] { return nq::attention(dp.args(), 0); });
+  std::printf("  product nq::attention():     %.2e %s\n", ep, ep >= 0 && ep < kTol ? "ok" : "FAIL");
   if (!(ep >= 0 && ep < kTol)) ++*fails;
   for (const Variant& v : variants<D>()) {
     if (p.n_heads / p.n_kv > v.rows) continue;
     for (int s : {1, 2, 3, 4, 8}) {
       std::vector<float> got;
       const double e = run_and_compare(dp, ref, [&] { return v.launch(dp.args(), s, 0); }, &got);
-      double dmax = 0.0;   // against the product, for the record
+      double dmax = 0.0;   // against v1, for the record
       for (size_t i = 0; i < got.size() && i < prod.size(); i++) dmax = std::max(dmax, (double)std::fabs(got[i] - prod[i]));
       const bool ok = e >= 0 && e < kTol;
-      std::printf("  %-11s split %d: %.2e %s (max |fa - product| %.1e)%s\n", v.name, s, e, ok ? "ok" : "FAIL", dmax,
+      std::printf("  %-11s split %d: %.2e %s (max |fa - v1| %.1e)%s\n", v.name, s, e, ok ? "ok" : "FAIL", dmax,
                   e == -1 ? " [unwritten/non-finite output or write past M]" : e == -2 ? " [launch failed]" : "");
       if (!ok) ++*fails;
     }
@@ -657,7 +508,9 @@ int case_check() {
         }
   // the product tests' other head layouts: G 8, 5, 6, 1
   for (const Problem& p : {Problem{16, 2, 128, 45, 32}, Problem{40, 8, 128, 100, 600}, Problem{12, 2, 128, 64, 236},
-                           Problem{8, 8, 64, 100, 600}, Problem{14, 2, 64, 130, 3}})
+                           Problem{8, 8, 64, 100, 600}, Problem{14, 2, 64, 130, 3},
+                           // past kPrefillLongKeys: the product's long build (split 2 on these small grids)
+                           Problem{28, 4, 128, 100, 2000}, Problem{14, 2, 64, 512, 1700}})
     if (p.D == 128) check_one<128>(p, seed++, &fails); else check_one<64>(p, seed++, &fails);
   std::printf("check: %d failure(s)\n", fails);
   return fails ? 1 : 0;
@@ -726,7 +579,7 @@ int case_time() {
   for (const Variant& v : vs)
     std::printf("%-11s rows %3d: %d registers, %d bytes local (spill), %d B dynamic shared memory\n", v.name, v.rows,
                 v.regs, v.spill, v.smem);
-  struct Best { double us = 1e30; std::string what; double prod = 0; };
+  struct Best { double us = 1e30; std::string what; double v1 = 0, prod = 0; };
   std::vector<std::pair<std::string, Best>> bests;
   for (int chunked : {1, 0})
     for (int N : {512, 2048, 8192, 32768}) {
@@ -742,24 +595,45 @@ int case_time() {
       };
       const std::string mode = chunked ? "chunks of 512" : "one launch";
       const double fl = tp.flops();
+      const double u1 = per_layer([](const AttnArgs& a) { return nq::v1::attention_prefill_v1(a, 0); });
       const double up = per_layer([](const AttnArgs& a) { return nq::attention(a, 0); });
-      std::printf("N %5d (%s, %d launch%s): product attn_prefill_kernel %9.1f us/layer %6.1f TFLOP/s\n", N,
-                  mode.c_str(), nc, nc > 1 ? "es" : "", up, fl / up * 1e-6);
+      std::printf("N %5d (%s, %d launch%s): v1 attn_prefill_kernel %9.1f us/layer %6.1f TFLOP/s\n", N, mode.c_str(), nc,
+                  nc > 1 ? "es" : "", u1, fl / u1 * 1e-6);
+      std::printf("N %5d (%s): product nq::attention() %9.1f us/layer %6.1f TFLOP/s  x%.2f vs v1\n", N, mode.c_str(), up,
+                  fl / up * 1e-6, u1 / up);
+      {
+        int sms = 132;
+        DEV_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        using PL = nq::PrefillLong<128>;
+        const int blocks = tp.dp.p.n_kv * ((tp.dp.p.M + PL::ROWS / 7 - 1) / (PL::ROWS / 7));
+        int n_long = 0;
+        for (int c = 0; c < nc; c++) n_long += tp.dp.args(c).max_keys >= nq::kPrefillLongKeys;
+        std::printf("N %5d (%s): the product runs PrefillShort (w4m1k64s2q split 1) on %d launch(es), PrefillLong "
+                    "(w4m2k32s3 split %d) on %d\n", N, mode.c_str(), nc - n_long, nq::pf::prefill_splits(blocks, sms),
+                    n_long);
+      }
       Best b;
+      b.v1 = u1;
       b.prod = up;
       for (const Variant& v : vs)
         for (int s : {1, 2, 4}) {
+          if (v.launch(tp.dp.args(0), s, 0) != NQ_OK || cudaDeviceSynchronize() != cudaSuccess) {   // refused: skip
+            std::printf("N %5d (%s): %-11s split %d: launch failed (%s), skipped\n", N, mode.c_str(), v.name, s,
+                        nq::last_error());
+            (void)cudaGetLastError();
+            continue;
+          }
           const double us = per_layer([&](const AttnArgs& a) { return v.launch(a, s, 0); });
-          std::printf("N %5d (%s): %-11s split %d %9.1f us/layer %6.1f TFLOP/s  x%.2f vs product\n", N, mode.c_str(),
-                      v.name, s, us, fl / us * 1e-6, up / us);
+          std::printf("N %5d (%s): %-11s split %d %9.1f us/layer %6.1f TFLOP/s  x%.2f vs v1\n", N, mode.c_str(), v.name,
+                      s, us, fl / us * 1e-6, u1 / us);
           if (us < b.us) { b.us = us; b.what = std::string(v.name) + " split " + std::to_string(s); }
         }
       bests.push_back({"N " + std::to_string(N) + " (" + mode + ")", b});
       std::fflush(stdout);
     }
   for (auto& [k, b] : bests)
-    std::printf("best per prompt: %-26s %-20s %9.1f us/layer (product %9.1f: x%.2f)\n", k.c_str(), b.what.c_str(),
-                b.us, b.prod, b.prod / b.us);
+    std::printf("best per prompt: %-26s %-20s %9.1f us/layer (v1 %9.1f: x%.2f; product %9.1f)\n", k.c_str(),
+                b.what.c_str(), b.us, b.v1, b.v1 / b.us, b.prod);
   (void)prop;
   return 0;
 }
@@ -768,8 +642,9 @@ int case_time() {
 
 int main(int argc, char** argv) {
   const std::string c = argc > 2 && std::strcmp(argv[1], "--case") == 0 ? argv[2] : "";
+  if (c == "emulate") return fa::case_emulate();
   if (c != "check" && c != "time") {
-    std::printf("usage: attn_prefill_fa --case check|time\n");
+    std::printf("usage: attn_prefill_fa --case emulate|check|time\n");
     return 2;
   }
   cudaDeviceProp prop;

@@ -131,6 +131,9 @@ struct AttnArgs {
   const int* pos_of = nullptr;
   const KvLayer* kv_of = nullptr;            // this layer's cache of each sequence
   const int* const* page_table_of = nullptr;
+  // Prefill (M > 1, n_split 1): the keys the last query token sees (*pos0 + M) where the host knows it, else 0. It picks
+  // the prefill kernel's build (attention.cu: kPrefillLongKeys); any value gives the same results.
+  int max_keys = 0;
 };
 int attention(const AttnArgs& a, cudaStream_t st);
 // Prefill: rope(k) and v of M tokens into the cache at *pos0 .. *pos0+M-1.

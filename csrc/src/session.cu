@@ -474,6 +474,7 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
         // the decode buffers (M x n_split <= nsplit_decode rows); more: the prefill kernel (tensor cores, no splits)
         aa.keys_per_split = 32; aa.write_kv = false;
         aa.n_split = split_prefill_count(M, s->pos + M, s->nsplit_decode);
+        aa.max_keys = s->pos + M;
         aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters; aa.out = s->pre.ATT;
         NQ_TRY(attention(aa, st));
         NQ_TRY(gemm(L.o, s->pre.ATT, Nq, M, s->pre.X, H, nullptr, true, st));

@@ -283,6 +283,7 @@ int nq_test_attention_prefill(const float* q, const float* k, const float* v, in
   NQ_TRY(b.setup(cache, qkv, pos0, n_pos, n_heads, n_kv, D, M, n_split));
   AttnArgs a = b.args(stride, M, n_heads, n_kv, D);
   a.keys_per_split = 32; a.n_split = n_split; a.write_kv = false;
+  a.max_keys = n_pos;   // as session_prefill: picks the prefill kernel's build
   NQ_TRY(attention(a, 0));
   NQ_CUDA(cudaDeviceSynchronize());
   NQ_TRY(b.read_out(out, (size_t)M * Nq));
