@@ -77,11 +77,35 @@ def load_testing_library():
     return lib
 
 
+def driver_compute_capability():
+    """(major, minor) of device 0 through the driver API (libcuda), or None where it cannot be read."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), 0) != 0:
+        return None
+    get = cuda.cuDeviceGetAttribute   # attributes 75 / 76: CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
+    if get(ctypes.byref(major), 75, dev) != 0 or get(ctypes.byref(minor), 76, dev) != 0:
+        return None
+    return major.value, minor.value
+
+
+def fragment_order_available(lib) -> bool:
+    """Whether the library uses the INT4 fragment order here (nq_test_fragment_order_available: Hopper with the sm_90a
+    build). On a GPU of compute capability 9.x it must: a shipped build has sm_90a code, so a refusal there fails."""
+    available = bool(lib.nq_test_fragment_order_available())
+    cc = driver_compute_capability()
+    assert available or cc is None or cc[0] != 9, f"compute capability {cc}, yet the library has no fragment order"
+    return available
+
+
 def require_fragment_order(lib) -> None:
-    """Skip the calling test where the library does not use the INT4 fragment order (not Hopper, or no sm_90a build):
-    the *_frag entry points run only where the loader repacks."""
+    """Skip the calling test where the library does not use the INT4 fragment order (fragment_order_available): the
+    *_frag entry points run only where the loader repacks."""
     import pytest
-    if not lib.nq_test_fragment_order_available():
+    if not fragment_order_available(lib):
         pytest.skip("the INT4 fragment order runs on Hopper GPUs with the sm_90a build only")
 
 

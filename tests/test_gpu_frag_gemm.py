@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from nq_testing_lib import require_fragment_order
-from test_gpu_gemm import SWIGLU_PATHS_REL, SWIGLU_TOL_REL, TOL_ELEM, TOL_REL, _silu_mul, make_case
+from test_gpu_gemm import SWIGLU_PATHS_REL, SWIGLU_TOL_REL, _silu_mul, make_case
 from test_gpu_gemm import check as check_gemm
 from test_gpu_kernels import dequant, random_int4, rel_err
 

@@ -20,7 +20,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from nq_testing_lib import check as _check
+from nq_testing_lib import check as _check, fragment_order_available, require_fragment_order
 from test_gpu_kernels import (GEMV_F16_REL, GEMV_F16_WORST, _f32p, _u16p, _u32p, dequant, pack_fast, random_int4,
                               rel_err)
 
@@ -52,21 +52,6 @@ def lib():
     return load_testing_library()
 
 
-def _driver_compute_capability():
-    """(major, minor) of device 0 through the driver API (libcuda), or None where it cannot be read."""
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
-    if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), 0) != 0:
-        return None
-    get = cuda.cuDeviceGetAttribute   # attributes 75 / 76: CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
-    if get(ctypes.byref(major), 75, dev) != 0 or get(ctypes.byref(minor), 76, dev) != 0:
-        return None
-    return major.value, minor.value
-
-
 def gemv_frag(lib, q, s, N, K, g, x, norm_w=None, eps=1e-6):
     """nq_test_gemv_int4_frag: (rc, y f32 (N))."""
     y = np.empty(N, dtype=np.float32)
@@ -77,26 +62,13 @@ def gemv_frag(lib, q, s, N, K, g, x, norm_w=None, eps=1e-6):
 
 @pytest.fixture(scope="module")
 def order_available(lib):
-    """Whether the library runs the fragment order here, asked of the library itself (one small STORE launch): True,
-    or False with the library's refusal (NQ_E_UNSUPPORTED, 'need a Hopper GPU'); any other failure fails. On a GPU of
-    compute capability 9.x (read through the driver) the library must not refuse: a shipped build has sm_90a code."""
-    rng = np.random.default_rng()
-    _, q, s = random_int4(rng, 64, 128, 32)
-    x = rng.standard_normal(128).astype(np.float32)
-    rc, _ = gemv_frag(lib, q, s, 64, 128, 32, x)
-    if rc == 0:
-        return True
-    msg = lib.nq_last_error().decode()
-    assert rc == NQ_E_UNSUPPORTED and "need a Hopper GPU" in msg, f"rc {rc}: {msg}"
-    cc = _driver_compute_capability()
-    assert cc is None or cc[0] != 9, f"compute capability {cc}, yet the library refuses the fragment order: {msg}"
-    return False
+    """Whether the library runs the fragment order here (nq_testing_lib.fragment_order_available)."""
+    return fragment_order_available(lib)
 
 
-@pytest.fixture
-def frag(lib, order_available):
-    if not order_available:
-        pytest.skip("the INT4 fragment order needs a Hopper GPU (sm_90) and the sm_90a build")
+@pytest.fixture(scope="module")
+def frag(lib):
+    require_fragment_order(lib)
     return lib
 
 
