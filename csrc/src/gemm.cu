@@ -293,6 +293,8 @@ int gemm_swiglu(const LinW& gate, const LinW& up, const __half* A, int lda, int 
     if (c == 1) return launch_int4_wgmma<128, 2, 5, 1>(g, tiles, A, lda, M, 0, false, 1, st);
     return launch_int4_wgmma<128, 3, 5, 1>(g, tiles, A, lda, M, 0, false, 1, st);
   }
+  if (!G || !U)   // PrefillBuffers::alloc leaves them out only where every pair is ORDER_FRAG_PAIR
+    return fail(NQ_E_INVALID_ARG, "gemm_swiglu: no G / U scratch for the unfused path (gate order %d)", gate.order);
   float* const C2[2] = {G, U};
   const float* const B2[2] = {nullptr, nullptr};
   NQ_TRY(gemm_multi(W, C2, B2, 2, A, lda, M, I, false, st, ws));
