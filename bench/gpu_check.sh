@@ -52,7 +52,7 @@ if has tests; then
   # NQ_TEST_K narrows the selection (pytest -k), e.g. to re-check one kernel quickly. The files are named: the
   # device image has no `openai`, which tests/test_server.py (CPU, CI) imports at collection.
   timeout 480 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 -rfEs \
-    tests/test_gpu_frag_repack.py tests/test_gpu_frag_gemv.py tests/test_gpu_frag_gemm.py tests/test_gpu_frag_prefill.py tests/test_gpu_kernels.py tests/test_gpu_gemm.py tests/test_gpu_e2e.py tests/test_server_gpu.py tests/test_bench.py tests/test_cli.py tests/test_gpu_steer.py tests/test_gpu_batch.py tests/test_batch.py tests/test_gpu_batch_engine.py tests/test_gpu_pool.py \
+    tests/test_gpu_frag_repack.py tests/test_gpu_frag_gemv.py tests/test_gpu_frag_gemm.py tests/test_gpu_frag_prefill.py tests/test_gpu_kernels.py tests/test_gpu_gemm.py tests/test_gpu_gemm_qwen_shapes.py tests/test_gpu_e2e.py tests/test_server_gpu.py tests/test_bench.py tests/test_cli.py tests/test_gpu_steer.py tests/test_gpu_batch.py tests/test_batch.py tests/test_gpu_batch_engine.py tests/test_gpu_pool.py \
     -k "not 7b_shaped${NQ_TEST_K:+ and ($NQ_TEST_K)}" \
     > "$LOG/pytest_gpu.log" 2>&1
   rc=$?

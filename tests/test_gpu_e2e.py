@@ -116,6 +116,18 @@ def test_long_prompt_in_chunks_matches_cpu(files, name):
         assert rel_rows(la, cpu.logits_all(ids)).max() < TOL
 
 
+@pytest.mark.parametrize("n", [512, 8192])
+def test_prefill_512_and_8k_match_cpu(files, n):
+    """Issue 12's e2e check: the prefill logits of a 512-token and an 8,192-token prompt (four chunks) equal the CPU
+    oracle's, and so does the decode step after it (it reads every layer's K/V rows of the whole prompt)."""
+    gpu, cpu = _backends(files["qwen2-d128-tied-int4g128"], ctx=n + 8)
+    with gpu, cpu:
+        rng = np.random.default_rng()
+        ids = rng.integers(0, gpu.config.vocab_rows, size=n, dtype=np.int32)
+        assert rel_rows(gpu.prefill(ids), cpu.prefill(ids)).max() < TOL
+        assert rel_rows(gpu.decode(3), cpu.decode(3)).max() < TOL
+
+
 def _greedy_close(gpu_tokens, cpu_logits_fn, prompt):
     """Every GPU greedy token is the CPU argmax, unless the CPU's top two logits are within 1e-3 (a near tie
     that f16 rounding may legitimately flip): then stop comparing (the sequences diverge from there)."""
