@@ -162,9 +162,10 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
 #if NQ_WGMMA_DEVICE
   using C_ = WgCfg<TN, WGS, STAGES, KSUB, ZP, FRAG>;
   // launched with PDL (launch.h): A, C and the split-K scratch are the earlier kernels' outputs. The consumers wait
-  // here; the producer first issues the weight boxes of the first STAGES stages (weights do not depend on earlier
-  // kernels), then waits, then loads A: the pipeline fills while the previous kernel drains.
-  pdl_trigger();
+  // before their first stage; the producer first issues the weight boxes of the first STAGES stages (weights do not
+  // depend on earlier kernels), then waits, then loads A: the pipeline fills while the previous kernel drains. Every
+  // thread that waits triggers after its wait (the others exit at once), as in every kernel of the library: a
+  // kernel's pre-wait code then runs only once the kernel two back has completed.
   extern __shared__ __align__(128) unsigned char wsm_raw[];
   const uint32_t raw_u32 = smem_u32(wsm_raw);
   const uint32_t sbase = (raw_u32 + 1023u) & ~1023u;
@@ -248,6 +249,7 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
       const int pre = min(STAGES, NS);   // the stages whose weights go out before the wait (their slots are free)
       for (int ks = 0; ks < pre; ks++) issue(ks, true, false);
       pdl_wait();
+      pdl_trigger();
       for (int ks = 0; ks < pre; ks++) issue(ks, false, true);
       for (int ks = pre; ks < NS; ks++) {
         wg_mbar_wait(empty0 + 8 * (ks % STAGES), ((ks / STAGES) - 1) & 1);
@@ -257,6 +259,7 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
     return;
   }
   pdl_wait();
+  pdl_trigger();
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C_::kConsumerRegs));
 
   // consumer: warpgroup wg owns block rows 64 wg .. 64 wg + 63; this thread's A fragment rows are gid and gid + 8
