@@ -468,7 +468,6 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
     NQ_CUDA(cudaStreamSynchronize(st));  // h_tokens is reused
     std::memcpy(s->h_tokens, tokens + done, M * sizeof(int32_t));
     auto run = [&]() -> int {
-      int advanced = 0;   // of *d_pos, during the chunk (the last layer's last-token rows)
       NQ_CUDA(cudaMemcpyAsync(s->pre.d_tokens, s->h_tokens, M * sizeof(int32_t), cudaMemcpyHostToDevice, st));
       NQ_TRY(embed_rows(m.embed, m.embed_dtype, s->pre.d_tokens, M, H, s->pre.X, st));
       for (int l = 0; l < c.n_layers; l++) {
@@ -484,15 +483,12 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
         NQ_TRY(rope_kv_write(s->pre.QKV, Nqkv, M, s->d_pos, s->kv[l], s->d_page_table, s->d_rope, c.n_heads,
                              c.n_kv_heads, D, st));
         if (tail && !last_chunk) break;
-        // rows r0 .. M-1 go on: all of them, or the last token in the tail (its query at *d_pos, moved there)
+        // rows r0 .. M-1 go on: all of them, or the last token in the tail (its query at *d_pos + r0)
         const int r0 = tail ? M - 1 : 0, Mr = M - r0;
-        if (r0 > 0) {
-          NQ_TRY(advance_pos(s->d_pos, r0, st));
-          advanced = r0;
-        }
         float* const X = s->pre.X + (size_t)r0 * H;
         AttnArgs aa;
         aa.qkv = s->pre.QKV + (size_t)r0 * Nqkv; aa.qkv_stride = Nqkv; aa.M = Mr; aa.pos0 = s->d_pos;
+        aa.pos_offset = r0;
         aa.kv = s->kv[l]; aa.page_table = s->d_page_table; aa.rope = s->d_rope;
         aa.n_heads = c.n_heads; aa.n_kv = c.n_kv_heads; aa.D = D;
         // up to kSplitPrefillMaxTokens tokens (a prefix-cache hit's suffix, a short prompt, a long prompt's last
@@ -523,7 +519,7 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
         la.out_f32 = s->logits; la.mode = GEMV_STORE;
         NQ_TRY(gemv(la, st));
       }
-      NQ_TRY(advance_pos(s->d_pos, M - advanced, st));
+      NQ_TRY(advance_pos(s->d_pos, M, st));
       return NQ_OK;
     };
     rc = run();
