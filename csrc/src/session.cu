@@ -311,6 +311,23 @@ int session_set_pages(Session* s, const int32_t* pages, int n, int position) {
   return NQ_OK;
 }
 
+namespace {
+// One token's layer after its attention: x += o(att); x += down(swiglu(gate, up)(rmsnorm(x))), the decode GEMVs
+// (the decode step's, and session_prefill's last-token tail).
+int decode_o_mlp(Session* s, const Layer& L, cudaStream_t st) {
+  GemvArgs oa;
+  oa.seg[0] = L.o; oa.x_f16 = s->att; oa.out_f32 = s->x; oa.mode = GEMV_ADD;
+  NQ_TRY(gemv(oa, st));
+  GemvArgs ga;
+  ga.seg[0] = L.gate; ga.up = L.up; ga.x_f32 = s->x; ga.norm_w = L.ln2; ga.eps = s->m->cfg.rms_norm_eps;
+  ga.out_f16 = s->hmlp; ga.mode = GEMV_SWIGLU;
+  NQ_TRY(gemv(ga, st));
+  GemvArgs da;
+  da.seg[0] = L.down; da.x_f16 = s->hmlp; da.out_f32 = s->x; da.mode = GEMV_ADD;
+  return gemv(da, st);
+}
+}  // namespace
+
 int enqueue_decode(Session* s) {
   const Model& m = *s->m;
   const nq_config& c = m.cfg;
@@ -332,16 +349,7 @@ int enqueue_decode(Session* s) {
     aa.keys_per_split = s->kps_decode; aa.n_split = s->nsplit_decode; aa.write_kv = true;
     aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters; aa.out = s->att;
     NQ_TRY(attention(aa, st));
-    GemvArgs oa;
-    oa.seg[0] = L.o; oa.x_f16 = s->att; oa.out_f32 = s->x; oa.mode = GEMV_ADD;
-    NQ_TRY(gemv(oa, st));
-    GemvArgs ga;
-    ga.seg[0] = L.gate; ga.up = L.up; ga.x_f32 = s->x; ga.norm_w = L.ln2; ga.eps = c.rms_norm_eps;
-    ga.out_f16 = s->hmlp; ga.mode = GEMV_SWIGLU;
-    NQ_TRY(gemv(ga, st));
-    GemvArgs da;
-    da.seg[0] = L.down; da.x_f16 = s->hmlp; da.out_f32 = s->x; da.mode = GEMV_ADD;
-    NQ_TRY(gemv(da, st));
+    NQ_TRY(decode_o_mlp(s, L, st));
   }
   GemvArgs la;
   la.seg[0] = m.lm_head; la.x_f32 = s->x; la.norm_w = m.final_norm; la.eps = c.rms_norm_eps;
@@ -483,9 +491,11 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
         NQ_TRY(rope_kv_write(s->pre.QKV, Nqkv, M, s->d_pos, s->kv[l], s->d_page_table, s->d_rope, c.n_heads,
                              c.n_kv_heads, D, st));
         if (tail && !last_chunk) break;
-        // rows r0 .. M-1 go on: all of them, or the last token in the tail (its query at *d_pos + r0)
+        // the tail's last token (row M - 1, its query at *d_pos + M - 1) goes on alone through the decode step's
+        // kernels in s->x / s->att; otherwise all rows in the prefill buffers
         const int r0 = tail ? M - 1 : 0, Mr = M - r0;
-        float* const X = s->pre.X + (size_t)r0 * H;
+        if (tail)
+          NQ_CUDA(cudaMemcpyAsync(s->x, s->pre.X + (size_t)r0 * H, H * sizeof(float), cudaMemcpyDeviceToDevice, st));
         AttnArgs aa;
         aa.qkv = s->pre.QKV + (size_t)r0 * Nqkv; aa.qkv_stride = Nqkv; aa.M = Mr; aa.pos0 = s->d_pos;
         aa.pos_offset = r0;
@@ -498,12 +508,17 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
         aa.keys_per_split = 32; aa.write_kv = false;
         aa.n_split = split_prefill_count(Mr, s->pos + M, s->nsplit_decode);
         aa.max_keys = s->pos + M;
-        aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters; aa.out = s->pre.ATT;
+        aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters;
+        aa.out = tail ? s->att : s->pre.ATT;
         NQ_TRY(attention(aa, st));
-        NQ_TRY(gemm(L.o, s->pre.ATT, Nq, Mr, X, H, nullptr, true, st));
-        NQ_TRY(rmsnorm_rows(X, L.ln2, Mr, H, eps, s->pre.Xn, st));
-        NQ_TRY(gemm_swiglu(L.gate, L.up, s->pre.Xn, H, Mr, s->pre.G, s->pre.U, s->pre.HM, st));
-        NQ_TRY(gemm(L.down, s->pre.HM, I, Mr, X, H, nullptr, true, st));
+        if (tail) {
+          NQ_TRY(decode_o_mlp(s, L, st));
+          break;
+        }
+        NQ_TRY(gemm(L.o, s->pre.ATT, Nq, M, s->pre.X, H, nullptr, true, st));
+        NQ_TRY(rmsnorm_rows(s->pre.X, L.ln2, M, H, eps, s->pre.Xn, st));
+        NQ_TRY(gemm_swiglu(L.gate, L.up, s->pre.Xn, H, M, s->pre.G, s->pre.U, s->pre.HM, st));
+        NQ_TRY(gemm(L.down, s->pre.HM, I, M, s->pre.X, H, nullptr, true, st));
       }
       for (int r = 0; logits_dev && r < M; r += LR) {
         const int R = std::min(LR, M - r);
@@ -512,8 +527,10 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
         NQ_CUDA(cudaMemcpyAsync(logits_all + (size_t)(done + r) * V, logits_dev, (size_t)R * V * sizeof(float),
                                 cudaMemcpyDeviceToHost, st));
       }
-      if (last_chunk) {  // logits of the last token through the decode lm_head GEMV
-        NQ_CUDA(cudaMemcpyAsync(s->x, s->pre.X + (size_t)(M - 1) * H, H * sizeof(float), cudaMemcpyDeviceToDevice, st));
+      if (last_chunk) {  // logits of the last token through the decode lm_head GEMV (the tail left it in s->x)
+        if (logits_all)
+          NQ_CUDA(cudaMemcpyAsync(s->x, s->pre.X + (size_t)(M - 1) * H, H * sizeof(float), cudaMemcpyDeviceToDevice,
+                                  st));
         GemvArgs la;
         la.seg[0] = m.lm_head; la.x_f32 = s->x; la.norm_w = m.final_norm; la.eps = eps;
         la.out_f32 = s->logits; la.mode = GEMV_STORE;
