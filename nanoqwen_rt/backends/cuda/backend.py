@@ -48,7 +48,7 @@ _P = ctypes.c_void_p
 # pool may take when no --kv-pages is given (default_kv_pages; at most max_batch full contexts). The rest is left
 # for what the batch allocates after the pool: nq_batch_create's rows (~0.9 MB per sequence at 7B shapes: logits,
 # activations), each sequence's pooled session (~4 MB: logits, sampler and attention buffers, two CUDA graphs), a
-# nq_logits_all's logits (prefill chunk x vocab floats, ~0.3 GB at 7B) and the CUDA context's own growth; a tenth
+# nq_logits_all's logits (512 rows x vocab floats, ~0.3 GB at 7B) and the CUDA context's own growth; a tenth
 # of an H200's free memory is ~12 GB, far more than these need at any max_batch.
 KV_FREE_MEMORY_FRACTION = 0.9
 
@@ -507,9 +507,9 @@ class SessionKv(SequenceKv):
     shares_pages = True
     samples_tokens = True
     pipelines = True
-    # four of the library's 512-token prefill chunks (session.cu prefill_chunk): at M = 512 its GEMMs run the
-    # full-size tiles; a 2,006-token prompt then takes one engine step of ~70 ms instead of eight 256-token steps
-    # (122 ms, bench/NOTES.md "Session 10"); the cap keeps a cancelled request's pages from waiting long
+    # one of the library's prefill chunks (NQ_PREFILL_CHUNK_TOKENS, 2,048): a 2,006-token prompt takes one engine
+    # step of ~51 ms instead of eight 256-token steps (122 ms, bench/NOTES.md "Session 10"; "Session 14" for the
+    # chunk); the cap keeps a cancelled request's pages from waiting long
     idle_prefill_tokens = 2048
 
     def __init__(self, be: CudaBackend, n_pages: int):
