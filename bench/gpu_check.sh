@@ -4,7 +4,7 @@
 #   device: run(command="bash bench/gpu_check.sh [STEPS]", carry=[".whl", "nanoqwen_rt/lib", "build/lib"])
 #   (nanoqwen_rt/lib: the product library; build/lib: the testing library the kernel tests and benches load)
 # STEPS: comma list of sass,tests,kbench,frag,abench,bench,long,base,ncu,sanitize,hf7b,asym (default: all but abench, long,
-# base and asym; ncu, long and base need bench; long: the bench at 8K and 32K-token prompts; base: the bench again
+# base and asym; ncu, long and base need bench; long: the bench at 2K, 8K and 32K-token prompts; base: the bench again
 # with an earlier tree carried in .base/, see the step; asym: int4g layout 2 against layout 1, see the step).
 # The kernels that lost are timed by csrc/dev programs: `make -C csrc/dev` then build/dev/<name>.
 # Wheels for packages the image lacks (crc32c, ...) are read from .whl/ (README "Notes" of the device tool).
@@ -52,7 +52,7 @@ if has tests; then
   # NQ_TEST_K narrows the selection (pytest -k), e.g. to re-check one kernel quickly. The files are named: the
   # device image has no `openai`, which tests/test_server.py (CPU, CI) imports at collection.
   timeout 480 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 -rfEs \
-    tests/test_gpu_frag_repack.py tests/test_gpu_frag_gemv.py tests/test_gpu_frag_gemm.py tests/test_gpu_frag_prefill.py tests/test_gpu_kernels.py tests/test_gpu_gemm.py tests/test_gpu_e2e.py tests/test_server_gpu.py tests/test_bench.py tests/test_cli.py tests/test_gpu_steer.py tests/test_gpu_batch.py tests/test_batch.py tests/test_gpu_batch_engine.py tests/test_gpu_pool.py \
+    tests/test_gpu_frag_repack.py tests/test_gpu_frag_gemv.py tests/test_gpu_frag_gemm.py tests/test_gpu_frag_prefill.py tests/test_gpu_kernels.py tests/test_gpu_gemm.py tests/test_gpu_gemm_qwen_shapes.py tests/test_gpu_e2e.py tests/test_server_gpu.py tests/test_bench.py tests/test_cli.py tests/test_gpu_steer.py tests/test_gpu_batch.py tests/test_batch.py tests/test_gpu_batch_engine.py tests/test_gpu_pool.py \
     -k "not 7b_shaped${NQ_TEST_K:+ and ($NQ_TEST_K)}" \
     > "$LOG/pytest_gpu.log" 2>&1
   rc=$?
@@ -119,8 +119,8 @@ if has bench; then
   done
   save
 fi
-if has long && [ -f /tmp/q7b.nanoqwen ]; then   # long prompts on the same file: TTFT and decode at 8K and 32K context
-  for n in 8192 32000; do
+if has long && [ -f /tmp/q7b.nanoqwen ]; then   # long prompts on the same file: TTFT and decode at 2K, 8K and 32K
+  for n in 2048 8192 32000; do
     timeout 200 python3 -m nanoqwen_bench /tmp/q7b.nanoqwen --device cuda --no-peers --prompt-tokens $n \
       --new-tokens 64 --repeats 2 --json "$LOG/bench7b_$n.json" > "$LOG/bench7b_$n.log" 2>&1
     note "bench 7B, $n-token prompt rc=$?: $(grep -E '^(TTFT|decode|bytes read|MBU)' "$LOG/bench7b_$n.log" | tr -s ' ' | tr '\n' ';')"

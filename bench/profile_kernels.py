@@ -3,7 +3,8 @@
 (no replay per kernel as under Nsight Compute, so a whole 28-layer prefill takes seconds; kernels run as they do in
 production, graph replays included).
 
-    python3 bench/profile_kernels.py FILE prefill [--tokens 512]
+    python3 bench/profile_kernels.py FILE prefill [--tokens 512] [--after 2000]   (--after: that many tokens first,
+        not traced: e.g. a prefix-cache hit's few new tokens after the cached ones)
     python3 bench/profile_kernels.py FILE batch [--n 32]
     python3 bench/profile_kernels.py FILE decode [--tokens 512 --steps 16]   (per step: totals / steps)
 
@@ -39,6 +40,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=512, help="prefill: prompt tokens; decode: the prompt before")
     ap.add_argument("--steps", type=int, default=16, help="decode: steps traced (the table is per step)")
     ap.add_argument("--n", type=int, default=32, help="batch: sequences in the step")
+    ap.add_argument("--after", type=int, default=0, help="prefill: tokens prefilled first, not traced")
     a = ap.parse_args()
     import numpy as np
     import torch
@@ -46,17 +48,20 @@ def main() -> int:
     from nanoqwen_rt.backends.cuda import CudaBackend
     from nanoqwen_rt.backends.cuda.abi import check
 
-    ctx = max(a.tokens, 64) + 16 + (a.steps + 8 if a.mode == "decode" else 0)
+    ctx = max(a.tokens, 64) + 16 + (a.steps + 8 if a.mode == "decode" else 0) + a.after
     be = CudaBackend(a.file, max_context=ctx)
     V = be.config.vocab_rows
     rng = np.random.default_rng(0)
     torch.cuda.init()
     if a.mode == "prefill":
         ids = rng.integers(0, V, size=a.tokens).astype(np.int32)
-        for _ in range(2):                        # warm-up: one-time kernel attributes, allocator
+        before = rng.integers(0, V, size=a.after).astype(np.int32)
+        for _ in range(3):                        # warm-up (one-time kernel attributes, allocator), then the prefix
             be.reset()
-            be.prefill(ids)
-        be.reset()
+            if a.after:
+                be.prefill(before)
+            if _ < 2:
+                be.prefill(ids)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
             be.prefill(ids)
@@ -97,7 +102,7 @@ def main() -> int:
         per = defaultdict(lambda: [0, 0.0], {k: [v[0] / a.steps, v[1] / a.steps] for k, v in per.items()})
         wall /= a.steps
     total = sum(v[1] for v in per.values())
-    what = {"prefill": f"tokens {a.tokens}", "batch": f"n {a.n}",
+    what = {"prefill": f"tokens {a.tokens}" + (f" after {a.after}" if a.after else ""), "batch": f"n {a.n}",
             "decode": f"per step, mean of {a.steps} after a {a.tokens}-token prompt"}[a.mode]
     print(f"{a.mode} ({what}), {a.file}")
     print(f"{'kernel':44s} {'launches':>8s} {'total us':>10s} {'mean us':>9s} {'share':>6s}")

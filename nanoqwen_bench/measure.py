@@ -302,7 +302,7 @@ def run_bench(path, prompt_tokens: int = 512, new_tokens: int = 128, peers: bool
         from .peers import run_peers
         with open_file(path, verify_checksums=False) as f:
             cfg = f.config
-        res["peers"] = run_peers(cfg)
+        res["peers"] = run_peers(cfg, prompt_tokens=prompt_tokens)
     elif peers:
         res["skipped"]["peers"] = res["skipped"]["bandwidth"]
     eng = measure_engine(path, prompt_tokens, new_tokens, repeats=repeats, device=device)
@@ -357,6 +357,11 @@ def format_table(result: Mapping) -> str:
             if p:
                 rows.append((label, f"{p['median_ms']:.3f} ms  ({p['GBps']:.0f} GB/s over {p['bytes'] / 1e9:.2f} GB, "
                                     f"{p['n_gemv']} GEMVs, CUDA graph)"))
+        p = peers.get("cublas_bf16_prefill")
+        if p:
+            rows.append((f"cuBLAS bf16 prefill GEMMs ({p['prompt_tokens']} tokens)",
+                         f"{p['median_ms']:.2f} ms  ({p['TFLOPs']:.0f} TFLOP/s; {p['n_gemv']} GEMMs, no attention, "
+                         f"CUDA graph)"))
         if "int4_check_rel_err" in peers:
             rows.append(("torch int4 check vs dequantized fp32", f"rel err {peers['int4_check_rel_err']:.2e}"))
     for what, why in (result.get("skipped") or {}).items():

@@ -98,11 +98,36 @@ def _time_graph(torch, fn, nbytes: int, n_gemv: int, reps: int) -> dict:
     return out
 
 
-def run_peers(cfg, reps: int = 30, seed: int = 0, fp16: bool = True, int4: bool = True) -> dict:
+def _time_prefill_chain(torch, ws, prompt_tokens: int, nbytes: int, gen, reps: int) -> dict:
+    """The prefill's GEMMs on ws [(w (N, K) f16, K)] converted to bf16 in place (one weight at a time: the list's
+    entries are replaced, so the peak is one weight more): F.linear of (prompt_tokens, K) bf16 activations, captured
+    in a CUDA graph; timing plus TFLOP/s."""
+    F = torch.nn.functional
+    for i, (w, k) in enumerate(ws):
+        ws[i] = (w.to(torch.bfloat16), k)
+    wb = ws
+    xp = {k: torch.randn(prompt_tokens, k, device="cuda", generator=gen, dtype=torch.bfloat16)
+          for k in {k for _, k in wb}}                                 # (prompt_tokens, K) per K
+
+    def chain_prefill():
+        for w, k in wb:
+            F.linear(xp[k], w)
+
+    out = _time_graph(torch, chain_prefill, nbytes, len(wb), reps)
+    flops = 2 * prompt_tokens * sum(w.shape[0] * k for w, k in wb)
+    out.update({"prompt_tokens": prompt_tokens, "TFLOPs": flops / (out["median_ms"] * 1e-3) / 1e12})
+    return out
+
+
+def run_peers(cfg, reps: int = 30, seed: int = 0, fp16: bool = True, int4: bool = True,
+              prompt_tokens: int = 0) -> dict:
     """Time the peer chains on cfg's shapes (n_layers x 7 GEMVs + lm_head (vocab_rows, hidden)). JSON-able dict:
 
     {"torch_int4": {...}, "torch_int4_f16_lm_head": {...}, "cublas_fp16": {...}, "int4_check_rel_err",
      "fp16_check_rel_err", "shapes", "skipped": {name: reason}} — each chain: median/min/max ms, bytes, GB/s.
+    With prompt_tokens > 0 (and fp16), also "cublas_bf16_prefill": the prefill's GEMMs alone, F.linear of
+    (prompt_tokens, K) bf16 activations on bf16 weights of the same n_layers x 7 shapes (no lm_head, no attention),
+    with its TFLOP/s: the tensor-core peer of the prompt's GEMM work.
     """
     torch = torch_cuda()
     F = torch.nn.functional
@@ -167,6 +192,12 @@ def run_peers(cfg, reps: int = 30, seed: int = 0, fp16: bool = True, int4: bool 
             F.linear(xs[head[2]][1], fp16_head)
 
         res["cublas_fp16"] = _time_graph(torch, chain_fp16, nbytes + fp16_head_bytes, len(ws) + 1, reps)
+        if prompt_tokens > 0:
+            try:
+                res["cublas_bf16_prefill"] = _time_prefill_chain(torch, ws, prompt_tokens, nbytes, gen,
+                                                                 max(3, reps // 3))
+            except (RuntimeError, torch.cuda.OutOfMemoryError) as e:   # an optional peer: say why, keep the rest
+                res["skipped"]["cublas_bf16_prefill"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
         del ws
     del fp16_head, xs
     torch.cuda.empty_cache()

@@ -302,9 +302,12 @@ def test_gpu_bandwidth_and_peers_are_sane():
     assert bench_peers.check_fp16_peer() < bench_peers.FP16_CHECK_RTOL
     import types
     cfg = types.SimpleNamespace(**{**bench.QWEN25_CODER_7B, "n_layers": 1})
-    res = bench_peers.run_peers(cfg, reps=3)
+    res = bench_peers.run_peers(cfg, reps=3, prompt_tokens=64)
     for k in ("torch_int4", "torch_int4_f16_lm_head", "cublas_fp16"):
         assert res[k]["median_ms"] > 0 and res[k]["n_gemv"] == 8
+    pre = res["cublas_bf16_prefill"]       # the prefill GEMMs of one layer: 7 of them, no lm_head
+    assert pre["n_gemv"] == 7 and pre["prompt_tokens"] == 64 and pre["median_ms"] > 0 and pre["TFLOPs"] > 0
+    assert "cuBLAS bf16 prefill GEMMs (64 tokens)" in bench.format_table({"peers": res})
 
 
 def test_measure_engine_on_the_cpu_backend(tiny_file):

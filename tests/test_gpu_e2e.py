@@ -26,7 +26,7 @@ CASES = {
     "qwen2-gqa7-int4-lmhead-int4": (dict(arch="qwen2", hidden=448, intermediate=384, n_layers=2, n_heads=7,
                                          n_kv_heads=1, vocab=448, seed=9),
                                     dict(quant="int4", group_size=64, lm_head="int4")),
-    # YaRN with a short original context, so that CTX (and the 1100-token prompt below) runs far beyond it
+    # YaRN with a short original context, so that CTX (and the long prompt below) runs far beyond it
     "qwen2-yarn4-int4g64": (dict(arch="qwen2", hidden=128, intermediate=256, n_layers=2, n_heads=2, n_kv_heads=1,
                                  vocab=384, seed=11, max_positions=4096,
                                  rope_scaling={"rope_type": "yarn", "factor": 4.0,
@@ -86,15 +86,46 @@ def test_logits_all_matches_cpu_and_decode_path(files, name):
         assert rel_rows(step, la).max() < TOL
 
 
+def _prefill_chunk_tokens():
+    """NQ_PREFILL_CHUNK_TOKENS, read from nanoqwen.h's text (the one place it is defined)."""
+    import re
+    m = re.search(r"^#define NQ_PREFILL_CHUNK_TOKENS (\d+)", (ROOT / "csrc" / "include" / "nanoqwen.h").read_text(), re.M)
+    assert m, "NQ_PREFILL_CHUNK_TOKENS not in nanoqwen.h"
+    return int(m.group(1))
+
+
 @pytest.mark.parametrize("name", ["qwen2-d64-int4g64", "qwen2-yarn4-int4g64"])
 def test_long_prompt_in_chunks_matches_cpu(files, name):
-    path = files[name]
-    gpu, cpu = _backends(path, ctx=1200)
+    """A prompt of more than one prefill chunk (the chunk's last layer writes only its K/V rows; the last chunk's
+    runs its last token alone, session.cu), then decodes that read those rows; then a second prefill call, as the
+    scheduler's chunks arrive. The logits_all pass (every row, the lm_head in 512-row pieces) on the same tokens."""
+    chunk = _prefill_chunk_tokens()
+    n = chunk + int(np.random.default_rng().integers(1, 200))
+    gpu, cpu = _backends(files[name], ctx=n + 64)
     with gpu, cpu:
         rng = np.random.default_rng()
-        ids = rng.integers(0, gpu.config.vocab_rows, size=1100, dtype=np.int32)   # > one 512-token chunk
+        ids = rng.integers(0, gpu.config.vocab_rows, size=n, dtype=np.int32)
         assert rel_rows(gpu.prefill(ids), cpu.prefill(ids)).max() < TOL
-        assert rel_rows(gpu.decode(5), cpu.decode(5)).max() < TOL
+        for t in rng.integers(0, gpu.config.vocab_rows, size=3):
+            assert rel_rows(gpu.decode(int(t)), cpu.decode(int(t))).max() < TOL
+        more = rng.integers(0, gpu.config.vocab_rows, size=40, dtype=np.int32)
+        assert rel_rows(gpu.prefill(more), cpu.prefill(more)).max() < TOL
+        assert rel_rows(gpu.decode(7), cpu.decode(7)).max() < TOL
+        la = gpu.logits_all(ids)
+        assert la.shape == (n, gpu.config.vocab_rows)
+        assert rel_rows(la, cpu.logits_all(ids)).max() < TOL
+
+
+@pytest.mark.parametrize("n", [512, 8192])
+def test_prefill_512_and_8k_match_cpu(files, n):
+    """Issue 12's e2e check: the prefill logits of a 512-token and an 8,192-token prompt (four chunks) equal the CPU
+    oracle's, and so does the decode step after it (it reads every layer's K/V rows of the whole prompt)."""
+    gpu, cpu = _backends(files["qwen2-d128-tied-int4g128"], ctx=n + 8)
+    with gpu, cpu:
+        rng = np.random.default_rng()
+        ids = rng.integers(0, gpu.config.vocab_rows, size=n, dtype=np.int32)
+        assert rel_rows(gpu.prefill(ids), cpu.prefill(ids)).max() < TOL
+        assert rel_rows(gpu.decode(3), cpu.decode(3)).max() < TOL
 
 
 def _greedy_close(gpu_tokens, cpu_logits_fn, prompt):

@@ -90,7 +90,11 @@ NQ_API int nq_session_create(nq_model* m, int32_t max_context, const nq_sampling
 NQ_API int nq_session_set_sampling(nq_session* s, const nq_sampling* sampling);
 NQ_API int nq_session_reset(nq_session* s);
 NQ_API int nq_session_position(const nq_session* s, int32_t* pos);
-/* Append n tokens (batched tensor-core pass); afterwards the session's logits are those of the last one. */
+/* Append n tokens (batched tensor-core pass); afterwards the session's logits are those of the last one. The pass
+ * runs in chunks of at most NQ_PREFILL_CHUNK_TOKENS tokens (or max_context / the model's max_positions when smaller):
+ * the prefill activations a session (or a KV pool, for its sessions) allocates are sized by the chunk, never by the
+ * prompt. */
+#define NQ_PREFILL_CHUNK_TOKENS 2048
 NQ_API int nq_prefill(nq_session* s, const int32_t* tokens, int32_t n);
 /* Append one token (one CUDA graph replay); afterwards the logits are those of this token. Returns once the step
  * is enqueued: every later call on the session waits for it first (so the host may work while the device runs

@@ -1,6 +1,6 @@
 // Paged-KV attention (decode and prefill share it) + RoPE/KV-cache write.
 //
-// Grid (n_kv, n_split, M): block (h, s, t) serves query token t (position *pos0 + t; in a batched decode, token t of
+// Grid (n_kv, n_split, M): block (h, s, t) serves query token t (position *pos0 + pos_offset + t; in a batched decode, token t of
 // sequence t at pos_of[t] in kv_of[t] through page_table_of[t]) for the G = n_heads/n_kv
 // query heads of KV head h, over keys [s*kps, min((s+1)*kps, pos+1)): the G heads share one read of K and V.
 // kps = max(keys_per_split, ceil32((pos+1)/n_split)) is computed from the position at run time, so every split
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
   const int h = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
   const int G = a.n_heads / a.n_kv;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int pos = a.pos_of ? a.pos_of[t] : *a.pos0 + t;
+  const int pos = a.pos_of ? a.pos_of[t] : *a.pos0 + a.pos_offset + t;
   const KvLayer kv = a.kv_of ? a.kv_of[t] : a.kv;                  // this token's sequence: its cache
   const int* pt = a.page_table_of ? a.page_table_of[t] : a.page_table;   // and its page table
   const int n_keys = pos + 1;

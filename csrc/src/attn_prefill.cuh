@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(C::THREADS, NQ_PF_MINB(C)) attn_prefill_fa(con
   pdl_trigger();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int h = blockIdx.x, nsplit = gridDim.z, split = blockIdx.z;
-  const int pos0 = *a.pos0;
+  const int pos0 = *a.pos0 + a.pos_offset;
   const Geom b = block_geom<C>(a.n_heads, a.n_kv, a.M, pos0, blockIdx.y, gridDim.y, split, nsplit);
   const int G = b.G, t0 = b.t0, Rreal = b.Rreal, n_keys = b.n_keys, ts = b.ts, nt = b.nt;
 

@@ -124,9 +124,9 @@ int gemm_int4_launch(GemmGroup& g, const LinW* W, int n, const __half* A, int ld
                                                           /*allow_split=*/true, st);
 }
 
-// What every fragment-order launch needs: the GPU and build that read the order (the loader repacks only there),
-// layout-1 INT4 weights of a shape the order covers, A and the weights 16-byte aligned (TMA, 16-byte loads). *sms: the
-// GPU's SM count.
+// What every fragment-order launch needs beyond what frag_repack (the only way a weight gets ORDER_FRAG /
+// ORDER_FRAG_PAIR) checked of each weight's type and shape: the GPU and build that read the order, and A and the
+// weights 16-byte aligned (TMA, 16-byte loads). *sms: the GPU's SM count.
 int frag_check(const LinW* W, int n, const __half* A, int lda, int* sms) {
   if (!wgmma_available(sms))
     return fail(NQ_E_UNSUPPORTED, "gemm: INT4 weights in the fragment order need a Hopper GPU and the sm_90a build");
@@ -134,12 +134,17 @@ int frag_check(const LinW* W, int n, const __half* A, int lda, int* sms) {
     return fail(NQ_E_UNSUPPORTED, "gemm: the fragment-order GEMM needs A 16-byte aligned and lda %% 8 == 0 (lda=%d)",
                 lda);
   for (int i = 0; i < n; i++)
-    if (W[i].type != WT_INT4 || W[i].zeros || !frag::shape_ok(W[i].N, W[i].K, W[i].group) ||
-        !contract::int4_group_ok(W[i].group, W[i].K) || reinterpret_cast<uintptr_t>(W[i].w) % 16 != 0 ||
-        reinterpret_cast<uintptr_t>(W[i].scales) % 16 != 0)
-      return fail(NQ_E_UNSUPPORTED, "gemm: weight %d (%d x %d, group %d) cannot be read in the fragment order", i,
-                  W[i].N, W[i].K, W[i].group);
+    if (reinterpret_cast<uintptr_t>(W[i].w) % 16 != 0 || reinterpret_cast<uintptr_t>(W[i].scales) % 16 != 0)
+      return fail(NQ_E_UNSUPPORTED, "gemm: weight %d of a fragment-order launch is not 16-byte aligned", i);
   return NQ_OK;
+}
+
+// The FRAG prefill build choose_wgmma picked (c: its kWgShapes index), over `tiles` blocks of W rows.
+int launch_wgmma_frag_build(int c, GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add,
+                            cudaStream_t st) {
+  if (c == 0) return launch_int4_wgmma_frag<256, 2, 4>(g, tiles, A, lda, M, ldc, add, st);
+  if (c == 1) return launch_int4_wgmma_frag<128, 2, 5>(g, tiles, A, lda, M, ldc, add, st);
+  return launch_int4_wgmma_frag<128, 3, 5>(g, tiles, A, lda, M, ldc, add, st);
 }
 
 // The fragment-order launch of gemm_multi (every segment ORDER_FRAG, one K and group; count_tiles as in
@@ -152,12 +157,8 @@ int gemm_frag_launch(GemmGroup& g, const LinW* W, int n, const __half* A, int ld
   NQ_TRY(frag_check(W, n, A, lda, &sms));
   long long blocks = 0;
   const int c = M >= kWgmmaMinM ? choose_wgmma(W, n, M, sms, &blocks) : -1;
-  if (c >= 0 && 2 * blocks >= sms) {
-    const int wt = count_tiles(64 * kWgShapes[c].wgs);
-    if (c == 0) return launch_int4_wgmma_frag<256, 2, 4>(g, wt, A, lda, M, ldc, add, st);
-    if (c == 1) return launch_int4_wgmma_frag<128, 2, 5>(g, wt, A, lda, M, ldc, add, st);
-    return launch_int4_wgmma_frag<128, 3, 5>(g, wt, A, lda, M, ldc, add, st);
-  }
+  if (c >= 0 && 2 * blocks >= sms)
+    return launch_wgmma_frag_build(c, g, count_tiles(64 * kWgShapes[c].wgs), A, lda, M, ldc, add, st);
   return launch_int4_frag(g, count_tiles(kFragRB), A, lda, M, ldc, add, st);
 }
 
@@ -182,10 +183,8 @@ int gemm_swiglu_frag(const LinW& gate, const LinW& up, const __half* A, int lda,
   long long blocks = 0;
   const int c = M >= kWgmmaMinM ? choose_wgmma(W, 2, M, sms, &blocks) : -1;
   if (c >= 0 && 2 * blocks >= sms) {   // blocks of 32 WGS outputs: WGS tiles of the pair
-    const int half = 32 * kWgShapes[c].wgs, tiles = (I + half - 1) / half;
-    if (c == 0) return launch_int4_wgmma_frag<256, 2, 4>(g, tiles, A, lda, M, 0, false, st);
-    if (c == 1) return launch_int4_wgmma_frag<128, 2, 5>(g, tiles, A, lda, M, 0, false, st);
-    return launch_int4_wgmma_frag<128, 3, 5>(g, tiles, A, lda, M, 0, false, st);
+    const int half = 32 * kWgShapes[c].wgs;
+    return launch_wgmma_frag_build(c, g, (I + half - 1) / half, A, lda, M, 0, false, st);
   }
   // 4 tiles of the pair (I / 32 of them, 32 outputs each) a block
   return launch_int4_frag(g, (I / 32 + kFragWarps - 1) / kFragWarps, A, lda, M, 0, false, st);
@@ -293,6 +292,8 @@ int gemm_swiglu(const LinW& gate, const LinW& up, const __half* A, int lda, int 
     if (c == 1) return launch_int4_wgmma<128, 2, 5, 1>(g, tiles, A, lda, M, 0, false, 1, st);
     return launch_int4_wgmma<128, 3, 5, 1>(g, tiles, A, lda, M, 0, false, 1, st);
   }
+  if (!G || !U)   // PrefillBuffers::alloc leaves them out only where every pair is ORDER_FRAG_PAIR
+    return fail(NQ_E_INVALID_ARG, "gemm_swiglu: no G / U scratch for the unfused path (gate order %d)", gate.order);
   float* const C2[2] = {G, U};
   const float* const B2[2] = {nullptr, nullptr};
   NQ_TRY(gemm_multi(W, C2, B2, 2, A, lda, M, I, false, st, ws));

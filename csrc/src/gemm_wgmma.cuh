@@ -161,8 +161,11 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
                     int add, int* sem, float* part) {
 #if NQ_WGMMA_DEVICE
   using C_ = WgCfg<TN, WGS, STAGES, KSUB, ZP, FRAG>;
-  pdl_wait();      // launched with PDL (launch.h): A, C and the split-K scratch are the earlier kernels' outputs
-  pdl_trigger();
+  // launched with PDL (launch.h): A, C and the split-K scratch are the earlier kernels' outputs. The consumers wait
+  // before their first stage; the producer first issues the weight boxes of the first STAGES stages (weights do not
+  // depend on earlier kernels), then waits, then loads A: the pipeline fills while the previous kernel drains. Every
+  // thread that waits triggers after its wait (the others exit at once), as in every kernel of the library: a
+  // kernel's pre-wait code then runs only once the kernel two back has completed.
   extern __shared__ __align__(128) unsigned char wsm_raw[];
   const uint32_t raw_u32 = smem_u32(wsm_raw);
   const uint32_t sbase = (raw_u32 + 1023u) & ~1023u;
@@ -217,14 +220,15 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
       // never stored)
       const int nft = FRAG ? min(WGS, fend - ftile0) : WGS;
       const uint32_t sub_bytes = FRAG ? C_::kActBytes + nft * C_::kFragTileBytes : C_::kSubBytes;
-      for (int ks = 0; ks < NS; ks++) {
+      // stage ks's boxes: the weights (w) and / or A (a); the stage's full barrier expects both (set with the first)
+      auto issue = [&](int ks, bool w, bool a) {
         const int s = ks % STAGES, nsub = KSUB == 1 ? 1 : min(KSUB, KT - ks * KSUB);
-        if (ks >= STAGES) wg_mbar_wait(empty0 + 8 * s, ((ks / STAGES) - 1) & 1);
         const uint32_t buf = sbase + s * C_::kStageBytes, full = full0 + 8 * s;
-        wg_mbar_expect_tx(full, nsub * sub_bytes);
+        if (w) wg_mbar_expect_tx(full, nsub * sub_bytes);
         for (int q = 0; q < nsub; q++) {
           const int kt = kt0 + ks * KSUB + q;
-          wg_tma_load_2d(buf + q * C_::kSubBytes, &tmA, kt * WG_KB, m0, full);
+          if (a) wg_tma_load_2d(buf + q * C_::kSubBytes, &tmA, kt * WG_KB, m0, full);
+          if (!w) continue;
           if constexpr (FRAG) {  // tile i: 2,048 B = 256 8-byte elements from element 256 kt of its row (tile)
 #pragma unroll
             for (int i = 0; i < WGS; i++)
@@ -241,10 +245,21 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
             wg_tma_load_2d(buf + q * C_::kSubBytes + C_::kActBytes, tmW, kt * WG_KB / 2, n0, full);
           }
         }
+      };
+      const int pre = min(STAGES, NS);   // the stages whose weights go out before the wait (their slots are free)
+      for (int ks = 0; ks < pre; ks++) issue(ks, true, false);
+      pdl_wait();
+      pdl_trigger();
+      for (int ks = 0; ks < pre; ks++) issue(ks, false, true);
+      for (int ks = pre; ks < NS; ks++) {
+        wg_mbar_wait(empty0 + 8 * (ks % STAGES), ((ks / STAGES) - 1) & 1);
+        issue(ks, true, true);
       }
     }
     return;
   }
+  pdl_wait();
+  pdl_trigger();
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C_::kConsumerRegs));
 
   // consumer: warpgroup wg owns block rows 64 wg .. 64 wg + 63; this thread's A fragment rows are gid and gid + 8

@@ -41,8 +41,9 @@ int dispatch_int4(const GemvArgs& a, int rows, cudaStream_t st) {
 }
 
 // One INT4 order per launch: every weight in the file's order (gemv_int4), or every weight in the fragment order
-// (STORE / ADD: ORDER_FRAG; SWIGLU: gate and up the pair, ORDER_FRAG_PAIR), layout 1, frag::shape_ok, on a GPU and
-// build where int4_fragment_order_available() (the loader repacks only there).
+// (STORE / ADD: ORDER_FRAG; SWIGLU: gate and up the pair, ORDER_FRAG_PAIR) on a GPU and build where
+// int4_fragment_order_available() (the loader repacks only there; frag_repack, the only way a weight gets a fragment
+// order, checked its layout and shape).
 int check_int4_orders(const GemvArgs& a) {
   const bool swiglu = a.mode == GEMV_SWIGLU;
   const int n = a.nseg + (swiglu ? 1 : 0);
@@ -56,12 +57,6 @@ int check_int4_orders(const GemvArgs& a) {
   if (!all_frag)
     return fail(NQ_E_UNSUPPORTED, "gemv: mixed INT4 weight orders in one launch (mode %d needs every weight in %s)",
                 a.mode, swiglu ? "the gate/up pair order" : "the fragment order");
-  for (int i = 0; i < n; i++) {
-    const LinW& w = weight(i);
-    if (w.zeros != nullptr || !frag::shape_ok(w.N, w.K, w.group))
-      return fail(NQ_E_UNSUPPORTED, "gemv: a %d x %d group %d INT4 weight%s has no fragment order", w.N, w.K, w.group,
-                  w.zeros ? " with zero points" : "");
-  }
   if (!int4_fragment_order_available())
     return fail(NQ_E_UNSUPPORTED, "gemv: INT4 weights in the fragment order need a Hopper GPU and the sm_90a build");
   return NQ_OK;

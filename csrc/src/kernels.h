@@ -114,7 +114,8 @@ struct AttnArgs {
   const float* qkv;        // [M][qkv_stride] f32: q (n_heads*D), k (n_kv*D), v (n_kv*D), bias already added
   int qkv_stride;
   int M;                   // query tokens (1 for decode)
-  const int* pos0;         // device: position of query token 0 (token t is at *pos0 + t)
+  const int* pos0;         // device: position of query token 0 (token t is at *pos0 + pos_offset + t)
+  int pos_offset = 0;      // host: session_prefill's last-token tail queries the chunk's row M - 1 alone
   KvLayer kv;
   const int* page_table;   // device [max_pages] logical page -> physical page
   const float2* rope;      // [max_ctx][D/2] (cos, sin)

@@ -8,23 +8,42 @@ namespace nq {
 
 bool pdl_enabled();
 
+// The one launcher: the PDL attribute where the device supports it, and a thread-block cluster shape where `cluster`
+// is given.
 template <typename... KArgs, typename... Args>
-int launch_pdl(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
-               Args&&... args) {
+int launch_ex(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block, const dim3* cluster, size_t smem,
+              cudaStream_t st, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster->x;
+    attr[n].val.clusterDim.y = cluster->y;
+    attr[n].val.clusterDim.z = cluster->z;
+    n++;
+  }
+  if (pdl_enabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    n++;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = n;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   if (e != cudaSuccess) return fail(cuda_status(e), "launch of %s failed: %s", name, cudaGetErrorString(e));
   NQ_LAUNCH_CHECK(name);
   return NQ_OK;
+}
+
+template <typename... KArgs, typename... Args>
+int launch_pdl(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+               Args&&... args) {
+  return launch_ex(name, kernel, grid, block, nullptr, smem, st, std::forward<Args>(args)...);
 }
 
 // launch_pdl for a kernel whose blocks form thread-block clusters of `cluster` (sm_90+; the grid a multiple of it in
@@ -33,24 +52,7 @@ int launch_pdl(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block
 template <typename... KArgs, typename... Args>
 int launch_pdl_cluster(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block, dim3 cluster, size_t smem,
                        cudaStream_t st, Args&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster.x;
-  attr[0].val.clusterDim.y = cluster.y;
-  attr[0].val.clusterDim.z = cluster.z;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 2 : 1;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-  if (e != cudaSuccess) return fail(cuda_status(e), "launch of %s failed: %s", name, cudaGetErrorString(e));
-  NQ_LAUNCH_CHECK(name);
-  return NQ_OK;
+  return launch_ex(name, kernel, grid, block, &cluster, smem, st, std::forward<Args>(args)...);
 }
 
 }  // namespace nq

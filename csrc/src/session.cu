@@ -41,15 +41,20 @@ KvPool::~KvPool() {
   if (st) cudaStreamDestroy(st);
 }
 
-int PrefillBuffers::alloc(const nq_config& c, int C) {
+int PrefillBuffers::alloc(const Model& m, int C) {
+  const nq_config& c = m.cfg;
   const int H = c.hidden_size, I = c.intermediate_size, Nq = c.n_heads * c.head_dim;
   const int Nqkv = Nq + 2 * c.n_kv_heads * c.head_dim;
+  // G and U (f32 gate and up outputs, 2 x C x I x 4 bytes: 310 MB for the 7B at 2,048 tokens) feed swiglu_rows;
+  // gemm_swiglu's ORDER_FRAG_PAIR path writes HM from its epilogue and never touches them
+  bool swiglu_scratch = false;
+  for (const Layer& L : m.layers) swiglu_scratch |= L.gate.order != ORDER_FRAG_PAIR || L.up.order != ORDER_FRAG_PAIR;
   int rc = NQ_OK;
   if ((rc = dalloc(&d_tokens, C, "prefill tokens")) || (rc = dalloc(&X, (size_t)C * H, "X")) ||
       (rc = dalloc(&Xn, (size_t)C * std::max(std::max(H, I), Nq), "Xn")) ||
       (rc = dalloc(&QKV, (size_t)C * Nqkv, "QKV")) || (rc = dalloc(&ATT, (size_t)C * Nq, "ATT")) ||
-      (rc = dalloc(&G, (size_t)C * I, "G")) || (rc = dalloc(&U, (size_t)C * I, "U")) ||
-      (rc = dalloc(&HM, (size_t)C * I, "HM")))
+      (swiglu_scratch && (rc = dalloc(&G, (size_t)C * I, "G"))) ||
+      (swiglu_scratch && (rc = dalloc(&U, (size_t)C * I, "U"))) || (rc = dalloc(&HM, (size_t)C * I, "HM")))
     return rc;
   return NQ_OK;
 }
@@ -135,7 +140,7 @@ int kv_pool_create(Model* m, int n_pages, KvPool** out) {
   auto bail = [&](int rc) { delete p; return rc; };
   p->m = m;
   p->n_pages = n_pages;
-  p->prefill_chunk = std::min(512, c.max_positions);
+  p->prefill_chunk = std::min(NQ_PREFILL_CHUNK_TOKENS, c.max_positions);
   const int D = c.head_dim;
   const size_t layer_elems = (size_t)n_pages * page_elems(c);   // per layer, per K or V
   cudaError_t e = cudaStreamCreateWithFlags(&p->st, cudaStreamNonBlocking);
@@ -143,7 +148,7 @@ int kv_pool_create(Model* m, int n_pages, KvPool** out) {
   int rc = NQ_OK;
   if ((rc = dalloc(&p->base, layer_elems * 2 * c.n_layers, "KV page pool")) ||
       (rc = dalloc(&p->d_rope, (size_t)c.max_positions * (D / 2), "rope table")) ||
-      (rc = dalloc(&p->d_poison, (size_t)n_pages, "poison page list")) || (rc = p->pre.alloc(c, p->prefill_chunk)))
+      (rc = dalloc(&p->d_poison, (size_t)n_pages, "poison page list")) || (rc = p->pre.alloc(*m, p->prefill_chunk)))
     return bail(rc);
   p->kv.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; l++) {
@@ -185,7 +190,7 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
   const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_rows;
   const int Nq = c.n_heads * D, Nkv = c.n_kv_heads * D, Nqkv = Nq + 2 * Nkv;
   s->max_pages = (max_ctx + kPage - 1) / kPage;
-  s->prefill_chunk = pool ? pool->prefill_chunk : std::min(512, max_ctx);
+  s->prefill_chunk = pool ? pool->prefill_chunk : std::min(NQ_PREFILL_CHUNK_TOKENS, max_ctx);
   if (pool) {   // the pool's rows, rope table and prefill buffers; its reference is dropped by ~Session
     pool->refs.fetch_add(1);
     s->pool = pool;
@@ -214,7 +219,7 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
       (rc = dalloc(&s->part_o, part_rows * c.n_heads * D, "attention partials")) ||
       (rc = dalloc(&s->part_ml, part_rows * c.n_heads * 2, "attention partials")) ||
       (rc = dalloc(&s->counters, (size_t)kSplitPrefillMaxTokens * c.n_kv_heads, "attention counters")) ||
-      (!pool && (rc = s->pre.alloc(c, C))) ||
+      (!pool && (rc = s->pre.alloc(*m, C))) ||
       (rc = dalloc(&s->d_steer, V, "steered logits")) ||
       (rc = dalloc(&s->d_counts, V, "token counts")) || (rc = dalloc(&s->d_mask, (V + 31) / 32, "token mask")) ||
       (rc = dalloc(&s->d_bias_ids, kMaxLogitBias, "logit bias")) ||
@@ -306,6 +311,23 @@ int session_set_pages(Session* s, const int32_t* pages, int n, int position) {
   return NQ_OK;
 }
 
+namespace {
+// One token's layer after its attention: x += o(att); x += down(swiglu(gate, up)(rmsnorm(x))), the decode GEMVs
+// (the decode step's, and session_prefill's last-token tail).
+int decode_o_mlp(Session* s, const Layer& L, cudaStream_t st) {
+  GemvArgs oa;
+  oa.seg[0] = L.o; oa.x_f16 = s->att; oa.out_f32 = s->x; oa.mode = GEMV_ADD;
+  NQ_TRY(gemv(oa, st));
+  GemvArgs ga;
+  ga.seg[0] = L.gate; ga.up = L.up; ga.x_f32 = s->x; ga.norm_w = L.ln2; ga.eps = s->m->cfg.rms_norm_eps;
+  ga.out_f16 = s->hmlp; ga.mode = GEMV_SWIGLU;
+  NQ_TRY(gemv(ga, st));
+  GemvArgs da;
+  da.seg[0] = L.down; da.x_f16 = s->hmlp; da.out_f32 = s->x; da.mode = GEMV_ADD;
+  return gemv(da, st);
+}
+}  // namespace
+
 int enqueue_decode(Session* s) {
   const Model& m = *s->m;
   const nq_config& c = m.cfg;
@@ -327,16 +349,7 @@ int enqueue_decode(Session* s) {
     aa.keys_per_split = s->kps_decode; aa.n_split = s->nsplit_decode; aa.write_kv = true;
     aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters; aa.out = s->att;
     NQ_TRY(attention(aa, st));
-    GemvArgs oa;
-    oa.seg[0] = L.o; oa.x_f16 = s->att; oa.out_f32 = s->x; oa.mode = GEMV_ADD;
-    NQ_TRY(gemv(oa, st));
-    GemvArgs ga;
-    ga.seg[0] = L.gate; ga.up = L.up; ga.x_f32 = s->x; ga.norm_w = L.ln2; ga.eps = c.rms_norm_eps;
-    ga.out_f16 = s->hmlp; ga.mode = GEMV_SWIGLU;
-    NQ_TRY(gemv(ga, st));
-    GemvArgs da;
-    da.seg[0] = L.down; da.x_f16 = s->hmlp; da.out_f32 = s->x; da.mode = GEMV_ADD;
-    NQ_TRY(gemv(da, st));
+    NQ_TRY(decode_o_mlp(s, L, st));
   }
   GemvArgs la;
   la.seg[0] = m.lm_head; la.x_f32 = s->x; la.norm_w = m.final_norm; la.eps = c.rms_norm_eps;
@@ -434,7 +447,16 @@ int split_prefill_count(int M, int n_keys, int nsplit_decode) {
 }
 }  // namespace
 
-// Batched pass over n tokens (chunks of prefill_chunk). logits_all: n*V floats (host) or null.
+// Batched pass over n tokens in chunks of prefill_chunk. logits_all: n*V floats (host) or null.
+// Without logits_all, two results of a chunk outlive it: the K/V rows each layer writes, and (the call's last chunk)
+// the logits of its last token. So the last layer stops after writing its K/V rows in every chunk but the last, and
+// in the last one runs attention, o, the MLP and the logits for the last token alone (M = 1: the decode attention
+// kernel over the keys, the few-token GEMMs), which saves ~1/n_layers of a chunk's GEMM work (bench/NOTES.md
+// "Session 14"). logits_all runs every row of every layer, its lm_head kLogitsAllRows rows at a time.
+namespace {
+constexpr int kLogitsAllRows = 512;   // 512 x 152,064 f32 logits: 311 MB for Qwen2.5's vocabulary
+}  // namespace
+
 int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all) {
   const Model& m = *s->m;
   const nq_config& c = m.cfg;
@@ -445,10 +467,12 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
   std::unique_lock<std::mutex> shared_buffers;   // a pooled session's prefill buffers are the pool's
   if (s->pool) shared_buffers = std::unique_lock<std::mutex>(s->pool->prefill_mu);
   float* logits_dev = nullptr;
-  if (logits_all) NQ_TRY(dalloc(&logits_dev, (size_t)s->prefill_chunk * V, "logits_all"));
+  const int LR = std::min(s->prefill_chunk, kLogitsAllRows);
+  if (logits_all) NQ_TRY(dalloc(&logits_dev, (size_t)LR * V, "logits_all"));
   int rc = NQ_OK;
   for (int done = 0; done < n && rc == NQ_OK; ) {
     const int M = std::min(s->prefill_chunk, n - done);
+    const bool last_chunk = done + M == n;
     NQ_CUDA(cudaStreamSynchronize(st));  // h_tokens is reused
     std::memcpy(s->h_tokens, tokens + done, M * sizeof(int32_t));
     auto run = [&]() -> int {
@@ -456,6 +480,7 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
       NQ_TRY(embed_rows(m.embed, m.embed_dtype, s->pre.d_tokens, M, H, s->pre.X, st));
       for (int l = 0; l < c.n_layers; l++) {
         const Layer& L = m.layers[l];
+        const bool tail = logits_all == nullptr && l == c.n_layers - 1;   // only its K/V rows and last token matter
         NQ_TRY(rmsnorm_rows(s->pre.X, L.ln1, M, H, eps, s->pre.Xn, st));
         {  // q, k, v in one launch
           const LinW W3[3] = {L.q, L.k, L.v};
@@ -465,31 +490,47 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
         }
         NQ_TRY(rope_kv_write(s->pre.QKV, Nqkv, M, s->d_pos, s->kv[l], s->d_page_table, s->d_rope, c.n_heads,
                              c.n_kv_heads, D, st));
+        if (tail && !last_chunk) break;
+        // the tail's last token (row M - 1, its query at *d_pos + M - 1) goes on alone through the decode step's
+        // kernels in s->x / s->att; otherwise all rows in the prefill buffers
+        const int r0 = tail ? M - 1 : 0, Mr = M - r0;
+        if (tail)
+          NQ_CUDA(cudaMemcpyAsync(s->x, s->pre.X + (size_t)r0 * H, H * sizeof(float), cudaMemcpyDeviceToDevice, st));
         AttnArgs aa;
-        aa.qkv = s->pre.QKV; aa.qkv_stride = Nqkv; aa.M = M; aa.pos0 = s->d_pos;
+        aa.qkv = s->pre.QKV + (size_t)r0 * Nqkv; aa.qkv_stride = Nqkv; aa.M = Mr; aa.pos0 = s->d_pos;
+        aa.pos_offset = r0;
         aa.kv = s->kv[l]; aa.page_table = s->d_page_table; aa.rope = s->d_rope;
         aa.n_heads = c.n_heads; aa.n_kv = c.n_kv_heads; aa.D = D;
         // up to kSplitPrefillMaxTokens tokens (a prefix-cache hit's suffix, a short prompt, a long prompt's last
-        // chunk): the decode kernel, keys split over nsplit_decode / M blocks per (token, KV head), partials in
-        // the decode buffers (M x n_split <= nsplit_decode rows); more: the prefill kernel (tensor cores, no splits)
+        // chunk, the tail's last token): the decode kernel, keys split over nsplit_decode / Mr blocks per (token, KV
+        // head), partials in the decode buffers (Mr x n_split <= nsplit_decode rows); more: the prefill kernel
+        // (tensor cores, no splits)
         aa.keys_per_split = 32; aa.write_kv = false;
-        aa.n_split = split_prefill_count(M, s->pos + M, s->nsplit_decode);
+        aa.n_split = split_prefill_count(Mr, s->pos + M, s->nsplit_decode);
         aa.max_keys = s->pos + M;
-        aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters; aa.out = s->pre.ATT;
+        aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters;
+        aa.out = tail ? s->att : s->pre.ATT;
         NQ_TRY(attention(aa, st));
+        if (tail) {
+          NQ_TRY(decode_o_mlp(s, L, st));
+          break;
+        }
         NQ_TRY(gemm(L.o, s->pre.ATT, Nq, M, s->pre.X, H, nullptr, true, st));
         NQ_TRY(rmsnorm_rows(s->pre.X, L.ln2, M, H, eps, s->pre.Xn, st));
         NQ_TRY(gemm_swiglu(L.gate, L.up, s->pre.Xn, H, M, s->pre.G, s->pre.U, s->pre.HM, st));
         NQ_TRY(gemm(L.down, s->pre.HM, I, M, s->pre.X, H, nullptr, true, st));
       }
-      if (logits_dev) {
-        NQ_TRY(rmsnorm_rows(s->pre.X, m.final_norm, M, H, eps, s->pre.Xn, st));
-        NQ_TRY(gemm(m.lm_head, s->pre.Xn, H, M, logits_dev, V, nullptr, false, st));
-        NQ_CUDA(cudaMemcpyAsync(logits_all + (size_t)done * V, logits_dev, (size_t)M * V * sizeof(float),
+      for (int r = 0; logits_dev && r < M; r += LR) {
+        const int R = std::min(LR, M - r);
+        NQ_TRY(rmsnorm_rows(s->pre.X + (size_t)r * H, m.final_norm, R, H, eps, s->pre.Xn, st));
+        NQ_TRY(gemm(m.lm_head, s->pre.Xn, H, R, logits_dev, V, nullptr, false, st));
+        NQ_CUDA(cudaMemcpyAsync(logits_all + (size_t)(done + r) * V, logits_dev, (size_t)R * V * sizeof(float),
                                 cudaMemcpyDeviceToHost, st));
       }
-      if (done + M == n) {  // logits of the last token through the decode lm_head GEMV
-        NQ_CUDA(cudaMemcpyAsync(s->x, s->pre.X + (size_t)(M - 1) * H, H * sizeof(float), cudaMemcpyDeviceToDevice, st));
+      if (last_chunk) {  // logits of the last token through the decode lm_head GEMV (the tail left it in s->x)
+        if (logits_all)
+          NQ_CUDA(cudaMemcpyAsync(s->x, s->pre.X + (size_t)(M - 1) * H, H * sizeof(float), cudaMemcpyDeviceToDevice,
+                                  st));
         GemvArgs la;
         la.seg[0] = m.lm_head; la.x_f32 = s->x; la.norm_w = m.final_norm; la.eps = eps;
         la.out_f32 = s->logits; la.mode = GEMV_STORE;

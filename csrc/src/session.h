@@ -15,10 +15,11 @@ struct PrefillBuffers {
   __half* Xn = nullptr;          // [C][max(H, I, Nq)]
   float* QKV = nullptr;          // [C][Nq + 2 Nkv]
   __half* ATT = nullptr;         // [C][Nq]
-  float* G = nullptr;            // [C][I]
-  float* U = nullptr;            // [C][I]
+  float* G = nullptr;            // [C][I] (null where every layer's gate / up pair is ORDER_FRAG_PAIR: unused there)
+  float* U = nullptr;            // [C][I] (as G)
   __half* HM = nullptr;          // [C][I]
-  int alloc(const nq_config& c, int C);   // NQ_OK, or the dalloc failure (what was allocated stays for free())
+  // NQ_OK, or the dalloc failure (what was allocated stays for free()); G and U only where m's SwiGLU needs them
+  int alloc(const Model& m, int C);
   void free();
 };
 
@@ -35,7 +36,7 @@ struct KvPool {
   int32_t* d_poison = nullptr;   // [n_pages] page ids of a poison fill
   // prefill activations of a chunk of up to prefill_chunk tokens (sessions take prefill_mu while they use them)
   std::mutex prefill_mu;
-  int prefill_chunk = 512;
+  int prefill_chunk = NQ_PREFILL_CHUNK_TOKENS;
   PrefillBuffers pre;
   ~KvPool();
 };
@@ -79,7 +80,7 @@ struct Session {
   int* counters = nullptr;       // [kSplitPrefillMaxTokens][n_kv]
   int kps_decode = 32, nsplit_decode = 1;  // decode attention split (csrc/src/attention.cu)
   // prefill activations, chunk of up to prefill_chunk tokens
-  int prefill_chunk = 512;
+  int prefill_chunk = NQ_PREFILL_CHUNK_TOKENS;
   int32_t* h_tokens = nullptr;   // pinned staging [prefill_chunk]
   PrefillBuffers pre;            // its own, or a copy of its pool's pointers (freed by the pool)
   // host-mapped token ring for generation

@@ -23,6 +23,7 @@ Where one decode step happens (Engine.generate → ... → kernels):
 """
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import os
 import queue
@@ -47,7 +48,7 @@ _P = ctypes.c_void_p
 # pool may take when no --kv-pages is given (default_kv_pages; at most max_batch full contexts). The rest is left
 # for what the batch allocates after the pool: nq_batch_create's rows (~0.9 MB per sequence at 7B shapes: logits,
 # activations), each sequence's pooled session (~4 MB: logits, sampler and attention buffers, two CUDA graphs), a
-# nq_logits_all's logits (prefill chunk x vocab floats, ~0.3 GB at 7B) and the CUDA context's own growth; a tenth
+# nq_logits_all's logits (512 rows x vocab floats, ~0.3 GB at 7B) and the CUDA context's own growth; a tenth
 # of an H200's free memory is ~12 GB, far more than these need at any max_batch.
 KV_FREE_MEMORY_FRACTION = 0.9
 
@@ -122,12 +123,15 @@ def _sampling_struct(params: SamplingParams) -> NqSampling:
     return NqSampling(float(params.temperature), int(params.top_k), float(params.top_p), int(seed) & (2**64 - 1))
 
 
-def stream_tokens(lib, sess, max_new: int, stops: np.ndarray) -> Iterator[int]:
+def stream_tokens(lib, sess, max_new: int, stops: np.ndarray,
+                  executor: concurrent.futures.Executor | None = None) -> Iterator[int]:
     """Run nq_generate(sess, max_new, stops) on a worker thread and yield each token as its callback delivers it.
 
-    The worker reads nq_last_error() itself, right after the failing call (the message is thread-local), and
-    the failure is raised here, on the caller's thread, after the tokens produced before it. Closing the
-    generator early asks the library to stop (the callback returns 1) and waits for the worker.
+    The worker is `executor`'s (CudaBackend keeps one thread for its session's calls: starting a thread per
+    generation cost ~0.1 ms of its time to first token), else a thread of its own. It reads nq_last_error() itself,
+    right after the failing call (the message is thread-local), and the failure is raised here, on the caller's
+    thread, after the tokens produced before it. Closing the generator early asks the library to stop (the callback
+    returns 1) and waits for the worker.
     """
     q: queue.Queue = queue.Queue()
     cancel = threading.Event()
@@ -149,8 +153,12 @@ def stream_tokens(lib, sess, max_new: int, stops: np.ndarray) -> Iterator[int]:
         finally:
             q.put(done)
 
-    th = threading.Thread(target=worker, name="nanoqwen-generate", daemon=True)
-    th.start()
+    if executor is not None:
+        finished = executor.submit(worker).result
+    else:
+        th = threading.Thread(target=worker, name="nanoqwen-generate", daemon=True)
+        th.start()
+        finished = th.join
     try:
         while True:
             item = q.get()
@@ -159,7 +167,7 @@ def stream_tokens(lib, sess, max_new: int, stops: np.ndarray) -> Iterator[int]:
             yield item
     finally:
         cancel.set()
-        th.join()
+        finished()
     if not result:
         raise BackendError("generate: the worker thread ended without a result")
     rc, msg = result[0]
@@ -180,6 +188,7 @@ class CudaBackend(Backend):
         self._batch, self._batch_cap = None, 0     # nq_batch of decode_batch, created on first use
         self._in_flight: list[int] = []            # rows of the steps decode_batch_launch started, not yet waited
         self._kv_stores: list[SessionKv] = []      # the batched API's page pools, freed before the model
+        self._generate_worker: concurrent.futures.ThreadPoolExecutor | None = None   # stream_tokens' thread
         if file is not None:          # else the C loader checks the file first, and the config is read after
             self.config = file.config
             self.max_context = resolve_max_context(self.config, max_context)
@@ -269,7 +278,9 @@ class CudaBackend(Backend):
         check(self._lib, "nq_session_set_sampling", sess, ctypes.byref(sp), what="sampling settings")
         self.reset()
         check(self._lib, "nq_prefill", sess, _ptr(ids, ctypes.c_int32), ids.shape[0], what="prefill")
-        yield from stream_tokens(self._lib, sess, max_new, stops)
+        if self._generate_worker is None:
+            self._generate_worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nanoqwen-generate")
+        yield from stream_tokens(self._lib, sess, max_new, stops, self._generate_worker)
 
     # -- steered generation on the device -------------------------------------------------------------------
     def sample_steered(self, bias_ids: np.ndarray, bias_vals: np.ndarray, mask: np.ndarray | None,
@@ -446,6 +457,9 @@ class CudaBackend(Backend):
         lib = getattr(self, "_lib", None)
         if lib is None:
             return
+        if getattr(self, "_generate_worker", None) is not None:
+            self._generate_worker.shutdown(wait=True)   # a generation's worker ends before its session is freed
+            self._generate_worker = None
         if getattr(self, "_batch", None):
             lib.nq_batch_free(self._batch)
             self._batch = None
@@ -493,9 +507,9 @@ class SessionKv(SequenceKv):
     shares_pages = True
     samples_tokens = True
     pipelines = True
-    # four of the library's 512-token prefill chunks (session.cu prefill_chunk): at M = 512 its GEMMs run the
-    # full-size tiles; a 2,006-token prompt then takes one engine step of ~70 ms instead of eight 256-token steps
-    # (122 ms, bench/NOTES.md "Session 10"); the cap keeps a cancelled request's pages from waiting long
+    # one of the library's prefill chunks (NQ_PREFILL_CHUNK_TOKENS, 2,048): a 2,006-token prompt takes one engine
+    # step of ~51 ms instead of eight 256-token steps (122 ms, bench/NOTES.md "Session 10"; "Session 14" for the
+    # chunk); the cap keeps a cancelled request's pages from waiting long
     idle_prefill_tokens = 2048
 
     def __init__(self, be: CudaBackend, n_pages: int):
