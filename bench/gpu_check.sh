@@ -110,12 +110,15 @@ if has bench; then
       --json "$LOG/engine_prof$n.json" > "$LOG/engine_prof$n.log" 2>&1
     note "engine profile ($n streams) rc=$?"; head -2 "$LOG/engine_prof$n.log" | tee -a "$summary"
   done
-  # GPU time per kernel (CUPTI) of the 512-token prefill and of the 32-row batched step: where TTFT and the step go
-  # and of single-stream decode steps (per step), the decode graph of Engine.generate
-  for prof in "prefill --tokens 512" "batch --n 32" "decode --tokens 512 --steps 16"; do
-    timeout 90 python3 bench/profile_kernels.py /tmp/q7b.nanoqwen $prof 2>&1 | grep -v -i warn > "$LOG/prof_${prof%% *}.log"
-    note "profile ($prof) rc=$?"; head -14 "$LOG/prof_${prof%% *}.log" | tee -a "$summary"
-    grep -E -A4 "^GPU time summed|^first to last" "$LOG/prof_${prof%% *}.log" | tee -a "$summary"
+  # GPU time per kernel (CUPTI) of the 512-token prefill, of a prefix-cache hit's 5 tokens after 2,000 (the prefix
+  # bench's hit), of the 32-row batched step (where TTFT and the step go) and of single-stream decode steps (per
+  # step), the decode graph of Engine.generate; "log name:arguments"
+  for prof in "prefill:prefill --tokens 512" "hit:prefill --tokens 5 --after 2000" "batch:batch --n 32" \
+              "decode:decode --tokens 512 --steps 16"; do
+    name=${prof%%:*}; args=${prof#*:}
+    timeout 90 python3 bench/profile_kernels.py /tmp/q7b.nanoqwen $args 2>&1 | grep -v -i warn > "$LOG/prof_$name.log"
+    note "profile ($args) rc=$?"; head -14 "$LOG/prof_$name.log" | tee -a "$summary"
+    grep -E -A4 "^GPU time summed|^first to last" "$LOG/prof_$name.log" | tee -a "$summary"
   done
   save
 fi
