@@ -105,16 +105,15 @@ def _time_prefill_chain(torch, ws, prompt_tokens: int, nbytes: int, gen, reps: i
     F = torch.nn.functional
     for i, (w, k) in enumerate(ws):
         ws[i] = (w.to(torch.bfloat16), k)
-    wb = ws
     xp = {k: torch.randn(prompt_tokens, k, device="cuda", generator=gen, dtype=torch.bfloat16)
-          for k in {k for _, k in wb}}                                 # (prompt_tokens, K) per K
+          for k in {k for _, k in ws}}                                 # (prompt_tokens, K) per K
 
     def chain_prefill():
-        for w, k in wb:
+        for w, k in ws:
             F.linear(xp[k], w)
 
-    out = _time_graph(torch, chain_prefill, nbytes, len(wb), reps)
-    flops = 2 * prompt_tokens * sum(w.shape[0] * k for w, k in wb)
+    out = _time_graph(torch, chain_prefill, nbytes, len(ws), reps)
+    flops = 2 * prompt_tokens * sum(w.shape[0] * k for w, k in ws)
     out.update({"prompt_tokens": prompt_tokens, "TFLOPs": flops / (out["median_ms"] * 1e-3) / 1e12})
     return out
 

@@ -20,7 +20,7 @@ import pytest
 from nq_testing_lib import fragment_order_available
 from test_gpu_frag_gemm import run_gemm_frag
 from test_gpu_frag_prefill import run_swiglu
-from test_gpu_gemm import SWIGLU_TOL_REL, check, run_gemm
+from test_gpu_gemm import SWIGLU_TOL_REL, check, lib, run_gemm  # noqa: F401  (lib: the module fixture)
 from test_gpu_kernels import random_int4, rel_err
 
 pytestmark = pytest.mark.gpu
@@ -38,12 +38,6 @@ PROJECTIONS = ["qkv", "o", "gate_up", "down"]
 M_LIST = [1, 7, 64, 333, 512, 2048]
 GROUP = 128
 CASES = [(s, p) for s in SIZES for p in PROJECTIONS]
-
-
-@pytest.fixture(scope="module")
-def lib():
-    from nq_testing_lib import load_testing_library
-    return load_testing_library()
 
 
 @pytest.fixture(scope="module")
