@@ -28,7 +28,7 @@ namespace nq {
 namespace {
 
 constexpr int kAttnWarps = 4, kAttnThreads = kAttnWarps * 32, kMaxG = 8;
-constexpr int kMaxSplits = 128;  // attention splits per (token, KV head): bounds the merge's shared memory
+constexpr int kMaxSplits = kAttnMaxSplits;
 constexpr int kKT = 32;          // keys per shared-memory tile (= lanes of a warp in the score phase)
 
 template <int D>

@@ -110,6 +110,7 @@ struct KvLayer {
   __half* v;
 };
 
+constexpr int kAttnMaxSplits = 128;   // attention splits per (token, KV head): bounds the merge's shared memory
 struct AttnArgs {
   const float* qkv;        // [M][qkv_stride] f32: q (n_heads*D), k (n_kv*D), v (n_kv*D), bias already added
   int qkv_stride;
