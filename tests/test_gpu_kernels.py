@@ -444,6 +444,15 @@ def test_sampler_greedy_is_argmax_lowest_index(lib):
         i, j = sorted(rng.choice(V, 2, replace=False))
         x[i] = x[j] = x.max() + 1.0                     # a tie: the lower index wins
         assert _sample(lib, x, 0.0, 0, 1.0, 0, 0) == i
+    # the kernel reads 16-byte groups of 4 logits where V % 4 == 0 and a scalar tail otherwise: ties inside one group,
+    # in neighbouring groups and in the tail, and NaNs (which never win)
+    for V in (1000, 1001, 1003):
+        for i, j in ((4, 6), (5, 9), (V - 3, V - 1), (0, V - 1)):
+            x = rng.standard_normal(V).astype(np.float32)
+            x[rng.choice(V, 5, replace=False)] = np.nan
+            x[i] = x[j] = np.nanmax(x) + 1.0
+            x[j - 1] = np.nan if j - 1 != i else x[j - 1]
+            assert _sample(lib, x, 0.0, 0, 1.0, 0, 0) == i, (V, i, j)
 
 
 def test_sampler_filters(lib):
