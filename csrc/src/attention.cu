@@ -81,8 +81,16 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
   constexpr int kHPT = kMaxG / kTPD;      // heads per thread in the P.V phase
   __shared__ __align__(16) AttnSmem<D> S;
 
-  pdl_wait();  // position, qkv and the cache come from earlier kernels
-  pdl_trigger();
+  // Decode and the batched step (write_kv) issue their first K/V tiles before the PDL wait: every cache row they read
+  // was written by an earlier step (the row at pos comes from this kernel's own registers), and the positions, page
+  // tables and cache pointers were set before the step's first kernel, which has completed by the time this kernel
+  // can start (its predecessor triggers only after its own wait). So the tiles' DRAM latency overlaps the tail of
+  // the GEMV or GEMM before. A prefill chunk (no write_kv) reads the rows rope_kv_write, the kernel before, wrote:
+  // it waits first.
+  if (!a.write_kv) {
+    pdl_wait();
+    pdl_trigger();
+  }
   const int h = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
   const int G = a.n_heads / a.n_kv;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -101,6 +109,10 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
 
   load_tile<D>(kv, pt, a.n_kv, S, 0, k0, k1, h, skip);
   if (ntiles > 1) load_tile<D>(kv, pt, a.n_kv, S, 1, k0 + kKT, k1, h, skip);
+  if (a.write_kv) {   // q, k and v of this step come from the kernel before
+    pdl_wait();
+    pdl_trigger();
+  }
 
   const float* qkv = a.qkv + (size_t)t * a.qkv_stride;
   const float2* rope = a.rope + (size_t)pos * (D / 2);
