@@ -43,6 +43,7 @@ SIGNATURES = {
     "nq_test_frag_repack": (ctypes.c_int, [_U32P, _U16P, _U32P, _U16P, _I32, _I32, _I32, _U32P, _U16P]),
     "nq_test_attention": (ctypes.c_int, [_F32P, _F32P, _F32P] + [_I32] * 5 + [_F32P]),
     "nq_test_attention_prefill": (ctypes.c_int, [_F32P, _F32P, _F32P] + [_I32] * 6 + [_F32P]),
+    "nq_test_attention_batch": (ctypes.c_int, [_F32P, _F32P, _F32P, _I32P] + [_I32] * 6 + [_F32P]),
     "nq_test_sample": (ctypes.c_int, [_F32P, _I32, ctypes.POINTER(NqSampling), ctypes.c_uint64, _I32P]),
     "nq_test_check_pages": (ctypes.c_int, [_I32, _I32, _I32, _I32P, _I32, _I32]),
     "nq_bench_gemv_int4": (ctypes.c_int, [_I32] * 4 + [_F32P]),

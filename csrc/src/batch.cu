@@ -14,16 +14,15 @@ namespace nq {
 // for any n up to 16 (28 layers x 125 us, H200, bench/NOTES.md "Session 6"), so the GEMMs win from 3 rows on.
 constexpr int kGemvRowsMax = 2;
 
-// Attention blocks a batched step aims for: n_split = this / (KV heads x rows), at most the single-token decode's
-// count. Measured (H200, 7B, 577 keys, attn_bench.py --batch-rows, bench/NOTES.md "Session 10"): the best split
-// count fell as rows rose, 64 at 8 rows, 16 at 32 rows, 8-16 at 64 rows, each ~2,048 blocks; with the decode's 64
-// splits a 32-row step ran 8,192 blocks, most of them without keys (46.4 against 39.9 us a layer; 64 rows 83.4
-// against 69.9).
-constexpr int kBatchAttentionBlocks = 2048;
+// Attention blocks a batched step aims for, per SM: n_split = this x SMs / (KV heads x rows), at most the
+// single-token decode's count. attn_batch_kernel (attention.cu) holds ~71 KB of shared memory a block (D = 128), so 3
+// fit an SM: one wave of blocks, each streaming its keys through 4 warps' rings. (The CUDA-core kernel it replaced
+// here wanted ~2,048 blocks at any row count: bench/NOTES.md "Session 10".)
+constexpr int kBatchAttentionBlocksPerSm = 3;
 
 namespace {
 int batch_attention_splits(const Batch* b, int n) {
-  return std::max(1, std::min(b->n_split, kBatchAttentionBlocks / (b->m->cfg.n_kv_heads * n)));
+  return std::max(1, std::min(b->n_split, kBatchAttentionBlocksPerSm * b->sms / (b->m->cfg.n_kv_heads * n)));
 }
 
 void drop_graphs(Batch* b) {
@@ -59,6 +58,11 @@ int batch_create(Model* m, int max_batch, Batch** out) {
   b->graphs.assign((size_t)max_batch + 1, nullptr);
   b->warm.assign((size_t)max_batch + 1, 0);
   b->n_split = std::max(1, std::min(128, 256 / c.n_kv_heads));   // as a session's decode at long contexts
+  {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&b->sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      b->sms = 132;
+  }
   const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_rows;
   const int Nq = c.n_heads * D, Nqkv = Nq + 2 * c.n_kv_heads * D;
   const size_t B = (size_t)max_batch;
