@@ -24,6 +24,7 @@ SIGNATURES = {
                                               _F32, _I32, _F32P]),
     "nq_test_gemv_dense": (ctypes.c_int, [_U16P, _I32, _I32, _I32, _F32P, _F32P]),
     "nq_test_gemm_int4": (ctypes.c_int, [_U32P, _U16P, _U8P, _I32, _I32, _I32, _F32P, _I32, _F32P]),
+    "nq_test_gemm_dense": (ctypes.c_int, [_U16P, _I32, _I32, _I32, _F32P, _I32, _I32, _F32P]),
     "nq_test_gemm_int4_multi": (ctypes.c_int, [_I32, ctypes.POINTER(_U32P), ctypes.POINTER(_U16P), ctypes.POINTER(_U8P),
                                                _I32P, _I32, _I32, _F32P, _I32, _I32, ctypes.POINTER(_F32P), _F32P,
                                                _I32, _I32]),

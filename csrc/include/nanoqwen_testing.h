@@ -25,6 +25,10 @@ NQ_API int nq_test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scale
                                   int32_t mode, float* y);
 /* y[N] = W[N,K] @ x[K] with f16 (dtype 1) or bf16 (dtype 2) weights given as raw uint16 bits. */
 NQ_API int nq_test_gemv_dense(const uint16_t* w, int32_t dtype, int32_t N, int32_t K, const float* x, float* y);
+/* C[M,N] = A[M,K] @ W^T (+ C when add) through the product's gemm() with f16 (dtype 1) or bf16 (dtype 2) weights
+ * given as raw uint16 bits (K % 64 == 0); A given as f32 (converted to f16 on the device); C in/out. */
+NQ_API int nq_test_gemm_dense(const uint16_t* w, int32_t dtype, int32_t N, int32_t K, const float* A, int32_t M,
+                              int32_t add, float* C);
 /* C[M,N] = A[M,K] @ W^T for int4 W (tensor cores); A given as f32 (converted to f16 on the device). */
 NQ_API int nq_test_gemm_int4(const uint32_t* qweight, const uint16_t* scales, const uint8_t* zeros, int32_t N,
                              int32_t K, int32_t group, const float* A, int32_t M, float* C);

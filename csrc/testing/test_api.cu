@@ -222,6 +222,29 @@ int nq_test_gemm_int4(const uint32_t* qweight, const uint16_t* scales, const uin
   return NQ_OK;
 }
 
+int nq_test_gemm_dense(const uint16_t* w, int32_t dtype, int32_t N, int32_t K, const float* A, int32_t M, int32_t add,
+                       float* C) {
+  if (!w || !A || !C || N <= 0 || K <= 0 || M <= 0) return fail(NQ_E_INVALID_ARG, "nq_test_gemm_dense: bad argument");
+  if (dtype != WT_F16 && dtype != WT_BF16) return fail(NQ_E_INVALID_ARG, "dtype %d (1 = f16, 2 = bf16)", dtype);
+  DBuf dw, da, dc;
+  NQ_TRY(dw.put(w, (size_t)N * K * 2));
+  LinW W;
+  W.w = dw.as<uint8_t>(); W.N = N; W.K = K; W.type = dtype;
+  std::vector<__half> ah((size_t)M * K);
+  for (size_t i = 0; i < ah.size(); i++) ah[i] = __float2half_rn(A[i]);
+  NQ_TRY(da.put(ah.data(), ah.size() * 2));
+  if (add) {
+    NQ_TRY(dc.put(C, (size_t)M * N * 4));
+  } else {
+    NQ_TRY(dc.alloc((size_t)M * N * 4));
+    NQ_TRY(dc.poison((size_t)M * N * 4));
+  }
+  NQ_TRY(gemm(W, da.as<__half>(), K, M, dc.as<float>(), N, nullptr, add != 0, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  NQ_CUDA(cudaMemcpy(C, dc.p, (size_t)M * N * 4, cudaMemcpyDeviceToHost));
+  return NQ_OK;
+}
+
 int nq_test_sample(const float* logits, int32_t V, const nq_sampling* sp, uint64_t counter, int32_t* out) {
   if (!logits || !sp || !out || V <= 0) return fail(NQ_E_INVALID_ARG, "nq_test_sample: bad argument");
   DBuf dl, dp, dc, dt;
