@@ -170,11 +170,12 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmGroup g, c
 }
 
 // gemm_f16_kernel: gemm_kernel's tiles, warps and wmma for f16 weights, fed by a kF16Stages-deep cp.async ring
+// (4 stages: 111 KB, 2 blocks an SM)
 // (A and W tiles straight into shared memory, one barrier a k-step) instead of one tile in registers. The f16
 // lm_head of a batched step (M = 32 rows: 1.09 GB on the 7B) is a pure weight stream: gemm_kernel read it at
 // ~3.1 TB/s, its loads for tile k + 1 in flight only during tile k's MMAs (bench/NOTES.md "Session 15").
 // Rows past M or N and chunks past K are zero-filled by the copies (src-size 0), so K needs only K % 8 == 0.
-constexpr int kF16Stages = 3;
+constexpr int kF16Stages = 4;
 constexpr int kF16StageH = (BM + BN) * LDS;                         // halves of one stage: A tile, then W tile
 constexpr int kF16Smem = kF16Stages * kF16StageH * 2 > kSmemC ? kF16Stages * kF16StageH * 2 : kSmemC;
 

@@ -80,11 +80,19 @@ __global__ void take_batch_inputs_kernel(const int32_t* in, int stride, const in
                                          int* pos, int n) {
   pdl_wait();
   pdl_trigger();
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const int c = in[2 * stride + i];
-    tokens[i] = c >= 0 ? prev_next[c] : in[i];
-    pos[i] = in[stride + i];
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {   // `in` is host memory the host rewrites: uncached loads
+    const int c = __ldcv(in + 2 * stride + i);
+    tokens[i] = c >= 0 ? prev_next[c] : __ldcv(in + i);
+    pos[i] = __ldcv(in + stride + i);
   }
+}
+
+// Batched decode: the step's samples into the host's pinned slot (kernels.h publish_samples).
+__global__ void publish_samples_kernel(const int32_t* next, int32_t* host_out, int n) {
+  pdl_wait();
+  pdl_trigger();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) host_out[i] = next[i];
+  __threadfence_system();
 }
 
 // ---- sampler -------------------------------------------------------------------------------------------------
@@ -297,6 +305,10 @@ int take_batch_inputs(const int32_t* in, int stride, const int32_t* prev_next, i
                       cudaStream_t st) {
   return launch_pdl("take_batch_inputs_kernel", take_batch_inputs_kernel, dim3(1), dim3(256), 0, st, in, stride,
                     prev_next, tokens, pos, n);
+}
+
+int publish_samples(const int32_t* next, int32_t* host_out, int n, cudaStream_t st) {
+  return launch_pdl("publish_samples_kernel", publish_samples_kernel, dim3(1), dim3(256), 0, st, next, host_out, n);
 }
 
 int sample_rows(const SampleArgs* d_args, int n, cudaStream_t st) {
