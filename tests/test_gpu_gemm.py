@@ -246,3 +246,33 @@ def test_gemm_swiglu_vs_numpy(lib, M, N, K, g, layout):
         outs.append(h)
     d = rel_err(outs[0], outs[1])
     assert d <= SWIGLU_PATHS_REL, f"layout {layout}: fused vs unfused: {d:.2e} relative"
+
+
+# Dense (f16 / bf16) weights through gemm(): the f16 lm_head of a batched step or a logits_all pass (gemm_f16_kernel,
+# a cp.async ring) and bf16 (gemm_kernel). Shapes cover partial row tiles (M not a multiple of 64, N not of 128), a
+# K of 5 stages and one of 2, and the residual add. A and W are the f16 (bf16) values the kernel sees, so the float64
+# reference differs only by f32 accumulation: TOL_REL / TOL_ELEM are loose here.
+@pytest.mark.parametrize("dtype", [1, 2], ids=["f16", "bf16"])
+@pytest.mark.parametrize("M,N,K,add", [(1, 200, 128, 0), (5, 1000, 320, 1), (32, 4100, 3584, 0), (64, 384, 896, 1),
+                                       (100, 130, 64, 0)])
+def test_gemm_dense_vs_numpy(lib, dtype, M, N, K, add):
+    rng = np.random.default_rng()
+    W = rng.standard_normal((N, K)).astype(np.float32)
+    if dtype == 1:
+        Wq = W.astype(np.float16)
+        bits, Wref = Wq.view(np.uint16), Wq.astype(np.float64)
+    else:
+        bits = (W.view(np.uint32) >> 16).astype(np.uint16)          # bf16 by truncation, exact as bits
+        Wref = (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    C0 = rng.standard_normal((M, N)).astype(np.float32)
+    C = C0.copy()
+    _U16P = ctypes.POINTER(ctypes.c_uint16)
+    from nq_testing_lib import check as _check
+    _check(lib, lib.nq_test_gemm_dense(np.ascontiguousarray(bits).ctypes.data_as(_U16P), dtype, N, K,
+                                       A.ctypes.data_as(_F32P), M, add, C.ctypes.data_as(_F32P)))
+    ref = A.astype(np.float16).astype(np.float64) @ Wref.T + (C0 if add else 0)
+    assert np.isfinite(C).all()
+    err = rel_err(C, ref)
+    assert err < TOL_REL, f"relative error {err:.2e}"
+    assert np.abs(C - ref).max() < TOL_ELEM * np.sqrt(np.mean(ref ** 2))

@@ -372,6 +372,29 @@ def test_attention_vs_numpy(lib, n_heads, n_kv, D, n_pos, kps):
     assert err < 2e-3, f"relative error {err:.2e}"
 
 
+# The batched decode step's attention kernel (attn_batch_kernel: tensor cores, one page of keys a tile): sequences of
+# mixed lengths in one pool, the rows past each position NaN-poisoned, every split count the step may choose.
+@pytest.mark.parametrize("n_heads,n_kv,D", [(14, 2, 64), (12, 2, 128), (28, 4, 128), (40, 8, 128), (8, 8, 64)])
+@pytest.mark.parametrize("lens,n_split", [([1, 2, 16, 17, 33], 1), ([300, 1, 577, 64], 3), ([1000, 15, 2050], 16),
+                                          ([577] * 32, 3), ([129, 4096], 128)])
+def test_attention_batch_vs_numpy(lib, n_heads, n_kv, D, lens, n_split):
+    rng = np.random.default_rng()
+    R, P = len(lens), max(lens)
+    q = (rng.standard_normal((R, n_heads * D)) * 2).astype(np.float32)
+    k = rng.standard_normal((R, P, n_kv, D)).astype(np.float32)
+    v = rng.standard_normal((R, P, n_kv, D)).astype(np.float32)
+    n_pos = np.array(lens, dtype=np.int32)
+    out = np.empty((R, n_heads * D), dtype=np.float32)
+    _check(lib, lib.nq_test_attention_batch(_f32p(q), _f32p(k), _f32p(v), n_pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                                            R, P, n_heads, n_kv, D, n_split, _f32p(out)))
+    assert np.isfinite(out).all()
+    for r, n in enumerate(lens):
+        err = rel_err(out[r], attention_ref(q[r], k[r, :n], v[r, :n], n_heads, n_kv, D))
+        # as the prefill kernel's test: f16 K/V (in the reference too); the tensor cores take q and P in f16 (2^-12
+        # relative each: ~5e-4 relative on the output), f32 accumulation and softmax, output rounded to f16: 2e-3
+        assert err < 2e-3, f"sequence {r} ({n} keys): relative error {err:.2e}"
+
+
 def attention_prefill_ref(q, k, v, n_heads, n_kv, D):
     """q (M, n_heads*D) for the last M of the n_pos positions, k/v (n_pos, n_kv, D) -> (M, n_heads*D), causal,
     float64, K/V rounded to f16 like the cache."""
@@ -444,6 +467,15 @@ def test_sampler_greedy_is_argmax_lowest_index(lib):
         i, j = sorted(rng.choice(V, 2, replace=False))
         x[i] = x[j] = x.max() + 1.0                     # a tie: the lower index wins
         assert _sample(lib, x, 0.0, 0, 1.0, 0, 0) == i
+    # the kernel reads 16-byte groups of 4 logits where V % 4 == 0 and a scalar tail otherwise: ties inside one group,
+    # in neighbouring groups and in the tail, and NaNs (which never win)
+    for V in (1000, 1001, 1003):
+        for i, j in ((4, 6), (5, 9), (V - 3, V - 1), (0, V - 1)):
+            x = rng.standard_normal(V).astype(np.float32)
+            x[rng.choice(V, 5, replace=False)] = np.nan
+            x[i] = x[j] = np.nanmax(x) + 1.0
+            x[j - 1] = np.nan if j - 1 != i else x[j - 1]
+            assert _sample(lib, x, 0.0, 0, 1.0, 0, 0) == i, (V, i, j)
 
 
 def test_sampler_filters(lib):

@@ -25,6 +25,10 @@ NQ_API int nq_test_gemv_int4_mode(const uint32_t* qweight, const uint16_t* scale
                                   int32_t mode, float* y);
 /* y[N] = W[N,K] @ x[K] with f16 (dtype 1) or bf16 (dtype 2) weights given as raw uint16 bits. */
 NQ_API int nq_test_gemv_dense(const uint16_t* w, int32_t dtype, int32_t N, int32_t K, const float* x, float* y);
+/* C[M,N] = A[M,K] @ W^T (+ C when add) through the product's gemm() with f16 (dtype 1) or bf16 (dtype 2) weights
+ * given as raw uint16 bits (K % 64 == 0); A given as f32 (converted to f16 on the device); C in/out. */
+NQ_API int nq_test_gemm_dense(const uint16_t* w, int32_t dtype, int32_t N, int32_t K, const float* A, int32_t M,
+                              int32_t add, float* C);
 /* C[M,N] = A[M,K] @ W^T for int4 W (tensor cores); A given as f32 (converted to f16 on the device). */
 NQ_API int nq_test_gemm_int4(const uint32_t* qweight, const uint16_t* scales, const uint8_t* zeros, int32_t N,
                              int32_t K, int32_t group, const float* A, int32_t M, float* C);
@@ -79,6 +83,13 @@ NQ_API int nq_test_attention(const float* q, const float* k, const float* v, int
  * prefill kernel; more: the decode kernel with the keys split (session_prefill's choice for a few tokens). */
 NQ_API int nq_test_attention_prefill(const float* q, const float* k, const float* v, int32_t n_heads, int32_t n_kv,
                                      int32_t head_dim, int32_t n_pos, int32_t M, int32_t n_split, float* out);
+/* The batched decode step's attention (attn_batch_kernel): R sequences, sequence r's token at position
+ * n_pos[r] - 1 (1 <= n_pos[r] <= P) with its own pages of one pool, the cache rows past it poisoned (f16 NaN):
+ * q[R][n_heads*D] f32 (already roped), K/V[R][P][n_kv][D] f32 (already roped; row n_pos[r] - 1 is the step's new
+ * k / v, written by the kernel); returns out[R][n_heads*D] and checks that the kernel wrote each new row. */
+NQ_API int nq_test_attention_batch(const float* q, const float* k, const float* v, const int32_t* n_pos, int32_t R,
+                                   int32_t P, int32_t n_heads, int32_t n_kv, int32_t head_dim, int32_t n_split,
+                                   float* out);
 /* Sample from logits[V] with the device sampler; returns the token in *out. */
 NQ_API int nq_test_sample(const float* logits, int32_t V, const nq_sampling* sp, uint64_t counter, int32_t* out);
 

@@ -28,7 +28,7 @@ namespace nq {
 namespace {
 
 constexpr int kAttnWarps = 4, kAttnThreads = kAttnWarps * 32, kMaxG = 8;
-constexpr int kMaxSplits = 128;  // attention splits per (token, KV head): bounds the merge's shared memory
+constexpr int kMaxSplits = kAttnMaxSplits;
 constexpr int kKT = 32;          // keys per shared-memory tile (= lanes of a warp in the score phase)
 
 template <int D>
@@ -75,14 +75,74 @@ __device__ __forceinline__ void load_tile(const KvLayer& kv, const int* pt, int 
   cp_async_commit();
 }
 
+// The end of a split block, after it wrote its partial (part_o: O unnormalised, part_ml: its running max and sum):
+// the last of the n_used split blocks of (token t, KV head h) to finish merges every split's partial into out
+// (f16 [G][D]) and resets the counter. w, l: shared scratch; inv [kMaxG]; last: a shared flag. Every thread calls it.
+template <int D, int THREADS>
+__device__ __forceinline__ void merge_last_split(const AttnArgs& a, int t, int h, int G, int n_used, size_t ph0,
+                                                 __half* out, float (*w)[kMaxSplits], float (*l)[kMaxSplits],
+                                                 float* inv, int& last) {
+  const int tid = threadIdx.x;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(&a.counters[t * a.n_kv + h], 1) == n_used - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = tid; i < G * n_used; i += THREADS) {
+    const int g = i / n_used, sp = i % n_used;
+    const size_t r = ph0 + (size_t)g * a.n_split + sp;
+    w[g][sp] = __ldcg(a.part_ml + r * 2);
+    l[g][sp] = __ldcg(a.part_ml + r * 2 + 1);
+  }
+  __syncthreads();
+  if (tid < G) {  // per head: split weights exp2(m_s - max) and 1 / sum(l_s * weight)
+    float mm = -CUDART_INF_F;
+    for (int sp = 0; sp < n_used; sp++) mm = fmaxf(mm, w[tid][sp]);
+    float ll = 0.f;
+    for (int sp = 0; sp < n_used; sp++) {
+      const float f = exp2f(w[tid][sp] - mm);  // every used split has >= 1 key: m is finite
+      w[tid][sp] = f;
+      ll += l[tid][sp] * f;
+    }
+    inv[tid] = 1.f / ll;
+  }
+  __syncthreads();
+  // outputs as float4 over dims: (g, d4) pairs over the threads; 8 splits' partials loaded per batch
+  for (int i = tid; i < G * (D / 4); i += THREADS) {
+    const int g = i / (D / 4), d4 = i % (D / 4);
+    const float4* po = reinterpret_cast<const float4*>(a.part_o + (ph0 + (size_t)g * a.n_split) * D) + d4;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+    for (int sp = 0; sp < n_used; sp++) {
+      const float4 v = __ldcg(po + (size_t)sp * (D / 4));
+      const float wt = w[g][sp];
+      acc.x = fmaf(v.x, wt, acc.x); acc.y = fmaf(v.y, wt, acc.y); acc.z = fmaf(v.z, wt, acc.z); acc.w = fmaf(v.w, wt, acc.w);
+    }
+    const float iv = inv[g];
+    __half2* o2 = reinterpret_cast<__half2*>(out + g * D + d4 * 4);
+    o2[0] = __floats2half2_rn(acc.x * iv, acc.y * iv);
+    o2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
+  }
+  if (tid == 0) a.counters[t * a.n_kv + h] = 0;
+}
+
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
   constexpr int kTPD = kAttnThreads / D;  // threads per output dim in the P.V phase (1 for D=128, 2 for D=64)
   constexpr int kHPT = kMaxG / kTPD;      // heads per thread in the P.V phase
   __shared__ __align__(16) AttnSmem<D> S;
 
-  pdl_wait();  // position, qkv and the cache come from earlier kernels
-  pdl_trigger();
+  // Decode and the batched step (write_kv) issue their first K/V tiles before the PDL wait: every cache row they read
+  // was written by an earlier step (the row at pos comes from this kernel's own registers), and the positions, page
+  // tables and cache pointers were set before the step's first kernel, which has completed by the time this kernel
+  // can start (its predecessor triggers only after its own wait). So the tiles' DRAM latency overlaps the tail of
+  // the GEMV or GEMM before. A prefill chunk (no write_kv) reads the rows rope_kv_write, the kernel before, wrote:
+  // it waits first.
+  if (!a.write_kv) {
+    pdl_wait();
+    pdl_trigger();
+  }
   const int h = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
   const int G = a.n_heads / a.n_kv;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -101,6 +161,10 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
 
   load_tile<D>(kv, pt, a.n_kv, S, 0, k0, k1, h, skip);
   if (ntiles > 1) load_tile<D>(kv, pt, a.n_kv, S, 1, k0 + kKT, k1, h, skip);
+  if (a.write_kv) {   // q, k and v of this step come from the kernel before
+    pdl_wait();
+    pdl_trigger();
+  }
 
   const float* qkv = a.qkv + (size_t)t * a.qkv_stride;
   const float2* rope = a.rope + (size_t)pos * (D / 2);
@@ -228,48 +292,257 @@ __global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
     a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2] = S.m[tid];
     a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2 + 1] = S.l[tid];
   }
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) S.last = atomicAdd(&a.counters[t * a.n_kv + h], 1) == n_used - 1;
-  __syncthreads();
-  if (!S.last) return;
-  __threadfence();
-  for (int i = tid; i < G * n_used; i += kAttnThreads) {
-    const int g = i / n_used, sp = i % n_used;
-    const size_t r = ph0 + (size_t)g * a.n_split + sp;
-    S.u.mg.w[g][sp] = __ldcg(a.part_ml + r * 2);
-    S.u.mg.l[g][sp] = __ldcg(a.part_ml + r * 2 + 1);
-  }
-  __syncthreads();
-  if (tid < G) {  // per head: split weights exp2(m_s - max) and 1 / sum(l_s * weight)
-    float mm = -CUDART_INF_F;
-    for (int sp = 0; sp < n_used; sp++) mm = fmaxf(mm, S.u.mg.w[tid][sp]);
-    float ll = 0.f;
-    for (int sp = 0; sp < n_used; sp++) {
-      const float f = exp2f(S.u.mg.w[tid][sp] - mm);  // every used split has >= 1 key: m is finite
-      S.u.mg.w[tid][sp] = f;
-      ll += S.u.mg.l[tid][sp] * f;
+  merge_last_split<D, kAttnThreads>(a, t, h, G, n_used, ph0, out, S.u.mg.w, S.u.mg.l, S.inv, S.last);
+}
+
+// ---- Batched decode attention on tensor cores (M sequences, one token each: kv_of / page_table_of / pos_of) ------
+// Grid and partials as attn_kernel: block (h, split, t) = KV head h of token t's sequence over the keys of one split.
+// At 32 rows the CUDA-core kernel above is bound by its shared-memory instructions (the score phase reads q for every
+// key, the P.V phase p for every key and head: ~1 TB/s of K/V at 577 keys, bench/NOTES.md "Session 15"), so here
+// the G query heads of the KV head are the rows of one m16 tile (rows G..15 zero) and the keys its columns:
+//   S = Q K^T: A = Q (ldmatrix.x4, kept in registers), B = a K tile (ldmatrix.x4 of [key][d] rows: B's "col" layout);
+//   O += P V:  A = the S fragments rounded to f16 (rows 8..15 are pads: zero), B = ldmatrix.x4.trans of [key][d] V rows;
+// online softmax per row in the log2 domain (q is scaled by log2(e)/sqrt(D)). A tile is one 16-key page of one KV
+// head (4 KB of K and 4 KB of V at D = 128), copied with cp.async into a ring of kBatchStages stages per warp; warp w
+// takes the block's tiles w, w + 4, ... with its own ring, softmax state and O, and the 4 warps' results are merged
+// in shared memory at the end. Shared-memory rows are D halves, their 16-byte chunks XOR-swizzled by row (chunk c of
+// row r at c ^ (r & 7)) so that ldmatrix's 8 rows of one chunk hit distinct banks.
+constexpr int kBatchKT = 16;       // keys per tile (= kPage: a tile is one page)
+constexpr int kBatchStages = 2;    // ring stages per warp
+static_assert(kBatchKT == kPage, "a batched-attention tile is one KV page");
+
+template <int D>
+struct BatchAttnSmem {
+  static constexpr int TILE_H = kBatchKT * D;   // halves of one K (or V) tile
+  static constexpr int LDQ = D + 8;             // q rows 16 B apart mod 128 B
+  union {
+    __half ring[kAttnWarps][kBatchStages][2][TILE_H];   // per warp and stage: K tile, V tile
+    float obuf[kAttnWarps][kMaxG][D];                     // the warps' O, scaled to the block's max
+    struct {
+      float w[kMaxG][kMaxSplits];
+      float l[kMaxG][kMaxSplits];
+    } mg;
+  } u;
+  __align__(16) __half q[16][LDQ];   // roped q of the G heads times log2(e)/sqrt(D), f16; rows G..15 zero
+  __align__(16) __half knew[D];      // this step's roped k and v (the cache row at pos)
+  __align__(16) __half vnew[D];
+  float wm[kAttnWarps][kMaxG], wl[kAttnWarps][kMaxG];
+  float inv[kMaxG];
+  int last;
+};
+
+// byte offset of 16-byte chunk c of row r in a swizzled [rows][D] f16 tile
+template <int D>
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+  return (uint32_t)(r * D + ((c ^ (r & 7)) << 3)) * 2u;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kAttnThreads) attn_batch_kernel(const AttnArgs a) {
+  constexpr int CPR = D / 8;                 // 16-byte chunks per row
+  constexpr int KS = D / 16, ND = D / 8;     // k-steps of S = Q K^T; n8 tiles of O
+  extern __shared__ __align__(128) unsigned char attn_smem[];
+  BatchAttnSmem<D>& S = *reinterpret_cast<BatchAttnSmem<D>*>(attn_smem);
+  const int h = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
+  const int G = a.n_heads / a.n_kv;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+  // positions, page tables and cache pointers were set before the step's first kernel (attn_kernel's comment): the
+  // first tiles are issued before the PDL wait
+  const int pos = a.pos_of[t];
+  const KvLayer kv = a.kv_of[t];
+  const int* pt = a.page_table_of[t];
+  const int n_keys = pos + 1;
+  const int kps = max(a.keys_per_split, ((n_keys + a.n_split - 1) / a.n_split + 31) / 32 * 32);   // as attn_kernel
+  const int n_used = (n_keys + kps - 1) / kps;
+  if (split >= n_used) return;
+  const int k0 = split * kps, k1 = min(n_keys, k0 + kps);
+  const int ntiles = (k1 - k0 + kBatchKT - 1) / kBatchKT;
+  const bool own = pos >= k0 && pos < k1;    // this block writes the cache row at pos
+  const size_t page_stride = (size_t)a.n_kv * kPage * D;   // elements per physical page
+
+  const uint32_t ring_u = smem_u32(&S.u.ring[warp][0][0][0]);
+  constexpr uint32_t kStageBytes = 2u * kBatchKT * D * 2u, kTileBytes = kBatchKT * D * 2u;
+  // the warp's j-th tile (block tile warp + 4 j) into stage j % kBatchStages; one commit group per call, empty or not
+  auto issue = [&](int j) {
+    const int tile = warp + kAttnWarps * j;
+    if (tile < ntiles) {
+      const int kt0 = k0 + tile * kBatchKT;
+      const size_t base = ((size_t)pt[kt0 / kPage] * page_stride) + (size_t)h * kPage * D;
+      const uint32_t st = ring_u + (uint32_t)(j % kBatchStages) * kStageBytes;
+#pragma unroll
+      for (int p = 0; p < kBatchKT * CPR / 32; p++) {
+        const int ci = lane + 32 * p, r = ci / CPR, c = ci % CPR;
+        const int key = kt0 + r;
+        if (key == pos) continue;            // this step's row: from knew / vnew below
+        const int bytes = key < k1 ? 16 : 0; // past the range: zeros (the page's unwritten rows are NaN-poisoned)
+        const size_t off = base + (size_t)r * D + c * 8;
+        cp_async16(st + swz<D>(r, c), kv.k + off, bytes);
+        cp_async16(st + kTileBytes + swz<D>(r, c), kv.v + off, bytes);
+      }
     }
-    S.inv[tid] = 1.f / ll;
+    cp_async_commit();
+  };
+  issue(0);
+  issue(1);
+  pdl_wait();   // q, k and v of this step come from the kernel before
+  pdl_trigger();
+
+  // q: roped, scaled, f16; rows past G zero. The owning block also writes rope(k), v into the cache row at pos.
+  const float* qkv = a.qkv + (size_t)t * a.qkv_stride;
+  const float2* rope = a.rope + (size_t)pos * (D / 2);
+  const float qscale = 1.4426950408889634f * rsqrtf((float)D);
+  for (int i = tid; i < 16 * (D / 2); i += kAttnThreads) {
+    const int r = i / (D / 2), d = i % (D / 2);
+    float y0 = 0.f, y1 = 0.f;
+    if (r < G) {
+      const float* qin = qkv + (h * G + r) * D;
+      const float2 cs = rope[d];
+      const float x0 = qin[d], x1 = qin[d + D / 2];
+      y0 = (x0 * cs.x - x1 * cs.y) * qscale;
+      y1 = (x1 * cs.x + x0 * cs.y) * qscale;
+    }
+    S.q[r][d] = __float2half_rn(y0);
+    S.q[r][d + D / 2] = __float2half_rn(y1);
+  }
+  if (own) {
+    const float* kin = qkv + a.n_heads * D + h * D;
+    const float* vin = qkv + (a.n_heads + a.n_kv) * D + h * D;
+    const size_t idx = (((size_t)pt[pos / kPage] * a.n_kv + h) * kPage + (pos % kPage)) * (size_t)D;
+    for (int i = tid; i < D / 2; i += kAttnThreads) {
+      const float2 cs = rope[i];
+      const float x0 = kin[i], x1 = kin[i + D / 2];
+      const __half k0h = __float2half_rn(x0 * cs.x - x1 * cs.y), k1h = __float2half_rn(x1 * cs.x + x0 * cs.y);
+      const __half v0h = __float2half_rn(vin[i]), v1h = __float2half_rn(vin[i + D / 2]);
+      kv.k[idx + i] = k0h; kv.k[idx + i + D / 2] = k1h;
+      kv.v[idx + i] = v0h; kv.v[idx + i + D / 2] = v1h;
+      S.knew[i] = k0h; S.knew[i + D / 2] = k1h;
+      S.vnew[i] = v0h; S.vnew[i + D / 2] = v1h;
+    }
+  }
+  __syncthreads();   // q, knew, vnew staged
+
+  uint32_t qf[KS][4];   // A fragments of Q, k-step ks: rows (lane & 7) + 8 ((lane >> 3) & 1), dims 16 ks + 8 (lane >> 4)
+  {
+    const uint32_t q_u = smem_u32(&S.q[0][0]);
+    const int qr = (lane & 7) + 8 * ((lane >> 3) & 1), qc = 8 * (lane >> 4);
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) ldmatrix_x4(qf[ks], q_u + 2u * (uint32_t)(qr * BatchAttnSmem<D>::LDQ + 16 * ks + qc));
+  }
+  float o[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_run = -CUDART_INF_F, l_run = 0.f;   // row g of the warp's keys (the quad's 4 lanes agree)
+  // ldmatrix lane roles: K (non-trans): matrix mi = lane >> 3 is (keys 8 (mi >> 1) .., chunk 2 ks + (mi & 1));
+  // V (trans): (keys 8 (mi & 1) .., chunk 2 dp + (mi >> 1))
+  const int mi = lane >> 3, mr = lane & 7;
+  const int k_row = mr + 8 * (mi >> 1), k_chunk = mi & 1;
+  const int v_row = mr + 8 * (mi & 1), v_chunk = mi >> 1;
+
+  const int my_tiles = ntiles > warp ? (ntiles - warp + kAttnWarps - 1) / kAttnWarps : 0;
+  for (int j = 0; j < my_tiles; j++) {
+    cp_async_wait<kBatchStages - 1>();
+    const int tile = warp + kAttnWarps * j, kt0 = k0 + tile * kBatchKT;
+    const uint32_t st = ring_u + (uint32_t)(j % kBatchStages) * kStageBytes;
+    if (own && pos >= kt0 && pos < kt0 + kBatchKT && lane < 2 * CPR) {   // this step's row from registers' copy
+      const int r = pos - kt0, c = lane % CPR;
+      const __half* src = lane < CPR ? S.knew : S.vnew;
+      const uint4 v = *reinterpret_cast<const uint4*>(src + c * 8);
+      const uint32_t dst = st + (lane < CPR ? 0u : kTileBytes) + swz<D>(r, c);
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                   : "memory");
+    }
+    __syncwarp();
+    // S = Q K^T: two n8 tiles (keys 0-7, 8-15)
+    float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      uint32_t b[4];
+      ldmatrix_x4(b, st + swz<D>(k_row, 2 * ks + k_chunk));
+      mma16816(sc[0], qf[ks], b[0], b[1]);
+      mma16816(sc[1], qf[ks], b[2], b[3]);
+    }
+    // online softmax of row g over the tile's keys kt0 + 8 n + 2 tq + e (keys >= k1: none)
+    float mx = -CUDART_INF_F;
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        if (kt0 + 8 * n + 2 * tq + e >= k1) sc[n][e] = -CUDART_INF_F;
+        mx = fmaxf(mx, sc[n][e]);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run, mx);            // finite: every tile has a key below k1
+    const float corr = exp2f(m_run - m_new);         // 0 on the warp's first tile
+    float p[2][2], ps = 0.f;
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        p[n][e] = exp2f(sc[n][e] - m_new);           // 0 for the keys set to -inf
+        ps += p[n][e];
+      }
+    ps += __shfl_xor_sync(0xffffffffu, ps, 1);
+    ps += __shfl_xor_sync(0xffffffffu, ps, 2);
+    l_run = l_run * corr + ps;
+    m_run = m_new;
+#pragma unroll
+    for (int n = 0; n < ND; n++) { o[n][0] *= corr; o[n][1] *= corr; }
+    // O += P V: A = P (rows 8..15 zero), one k-step of the tile's 16 keys
+    const uint32_t pa[4] = {h2_as_u32(__floats2half2_rn(p[0][0], p[0][1])), 0u,
+                            h2_as_u32(__floats2half2_rn(p[1][0], p[1][1])), 0u};
+#pragma unroll
+    for (int dp = 0; dp < D / 16; dp++) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, st + kTileBytes + swz<D>(v_row, 2 * dp + v_chunk));
+      mma16816(o[2 * dp], pa, b[0], b[1]);
+      mma16816(o[2 * dp + 1], pa, b[2], b[3]);
+    }
+    __syncwarp();   // every lane's ldmatrix of this stage is done before it is refilled
+    issue(j + kBatchStages);
+  }
+  cp_async_wait<0>();
+  // the 4 warps' (m, l, O) into the block's: O_w scaled by exp2(m_w - m) in shared memory, summed over warps
+  if (tq == 0 && g < G) { S.wm[warp][g] = m_run; S.wl[warp][g] = l_run; }
+  __syncthreads();   // every warp is done with its ring: obuf may overwrite it
+  if (g < G) {
+    float mb = -CUDART_INF_F;
+#pragma unroll
+    for (int w = 0; w < kAttnWarps; w++) mb = fmaxf(mb, S.wm[w][g]);
+    const float f = exp2f(m_run - mb);   // 0 for a warp without tiles (m_run = -inf)
+#pragma unroll
+    for (int n = 0; n < ND; n++) {
+      S.u.obuf[warp][g][8 * n + 2 * tq] = o[n][0] * f;
+      S.u.obuf[warp][g][8 * n + 2 * tq + 1] = o[n][1] * f;
+    }
   }
   __syncthreads();
-  // outputs as float4 over dims: (g, d4) pairs over the threads; 8 splits' partials loaded per batch
-  for (int i = tid; i < G * (D / 4); i += kAttnThreads) {
-    const int g = i / (D / 4), d4 = i % (D / 4);
-    const float4* po = reinterpret_cast<const float4*>(a.part_o + (ph0 + (size_t)g * a.n_split) * D) + d4;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
-    for (int sp = 0; sp < n_used; sp++) {
-      const float4 v = __ldcg(po + (size_t)sp * (D / 4));
-      const float w = S.u.mg.w[g][sp];
-      acc.x = fmaf(v.x, w, acc.x); acc.y = fmaf(v.y, w, acc.y); acc.z = fmaf(v.z, w, acc.z); acc.w = fmaf(v.w, w, acc.w);
-    }
-    const float inv = S.inv[g];
-    __half2* o2 = reinterpret_cast<__half2*>(out + g * D + d4 * 4);
-    o2[0] = __floats2half2_rn(acc.x * inv, acc.y * inv);
-    o2[1] = __floats2half2_rn(acc.z * inv, acc.w * inv);
+  if (tid < G) {   // the block's max and sum of head tid
+    float mb = -CUDART_INF_F;
+    for (int w = 0; w < kAttnWarps; w++) mb = fmaxf(mb, S.wm[w][tid]);
+    float lb = 0.f;
+    for (int w = 0; w < kAttnWarps; w++) lb += S.wl[w][tid] * exp2f(S.wm[w][tid] - mb);
+    S.wm[0][tid] = mb;   // read below only after the barrier; every warp's wm was read above
+    S.inv[tid] = lb;
   }
-  if (tid == 0) a.counters[t * a.n_kv + h] = 0;
+  __syncthreads();
+  __half* out = a.out + (size_t)t * a.n_heads * D + h * G * D;
+  const size_t ph0 = ((size_t)t * a.n_heads + h * G) * a.n_split;
+  for (int i = tid; i < G * D; i += kAttnThreads) {
+    const int hg = i / D, d = i % D;
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kAttnWarps; w++) v += S.u.obuf[w][hg][d];
+    if (n_used == 1) out[hg * D + d] = __float2half_rn(v / S.inv[hg]);
+    else a.part_o[(ph0 + (size_t)hg * a.n_split + split) * D + d] = v;
+  }
+  if (n_used == 1) return;
+  if (tid < G) {
+    a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2] = S.wm[0][tid];
+    a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2 + 1] = S.inv[tid];
+  }
+  __syncthreads();   // obuf read by every thread before mg overwrites it
+  merge_last_split<D, kAttnThreads>(a, t, h, G, n_used, ph0, out, S.u.mg.w, S.u.mg.l, S.inv, S.last);
 }
 
 // ---- Prefill attention (M > 1 query tokens, causal): attn_prefill_fa<Cfg> of attn_prefill.cuh (mma.sync, FlashAttention-2
@@ -332,6 +605,17 @@ int launch_prefill(const AttnArgs& a, cudaStream_t st) {
   return pf::launch_attn_prefill<C>(a, nsplit, st);
 }
 
+template <int D>
+int launch_batch(const AttnArgs& a, cudaStream_t st) {
+  constexpr size_t smem = sizeof(BatchAttnSmem<D>);
+  static const cudaError_t raised =
+      cudaFuncSetAttribute(attn_batch_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (raised != cudaSuccess)
+    return fail(cuda_status(raised), "attention: %zu bytes of shared memory: %s", smem, cudaGetErrorString(raised));
+  return launch_pdl("attn_batch_kernel", attn_batch_kernel<D>, dim3(a.n_kv, a.n_split, a.M), dim3(kAttnThreads), smem,
+                    st, a);
+}
+
 int attention(const AttnArgs& a, cudaStream_t st) {
   if (a.n_kv <= 0 || a.n_heads % a.n_kv || a.n_heads / a.n_kv > kMaxG)
     return fail(NQ_E_UNSUPPORTED, "attention: n_heads %d / n_kv %d (at most %d query heads per KV head)", a.n_heads, a.n_kv, kMaxG);
@@ -347,6 +631,8 @@ int attention(const AttnArgs& a, cudaStream_t st) {
   } else if (a.M > 1 && !(a.write_kv && a.kv_of && a.page_table_of)) {
     return fail(NQ_E_INVALID_ARG, "attention: a batched decode of %d sequences needs write_kv, kv_of, page_table_of", a.M);
   }
+  if (a.kv_of)   // a batched decode step (any number of rows): the tensor-core kernel
+    return a.D == 128 ? launch_batch<128>(a, st) : launch_batch<64>(a, st);
   const dim3 grid(a.n_kv, a.n_split, a.M);
   if (a.D == 128) return launch_pdl("attn_kernel", attn_kernel<128>, grid, dim3(kAttnThreads), 0, st, a);
   return launch_pdl("attn_kernel", attn_kernel<64>, grid, dim3(kAttnThreads), 0, st, a);

@@ -68,20 +68,6 @@ __device__ __forceinline__ float ex2(float x) {  // 2^x; ex2(-inf) = +0
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], uint32_t a) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-__device__ __forceinline__ void ldsm4t(uint32_t (&r)[4], uint32_t a) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) { return h2_as_u32(__floats2half2_rn(lo, hi)); }
 
 // ---- index math shared by the kernel and the CPU emulation (--case emulate) ------------------------------------
@@ -230,7 +216,7 @@ __global__ void __launch_bounds__(C::THREADS, NQ_PF_MINB(C)) attn_prefill_fa(con
   uint32_t qreg[C::QREG ? KS : 1][4];
   if constexpr (C::QREG) {
 #pragma unroll
-    for (int ks = 0; ks < KS; ks++) ldsm4(qreg[ks], qa_u + 2u * (ks * 16));
+    for (int ks = 0; ks < KS; ks++) ldmatrix_x4(qreg[ks], qa_u + 2u * (ks * 16));
   }
 
   int wmin, wmax, rpos[MT][2];
@@ -272,17 +258,17 @@ __global__ void __launch_bounds__(C::THREADS, NQ_PF_MINB(C)) attn_prefill_fa(con
 #pragma unroll
             for (int e = 0; e < 4; e++) qa[mt][e] = qreg[ks][e];
           } else {
-            ldsm4(qa[mt], qa_u + 2u * (mt * 16 * LD + ks * 16));
+            ldmatrix_x4(qa[mt], qa_u + 2u * (mt * 16 * LD + ks * 16));
           }
         }
 #pragma unroll
         for (int np = 0; np < NT / 2; np++) {
           uint32_t b[4];
-          ldsm4(b, st_u + k_lane + 2u * (np * 16 * LD + ks * 16));
+          ldmatrix_x4(b, st_u + k_lane + 2u * (np * 16 * LD + ks * 16));
 #pragma unroll
           for (int mt = 0; mt < MT; mt++) {
-            mma(sc[mt][2 * np], qa[mt], b[0], b[1]);
-            mma(sc[mt][2 * np + 1], qa[mt], b[2], b[3]);
+            mma16816(sc[mt][2 * np], qa[mt], b[0], b[1]);
+            mma16816(sc[mt][2 * np + 1], qa[mt], b[2], b[3]);
           }
         }
       }
@@ -344,11 +330,11 @@ __global__ void __launch_bounds__(C::THREADS, NQ_PF_MINB(C)) attn_prefill_fa(con
 #pragma unroll
         for (int dp = 0; dp < ND / 2; dp++) {
           uint32_t b[4];
-          ldsm4t(b, st_u + v_lane + 2u * (kk * 16 * LD + dp * 16));
+          ldmatrix_x4_trans(b, st_u + v_lane + 2u * (kk * 16 * LD + dp * 16));
 #pragma unroll
           for (int mt = 0; mt < MT; mt++) {
-            mma(o[mt][2 * dp], pa[mt], b[0], b[1]);
-            mma(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
+            mma16816(o[mt][2 * dp], pa[mt], b[0], b[1]);
+            mma16816(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
           }
         }
       }

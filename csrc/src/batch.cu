@@ -14,16 +14,15 @@ namespace nq {
 // for any n up to 16 (28 layers x 125 us, H200, bench/NOTES.md "Session 6"), so the GEMMs win from 3 rows on.
 constexpr int kGemvRowsMax = 2;
 
-// Attention blocks a batched step aims for: n_split = this / (KV heads x rows), at most the single-token decode's
-// count. Measured (H200, 7B, 577 keys, attn_bench.py --batch-rows, bench/NOTES.md "Session 10"): the best split
-// count fell as rows rose, 64 at 8 rows, 16 at 32 rows, 8-16 at 64 rows, each ~2,048 blocks; with the decode's 64
-// splits a 32-row step ran 8,192 blocks, most of them without keys (46.4 against 39.9 us a layer; 64 rows 83.4
-// against 69.9).
-constexpr int kBatchAttentionBlocks = 2048;
+// Attention blocks a batched step aims for, per SM: n_split = this x SMs / (KV heads x rows), at most the
+// single-token decode's count. attn_batch_kernel (attention.cu) holds ~71 KB of shared memory a block (D = 128), so 3
+// fit an SM: one wave of blocks, each streaming its keys through 4 warps' rings. (The CUDA-core kernel it replaced
+// here wanted ~2,048 blocks at any row count: bench/NOTES.md "Session 10".)
+constexpr int kBatchAttentionBlocksPerSm = 3;
 
 namespace {
 int batch_attention_splits(const Batch* b, int n) {
-  return std::max(1, std::min(b->n_split, kBatchAttentionBlocks / (b->m->cfg.n_kv_heads * n)));
+  return std::max(1, std::min(b->n_split, kBatchAttentionBlocksPerSm * b->sms / (b->m->cfg.n_kv_heads * n)));
 }
 
 void drop_graphs(Batch* b) {
@@ -37,7 +36,7 @@ Batch::~Batch() {
   if (st) cudaStreamSynchronize(st);
   drop_graphs(this);
   gemm_scratch_free(&gemm_ws);
-  void* dev[] = {d_tokens, d_pos, d_in, d_kv, d_pt, d_pos_of, d_next, d_samp, X, Xn, QKV, ATT, G, U, HM, logits, part_o,
+  void* dev[] = {d_tokens, d_pos, d_kv, d_pt, d_pos_of, d_next, d_samp, X, Xn, QKV, ATT, G, U, HM, logits, part_o,
                  part_ml, counters, d_rope};
   for (void* p : dev)
     if (p) cudaFree(p);
@@ -59,6 +58,11 @@ int batch_create(Model* m, int max_batch, Batch** out) {
   b->graphs.assign((size_t)max_batch + 1, nullptr);
   b->warm.assign((size_t)max_batch + 1, 0);
   b->n_split = std::max(1, std::min(128, 256 / c.n_kv_heads));   // as a session's decode at long contexts
+  {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&b->sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      b->sms = 132;
+  }
   const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_rows;
   const int Nq = c.n_heads * D, Nqkv = Nq + 2 * c.n_kv_heads * D;
   const size_t B = (size_t)max_batch;
@@ -66,7 +70,6 @@ int batch_create(Model* m, int max_batch, Batch** out) {
   if (e != cudaSuccess) return bail(fail(cuda_status(e), "cudaStreamCreate: %s", cudaGetErrorString(e)));
   int rc = NQ_OK;
   if ((rc = dalloc(&b->d_tokens, B, "batch tokens")) || (rc = dalloc(&b->d_pos, B, "batch positions")) ||
-      (rc = dalloc(&b->d_in, 3 * B, "batch staged inputs")) ||
       (rc = dalloc(&b->d_kv, (size_t)c.n_layers * B, "batch caches")) || (rc = dalloc(&b->d_pt, B, "batch page tables")) ||
       (rc = dalloc(&b->d_pos_of, B, "batch position pointers")) || (rc = dalloc(&b->d_next, B, "batch samples")) ||
       (rc = dalloc(&b->d_samp, B, "batch sampler arguments")) ||
@@ -81,6 +84,9 @@ int batch_create(Model* m, int max_batch, Batch** out) {
   if ((e = cudaMallocHost(&b->h_in, Batch::kSlots * 3 * B * sizeof(int32_t))) != cudaSuccess ||
       (e = cudaMallocHost(&b->h_out, Batch::kSlots * B * sizeof(int32_t))) != cudaSuccess)
     return bail(fail(cuda_status(e), "cudaMallocHost (batch staging): %s", cudaGetErrorString(e)));
+  if ((e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&b->h_in_dev), b->h_in, 0)) != cudaSuccess ||
+      (e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&b->h_out_dev), b->h_out, 0)) != cudaSuccess)
+    return bail(fail(cuda_status(e), "batch staging: no device address for pinned memory: %s", cudaGetErrorString(e)));
   for (cudaEvent_t& ev : b->done)
     if ((e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)) != cudaSuccess)
       return bail(fail(cuda_status(e), "cudaEventCreate (batch): %s", cudaGetErrorString(e)));
@@ -162,10 +168,11 @@ int batch_launch(Batch* b, Session* const* ss, const int32_t* tokens, const int3
     in[mb + i] = ss[i]->pos;
     in[2 * mb + i] = chained ? chain[i] : -1;
   }
-  NQ_CUDA(cudaMemcpyAsync(b->d_in, in, 3 * (size_t)mb * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  // the step's tokens and positions, read by a kernel from the pinned slot itself: before the graph, which starts
+  // from d_tokens / d_pos (a copy engine's HtoD ahead of the graph cost ~60 us of idle device a step: NOTES s15 §5)
+  NQ_TRY(take_batch_inputs(b->h_in_dev + (size_t)slot * 3 * mb, mb, b->d_next, b->d_tokens, b->d_pos, n, st));
   // the step, from the staged inputs to the samples in d_next (all of it stream-capturable)
   auto run = [&]() -> int {
-    NQ_TRY(take_batch_inputs(b->d_in, mb, b->d_next, b->d_tokens, b->d_pos, n, st));
     NQ_TRY(embed_rows(m.embed, m.embed_dtype, b->d_tokens, n, H, b->X, st));
     const bool rows = n <= kGemvRowsMax;   // the decode GEMVs, one launch per token row (module comment)
     for (int l = 0; l < c.n_layers; l++) {
@@ -262,9 +269,8 @@ int batch_launch(Batch* b, Session* const* ss, const int32_t* tokens, const int3
     if (e != cudaSuccess) rc = fail(cuda_status(e), "batched decode logits: %s", cudaGetErrorString(e));
   }
   if (rc == NQ_OK) {
-    cudaError_t e = cudaMemcpyAsync(b->h_out + (size_t)slot * mb, b->d_next, n * sizeof(int32_t),
-                                    cudaMemcpyDeviceToHost, st);
-    if (e == cudaSuccess) e = cudaEventRecord(b->done[slot], st);
+    rc = publish_samples(b->d_next, b->h_out_dev + (size_t)slot * mb, n, st);
+    cudaError_t e = rc == NQ_OK ? cudaEventRecord(b->done[slot], st) : cudaSuccess;
     if (e != cudaSuccess) rc = fail(cuda_status(e), "batched decode samples: %s", cudaGetErrorString(e));
   }
   if (rc != NQ_OK) {   // nothing is in flight for the caller: let what was enqueued finish

@@ -9,6 +9,7 @@ namespace nq {
 struct Batch {
   Model* m = nullptr;
   int max_batch = 0;
+  int sms = 132;                   // the GPU's SMs (batch_attention_splits)
   int n_split = 1;                 // most attention splits per (token, KV head); a step of n rows uses batch.cu batch_attention_splits
   cudaStream_t st = nullptr;
   // a step's inputs, and per sequence where its state lives
@@ -20,12 +21,14 @@ struct Batch {
   int32_t* d_next = nullptr;       // [max_batch] sampled tokens
   SampleArgs* d_samp = nullptr;    // [max_batch] each sequence's sampler arguments (its logits row, its session's
                                    // settings and counter, its d_next slot)
-  // a step's inputs and outputs, staged: slot k of h_in goes to d_in before the step (take_batch_inputs reads it
-  // there), the step's samples go from d_next to slot k of h_out after it; one slot per step in flight
+  // a step's inputs and outputs, staged in pinned host memory that the kernels read and write in place (no copy
+  // engine between steps): take_batch_inputs reads slot k of h_in before the step's graph, publish_samples writes
+  // the step's samples from d_next into slot k of h_out after it; one slot per step in flight
   static constexpr int kSlots = 2;
-  int32_t* d_in = nullptr;         // [3][max_batch] tokens, positions, chain (take_batch_inputs)
-  int32_t* h_in = nullptr;         // pinned [kSlots][3][max_batch]
+  int32_t* h_in = nullptr;         // pinned [kSlots][3][max_batch] tokens, positions, chain
   int32_t* h_out = nullptr;        // pinned [kSlots][max_batch]
+  int32_t* h_in_dev = nullptr;     // the device's addresses of h_in and h_out
+  int32_t* h_out_dev = nullptr;
   cudaEvent_t done[kSlots] = {};   // recorded once a step's samples are in its h_out slot
   struct Flight {                  // a launched step not yet waited
     int slot, n;

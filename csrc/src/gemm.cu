@@ -254,7 +254,7 @@ int gemm_multi(const LinW* W, float* const* C, const float* const* bias, int n, 
     return W[0].zeros ? gemm_int4_launch<true>(g, W, n, A, lda, M, ldc, add, st, ws, count_tiles)
                       : gemm_int4_launch<false>(g, W, n, A, lda, M, ldc, add, st, ws, count_tiles);
   const int tiles = count_tiles(BN);
-  if (W[0].type == WT_F16) return launch_gemm<WT_F16>(g, tiles, A, lda, M, ldc, add, st);
+  if (W[0].type == WT_F16) return launch_gemm_f16(g, tiles, A, lda, M, ldc, add, st);
   if (W[0].type == WT_BF16) return launch_gemm<WT_BF16>(g, tiles, A, lda, M, ldc, add, st);
   return fail(NQ_E_UNSUPPORTED, "gemm: weight type %d", W[0].type);
 }

@@ -54,16 +54,6 @@ constexpr int kFragChunkK = frag::kStepK * frag::kChunkSteps;   // 128
 __host__ __device__ inline int frag_a_stride(int nk) { return frag::kStepK * nk + 8; }
 __host__ __device__ inline int frag_mt(int M) { return M <= 16 ? 1 : M <= 32 ? 2 : 4; }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// ldmatrix.x4 of the m16 x k16 A tile: lane l gives the address of row (l & 7) + 8 ((l >> 3) & 1), k 8 (l >> 4), so
-// matrices 0..3 are (tokens 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) = a0..a3 of mma.m16n8k16
-__device__ __forceinline__ void frag_ldmatrix_x4(uint32_t (&a)[4], uint32_t saddr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-               : "r"(saddr)
-               : "memory");
-}
-#endif
 
 // MT: 16-token m-tiles (M <= 16 MT); NSV: scale vectors a chunk (128 / group, at least 1). Grid (column blocks, S);
 // launched as clusters (1, S, 1) where S > 1. Dynamic shared memory: frag_smem(MT, KC, S).
@@ -161,9 +151,9 @@ __global__ void __launch_bounds__(kFragThreads) gemm_int4_frag(const GemmGroup g
 #pragma unroll
         for (int m = 0; m < MT; m++) {
           uint32_t af[4];
-          frag_ldmatrix_x4(af, a_chunk + 2u * (uint32_t)(16 * m * lds + frag::kStepK * u));
+          ldmatrix_x4(af, a_chunk + 2u * (uint32_t)(16 * m * lds + frag::kStepK * u));
 #pragma unroll
-          for (int j = 0; j < 8; j++) mma16816(acc[m][j], af[0], af[1], af[2], af[3], b[j][0], b[j][1]);
+          for (int j = 0; j < 8; j++) mma16816(acc[m][j], af, b[j][0], b[j][1]);
         }
       }
     }

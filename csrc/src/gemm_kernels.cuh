@@ -169,6 +169,125 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmGroup g, c
   }
 }
 
+// gemm_f16_kernel: gemm_kernel's tiles, warps and wmma for f16 weights, fed by a kF16Stages-deep cp.async ring
+// (4 stages: 111 KB, 2 blocks an SM)
+// (A and W tiles straight into shared memory, one barrier a k-step) instead of one tile in registers. The f16
+// lm_head of a batched step (M = 32 rows: 1.09 GB on the 7B) is a pure weight stream: gemm_kernel read it at
+// ~3.1 TB/s, its loads for tile k + 1 in flight only during tile k's MMAs (bench/NOTES.md "Session 15").
+// Rows past M or N and chunks past K are zero-filled by the copies (src-size 0), so K needs only K % 8 == 0.
+constexpr int kF16Stages = 4;
+constexpr int kF16StageH = (BM + BN) * LDS;                         // halves of one stage: A tile, then W tile
+constexpr int kF16Smem = kF16Stages * kF16StageH * 2 > kSmemC ? kF16Stages * kF16StageH * 2 : kSmemC;
+
+__global__ void __launch_bounds__(kGemmThreads) gemm_f16_kernel(const GemmGroup g, const __half* A, int lda, int M,
+                                                                int ldc, int add) {
+  extern __shared__ __align__(16) unsigned char gsm[];
+  __half* const ring = reinterpret_cast<__half*>(gsm);
+  float* Cs = reinterpret_cast<float*>(gsm);
+  const int bx = blockIdx.x;
+  const bool in1 = g.n > 1 && bx >= g.tiles0, in2 = g.n > 2 && bx >= g.tiles0 + g.tiles1;  // segment by tile
+  const LinW W = in2 ? g.s[2].W : in1 ? g.s[1].W : g.s[0].W;
+  float* const C = in2 ? g.s[2].C : in1 ? g.s[1].C : g.s[0].C;
+  const float* const bias = in2 ? g.s[2].bias : in1 ? g.s[1].bias : g.s[0].bias;
+  const int n0 = (bx - (in2 ? g.tiles0 + g.tiles1 : in1 ? g.tiles0 : 0)) * BN, m0 = blockIdx.y * BM;
+  const int warp = threadIdx.x >> 5, wm = warp >> 2, wn = warp & 3;  // 2 x 4 warps, 32 x 32 each
+  const __half* const Wh = reinterpret_cast<const __half*>(W.w);
+  const int nk = (W.K + BK - 1) / BK;
+  // tile kt into stage s: A 64 rows x 8 chunks (2 a thread), W 128 rows x 8 chunks (4 a thread); the caller commits
+  auto issue_a = [&](int kt, int s) {
+    if (kt >= nk) return;
+    const int k0 = kt * BK;
+    const uint32_t base = smem_u32(ring + s * kF16StageH);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      const int idx = threadIdx.x + i * kGemmThreads, row = idx >> 3, c = idx & 7;
+      const int m = m0 + row, k = k0 + c * 8;
+      const bool ok = m < M && k < W.K;
+      cp_async16(base + 2u * (row * LDS + c * 8), ok ? A + (size_t)m * lda + k : A, ok ? 16 : 0);
+    }
+  };
+  auto issue_w = [&](int kt, int s) {
+    if (kt >= nk) return;
+    const int k0 = kt * BK;
+    const uint32_t base = smem_u32(ring + s * kF16StageH);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int idx = threadIdx.x + i * kGemmThreads, row = idx >> 3, c = idx & 7;
+      const int n = n0 + row, k = k0 + c * 8;
+      const bool ok = n < W.N && k < W.K;
+      cp_async16(base + 2u * ((BM + row) * LDS + c * 8), ok ? Wh + (size_t)n * W.K + k : Wh, ok ? 16 : 0);
+    }
+  };
+  // the first stages' weights before the PDL wait (they do not depend on earlier kernels; A does). Commit groups:
+  // {W 0 .. S-2, A 0}, {A 1}, ..., then one {A, W} group per k-step, so waiting for all but the newest S-2 groups
+  // leaves tile kt complete.
+#pragma unroll
+  for (int s = 0; s < kF16Stages - 1; s++) issue_w(s, s);
+  pdl_wait();      // launched with PDL (launch.h)
+  pdl_trigger();
+#pragma unroll
+  for (int s = 0; s < kF16Stages - 1; s++) {
+    issue_a(s, s);
+    cp_async_commit();
+  }
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; i++)
+#pragma unroll
+    for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.f);
+  for (int kt = 0; kt < nk; kt++) {
+    cp_async_wait<kF16Stages - 2>();
+    __syncthreads();   // tile kt landed for every thread; every warp is done with the stage refilled below
+    issue_a(kt + kF16Stages - 1, (kt + kF16Stages - 1) % kF16Stages);
+    issue_w(kt + kF16Stages - 1, (kt + kF16Stages - 1) % kF16Stages);
+    cp_async_commit();
+    const __half* As = ring + (kt % kF16Stages) * kF16StageH;
+    const __half* Ws = As + BM * LDS;
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
+#pragma unroll
+      for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], As + (wm * 32 + i * 16) * LDS + kk, LDS);
+#pragma unroll
+      for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], Ws + (wn * 32 + j * 16) * LDS + kk, LDS);
+#pragma unroll
+      for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();   // the ring is free: C staging lies over it
+#pragma unroll
+  for (int i = 0; i < 2; i++)
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+      wmma::store_matrix_sync(Cs + (wm * 32 + i * 16) * (BN + 4) + wn * 32 + j * 16, acc[i][j], BN + 4,
+                              wmma::mem_row_major);
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < BM * BN; idx += kGemmThreads) {
+    const int r = idx / BN, c = idx % BN;
+    const int m = m0 + r, n = n0 + c;
+    if (m < M && n < W.N) {
+      float v = Cs[r * (BN + 4) + c] + (bias ? bias[n] : 0.f);
+      float* dst = C + (size_t)m * ldc + n;
+      if (add) v += *dst;
+      *dst = v;
+    }
+  }
+}
+
+inline int launch_gemm_f16(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add,
+                           cudaStream_t st) {
+  static const cudaError_t raised =
+      cudaFuncSetAttribute(gemm_f16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kF16Smem);
+  if (raised != cudaSuccess) return fail(cuda_status(raised), "gemm: f16 kernel shared memory: %s", cudaGetErrorString(raised));
+  dim3 grid(tiles, (M + BM - 1) / BM);
+  return launch_pdl("gemm_f16_kernel", gemm_f16_kernel, grid, dim3(kGemmThreads), kF16Smem, st, g, A, lda, M, ldc,
+                    add ? 1 : 0);
+}
+
 template <int WT>
 int launch_gemm(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add, cudaStream_t st) {
   static bool raised = false;

@@ -110,6 +110,7 @@ struct KvLayer {
   __half* v;
 };
 
+constexpr int kAttnMaxSplits = 128;   // attention splits per (token, KV head): bounds the merge's shared memory
 struct AttnArgs {
   const float* qkv;        // [M][qkv_stride] f32: q (n_heads*D), k (n_kv*D), v (n_kv*D), bias already added
   int qkv_stride;
@@ -148,11 +149,15 @@ int embed_token(const void* table, int dtype, const int32_t* d_token, int H, flo
 int advance_pos(int* pos, int n, cudaStream_t st);
 // *pos_of[i] = pos[i] + 1 for i < n (a batched decode step's sessions)
 int advance_positions(int* const* pos_of, const int* pos, int n, cudaStream_t st);
-// A batched step's inputs from its staging row `in` (int32 [3][stride]: tokens, positions, chain): for i < n,
+// A batched step's inputs from its staging row `in` (int32 [3][stride]: tokens, positions, chain; pinned host memory,
+// read uncached): for i < n,
 // tokens[i] = chain[i] >= 0 ? prev_next[chain[i]] (the token the previous step sampled for that row) : in tokens[i],
 // pos[i] = in positions[i]
 int take_batch_inputs(const int32_t* in, int stride, const int32_t* prev_next, int32_t* tokens, int* pos, int n,
                       cudaStream_t st);
+// host_out[i] = next[i] for i < n: a batched step's samples into pinned host memory (the device's address of it),
+// visible to the host once an event recorded after this launch has completed
+int publish_samples(const int32_t* next, int32_t* host_out, int n, cudaStream_t st);
 
 struct SampleArgs {
   const float* logits; int V;

@@ -54,13 +54,15 @@ int PrefillBuffers::alloc(const Model& m, int C) {
       (rc = dalloc(&Xn, (size_t)C * std::max(std::max(H, I), Nq), "Xn")) ||
       (rc = dalloc(&QKV, (size_t)C * Nqkv, "QKV")) || (rc = dalloc(&ATT, (size_t)C * Nq, "ATT")) ||
       (swiglu_scratch && (rc = dalloc(&G, (size_t)C * I, "G"))) ||
-      (swiglu_scratch && (rc = dalloc(&U, (size_t)C * I, "U"))) || (rc = dalloc(&HM, (size_t)C * I, "HM")))
+      (swiglu_scratch && (rc = dalloc(&U, (size_t)C * I, "U"))) || (rc = dalloc(&HM, (size_t)C * I, "HM")) ||
+      (rc = dalloc(&part_o, (size_t)kSplitPrefillRows * c.n_heads * c.head_dim, "prefill attention partials")) ||
+      (rc = dalloc(&part_ml, (size_t)kSplitPrefillRows * c.n_heads * 2, "prefill attention partials")))
     return rc;
   return NQ_OK;
 }
 
 void PrefillBuffers::free() {
-  void* dev[] = {d_tokens, X, Xn, QKV, ATT, G, U, HM};
+  void* dev[] = {d_tokens, X, Xn, QKV, ATT, G, U, HM, part_o, part_ml};
   for (void* p : dev)
     if (p) cudaFree(p);
   *this = PrefillBuffers{};
@@ -432,16 +434,16 @@ int session_sample_steered(Session* s, const int32_t* bias_ids, const float* bia
   return NQ_OK;
 }
 
-// The attention split count of a prefill chunk of M tokens whose last token sees n_keys keys: nsplit_decode / M
-// splits of the decode kernel where that gives at least kSplitPrefillMinSplits splits with keys, else 1 (the
+// The attention split count of a prefill chunk of M tokens whose last token sees n_keys keys: kSplitPrefillRows / M
+// splits (at most kAttnMaxSplits) of the decode kernel where that gives at least kSplitPrefillMinSplits splits with keys, else 1 (the
 // prefill kernel). attn_bench --few-tokens (bench/NOTES.md "Session 10" §6): the split path takes ~5 + 0.12 x
 // keys-per-split us a layer, the prefill kernel ~9 + 0.033 x keys whatever M <= 32; 2 used splits lost (577 keys,
 // M = 8: 37.5 against 28.3 us), 4 or more won everywhere measured.
 namespace {
 constexpr int kSplitPrefillMinSplits = 4;
-int split_prefill_count(int M, int n_keys, int nsplit_decode) {
+int split_prefill_count(int M, int n_keys) {
   if (M > kSplitPrefillMaxTokens) return 1;
-  const int ns = std::max(1, nsplit_decode / M);
+  const int ns = std::max(1, std::min(kAttnMaxSplits, kSplitPrefillRows / M));
   const int kps = std::max(32, ((n_keys + ns - 1) / ns + 31) / 32 * 32);   // as attn_kernel derives it
   return (n_keys + kps - 1) / kps >= kSplitPrefillMinSplits ? ns : 1;
 }
@@ -502,13 +504,13 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
         aa.kv = s->kv[l]; aa.page_table = s->d_page_table; aa.rope = s->d_rope;
         aa.n_heads = c.n_heads; aa.n_kv = c.n_kv_heads; aa.D = D;
         // up to kSplitPrefillMaxTokens tokens (a prefix-cache hit's suffix, a short prompt, a long prompt's last
-        // chunk, the tail's last token): the decode kernel, keys split over nsplit_decode / Mr blocks per (token, KV
-        // head), partials in the decode buffers (Mr x n_split <= nsplit_decode rows); more: the prefill kernel
-        // (tensor cores, no splits)
+        // chunk, the tail's last token): the decode kernel, keys split over kSplitPrefillRows / Mr blocks per (token,
+        // KV head), partials in the prefill buffers' (Mr x n_split <= kSplitPrefillRows rows); more: the prefill
+        // kernel (tensor cores, no splits)
         aa.keys_per_split = 32; aa.write_kv = false;
-        aa.n_split = split_prefill_count(Mr, s->pos + M, s->nsplit_decode);
+        aa.n_split = split_prefill_count(Mr, s->pos + M);
         aa.max_keys = s->pos + M;
-        aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters;
+        aa.part_o = s->pre.part_o; aa.part_ml = s->pre.part_ml; aa.counters = s->counters;
         aa.out = tail ? s->att : s->pre.ATT;
         NQ_TRY(attention(aa, st));
         if (tail) {

@@ -18,6 +18,10 @@ struct PrefillBuffers {
   float* G = nullptr;            // [C][I] (null where every layer's gate / up pair is ORDER_FRAG_PAIR: unused there)
   float* U = nullptr;            // [C][I] (as G)
   __half* HM = nullptr;          // [C][I]
+  // attention partials of a chunk of at most kSplitPrefillMaxTokens tokens with the keys split (session_prefill):
+  // [kSplitPrefillRows][n_heads][D] and [kSplitPrefillRows][n_heads][2], M x n_split rows
+  float* part_o = nullptr;
+  float* part_ml = nullptr;
   // NQ_OK, or the dalloc failure (what was allocated stays for free()); G and U only where m's SwiGLU needs them
   int alloc(const Model& m, int C);
   void free();
@@ -46,6 +50,10 @@ struct KvPool {
 // prefix-cache hit's few new tokens after 2,000 cached ones ran 4 blocks per layer on a 132-SM GPU. 16: two such
 // blocks per KV head, where the prefill kernel's tensor cores start to pay (bench/NOTES.md "Session 10").
 constexpr int kSplitPrefillMaxTokens = 16;
+// Rows of the prefill's attention partials (PrefillBuffers::part_o): M tokens take min(128, kSplitPrefillRows / M)
+// splits, so a prefix-cache hit's 5 tokens after 2,000 cached ones read 64 keys a block, not the 192 the decode
+// buffers' 64 rows allowed (bench/NOTES.md "Session 14" §3). 3.7 MB for the 7B.
+constexpr int kSplitPrefillRows = 256;
 
 struct Session {
   Model* m = nullptr;
@@ -75,7 +83,7 @@ struct Session {
   __half* att = nullptr;         // [n_heads * D]
   __half* hmlp = nullptr;        // [I]
   float* logits = nullptr;       // [V]
-  float* part_o = nullptr;       // attention partials [nsplit_decode][n_heads][D] (M x n_split rows of a prefill)
+  float* part_o = nullptr;       // decode attention partials [nsplit_decode][n_heads][D]
   float* part_ml = nullptr;
   int* counters = nullptr;       // [kSplitPrefillMaxTokens][n_kv]
   int kps_decode = 32, nsplit_decode = 1;  // decode attention split (csrc/src/attention.cu)

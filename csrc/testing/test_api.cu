@@ -222,6 +222,29 @@ int nq_test_gemm_int4(const uint32_t* qweight, const uint16_t* scales, const uin
   return NQ_OK;
 }
 
+int nq_test_gemm_dense(const uint16_t* w, int32_t dtype, int32_t N, int32_t K, const float* A, int32_t M, int32_t add,
+                       float* C) {
+  if (!w || !A || !C || N <= 0 || K <= 0 || M <= 0) return fail(NQ_E_INVALID_ARG, "nq_test_gemm_dense: bad argument");
+  if (dtype != WT_F16 && dtype != WT_BF16) return fail(NQ_E_INVALID_ARG, "dtype %d (1 = f16, 2 = bf16)", dtype);
+  DBuf dw, da, dc;
+  NQ_TRY(dw.put(w, (size_t)N * K * 2));
+  LinW W;
+  W.w = dw.as<uint8_t>(); W.N = N; W.K = K; W.type = dtype;
+  std::vector<__half> ah((size_t)M * K);
+  for (size_t i = 0; i < ah.size(); i++) ah[i] = __float2half_rn(A[i]);
+  NQ_TRY(da.put(ah.data(), ah.size() * 2));
+  if (add) {
+    NQ_TRY(dc.put(C, (size_t)M * N * 4));
+  } else {
+    NQ_TRY(dc.alloc((size_t)M * N * 4));
+    NQ_TRY(dc.poison((size_t)M * N * 4));
+  }
+  NQ_TRY(gemm(W, da.as<__half>(), K, M, dc.as<float>(), N, nullptr, add != 0, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  NQ_CUDA(cudaMemcpy(C, dc.p, (size_t)M * N * 4, cudaMemcpyDeviceToHost));
+  return NQ_OK;
+}
+
 int nq_test_sample(const float* logits, int32_t V, const nq_sampling* sp, uint64_t counter, int32_t* out) {
   if (!logits || !sp || !out || V <= 0) return fail(NQ_E_INVALID_ARG, "nq_test_sample: bad argument");
   DBuf dl, dp, dc, dt;
@@ -266,6 +289,93 @@ int nq_test_attention(const float* q, const float* k, const float* v, int32_t n_
   NQ_CUDA(cudaMemcpy(cnt.data(), b.counters.p, (size_t)n_kv * 4, cudaMemcpyDeviceToHost));
   for (int h = 0; h < n_kv; h++)
     if (cnt[h] != 0) return fail(NQ_E_CUDA, "attention left counter %d at %d", h, cnt[h]);
+  return NQ_OK;
+}
+
+int nq_test_attention_batch(const float* q, const float* k, const float* v, const int32_t* n_pos, int32_t R,
+                            int32_t P, int32_t n_heads, int32_t n_kv, int32_t head_dim, int32_t n_split, float* out) {
+  if (!q || !k || !v || !n_pos || !out || R <= 0 || P <= 0 || n_kv <= 0 || n_heads <= 0 || n_heads % n_kv ||
+      n_split <= 0)
+    return fail(NQ_E_INVALID_ARG, "nq_test_attention_batch: bad argument");
+  for (int r = 0; r < R; r++)
+    if (n_pos[r] < 1 || n_pos[r] > P) return fail(NQ_E_INVALID_ARG, "nq_test_attention_batch: n_pos[%d] = %d", r, n_pos[r]);
+  const int D = head_dim, pp = (P + kPage - 1) / kPage, pages = R * pp;
+  const int Nq = n_heads * D, Nkv = n_kv * D, stride = Nq + 2 * Nkv;
+  const size_t page_elems = (size_t)n_kv * kPage * D;
+  // one pool: sequence r owns pages r, r + R, r + 2R, ... in reversed order (interleaved with the others'), every
+  // element NaN until written; rows 0 .. n_pos[r] - 2 hold k / v, the kernel writes row n_pos[r] - 1
+  const __half nan_h = __ushort_as_half((unsigned short)0xFFFF);
+  std::vector<__half> hk((size_t)pages * page_elems, nan_h), hv(hk.size(), nan_h);
+  std::vector<int> hpt((size_t)R * pp);
+  for (int r = 0; r < R; r++)
+    for (int i = 0; i < pp; i++) hpt[(size_t)r * pp + i] = (pp - 1 - i) * R + r;
+  std::vector<float> qkv((size_t)R * stride);
+  for (int r = 0; r < R; r++) {
+    const int pos = n_pos[r] - 1;
+    const float* kr = k + (size_t)r * P * Nkv;
+    const float* vr = v + (size_t)r * P * Nkv;
+    for (int j = 0; j < pos; j++)
+      for (int h = 0; h < n_kv; h++)
+        for (int d = 0; d < D; d++) {
+          const size_t idx = ((size_t)hpt[(size_t)r * pp + j / kPage] * n_kv + h) * kPage * D + (size_t)(j % kPage) * D + d;
+          hk[idx] = __float2half_rn(kr[((size_t)j * n_kv + h) * D + d]);
+          hv[idx] = __float2half_rn(vr[((size_t)j * n_kv + h) * D + d]);
+        }
+    float* row = qkv.data() + (size_t)r * stride;
+    std::memcpy(row, q + (size_t)r * Nq, Nq * 4);
+    std::memcpy(row + Nq, kr + (size_t)pos * Nkv, Nkv * 4);
+    std::memcpy(row + Nq + Nkv, vr + (size_t)pos * Nkv, Nkv * 4);
+  }
+  DBuf bk, bv, bqkv, bpt, bpts, bpos, bkvof, brope, bpo, bpm, bcnt, bout;
+  NQ_TRY(bk.put(hk.data(), hk.size() * 2));
+  NQ_TRY(bv.put(hv.data(), hv.size() * 2));
+  NQ_TRY(bqkv.put(qkv.data(), qkv.size() * 4));
+  NQ_TRY(bpt.put(hpt.data(), hpt.size() * 4));
+  std::vector<const int*> hpts(R);
+  std::vector<KvLayer> hkv(R, KvLayer{bk.as<__half>(), bv.as<__half>()});
+  std::vector<int> hpos(R);
+  for (int r = 0; r < R; r++) hpts[r] = bpt.as<int>() + (size_t)r * pp, hpos[r] = n_pos[r] - 1;
+  NQ_TRY(bpts.put(hpts.data(), R * sizeof(int*)));
+  NQ_TRY(bkvof.put(hkv.data(), R * sizeof(KvLayer)));
+  NQ_TRY(bpos.put(hpos.data(), R * 4));
+  std::vector<float2> rope((size_t)P * (D / 2), make_float2(1.f, 0.f));   // q / k given roped: identity
+  NQ_TRY(brope.put(rope.data(), rope.size() * sizeof(float2)));
+  NQ_TRY(bpo.alloc((size_t)R * n_heads * n_split * D * 4));
+  NQ_TRY(bpo.poison((size_t)R * n_heads * n_split * D * 4));
+  NQ_TRY(bpm.alloc((size_t)R * n_heads * n_split * 2 * 4));
+  NQ_TRY(bpm.poison((size_t)R * n_heads * n_split * 2 * 4));
+  NQ_TRY(bcnt.alloc((size_t)R * n_kv * 4));
+  NQ_CUDA(cudaMemset(bcnt.p, 0, (size_t)R * n_kv * 4));
+  NQ_TRY(bout.alloc((size_t)R * Nq * 2));
+  NQ_TRY(bout.poison((size_t)R * Nq * 2));
+  AttnArgs a;   // as batch.cu sets it for its step
+  a.qkv = bqkv.as<float>(); a.qkv_stride = stride; a.M = R; a.pos0 = bpos.as<int>(); a.rope = brope.as<float2>();
+  a.n_heads = n_heads; a.n_kv = n_kv; a.D = D; a.keys_per_split = 32; a.n_split = n_split; a.write_kv = true;
+  a.part_o = bpo.as<float>(); a.part_ml = bpm.as<float>(); a.counters = bcnt.as<int>(); a.out = bout.as<__half>();
+  a.pos_of = bpos.as<int>(); a.kv_of = bkvof.as<KvLayer>(); a.page_table_of = bpts.as<const int*>();
+  NQ_TRY(attention(a, 0));
+  NQ_CUDA(cudaDeviceSynchronize());
+  std::vector<__half> ho((size_t)R * Nq);
+  NQ_CUDA(cudaMemcpy(ho.data(), bout.p, ho.size() * 2, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < ho.size(); i++) out[i] = __half2float(ho[i]);
+  std::vector<int> cnt((size_t)R * n_kv);
+  NQ_CUDA(cudaMemcpy(cnt.data(), bcnt.p, cnt.size() * 4, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < cnt.size(); i++)
+    if (cnt[i] != 0) return fail(NQ_E_CUDA, "attention left counter %zu at %d", i, cnt[i]);
+  // the new rows: rope(k) (identity here) and v, rounded to f16, at each sequence's position
+  NQ_CUDA(cudaMemcpy(hk.data(), bk.p, hk.size() * 2, cudaMemcpyDeviceToHost));
+  NQ_CUDA(cudaMemcpy(hv.data(), bv.p, hv.size() * 2, cudaMemcpyDeviceToHost));
+  for (int r = 0; r < R; r++) {
+    const int pos = n_pos[r] - 1;
+    for (int h = 0; h < n_kv; h++)
+      for (int d = 0; d < D; d++) {
+        const size_t idx = ((size_t)hpt[(size_t)r * pp + pos / kPage] * n_kv + h) * kPage * D + (size_t)(pos % kPage) * D + d;
+        const float* src = qkv.data() + (size_t)r * stride + Nq;
+        if (__half2float(hk[idx]) != __half2float(__float2half_rn(src[h * D + d])) ||
+            __half2float(hv[idx]) != __half2float(__float2half_rn(src[Nkv + h * D + d])))
+          return fail(NQ_E_CUDA, "attention: sequence %d's new cache row (head %d, dim %d) was not written", r, h, d);
+      }
+  }
   return NQ_OK;
 }
 
