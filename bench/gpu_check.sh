@@ -3,8 +3,8 @@
 # and end-to-end benchmarks, compute-sanitizer; full logs under $OUT, a short table last.
 #   device: run(command="bash bench/gpu_check.sh [STEPS]", carry=[".whl", "nanoqwen_rt/lib", "build/lib"])
 #   (nanoqwen_rt/lib: the product library; build/lib: the testing library the kernel tests and benches load)
-# STEPS: comma list of sass,tests,kbench,frag,abench,bench,long,base,ncu,sanitize,hf7b,asym (default: all but abench, long,
-# base and asym; ncu, long and base need bench; long: the bench at 2K, 8K and 32K-token prompts; base: the bench again
+# STEPS: comma list of sass,tests,kbench,frag,lmhead,abench,bench,long,base,ncu,sanitize,hf7b,asym (default: all but
+# lmhead, abench, long, base and asym; ncu, long and base need bench; long: the bench at 2K, 8K and 32K-token prompts; base: the bench again
 # with an earlier tree carried in .base/, see the step; asym: int4g layout 2 against layout 1, see the step).
 # The kernels that lost are timed by csrc/dev programs: `make -C csrc/dev` then build/dev/<name>.
 # Wheels for packages the image lacks (crc32c, ...) are read from .whl/ (README "Notes" of the device tool).
@@ -71,6 +71,13 @@ if has frag; then   # the INT4 fragment order against the file order per 7B laye
   note "frag bench rc=$?"; grep -E "^gemv|^gemm" "$LOG/frag_bench.log" | tee -a "$summary"
   save
 fi
+if has lmhead; then   # csrc/dev/lm_head_f16: the f16 lm_head at 1-64 rows, the product's kernel against W fragments
+  # loaded straight into the mma (NOTES "Session 15: the final review"); built here (nvcc is on the device image)
+  make -C csrc/dev "$PWD/build/dev/lm_head_f16" > "$LOG/lmhead_build.log" 2>&1 && \
+    timeout 240 build/dev/lm_head_f16 > "$LOG/lmhead.log" 2>&1
+  note "lm_head dev program rc=$?"; grep -E "ceiling|FAIL|^  " "$LOG/lmhead.log" | tee -a "$summary"
+  save
+fi
 if has abench; then
   # the few-token prefill chunks both ways (kernel crossover), decode at two contexts, prefill at 512 tokens
   timeout 240 python3 bench/attn_bench.py --few-tokens 2 5 8 16 32 --batch-contexts 577 2048 --contexts 577 2048 \
@@ -114,7 +121,7 @@ if has bench; then
   # bench's hit), of the 32-row batched step (where TTFT and the step go) and of single-stream decode steps (per
   # step), the decode graph of Engine.generate; "log name:arguments"
   for prof in "prefill:prefill --tokens 512" "hit:prefill --tokens 5 --after 2000" "batch:batch --n 32" \
-              "decode:decode --tokens 512 --steps 16"; do
+              "engine:engine --n 32 --tokens 512 --steps 16" "decode:decode --tokens 512 --steps 16"; do
     name=${prof%%:*}; args=${prof#*:}
     timeout 90 python3 bench/profile_kernels.py /tmp/q7b.nanoqwen $args 2>&1 | grep -v -i warn > "$LOG/prof_$name.log"
     note "profile ($args) rc=$?"; head -14 "$LOG/prof_$name.log" | tee -a "$summary"
