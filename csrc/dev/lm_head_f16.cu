@@ -117,10 +117,12 @@ __global__ void __launch_bounds__(kRegsThreads) lm_head_regs(const __half* __res
 #pragma unroll
       for (int h = 0; h < 2; h++) {
         const int m = 16 * mt + g + 8 * h;
-        if (m < M && n + 1 < N) {
+        if (m >= M) continue;
+        if (n + 1 < N && N % 2 == 0) {        // 8-byte aligned: n is even
           *reinterpret_cast<float2*>(C + (size_t)m * N + n) = make_float2(acc[mt][j][2 * h], acc[mt][j][2 * h + 1]);
-        } else if (m < M && n < N) {
-          C[(size_t)m * N + n] = acc[mt][j][2 * h];
+        } else {
+          if (n < N) C[(size_t)m * N + n] = acc[mt][j][2 * h];
+          if (n + 1 < N) C[(size_t)m * N + n + 1] = acc[mt][j][2 * h + 1];
         }
       }
     }
