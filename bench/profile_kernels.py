@@ -51,9 +51,9 @@ def main() -> int:
     from nanoqwen_rt.backends.cuda import CudaBackend
     from nanoqwen_rt.backends.cuda.abi import check
 
-    ctx = max(a.tokens, 64) + 16 + (a.steps + 8 if a.mode == "decode" else 0) + a.after
     if a.mode == "engine":
         return profile_engine_steps(a)
+    ctx = max(a.tokens, 64) + 16 + (a.steps + 8 if a.mode == "decode" else 0) + a.after
     be = CudaBackend(a.file, max_context=ctx)
     V = be.config.vocab_rows
     rng = np.random.default_rng(0)
@@ -142,6 +142,7 @@ def report(prof, a, wall: float) -> None:
               f"of it idle {idle / 1e3:.3f} ms; idle before:")
         for name, (cnt, us) in sorted(gaps.items(), key=lambda kv: -kv[1][1])[:8]:
             print(f"  {name[:44]:44s} {cnt:6d} gaps {us:9.1f} us  mean {us / cnt:6.2f}")
+
 
 def profile_engine_steps(a) -> int:
     """The engine mode: n streams through Engine.submit, every one decoding, then a.steps steady steps traced."""

@@ -267,10 +267,9 @@ def test_gemm_dense_vs_numpy(lib, dtype, M, N, K, add):
     A = rng.standard_normal((M, K)).astype(np.float32)
     C0 = rng.standard_normal((M, N)).astype(np.float32)
     C = C0.copy()
-    _U16P = ctypes.POINTER(ctypes.c_uint16)
-    from nq_testing_lib import check as _check
-    _check(lib, lib.nq_test_gemm_dense(np.ascontiguousarray(bits).ctypes.data_as(_U16P), dtype, N, K,
-                                       A.ctypes.data_as(_F32P), M, add, C.ctypes.data_as(_F32P)))
+    rc = lib.nq_test_gemm_dense(np.ascontiguousarray(bits).ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)), dtype, N,
+                                K, A.ctypes.data_as(_F32P), M, add, C.ctypes.data_as(_F32P))
+    assert rc == 0, lib.nq_last_error().decode()
     ref = A.astype(np.float16).astype(np.float64) @ Wref.T + (C0 if add else 0)
     assert np.isfinite(C).all()
     err = rel_err(C, ref)
