@@ -372,7 +372,7 @@ def test_attention_vs_numpy(lib, n_heads, n_kv, D, n_pos, kps):
     assert err < 2e-3, f"relative error {err:.2e}"
 
 
-# The batched decode step's attention kernel (attn_batch_kernel: tensor cores, one page of keys a tile): sequences of
+# The batched decode step's attention kernel (attn_decode_kernel: tensor cores, one page of keys a tile): sequences of
 # mixed lengths in one pool, the rows past each position NaN-poisoned, every split count the step may choose.
 @pytest.mark.parametrize("n_heads,n_kv,D", [(14, 2, 64), (12, 2, 128), (28, 4, 128), (40, 8, 128), (8, 8, 64)])
 @pytest.mark.parametrize("lens,n_split", [([1, 2, 16, 17, 33], 1), ([300, 1, 577, 64], 3), ([1000, 15, 2050], 16),

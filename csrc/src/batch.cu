@@ -15,7 +15,7 @@ namespace nq {
 constexpr int kGemvRowsMax = 2;
 
 // Attention blocks a batched step aims for, per SM: n_split = this x SMs / (KV heads x rows), at most the
-// single-token decode's count. attn_batch_kernel (attention.cu) holds ~71 KB of shared memory a block (D = 128), so 3
+// single-token decode's count. attn_decode_kernel (attention.cu) holds ~71 KB of shared memory a block (D = 128), so 3
 // fit an SM: one wave of blocks, each streaming its keys through 4 warps' rings. (The CUDA-core kernel it replaced
 // here wanted ~2,048 blocks at any row count: bench/NOTES.md "Session 10".)
 constexpr int kBatchAttentionBlocksPerSm = 3;

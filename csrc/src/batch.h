@@ -1,6 +1,6 @@
 // Batched decode: one token for each of up to max_batch sessions of one model in one forward pass. The linear
 // layers run as one GEMM over the n tokens (every weight is read once per step for all the sequences); attention
-// runs each token against its own session's cache at its own position (attn_kernel, grid z = n).
+// runs each token against its own session's cache at its own position (attn_decode_kernel, grid z = n).
 #pragma once
 #include "session.h"
 

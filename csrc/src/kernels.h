@@ -128,8 +128,9 @@ struct AttnArgs {
   float* part_ml;          // [M][n_heads][n_split][2]
   int* counters;           // [M][n_kv], zero before, left zero after
   __half* out;             // [M][n_heads*D]
-  // Batched decode: M sequences, one query token each, every one at its own position in its own cache (attn_kernel
-  // with grid z = M, write_kv). Device arrays [M]; null for one sequence (then *pos0 + t, kv and page_table).
+  // Batched decode: M sequences, one query token each, every one at its own position in its own cache (grid z = M,
+  // write_kv). Device arrays [M], all three or none; null for one sequence (then *pos0 + pos_offset + t, kv and
+  // page_table).
   const int* pos_of = nullptr;
   const KvLayer* kv_of = nullptr;            // this layer's cache of each sequence
   const int* const* page_table_of = nullptr;

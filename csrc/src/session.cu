@@ -444,7 +444,7 @@ constexpr int kSplitPrefillMinSplits = 4;
 int split_prefill_count(int M, int n_keys) {
   if (M > kSplitPrefillMaxTokens) return 1;
   const int ns = std::max(1, std::min(kAttnMaxSplits, kSplitPrefillRows / M));
-  const int kps = std::max(32, ((n_keys + ns - 1) / ns + 31) / 32 * 32);   // as attn_kernel derives it
+  const int kps = std::max(32, ((n_keys + ns - 1) / ns + 31) / 32 * 32);   // as attn_decode_kernel derives it
   return (n_keys + kps - 1) / kps >= kSplitPrefillMinSplits ? ns : 1;
 }
 }  // namespace
