@@ -159,6 +159,10 @@ int batch_launch(Batch* b, Session* const* ss, const int32_t* tokens, const int3
   // a session's own step (nq_decode returns once it is enqueued) finishes before this one reads its cache
   for (int i = 0; i < n; i++) NQ_CUDA(cudaStreamSynchronize(ss[i]->st));
   NQ_TRY(bind(b, ss, n));   // a changed set waits for the steps in flight (its uploads are from pageable memory)
+  // pages a pool just handed out are poisoned (kv_pool_poison, on the pool's stream) before this step writes them:
+  // a wait on the device, issued after the host synchronisations above and before the step's graph or its capture
+  for (int i = 0; i < n; i++)
+    if (ss[i]->pool && (i == 0 || ss[i]->pool != ss[i - 1]->pool)) NQ_TRY(kv_pool_wait_poison(ss[i]->pool, st));
   // stage the inputs in this step's slot (the slot's previous step has been waited: at most kSlots in flight)
   const int slot = b->next_slot, mb = b->max_batch;
   int32_t* in = b->h_in + (size_t)slot * 3 * mb;
