@@ -201,7 +201,7 @@ int batch_launch(Batch* b, Session* const* ss, const int32_t* tokens, const int3
       aa.qkv = b->QKV; aa.qkv_stride = Nqkv; aa.M = n; aa.pos0 = b->d_pos;
       aa.rope = b->d_rope;   // every sequence's cache and page table come from kv_of / page_table_of
       aa.n_heads = c.n_heads; aa.n_kv = c.n_kv_heads; aa.D = D;
-      aa.keys_per_split = 32; aa.n_split = batch_attention_splits(b, n); aa.write_kv = true;
+      aa.keys_per_split = kDecodeKeysPerSplit; aa.n_split = batch_attention_splits(b, n); aa.write_kv = true;
       aa.part_o = b->part_o; aa.part_ml = b->part_ml; aa.counters = b->counters; aa.out = b->ATT;
       aa.pos_of = b->d_pos; aa.kv_of = b->d_kv + (size_t)l * b->max_batch; aa.page_table_of = b->d_pt;
       NQ_TRY(attention(aa, st));

@@ -228,9 +228,10 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
     s->pre = pool->pre;
   }
   const int C = s->prefill_chunk;
-  // decode attention: up to min(128, 256 / n_kv) splits of at least 32 keys (prefill attention does not split)
-  s->kps_decode = 32;
-  s->nsplit_decode = std::max(1, std::min(std::min(128, 256 / c.n_kv_heads), (max_ctx + 31) / 32));
+  // decode attention: up to min(128, 256 / n_kv) splits of at least kDecodeKeysPerSplit keys (prefill attention
+  // does not split)
+  s->nsplit_decode = std::max(1, std::min(std::min(128, 256 / c.n_kv_heads),
+                                          (max_ctx + kDecodeKeysPerSplit - 1) / kDecodeKeysPerSplit));
   int rc = NQ_OK;
   {
     cudaError_t e = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking);
@@ -384,7 +385,7 @@ int enqueue_decode(Session* s) {
     aa.qkv = s->qkv; aa.qkv_stride = Nq + 2 * c.n_kv_heads * D; aa.M = 1; aa.pos0 = s->d_pos;
     aa.kv = s->kv[l]; aa.page_table = s->d_page_table; aa.rope = s->d_rope;
     aa.n_heads = c.n_heads; aa.n_kv = c.n_kv_heads; aa.D = D;
-    aa.keys_per_split = s->kps_decode; aa.n_split = s->nsplit_decode; aa.write_kv = true;
+    aa.keys_per_split = kDecodeKeysPerSplit; aa.n_split = s->nsplit_decode; aa.write_kv = true;
     aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters; aa.out = s->att;
     NQ_TRY(attention(aa, st));
     NQ_TRY(decode_o_mlp(s, L, st));

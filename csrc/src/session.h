@@ -89,7 +89,7 @@ struct Session {
   float* part_o = nullptr;       // decode attention partials [nsplit_decode][n_heads][D]
   float* part_ml = nullptr;
   int* counters = nullptr;       // [kSplitPrefillMaxTokens][n_kv]
-  int kps_decode = 32, nsplit_decode = 1;  // decode attention split (csrc/src/attention.cu)
+  int nsplit_decode = 1;         // decode attention splits (csrc/src/attention.cu)
   // prefill activations, chunk of up to prefill_chunk tokens
   int prefill_chunk = NQ_PREFILL_CHUNK_TOKENS;
   int32_t* h_tokens = nullptr;   // pinned staging [prefill_chunk]
