@@ -390,15 +390,9 @@ template <int D>
 int launch_prefill(const AttnArgs& a, cudaStream_t st) {
   if (a.max_keys < kPrefillLongKeys) return pf::launch_attn_prefill<PrefillShort<D>>(a, 1, st);
   using C = PrefillLong<D>;
-  static const int sms = [] {
-    int dev = 0, n = 132;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      n = 132;
-    return n;
-  }();
   const int G = a.n_heads / a.n_kv, TQ = C::ROWS / G;
   const int blocks = a.n_kv * ((a.M + TQ - 1) / TQ);
-  const int nsplit = pf::prefill_clusters_ok<C>() ? pf::prefill_splits(blocks, sms) : 1;
+  const int nsplit = pf::prefill_clusters_ok<C>() ? pf::prefill_splits(blocks, device_sms()) : 1;
   return pf::launch_attn_prefill<C>(a, nsplit, st);
 }
 

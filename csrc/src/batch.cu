@@ -4,6 +4,7 @@
 // per sequence with its session's settings (one launch), and every session's position + 1. For n <= kGemvRowsMax the linear
 // layers run the decode GEMVs per token row instead of the GEMMs (same order of operations, fused the decode way).
 #include "batch.h"
+#include "launch.h"
 #include <algorithm>
 #include <cstring>
 
@@ -22,7 +23,7 @@ constexpr int kBatchAttentionBlocksPerSm = 3;
 
 namespace {
 int batch_attention_splits(const Batch* b, int n) {
-  return std::max(1, std::min(b->n_split, kBatchAttentionBlocksPerSm * b->sms / (b->m->cfg.n_kv_heads * n)));
+  return std::max(1, std::min(b->n_split, kBatchAttentionBlocksPerSm * device_sms() / (b->m->cfg.n_kv_heads * n)));
 }
 
 void drop_graphs(Batch* b) {
@@ -58,11 +59,6 @@ int batch_create(Model* m, int max_batch, Batch** out) {
   b->graphs.assign((size_t)max_batch + 1, nullptr);
   b->warm.assign((size_t)max_batch + 1, 0);
   b->n_split = std::max(1, std::min(128, 256 / c.n_kv_heads));   // as a session's decode at long contexts
-  {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&b->sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      b->sms = 132;
-  }
   const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_rows;
   const int Nq = c.n_heads * D, Nqkv = Nq + 2 * c.n_kv_heads * D;
   const size_t B = (size_t)max_batch;

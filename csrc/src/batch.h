@@ -9,7 +9,6 @@ namespace nq {
 struct Batch {
   Model* m = nullptr;
   int max_batch = 0;
-  int sms = 132;                   // the GPU's SMs (batch_attention_splits)
   int n_split = 1;                 // most attention splits per (token, KV head); a step of n rows uses batch.cu batch_attention_splits
   cudaStream_t st = nullptr;
   // a step's inputs, and per sequence where its state lives
