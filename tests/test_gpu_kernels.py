@@ -478,6 +478,26 @@ def test_sampler_greedy_is_argmax_lowest_index(lib):
             assert _sample(lib, x, 0.0, 0, 1.0, 0, 0) == i, (V, i, j)
 
 
+def test_sampler_merges_the_argmax_of_many_blocks(lib):
+    """A row's argmax is split over up to 32 blocks (misc.cu sample_block) and merged on a 64-bit key (the value's
+    order key, then ~index): ties between the first and the last block's slices, rows with no number (token 0), and
+    all-negative rows, where the maximum recovered from the key offsets the draw's exponentials (a wrong one
+    overflows them: a tiny top_p or top_k 1 must still keep the argmax alone)."""
+    rng = np.random.default_rng()
+    V = QWEN25_SHAPES["7B"].vocab
+    for bad in (np.nan, -np.inf):
+        assert _sample(lib, np.full(V, bad, dtype=np.float32), 0.0, 0, 1.0, 0, 0) == 0
+    x = rng.standard_normal(V).astype(np.float32)
+    x[3] = x[V - 2] = x.max() + 1.0
+    assert _sample(lib, x, 0.0, 0, 1.0, 0, 0) == 3
+    x = (-np.abs(rng.standard_normal(V)) * 4 - 60.0).astype(np.float32)   # every logit negative, far from 0
+    top = int(np.argmax(x))
+    assert _sample(lib, x, 0.0, 0, 1.0, 0, 0) == top
+    for c in range(4):
+        assert _sample(lib, x, 1.0, 1, 1.0, 5, c) == top
+        assert _sample(lib, x, 0.3, 0, 1e-6, 5, c) == top
+
+
 def test_sampler_filters(lib):
     rng = np.random.default_rng()
     V = QWEN25_SHAPES["7B"].vocab
