@@ -478,11 +478,10 @@ def test_sampler_greedy_is_argmax_lowest_index(lib):
             assert _sample(lib, x, 0.0, 0, 1.0, 0, 0) == i, (V, i, j)
 
 
-def test_sampler_merges_the_argmax_of_many_blocks(lib):
-    """A row's argmax is split over up to 32 blocks (misc.cu sample_block) and merged on a 64-bit key (the value's
-    order key, then ~index): ties between the first and the last block's slices, rows with no number (token 0), and
-    all-negative rows, where the maximum recovered from the key offsets the draw's exponentials (a wrong one
-    overflows them: a tiny top_p or top_k 1 must still keep the argmax alone)."""
+def test_sampler_edge_rows(lib):
+    """Rows with no number (token 0), a tie between the row's ends (the lower index), and an all-negative row, where
+    the maximum offsets the draw's exponentials (a wrong one overflows them: a tiny top_p or top_k 1 must still keep
+    the argmax alone)."""
     rng = np.random.default_rng()
     V = QWEN25_SHAPES["7B"].vocab
     for bad in (np.nan, -np.inf):

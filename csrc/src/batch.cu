@@ -37,7 +37,7 @@ Batch::~Batch() {
   if (st) cudaStreamSynchronize(st);
   drop_graphs(this);
   gemm_scratch_free(&gemm_ws);
-  void* dev[] = {d_tokens, d_pos, d_kv, d_pt, d_pos_of, d_next, d_samp, d_merge, X, Xn, QKV, ATT, G, U, HM, logits, part_o,
+  void* dev[] = {d_tokens, d_pos, d_kv, d_pt, d_pos_of, d_next, d_samp, X, Xn, QKV, ATT, G, U, HM, logits, part_o,
                  part_ml, counters, d_rope};
   for (void* p : dev)
     if (p) cudaFree(p);
@@ -68,7 +68,7 @@ int batch_create(Model* m, int max_batch, Batch** out) {
   if ((rc = dalloc(&b->d_tokens, B, "batch tokens")) || (rc = dalloc(&b->d_pos, B, "batch positions")) ||
       (rc = dalloc(&b->d_kv, (size_t)c.n_layers * B, "batch caches")) || (rc = dalloc(&b->d_pt, B, "batch page tables")) ||
       (rc = dalloc(&b->d_pos_of, B, "batch position pointers")) || (rc = dalloc(&b->d_next, B, "batch samples")) ||
-      (rc = dalloc(&b->d_samp, B, "batch sampler arguments")) || (rc = dalloc(&b->d_merge, 2 * B, "batch sampler merge")) ||
+      (rc = dalloc(&b->d_samp, B, "batch sampler arguments")) ||
       (rc = dalloc(&b->X, B * H, "batch X")) || (rc = dalloc(&b->Xn, B * H, "batch Xn")) ||
       (rc = dalloc(&b->QKV, B * Nqkv, "batch QKV")) || (rc = dalloc(&b->ATT, B * Nq, "batch ATT")) ||
       (rc = dalloc(&b->G, B * I, "batch G")) || (rc = dalloc(&b->U, B * I, "batch U")) ||
@@ -87,7 +87,6 @@ int batch_create(Model* m, int max_batch, Batch** out) {
     if ((e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)) != cudaSuccess)
       return bail(fail(cuda_status(e), "cudaEventCreate (batch): %s", cudaGetErrorString(e)));
   if ((e = cudaMemsetAsync(b->counters, 0, B * c.n_kv_heads * sizeof(int), b->st)) != cudaSuccess ||
-      (e = cudaMemsetAsync(b->d_merge, 0, 2 * B * sizeof(unsigned long long), b->st)) != cudaSuccess ||
       (e = cudaStreamSynchronize(b->st)) != cudaSuccess)
     return bail(fail(cuda_status(e), "batch init: %s", cudaGetErrorString(e)));
   *out = b;
@@ -132,7 +131,7 @@ int bind(Batch* b, Session* const* ss, int n) {
     SampleArgs& sa = samp[i];
     sa.logits = b->logits + (size_t)i * V; sa.V = V;
     sa.params = ss[i]->d_samp; sa.counter = ss[i]->d_counter;
-    sa.token_out = b->d_next + i; sa.host_ring = nullptr; sa.ring_size = 0; sa.merge = b->d_merge + 2 * i;
+    sa.token_out = b->d_next + i; sa.host_ring = nullptr; sa.ring_size = 0;
   }
   NQ_CUDA(cudaMemcpyAsync(b->d_kv, kv.data(), kv.size() * sizeof(KvLayer), cudaMemcpyHostToDevice, b->st));
   NQ_CUDA(cudaMemcpyAsync(b->d_pt, pt.data(), n * sizeof(const int*), cudaMemcpyHostToDevice, b->st));

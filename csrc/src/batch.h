@@ -20,7 +20,6 @@ struct Batch {
   int32_t* d_next = nullptr;       // [max_batch] sampled tokens
   SampleArgs* d_samp = nullptr;    // [max_batch] each sequence's sampler arguments (its logits row, its session's
                                    // settings and counter, its d_next slot)
-  unsigned long long* d_merge = nullptr;  // [max_batch][2] the rows' sampler argmax merges (SampleArgs::merge), zero
   // a step's inputs and outputs, staged in pinned host memory that the kernels read and write in place (no copy
   // engine between steps): take_batch_inputs reads slot k of h_in before the step's graph, publish_samples writes
   // the step's samples from d_next into slot k of h_out after it; one slot per step in flight

@@ -173,8 +173,6 @@ struct SampleArgs {
   unsigned long long* counter;   // device: draws so far (incremented)
   int32_t* token_out;            // device: sampled token
   int32_t* host_ring; int ring_size;  // mapped host ring (may be null): ring[(*counter) % ring_size] = token
-  unsigned long long* merge = nullptr;   // device [2], zero before, left zero after: the blocks' argmax merge
-                                         // (misc.cu); null: one block reads the row
 };
 int sample(const SampleArgs& a, cudaStream_t st);
 // n draws in one launch, block i with d_args[i] (device array; batched decode)

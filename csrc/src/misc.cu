@@ -3,7 +3,6 @@
 #include "device_util.cuh"
 #include "launch.h"
 #include <math_constants.h>
-#include <algorithm>
 #include <climits>
 
 namespace nq {
@@ -112,56 +111,40 @@ __device__ __forceinline__ unsigned long long splitmix64(unsigned long long z) {
   return z ^ (z >> 31);
 }
 
-// The argmax of a row is split over the blocks of a launch (grid y = parts): each reduces its slice of the row to
-// (value, index) and folds it into the row's merge words with atomicMax on a 64-bit key (the value's order key, then
-// ~index: a larger value wins, ties go to the lowest index, as in one block), and the last block of the row to arrive
-// (a counter, as attention's split merge) takes the result and finishes the draw. One block reading a 0.6 MB row
-// (the 7B's vocabulary) is bound by its loads in flight: 68 us a 32-row step with 32 of 132 SMs busy (bench/NOTES.md
-// "Session 16" §2).
-constexpr int kSampleMaxParts = 32;
-
-__device__ __forceinline__ unsigned long long argmax_key(float v, int i) {   // 0: no number in the slice
-  return i == INT_MAX ? 0ull : ((unsigned long long)fkey(v) << 32) | (uint32_t)~(uint32_t)i;
-}
-
-// One launch's block (row a, part blockIdx.y of gridDim.y) of one draw from a.logits (all kSampleThreads threads of
-// the block call it). Only the row's last block past the argmax goes on to the draw.
+// One block draws one token from a.logits (all kSampleThreads threads of the block call it).
 __device__ __forceinline__ void sample_block(const SampleArgs& a) {
   __shared__ float red[32];
   __shared__ float s_val[32];
   __shared__ int s_idx[32];
   __shared__ int s_tok;
   __shared__ float s_max;
-  __shared__ bool s_last;
   __shared__ float s_scan[kSampleThreads];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const float* L = a.logits;
   const int V = a.V;
-  // 1. argmax of this block's slice, lowest index on ties (NaN never wins); its value is the maximum, the offset of
-  // the exponentials below. 16-byte loads where the row allows, 4 in flight per thread. Each thread sees its indices
-  // in increasing order, so the strict comparison keeps its lowest tied index; the reductions break ties by index.
-  const int parts = gridDim.y, part = blockIdx.y;
-  const bool vec = V % 4 == 0 && reinterpret_cast<uintptr_t>(L) % 16 == 0;
-  const int per = ((V + parts - 1) / parts + 3) / 4 * 4;   // the slice: a multiple of 4 elements
-  const int p0 = min(V, part * per), p1 = min(V, p0 + per);
+  const float temperature = a.params->temperature, top_p = a.params->top_p;
+  const int top_k = a.params->top_k;
+  const unsigned long long seed = a.params->seed;
+  // 1. argmax, lowest index on ties (NaN never wins); its value is the maximum, the offset of the exponentials below.
+  // One pass over the row in 16-byte loads where the row allows (4 in flight per thread): a row is 0.6 MB on the 7B and
+  // one block reads it, so loads in flight set its time. Each thread sees its indices in increasing order, so the strict
+  // comparison keeps its lowest tied index; the reduction breaks ties by index.
   float best = -CUDART_INF_F;
   int bi = INT_MAX;
-  if (vec) {
-    const float4* L4 = reinterpret_cast<const float4*>(L);
+  const int nv = (V % 4 == 0 && reinterpret_cast<uintptr_t>(L) % 16 == 0) ? V / 4 : 0;
+  const float4* L4 = reinterpret_cast<const float4*>(L);
 #pragma unroll 4
-    for (int j = p0 / 4 + tid; j < p1 / 4; j += kSampleThreads) {
-      const float4 q = L4[j];
-      const int i = 4 * j;
-      if (q.x > best) { best = q.x; bi = i; }
-      if (q.y > best) { best = q.y; bi = i + 1; }
-      if (q.z > best) { best = q.z; bi = i + 2; }
-      if (q.w > best) { best = q.w; bi = i + 3; }
-    }
-  } else {
-    for (int i = p0 + tid; i < p1; i += kSampleThreads) {
-      const float v = L[i];
-      if (v > best) { best = v; bi = i; }
-    }
+  for (int j = tid; j < nv; j += kSampleThreads) {
+    const float4 q = L4[j];
+    const int i = 4 * j;
+    if (q.x > best) { best = q.x; bi = i; }
+    if (q.y > best) { best = q.y; bi = i + 1; }
+    if (q.z > best) { best = q.z; bi = i + 2; }
+    if (q.w > best) { best = q.w; bi = i + 3; }
+  }
+  for (int i = 4 * nv + tid; i < V; i += kSampleThreads) {
+    const float v = L[i];
+    if (v > best) { best = v; bi = i; }
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -179,35 +162,9 @@ __device__ __forceinline__ void sample_block(const SampleArgs& a) {
       const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
       if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
     }
-    if (lane == 0) {
-      unsigned long long key = argmax_key(best, bi);
-      bool last = true;
-      if (parts > 1) {   // fold into the row's merge words; the last block to arrive takes the result and re-arms
-        atomicMax(&a.merge[0], key);
-        __threadfence();
-        last = atomicAdd(&a.merge[1], 1ull) == (unsigned long long)(parts - 1);
-        if (last) {
-          __threadfence();
-          key = atomicExch(&a.merge[0], 0ull);
-          a.merge[1] = 0ull;
-        }
-      }
-      s_last = last;
-      if (key == 0ull) {   // no logit is a number: token 0, maximum -inf
-        s_tok = 0;
-        s_max = -CUDART_INF_F;
-      } else {
-        const uint32_t k = (uint32_t)(key >> 32);
-        s_tok = (int)~(uint32_t)key;
-        s_max = __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);   // fkey's inverse
-      }
-    }
+    if (lane == 0) { s_tok = bi == INT_MAX ? 0 : bi; s_max = best; }
   }
   __syncthreads();
-  if (!s_last) return;   // uniform per block
-  const float temperature = a.params->temperature, top_p = a.params->top_p;
-  const int top_k = a.params->top_k;
-  const unsigned long long seed = a.params->seed;
   const float m_all = s_max;   // -inf when no logit is a number
   if (temperature > 0.f) {
     const float invT = 1.f / temperature;
@@ -341,14 +298,8 @@ int advance_pos(int* pos, int n, cudaStream_t st) {
 int advance_positions(int* const* pos_of, const int* pos, int n, cudaStream_t st) {
   return launch_pdl("advance_positions_kernel", advance_positions_kernel, dim3(1), dim3(128), 0, st, pos_of, pos, n);
 }
-namespace {
-// parts a row's argmax is split over: about two blocks an SM over the launch's rows, at most kSampleMaxParts
-int sample_parts(int rows) { return std::max(1, std::min(kSampleMaxParts, 2 * device_sms() / std::max(1, rows))); }
-}  // namespace
-
 int sample(const SampleArgs& a, cudaStream_t st) {
-  return launch_pdl("sample_kernel", sample_kernel, dim3(1, a.merge ? sample_parts(1) : 1), dim3(kSampleThreads), 0,
-                    st, a);
+  return launch_pdl("sample_kernel", sample_kernel, dim3(1), dim3(kSampleThreads), 0, st, a);
 }
 int take_batch_inputs(const int32_t* in, int stride, const int32_t* prev_next, int32_t* tokens, int* pos, int n,
                       cudaStream_t st) {
@@ -361,8 +312,7 @@ int publish_samples(const int32_t* next, int32_t* host_out, int n, cudaStream_t 
 }
 
 int sample_rows(const SampleArgs* d_args, int n, cudaStream_t st) {
-  return launch_pdl("sample_rows_kernel", sample_rows_kernel, dim3(n, sample_parts(n)), dim3(kSampleThreads), 0, st,
-                    d_args);
+  return launch_pdl("sample_rows_kernel", sample_rows_kernel, dim3(n), dim3(kSampleThreads), 0, st, d_args);
 }
 
 }  // namespace nq

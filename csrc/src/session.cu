@@ -18,7 +18,7 @@ Session::~Session() {
   if (decode_only_graph) cudaGraphDestroy(decode_only_graph);
   if (decode_sample) cudaGraphExecDestroy(decode_sample);
   if (decode_sample_graph) cudaGraphDestroy(decode_sample_graph);
-  void* dev[] = {d_pos, d_token, d_counter, d_merge, d_samp, d_page_table, d_rope, kv_base, x, qkv, att, hmlp, logits, part_o,
+  void* dev[] = {d_pos, d_token, d_counter, d_samp, d_page_table, d_rope, kv_base, x, qkv, att, hmlp, logits, part_o,
                  part_ml, counters, d_steer, d_counts, d_mask, d_bias_ids, d_bias_vals, d_lp_part_f, d_lp_part_i,
                  d_lp_out, d_lp_ids};
   for (void* p : dev)
@@ -241,7 +241,7 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
   // decode attention partials: [n_heads][nsplit_decode][D] (M = 1)
   const size_t part_rows = (size_t)s->nsplit_decode;
   if ((rc = dalloc(&s->d_pos, 1, "pos")) || (rc = dalloc(&s->d_token, 1, "token")) ||
-      (rc = dalloc(&s->d_counter, 1, "counter")) || (rc = dalloc(&s->d_merge, 2, "sampler merge")) || (rc = dalloc(&s->d_samp, 1, "sampling")) || (rc = dalloc(&s->d_page_table, s->max_pages, "page table")) ||
+      (rc = dalloc(&s->d_counter, 1, "counter")) || (rc = dalloc(&s->d_samp, 1, "sampling")) || (rc = dalloc(&s->d_page_table, s->max_pages, "page table")) ||
       (!pool && (rc = dalloc(&s->d_rope, (size_t)max_ctx * (D / 2), "rope table"))) ||
       (!pool && (rc = dalloc(&s->kv_base, kv_elems * 2 * c.n_layers, "KV cache"))) || (rc = dalloc(&s->x, H, "x")) ||
       (rc = dalloc(&s->qkv, Nqkv, "qkv")) || (rc = dalloc(&s->att, Nq, "att")) || (rc = dalloc(&s->hmlp, I, "hmlp")) ||
@@ -289,7 +289,7 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
       return fail_cuda(e, "rope upload");
   }
   if ((e = cudaMemset(s->counters, 0, (size_t)kSplitPrefillMaxTokens * c.n_kv_heads * 4))) return fail_cuda(e, "counters");
-  if ((e = cudaMemset(s->d_pos, 0, 4)) || (e = cudaMemset(s->d_token, 0, 4)) || (e = cudaMemset(s->d_counter, 0, 8)) || (e = cudaMemset(s->d_merge, 0, 16)) ||
+  if ((e = cudaMemset(s->d_pos, 0, 4)) || (e = cudaMemset(s->d_token, 0, 4)) || (e = cudaMemset(s->d_counter, 0, 8)) ||
       (e = cudaMemset(s->d_counts, 0, (size_t)V * sizeof(int))))
     return fail_cuda(e, "state init");
   if ((e = cudaMemcpy(s->d_samp, &s->samp, sizeof(nq_sampling), cudaMemcpyHostToDevice))) return fail_cuda(e, "sampling upload");
@@ -402,7 +402,6 @@ int enqueue_sample(Session* s) {
   a.logits = s->logits; a.V = s->m->cfg.vocab_rows;
   a.params = s->d_samp;
   a.counter = s->d_counter; a.token_out = s->d_token; a.host_ring = s->d_ring; a.ring_size = s->ring;
-  a.merge = s->d_merge;
   return sample(a, s->st);
 }
 
@@ -444,7 +443,7 @@ int session_sample_steered(Session* s, const int32_t* bias_ids, const float* bia
   NQ_TRY(steer_logits(a, st));
   SampleArgs sa;
   sa.logits = s->d_steer; sa.V = V; sa.params = s->d_samp; sa.counter = s->d_counter;
-  sa.token_out = s->d_token; sa.host_ring = nullptr; sa.ring_size = 0; sa.merge = s->d_merge;
+  sa.token_out = s->d_token; sa.host_ring = nullptr; sa.ring_size = 0;
   NQ_TRY(sample(sa, st));
   NQ_TRY(count_token(s->d_counts, s->d_token, st));
   float* h = s->h_steer_out;

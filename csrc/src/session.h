@@ -75,7 +75,6 @@ struct Session {
   int* d_pos = nullptr;          // position of the next token
   int32_t* d_token = nullptr;    // token the decode graph embeds (written by the sampler or the host)
   unsigned long long* d_counter = nullptr;  // sampler draws
-  unsigned long long* d_merge = nullptr;    // [2] the sampler's argmax merge (SampleArgs::merge), zero
   nq_sampling* d_samp = nullptr;            // sampling settings the sampler reads
   int* d_page_table = nullptr;   // [max_pages] logical -> physical page (identity for a cache of its own)
   float2* d_rope = nullptr;      // [max_ctx][D/2] (cos, sin)

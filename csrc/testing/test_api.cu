@@ -247,10 +247,8 @@ int nq_test_gemm_dense(const uint16_t* w, int32_t dtype, int32_t N, int32_t K, c
 
 int nq_test_sample(const float* logits, int32_t V, const nq_sampling* sp, uint64_t counter, int32_t* out) {
   if (!logits || !sp || !out || V <= 0) return fail(NQ_E_INVALID_ARG, "nq_test_sample: bad argument");
-  DBuf dl, dp, dc, dt, dm;
+  DBuf dl, dp, dc, dt;
   NQ_TRY(dl.put(logits, (size_t)V * 4));
-  const unsigned long long merge0[2] = {0, 0};
-  NQ_TRY(dm.put(merge0, sizeof(merge0)));
   NQ_TRY(dp.put(sp, sizeof(nq_sampling)));
   unsigned long long c = counter;
   NQ_TRY(dc.put(&c, 8));
@@ -258,7 +256,7 @@ int nq_test_sample(const float* logits, int32_t V, const nq_sampling* sp, uint64
   NQ_TRY(dt.poison(4));
   SampleArgs a;
   a.logits = dl.as<float>(); a.V = V; a.params = dp.as<nq_sampling>(); a.counter = dc.as<unsigned long long>();
-  a.token_out = dt.as<int32_t>(); a.host_ring = nullptr; a.ring_size = 1; a.merge = dm.as<unsigned long long>();
+  a.token_out = dt.as<int32_t>(); a.host_ring = nullptr; a.ring_size = 1;
   NQ_TRY(sample(a, 0));
   NQ_CUDA(cudaDeviceSynchronize());
   NQ_CUDA(cudaMemcpy(out, dt.p, 4, cudaMemcpyDeviceToHost));
