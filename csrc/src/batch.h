@@ -52,10 +52,10 @@ struct Batch {
   GemmScratch gemm_ws;             // split-K scratch of the step's GEMMs (this batch's stream only)
   float2* d_rope = nullptr;        // [rope_ctx][D/2] the rope table (a function of the position only: every session's
   int rope_ctx = 0;                // table is a prefix of the longest one), grown when a longer session is bound
-  // the step for n sequences captured as a graph: graphs[n] (null until n has run once uncaptured, which sets every
-  // launch's one-time state, warm[n], then captured at its second step). The graph reads its per-step inputs from
-  // the buffers above, so it does not depend on which sessions are bound; it is dropped when d_rope or the split-K
-  // scratch moves.
+  // the step for n sequences in slot k captured as a graph: graphs[k * (max_batch + 1) + n] (null until n has run
+  // once uncaptured, which sets every launch's one-time state, warm[n], then captured at its next step in slot k).
+  // The graph reads its per-step inputs from its slot and the buffers above, so it does not depend on which sessions
+  // are bound; it is dropped when d_rope or the split-K scratch moves.
   std::vector<cudaGraphExec_t> graphs;
   std::vector<char> warm;
   ~Batch();
