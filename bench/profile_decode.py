@@ -59,7 +59,7 @@ def summarize(csv_path: str) -> None:
     cnt["embed"] += 1
     while i < len(step):
         name, us = step[i]
-        if "gemv" in name and i + 1 < len(step) and "attn_kernel" in step[i + 1][0]:
+        if "gemv" in name and i + 1 < len(step) and "attn_decode_kernel" in step[i + 1][0]:
             for k, (n2, u2) in zip(kinds, step[i:i + 5]):
                 tot[k] += u2
                 cnt[k] += 1

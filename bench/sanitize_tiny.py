@@ -39,7 +39,7 @@ def main() -> int:
             g = list(be.generate_ids(ids, SamplingParams(temperature=0.0), 16))
             s = list(be.generate_ids(ids, SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=1), 16))
             print("greedy", g[:8], "sampled", s[:8])
-            # the batched step (attn_batch_kernel, the few-token GEMMs, the dense lm_head GEMM where it is f16):
+            # the batched step (attn_decode_kernel, the few-token GEMMs, the dense lm_head GEMM where it is f16):
             # 5 sessions at different positions, 3 steps (run as is, captured, replayed), then 2 pipelined steps
             import ctypes
             from nanoqwen_rt.backends.cuda.abi import check

@@ -36,6 +36,12 @@ How the backend computes a step: through its SequenceKv (Backend.sequence_kv). T
 sequences go in one forward_decode call: the CUDA backend runs them as ONE device step (nq_decode_batch: each weight
 read once for all of them, attention per sequence in its own cache), the CPU backend (the oracle) one sequence after
 another with the kernels of the single-sequence path over its pages. Prompt chunks run one sequence at a time.
+
+Poisoning. The pages the pool hands out are poisoned (SequenceKv.poison: NaN, so a read of a row nobody wrote shows)
+before the device work that writes them is launched: the decodes of a step in ONE call for all their new pages,
+just before their forward_decode / launch_decode (32 streams that cross a page boundary together make one
+nq_kv_pool_poison, not 32); a prompt chunk its own pages, just before it runs. A failed poison call fails the device
+call it precedes; a page stays with its sequence when that call fails, so nothing is poisoned twice for one hand-out.
 """
 from __future__ import annotations
 
@@ -222,11 +228,12 @@ class Scheduler:
     def _decode_all(self, seqs: list) -> int:
         """The last token of every sequence in `seqs` through ONE SequenceKv.forward_decode call, then each samples
         as in _run. Returns the tokens sampled. A sequence whose pages cannot grow ends with that error; a failure
-        of the shared step ends every sequence in it with the error (the others of the engine go on)."""
-        ready, p0s = [], []
+        of the shared step (its poison call included) ends every sequence in it with the error (the others of the
+        engine go on)."""
+        ready, p0s, fresh = [], [], []
         for s in seqs:
             try:
-                p0 = self._grow(s, (s.last,))
+                p0 = self._grow(s, (s.last,), fresh)
             except Exception as e:          # noqa: BLE001 (reported to this request's consumer)
                 s.fail(e)
                 continue
@@ -235,6 +242,7 @@ class Scheduler:
         if not ready:
             return 0
         try:
+            self._poison(fresh)
             drawn, logits = self.kv.forward_decode([s.pages for s in ready], p0s,
                                                    np.array([s.last for s in ready], dtype=np.int32))
         except Exception as e:              # noqa: BLE001 (reported to each request's consumer)
@@ -253,14 +261,19 @@ class Scheduler:
                 j += 1
         return n
 
-    def _grow(self, s: _Seq, ids) -> int:
-        """Record ids as s's next KV rows in the pool (pool.grow) and poison the pages that gives it; returns the
-        position of the first (raises what grow raises)."""
+    def _grow(self, s: _Seq, ids, fresh: list) -> int:
+        """Record ids as s's next KV rows in the pool (pool.grow) and add the pages that gives it to `fresh`, which
+        the caller poisons (_poison) before it launches the device work that writes them; returns the position of
+        the first (raises what grow raises)."""
         p0 = len(s.pages.tokens)
-        new = self.pool.grow(s.pages, ids)
-        if new:
-            self.kv.poison(new)
+        fresh.extend(self.pool.grow(s.pages, ids))
         return p0
+
+    def _poison(self, fresh: list) -> None:
+        """Poison the pages a step handed out, in ONE SequenceKv.poison call (CUDA: one nq_kv_pool_poison, which
+        returns without waiting; the device orders it before the steps that write them)."""
+        if fresh:
+            self.kv.poison(fresh)
 
     def _ends_with_next_token(self, s: _Seq) -> bool:
         """Whether s's next token is certain to be its last (max new tokens, or the context full): _deliver's test."""
@@ -270,13 +283,13 @@ class Scheduler:
         """Step 3 pipelined (module docstring): launch the next device step for `decoding` (every one drawn by the
         store), then wait for the step in flight and deliver its tokens. Returns the tokens delivered."""
         prev = {id(s): i for i, s in enumerate(self._flight)}
-        rows, p0s, toks, chain = [], [], [], []
+        rows, p0s, toks, chain, fresh = [], [], [], [], []
         for s in decoding:
             i = prev.get(id(s))
             if i is not None and self._ends_with_next_token(s):
                 continue                    # its row in flight yields its last token
             try:
-                p0 = self._grow(s, (s.last if i is None else -1,))    # -1: the draw of row i, patched in _land
+                p0 = self._grow(s, (s.last if i is None else -1,), fresh)   # -1: the draw of row i, patched in _land
             except Exception as e:          # noqa: BLE001 (reported to this request's consumer)
                 s.fail(e)
                 continue
@@ -286,6 +299,7 @@ class Scheduler:
             chain.append(-1 if i is None else i)
         if rows:
             try:
+                self._poison(fresh)
                 self.kv.launch_decode([s.pages for s in rows], p0s, np.array(toks, dtype=np.int32),
                                       np.array(chain, dtype=np.int32))
             except Exception as e:          # noqa: BLE001 (reported to each request's consumer)
@@ -329,7 +343,9 @@ class Scheduler:
         """Compute ids for s (a prompt chunk), then sample when the prompt is done. Returns 1 when a token was
         sampled. A backend failure ends this sequence with the error; the others go on."""
         try:
-            p0 = self._grow(s, ids)
+            fresh: list = []
+            p0 = self._grow(s, ids, fresh)
+            self._poison(fresh)
             if len(s.pages.tokens) < s.ids.shape[0]:     # more prompt to come: nobody reads these logits
                 self.kv.extend(s.pages, p0, ids)
                 out = None

@@ -528,6 +528,27 @@ def test_pooled_pages_are_poisoned_when_handed_out():
     assert lib.sessions[1]["pages"] == []
 
 
+def test_pages_taken_in_one_step_go_to_one_nq_kv_pool_poison_before_the_step():
+    """8 pooled sequences cross a page boundary in the same (pipelined) decode step: their 8 new pages reach the
+    library in ONE nq_kv_pool_poison call, made before the nq_decode_batch_launch that writes them (the fake draws
+    from a poisoned row fail the test), not one call per sequence."""
+    from nanoqwen_rt.scheduler import Scheduler
+    lib = _FakePoolLib()
+    sched = Scheduler(_fake_backend(lib), max_batch=8, kv_pages=32, lock=threading.Lock())
+    got: dict = {}
+    prompts = [[k + 1] * 15 for k in range(8)]            # positions 15 in page 0, 16 in a new page
+    for k, p in enumerate(prompts):
+        _submit(sched, p, 5, got, k)
+    _run(sched)
+    for k, p in enumerate(prompts):
+        assert got[k] == _expect(lib, p, 5)
+    poisons = [(i, c[1]) for i, c in enumerate(lib.calls) if isinstance(c, tuple)]
+    assert sorted(len(ps) for _, ps in poisons) == [1] * 8 + [8]      # each prompt's page, then the 8 in one call
+    i = next(i for i, ps in poisons if len(ps) == 8)
+    assert lib.calls[i + 1] == "decode_batch 8 logits 0"              # the step that writes them comes next
+    assert sorted(p for _, ps in poisons for p in ps) == list(range(16))   # every page handed out, once
+
+
 def test_set_pages_refusal_is_a_named_error():
     lib = _FakePoolLib()
     kv = cuda_backend.SessionKv(_fake_backend(lib), 4)

@@ -372,7 +372,7 @@ def test_attention_vs_numpy(lib, n_heads, n_kv, D, n_pos, kps):
     assert err < 2e-3, f"relative error {err:.2e}"
 
 
-# The batched decode step's attention kernel (attn_batch_kernel: tensor cores, one page of keys a tile): sequences of
+# The batched decode step's attention kernel (attn_decode_kernel: tensor cores, one page of keys a tile): sequences of
 # mixed lengths in one pool, the rows past each position NaN-poisoned, every split count the step may choose.
 @pytest.mark.parametrize("n_heads,n_kv,D", [(14, 2, 64), (12, 2, 128), (28, 4, 128), (40, 8, 128), (8, 8, 64)])
 @pytest.mark.parametrize("lens,n_split", [([1, 2, 16, 17, 33], 1), ([300, 1, 577, 64], 3), ([1000, 15, 2050], 16),
@@ -476,6 +476,25 @@ def test_sampler_greedy_is_argmax_lowest_index(lib):
             x[i] = x[j] = np.nanmax(x) + 1.0
             x[j - 1] = np.nan if j - 1 != i else x[j - 1]
             assert _sample(lib, x, 0.0, 0, 1.0, 0, 0) == i, (V, i, j)
+
+
+def test_sampler_edge_rows(lib):
+    """Rows with no number (token 0), a tie between the row's ends (the lower index), and an all-negative row, where
+    the maximum offsets the draw's exponentials (a wrong one overflows them: a tiny top_p or top_k 1 must still keep
+    the argmax alone)."""
+    rng = np.random.default_rng()
+    V = QWEN25_SHAPES["7B"].vocab
+    for bad in (np.nan, -np.inf):
+        assert _sample(lib, np.full(V, bad, dtype=np.float32), 0.0, 0, 1.0, 0, 0) == 0
+    x = rng.standard_normal(V).astype(np.float32)
+    x[3] = x[V - 2] = x.max() + 1.0
+    assert _sample(lib, x, 0.0, 0, 1.0, 0, 0) == 3
+    x = (-np.abs(rng.standard_normal(V)) * 4 - 60.0).astype(np.float32)   # every logit negative, far from 0
+    top = int(np.argmax(x))
+    assert _sample(lib, x, 0.0, 0, 1.0, 0, 0) == top
+    for c in range(4):
+        assert _sample(lib, x, 1.0, 1, 1.0, 5, c) == top
+        assert _sample(lib, x, 0.3, 0, 1e-6, 5, c) == top
 
 
 def test_sampler_filters(lib):

@@ -204,6 +204,55 @@ def test_pool_stress_arrivals_cancellations_and_hits(files):
         assert st.prefix_hit_tokens > 0 and finished > 50 and cancelled > 0
 
 
+def test_poisoning_more_pages_than_one_launch_carries(files):
+    """nq_kv_pool_poison of 199 pages (the ids go to the kernel by value, 64 a launch: 4 launches) fills every listed
+    page and no other, and though it returns without waiting, the fill comes before the next batched step and the
+    next step of a session of the pool: a decode that reads a poisoned page gives non-finite logits, one over the page
+    not listed stays finite."""
+    from nanoqwen_rt.backends.cuda import CudaBackend
+    from nanoqwen_rt.backends.cuda.abi import NqSampling, check
+    be = CudaBackend(files["qwen2-int4g64"], max_context=CTX)
+    kv = be.sequence_kv(200)
+    lib, V = be._lib, be.config.vocab_rows
+    made = []
+
+    def i32(a):
+        return a.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+
+    def session(pages, n_prompt):
+        sess = ctypes.c_void_p()
+        check(lib, "nq_session_create_pooled", be._model, kv._pool, CTX, ctypes.byref(NqSampling(0.0, 0, 1.0, 0)),
+              ctypes.byref(sess))
+        made.append(sess)
+        pg = np.ascontiguousarray(pages, dtype=np.int32)
+        check(lib, "nq_session_set_pages", sess, i32(pg), pg.shape[0], 0)
+        ids = np.arange(1, n_prompt + 1, dtype=np.int32)
+        check(lib, "nq_prefill", sess, i32(ids), n_prompt)
+        return sess
+
+    def logits(sess):
+        out = np.empty(V, dtype=np.float32)
+        check(lib, "nq_get_logits", sess, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), V)
+        return out
+
+    try:
+        a = session([150, 199], 20)          # positions 0..15 in page 150 (3rd launch), 16..19 in 199 (4th)
+        b = session([7], 10)                 # the page left out
+        c = session([120, 121], 18)
+        assert all(np.isfinite(logits(s)).all() for s in (a, b, c))
+        listed = np.array([p for p in range(200) if p != 7], dtype=np.int32)
+        check(lib, "nq_kv_pool_poison", kv._pool, i32(listed), listed.shape[0])
+        _, lg = be.decode_batch([a, b], np.array([3, 3], dtype=np.int32), n_logits=2)   # at once: no host wait
+        assert not np.isfinite(lg[0]).all(), "the batched step read page 150 before it was poisoned"
+        assert np.isfinite(lg[1]).all(), "an unlisted page was poisoned"
+        check(lib, "nq_decode", c, 3)        # a pooled session's own step
+        assert not np.isfinite(logits(c)).all(), "the session's step read page 120 before it was poisoned"
+    finally:
+        for s in made:
+            lib.nq_session_free(s)
+        be.close()
+
+
 def test_bad_page_tables_are_refused_by_name(files):
     from nanoqwen_rt.backends.base import ContextFull
     from nanoqwen_rt.backends.cuda import CudaBackend

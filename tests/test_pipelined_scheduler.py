@@ -293,3 +293,124 @@ def test_a_failing_device_step_ends_its_sequences_with_the_error(pipelined):
     assert b.error is None and got[1] == reference([4, 5], 6, ())
     sched.pool.check(live=[])
     assert sched.pool.reserved_pages == 0
+
+
+def _watch_pages(sched, kv, log: list, step: list) -> set:
+    """Wrap the scheduler's pool and store so that every page hand-out (pool.grow), poison call and write call is
+    checked as it happens: a call that writes rows (extend, forward_token, forward_decode, launch_decode) touches no
+    page handed out and not poisoned since, and a poison call lists each page once and only pages handed out and
+    not poisoned since (nothing is poisoned twice for one hand-out). log gets (step, "poison", pages) and (step,
+    name, n_rows) in call order; step[0] is the caller's step counter. Returns the set of pages handed out and not
+    poisoned yet."""
+    unpoisoned: set[int] = set()
+    grow = sched.pool.grow
+
+    def grow_watched(seq, ids):
+        new = grow(seq, ids)
+        assert not set(new) & unpoisoned
+        unpoisoned.update(new)
+        return new
+    sched.pool.grow = grow_watched
+    poison = kv.poison
+
+    def poison_watched(pages):
+        pages = [int(p) for p in pages]
+        assert len(set(pages)) == len(pages) and set(pages) <= unpoisoned, \
+            f"poisoned {pages}: listed twice, or not handed out since its last poisoning ({sorted(unpoisoned)})"
+        unpoisoned.difference_update(pages)
+        log.append((step[0], "poison", pages))
+        poison(pages)
+    kv.poison = poison_watched
+
+    def writes(name, inner, one_row_each):
+        def watched(*args):
+            rows = zip(args[0], args[1], [1] * len(args[0])) if one_row_each else [(args[0], args[1], len(args[2]))]
+            rows = list(rows)
+            for seq, p0, n in rows:
+                touched = {seq.pages[q // 16] for q in range(int(p0), int(p0) + n)}
+                assert not touched & unpoisoned, f"{name} writes pages {sorted(touched & unpoisoned)} not poisoned"
+            log.append((step[0], name, len(rows)))
+            return inner(*args)
+        setattr(kv, name, watched)
+    for name in ("extend", "forward_token"):
+        writes(name, getattr(kv, name), False)
+    for name in ("forward_decode", "launch_decode"):
+        writes(name, getattr(kv, name), True)
+    return unpoisoned
+
+
+@pytest.mark.parametrize("fails", [False, True])
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_a_step_poisons_all_its_new_pages_in_one_call_before_writing_them(pipelined, fails):
+    """12 sequences that decode in lockstep cross a page boundary in the same step: that step poisons the 12 new
+    pages in ONE SequenceKv.poison call, before the device call that writes them (nq_kv_pool_poison once, not 12
+    host-blocking calls). Every page handed out during the run is poisoned exactly once per hand-out before any
+    call writes it (_watch_pages checks each call). fails: the device call of the crossing step raises; its
+    sequences end with the error (their pages were poisoned once, and are not poisoned again until they are
+    handed out again: the two requests after them get them, poisoned once more, and yield their reference tokens)."""
+    class Boom(RuntimeError):
+        pass
+
+    n_seq, prompt_len, max_new = 12, 14, 10            # positions 14, 15 decode in page 0; 16 needs page 1
+    be = FakeBackend(pipelined, max_context=96, n_pages=40)
+    sched = Scheduler(be, max_batch=16, kv_pages=40, lock=threading.Lock())
+    kv = be.kv
+    name = "launch_decode" if pipelined else "forward_decode"
+    if fails:
+        inner, failed = getattr(kv, name), []
+
+        def failing(seqs, p0s, *rest):
+            if not failed and any(int(p0) == 16 for p0 in p0s):
+                failed.append(1)
+                raise Boom("device step failed")
+            return inner(seqs, p0s, *rest)
+        setattr(kv, name, failing)
+    log, step = [], [0]
+    unpoisoned = _watch_pages(sched, kv, log, step)
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, V, prompt_len).tolist() for _ in range(n_seq)]
+    got = [[] for _ in range(n_seq + 2)]
+    seqs = []
+
+    def submit(i, prompt):
+        seq = _Seq(np.asarray(prompt, dtype=np.int32), SamplingParams(0.0), max_new, set(), None,
+                   lambda t, lp, c, i=i: got[i].append(int(t)))
+        seqs.append(seq)
+        sched.add(seq)
+
+    def drain():
+        for _ in range(100):
+            if not sched.has_work:
+                return
+            step[0] += 1
+            sched.step()
+        raise AssertionError("the scheduler did not finish")
+    for i, p in enumerate(prompts):
+        submit(i, p)
+    drain()
+    # the step whose decodes cross into page 1: one poison call with all 12 new pages, then its one device call
+    crossing = [e for e in log if e[1] == "poison" and len(e[2]) == n_seq]
+    assert len(crossing) == 1, log
+    at = log.index(crossing[0])
+    in_step = [e for e in log if e[0] == crossing[0][0]]
+    assert [e[1] for e in in_step if e[1] == "poison"] == ["poison"], in_step     # ONE poison call in that step
+    assert log[at + 1] == (crossing[0][0], name, n_seq), log[at:at + 2]           # right before the device call
+    # the other poison calls: one per prompt (its first page, in step 1), none in any other decode step
+    others = [e for e in log if e[1] == "poison" and e is not crossing[0]]
+    assert sorted(len(e[2]) for e in others) == [1] * n_seq and {e[0] for e in others} == {1}
+    if fails:
+        assert all(isinstance(s.error, Boom) and s.done for s in seqs)
+        for j, p in enumerate(prompts[:2]):                # the freed pages go out again, poisoned once more
+            submit(n_seq + j, p)
+        drain()
+        for j, p in enumerate(prompts[:2]):
+            assert got[n_seq + j] == reference(p, max_new, ())
+        assert sum(len(e[2]) for e in log if e[1] == "poison") == 2 * n_seq + 4
+    else:
+        assert [s.error for s in seqs] == [None] * n_seq
+        for i, p in enumerate(prompts):
+            assert got[i] == reference(p, max_new, ())
+        assert sum(len(e[2]) for e in log if e[1] == "poison") == 2 * n_seq
+    assert not unpoisoned
+    sched.pool.check(live=[])
+    assert sched.pool.reserved_pages == 0

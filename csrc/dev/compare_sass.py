@@ -3,7 +3,8 @@ instruction count, and whether the instruction sequence is identical (kernel-par
 same opcodes. Kernel names are matched without the anonymous-namespace hash; an instantiation `<..., false>` (the
 layout-1 build of a ZP template) is matched to the base tree's name without it.
     git archive REV csrc | tar -x -C /tmp/base      # a tree to compare against
-    python3 csrc/dev/compare_sass.py /tmp/base .    # [--cuobjdump PATH] [--arch 90a,80]
+    python3 csrc/dev/compare_sass.py /tmp/base .    # [--cuobjdump PATH] [--arch 90a,80] [--files gemv,gemm]
+--files names other translation units of csrc/src (e.g. attention,batch,int4_frag) by their stem.
 Needs nvcc and cuobjdump (no GPU)."""
 import argparse
 import collections
@@ -14,12 +15,12 @@ import subprocess
 import sys
 import tempfile
 
-FILES = ("gemv", "gemm")
+FILES = "gemv,gemm"
 
 
-def build(root, arch, out, cuobjdump):
+def build(root, arch, out, cuobjdump, files):
     res = {}
-    for f in FILES:
+    for f in files:
         cubin = os.path.join(out, f"{f}.{arch}.cubin")
         p = subprocess.run(["nvcc", "-O3", "-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo",
                             "-Xptxas=-v", f"-arch=sm_{arch}", "-cubin", f"-I{root}/csrc/include", f"-I{root}/csrc/src",
@@ -72,15 +73,17 @@ def main():
     ap.add_argument("base")
     ap.add_argument("new")
     ap.add_argument("--arch", default="90a,80")
+    ap.add_argument("--files", default=FILES, help="translation units of csrc/src, by stem")
     ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "cuobjdump")
     a = ap.parse_args()
+    files = a.files.split(",")
     with tempfile.TemporaryDirectory() as d:
         for arch in a.arch.split(","):
             for sub in ("b", "n"):
                 os.makedirs(os.path.join(d, sub), exist_ok=True)
-            b = build(a.base, arch, os.path.join(d, "b"), a.cuobjdump)
-            n = build(a.new, arch, os.path.join(d, "n"), a.cuobjdump)
-            for f in FILES:
+            b = build(a.base, arch, os.path.join(d, "b"), a.cuobjdump, files)
+            n = build(a.new, arch, os.path.join(d, "n"), a.cuobjdump, files)
+            for f in files:
                 kb, kn = parse(*b[f]), parse(*n[f])
                 print(f"== {f}.cu sm_{arch}")
                 for k in sorted(set(kb) | set(kn)):

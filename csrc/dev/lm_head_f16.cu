@@ -193,8 +193,8 @@ int main(int argc, char** argv) {
   }
   const std::vector<Build> builds = {
       {"product gemm_f16_kernel", 64, run_product},
-      regs_build<1, 4, 4>(), regs_build<1, 8, 2>(), regs_build<2, 4, 4>(), regs_build<2, 4, 2>(),
-      regs_build<2, 8, 2>(), regs_build<4, 4, 2>(), regs_build<4, 2, 4>()};
+      regs_build<1, 4, 4>(), regs_build<1, 4, 8>(), regs_build<2, 4, 4>(), regs_build<2, 4, 8>(),
+      regs_build<2, 2, 8>(), regs_build<2, 2, 16>(), regs_build<4, 2, 8>()};
   float* C;
   __half* Ad;
   DEV_CHECK(cudaMalloc(&C, (size_t)64 * N * sizeof(float)));

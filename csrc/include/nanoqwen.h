@@ -139,7 +139,11 @@ NQ_API int nq_kv_page_bytes(const nq_model* m, uint64_t* bytes);
  * hold it. */
 NQ_API int nq_kv_pool_create(nq_model* m, int32_t n_pages, nq_kv_pool** out);
 /* Fill these pages (ids in range; n in [0, the pool's n_pages]) with NaN in every layer: a page handed to a new
- * owner, so a read of a row nobody wrote since shows in the logits. Waits until done. */
+ * owner, so a read of a row nobody wrote since shows in the logits. Returns without waiting for the fill: on the
+ * device it is ordered before every later step of a session of this pool (nq_prefill, nq_decode, nq_generate,
+ * nq_logits_all) and every later batched step with a session of this pool (nq_decode_batch, nq_decode_batch_launch),
+ * "later" meaning called after this returns. Work enqueued before the call is not ordered before or after the fill:
+ * the pages must not be in use by such work. */
 NQ_API int nq_kv_pool_poison(nq_kv_pool* p, const int32_t* pages, int32_t n);
 /* Release the caller's handle; the device memory goes when the last session made on the pool is freed too. */
 NQ_API void nq_kv_pool_free(nq_kv_pool* p);
@@ -154,7 +158,8 @@ NQ_API int nq_session_create_pooled(nq_model* m, nq_kv_pool* pool, int32_t max_c
  * NQ_KV_PAGE_TOKENS)], ids in range and distinct), and its position (in [0, min(n_pages * NQ_KV_PAGE_TOKENS,
  * max_context)]): the rows of positions before it are already in those pages (a cached prefix, or the session's
  * own earlier tokens). Growing the table at the same position keeps the session's logits; any other position
- * drops them (prefill or decode first). Uploads only the entries that changed. */
+ * drops them (prefill or decode first). Uploads only the entries that changed, and returns without waiting for the
+ * upload (the session's later steps and batched steps come after it). */
 NQ_API int nq_session_set_pages(nq_session* s, const int32_t* pages, int32_t n_pages, int32_t position);
 
 /* Batched decode: one token for each of n sessions of one model in one forward pass (the weights are read once per

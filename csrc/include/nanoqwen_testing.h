@@ -83,7 +83,7 @@ NQ_API int nq_test_attention(const float* q, const float* k, const float* v, int
  * prefill kernel; more: the decode kernel with the keys split (session_prefill's choice for a few tokens). */
 NQ_API int nq_test_attention_prefill(const float* q, const float* k, const float* v, int32_t n_heads, int32_t n_kv,
                                      int32_t head_dim, int32_t n_pos, int32_t M, int32_t n_split, float* out);
-/* The batched decode step's attention (attn_batch_kernel): R sequences, sequence r's token at position
+/* The batched decode step's attention (attn_decode_kernel): R sequences, sequence r's token at position
  * n_pos[r] - 1 (1 <= n_pos[r] <= P) with its own pages of one pool, the cache rows past it poisoned (f16 NaN):
  * q[R][n_heads*D] f32 (already roped), K/V[R][P][n_kv][D] f32 (already roped; row n_pos[r] - 1 is the step's new
  * k / v, written by the kernel); returns out[R][n_heads*D] and checks that the kernel wrote each new row. */

@@ -1,22 +1,20 @@
 // Paged-KV attention (decode and prefill share it) + RoPE/KV-cache write.
 //
-// Grid (n_kv, n_split, M): block (h, s, t) serves query token t (position *pos0 + pos_offset + t; in a batched decode, token t of
-// sequence t at pos_of[t] in kv_of[t] through page_table_of[t]) for the G = n_heads/n_kv
-// query heads of KV head h, over keys [s*kps, min((s+1)*kps, pos+1)): the G heads share one read of K and V.
-// kps = max(keys_per_split, ceil32((pos+1)/n_split)) is computed from the position at run time, so every split
-// has work at any context length and one captured graph serves all positions; blocks past the last used split
-// return at once.
+// One query token a block: attn_decode_kernel. Grid (n_kv, n_split, M): block (h, s, t) serves query token t for the
+// G = n_heads/n_kv query heads of KV head h (they share one read of K and V), over keys [s*kps, min((s+1)*kps, pos+1)).
+// Token t is at *pos0 + pos_offset + t in the session's cache (decode: M = 1; a prefill chunk of a few tokens with
+// the keys split), or, in a batched decode step, token t of sequence t at pos_of[t] in kv_of[t] through
+// page_table_of[t]. kps = max(keys_per_split, ceil32((pos+1)/n_split)) is computed from the position at run time, so
+// every split has work at any context length and one captured graph serves all positions; blocks past the last used
+// split return at once. One split: the block writes the f16 output itself. Several: each writes a partial
+// (m, l, o[D]) per head; the last block of (t, h) to finish (atomic counter over the USED splits) merges them and
+// re-arms the counter. Decode (write_kv): the block whose key range holds the current position writes rope(k), v
+// into the cache and puts the same f16 row into its shared tile directly (no write-then-read round trip).
+// Tensor cores: the G heads are the rows of one m16 tile and a tile of keys is one 16-key page (the kernel's
+// comment below). The CUDA-core kernel it replaced (bench/NOTES.md "Session 16") took 9.6 us a 7B layer at 577 keys
+// and one token, against 7.0.
 //
-// The block copies K and V in tiles of kKT = 32 keys into shared memory with cp.async (two tiles in flight: double
-// buffer; one memory round trip before the first score), then
-//   scores + online softmax: warp w takes heads w, w+4 (lane = key; the K row is read from shared memory),
-//   P.V: thread tid owns dim tid % D of heads tid / D + kTPD*i (V read from shared memory, P broadcast),
-// all loops short and rolled over the heads' registers only: the code is a few KB (a fully unrolled version grew to
-// ~100-150 KB of SASS per kernel, whose instruction fetch made it a fixed ~30 us per block: bench/NOTES.md).
-// One split: the block writes the f16 output itself. Several: each writes a partial (m, l, o[D]) per head; the last
-// block of (t, h) to finish (atomic counter over the USED splits) merges them and re-arms the counter.
-// Decode (write_kv): the block whose key range holds the current position writes rope(k), v into the cache and
-// puts the same f16 row into its shared tile directly (no write-then-read round trip).
+// Many query tokens (prefill, n_split 1): attn_prefill_fa (attn_prefill.cuh), FlashAttention-2 style.
 #include "kernels.h"
 #include "device_util.cuh"
 #include "launch.h"
@@ -29,51 +27,6 @@ namespace {
 
 constexpr int kAttnWarps = 4, kAttnThreads = kAttnWarps * 32, kMaxG = 8;
 constexpr int kMaxSplits = kAttnMaxSplits;
-constexpr int kKT = 32;          // keys per shared-memory tile (= lanes of a warp in the score phase)
-
-template <int D>
-struct AttnSmem {
-  static constexpr int KLD = D + 8;  // K row stride (halves): rows 16 B apart mod 128 B -> the score phase's
-                                     // 16-byte loads (8 lanes = 8 rows at one column) hit distinct banks
-  float q[kMaxG][D];                 // roped q of the G heads, times log2(e)/sqrt(D): scores in the log2 domain
-  union {
-    struct {
-      __half k[2][kKT][KLD];         // K tiles (double buffer)
-      __half v[2][kKT][D];           // V tiles
-    } t;
-    struct {
-      float w[kMaxG][kMaxSplits];    // merge: per split m, then its weight exp2(m_s - max)
-      float l[kMaxG][kMaxSplits];    // merge: per split l
-    } mg;
-  } u;
-  float p[kMaxG][kKT];               // probabilities of the current tile (0 for keys past the range)
-  float m[kMaxG], l[kMaxG], corr[kMaxG], inv[kMaxG];
-  __align__(16) __half knew[D];      // decode: this step's roped k and v (the cache row at pos)
-  __align__(16) __half vnew[D];
-  int last;
-};
-
-__device__ __forceinline__ size_t kv_row(const int* page_table, int n_kv, int key, int h, int D) {
-  const int page = page_table[key / kPage];
-  return (((size_t)page * n_kv + h) * kPage + (key % kPage)) * (size_t)D;
-}
-
-// cp.async the K and V rows of keys [kt0, min(kt0 + kKT, k1)) into buffer `buf` (the row at `skip` excepted:
-// the decode block fills it from registers); one commit group per tile.
-template <int D>
-__device__ __forceinline__ void load_tile(const KvLayer& kv, const int* pt, int n_kv, AttnSmem<D>& S, int buf, int kt0,
-                                          int k1, int h, int skip) {
-  constexpr int CPR = D / 8;  // 16-byte chunks per row
-  for (int c = threadIdx.x; c < kKT * CPR; c += kAttnThreads) {
-    const int j = c / CPR, part = c % CPR, key = kt0 + j;
-    if (key < k1 && key != skip) {
-      const size_t off = kv_row(pt, n_kv, key, h, D) + part * 8;
-      cp_async16(&S.u.t.k[buf][j][part * 8], kv.k + off);
-      cp_async16(&S.u.t.v[buf][j][part * 8], kv.v + off);
-    }
-  }
-  cp_async_commit();
-}
 
 // The end of a split block, after it wrote its partial (part_o: O unnormalised, part_ml: its running max and sum):
 // the last of the n_used split blocks of (token t, KV head h) to finish merges every split's partial into out
@@ -127,196 +80,28 @@ __device__ __forceinline__ void merge_last_split(const AttnArgs& a, int t, int h
   if (tid == 0) a.counters[t * a.n_kv + h] = 0;
 }
 
-template <int D>
-__global__ void __launch_bounds__(kAttnThreads) attn_kernel(const AttnArgs a) {
-  constexpr int kTPD = kAttnThreads / D;  // threads per output dim in the P.V phase (1 for D=128, 2 for D=64)
-  constexpr int kHPT = kMaxG / kTPD;      // heads per thread in the P.V phase
-  __shared__ __align__(16) AttnSmem<D> S;
-
-  // Decode and the batched step (write_kv) issue their first K/V tiles before the PDL wait: every cache row they read
-  // was written by an earlier step (the row at pos comes from this kernel's own registers), and the positions, page
-  // tables and cache pointers were set before the step's first kernel, which has completed by the time this kernel
-  // can start (its predecessor triggers only after its own wait). So the tiles' DRAM latency overlaps the tail of
-  // the GEMV or GEMM before. A prefill chunk (no write_kv) reads the rows rope_kv_write, the kernel before, wrote:
-  // it waits first.
-  if (!a.write_kv) {
-    pdl_wait();
-    pdl_trigger();
-  }
-  const int h = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
-  const int G = a.n_heads / a.n_kv;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int pos = a.pos_of ? a.pos_of[t] : *a.pos0 + a.pos_offset + t;
-  const KvLayer kv = a.kv_of ? a.kv_of[t] : a.kv;                  // this token's sequence: its cache
-  const int* pt = a.page_table_of ? a.page_table_of[t] : a.page_table;   // and its page table
-  const int n_keys = pos + 1;
-  // keys per split: at least keys_per_split, and large enough that n_split splits cover the n_keys keys
-  const int kps = max(a.keys_per_split, ((n_keys + a.n_split - 1) / a.n_split + kKT - 1) / kKT * kKT);
-  const int n_used = (n_keys + kps - 1) / kps;  // splits with keys (<= n_split)
-  if (split >= n_used) return;                  // uniform per block: no barrier is skipped by part of it
-  const int k0 = split * kps, k1 = min(n_keys, k0 + kps);
-  const int ntiles = (k1 - k0 + kKT - 1) / kKT;
-  const bool own = a.write_kv && pos >= k0 && pos < k1;  // this block writes the cache row at pos
-  const int skip = own ? pos : -1;
-
-  load_tile<D>(kv, pt, a.n_kv, S, 0, k0, k1, h, skip);
-  if (ntiles > 1) load_tile<D>(kv, pt, a.n_kv, S, 1, k0 + kKT, k1, h, skip);
-  if (a.write_kv) {   // q, k and v of this step come from the kernel before
-    pdl_wait();
-    pdl_trigger();
-  }
-
-  const float* qkv = a.qkv + (size_t)t * a.qkv_stride;
-  const float2* rope = a.rope + (size_t)pos * (D / 2);
-  const float qscale = 1.4426950408889634f * rsqrtf((float)D);
-  for (int i = tid; i < G * (D / 2); i += kAttnThreads) {
-    const int g = i / (D / 2), d = i % (D / 2);
-    const float* qin = qkv + (h * G + g) * D;
-    const float2 cs = rope[d];
-    const float x0 = qin[d], x1 = qin[d + D / 2];
-    S.q[g][d] = (x0 * cs.x - x1 * cs.y) * qscale;
-    S.q[g][d + D / 2] = (x1 * cs.x + x0 * cs.y) * qscale;
-  }
-  if (own) {
-    const float* kin = qkv + a.n_heads * D + h * D;
-    const float* vin = qkv + (a.n_heads + a.n_kv) * D + h * D;
-    const size_t idx = kv_row(pt, a.n_kv, pos, h, D);
-    for (int i = tid; i < D / 2; i += kAttnThreads) {
-      const float2 cs = rope[i];
-      const float x0 = kin[i], x1 = kin[i + D / 2];
-      const __half k0h = __float2half_rn(x0 * cs.x - x1 * cs.y), k1h = __float2half_rn(x1 * cs.x + x0 * cs.y);
-      const __half v0h = __float2half_rn(vin[i]), v1h = __float2half_rn(vin[i + D / 2]);
-      kv.k[idx + i] = k0h; kv.k[idx + i + D / 2] = k1h;
-      kv.v[idx + i] = v0h; kv.v[idx + i + D / 2] = v1h;
-      S.knew[i] = k0h; S.knew[i + D / 2] = k1h;
-      S.vnew[i] = v0h; S.vnew[i + D / 2] = v1h;
-    }
-  }
-  if (tid < kMaxG) { S.m[tid] = -CUDART_INF_F; S.l[tid] = 0.f; }
-
-  float o[kHPT];
-#pragma unroll
-  for (int i = 0; i < kHPT; i++) o[i] = 0.f;
-  const int od = tid % D, og = tid / D;  // P.V: output dim, first head
-
-  for (int it = 0; it < ntiles; it++) {
-    const int buf = it & 1, kt0 = k0 + it * kKT, nvalid = min(kKT, k1 - kt0);
-    if (it + 1 < ntiles) cp_async_wait<1>(); else cp_async_wait<0>();
-    __syncthreads();  // this tile's copies (all threads') landed; q, knew/vnew, m/l staged
-    if (own && pos >= kt0 && pos < kt0 + nvalid && tid < D / 8) {
-      *reinterpret_cast<uint4*>(&S.u.t.k[buf][pos - kt0][tid * 8]) = *reinterpret_cast<const uint4*>(&S.knew[tid * 8]);
-      *reinterpret_cast<uint4*>(&S.u.t.v[buf][pos - kt0][tid * 8]) = *reinterpret_cast<const uint4*>(&S.vnew[tid * 8]);
-      __threadfence_block();
-    }
-    __syncthreads();
-    // scores + online softmax: heads warp, warp + 4 (lane = key)
-    {
-      const int g0 = warp, g1 = warp + kAttnWarps;
-      const bool has1 = g1 < G, valid = lane < nvalid;
-      float s0 = 0.f, s1 = 0.f;
-      if (g0 < G && valid) {
-        const __half* kr = S.u.t.k[buf][lane];
-#pragma unroll 4
-        for (int c = 0; c < D / 8; c++) {
-          const uint4 kk = *reinterpret_cast<const uint4*>(kr + c * 8);
-          const float2 f0 = __half22float2(u32_as_h2(kk.x)), f1 = __half22float2(u32_as_h2(kk.y));
-          const float2 f2 = __half22float2(u32_as_h2(kk.z)), f3 = __half22float2(u32_as_h2(kk.w));
-          const float4 qa = *reinterpret_cast<const float4*>(&S.q[g0][c * 8]);
-          const float4 qb = *reinterpret_cast<const float4*>(&S.q[g0][c * 8 + 4]);
-          s0 += qa.x * f0.x + qa.y * f0.y + qa.z * f1.x + qa.w * f1.y + qb.x * f2.x + qb.y * f2.y + qb.z * f3.x + qb.w * f3.y;
-          if (has1) {
-            const float4 qc = *reinterpret_cast<const float4*>(&S.q[g1][c * 8]);
-            const float4 qd = *reinterpret_cast<const float4*>(&S.q[g1][c * 8 + 4]);
-            s1 += qc.x * f0.x + qc.y * f0.y + qc.z * f1.x + qc.w * f1.y + qd.x * f2.x + qd.y * f2.y + qd.z * f3.x + qd.w * f3.y;
-          }
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < 2; r++) {
-        const int g = r ? g1 : g0;
-        if (g < G) {  // warp-uniform
-          const float s = valid ? (r ? s1 : s0) : -CUDART_INF_F;
-          const float m_old = S.m[g];
-          const float m_new = fmaxf(m_old, warp_max(s));  // finite: the tile has >= 1 valid key
-          const float p = valid ? exp2f(s - m_new) : 0.f;
-          const float lsum = warp_sum(p);
-          S.p[g][lane] = p;
-          __syncwarp();  // every lane has read S.m[g] / S.l[g] before lane 0 rewrites them (racecheck: intra-warp hazard)
-          if (lane == 0) {
-            const float c = exp2f(m_old - m_new);  // 0 on the first tile (m_old = -inf)
-            S.corr[g] = c;
-            S.l[g] = S.l[g] * c + lsum;
-            S.m[g] = m_new;
-          }
-        }
-      }
-    }
-    __syncthreads();
-    // P.V: o[i] (dim od of head og + kTPD*i) = corr * o + sum_j p_j v_j
-#pragma unroll
-    for (int i = 0; i < kHPT; i++) {
-      const int g = og + kTPD * i;
-      if (g < G) o[i] *= S.corr[g];
-    }
-    const __half* vc = &S.u.t.v[buf][0][od];
-#pragma unroll 4
-    for (int j = 0; j < nvalid; j++) {
-      const float vj = __half2float(vc[j * D]);
-#pragma unroll
-      for (int i = 0; i < kHPT; i++) {
-        const int g = og + kTPD * i;
-        if (g < G) o[i] = fmaf(S.p[g][j], vj, o[i]);
-      }
-    }
-    __syncthreads();  // buffer `buf`, p and corr are free
-    if (it + 2 < ntiles) load_tile<D>(kv, pt, a.n_kv, S, buf, kt0 + 2 * kKT, k1, h, skip);
-  }
-
-  __half* out = a.out + (size_t)t * a.n_heads * D + h * G * D;
-  if (n_used == 1) {  // one split: final output directly
-#pragma unroll
-    for (int i = 0; i < kHPT; i++) {
-      const int g = og + kTPD * i;
-      if (g < G) out[g * D + od] = __float2half_rn(o[i] / S.l[g]);
-    }
-    return;
-  }
-  // partial (m, l, o) of this split, then the last of the n_used blocks merges
-  const size_t ph0 = ((size_t)t * a.n_heads + h * G) * a.n_split;  // row of (head 0 of this group, split 0)
-#pragma unroll
-  for (int i = 0; i < kHPT; i++) {
-    const int g = og + kTPD * i;
-    if (g < G) a.part_o[(ph0 + (size_t)g * a.n_split + split) * D + od] = o[i];
-  }
-  if (tid < G) {
-    a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2] = S.m[tid];
-    a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2 + 1] = S.l[tid];
-  }
-  merge_last_split<D, kAttnThreads>(a, t, h, G, n_used, ph0, out, S.u.mg.w, S.u.mg.l, S.inv, S.last);
-}
-
-// ---- Batched decode attention on tensor cores (M sequences, one token each: kv_of / page_table_of / pos_of) ------
-// Grid and partials as attn_kernel: block (h, split, t) = KV head h of token t's sequence over the keys of one split.
-// At 32 rows the CUDA-core kernel above is bound by its shared-memory instructions (the score phase reads q for every
-// key, the P.V phase p for every key and head: ~1 TB/s of K/V at 577 keys, bench/NOTES.md "Session 15"), so here
-// the G query heads of the KV head are the rows of one m16 tile (rows G..15 zero) and the keys its columns:
+// ---- attn_decode_kernel: one query token a block, on tensor cores ------------------------------------------------
+// A CUDA-core kernel (a lane per key for the scores, a thread per dim for P.V) is bound by its shared-memory
+// instructions: it reads q for every key and p for every key and head (~1 TB/s of K/V at 32 rows x 577 keys,
+// bench/NOTES.md "Session 15"). Here the G query heads of the KV head are the rows of one m16 tile (rows G..15 zero)
+// and the keys its columns:
 //   S = Q K^T: A = Q (ldmatrix.x4, kept in registers), B = a K tile (ldmatrix.x4 of [key][d] rows: B's "col" layout);
 //   O += P V:  A = the S fragments rounded to f16 (rows 8..15 are pads: zero), B = ldmatrix.x4.trans of [key][d] V rows;
 // online softmax per row in the log2 domain (q is scaled by log2(e)/sqrt(D)). A tile is one 16-key page of one KV
-// head (4 KB of K and 4 KB of V at D = 128), copied with cp.async into a ring of kBatchStages stages per warp; warp w
+// head (4 KB of K and 4 KB of V at D = 128), copied with cp.async into a ring of kStages stages per warp; warp w
 // takes the block's tiles w, w + 4, ... with its own ring, softmax state and O, and the 4 warps' results are merged
 // in shared memory at the end. Shared-memory rows are D halves, their 16-byte chunks XOR-swizzled by row (chunk c of
 // row r at c ^ (r & 7)) so that ldmatrix's 8 rows of one chunk hit distinct banks.
-constexpr int kBatchKT = 16;       // keys per tile (= kPage: a tile is one page)
-constexpr int kBatchStages = 2;    // ring stages per warp
-static_assert(kBatchKT == kPage, "a batched-attention tile is one KV page");
+constexpr int kKT = 16;       // keys per tile (= kPage: a tile is one page)
+constexpr int kStages = 2;    // ring stages per warp
+static_assert(kKT == kPage, "an attention tile is one KV page");
 
 template <int D>
-struct BatchAttnSmem {
-  static constexpr int TILE_H = kBatchKT * D;   // halves of one K (or V) tile
+struct AttnSmem {
+  static constexpr int TILE_H = kKT * D;   // halves of one K (or V) tile
   static constexpr int LDQ = D + 8;             // q rows 16 B apart mod 128 B
   union {
-    __half ring[kAttnWarps][kBatchStages][2][TILE_H];   // per warp and stage: K tile, V tile
+    __half ring[kAttnWarps][kStages][2][TILE_H];   // per warp and stage: K tile, V tile
     float obuf[kAttnWarps][kMaxG][D];                     // the warps' O, scaled to the block's max
     struct {
       float w[kMaxG][kMaxSplits];
@@ -338,42 +123,52 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
 }
 
 template <int D>
-__global__ void __launch_bounds__(kAttnThreads) attn_batch_kernel(const AttnArgs a) {
+__global__ void __launch_bounds__(kAttnThreads) attn_decode_kernel(const AttnArgs a) {
   constexpr int CPR = D / 8;                 // 16-byte chunks per row
   constexpr int KS = D / 16, ND = D / 8;     // k-steps of S = Q K^T; n8 tiles of O
   extern __shared__ __align__(128) unsigned char attn_smem[];
-  BatchAttnSmem<D>& S = *reinterpret_cast<BatchAttnSmem<D>*>(attn_smem);
+  AttnSmem<D>& S = *reinterpret_cast<AttnSmem<D>*>(attn_smem);
   const int h = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
   const int G = a.n_heads / a.n_kv;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
-  // positions, page tables and cache pointers were set before the step's first kernel (attn_kernel's comment): the
-  // first tiles are issued before the PDL wait
-  const int pos = a.pos_of[t];
-  const KvLayer kv = a.kv_of[t];
-  const int* pt = a.page_table_of[t];
+  // Decode and the batched step (write_kv) issue their first K/V tiles before the PDL wait: every cache row they read
+  // was written by an earlier step (the row at pos comes from this kernel's own registers), and the positions, page
+  // tables and cache pointers were set before the step's first kernel, which has completed by the time this kernel
+  // can start (its predecessor triggers only after its own wait). So the tiles' DRAM latency overlaps the tail of the
+  // GEMV or GEMM before. A prefill chunk (no write_kv) reads the rows rope_kv_write, the kernel before, wrote: it
+  // waits first.
+  if (!a.write_kv) {
+    pdl_wait();
+    pdl_trigger();
+  }
+  const bool batched = a.kv_of != nullptr;   // token t of sequence t (attention() checks the three arrays)
+  const int pos = batched ? a.pos_of[t] : *a.pos0 + a.pos_offset + t;
+  const KvLayer kv = batched ? a.kv_of[t] : a.kv;
+  const int* pt = batched ? a.page_table_of[t] : a.page_table;
   const int n_keys = pos + 1;
-  const int kps = max(a.keys_per_split, ((n_keys + a.n_split - 1) / a.n_split + 31) / 32 * 32);   // as attn_kernel
-  const int n_used = (n_keys + kps - 1) / kps;
-  if (split >= n_used) return;
+  const int kps = max(a.keys_per_split, ((n_keys + a.n_split - 1) / a.n_split + 31) / 32 * 32);
+  const int n_used = (n_keys + kps - 1) / kps;   // splits with keys (<= n_split)
+  if (split >= n_used) return;                   // uniform per block: no barrier is skipped by part of it
   const int k0 = split * kps, k1 = min(n_keys, k0 + kps);
-  const int ntiles = (k1 - k0 + kBatchKT - 1) / kBatchKT;
-  const bool own = pos >= k0 && pos < k1;    // this block writes the cache row at pos
+  const int ntiles = (k1 - k0 + kKT - 1) / kKT;
+  const bool own = a.write_kv && pos >= k0 && pos < k1;   // this block writes the cache row at pos
+  const int skip = own ? pos : -1;                        // that row comes from knew / vnew, not the cache
   const size_t page_stride = (size_t)a.n_kv * kPage * D;   // elements per physical page
 
   const uint32_t ring_u = smem_u32(&S.u.ring[warp][0][0][0]);
-  constexpr uint32_t kStageBytes = 2u * kBatchKT * D * 2u, kTileBytes = kBatchKT * D * 2u;
-  // the warp's j-th tile (block tile warp + 4 j) into stage j % kBatchStages; one commit group per call, empty or not
+  constexpr uint32_t kStageBytes = 2u * kKT * D * 2u, kTileBytes = kKT * D * 2u;
+  // the warp's j-th tile (block tile warp + 4 j) into stage j % kStages; one commit group per call, empty or not
   auto issue = [&](int j) {
     const int tile = warp + kAttnWarps * j;
     if (tile < ntiles) {
-      const int kt0 = k0 + tile * kBatchKT;
+      const int kt0 = k0 + tile * kKT;
       const size_t base = ((size_t)pt[kt0 / kPage] * page_stride) + (size_t)h * kPage * D;
-      const uint32_t st = ring_u + (uint32_t)(j % kBatchStages) * kStageBytes;
+      const uint32_t st = ring_u + (uint32_t)(j % kStages) * kStageBytes;
 #pragma unroll
-      for (int p = 0; p < kBatchKT * CPR / 32; p++) {
+      for (int p = 0; p < kKT * CPR / 32; p++) {
         const int ci = lane + 32 * p, r = ci / CPR, c = ci % CPR;
         const int key = kt0 + r;
-        if (key == pos) continue;            // this step's row: from knew / vnew below
+        if (key == skip) continue;           // this step's row: from knew / vnew below
         const int bytes = key < k1 ? 16 : 0; // past the range: zeros (the page's unwritten rows are NaN-poisoned)
         const size_t off = base + (size_t)r * D + c * 8;
         cp_async16(st + swz<D>(r, c), kv.k + off, bytes);
@@ -384,8 +179,10 @@ __global__ void __launch_bounds__(kAttnThreads) attn_batch_kernel(const AttnArgs
   };
   issue(0);
   issue(1);
-  pdl_wait();   // q, k and v of this step come from the kernel before
-  pdl_trigger();
+  if (a.write_kv) {   // q, k and v of this step come from the kernel before
+    pdl_wait();
+    pdl_trigger();
+  }
 
   // q: roped, scaled, f16; rows past G zero. The owning block also writes rope(k), v into the cache row at pos.
   const float* qkv = a.qkv + (size_t)t * a.qkv_stride;
@@ -426,7 +223,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_batch_kernel(const AttnArgs
     const uint32_t q_u = smem_u32(&S.q[0][0]);
     const int qr = (lane & 7) + 8 * ((lane >> 3) & 1), qc = 8 * (lane >> 4);
 #pragma unroll
-    for (int ks = 0; ks < KS; ks++) ldmatrix_x4(qf[ks], q_u + 2u * (uint32_t)(qr * BatchAttnSmem<D>::LDQ + 16 * ks + qc));
+    for (int ks = 0; ks < KS; ks++) ldmatrix_x4(qf[ks], q_u + 2u * (uint32_t)(qr * AttnSmem<D>::LDQ + 16 * ks + qc));
   }
   float o[ND][4];
 #pragma unroll
@@ -440,10 +237,10 @@ __global__ void __launch_bounds__(kAttnThreads) attn_batch_kernel(const AttnArgs
 
   const int my_tiles = ntiles > warp ? (ntiles - warp + kAttnWarps - 1) / kAttnWarps : 0;
   for (int j = 0; j < my_tiles; j++) {
-    cp_async_wait<kBatchStages - 1>();
-    const int tile = warp + kAttnWarps * j, kt0 = k0 + tile * kBatchKT;
-    const uint32_t st = ring_u + (uint32_t)(j % kBatchStages) * kStageBytes;
-    if (own && pos >= kt0 && pos < kt0 + kBatchKT && lane < 2 * CPR) {   // this step's row from registers' copy
+    cp_async_wait<kStages - 1>();
+    const int tile = warp + kAttnWarps * j, kt0 = k0 + tile * kKT;
+    const uint32_t st = ring_u + (uint32_t)(j % kStages) * kStageBytes;
+    if (own && pos >= kt0 && pos < kt0 + kKT && lane < 2 * CPR) {   // this step's row from registers' copy
       const int r = pos - kt0, c = lane % CPR;
       const __half* src = lane < CPR ? S.knew : S.vnew;
       const uint4 v = *reinterpret_cast<const uint4*>(src + c * 8);
@@ -499,7 +296,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_batch_kernel(const AttnArgs
       mma16816(o[2 * dp + 1], pa, b[2], b[3]);
     }
     __syncwarp();   // every lane's ldmatrix of this stage is done before it is refilled
-    issue(j + kBatchStages);
+    issue(j + kStages);
   }
   cp_async_wait<0>();
   // the 4 warps' (m, l, O) into the block's: O_w scaled by exp2(m_w - m) in shared memory, summed over warps
@@ -593,26 +390,20 @@ template <int D>
 int launch_prefill(const AttnArgs& a, cudaStream_t st) {
   if (a.max_keys < kPrefillLongKeys) return pf::launch_attn_prefill<PrefillShort<D>>(a, 1, st);
   using C = PrefillLong<D>;
-  static const int sms = [] {
-    int dev = 0, n = 132;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      n = 132;
-    return n;
-  }();
   const int G = a.n_heads / a.n_kv, TQ = C::ROWS / G;
   const int blocks = a.n_kv * ((a.M + TQ - 1) / TQ);
-  const int nsplit = pf::prefill_clusters_ok<C>() ? pf::prefill_splits(blocks, sms) : 1;
+  const int nsplit = pf::prefill_clusters_ok<C>() ? pf::prefill_splits(blocks, device_sms()) : 1;
   return pf::launch_attn_prefill<C>(a, nsplit, st);
 }
 
 template <int D>
-int launch_batch(const AttnArgs& a, cudaStream_t st) {
-  constexpr size_t smem = sizeof(BatchAttnSmem<D>);
+int launch_decode(const AttnArgs& a, cudaStream_t st) {
+  constexpr size_t smem = sizeof(AttnSmem<D>);
   static const cudaError_t raised =
-      cudaFuncSetAttribute(attn_batch_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      cudaFuncSetAttribute(attn_decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (raised != cudaSuccess)
     return fail(cuda_status(raised), "attention: %zu bytes of shared memory: %s", smem, cudaGetErrorString(raised));
-  return launch_pdl("attn_batch_kernel", attn_batch_kernel<D>, dim3(a.n_kv, a.n_split, a.M), dim3(kAttnThreads), smem,
+  return launch_pdl("attn_decode_kernel", attn_decode_kernel<D>, dim3(a.n_kv, a.n_split, a.M), dim3(kAttnThreads), smem,
                     st, a);
 }
 
@@ -624,18 +415,15 @@ int attention(const AttnArgs& a, cudaStream_t st) {
   if (a.keys_per_split <= 0 || a.keys_per_split % 32)
     return fail(NQ_E_INVALID_ARG, "attention: keys_per_split %d", a.keys_per_split);
   if (a.D != 128 && a.D != 64) return fail(NQ_E_UNSUPPORTED, "attention: head_dim %d (64 or 128)", a.D);
-  if (a.M > 1 && a.pos_of == nullptr) {  // prefill: rope_kv_write wrote the cache
+  const bool batched = a.pos_of || a.kv_of || a.page_table_of;
+  if (batched && !(a.pos_of && a.kv_of && a.page_table_of && a.write_kv))
+    return fail(NQ_E_INVALID_ARG, "attention: a batched decode step needs pos_of, kv_of, page_table_of and write_kv");
+  if (!batched && a.M > 1) {   // prefill: rope_kv_write wrote the cache
     if (a.write_kv) return fail(NQ_E_INVALID_ARG, "attention: write_kv with M = %d > 1", a.M);
     if (a.n_split == 1) return a.D == 128 ? launch_prefill<128>(a, st) : launch_prefill<64>(a, st);
-    // a few tokens with the keys split: the decode kernel, token t at *pos0 + t (session_prefill's choice)
-  } else if (a.M > 1 && !(a.write_kv && a.kv_of && a.page_table_of)) {
-    return fail(NQ_E_INVALID_ARG, "attention: a batched decode of %d sequences needs write_kv, kv_of, page_table_of", a.M);
+    // a few tokens with the keys split: one query token a block, token t at *pos0 + pos_offset + t
   }
-  if (a.kv_of)   // a batched decode step (any number of rows): the tensor-core kernel
-    return a.D == 128 ? launch_batch<128>(a, st) : launch_batch<64>(a, st);
-  const dim3 grid(a.n_kv, a.n_split, a.M);
-  if (a.D == 128) return launch_pdl("attn_kernel", attn_kernel<128>, grid, dim3(kAttnThreads), 0, st, a);
-  return launch_pdl("attn_kernel", attn_kernel<64>, grid, dim3(kAttnThreads), 0, st, a);
+  return a.D == 128 ? launch_decode<128>(a, st) : launch_decode<64>(a, st);
 }
 
 int rope_kv_write(const float* qkv, int qkv_stride, int M, const int* pos0, KvLayer kv, const int* page_table,

@@ -4,6 +4,7 @@
 // per sequence with its session's settings (one launch), and every session's position + 1. For n <= kGemvRowsMax the linear
 // layers run the decode GEMVs per token row instead of the GEMMs (same order of operations, fused the decode way).
 #include "batch.h"
+#include "launch.h"
 #include <algorithm>
 #include <cstring>
 
@@ -15,14 +16,14 @@ namespace nq {
 constexpr int kGemvRowsMax = 2;
 
 // Attention blocks a batched step aims for, per SM: n_split = this x SMs / (KV heads x rows), at most the
-// single-token decode's count. attn_batch_kernel (attention.cu) holds ~71 KB of shared memory a block (D = 128), so 3
+// single-token decode's count. attn_decode_kernel (attention.cu) holds ~71 KB of shared memory a block (D = 128), so 3
 // fit an SM: one wave of blocks, each streaming its keys through 4 warps' rings. (The CUDA-core kernel it replaced
 // here wanted ~2,048 blocks at any row count: bench/NOTES.md "Session 10".)
 constexpr int kBatchAttentionBlocksPerSm = 3;
 
 namespace {
 int batch_attention_splits(const Batch* b, int n) {
-  return std::max(1, std::min(b->n_split, kBatchAttentionBlocksPerSm * b->sms / (b->m->cfg.n_kv_heads * n)));
+  return std::max(1, std::min(b->n_split, kBatchAttentionBlocksPerSm * device_sms() / (b->m->cfg.n_kv_heads * n)));
 }
 
 void drop_graphs(Batch* b) {
@@ -55,14 +56,9 @@ int batch_create(Model* m, int max_batch, Batch** out) {
   auto bail = [&](int rc) { delete b; return rc; };
   b->m = m;
   b->max_batch = max_batch;
-  b->graphs.assign((size_t)max_batch + 1, nullptr);
+  b->graphs.assign((size_t)Batch::kSlots * (max_batch + 1), nullptr);
   b->warm.assign((size_t)max_batch + 1, 0);
   b->n_split = std::max(1, std::min(128, 256 / c.n_kv_heads));   // as a session's decode at long contexts
-  {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&b->sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      b->sms = 132;
-  }
   const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_rows;
   const int Nq = c.n_heads * D, Nqkv = Nq + 2 * c.n_kv_heads * D;
   const size_t B = (size_t)max_batch;
@@ -159,6 +155,10 @@ int batch_launch(Batch* b, Session* const* ss, const int32_t* tokens, const int3
   // a session's own step (nq_decode returns once it is enqueued) finishes before this one reads its cache
   for (int i = 0; i < n; i++) NQ_CUDA(cudaStreamSynchronize(ss[i]->st));
   NQ_TRY(bind(b, ss, n));   // a changed set waits for the steps in flight (its uploads are from pageable memory)
+  // pages a pool just handed out are poisoned (kv_pool_poison, on the pool's stream) before this step writes them:
+  // a wait on the device, issued after the host synchronisations above and before the step's graph or its capture
+  for (int i = 0; i < n; i++)
+    if (ss[i]->pool && (i == 0 || ss[i]->pool != ss[i - 1]->pool)) NQ_TRY(kv_pool_wait_poison(ss[i]->pool, st));
   // stage the inputs in this step's slot (the slot's previous step has been waited: at most kSlots in flight)
   const int slot = b->next_slot, mb = b->max_batch;
   int32_t* in = b->h_in + (size_t)slot * 3 * mb;
@@ -168,11 +168,13 @@ int batch_launch(Batch* b, Session* const* ss, const int32_t* tokens, const int3
     in[mb + i] = ss[i]->pos;
     in[2 * mb + i] = chained ? chain[i] : -1;
   }
-  // the step's tokens and positions, read by a kernel from the pinned slot itself: before the graph, which starts
-  // from d_tokens / d_pos (a copy engine's HtoD ahead of the graph cost ~60 us of idle device a step: NOTES s15 §5)
-  NQ_TRY(take_batch_inputs(b->h_in_dev + (size_t)slot * 3 * mb, mb, b->d_next, b->d_tokens, b->d_pos, n, st));
-  // the step, from the staged inputs to the samples in d_next (all of it stream-capturable)
+  // the step, from this slot's staged inputs to its samples (all of it stream-capturable, so one graph a slot and
+  // size): take_batch_inputs reads the step's tokens and positions from the pinned slot itself (a copy engine's HtoD
+  // ahead of the graph cost ~60 us of idle device a step: NOTES s15 §5; a kernel launched outside the graph, ~27 us
+  // of idle before the graph's first kernel: NOTES s16 §4), and publish_samples writes its draws into the pinned
+  // output slot
   auto run = [&]() -> int {
+    NQ_TRY(take_batch_inputs(b->h_in_dev + (size_t)slot * 3 * mb, mb, b->d_next, b->d_tokens, b->d_pos, n, st));
     NQ_TRY(embed_rows(m.embed, m.embed_dtype, b->d_tokens, n, H, b->X, st));
     const bool rows = n <= kGemvRowsMax;   // the decode GEMVs, one launch per token row (module comment)
     for (int l = 0; l < c.n_layers; l++) {
@@ -197,7 +199,7 @@ int batch_launch(Batch* b, Session* const* ss, const int32_t* tokens, const int3
       aa.qkv = b->QKV; aa.qkv_stride = Nqkv; aa.M = n; aa.pos0 = b->d_pos;
       aa.rope = b->d_rope;   // every sequence's cache and page table come from kv_of / page_table_of
       aa.n_heads = c.n_heads; aa.n_kv = c.n_kv_heads; aa.D = D;
-      aa.keys_per_split = 32; aa.n_split = batch_attention_splits(b, n); aa.write_kv = true;
+      aa.keys_per_split = kDecodeKeysPerSplit; aa.n_split = batch_attention_splits(b, n); aa.write_kv = true;
       aa.part_o = b->part_o; aa.part_ml = b->part_ml; aa.counters = b->counters; aa.out = b->ATT;
       aa.pos_of = b->d_pos; aa.kv_of = b->d_kv + (size_t)l * b->max_batch; aa.page_table_of = b->d_pt;
       NQ_TRY(attention(aa, st));
@@ -234,13 +236,14 @@ int batch_launch(Batch* b, Session* const* ss, const int32_t* tokens, const int3
     }
     NQ_TRY(sample_rows(b->d_samp, n, st));   // one block per sequence, its session's settings (bound above)
     NQ_TRY(advance_positions(b->d_pos_of, b->d_pos, n, st));
-    return NQ_OK;
+    return publish_samples(b->d_next, b->h_out_dev + (size_t)slot * mb, n, st);
   };
-  // first step for this n: run it as is; second: capture it; then replay (its ~260 launches at 32 rows, ungraphed,
-  // cost ~0.3 ms of host time a step: bench/NOTES.md "Session 7")
+  // first step for this n: run it as is; its next step in each slot: capture it; then replay (its ~260 launches at
+  // 32 rows, ungraphed, cost ~0.3 ms of host time a step: bench/NOTES.md "Session 7")
   int rc = NQ_OK;
-  if (b->graphs[n]) {
-    const cudaError_t e = cudaGraphLaunch(b->graphs[n], st);
+  cudaGraphExec_t& graph = b->graphs[(size_t)slot * (b->max_batch + 1) + n];
+  if (graph) {
+    const cudaError_t e = cudaGraphLaunch(graph, st);
     if (e != cudaSuccess) rc = fail(cuda_status(e), "batched decode graph launch: %s", cudaGetErrorString(e));
   } else if (!b->warm[n]) {
     const void* scratch = b->gemm_ws.p;
@@ -256,11 +259,11 @@ int batch_launch(Batch* b, Session* const* ss, const int32_t* tokens, const int3
     e = cudaStreamEndCapture(st, &g);
     if (rc == NQ_OK && e != cudaSuccess) rc = fail(cuda_status(e), "batched decode capture: %s", cudaGetErrorString(e));
     if (rc == NQ_OK) {
-      e = cudaGraphInstantiate(&b->graphs[n], g, 0);
-      if (e != cudaSuccess) b->graphs[n] = nullptr, rc = fail(cuda_status(e), "batched decode graph: %s", cudaGetErrorString(e));
+      e = cudaGraphInstantiate(&graph, g, 0);
+      if (e != cudaSuccess) graph = nullptr, rc = fail(cuda_status(e), "batched decode graph: %s", cudaGetErrorString(e));
     }
     if (g) cudaGraphDestroy(g);
-    if (rc == NQ_OK && (e = cudaGraphLaunch(b->graphs[n], st)) != cudaSuccess)
+    if (rc == NQ_OK && (e = cudaGraphLaunch(graph, st)) != cudaSuccess)
       rc = fail(cuda_status(e), "batched decode graph launch: %s", cudaGetErrorString(e));
   }
   if (rc == NQ_OK && n_logits > 0) {   // the first n_logits rows only (the caller's host-sampled sequences)
@@ -269,8 +272,7 @@ int batch_launch(Batch* b, Session* const* ss, const int32_t* tokens, const int3
     if (e != cudaSuccess) rc = fail(cuda_status(e), "batched decode logits: %s", cudaGetErrorString(e));
   }
   if (rc == NQ_OK) {
-    rc = publish_samples(b->d_next, b->h_out_dev + (size_t)slot * mb, n, st);
-    cudaError_t e = rc == NQ_OK ? cudaEventRecord(b->done[slot], st) : cudaSuccess;
+    const cudaError_t e = cudaEventRecord(b->done[slot], st);
     if (e != cudaSuccess) rc = fail(cuda_status(e), "batched decode samples: %s", cudaGetErrorString(e));
   }
   if (rc != NQ_OK) {   // nothing is in flight for the caller: let what was enqueued finish

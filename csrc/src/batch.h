@@ -1,6 +1,6 @@
 // Batched decode: one token for each of up to max_batch sessions of one model in one forward pass. The linear
 // layers run as one GEMM over the n tokens (every weight is read once per step for all the sequences); attention
-// runs each token against its own session's cache at its own position (attn_kernel, grid z = n).
+// runs each token against its own session's cache at its own position (attn_decode_kernel, grid z = n).
 #pragma once
 #include "session.h"
 
@@ -9,7 +9,6 @@ namespace nq {
 struct Batch {
   Model* m = nullptr;
   int max_batch = 0;
-  int sms = 132;                   // the GPU's SMs (batch_attention_splits)
   int n_split = 1;                 // most attention splits per (token, KV head); a step of n rows uses batch.cu batch_attention_splits
   cudaStream_t st = nullptr;
   // a step's inputs, and per sequence where its state lives
@@ -53,10 +52,10 @@ struct Batch {
   GemmScratch gemm_ws;             // split-K scratch of the step's GEMMs (this batch's stream only)
   float2* d_rope = nullptr;        // [rope_ctx][D/2] the rope table (a function of the position only: every session's
   int rope_ctx = 0;                // table is a prefix of the longest one), grown when a longer session is bound
-  // the step for n sequences captured as a graph: graphs[n] (null until n has run once uncaptured, which sets every
-  // launch's one-time state, warm[n], then captured at its second step). The graph reads its per-step inputs from
-  // the buffers above, so it does not depend on which sessions are bound; it is dropped when d_rope or the split-K
-  // scratch moves.
+  // the step for n sequences in slot k captured as a graph: graphs[k * (max_batch + 1) + n] (null until n has run
+  // once uncaptured, which sets every launch's one-time state, warm[n], then captured at its next step in slot k).
+  // The graph reads its per-step inputs from its slot and the buffers above, so it does not depend on which sessions
+  // are bound; it is dropped when d_rope or the split-K scratch moves.
   std::vector<cudaGraphExec_t> graphs;
   std::vector<char> warm;
   ~Batch();

@@ -30,4 +30,17 @@ bool pdl_enabled() {
   }();
   return on;
 }
+
+int device_sms() {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) {
+      (void)cudaGetLastError();  // a failed query must not surface as the next launch's error
+      return 132;
+    }
+    return n;
+  }();
+  return sms;
+}
 }  // namespace nq

@@ -70,8 +70,8 @@ int choose_wgmma(const LinW* W, int n, int M, int sms, long long* blocks) {
 
 // Whether gemm_int4_wgmma runs on the current device: compute capability 9.x, the library built for sm_90a (the
 // kernel's binary and PTX are sm_90), and the driver's tensor-map encoder present. Cached per device.
-bool wgmma_available(int* sms) {
-  static int state[16] = {0}, nsm[16] = {0};  // 0 unknown, 1 yes, 2 no
+bool wgmma_available() {
+  static int state[16] = {0};  // 0 unknown, 1 yes, 2 no
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) {
     (void)cudaGetLastError();
@@ -82,14 +82,12 @@ bool wgmma_available(int* sms) {
     cudaFuncAttributes fa;
     const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                     major == 9 &&
-                    cudaDeviceGetAttribute(&nsm[dev], cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
                     cudaFuncGetAttributes(&fa, gemm_int4_wgmma<256, 2, 4, 1>) == cudaSuccess && fa.binaryVersion >= 90 &&
                     fa.ptxVersion >= 90 &&  // not an sm_80 build JIT-compiled for this GPU (its kernel is empty)
                     wg_encode_fn() != nullptr;
     if (!ok) (void)cudaGetLastError();
     state[dev] = ok ? 1 : 2;
   }
-  *sms = nsm[dev];
   return state[dev] == 1;
 }
 
@@ -98,18 +96,18 @@ bool wgmma_available(int* sms) {
 template <bool ZP, class CountTiles>
 int gemm_int4_launch(GemmGroup& g, const LinW* W, int n, const __half* A, int lda, int M, int ldc, bool add,
                      cudaStream_t st, GemmScratch* ws, CountTiles count_tiles) {
-  int sms = 0;
+  const int sms = device_sms();
   bool tma_ok = reinterpret_cast<uintptr_t>(A) % 16 == 0;  // TMA: 16-byte aligned bases (lda % 8 == 0 above)
   for (int i = 0; i < n; i++) tma_ok = tma_ok && reinterpret_cast<uintptr_t>(W[i].w) % 16 == 0;
   long long blocks = 0;
-  const int c = M >= kWgmmaMinM && tma_ok && wgmma_available(&sms) ? choose_wgmma(W, n, M, sms, &blocks) : -1;
+  const int c = M >= kWgmmaMinM && tma_ok && wgmma_available() ? choose_wgmma(W, n, M, sms, &blocks) : -1;
   if (c >= 0 && 2 * blocks >= sms) {
     const int wt = count_tiles(64 * kWgShapes[c].wgs);
     if (c == 0) return launch_int4_wgmma<256, 2, 4, 1, ZP>(g, wt, A, lda, M, ldc, add, 1, st);
     if (c == 1) return launch_int4_wgmma<128, 2, 5, 1, ZP>(g, wt, A, lda, M, ldc, add, 1, st);
     return launch_int4_wgmma<128, 3, 5, 1, ZP>(g, wt, A, lda, M, ldc, add, 1, st);
   }
-  if (M < kWgmmaMinM && tma_ok && wgmma_available(&sms)) {  // few tokens: the weight stream, split over the SMs
+  if (M < kWgmmaMinM && tma_ok && wgmma_available()) {  // few tokens: the weight stream, split over the SMs
     const int wt = count_tiles(64 * kSmallWgs);
     const int tn = M <= 16 ? 16 : M <= 64 ? 32 : 64;
     const int splits = choose_splits((long long)((M + tn - 1) / tn) * wt, W[0].K / WG_KB, /*blocks_per_sm=*/1,
@@ -126,9 +124,9 @@ int gemm_int4_launch(GemmGroup& g, const LinW* W, int n, const __half* A, int ld
 
 // What every fragment-order launch needs beyond what frag_repack (the only way a weight gets ORDER_FRAG /
 // ORDER_FRAG_PAIR) checked of each weight's type and shape: the GPU and build that read the order, and A and the
-// weights 16-byte aligned (TMA, 16-byte loads). *sms: the GPU's SM count.
-int frag_check(const LinW* W, int n, const __half* A, int lda, int* sms) {
-  if (!wgmma_available(sms))
+// weights 16-byte aligned (TMA, 16-byte loads).
+int frag_check(const LinW* W, int n, const __half* A, int lda) {
+  if (!wgmma_available())
     return fail(NQ_E_UNSUPPORTED, "gemm: INT4 weights in the fragment order need a Hopper GPU and the sm_90a build");
   if (lda % 8 != 0 || reinterpret_cast<uintptr_t>(A) % 16 != 0)
     return fail(NQ_E_UNSUPPORTED, "gemm: the fragment-order GEMM needs A 16-byte aligned and lda %% 8 == 0 (lda=%d)",
@@ -153,8 +151,8 @@ int launch_wgmma_frag_build(int c, GemmGroup& g, int tiles, const __half* A, int
 template <class CountTiles>
 int gemm_frag_launch(GemmGroup& g, const LinW* W, int n, const __half* A, int lda, int M, int ldc, bool add,
                      cudaStream_t st, CountTiles count_tiles) {
-  int sms = 0;
-  NQ_TRY(frag_check(W, n, A, lda, &sms));
+  NQ_TRY(frag_check(W, n, A, lda));
+  const int sms = device_sms();
   long long blocks = 0;
   const int c = M >= kWgmmaMinM ? choose_wgmma(W, n, M, sms, &blocks) : -1;
   if (c >= 0 && 2 * blocks >= sms)
@@ -173,8 +171,8 @@ int gemm_swiglu_frag(const LinW& gate, const LinW& up, const __half* A, int lda,
     return fail(NQ_E_UNSUPPORTED, "gemm_swiglu: the gate/up pair needs one shape and group (gate %d x %d g%d, up %d x "
                 "%d g%d), M > 0 (M=%d)", I, gate.K, gate.group, up.N, up.K, up.group, M);
   const LinW W[2] = {gate, up};
-  int sms = 0;
-  NQ_TRY(frag_check(W, 2, A, lda, &sms));
+  NQ_TRY(frag_check(W, 2, A, lda));
+  const int sms = device_sms();
   GemmGroup g;
   g.n = 2;
   for (int i = 0; i < 2; i++) g.s[i].W = W[i], g.s[i].C = nullptr, g.s[i].bias = nullptr;
@@ -194,8 +192,7 @@ int gemm_swiglu_frag(const LinW& gate, const LinW& up, const __half* A, int lda,
 // Every INT4 consumer reads the fragment order where gemm_int4_wgmma runs: the GEMV and the few-token GEMM need
 // thread-block clusters (sm_90), the prefill GEMM wgmma (sm_90a).
 bool int4_fragment_order_available() {
-  int sms = 0;
-  return wgmma_available(&sms);
+  return wgmma_available();
 }
 
 void gemm_scratch_free(GemmScratch* ws) {
@@ -265,7 +262,7 @@ int gemm_swiglu(const LinW& gate, const LinW& up, const __half* A, int lda, int 
     return gemm_swiglu_frag(gate, up, A, lda, M, H, st);
   const int I = gate.N;
   const LinW W[2] = {gate, up};
-  int sms = 0;
+  const int sms = device_sms();
   long long blocks = 0;
   // (the file order only: ORDER_FRAG gate and up take the unfused path, gemm_multi reading the fragment order)
   const bool fused_ok = gate.order == ORDER_FILE && up.order == ORDER_FILE && gate.type == WT_INT4 &&
@@ -273,7 +270,7 @@ int gemm_swiglu(const LinW& gate, const LinW& up, const __half* A, int lda, int 
                         M >= kWgmmaMinM && gate.K % BK == 0 && lda % 8 == 0 &&
                         contract::int4_group_ok(gate.group, gate.K) && reinterpret_cast<uintptr_t>(A) % 16 == 0 &&
                         reinterpret_cast<uintptr_t>(gate.w) % 16 == 0 && reinterpret_cast<uintptr_t>(up.w) % 16 == 0 &&
-                        (gate.zeros != nullptr) == (up.zeros != nullptr) && wgmma_available(&sms);
+                        (gate.zeros != nullptr) == (up.zeros != nullptr) && wgmma_available();
   // the build gemm_multi would take for gate and up; each block kRows/2 rows of gate and the same rows of up
   const int c = fused_ok ? choose_wgmma(W, 2, M, sms, &blocks) : -1;
   if (c >= 0 && 2 * blocks >= sms) {

@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(kFragThreads) gemm_int4_frag(const GemmGroup g
 }
 
 // ---- host side ----------------------------------------------------------------------------------------------------
-// The device's SM count and shared-memory limits, read once per device.
+// The device's SM count (device_sms) and shared-memory limits, read once per device.
 struct FragLimits {
   int sms = 0;
   size_t optin = 0;      // dynamic shared memory a block may opt in to
@@ -259,15 +259,14 @@ inline int frag_limits(FragLimits* out) {
   NQ_CUDA(cudaGetDevice(&dev));
   if (dev < 0 || dev >= 16) return fail(NQ_E_UNSUPPORTED, "gemm: device %d", dev);
   if (!cache[dev].sms) {
-    int sms = 0, optin = 0, per_sm = 0, reserved = 0;
-    NQ_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    int optin = 0, per_sm = 0, reserved = 0;
     NQ_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     NQ_CUDA(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
     NQ_CUDA(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
     FragLimits L;
     L.optin = (size_t)optin;
     L.two = (size_t)std::max(0, per_sm / 2 - reserved);
-    L.sms = sms;
+    L.sms = device_sms();
     // A cluster of 16 one-per-SM blocks needs 16 SMs of one GPC (H200: measured, NOTES Session 11 §7e; other Hopper
     // parts may have fewer): asked once of the occupancy calculator with the widest build (the answer is the same for
     // every build and size above `two`: one block an SM); where it says none, frag_splits avoids that case.

@@ -6,7 +6,8 @@
 //   grid would leave SMs idle; the int4 words are consumed without repacking (the k-permutation comment block
 //   below says how). The library runs 3 stages at 2 blocks/SM (gemm.cu), in a layout-1 and a layout-2 (ZP) build.
 // * gemm_kernel (wmma m16n16k16; f16/bf16 weights): block tile 64 x 128 x 64, 8 warps as 2 x 4, each warp
-//   32 x 32; the next tile's global loads are issued before the current tile's MMAs.
+//   32 x 32; the next tile's global loads are issued before the current tile's MMAs. gemm_f16_kernel (f16 weights)
+//   has the same tiles on a cp.async ring; the two share gemm_tile, wmma_tile and wmma_epilogue.
 // Included by gemm.cu and by csrc/dev/ programs that time other instantiations; it holds no host state but the
 // per-instantiation "shared memory raised" flags.
 #pragma once
@@ -100,6 +101,65 @@ struct GemmGroup {
   int swiglu_ld = 0;
 };
 
+// The block's tile in gemm_kernel / gemm_f16_kernel: its segment's weight, output and bias (segment by blockIdx.x),
+// the tile's first W row n0 and token row m0, and the warp's 32 x 32 of it at (wm, wn) (2 x 4 warps).
+struct GemmTile {
+  LinW W;
+  float* C;
+  const float* bias;
+  int n0, m0, wm, wn;
+};
+__device__ __forceinline__ GemmTile gemm_tile(const GemmGroup& g) {
+  const int bx = blockIdx.x;
+  const bool in1 = g.n > 1 && bx >= g.tiles0, in2 = g.n > 2 && bx >= g.tiles0 + g.tiles1;  // segment by tile
+  const GemmSeg& s = in2 ? g.s[2] : in1 ? g.s[1] : g.s[0];
+  const int n0 = (bx - (in2 ? g.tiles0 + g.tiles1 : in1 ? g.tiles0 : 0)) * BN, m0 = blockIdx.y * BM;
+  const int warp = threadIdx.x >> 5;
+  return GemmTile{s.W, s.C, s.bias, n0, m0, warp >> 2, warp & 3};
+}
+
+using AccFrag = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// The warp's MMAs over one staged k tile: As [BM][LDS] (token rows) and Ws [BN][LDS] (W rows), f16, into acc.
+__device__ __forceinline__ void wmma_tile(const GemmTile& t, const __half* As, const __half* Ws, AccFrag (&acc)[2][2]) {
+#pragma unroll
+  for (int kk = 0; kk < BK; kk += 16) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], As + (t.wm * 32 + i * 16) * LDS + kk, LDS);
+#pragma unroll
+    for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], Ws + (t.wn * 32 + j * 16) * LDS + kk, LDS);
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+      for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+  }
+}
+
+// C (+)= acc (+ bias) through the f32 staging Cs [BM][BN + 4]. Cs lies over the A/W tiles: the caller's barrier
+// must have every warp done with them.
+__device__ __forceinline__ void wmma_epilogue(const GemmTile& t, const AccFrag (&acc)[2][2], float* Cs, int M, int ldc,
+                                              int add) {
+#pragma unroll
+  for (int i = 0; i < 2; i++)
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+      wmma::store_matrix_sync(Cs + (t.wm * 32 + i * 16) * (BN + 4) + t.wn * 32 + j * 16, acc[i][j], BN + 4,
+                              wmma::mem_row_major);
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < BM * BN; idx += kGemmThreads) {
+    const int r = idx / BN, c = idx % BN;
+    const int m = t.m0 + r, n = t.n0 + c;
+    if (m < M && n < t.W.N) {
+      float v = Cs[r * (BN + 4) + c] + (t.bias ? t.bias[n] : 0.f);
+      float* dst = t.C + (size_t)m * ldc + n;
+      if (add) v += *dst;
+      *dst = v;
+    }
+  }
+}
+
 template <int WT>
 __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmGroup g, const __half* A, int lda, int M,
                                                             int ldc, int add) {
@@ -109,14 +169,10 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmGroup g, c
   __half* As = reinterpret_cast<__half*>(gsm);
   __half* Ws = As + BM * LDS;
   float* Cs = reinterpret_cast<float*>(gsm);
-  const int bx = blockIdx.x;
-  const bool in1 = g.n > 1 && bx >= g.tiles0, in2 = g.n > 2 && bx >= g.tiles0 + g.tiles1;  // segment by tile
-  const LinW W = in2 ? g.s[2].W : in1 ? g.s[1].W : g.s[0].W;
-  float* const C = in2 ? g.s[2].C : in1 ? g.s[1].C : g.s[0].C;
-  const float* const bias = in2 ? g.s[2].bias : in1 ? g.s[1].bias : g.s[0].bias;
-  const int n0 = (bx - (in2 ? g.tiles0 + g.tiles1 : in1 ? g.tiles0 : 0)) * BN, m0 = blockIdx.y * BM;
-  const int warp = threadIdx.x >> 5, wm = warp >> 2, wn = warp & 3;  // 2 x 4 warps, 32 x 32 each
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+  const GemmTile t = gemm_tile(g);
+  const LinW& W = t.W;
+  const int n0 = t.n0, m0 = t.m0;
+  AccFrag acc[2][2];
 #pragma unroll
   for (int i = 0; i < 2; i++)
 #pragma unroll
@@ -135,38 +191,10 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(const GemmGroup g, c
       load_a(A, lda, M, m0, k0 + BK, ar);
       load_w<WT>(W, n0, k0 + BK, wt);
     }
-#pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
-#pragma unroll
-      for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], As + (wm * 32 + i * 16) * LDS + kk, LDS);
-#pragma unroll
-      for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], Ws + (wn * 32 + j * 16) * LDS + kk, LDS);
-#pragma unroll
-      for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-    }
+    wmma_tile(t, As, Ws, acc);
   }
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < 2; i++)
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-      wmma::store_matrix_sync(Cs + (wm * 32 + i * 16) * (BN + 4) + wn * 32 + j * 16, acc[i][j], BN + 4,
-                              wmma::mem_row_major);
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < BM * BN; idx += kGemmThreads) {
-    const int r = idx / BN, c = idx % BN;
-    const int m = m0 + r, n = n0 + c;
-    if (m < M && n < W.N) {
-      float v = Cs[r * (BN + 4) + c] + (bias ? bias[n] : 0.f);
-      float* dst = C + (size_t)m * ldc + n;
-      if (add) v += *dst;
-      *dst = v;
-    }
-  }
+  __syncthreads();  // every warp's MMAs are done: C staging lies over the tiles
+  wmma_epilogue(t, acc, Cs, M, ldc, add);
 }
 
 // gemm_f16_kernel: gemm_kernel's tiles, warps and wmma for f16 weights, fed by a kF16Stages-deep cp.async ring
@@ -184,13 +212,9 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_f16_kernel(const GemmGroup 
   extern __shared__ __align__(16) unsigned char gsm[];
   __half* const ring = reinterpret_cast<__half*>(gsm);
   float* Cs = reinterpret_cast<float*>(gsm);
-  const int bx = blockIdx.x;
-  const bool in1 = g.n > 1 && bx >= g.tiles0, in2 = g.n > 2 && bx >= g.tiles0 + g.tiles1;  // segment by tile
-  const LinW W = in2 ? g.s[2].W : in1 ? g.s[1].W : g.s[0].W;
-  float* const C = in2 ? g.s[2].C : in1 ? g.s[1].C : g.s[0].C;
-  const float* const bias = in2 ? g.s[2].bias : in1 ? g.s[1].bias : g.s[0].bias;
-  const int n0 = (bx - (in2 ? g.tiles0 + g.tiles1 : in1 ? g.tiles0 : 0)) * BN, m0 = blockIdx.y * BM;
-  const int warp = threadIdx.x >> 5, wm = warp >> 2, wn = warp & 3;  // 2 x 4 warps, 32 x 32 each
+  const GemmTile t = gemm_tile(g);
+  const LinW& W = t.W;
+  const int n0 = t.n0, m0 = t.m0;
   const __half* const Wh = reinterpret_cast<const __half*>(W.w);
   const int nk = (W.K + BK - 1) / BK;
   // tile kt into stage s: A 64 rows x 8 chunks (2 a thread), W 128 rows x 8 chunks (4 a thread); the caller commits
@@ -230,7 +254,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_f16_kernel(const GemmGroup 
     issue_a(s, s);
     cp_async_commit();
   }
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+  AccFrag acc[2][2];
 #pragma unroll
   for (int i = 0; i < 2; i++)
 #pragma unroll
@@ -243,39 +267,11 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_f16_kernel(const GemmGroup 
     cp_async_commit();
     const __half* As = ring + (kt % kF16Stages) * kF16StageH;
     const __half* Ws = As + BM * LDS;
-#pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
-#pragma unroll
-      for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], As + (wm * 32 + i * 16) * LDS + kk, LDS);
-#pragma unroll
-      for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], Ws + (wn * 32 + j * 16) * LDS + kk, LDS);
-#pragma unroll
-      for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-    }
+    wmma_tile(t, As, Ws, acc);
   }
   cp_async_wait<0>();
   __syncthreads();   // the ring is free: C staging lies over it
-#pragma unroll
-  for (int i = 0; i < 2; i++)
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-      wmma::store_matrix_sync(Cs + (wm * 32 + i * 16) * (BN + 4) + wn * 32 + j * 16, acc[i][j], BN + 4,
-                              wmma::mem_row_major);
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < BM * BN; idx += kGemmThreads) {
-    const int r = idx / BN, c = idx % BN;
-    const int m = m0 + r, n = n0 + c;
-    if (m < M && n < W.N) {
-      float v = Cs[r * (BN + 4) + c] + (bias ? bias[n] : 0.f);
-      float* dst = C + (size_t)m * ldc + n;
-      if (add) v += *dst;
-      *dst = v;
-    }
-  }
+  wmma_epilogue(t, acc, Cs, M, ldc, add);
 }
 
 inline int launch_gemm_f16(const GemmGroup& g, int tiles, const __half* A, int lda, int M, int ldc, bool add,
@@ -559,11 +555,7 @@ __global__ void __launch_bounds__(MM_THREADS, MINB) gemm_int4_mma(const GemmGrou
 // round or more are left unsplit unless fill_rounds (then a split may also fill a partial last round).
 int choose_splits(long long blocks, int ktiles, int blocks_per_sm, int max_splits = 8, int min_ktiles = 16,
                   bool fill_rounds = false) {
-  static int sms[16] = {0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return 1;
-  if (!sms[dev] && cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 1;
-  const long long slots = (long long)sms[dev] * blocks_per_sm;
+  const long long slots = (long long)device_sms() * blocks_per_sm;
   if (blocks >= slots && !fill_rounds) return 1;
   int best = 1;
   long long best_cost = (blocks + slots - 1) / slots * ktiles;

@@ -10,7 +10,6 @@
 namespace nq {
 namespace {
 
-int g_sm_count = 132;
 // gemv_int4's register budget: 2 resident blocks per SM (125-128 registers, no spills). At 3 blocks/SM (80
 // registers) it spills and lost on every shape above 0.5B (csrc/dev/gemv_int4_3blocks.cu, bench/NOTES.md).
 constexpr int kInt4BlocksPerSm = 2;
@@ -21,7 +20,7 @@ int launch_dense(const GemvArgs& a, int rows, size_t smem, cudaStream_t st) {
   int occ = 0;  // resident blocks per SM for this kernel and shared-memory size
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_rowpair<DenseRows<WT>, MODE>, kThreads, smem) != cudaSuccess || occ < 1)
     occ = 1;
-  const int grid = std::max(1, std::min((rows + per_block - 1) / per_block, g_sm_count * std::min(occ, kBlocksPerSm)));
+  const int grid = std::max(1, std::min((rows + per_block - 1) / per_block, device_sms() * std::min(occ, kBlocksPerSm)));
   return launch_pdl("gemv_rowpair", gemv_rowpair<DenseRows<WT>, MODE>, dim3(grid), dim3(kThreads), smem, st, a, rows);
 }
 
@@ -29,14 +28,14 @@ int launch_dense(const GemvArgs& a, int rows, size_t smem, cudaStream_t st) {
 template <bool ZP>
 int dispatch_int4_layout(const GemvArgs& a, int rows, cudaStream_t st) {
   switch (a.mode) {
-    case GEMV_STORE: return launch_gemv_int4<GEMV_STORE, kInt4BlocksPerSm, F16Units, ZP>(a, rows, g_sm_count, st);
-    case GEMV_ADD: return launch_gemv_int4<GEMV_ADD, kInt4BlocksPerSm, F16Units, ZP>(a, rows, g_sm_count, st);
-    case GEMV_SWIGLU: return launch_gemv_int4<GEMV_SWIGLU, kInt4BlocksPerSm, F16Units, ZP>(a, rows, g_sm_count, st);
+    case GEMV_STORE: return launch_gemv_int4<GEMV_STORE, kInt4BlocksPerSm, F16Units, ZP>(a, rows, device_sms(), st);
+    case GEMV_ADD: return launch_gemv_int4<GEMV_ADD, kInt4BlocksPerSm, F16Units, ZP>(a, rows, device_sms(), st);
+    case GEMV_SWIGLU: return launch_gemv_int4<GEMV_SWIGLU, kInt4BlocksPerSm, F16Units, ZP>(a, rows, device_sms(), st);
   }
   return fail(NQ_E_INVALID_ARG, "gemv: unknown mode %d", a.mode);
 }
 int dispatch_int4(const GemvArgs& a, int rows, cudaStream_t st) {
-  if (a.seg[0].order != ORDER_FILE) return gemv_frag(a, rows, g_sm_count, st);   // check_int4_orders passed
+  if (a.seg[0].order != ORDER_FILE) return gemv_frag(a, rows, device_sms(), st);   // check_int4_orders passed
   return a.seg[0].zeros ? dispatch_int4_layout<true>(a, rows, st) : dispatch_int4_layout<false>(a, rows, st);
 }
 
@@ -87,9 +86,6 @@ template <int MODE> struct Bf16Kernel { static auto get() { return gemv_rowpair<
 }  // namespace
 
 int gemv_prepare() {
-  int dev = 0;
-  NQ_CUDA(cudaGetDevice(&dev));
-  NQ_CUDA(cudaDeviceGetAttribute(&g_sm_count, cudaDevAttrMultiProcessorCount, dev));
   NQ_CUDA(raise_limits<Int4Kernel>());
   NQ_CUDA(raise_limits<Int4ZpKernel>());
   NQ_CUDA(raise_limits<F16Kernel>());

@@ -111,6 +111,12 @@ struct KvLayer {
 };
 
 constexpr int kAttnMaxSplits = 128;   // attention splits per (token, KV head): bounds the merge's shared memory
+// Decode attention's least keys per split (a session's decode and the batched step; attn_decode_kernel grows it to
+// cover the keys with n_split splits). attn_bench, H200, 7B heads, one token (bench/NOTES.md "Session 16" §1):
+// 64 keys (4 one-page tiles, one a warp) took 6.2 / 7.1 / 8.7 us at 65 / 577 / 2,048 keys against 32's 6.9 / 9.0 / 13.0;
+// 128 won at 65 and 2,048 keys (4.3, 7.4) and lost at 577 (8.3); from 8K keys the split count is the cap and kps
+// does not matter.
+constexpr int kDecodeKeysPerSplit = 64;
 struct AttnArgs {
   const float* qkv;        // [M][qkv_stride] f32: q (n_heads*D), k (n_kv*D), v (n_kv*D), bias already added
   int qkv_stride;
@@ -128,8 +134,9 @@ struct AttnArgs {
   float* part_ml;          // [M][n_heads][n_split][2]
   int* counters;           // [M][n_kv], zero before, left zero after
   __half* out;             // [M][n_heads*D]
-  // Batched decode: M sequences, one query token each, every one at its own position in its own cache (attn_kernel
-  // with grid z = M, write_kv). Device arrays [M]; null for one sequence (then *pos0 + t, kv and page_table).
+  // Batched decode: M sequences, one query token each, every one at its own position in its own cache (grid z = M,
+  // write_kv). Device arrays [M], all three or none; null for one sequence (then *pos0 + pos_offset + t, kv and
+  // page_table).
   const int* pos_of = nullptr;
   const KvLayer* kv_of = nullptr;            // this layer's cache of each sequence
   const int* const* page_table_of = nullptr;

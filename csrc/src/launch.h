@@ -8,6 +8,10 @@ namespace nq {
 
 bool pdl_enabled();
 
+// The current device's SM count, read once per process (the library runs on one device); 132 (H100/H200) where the
+// query fails.
+int device_sms();
+
 // The one launcher: the PDL attribute where the device supports it, and a thread-block cluster shape where `cluster`
 // is given.
 template <typename... KArgs, typename... Args>

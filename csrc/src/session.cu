@@ -24,6 +24,7 @@ Session::~Session() {
   for (void* p : dev)
     if (p) cudaFree(p);
   if (h_tokens) cudaFreeHost(h_tokens);
+  if (h_table) cudaFreeHost(h_table);
   if (h_ring) cudaFreeHost(h_ring);
   for (cudaEvent_t e : ring_ev)
     if (e) cudaEventDestroy(e);
@@ -34,10 +35,11 @@ Session::~Session() {
 
 KvPool::~KvPool() {
   if (st) cudaStreamSynchronize(st);
-  void* dev[] = {base, d_rope, d_poison};
+  void* dev[] = {base, d_rope};
   for (void* p : dev)
     if (p) cudaFree(p);
   pre.free();
+  if (poisoned) cudaEventDestroy(poisoned);
   if (st) cudaStreamDestroy(st);
 }
 
@@ -123,9 +125,17 @@ size_t kv_page_bytes(const nq_config& c) {
 
 namespace {
 
-// Every element of the listed pages, keys and values of every layer, to f16 NaN (0xFFFF). grid (pages, layers * 2).
-__global__ void poison_pages_kernel(__half* base, const int32_t* pages, size_t page_elems, size_t pool_elems) {
-  const size_t page = (size_t)pages[blockIdx.x];
+// Page ids of one poison launch, passed by value as a kernel argument (no copy, no device list).
+constexpr int kPoisonPagesPerLaunch = 64;
+struct PoisonPages {
+  int32_t n;
+  int32_t ids[kPoisonPagesPerLaunch];
+};
+
+// Every element of the listed pages, keys and values of every layer, to f16 NaN (0xFFFF). grid (pages.n, layers * 2).
+__global__ void poison_pages_kernel(__half* base, PoisonPages pages, size_t page_elems, size_t pool_elems) {
+  if ((int)blockIdx.x >= pages.n) return;
+  const size_t page = (size_t)pages.ids[blockIdx.x];
   uint4* p = reinterpret_cast<uint4*>(base + (size_t)blockIdx.y * pool_elems + page * page_elems);
   const uint4 nan8 = make_uint4(0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu);
   for (size_t i = threadIdx.x; i < page_elems / 8; i += blockDim.x) p[i] = nan8;
@@ -147,10 +157,12 @@ int kv_pool_create(Model* m, int n_pages, KvPool** out) {
   const size_t layer_elems = (size_t)n_pages * page_elems(c);   // per layer, per K or V
   cudaError_t e = cudaStreamCreateWithFlags(&p->st, cudaStreamNonBlocking);
   if (e != cudaSuccess) return bail(fail(cuda_status(e), "cudaStreamCreate: %s", cudaGetErrorString(e)));
+  if ((e = cudaEventCreateWithFlags(&p->poisoned, cudaEventDisableTiming)) != cudaSuccess)
+    return bail(fail(cuda_status(e), "cudaEventCreate (KV pool): %s", cudaGetErrorString(e)));
   int rc = NQ_OK;
   if ((rc = dalloc(&p->base, layer_elems * 2 * c.n_layers, "KV page pool")) ||
       (rc = dalloc(&p->d_rope, (size_t)c.max_positions * (D / 2), "rope table")) ||
-      (rc = dalloc(&p->d_poison, (size_t)n_pages, "poison page list")) || (rc = p->pre.alloc(*m, p->prefill_chunk)))
+      (rc = p->pre.alloc(*m, p->prefill_chunk)))
     return bail(rc);
   p->kv.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; l++) {
@@ -166,15 +178,30 @@ int kv_pool_create(Model* m, int n_pages, KvPool** out) {
   return NQ_OK;
 }
 
+// No host synchronisation and no copy: the ids go by value, kPoisonPagesPerLaunch a launch, and the fill is ordered
+// before the pages' later users on the device (p->poisoned, kv_pool_wait_poison). bench/NOTES.md "Session 15": the
+// per-sequence pageable copy + cudaStreamSynchronize here held the host ~0.75 ms when 32 streams took pages at once.
 int kv_pool_poison(KvPool* p, const int32_t* pages, int n) {
   if (n == 0) return NQ_OK;
   const nq_config& c = p->m->cfg;
-  NQ_CUDA(cudaMemcpyAsync(p->d_poison, pages, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, p->st));
   const size_t pe = page_elems(c);
-  poison_pages_kernel<<<dim3((unsigned)n, (unsigned)(2 * c.n_layers)), 256, 0, p->st>>>(p->base, p->d_poison, pe,
-                                                                                       (size_t)p->n_pages * pe);
-  NQ_CUDA(cudaGetLastError());
-  NQ_CUDA(cudaStreamSynchronize(p->st));
+  cudaError_t e = cudaSuccess;
+  for (int i = 0; i < n && e == cudaSuccess; i += kPoisonPagesPerLaunch) {
+    PoisonPages list{};
+    list.n = std::min(kPoisonPagesPerLaunch, n - i);
+    std::memcpy(list.ids, pages + i, (size_t)list.n * sizeof(int32_t));
+    poison_pages_kernel<<<dim3((unsigned)list.n, (unsigned)(2 * c.n_layers)), 256, 0, p->st>>>(
+        p->base, list, pe, (size_t)p->n_pages * pe);
+    e = cudaGetLastError();
+  }
+  const cudaError_t r = cudaEventRecord(p->poisoned, p->st);   // after what was launched, also when a launch failed
+  if (e == cudaSuccess) e = r;
+  if (e != cudaSuccess) return fail(cuda_status(e), "kv_pool_poison: %s", cudaGetErrorString(e));
+  return NQ_OK;
+}
+
+int kv_pool_wait_poison(KvPool* p, cudaStream_t st) {
+  NQ_CUDA(cudaStreamWaitEvent(st, p->poisoned, 0));
   return NQ_OK;
 }
 
@@ -201,9 +228,10 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
     s->pre = pool->pre;
   }
   const int C = s->prefill_chunk;
-  // decode attention: up to min(128, 256 / n_kv) splits of at least 32 keys (prefill attention does not split)
-  s->kps_decode = 32;
-  s->nsplit_decode = std::max(1, std::min(std::min(128, 256 / c.n_kv_heads), (max_ctx + 31) / 32));
+  // decode attention: up to min(128, 256 / n_kv) splits of at least kDecodeKeysPerSplit keys (prefill attention
+  // does not split)
+  s->nsplit_decode = std::max(1, std::min(std::min(128, 256 / c.n_kv_heads),
+                                          (max_ctx + kDecodeKeysPerSplit - 1) / kDecodeKeysPerSplit));
   int rc = NQ_OK;
   {
     cudaError_t e = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking);
@@ -236,6 +264,8 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
     if (e == cudaSuccess) e = cudaHostAlloc(&s->h_ring, s->ring * sizeof(int32_t), cudaHostAllocMapped);
     if (e == cudaSuccess) e = cudaHostGetDevicePointer(&s->d_ring, s->h_ring, 0);
     if (e == cudaSuccess) e = cudaHostAlloc(&s->h_steer_out, (3 + 2 * kMaxTopLogprobs) * sizeof(float), cudaHostAllocDefault);
+    if (e == cudaSuccess && pool)
+      e = cudaHostAlloc(&s->h_table, ((size_t)s->max_pages + 1) * sizeof(int32_t), cudaHostAllocDefault);
     if (e != cudaSuccess) return bail(fail(cuda_status(e), "pinned host buffers: %s", cudaGetErrorString(e)));
   }
   if (!pool) {
@@ -293,18 +323,25 @@ int session_create_pooled(Model* m, KvPool* pool, int max_ctx, const nq_sampling
 }
 
 // The caller (the C ABI) checked the list with check_session_pages. Uploads the entries from the first one that
-// changed, and the position, on the session's stream: after its enqueued step (which reads them), before its next
-// one; a batched step synchronizes the session's stream before it starts. The host sources are consumed before the
-// copies return (pageable memory is staged), and the copies have finished when this returns.
+// changed, and the position when it is not the session's, on the session's stream from its pinned staging row
+// (h_table): after its enqueued steps, before its next one; a batched step synchronizes the session's stream before
+// it starts. Returns without waiting for the copies. It first synchronizes the session's stream, so that the
+// previous call's copies have read the staging row before it is overwritten (normally long done; it also waits for
+// an enqueued nq_decode of the session, as the synchronisation after the copies did before).
 int session_set_pages(Session* s, const int32_t* pages, int n, int position) {
+  NQ_CUDA(cudaStreamSynchronize(s->st));
   int first = 0;
   while (first < n && first < (int)s->pages.size() && s->pages[first] == pages[first]) first++;
-  if (first < n)
-    NQ_CUDA(cudaMemcpyAsync(s->d_page_table + first, pages + first, (size_t)(n - first) * sizeof(int32_t),
+  int32_t* row = s->h_table;   // [max_pages] entries, then the position
+  if (first < n) {
+    std::memcpy(row + first, pages + first, (size_t)(n - first) * sizeof(int32_t));
+    NQ_CUDA(cudaMemcpyAsync(s->d_page_table + first, row + first, (size_t)(n - first) * sizeof(int32_t),
                             cudaMemcpyHostToDevice, s->st));
-  if (position != s->pos)
-    NQ_CUDA(cudaMemcpyAsync(s->d_pos, &position, sizeof(int), cudaMemcpyHostToDevice, s->st));
-  NQ_CUDA(cudaStreamSynchronize(s->st));
+  }
+  if (position != s->pos) {
+    row[s->max_pages] = position;
+    NQ_CUDA(cudaMemcpyAsync(s->d_pos, row + s->max_pages, sizeof(int32_t), cudaMemcpyHostToDevice, s->st));
+  }
   s->pages.assign(pages, pages + n);
   if (position != s->pos) {
     s->pos = position;
@@ -348,7 +385,7 @@ int enqueue_decode(Session* s) {
     aa.qkv = s->qkv; aa.qkv_stride = Nq + 2 * c.n_kv_heads * D; aa.M = 1; aa.pos0 = s->d_pos;
     aa.kv = s->kv[l]; aa.page_table = s->d_page_table; aa.rope = s->d_rope;
     aa.n_heads = c.n_heads; aa.n_kv = c.n_kv_heads; aa.D = D;
-    aa.keys_per_split = s->kps_decode; aa.n_split = s->nsplit_decode; aa.write_kv = true;
+    aa.keys_per_split = kDecodeKeysPerSplit; aa.n_split = s->nsplit_decode; aa.write_kv = true;
     aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters; aa.out = s->att;
     NQ_TRY(attention(aa, st));
     NQ_TRY(decode_o_mlp(s, L, st));
@@ -444,7 +481,7 @@ constexpr int kSplitPrefillMinSplits = 4;
 int split_prefill_count(int M, int n_keys) {
   if (M > kSplitPrefillMaxTokens) return 1;
   const int ns = std::max(1, std::min(kAttnMaxSplits, kSplitPrefillRows / M));
-  const int kps = std::max(32, ((n_keys + ns - 1) / ns + 31) / 32 * 32);   // as attn_kernel derives it
+  const int kps = std::max(32, ((n_keys + ns - 1) / ns + 31) / 32 * 32);   // as attn_decode_kernel derives it
   return (n_keys + kps - 1) / kps >= kSplitPrefillMinSplits ? ns : 1;
 }
 }  // namespace
@@ -478,6 +515,8 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
     NQ_CUDA(cudaStreamSynchronize(st));  // h_tokens is reused
     std::memcpy(s->h_tokens, tokens + done, M * sizeof(int32_t));
     auto run = [&]() -> int {
+      // pages a pool just handed out are poisoned first (after the host synchronisation above: it does not wait)
+      if (s->pool) NQ_TRY(kv_pool_wait_poison(s->pool, st));
       NQ_CUDA(cudaMemcpyAsync(s->pre.d_tokens, s->h_tokens, M * sizeof(int32_t), cudaMemcpyHostToDevice, st));
       NQ_TRY(embed_rows(m.embed, m.embed_dtype, s->pre.d_tokens, M, H, s->pre.X, st));
       for (int l = 0; l < c.n_layers; l++) {
@@ -558,6 +597,7 @@ int session_decode(Session* s, int32_t token) {
   NQ_CUDA(cudaStreamSynchronize(s->st));  // h_tokens is reused
   s->h_tokens[0] = token;
   NQ_CUDA(cudaMemcpyAsync(s->d_token, s->h_tokens, 4, cudaMemcpyHostToDevice, s->st));
+  if (s->pool) NQ_TRY(kv_pool_wait_poison(s->pool, s->st));   // pages a pool just handed out are poisoned first
   NQ_CUDA(cudaGraphLaunch(s->decode_only, s->st));
   s->pos += 1;
   s->have_logits = true;
@@ -594,6 +634,7 @@ int session_generate(Session* s, int max_new, const int32_t* stop, int n_stop, n
   unsigned long long counter0 = 0;
   NQ_CUDA(cudaMemcpy(&counter0, s->d_counter, 8, cudaMemcpyDeviceToHost));
   const int lookahead = std::min(8, s->ring - 1);
+  if (s->pool) NQ_TRY(kv_pool_wait_poison(s->pool, st));   // pages a pool just handed out are poisoned first
   int launched = 0;  // tokens whose producing launch is enqueued
   auto launch_one = [&](int i) -> int {
     cudaError_t e = i == 0 ? cudaSuccess : cudaGraphLaunch(s->decode_sample, st);

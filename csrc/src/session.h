@@ -34,10 +34,11 @@ struct KvPool {
   int n_pages = 0;
   std::atomic<int> refs{1};      // the handle + one per session
   cudaStream_t st = nullptr;     // poison fills
+  cudaEvent_t poisoned = nullptr;  // recorded on st after each poison fill; every stream that then reads or writes
+                                   // pages waits for it on the device first (kv_pool_wait_poison)
   __half* base = nullptr;        // [n_layers][K, V][n_pages][n_kv][kPage][D]
   std::vector<KvLayer> kv;       // per layer
   float2* d_rope = nullptr;      // [max_positions][D/2] (cos, sin)
-  int32_t* d_poison = nullptr;   // [n_pages] page ids of a poison fill
   // prefill activations of a chunk of up to prefill_chunk tokens (sessions take prefill_mu while they use them)
   std::mutex prefill_mu;
   int prefill_chunk = NQ_PREFILL_CHUNK_TOKENS;
@@ -62,6 +63,8 @@ struct Session {
   int pos = 0;                   // host mirror of *d_pos
   KvPool* pool = nullptr;        // pooled session: KV rows, rope table and prefill buffers are the pool's
   std::vector<int32_t> pages;    // pooled session: host mirror of d_page_table's entries in use
+  int32_t* h_table = nullptr;    // pooled session: pinned staging [max_pages + 1] of session_set_pages' uploads
+                                 // (the table entries, then the position)
   // positions this session can hold: max_ctx, or for a pooled session what its pages hold
   int capacity() const { return pool ? std::min(max_ctx, (int)pages.size() * kPage) : max_ctx; }
   bool have_logits = false;
@@ -86,7 +89,7 @@ struct Session {
   float* part_o = nullptr;       // decode attention partials [nsplit_decode][n_heads][D]
   float* part_ml = nullptr;
   int* counters = nullptr;       // [kSplitPrefillMaxTokens][n_kv]
-  int kps_decode = 32, nsplit_decode = 1;  // decode attention split (csrc/src/attention.cu)
+  int nsplit_decode = 1;         // decode attention splits (csrc/src/attention.cu)
   // prefill activations, chunk of up to prefill_chunk tokens
   int prefill_chunk = NQ_PREFILL_CHUNK_TOKENS;
   int32_t* h_tokens = nullptr;   // pinned staging [prefill_chunk]
@@ -125,7 +128,13 @@ int session_create_pooled(Model* m, KvPool* pool, int max_ctx, const nq_sampling
 int kv_pool_create(Model* m, int n_pages, KvPool** out);
 void kv_pool_release(KvPool* p);   // drop one reference; the last one frees it
 size_t kv_page_bytes(const nq_config& c);
+// Enqueues the NaN fill of the listed pages on the pool's stream and records p->poisoned after it; returns without
+// waiting. The pages' later users are ordered after it by kv_pool_wait_poison.
 int kv_pool_poison(KvPool* p, const int32_t* pages, int n);
+// Makes st's later work wait (on the device) for every poison fill enqueued on p so far. Issued by each entry point
+// that enqueues work reading or writing p's pages (a pooled session's prefill, decode and generation; the batched
+// step), before any graph launch and never while st is being captured.
+int kv_pool_wait_poison(KvPool* p, cudaStream_t st);
 // the rule of nq_session_set_pages' arguments, host only (the testing library runs it without a device)
 int check_session_pages(int pool_pages, int max_pages, int max_ctx, const int32_t* pages, int n, int position);
 int session_set_pages(Session* s, const int32_t* pages, int n, int position);

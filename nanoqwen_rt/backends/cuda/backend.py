@@ -523,7 +523,9 @@ class SessionKv(SequenceKv):
         self._drawn: set[int] = set()              # seq_ids of the sequences the device samples
 
     def poison(self, pages) -> None:
-        """NaN into the pages the pool just handed out (every layer), so a read of an unwritten row shows."""
+        """NaN into the pages the pool just handed out (every layer), so a read of an unwritten row shows. One
+        nq_kv_pool_poison for the whole list: it returns without waiting, and the device runs the fill before any
+        step launched afterwards on a session of this pool (its own or a batched one)."""
         idx = np.ascontiguousarray(pages, dtype=np.int32)
         check(self.be._lib, "nq_kv_pool_poison", self._pool, _ptr(idx, ctypes.c_int32), idx.shape[0],
               what="poison KV pages")
