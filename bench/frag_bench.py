@@ -8,6 +8,8 @@
   through gemm_swiglu, down, both orders on the same weights).
 
     python3 bench/frag_bench.py [--json OUT.json] [--tokens 1 5 16 32 64 128 512]
+    python3 bench/frag_bench.py --plans [--tokens 16 32 64]: the few-token GEMM per 7B shape under every launch plan
+        (blocks of 16 / 32 / 64 token rows x 1-16 splits; nq_bench_gemm_int4_frag_plans), and the product's rule
 """
 from __future__ import annotations
 
@@ -36,11 +38,14 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--iters", type=int, default=200)
-    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 5, 16, 32, 64, 128, 512])
+    ap.add_argument("--tokens", type=int, nargs="+", default=ap_default_tokens())
+    ap.add_argument("--plans", action="store_true", help="time every launch plan of the few-token GEMM")
     a = ap.parse_args()
     lib = load_testing_library()
     if not lib.nq_test_fragment_order_available():
         raise SystemExit("frag_bench: the fragment order is not used on this GPU / build")
+    if a.plans:
+        return plans(lib, a)
     sh = QWEN25_SHAPES["7B"]
     rows = {"qkv": (sh.qkv_rows, sh.hidden), "o": (sh.hidden, sh.n_heads * sh.head_dim),
             "gate": (sh.intermediate, sh.hidden), "down": (sh.hidden, sh.intermediate)}
@@ -66,6 +71,37 @@ def main() -> int:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)
     return 0
+
+
+def plans(lib, a) -> int:
+    """Every (token rows a block, splits) plan per 7B shape and M, the best per shape, and the layer's sum of bests."""
+    names = ["qkv", "o", "gate/up", "down"]
+    out = {}
+    for M in (a.tokens if a.tokens != ap_default_tokens() else [16, 32, 48, 64]):
+        best_sum = 0.0
+        for shape, name in enumerate(names):
+            us = (ctypes.c_float * 15)()
+            _call(lib, f"plans {name} M={M}", lib.nq_bench_gemm_int4_frag_plans(shape, M, a.group, 50, us))
+            grid = {f"{16 * mt}x{s}": round(us[5 * i + j], 2) for i, mt in enumerate((1, 2, 4))
+                    for j, s in enumerate((1, 2, 4, 8, 16)) if us[5 * i + j] > 0}
+            best = min(grid, key=grid.get)
+            best_sum += grid[best]
+            out[f"{name} M={M}"] = grid
+            print(f"plans 7B {name:7s} M={M:2d}: best {best} {grid[best]:6.1f} us | " +
+                  " ".join(f"{k} {v:.1f}" for k, v in grid.items()))
+        print(f"plans 7B layer M={M:2d}: sum of the best plans {best_sum:.1f} us")
+        uf, ul = ctypes.c_float(), ctypes.c_float()
+        _call(lib, f"gemm layer M={M}", lib.nq_bench_gemm_int4_frag_layer(M, a.group, 20, ctypes.byref(uf), ctypes.byref(ul)))
+        print(f"plans 7B layer M={M:2d}: the product's rule {uf.value:.1f} us")
+        out[f"layer M={M}"] = {"best_sum": best_sum, "rule": uf.value}
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 0
+
+
+def ap_default_tokens() -> list:
+    return [1, 5, 16, 32, 64, 128, 512]
 
 
 if __name__ == "__main__":

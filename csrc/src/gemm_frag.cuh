@@ -58,8 +58,8 @@ __host__ __device__ inline int frag_mt(int M) { return M <= 16 ? 1 : M <= 32 ? 2
 // MT: 16-token m-tiles (M <= 16 MT); NSV: scale vectors a chunk (128 / group, at least 1). Grid (column blocks, S);
 // launched as clusters (1, S, 1) where S > 1. Dynamic shared memory: frag_smem(MT, KC, S).
 template <int MT, int NSV>
-__global__ void __launch_bounds__(kFragThreads) gemm_int4_frag(const GemmGroup g, const __half* A, int lda, int M,
-                                                               int ldc, int add) {
+__global__ void __launch_bounds__(kFragThreads) gemm_int4_frag(const GemmGroup g, const __half* A, int lda, int M_all,
+                                                               int ldc, int add, int tg) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(NSV == 1 || NSV == 2 || NSV == 4, "groups 32, 64, >= 128");
   constexpr int SEG = frag::kChunkSteps / NSV;   // steps sharing one scale vector within a chunk
@@ -67,7 +67,11 @@ __global__ void __launch_bounds__(kFragThreads) gemm_int4_frag(const GemmGroup g
   __half* const As = reinterpret_cast<__half*>(fsm);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g8 = lane >> 2, t4 = lane & 3;
   const bool swiglu = g.swiglu_out != nullptr;
-  const int cb = blockIdx.x;
+  // grid x = column block cb x token group tgi (tg groups of 16 MT rows; the groups of a column block are adjacent
+  // blocks, so they stream the same weights at about the same time and all but the first read them from L2)
+  const int tgi = (int)blockIdx.x % tg, cb = (int)blockIdx.x / tg, r0 = 16 * MT * tgi;
+  const int M = min(16 * MT, M_all - r0);   // this block's rows r0 .. r0 + M - 1 (>= 1: tg = ceil(M_all / 16 MT))
+  A += (size_t)r0 * lda;
   // segment of this column block (g.tiles0 / g.tiles1: column blocks of segments 0 and 1); SwiGLU: the pair, seg 0
   const int seg = swiglu ? 0 : (g.n > 2 && cb >= g.tiles0 + g.tiles1) ? 2 : (g.n > 1 && cb >= g.tiles0) ? 1 : 0;
   const int cbase = seg == 2 ? g.tiles0 + g.tiles1 : seg == 1 ? g.tiles0 : 0;
@@ -159,7 +163,8 @@ __global__ void __launch_bounds__(kFragThreads) gemm_int4_frag(const GemmGroup g
     }
   }
 
-  float* const C = seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C;
+  float* const C = (seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C) + (size_t)r0 * ldc;
+  __half* const Hout = swiglu ? g.swiglu_out + (size_t)r0 * g.swiglu_ld : nullptr;
   const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
   auto store = [&](int m, int n, float v) {   // segment output (token m < M, column n < W.N): the final value
     float* const dst = C + (size_t)m * ldc + n;
@@ -178,7 +183,7 @@ __global__ void __launch_bounds__(kFragThreads) gemm_int4_frag(const GemmGroup g
         if (swiglu) {   // n8-tiles 2q (gate) and 2q + 1 (up): output 32 nb + 8 q + 2 t + (e & 1)
 #pragma unroll
           for (int q = 0; q < 4; q++)
-            g.swiglu_out[(size_t)tok * g.swiglu_ld + 32 * nb + 8 * q + 2 * t4 + (e & 1)] =
+            Hout[(size_t)tok * g.swiglu_ld + 32 * nb + 8 * q + 2 * t4 + (e & 1)] =
                 swiglu_f16(acc[m][2 * q][e], acc[m][2 * q + 1][e]);
         } else {
 #pragma unroll
@@ -226,7 +231,7 @@ __global__ void __launch_bounds__(kFragThreads) gemm_int4_frag(const GemmGroup g
       if (swiglu) {   // (g, u) of outputs n, n + 1 (n even, I even: both < I when n is)
         const int n = (kFragRB / 2) * cb + col / 2;
         if (n < W.N) {
-          __half* const h = g.swiglu_out + (size_t)tok * g.swiglu_ld + n;
+          __half* const h = Hout + (size_t)tok * g.swiglu_ld + n;
           h[0] = swiglu_f16(v.x, v.y);
           h[1] = swiglu_f16(v.z, v.w);
         }
@@ -322,8 +327,8 @@ inline int frag_splits(int cols, int KC, int mt, const FragLimits& L) {
 }
 
 template <int MT, int NSV>
-int launch_int4_frag_build(const GemmGroup& g, int cols, int S, size_t smem, size_t optin, const __half* A, int lda,
-                           int M, int ldc, bool add, cudaStream_t st) {
+int launch_int4_frag_build(const GemmGroup& g, int cols, int tg, int S, size_t smem, size_t optin, const __half* A,
+                           int lda, int M, int ldc, bool add, cudaStream_t st) {
   auto kern = gemm_int4_frag<MT, NSV>;
   static bool raised = false;   // once per instantiation: the dynamic shared-memory limit and clusters of 16
   if (!raised) {
@@ -332,20 +337,45 @@ int launch_int4_frag_build(const GemmGroup& g, int cols, int S, size_t smem, siz
     raised = true;
   }
   if (S == 1)
-    return launch_pdl("gemm_int4_frag", kern, dim3(cols), dim3(kFragThreads), smem, st, g, A, lda, M, ldc,
-                      add ? 1 : 0);
-  return launch_pdl_cluster("gemm_int4_frag", kern, dim3(cols, S), dim3(kFragThreads), dim3(1, S, 1), smem, st, g, A,
-                            lda, M, ldc, add ? 1 : 0);
+    return launch_pdl("gemm_int4_frag", kern, dim3(cols * tg), dim3(kFragThreads), smem, st, g, A, lda, M, ldc,
+                      add ? 1 : 0, tg);
+  return launch_pdl_cluster("gemm_int4_frag", kern, dim3(cols * tg, S), dim3(kFragThreads), dim3(1, S, 1), smem, st,
+                            g, A, lda, M, ldc, add ? 1 : 0, tg);
 }
 
 template <int MT>
-int launch_int4_frag_mt(int nsv, const GemmGroup& g, int cols, int S, size_t smem, size_t optin, const __half* A,
-                        int lda, int M, int ldc, bool add, cudaStream_t st) {
-  if (nsv == 4) return launch_int4_frag_build<MT, 4>(g, cols, S, smem, optin, A, lda, M, ldc, add, st);
-  if (nsv == 2) return launch_int4_frag_build<MT, 2>(g, cols, S, smem, optin, A, lda, M, ldc, add, st);
-  return launch_int4_frag_build<MT, 1>(g, cols, S, smem, optin, A, lda, M, ldc, add, st);
+int launch_int4_frag_mt(int nsv, const GemmGroup& g, int cols, int tg, int S, size_t smem, size_t optin,
+                        const __half* A, int lda, int M, int ldc, bool add, cudaStream_t st) {
+  if (nsv == 4) return launch_int4_frag_build<MT, 4>(g, cols, tg, S, smem, optin, A, lda, M, ldc, add, st);
+  if (nsv == 2) return launch_int4_frag_build<MT, 2>(g, cols, tg, S, smem, optin, A, lda, M, ldc, add, st);
+  return launch_int4_frag_build<MT, 1>(g, cols, tg, S, smem, optin, A, lda, M, ldc, add, st);
 }
 
+// One launch of gemm_int4_frag over M <= 64 tokens with a given plan: blocks of 16 mt rows (mt 1, 2 or 4; ceil(M /
+// 16 mt) token groups) and S splits. NQ_E_UNSUPPORTED where the plan does not fit the GPU (shared memory; a cluster
+// of 16 one-per-SM blocks the GPU cannot hold). The product's plan is launch_int4_frag's rule; the testing library
+// times others (nq_bench_gemm_int4_frag_plans).
+inline int launch_int4_frag_plan(const GemmGroup& g, int cols, const __half* A, int lda, int M, int ldc, bool add,
+                                 int mt, int S, cudaStream_t st) {
+  FragLimits L;
+  NQ_TRY(frag_limits(&L));
+  const LinW& W = g.s[0].W;
+  const int KC = W.K / kFragChunkK, nsv = W.group >= kFragChunkK ? 1 : kFragChunkK / W.group;
+  if (M <= 0 || M > kFragMaxTokens || cols <= 0 || (mt != 1 && mt != 2 && mt != 4) || S < 1 ||
+      S > std::min(kFragMaxSplits, KC))
+    return fail(NQ_E_INVALID_ARG, "gemm: plan M=%d, %d column blocks, %d m-tiles, %d splits", M, cols, mt, S);
+  const size_t smem = frag_smem(mt, KC, S);
+  if (smem > L.optin || (S > 8 && smem > L.two && !L.wide16))
+    return fail(NQ_E_UNSUPPORTED, "gemm: plan of %d m-tiles and %d splits does not fit (K=%d)", mt, S, W.K);
+  const int tg = (M + 16 * mt - 1) / (16 * mt);
+  if (mt == 1) return launch_int4_frag_mt<1>(nsv, g, cols, tg, S, smem, L.optin, A, lda, M, ldc, add, st);
+  if (mt == 2) return launch_int4_frag_mt<2>(nsv, g, cols, tg, S, smem, L.optin, A, lda, M, ldc, add, st);
+  return launch_int4_frag_mt<4>(nsv, g, cols, tg, S, smem, L.optin, A, lda, M, ldc, add, st);
+}
+
+#ifndef NQ_EXP_FRAG_BLOCK_TOKENS
+#define NQ_EXP_FRAG_BLOCK_TOKENS 64
+#endif
 // gemm_int4_frag over M tokens (any M >= 1): launches of up to 64 tokens (fewer where 64 tokens' staged A fits no
 // split: halved down to 16), each with its own MT and split count. `cols` = the grid's column blocks: segments, the
 // sum over segments of ceil(N_i / 256) with g.tiles0 / g.tiles1 those of segments 0 and 1 (gemm.cu's
@@ -358,24 +388,22 @@ inline int launch_int4_frag(const GemmGroup& g0, int cols, const __half* A, int 
   FragLimits L;
   NQ_TRY(frag_limits(&L));
   const LinW& W = g0.s[0].W;
-  const int KC = W.K / kFragChunkK, nsv = W.group >= kFragChunkK ? 1 : kFragChunkK / W.group;
+  const int KC = W.K / kFragChunkK;
+  auto mt_of = [](int mp) { return frag_mt(std::min(mp, NQ_EXP_FRAG_BLOCK_TOKENS)); };
+  auto groups = [&](int mp) { return (mp + 16 * mt_of(mp) - 1) / (16 * mt_of(mp)); };
   int piece = kFragMaxTokens;
-  while (piece > 16 && !frag_splits(cols, KC, frag_mt(piece), L)) piece /= 2;
-  if (!frag_splits(cols, KC, frag_mt(piece), L))
+  while (piece > 16 && !frag_splits(cols * groups(piece), KC, mt_of(piece), L)) piece /= 2;
+  if (!frag_splits(cols * groups(piece), KC, mt_of(piece), L))
     return fail(NQ_E_UNSUPPORTED, "gemm: K=%d is too long for the fragment-order GEMM's shared memory", W.K);
   for (int m0 = 0; m0 < M; m0 += piece) {
-    const int mp = std::min(piece, M - m0), mt = frag_mt(mp);
-    const int S = frag_splits(cols, KC, mt, L);   // fits: fewer m-tiles than the piece's need no more memory
+    const int mp = std::min(piece, M - m0), mt = mt_of(mp);
+    const int S = frag_splits(cols * groups(mp), KC, mt, L);
     if (!S) return fail(NQ_E_UNSUPPORTED, "gemm: K=%d, %d tokens: no split of the fragment-order GEMM fits", W.K, mp);
-    const size_t smem = frag_smem(mt, KC, S);
     GemmGroup g = g0;   // this piece's rows of every output
     for (int i = 0; i < g.n; i++)
       if (g.s[i].C) g.s[i].C += (size_t)m0 * ldc;
     if (g.swiglu_out) g.swiglu_out += (size_t)m0 * g.swiglu_ld;
-    const __half* const Ap = A + (size_t)m0 * lda;
-    if (mt == 1) NQ_TRY(launch_int4_frag_mt<1>(nsv, g, cols, S, smem, L.optin, Ap, lda, mp, ldc, add, st));
-    else if (mt == 2) NQ_TRY(launch_int4_frag_mt<2>(nsv, g, cols, S, smem, L.optin, Ap, lda, mp, ldc, add, st));
-    else NQ_TRY(launch_int4_frag_mt<4>(nsv, g, cols, S, smem, L.optin, Ap, lda, mp, ldc, add, st));
+    NQ_TRY(launch_int4_frag_plan(g, cols, A + (size_t)m0 * lda, lda, mp, ldc, add, mt, S, st));
   }
   return NQ_OK;
 }
