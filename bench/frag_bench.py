@@ -9,7 +9,8 @@
 
     python3 bench/frag_bench.py [--json OUT.json] [--tokens 1 5 16 32 64 128 512]
     python3 bench/frag_bench.py --plans [--tokens 16 32 64]: the few-token GEMM per 7B shape under every launch plan
-        (blocks of 16 / 32 / 64 token rows x 1-16 splits; nq_bench_gemm_int4_frag_plans), and the product's rule
+        (1 / 2 / 4 m-tiles of 16 tokens x 1-16 splits: the label is rows x splits; nq_bench_gemm_int4_frag_plans),
+        and the product's rule (frag_splits)
 """
 from __future__ import annotations
 

@@ -58,8 +58,8 @@ __host__ __device__ inline int frag_mt(int M) { return M <= 16 ? 1 : M <= 32 ? 2
 // MT: 16-token m-tiles (M <= 16 MT); NSV: scale vectors a chunk (128 / group, at least 1). Grid (column blocks, S);
 // launched as clusters (1, S, 1) where S > 1. Dynamic shared memory: frag_smem(MT, KC, S).
 template <int MT, int NSV>
-__global__ void __launch_bounds__(kFragThreads) gemm_int4_frag(const GemmGroup g, const __half* A, int lda, int M_all,
-                                                               int ldc, int add, int tg) {
+__global__ void __launch_bounds__(kFragThreads) gemm_int4_frag(const GemmGroup g, const __half* A, int lda, int M,
+                                                               int ldc, int add) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(NSV == 1 || NSV == 2 || NSV == 4, "groups 32, 64, >= 128");
   constexpr int SEG = frag::kChunkSteps / NSV;   // steps sharing one scale vector within a chunk
@@ -67,11 +67,7 @@ __global__ void __launch_bounds__(kFragThreads) gemm_int4_frag(const GemmGroup g
   __half* const As = reinterpret_cast<__half*>(fsm);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g8 = lane >> 2, t4 = lane & 3;
   const bool swiglu = g.swiglu_out != nullptr;
-  // grid x = column block cb x token group tgi (tg groups of 16 MT rows; the groups of a column block are adjacent
-  // blocks, so they stream the same weights at about the same time and all but the first read them from L2)
-  const int tgi = (int)blockIdx.x % tg, cb = (int)blockIdx.x / tg, r0 = 16 * MT * tgi;
-  const int M = min(16 * MT, M_all - r0);   // this block's rows r0 .. r0 + M - 1 (>= 1: tg = ceil(M_all / 16 MT))
-  A += (size_t)r0 * lda;
+  const int cb = blockIdx.x;
   // segment of this column block (g.tiles0 / g.tiles1: column blocks of segments 0 and 1); SwiGLU: the pair, seg 0
   const int seg = swiglu ? 0 : (g.n > 2 && cb >= g.tiles0 + g.tiles1) ? 2 : (g.n > 1 && cb >= g.tiles0) ? 1 : 0;
   const int cbase = seg == 2 ? g.tiles0 + g.tiles1 : seg == 1 ? g.tiles0 : 0;
@@ -163,8 +159,7 @@ __global__ void __launch_bounds__(kFragThreads) gemm_int4_frag(const GemmGroup g
     }
   }
 
-  float* const C = (seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C) + (size_t)r0 * ldc;
-  __half* const Hout = swiglu ? g.swiglu_out + (size_t)r0 * g.swiglu_ld : nullptr;
+  float* const C = seg == 2 ? g.s[2].C : seg == 1 ? g.s[1].C : g.s[0].C;
   const float* const bias = seg == 2 ? g.s[2].bias : seg == 1 ? g.s[1].bias : g.s[0].bias;
   auto store = [&](int m, int n, float v) {   // segment output (token m < M, column n < W.N): the final value
     float* const dst = C + (size_t)m * ldc + n;
@@ -183,7 +178,7 @@ __global__ void __launch_bounds__(kFragThreads) gemm_int4_frag(const GemmGroup g
         if (swiglu) {   // n8-tiles 2q (gate) and 2q + 1 (up): output 32 nb + 8 q + 2 t + (e & 1)
 #pragma unroll
           for (int q = 0; q < 4; q++)
-            Hout[(size_t)tok * g.swiglu_ld + 32 * nb + 8 * q + 2 * t4 + (e & 1)] =
+            g.swiglu_out[(size_t)tok * g.swiglu_ld + 32 * nb + 8 * q + 2 * t4 + (e & 1)] =
                 swiglu_f16(acc[m][2 * q][e], acc[m][2 * q + 1][e]);
         } else {
 #pragma unroll
@@ -231,7 +226,7 @@ __global__ void __launch_bounds__(kFragThreads) gemm_int4_frag(const GemmGroup g
       if (swiglu) {   // (g, u) of outputs n, n + 1 (n even, I even: both < I when n is)
         const int n = (kFragRB / 2) * cb + col / 2;
         if (n < W.N) {
-          __half* const h = Hout + (size_t)tok * g.swiglu_ld + n;
+          __half* const h = g.swiglu_out + (size_t)tok * g.swiglu_ld + n;
           h[0] = swiglu_f16(v.x, v.y);
           h[1] = swiglu_f16(v.z, v.w);
         }
@@ -257,7 +252,11 @@ struct FragLimits {
   size_t optin = 0;      // dynamic shared memory a block may opt in to
   size_t two = 0;        // the most a block may take so that two fit on an SM
   bool wide16 = false;   // a cluster of 16 blocks of one block an SM (more than `two`) can be co-resident
+  size_t per_sm = 0;     // shared memory an SM holds, and what each block of it reserves
+  size_t reserved = 0;
+  int reg_blocks[3][3] = {};   // blocks an SM by registers and threads: [MT 1, 2, 4][NSV 1, 2, 4]
 };
+inline int frag_ix(int v) { return v == 1 ? 0 : v == 2 ? 1 : 2; }   // MT or NSV 1 / 2 / 4 -> 0 / 1 / 2
 inline int frag_limits(FragLimits* out) {
   static FragLimits cache[16];
   int dev = 0;
@@ -272,6 +271,17 @@ inline int frag_limits(FragLimits* out) {
     L.optin = (size_t)optin;
     L.two = (size_t)std::max(0, per_sm / 2 - reserved);
     L.sms = device_sms();
+    L.per_sm = (size_t)per_sm;
+    L.reserved = (size_t)reserved;
+    const void* builds[3][3] = {{(const void*)gemm_int4_frag<1, 1>, (const void*)gemm_int4_frag<1, 2>,
+                                 (const void*)gemm_int4_frag<1, 4>},
+                                {(const void*)gemm_int4_frag<2, 1>, (const void*)gemm_int4_frag<2, 2>,
+                                 (const void*)gemm_int4_frag<2, 4>},
+                                {(const void*)gemm_int4_frag<4, 1>, (const void*)gemm_int4_frag<4, 2>,
+                                 (const void*)gemm_int4_frag<4, 4>}};
+    for (int a = 0; a < 3; a++)
+      for (int b = 0; b < 3; b++)
+        NQ_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&L.reg_blocks[a][b], builds[a][b], kFragThreads, 0));
     // A cluster of 16 one-per-SM blocks needs 16 SMs of one GPC (H200: measured, NOTES Session 11 §7e; other Hopper
     // parts may have fewer): asked once of the occupancy calculator with the widest build (the answer is the same for
     // every build and size above `two`: one block an SM); where it says none, frag_splits avoids that case.
@@ -310,25 +320,36 @@ inline size_t frag_smem(int mt, int KC, int S) {
   return std::max(a, p);
 }
 
+// The most dynamic shared memory a block of this build may take without making shared memory, rather than its
+// registers, the limit on blocks an SM (MT 1: 4 blocks, MT 2 at group >= 128: 3, MT 4: 2 on the H200).
+inline size_t frag_smem_target(int mt, int nsv, const FragLimits& L) {
+  const int blocks = std::max(1, L.reg_blocks[frag_ix(mt)][frag_ix(nsv)]);
+  return L.per_sm / blocks > L.reserved ? L.per_sm / blocks - L.reserved : 0;
+}
+
 // The split count S of `cols` column blocks over KC chunks at MT m-tiles, 0 if no split fits shared memory. S = the
-// largest power of two <= 2 SMs / cols (two blocks an SM, as measured: NOTES Session 11 §7h, Session 12 §1), <= 16,
-// <= KC; then doubled (<= 16, <= KC) while its staged A would keep two blocks off an SM (the whole K of A is too
-// large for a block at 17-64 tokens and K = 3584: the 7B gate/up pair, whose 148 column blocks give 1). Also 0 for
-// a cluster of more than 8 one-per-SM blocks where the GPU cannot hold one (FragLimits::wide16; the 7B down at 33-64
-// tokens is such a cluster: 16 splits of 165 KB): the launcher then runs fewer tokens a launch.
-inline int frag_splits(int cols, int KC, int mt, const FragLimits& L) {
+// largest power of two <= 2 SMs / cols, <= 16 and <= KC / 2 (every split at least two chunks of 128 k); then doubled
+// (<= 16, <= KC) while its staged A would make shared memory, not registers, the limit on blocks an SM
+// (frag_smem_target; the 7B gate/up pair, whose 148 column blocks give 1). Chosen over every plan measured per 7B
+// shape at 16-64 tokens (bench/frag_bench.py --plans; NOTES Session 17 §1): the gate/up pair at 32 tokens takes 4
+// splits (3 blocks an SM: 43.9 us against 54.5 at 2, which fit only two), at <= 16 tokens 4 (32.0 against 41.2 at 1);
+// o and q/k/v 8 (o at 32 tokens 10.4 against 12.7 at 16: with one or two chunks a split, the first chunk's load and
+// the staging of A are not hidden and the reduction grows for nothing). Also 0 for a cluster of more than 8
+// one-per-SM blocks where the GPU cannot hold one (FragLimits::wide16; the 7B down at 33-64 tokens is such a cluster:
+// 16 splits of 165 KB): the launcher then runs fewer tokens a launch.
+inline int frag_splits(int cols, int KC, int mt, int nsv, const FragLimits& L) {
   const int smax = std::min(kFragMaxSplits, KC);
   int S = 1;
-  while (2 * S <= smax && 2LL * S * cols <= 2LL * L.sms) S *= 2;
-  while (2 * S <= smax && frag_smem(mt, KC, S) > L.two) S *= 2;
+  while (2 * S <= std::min(smax, std::max(1, KC / 2)) && 2LL * S * cols <= 2LL * L.sms) S *= 2;
+  while (2 * S <= smax && frag_smem(mt, KC, S) > frag_smem_target(mt, nsv, L)) S *= 2;
   const size_t smem = frag_smem(mt, KC, S);
   if (smem > L.optin || (S > 8 && smem > L.two && !L.wide16)) return 0;
   return S;
 }
 
 template <int MT, int NSV>
-int launch_int4_frag_build(const GemmGroup& g, int cols, int tg, int S, size_t smem, size_t optin, const __half* A,
-                           int lda, int M, int ldc, bool add, cudaStream_t st) {
+int launch_int4_frag_build(const GemmGroup& g, int cols, int S, size_t smem, size_t optin, const __half* A, int lda,
+                           int M, int ldc, bool add, cudaStream_t st) {
   auto kern = gemm_int4_frag<MT, NSV>;
   static bool raised = false;   // once per instantiation: the dynamic shared-memory limit and clusters of 16
   if (!raised) {
@@ -337,45 +358,41 @@ int launch_int4_frag_build(const GemmGroup& g, int cols, int tg, int S, size_t s
     raised = true;
   }
   if (S == 1)
-    return launch_pdl("gemm_int4_frag", kern, dim3(cols * tg), dim3(kFragThreads), smem, st, g, A, lda, M, ldc,
-                      add ? 1 : 0, tg);
-  return launch_pdl_cluster("gemm_int4_frag", kern, dim3(cols * tg, S), dim3(kFragThreads), dim3(1, S, 1), smem, st,
-                            g, A, lda, M, ldc, add ? 1 : 0, tg);
+    return launch_pdl("gemm_int4_frag", kern, dim3(cols), dim3(kFragThreads), smem, st, g, A, lda, M, ldc,
+                      add ? 1 : 0);
+  return launch_pdl_cluster("gemm_int4_frag", kern, dim3(cols, S), dim3(kFragThreads), dim3(1, S, 1), smem, st, g, A,
+                            lda, M, ldc, add ? 1 : 0);
 }
 
 template <int MT>
-int launch_int4_frag_mt(int nsv, const GemmGroup& g, int cols, int tg, int S, size_t smem, size_t optin,
-                        const __half* A, int lda, int M, int ldc, bool add, cudaStream_t st) {
-  if (nsv == 4) return launch_int4_frag_build<MT, 4>(g, cols, tg, S, smem, optin, A, lda, M, ldc, add, st);
-  if (nsv == 2) return launch_int4_frag_build<MT, 2>(g, cols, tg, S, smem, optin, A, lda, M, ldc, add, st);
-  return launch_int4_frag_build<MT, 1>(g, cols, tg, S, smem, optin, A, lda, M, ldc, add, st);
+int launch_int4_frag_mt(int nsv, const GemmGroup& g, int cols, int S, size_t smem, size_t optin, const __half* A,
+                        int lda, int M, int ldc, bool add, cudaStream_t st) {
+  if (nsv == 4) return launch_int4_frag_build<MT, 4>(g, cols, S, smem, optin, A, lda, M, ldc, add, st);
+  if (nsv == 2) return launch_int4_frag_build<MT, 2>(g, cols, S, smem, optin, A, lda, M, ldc, add, st);
+  return launch_int4_frag_build<MT, 1>(g, cols, S, smem, optin, A, lda, M, ldc, add, st);
 }
 
-// One launch of gemm_int4_frag over M <= 64 tokens with a given plan: blocks of 16 mt rows (mt 1, 2 or 4; ceil(M /
-// 16 mt) token groups) and S splits. NQ_E_UNSUPPORTED where the plan does not fit the GPU (shared memory; a cluster
-// of 16 one-per-SM blocks the GPU cannot hold). The product's plan is launch_int4_frag's rule; the testing library
-// times others (nq_bench_gemm_int4_frag_plans).
+// One launch of gemm_int4_frag over M <= 16 mt tokens with a given plan: mt m-tiles (1, 2 or 4) and S splits.
+// NQ_E_UNSUPPORTED where the plan does not fit the GPU (shared memory; a cluster of 16 one-per-SM blocks the GPU
+// cannot hold). The product's plan is launch_int4_frag's (frag_mt, frag_splits); the testing library times every
+// other (nq_bench_gemm_int4_frag_plans), which is how frag_splits' rule was chosen.
 inline int launch_int4_frag_plan(const GemmGroup& g, int cols, const __half* A, int lda, int M, int ldc, bool add,
                                  int mt, int S, cudaStream_t st) {
   FragLimits L;
   NQ_TRY(frag_limits(&L));
   const LinW& W = g.s[0].W;
   const int KC = W.K / kFragChunkK, nsv = W.group >= kFragChunkK ? 1 : kFragChunkK / W.group;
-  if (M <= 0 || M > kFragMaxTokens || cols <= 0 || (mt != 1 && mt != 2 && mt != 4) || S < 1 ||
+  if (cols <= 0 || (mt != 1 && mt != 2 && mt != 4) || M <= 0 || M > 16 * mt || S < 1 ||
       S > std::min(kFragMaxSplits, KC))
     return fail(NQ_E_INVALID_ARG, "gemm: plan M=%d, %d column blocks, %d m-tiles, %d splits", M, cols, mt, S);
   const size_t smem = frag_smem(mt, KC, S);
   if (smem > L.optin || (S > 8 && smem > L.two && !L.wide16))
-    return fail(NQ_E_UNSUPPORTED, "gemm: plan of %d m-tiles and %d splits does not fit (K=%d)", mt, S, W.K);
-  const int tg = (M + 16 * mt - 1) / (16 * mt);
-  if (mt == 1) return launch_int4_frag_mt<1>(nsv, g, cols, tg, S, smem, L.optin, A, lda, M, ldc, add, st);
-  if (mt == 2) return launch_int4_frag_mt<2>(nsv, g, cols, tg, S, smem, L.optin, A, lda, M, ldc, add, st);
-  return launch_int4_frag_mt<4>(nsv, g, cols, tg, S, smem, L.optin, A, lda, M, ldc, add, st);
+    return fail(NQ_E_UNSUPPORTED, "gemm: the plan of %d m-tiles and %d splits does not fit (K=%d)", mt, S, W.K);
+  if (mt == 1) return launch_int4_frag_mt<1>(nsv, g, cols, S, smem, L.optin, A, lda, M, ldc, add, st);
+  if (mt == 2) return launch_int4_frag_mt<2>(nsv, g, cols, S, smem, L.optin, A, lda, M, ldc, add, st);
+  return launch_int4_frag_mt<4>(nsv, g, cols, S, smem, L.optin, A, lda, M, ldc, add, st);
 }
 
-#ifndef NQ_EXP_FRAG_BLOCK_TOKENS
-#define NQ_EXP_FRAG_BLOCK_TOKENS 64
-#endif
 // gemm_int4_frag over M tokens (any M >= 1): launches of up to 64 tokens (fewer where 64 tokens' staged A fits no
 // split: halved down to 16), each with its own MT and split count. `cols` = the grid's column blocks: segments, the
 // sum over segments of ceil(N_i / 256) with g.tiles0 / g.tiles1 those of segments 0 and 1 (gemm.cu's
@@ -388,16 +405,14 @@ inline int launch_int4_frag(const GemmGroup& g0, int cols, const __half* A, int 
   FragLimits L;
   NQ_TRY(frag_limits(&L));
   const LinW& W = g0.s[0].W;
-  const int KC = W.K / kFragChunkK;
-  auto mt_of = [](int mp) { return frag_mt(std::min(mp, NQ_EXP_FRAG_BLOCK_TOKENS)); };
-  auto groups = [&](int mp) { return (mp + 16 * mt_of(mp) - 1) / (16 * mt_of(mp)); };
+  const int KC = W.K / kFragChunkK, nsv = W.group >= kFragChunkK ? 1 : kFragChunkK / W.group;
   int piece = kFragMaxTokens;
-  while (piece > 16 && !frag_splits(cols * groups(piece), KC, mt_of(piece), L)) piece /= 2;
-  if (!frag_splits(cols * groups(piece), KC, mt_of(piece), L))
+  while (piece > 16 && !frag_splits(cols, KC, frag_mt(piece), nsv, L)) piece /= 2;
+  if (!frag_splits(cols, KC, frag_mt(piece), nsv, L))
     return fail(NQ_E_UNSUPPORTED, "gemm: K=%d is too long for the fragment-order GEMM's shared memory", W.K);
   for (int m0 = 0; m0 < M; m0 += piece) {
-    const int mp = std::min(piece, M - m0), mt = mt_of(mp);
-    const int S = frag_splits(cols * groups(mp), KC, mt, L);
+    const int mp = std::min(piece, M - m0), mt = frag_mt(mp);
+    const int S = frag_splits(cols, KC, mt, nsv, L);   // fits: fewer m-tiles than the piece's need no more memory
     if (!S) return fail(NQ_E_UNSUPPORTED, "gemm: K=%d, %d tokens: no split of the fragment-order GEMM fits", W.K, mp);
     GemmGroup g = g0;   // this piece's rows of every output
     for (int i = 0; i < g.n; i++)

@@ -143,7 +143,7 @@ int nq_bench_gemm_int4_frag_plans(int32_t shape, int32_t M, int32_t group, int32
     for (int b = 0; b < 5; b++) {
       float* const out = us + 5 * a + b;
       *out = -1.f;
-      if (mts[a] > 1 && 16 * mts[a] / 2 >= M) continue;   // more m-tiles than the tokens need
+      if (16 * mts[a] < M || (mts[a] > 1 && 16 * mts[a] / 2 >= M)) continue;   // too few m-tiles, or more than needed
       float ms = 0.f;
       const int rc = time_ms(2, iters, [&](int it) {
         GemmGroup g;
