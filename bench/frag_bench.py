@@ -11,6 +11,8 @@
     python3 bench/frag_bench.py --plans [--tokens 16 32 64]: the few-token GEMM per 7B shape under every launch plan
         (1 / 2 / 4 m-tiles of 16 tokens x 1-16 splits: the label is rows x splits; nq_bench_gemm_int4_frag_plans),
         and the product's rule (frag_splits)
+    python3 bench/frag_bench.py --gemv-plans: the decode GEMV per 7B shape under every launch plan (4 / 8 warps x 1-16
+        splits; nq_bench_gemv_int4_frag_plans) against the product's (frag_plan, through gemv())
 """
 from __future__ import annotations
 
@@ -41,12 +43,15 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--tokens", type=int, nargs="+", default=ap_default_tokens())
     ap.add_argument("--plans", action="store_true", help="time every launch plan of the few-token GEMM")
+    ap.add_argument("--gemv-plans", action="store_true", help="time every launch plan of the decode GEMV")
     a = ap.parse_args()
     lib = load_testing_library()
     if not lib.nq_test_fragment_order_available():
         raise SystemExit("frag_bench: the fragment order is not used on this GPU / build")
     if a.plans:
         return plans(lib, a)
+    if a.gemv_plans:
+        return gemv_plans(lib, a)
     sh = QWEN25_SHAPES["7B"]
     rows = {"qkv": (sh.qkv_rows, sh.hidden), "o": (sh.hidden, sh.n_heads * sh.head_dim),
             "gate": (sh.intermediate, sh.hidden), "down": (sh.hidden, sh.intermediate)}
@@ -95,6 +100,32 @@ def plans(lib, a) -> int:
         _call(lib, f"gemm layer M={M}", lib.nq_bench_gemm_int4_frag_layer(M, a.group, 20, ctypes.byref(uf), ctypes.byref(ul)))
         print(f"plans 7B layer M={M:2d}: the product's rule {uf.value:.1f} us")
         out[f"layer M={M}"] = {"best_sum": best_sum, "rule": uf.value}
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 0
+
+
+def gemv_plans(lib, a) -> int:
+    """Every (warps, splits) plan of the decode GEMV per 7B shape, the best per shape and the product's plan."""
+    sh = QWEN25_SHAPES["7B"]
+    rows = {"qkv": (sh.qkv_rows, sh.hidden), "o": (sh.hidden, sh.n_heads * sh.head_dim),
+            "gate": (sh.intermediate, sh.hidden), "down": (sh.hidden, sh.intermediate)}
+    out, best_sum, prod_sum = {}, 0.0, 0.0
+    for name, (N, K) in rows.items():
+        us = (ctypes.c_float * 10)()
+        _call(lib, f"gemv plans {name}", lib.nq_bench_gemv_int4_frag_plans(N, K, MODES[name], a.iters, us))
+        grid = {f"w{w}s{1 << j}": round(us[5 * i + j], 2) for i, w in enumerate((4, 8)) for j in range(5)
+                if us[5 * i + j] > 0}
+        prod = ctypes.c_float()
+        _call(lib, f"gemv frag {name}", lib.nq_bench_gemv_int4_frag(N, K, a.group, MODES[name], a.iters, ctypes.byref(prod)))
+        best = min(grid, key=grid.get)
+        best_sum += grid[best]
+        prod_sum += prod.value
+        out[name] = {"plans": grid, "product": prod.value}
+        print(f"gemv plans 7B {name:5s}: product {prod.value:6.2f} us, best {best} {grid[best]:6.2f} | " +
+              " ".join(f"{k} {v:.2f}" for k, v in grid.items()))
+    print(f"gemv plans 7B layer: product {prod_sum:.1f} us, sum of the best plans {best_sum:.1f} us")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)
