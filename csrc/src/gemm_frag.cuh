@@ -321,27 +321,30 @@ inline size_t frag_smem(int mt, int KC, int S) {
 }
 
 // The most dynamic shared memory a block of this build may take without making shared memory, rather than its
-// registers, the limit on blocks an SM (MT 1: 4 blocks, MT 2 at group >= 128: 3, MT 4: 2 on the H200).
+// registers, the limit on blocks an SM (MT 2 at group 128: 3 blocks, MT 4: 2 on the H200).
 inline size_t frag_smem_target(int mt, int nsv, const FragLimits& L) {
   const int blocks = std::max(1, L.reg_blocks[frag_ix(mt)][frag_ix(nsv)]);
   return L.per_sm / blocks > L.reserved ? L.per_sm / blocks - L.reserved : 0;
 }
 
 // The split count S of `cols` column blocks over KC chunks at MT m-tiles, 0 if no split fits shared memory. S = the
-// largest power of two <= 2 SMs / cols, <= 16 and <= KC / 2 (every split at least two chunks of 128 k); then doubled
-// (<= 16, <= KC) while its staged A would make shared memory, not registers, the limit on blocks an SM
-// (frag_smem_target; the 7B gate/up pair, whose 148 column blocks give 1). Chosen over every plan measured per 7B
-// shape at 16-64 tokens (bench/frag_bench.py --plans; NOTES Session 17 §1): the gate/up pair at 32 tokens takes 4
-// splits (3 blocks an SM: 43.9 us against 54.5 at 2, which fit only two), at <= 16 tokens 4 (32.0 against 41.2 at 1);
-// o and q/k/v 8 (o at 32 tokens 10.4 against 12.7 at 16: with one or two chunks a split, the first chunk's load and
-// the staging of A are not hidden and the reduction grows for nothing). Also 0 for a cluster of more than 8
-// one-per-SM blocks where the GPU cannot hold one (FragLimits::wide16; the 7B down at 33-64 tokens is such a cluster:
-// 16 splits of 165 KB): the launcher then runs fewer tokens a launch.
+// largest power of two <= 2 SMs / cols, <= 16 and <= KC (at 2-4 m-tiles also <= KC / 2: every split at least two
+// chunks of 128 k); then doubled (<= 16, <= KC) while its staged A is above a bound: at 2-4 m-tiles
+// frag_smem_target (shared memory must not cut the blocks an SM below what the registers allow), at one m-tile half
+// an SM's. Measured (NOTES Session 17 §1-3): over every plan per 7B shape the 2-4 m-tile bounds took the layer's
+// GEMMs at 32 tokens from 106.3 to 93.0 µs (the gate/up pair 4 splits, 3 blocks an SM: 43.9 µs against 54.5 at 2;
+// o 8 splits: 10.4 against 12.7 at 16) and the 32-row step from 4.01 to 3.77 ms. At one m-tile the same bounds win
+// alone (79.4 -> 70.0 µs at 16 tokens) but lose inside the 16-row step (3.15 -> 3.50 ms: each half of the change
+// loses there, the two-chunk cap 0.09 ms, the staged-A bound 0.12), so one m-tile keeps the earlier plan. Also 0
+// for a cluster of more than 8 one-per-SM blocks where the GPU cannot hold one (FragLimits::wide16; the 7B down at
+// 33-64 tokens is such a cluster: 16 splits of 165 KB): the launcher then runs fewer tokens a launch.
 inline int frag_splits(int cols, int KC, int mt, int nsv, const FragLimits& L) {
   const int smax = std::min(kFragMaxSplits, KC);
+  const int first = mt == 1 ? smax : std::min(smax, std::max(1, KC / 2));
+  const size_t bound = mt == 1 ? L.two : frag_smem_target(mt, nsv, L);
   int S = 1;
-  while (2 * S <= std::min(smax, std::max(1, KC / 2)) && 2LL * S * cols <= 2LL * L.sms) S *= 2;
-  while (2 * S <= smax && frag_smem(mt, KC, S) > frag_smem_target(mt, nsv, L)) S *= 2;
+  while (2 * S <= first && 2LL * S * cols <= 2LL * L.sms) S *= 2;
+  while (2 * S <= smax && frag_smem(mt, KC, S) > bound) S *= 2;
   const size_t smem = frag_smem(mt, KC, S);
   if (smem > L.optin || (S > 8 && smem > L.two && !L.wide16)) return 0;
   return S;
