@@ -41,7 +41,8 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--iters", type=int, default=200)
-    ap.add_argument("--tokens", type=int, nargs="+", default=ap_default_tokens())
+    ap.add_argument("--tokens", type=int, nargs="+",
+                    help="token counts (default 1 5 16 32 64 128 512; with --plans 16 32 48 64)")
     ap.add_argument("--plans", action="store_true", help="time every launch plan of the few-token GEMM")
     ap.add_argument("--gemv-plans", action="store_true", help="time every launch plan of the decode GEMV")
     a = ap.parse_args()
@@ -67,7 +68,7 @@ def main() -> int:
         out["gemv"][name] = {"file_us": f, "frag_us": g}
         print(f"gemv 7B {name:5s} {N:6d} x {K:6d}: file order {f:7.2f} us, fragment order {g:7.2f} us ({g / f - 1:+.1%})")
     print(f"gemv 7B layer: file order {tot_file:.1f} us, fragment order {tot_frag:.1f} us ({tot_frag / tot_file - 1:+.1%})")
-    for M in a.tokens:
+    for M in a.tokens or [1, 5, 16, 32, 64, 128, 512]:
         uf, ul = ctypes.c_float(), ctypes.c_float()
         _call(lib, f"gemm layer M={M}", lib.nq_bench_gemm_int4_frag_layer(M, a.group, 20, ctypes.byref(uf), ctypes.byref(ul)))
         out["gemm"][M] = {"file_us": ul.value, "frag_us": uf.value}
@@ -83,7 +84,7 @@ def plans(lib, a) -> int:
     """Every (token rows a block, splits) plan per 7B shape and M, the best per shape, and the layer's sum of bests."""
     names = ["qkv", "o", "gate/up", "down"]
     out = {}
-    for M in (a.tokens if a.tokens != ap_default_tokens() else [16, 32, 48, 64]):
+    for M in a.tokens or [16, 32, 48, 64]:
         best_sum = 0.0
         for shape, name in enumerate(names):
             us = (ctypes.c_float * 15)()
@@ -130,10 +131,6 @@ def gemv_plans(lib, a) -> int:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)
     return 0
-
-
-def ap_default_tokens() -> list:
-    return [1, 5, 16, 32, 64, 128, 512]
 
 
 if __name__ == "__main__":
