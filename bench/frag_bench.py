@@ -8,6 +8,11 @@
   through gemm_swiglu, down, both orders on the same weights).
 
     python3 bench/frag_bench.py [--json OUT.json] [--tokens 1 5 16 32 64 128 512]
+    python3 bench/frag_bench.py --plans [--tokens 16 32 64]: the few-token GEMM per 7B shape under every launch plan
+        (1 / 2 / 4 m-tiles of 16 tokens x 1-16 splits: the label is rows x splits; nq_bench_gemm_int4_frag_plans),
+        and the product's rule (frag_splits)
+    python3 bench/frag_bench.py --gemv-plans: the decode GEMV per 7B shape under every launch plan (4 / 8 warps x 1-16
+        splits; nq_bench_gemv_int4_frag_plans) against the product's (frag_plan, through gemv())
 """
 from __future__ import annotations
 
@@ -36,11 +41,18 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--iters", type=int, default=200)
-    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 5, 16, 32, 64, 128, 512])
+    ap.add_argument("--tokens", type=int, nargs="+",
+                    help="token counts (default 1 5 16 32 64 128 512; with --plans 16 32 48 64)")
+    ap.add_argument("--plans", action="store_true", help="time every launch plan of the few-token GEMM")
+    ap.add_argument("--gemv-plans", action="store_true", help="time every launch plan of the decode GEMV")
     a = ap.parse_args()
     lib = load_testing_library()
     if not lib.nq_test_fragment_order_available():
         raise SystemExit("frag_bench: the fragment order is not used on this GPU / build")
+    if a.plans:
+        return plans(lib, a)
+    if a.gemv_plans:
+        return gemv_plans(lib, a)
     sh = QWEN25_SHAPES["7B"]
     rows = {"qkv": (sh.qkv_rows, sh.hidden), "o": (sh.hidden, sh.n_heads * sh.head_dim),
             "gate": (sh.intermediate, sh.hidden), "down": (sh.hidden, sh.intermediate)}
@@ -56,12 +68,65 @@ def main() -> int:
         out["gemv"][name] = {"file_us": f, "frag_us": g}
         print(f"gemv 7B {name:5s} {N:6d} x {K:6d}: file order {f:7.2f} us, fragment order {g:7.2f} us ({g / f - 1:+.1%})")
     print(f"gemv 7B layer: file order {tot_file:.1f} us, fragment order {tot_frag:.1f} us ({tot_frag / tot_file - 1:+.1%})")
-    for M in a.tokens:
+    for M in a.tokens or [1, 5, 16, 32, 64, 128, 512]:
         uf, ul = ctypes.c_float(), ctypes.c_float()
         _call(lib, f"gemm layer M={M}", lib.nq_bench_gemm_int4_frag_layer(M, a.group, 20, ctypes.byref(uf), ctypes.byref(ul)))
         out["gemm"][M] = {"file_us": ul.value, "frag_us": uf.value}
         print(f"gemm 7B layer M={M:4d}: file order {ul.value:8.1f} us, fragment order {uf.value:8.1f} us "
               f"({uf.value / ul.value - 1:+.1%})")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 0
+
+
+def plans(lib, a) -> int:
+    """Every (token rows a block, splits) plan per 7B shape and M, the best per shape, and the layer's sum of bests."""
+    names = ["qkv", "o", "gate/up", "down"]
+    out = {}
+    for M in a.tokens or [16, 32, 48, 64]:
+        best_sum = 0.0
+        for shape, name in enumerate(names):
+            us = (ctypes.c_float * 15)()
+            _call(lib, f"plans {name} M={M}", lib.nq_bench_gemm_int4_frag_plans(shape, M, a.group, 50, us))
+            grid = {f"{16 * mt}x{s}": round(us[5 * i + j], 2) for i, mt in enumerate((1, 2, 4))
+                    for j, s in enumerate((1, 2, 4, 8, 16)) if us[5 * i + j] > 0}
+            best = min(grid, key=grid.get)
+            best_sum += grid[best]
+            out[f"{name} M={M}"] = grid
+            print(f"plans 7B {name:7s} M={M:2d}: best {best} {grid[best]:6.1f} us | " +
+                  " ".join(f"{k} {v:.1f}" for k, v in grid.items()))
+        print(f"plans 7B layer M={M:2d}: sum of the best plans {best_sum:.1f} us")
+        uf, ul = ctypes.c_float(), ctypes.c_float()
+        _call(lib, f"gemm layer M={M}", lib.nq_bench_gemm_int4_frag_layer(M, a.group, 20, ctypes.byref(uf), ctypes.byref(ul)))
+        print(f"plans 7B layer M={M:2d}: the product's rule {uf.value:.1f} us")
+        out[f"layer M={M}"] = {"best_sum": best_sum, "rule": uf.value}
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 0
+
+
+def gemv_plans(lib, a) -> int:
+    """Every (warps, splits) plan of the decode GEMV per 7B shape, the best per shape and the product's plan."""
+    sh = QWEN25_SHAPES["7B"]
+    rows = {"qkv": (sh.qkv_rows, sh.hidden), "o": (sh.hidden, sh.n_heads * sh.head_dim),
+            "gate": (sh.intermediate, sh.hidden), "down": (sh.hidden, sh.intermediate)}
+    out, best_sum, prod_sum = {}, 0.0, 0.0
+    for name, (N, K) in rows.items():
+        us = (ctypes.c_float * 10)()
+        _call(lib, f"gemv plans {name}", lib.nq_bench_gemv_int4_frag_plans(N, K, MODES[name], a.iters, us))
+        grid = {f"w{w}s{1 << j}": round(us[5 * i + j], 2) for i, w in enumerate((4, 8)) for j in range(5)
+                if us[5 * i + j] > 0}
+        prod = ctypes.c_float()
+        _call(lib, f"gemv frag {name}", lib.nq_bench_gemv_int4_frag(N, K, a.group, MODES[name], a.iters, ctypes.byref(prod)))
+        best = min(grid, key=grid.get)
+        best_sum += grid[best]
+        prod_sum += prod.value
+        out[name] = {"plans": grid, "product": prod.value}
+        print(f"gemv plans 7B {name:5s}: product {prod.value:6.2f} us, best {best} {grid[best]:6.2f} | " +
+              " ".join(f"{k} {v:.2f}" for k, v in grid.items()))
+    print(f"gemv plans 7B layer: product {prod_sum:.1f} us, sum of the best plans {best_sum:.1f} us")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)

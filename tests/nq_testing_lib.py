@@ -56,6 +56,8 @@ SIGNATURES = {
     "nq_bench_gemm_int4_layout": (ctypes.c_int, [_I32] * 7 + [_F32P]),
     "nq_bench_gemm_int4_frag": (ctypes.c_int, [_I32] * 5 + [_F32P]),
     "nq_bench_gemm_int4_frag_layer": (ctypes.c_int, [_I32] * 3 + [_F32P, _F32P]),
+    "nq_bench_gemm_int4_frag_plans": (ctypes.c_int, [_I32] * 4 + [_F32P]),
+    "nq_bench_gemv_int4_frag_plans": (ctypes.c_int, [_I32] * 4 + [_F32P]),
     "nq_bench_mma_peak": (ctypes.c_int, [_I32, _I32, _F32P]),
     "nq_bench_attention": (ctypes.c_int, [_I32] * 8 + [_F32P]),
     "nq_bench_attention_batch": (ctypes.c_int, [_I32] * 8 + [_F32P]),

@@ -131,6 +131,15 @@ NQ_API int nq_bench_gemm_int4_frag(int32_t N, int32_t K, int32_t group, int32_t 
  * path, unfused below 128 tokens) and down (+ residual), each timed over > 256 MB of rotated copies; the sums in us into
  * *us_frag and *us_file. Hopper with the sm_90a build only. */
 NQ_API int nq_bench_gemm_int4_frag_layer(int32_t M, int32_t group, int32_t iters, float* us_frag, float* us_file);
+/* One Qwen2.5-7B shape of the fragment-order few-token GEMM (shape 0 q/k/v, 1 o (+ residual), 2 the gate/up pair with
+ * its SwiGLU epilogue, 3 down (+ residual)) at M <= 64 tokens under every launch plan (launch_int4_frag_plan): {1, 2,
+ * 4} m-tiles of 16 tokens x {1, 2, 4, 8, 16} splits; us[5 a + b] the us per launch of m-tile count a and split b over
+ * > 256 MB of rotated copies, -1 where the plan does not fit, or has too few m-tiles for M or more than it needs. */
+NQ_API int nq_bench_gemm_int4_frag_plans(int32_t shape, int32_t M, int32_t group, int32_t iters, float* us);
+/* The fragment-order decode GEMV (nq_bench_gemv_int4_frag's weights, x and timing; group 128) under every launch
+ * plan: {4, 8} warps a block x {1, 2, 4, 8, 16} splits; us[5 a + b] the us per launch of warps a and splits 2^b, -1
+ * where the plan does not exist (more splits than K's 128-k chunks; SWIGLU has 4-warp builds only). */
+NQ_API int nq_bench_gemv_int4_frag_plans(int32_t N, int32_t K, int32_t mode, int32_t iters, float* us);
 /* The ceiling of mma.sync m16n8k16 (f16 x f16 -> f32): TFLOP/s over blocks x 8 warps x iters x 8 HMMA chains. */
 NQ_API int nq_bench_mma_peak(int32_t blocks, int32_t iters, float* tflops);
 /* The attention kernel alone: M = 1 is the decode step's attention (writes the new row) at position n_pos-1, M > 1

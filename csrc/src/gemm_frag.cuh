@@ -252,7 +252,11 @@ struct FragLimits {
   size_t optin = 0;      // dynamic shared memory a block may opt in to
   size_t two = 0;        // the most a block may take so that two fit on an SM
   bool wide16 = false;   // a cluster of 16 blocks of one block an SM (more than `two`) can be co-resident
+  size_t per_sm = 0;     // shared memory an SM holds, and what each block of it reserves
+  size_t reserved = 0;
+  int reg_blocks[3][3] = {};   // blocks an SM by registers and threads: [MT 1, 2, 4][NSV 1, 2, 4]
 };
+inline int frag_ix(int v) { return v == 1 ? 0 : v == 2 ? 1 : 2; }   // MT or NSV 1 / 2 / 4 -> 0 / 1 / 2
 inline int frag_limits(FragLimits* out) {
   static FragLimits cache[16];
   int dev = 0;
@@ -267,6 +271,17 @@ inline int frag_limits(FragLimits* out) {
     L.optin = (size_t)optin;
     L.two = (size_t)std::max(0, per_sm / 2 - reserved);
     L.sms = device_sms();
+    L.per_sm = (size_t)per_sm;
+    L.reserved = (size_t)reserved;
+    const void* builds[3][3] = {{(const void*)gemm_int4_frag<1, 1>, (const void*)gemm_int4_frag<1, 2>,
+                                 (const void*)gemm_int4_frag<1, 4>},
+                                {(const void*)gemm_int4_frag<2, 1>, (const void*)gemm_int4_frag<2, 2>,
+                                 (const void*)gemm_int4_frag<2, 4>},
+                                {(const void*)gemm_int4_frag<4, 1>, (const void*)gemm_int4_frag<4, 2>,
+                                 (const void*)gemm_int4_frag<4, 4>}};
+    for (int a = 0; a < 3; a++)
+      for (int b = 0; b < 3; b++)
+        NQ_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&L.reg_blocks[a][b], builds[a][b], kFragThreads, 0));
     // A cluster of 16 one-per-SM blocks needs 16 SMs of one GPC (H200: measured, NOTES Session 11 §7e; other Hopper
     // parts may have fewer): asked once of the occupancy calculator with the widest build (the answer is the same for
     // every build and size above `two`: one block an SM); where it says none, frag_splits avoids that case.
@@ -305,17 +320,31 @@ inline size_t frag_smem(int mt, int KC, int S) {
   return std::max(a, p);
 }
 
+// The most dynamic shared memory a block of this build may take without making shared memory, rather than its
+// registers, the limit on blocks an SM (MT 2 at group 128: 3 blocks, MT 4: 2 on the H200).
+inline size_t frag_smem_target(int mt, int nsv, const FragLimits& L) {
+  const int blocks = std::max(1, L.reg_blocks[frag_ix(mt)][frag_ix(nsv)]);
+  return L.per_sm / blocks > L.reserved ? L.per_sm / blocks - L.reserved : 0;
+}
+
 // The split count S of `cols` column blocks over KC chunks at MT m-tiles, 0 if no split fits shared memory. S = the
-// largest power of two <= 2 SMs / cols (two blocks an SM, as measured: NOTES Session 11 §7h, Session 12 §1), <= 16,
-// <= KC; then doubled (<= 16, <= KC) while its staged A would keep two blocks off an SM (the whole K of A is too
-// large for a block at 17-64 tokens and K = 3584: the 7B gate/up pair, whose 148 column blocks give 1). Also 0 for
-// a cluster of more than 8 one-per-SM blocks where the GPU cannot hold one (FragLimits::wide16; the 7B down at 33-64
-// tokens is such a cluster: 16 splits of 165 KB): the launcher then runs fewer tokens a launch.
-inline int frag_splits(int cols, int KC, int mt, const FragLimits& L) {
+// largest power of two <= 2 SMs / cols, <= 16 and <= KC (at 2-4 m-tiles also <= KC / 2: every split at least two
+// chunks of 128 k); then doubled (<= 16, <= KC) while its staged A is above a bound: at 2-4 m-tiles
+// frag_smem_target (shared memory must not cut the blocks an SM below what the registers allow), at one m-tile half
+// an SM's. Measured (NOTES Session 17 §1-3): over every plan per 7B shape the 2-4 m-tile bounds took the layer's
+// GEMMs at 32 tokens from 106.3 to 93.0 µs (the gate/up pair 4 splits, 3 blocks an SM: 43.9 µs against 54.5 at 2;
+// o 8 splits: 10.4 against 12.7 at 16) and the 32-row step from 4.01 to 3.77 ms. At one m-tile the same bounds win
+// alone (79.4 -> 70.0 µs at 16 tokens) but lose inside the 16-row step (3.15 -> 3.50 ms: each half of the change
+// loses there, the two-chunk cap 0.09 ms, the staged-A bound 0.12), so one m-tile keeps the earlier plan. Also 0
+// for a cluster of more than 8 one-per-SM blocks where the GPU cannot hold one (FragLimits::wide16; the 7B down at
+// 33-64 tokens is such a cluster: 16 splits of 165 KB): the launcher then runs fewer tokens a launch.
+inline int frag_splits(int cols, int KC, int mt, int nsv, const FragLimits& L) {
   const int smax = std::min(kFragMaxSplits, KC);
+  const int first = mt == 1 ? smax : std::min(smax, std::max(1, KC / 2));
+  const size_t bound = mt == 1 ? L.two : frag_smem_target(mt, nsv, L);
   int S = 1;
-  while (2 * S <= smax && 2LL * S * cols <= 2LL * L.sms) S *= 2;
-  while (2 * S <= smax && frag_smem(mt, KC, S) > L.two) S *= 2;
+  while (2 * S <= first && 2LL * S * cols <= 2LL * L.sms) S *= 2;
+  while (2 * S <= smax && frag_smem(mt, KC, S) > bound) S *= 2;
   const size_t smem = frag_smem(mt, KC, S);
   if (smem > L.optin || (S > 8 && smem > L.two && !L.wide16)) return 0;
   return S;
@@ -346,6 +375,27 @@ int launch_int4_frag_mt(int nsv, const GemmGroup& g, int cols, int S, size_t sme
   return launch_int4_frag_build<MT, 1>(g, cols, S, smem, optin, A, lda, M, ldc, add, st);
 }
 
+// One launch of gemm_int4_frag over M <= 16 mt tokens with a given plan: mt m-tiles (1, 2 or 4) and S splits.
+// NQ_E_UNSUPPORTED where the plan does not fit the GPU (shared memory; a cluster of 16 one-per-SM blocks the GPU
+// cannot hold). The product's plan is launch_int4_frag's (frag_mt, frag_splits); the testing library times every
+// other (nq_bench_gemm_int4_frag_plans), which is how frag_splits' rule was chosen.
+inline int launch_int4_frag_plan(const GemmGroup& g, int cols, const __half* A, int lda, int M, int ldc, bool add,
+                                 int mt, int S, cudaStream_t st) {
+  FragLimits L;
+  NQ_TRY(frag_limits(&L));
+  const LinW& W = g.s[0].W;
+  const int KC = W.K / kFragChunkK, nsv = W.group >= kFragChunkK ? 1 : kFragChunkK / W.group;
+  if (cols <= 0 || (mt != 1 && mt != 2 && mt != 4) || M <= 0 || M > 16 * mt || S < 1 ||
+      S > std::min(kFragMaxSplits, KC))
+    return fail(NQ_E_INVALID_ARG, "gemm: plan M=%d, %d column blocks, %d m-tiles, %d splits", M, cols, mt, S);
+  const size_t smem = frag_smem(mt, KC, S);
+  if (smem > L.optin || (S > 8 && smem > L.two && !L.wide16))
+    return fail(NQ_E_UNSUPPORTED, "gemm: the plan of %d m-tiles and %d splits does not fit (K=%d)", mt, S, W.K);
+  if (mt == 1) return launch_int4_frag_mt<1>(nsv, g, cols, S, smem, L.optin, A, lda, M, ldc, add, st);
+  if (mt == 2) return launch_int4_frag_mt<2>(nsv, g, cols, S, smem, L.optin, A, lda, M, ldc, add, st);
+  return launch_int4_frag_mt<4>(nsv, g, cols, S, smem, L.optin, A, lda, M, ldc, add, st);
+}
+
 // gemm_int4_frag over M tokens (any M >= 1): launches of up to 64 tokens (fewer where 64 tokens' staged A fits no
 // split: halved down to 16), each with its own MT and split count. `cols` = the grid's column blocks: segments, the
 // sum over segments of ceil(N_i / 256) with g.tiles0 / g.tiles1 those of segments 0 and 1 (gemm.cu's
@@ -360,22 +410,18 @@ inline int launch_int4_frag(const GemmGroup& g0, int cols, const __half* A, int 
   const LinW& W = g0.s[0].W;
   const int KC = W.K / kFragChunkK, nsv = W.group >= kFragChunkK ? 1 : kFragChunkK / W.group;
   int piece = kFragMaxTokens;
-  while (piece > 16 && !frag_splits(cols, KC, frag_mt(piece), L)) piece /= 2;
-  if (!frag_splits(cols, KC, frag_mt(piece), L))
+  while (piece > 16 && !frag_splits(cols, KC, frag_mt(piece), nsv, L)) piece /= 2;
+  if (!frag_splits(cols, KC, frag_mt(piece), nsv, L))
     return fail(NQ_E_UNSUPPORTED, "gemm: K=%d is too long for the fragment-order GEMM's shared memory", W.K);
   for (int m0 = 0; m0 < M; m0 += piece) {
     const int mp = std::min(piece, M - m0), mt = frag_mt(mp);
-    const int S = frag_splits(cols, KC, mt, L);   // fits: fewer m-tiles than the piece's need no more memory
+    const int S = frag_splits(cols, KC, mt, nsv, L);   // fits: fewer m-tiles than the piece's need no more memory
     if (!S) return fail(NQ_E_UNSUPPORTED, "gemm: K=%d, %d tokens: no split of the fragment-order GEMM fits", W.K, mp);
-    const size_t smem = frag_smem(mt, KC, S);
     GemmGroup g = g0;   // this piece's rows of every output
     for (int i = 0; i < g.n; i++)
       if (g.s[i].C) g.s[i].C += (size_t)m0 * ldc;
     if (g.swiglu_out) g.swiglu_out += (size_t)m0 * g.swiglu_ld;
-    const __half* const Ap = A + (size_t)m0 * lda;
-    if (mt == 1) NQ_TRY(launch_int4_frag_mt<1>(nsv, g, cols, S, smem, L.optin, Ap, lda, mp, ldc, add, st));
-    else if (mt == 2) NQ_TRY(launch_int4_frag_mt<2>(nsv, g, cols, S, smem, L.optin, Ap, lda, mp, ldc, add, st));
-    else NQ_TRY(launch_int4_frag_mt<4>(nsv, g, cols, S, smem, L.optin, Ap, lda, mp, ldc, add, st));
+    NQ_TRY(launch_int4_frag_plan(g, cols, A + (size_t)m0 * lda, lda, mp, ldc, add, mt, S, st));
   }
   return NQ_OK;
 }

@@ -5,6 +5,7 @@
 // CUDA events), so that the two orders compare in one process.
 #include "testing_util.h"
 #include "int4_frag.cuh"
+#include "gemm_frag.cuh"   // launch_int4_frag_plan: a plan other than the product rule
 
 using namespace nq;
 using namespace nq::testing;
@@ -110,6 +111,59 @@ int nq_bench_gemm_int4_frag(int32_t N, int32_t K, int32_t group, int32_t M, int3
   NQ_TRY(put_acts(da, M, K));
   NQ_TRY(dc.alloc((size_t)M * N * 4));
   return time_multi(W, da.as<__half>(), M, dc.as<float>(), false, iters, us);
+}
+
+int nq_bench_gemm_int4_frag_plans(int32_t shape, int32_t M, int32_t group, int32_t iters, float* us) {
+  if (!us || iters <= 0 || M <= 0 || M > kFragMaxTokens || shape < 0 || shape > 3)
+    return fail(NQ_E_INVALID_ARG, "nq_bench_gemm_int4_frag_plans: bad argument");
+  if (!int4_fragment_order_available())
+    return fail(NQ_E_UNSUPPORTED, "nq_bench_gemm_int4_frag_plans: no fragment order on this GPU or build");
+  constexpr int H = 3584, I = 18944;          // Qwen2.5-7B
+  const int qkv[3] = {3584, 512, 512}, o[1] = {H}, gu[2] = {I, I}, down[1] = {H};
+  NQ_TRY(check_int4(H, I, group));
+  const bool swiglu = shape == 2, add = shape == 1 || shape == 3;
+  const int* Ns = shape == 0 ? qkv : shape == 1 ? o : swiglu ? gu : down;
+  const int n = shape == 0 ? 3 : swiglu ? 2 : 1, K = shape == 3 ? I : H;
+  WeightSets W;
+  NQ_TRY(W.make(n, Ns, K, group, 0x1234567ull + shape));
+  NQ_TRY(W.repack(swiglu));
+  DBuf da, dc, dh;
+  NQ_TRY(put_acts(da, M, K));
+  int ldc = 0;
+  for (int i = 0; i < n; i++) ldc += Ns[i];
+  NQ_TRY(dc.alloc((size_t)M * ldc * 4));
+  NQ_CUDA(cudaMemset(dc.p, 0, (size_t)M * ldc * 4));
+  NQ_TRY(dh.alloc((size_t)M * I * 2));
+  // column blocks as gemm.cu counts them: 256 W rows a block; the pair 4 P tiles (128 outputs) a block
+  int cols = 0, tiles[3] = {0, 0, 0};
+  for (int i = 0; i < n; i++) tiles[i] = (Ns[i] + kFragRB - 1) / kFragRB, cols += tiles[i];
+  if (swiglu) cols = (I / 32 + kFragWarps - 1) / kFragWarps;
+  const int mts[3] = {1, 2, 4}, splits[5] = {1, 2, 4, 8, 16};
+  for (int a = 0; a < 3; a++)
+    for (int b = 0; b < 5; b++) {
+      float* const out = us + 5 * a + b;
+      *out = -1.f;
+      if (16 * mts[a] < M || (mts[a] > 1 && 16 * mts[a] / 2 >= M)) continue;   // too few m-tiles, or more than needed
+      float ms = 0.f;
+      const int rc = time_ms(2, iters, [&](int it) {
+        GemmGroup g;
+        g.n = n;
+        g.tiles0 = tiles[0];
+        g.tiles1 = tiles[1];
+        for (int i = 0, off = 0; i < n; i++) {
+          g.s[i].W = W.at(it, i);
+          g.s[i].C = swiglu ? nullptr : dc.as<float>() + off;
+          g.s[i].bias = nullptr;
+          off += Ns[i];
+        }
+        if (swiglu) g.swiglu_out = dh.as<__half>(), g.swiglu_ld = I;
+        return launch_int4_frag_plan(g, cols, da.as<__half>(), K, M, ldc, add, mts[a], splits[b], 0);
+      }, &ms);
+      if (rc == NQ_E_UNSUPPORTED || rc == NQ_E_INVALID_ARG) { (void)cudaGetLastError(); continue; }
+      NQ_TRY(rc);
+      *out = ms * 1e3f;
+    }
+  return NQ_OK;
 }
 
 int nq_bench_gemm_int4_frag_layer(int32_t M, int32_t group, int32_t iters, float* us_frag, float* us_file) {

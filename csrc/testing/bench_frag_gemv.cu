@@ -6,14 +6,17 @@
 // Hopper (frag_repack; SWIGLU: gate copy 2c and up copy 2c + 1 as the pair, frag_repack_pair).
 #include "testing_util.h"
 #include "int4_frag.cuh"
+#include "gemv_frag.cuh"   // gemv_frag_spg with a plan other than frag_plan
 
 using namespace nq;
 using namespace nq::testing;
 
-extern "C" {
+namespace {
 
-int nq_bench_gemv_int4_frag(int32_t N, int32_t K, int32_t group, int32_t mode, int32_t iters, float* us) {
-  if (!us || iters <= 0) return fail(NQ_E_INVALID_ARG, "nq_bench_gemv_int4_frag: bad argument");
+// The rotated copies of one GEMV's weights in the fragment order and their GemvArgs (nq_bench_gemv_int4_frag's setup);
+// `run(args)` times launches over them: 3 untimed, then `iters` between two events.
+template <class Run>
+int frag_gemv_setup(int32_t N, int32_t K, int32_t group, int32_t mode, Run run) {
   NQ_TRY(check_int4(N, K, group));
   if (mode < GEMV_STORE || mode > GEMV_SWIGLU) return fail(NQ_E_INVALID_ARG, "mode %d", mode);
   if (!frag::shape_ok(N, K, group))
@@ -62,10 +65,41 @@ int nq_bench_gemv_int4_frag(int32_t N, int32_t K, int32_t group, int32_t mode, i
     }
   }
   NQ_CUDA(cudaDeviceSynchronize());
-  float ms = 0.f;
-  NQ_TRY(time_ms(3, iters, [&](int i) { return gemv(args[i % copies], 0); }, &ms));
-  *us = ms * 1e3f;
-  return NQ_OK;
+  return run(args);
+}
+
+}  // namespace
+
+extern "C" {
+
+int nq_bench_gemv_int4_frag(int32_t N, int32_t K, int32_t group, int32_t mode, int32_t iters, float* us) {
+  if (!us || iters <= 0) return fail(NQ_E_INVALID_ARG, "nq_bench_gemv_int4_frag: bad argument");
+  return frag_gemv_setup(N, K, group, mode, [&](const std::vector<GemvArgs>& args) -> int {
+    float ms = 0.f;
+    NQ_TRY(time_ms(3, iters, [&](int i) { return gemv(args[i % args.size()], 0); }, &ms));
+    *us = ms * 1e3f;
+    return NQ_OK;
+  });
+}
+
+int nq_bench_gemv_int4_frag_plans(int32_t N, int32_t K, int32_t mode, int32_t iters, float* us) {
+  if (!us || iters <= 0) return fail(NQ_E_INVALID_ARG, "nq_bench_gemv_int4_frag_plans: bad argument");
+  return frag_gemv_setup(N, K, 128, mode, [&](const std::vector<GemvArgs>& args) -> int {
+    NQ_CUDA(gemv_frag_attrs_spg<8>());   // this library's instantiations (gemv_prepare raised the product's)
+    const int tiles = mode == GEMV_SWIGLU ? N / (frag::kTileRows / 2) : N / frag::kTileRows;
+    const int KC = K / kFragChunkK, warps[2] = {4, 8};
+    for (int a = 0; a < 2; a++)
+      for (int b = 0; b < 5; b++) {
+        float* const out = us + 5 * a + b;
+        *out = -1.f;
+        const FragPlan p{1 << b, warps[a]};
+        if (p.splits > KC || (mode == GEMV_SWIGLU && p.warps != 4)) continue;   // SWIGLU has 4-warp builds only
+        float ms = 0.f;
+        NQ_TRY(time_ms(3, iters, [&](int i) { return gemv_frag_spg<8>(args[i % args.size()], tiles, p, 0); }, &ms));
+        *out = ms * 1e3f;
+      }
+    return NQ_OK;
+  });
 }
 
 }  // extern "C"
