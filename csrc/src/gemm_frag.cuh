@@ -340,8 +340,9 @@ inline size_t frag_smem_target(int mt, int nsv, const FragLimits& L) {
 // 33-64 tokens is such a cluster: 16 splits of 165 KB): the launcher then runs fewer tokens a launch.
 inline int frag_splits(int cols, int KC, int mt, int nsv, const FragLimits& L) {
   const int smax = std::min(kFragMaxSplits, KC);
-  const int first = mt == 1 ? smax : std::min(smax, std::max(1, KC / 2));
-  const size_t bound = mt == 1 ? L.two : frag_smem_target(mt, nsv, L);
+  const bool measured = mt == 2;   // the new bounds where the step measured them to win (NOTES Session 17 §4)
+  const int first = measured ? std::min(smax, std::max(1, KC / 2)) : smax;
+  const size_t bound = measured ? frag_smem_target(mt, nsv, L) : L.two;
   int S = 1;
   while (2 * S <= first && 2LL * S * cols <= 2LL * L.sms) S *= 2;
   while (2 * S <= smax && frag_smem(mt, KC, S) > bound) S *= 2;
