@@ -53,9 +53,7 @@ def main() -> int:
         return plans(lib, a)
     if a.gemv_plans:
         return gemv_plans(lib, a)
-    sh = QWEN25_SHAPES["7B"]
-    rows = {"qkv": (sh.qkv_rows, sh.hidden), "o": (sh.hidden, sh.n_heads * sh.head_dim),
-            "gate": (sh.intermediate, sh.hidden), "down": (sh.hidden, sh.intermediate)}
+    rows = gemv_rows_7b()
     out = {"gemv": {}, "gemm": {}}
     tot_file = tot_frag = 0.0
     for name, (N, K) in rows.items():
@@ -80,6 +78,13 @@ def main() -> int:
     return 0
 
 
+def gemv_rows_7b() -> dict:
+    """(N, K) of each decode GEMV of a Qwen2.5-7B layer, by the name MODES uses."""
+    sh = QWEN25_SHAPES["7B"]
+    return {"qkv": (sh.qkv_rows, sh.hidden), "o": (sh.hidden, sh.n_heads * sh.head_dim),
+            "gate": (sh.intermediate, sh.hidden), "down": (sh.hidden, sh.intermediate)}
+
+
 def plans(lib, a) -> int:
     """Every (token rows a block, splits) plan per 7B shape and M, the best per shape, and the layer's sum of bests."""
     names = ["qkv", "o", "gate/up", "down"]
@@ -98,7 +103,8 @@ def plans(lib, a) -> int:
                   " ".join(f"{k} {v:.1f}" for k, v in grid.items()))
         print(f"plans 7B layer M={M:2d}: sum of the best plans {best_sum:.1f} us")
         uf, ul = ctypes.c_float(), ctypes.c_float()
-        _call(lib, f"gemm layer M={M}", lib.nq_bench_gemm_int4_frag_layer(M, a.group, 20, ctypes.byref(uf), ctypes.byref(ul)))
+        _call(lib, f"gemm layer M={M}",
+              lib.nq_bench_gemm_int4_frag_layer(M, a.group, 20, ctypes.byref(uf), ctypes.byref(ul)))
         print(f"plans 7B layer M={M:2d}: the product's rule {uf.value:.1f} us")
         out[f"layer M={M}"] = {"best_sum": best_sum, "rule": uf.value}
     if a.json:
@@ -109,9 +115,7 @@ def plans(lib, a) -> int:
 
 def gemv_plans(lib, a) -> int:
     """Every (warps, splits) plan of the decode GEMV per 7B shape, the best per shape and the product's plan."""
-    sh = QWEN25_SHAPES["7B"]
-    rows = {"qkv": (sh.qkv_rows, sh.hidden), "o": (sh.hidden, sh.n_heads * sh.head_dim),
-            "gate": (sh.intermediate, sh.hidden), "down": (sh.hidden, sh.intermediate)}
+    rows = gemv_rows_7b()
     out, best_sum, prod_sum = {}, 0.0, 0.0
     for name, (N, K) in rows.items():
         us = (ctypes.c_float * 10)()
@@ -119,7 +123,8 @@ def gemv_plans(lib, a) -> int:
         grid = {f"w{w}s{1 << j}": round(us[5 * i + j], 2) for i, w in enumerate((4, 8)) for j in range(5)
                 if us[5 * i + j] > 0}
         prod = ctypes.c_float()
-        _call(lib, f"gemv frag {name}", lib.nq_bench_gemv_int4_frag(N, K, a.group, MODES[name], a.iters, ctypes.byref(prod)))
+        _call(lib, f"gemv frag {name}",
+              lib.nq_bench_gemv_int4_frag(N, K, a.group, MODES[name], a.iters, ctypes.byref(prod)))
         best = min(grid, key=grid.get)
         best_sum += grid[best]
         prod_sum += prod.value

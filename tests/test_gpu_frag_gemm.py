@@ -100,9 +100,9 @@ def test_gemm_frag_rows_do_not_depend_on_m(lib):
     """A token's outputs do not depend on how many tokens share the launch: the weights are rounded alike at every M
     (f16(q s), no scale-on-the-sums build; NOTES Session 12 §3: a prefix-cache hit against its cold run), and a row's
     MMAs see the same k order whatever the m-tiles. 7B q/k/v (18 column blocks: 8 splits at 1, 2 and 4 m-tiles, the
-    staged A within frag_splits' bound in each; a shape whose split count changes with the m-tiles, e.g. the gate/up pair,
-    gets other f32 sums: not covered here), 13 tokens inside launches of 13, 30, 45 and 77 (a 64-token
-    piece and a 13-token one): bit for bit."""
+    staged A within frag_splits' bound in each; a shape whose split count changes with the m-tiles, e.g. the gate/up
+    pair, gets other f32 sums: not covered here), 13 tokens inside launches of 13, 30, 45 and 77 (a 64-token piece
+    and a 13-token one): bit for bit."""
     rng = np.random.default_rng()
     Ns, K = [3584, 512, 512], 3584
     segs, A, lda, bias, C, ldc, ref, owned = make_case(rng, 77, Ns, K, 128, 0, 0, True, False)
