@@ -327,6 +327,16 @@ inline size_t frag_smem_target(int mt, int nsv, const FragLimits& L) {
   return L.per_sm / blocks > L.reserved ? L.per_sm / blocks - L.reserved : 0;
 }
 
+// Whether a launch of mt m-tiles and S splits fits the GPU: its shared memory, and a cluster of more than 8
+// one-per-SM blocks only where the GPU can hold one (FragLimits::wide16).
+inline bool frag_fits(int mt, int KC, int S, const FragLimits& L) {
+  const size_t smem = frag_smem(mt, KC, S);
+  return smem <= L.optin && !(S > 8 && smem > L.two && !L.wide16);
+}
+
+// Scale vectors a 128-k chunk of W holds (groups 32 -> 4, 64 -> 2, >= 128 -> 1).
+inline int frag_nsv(const LinW& W) { return W.group >= kFragChunkK ? 1 : kFragChunkK / W.group; }
+
 // The split count S of `cols` column blocks over KC chunks at MT m-tiles, 0 if no split fits shared memory. S = the
 // largest power of two <= 2 SMs / cols, <= 16 and <= KC (at 2-4 m-tiles also <= KC / 2: every split at least two
 // chunks of 128 k); then doubled (<= 16, <= KC) while its staged A is above a bound: at 2-4 m-tiles
@@ -346,9 +356,7 @@ inline int frag_splits(int cols, int KC, int mt, int nsv, const FragLimits& L) {
   int S = 1;
   while (2 * S <= first && 2LL * S * cols <= 2LL * L.sms) S *= 2;
   while (2 * S <= smax && frag_smem(mt, KC, S) > bound) S *= 2;
-  const size_t smem = frag_smem(mt, KC, S);
-  if (smem > L.optin || (S > 8 && smem > L.two && !L.wide16)) return 0;
-  return S;
+  return frag_fits(mt, KC, S, L) ? S : 0;
 }
 
 template <int MT, int NSV>
@@ -376,22 +384,14 @@ int launch_int4_frag_mt(int nsv, const GemmGroup& g, int cols, int S, size_t sme
   return launch_int4_frag_build<MT, 1>(g, cols, S, smem, optin, A, lda, M, ldc, add, st);
 }
 
-// One launch of gemm_int4_frag over M <= 16 mt tokens with a given plan: mt m-tiles (1, 2 or 4) and S splits.
-// NQ_E_UNSUPPORTED where the plan does not fit the GPU (shared memory; a cluster of 16 one-per-SM blocks the GPU
-// cannot hold). The product's plan is launch_int4_frag's (frag_mt, frag_splits); the testing library times every
-// other (nq_bench_gemm_int4_frag_plans), which is how frag_splits' rule was chosen.
+// One launch of gemm_int4_frag over M <= 16 mt tokens with a given plan: mt m-tiles (1, 2 or 4) and S splits that
+// frag_fits. The product's plan is launch_int4_frag's (frag_mt, frag_splits); the testing library times every other
+// that fits (nq_bench_gemm_int4_frag_plans), which is how frag_splits' rule was chosen.
 inline int launch_int4_frag_plan(const GemmGroup& g, int cols, const __half* A, int lda, int M, int ldc, bool add,
-                                 int mt, int S, cudaStream_t st) {
-  FragLimits L;
-  NQ_TRY(frag_limits(&L));
+                                 int mt, int S, const FragLimits& L, cudaStream_t st) {
   const LinW& W = g.s[0].W;
-  const int KC = W.K / kFragChunkK, nsv = W.group >= kFragChunkK ? 1 : kFragChunkK / W.group;
-  if (cols <= 0 || (mt != 1 && mt != 2 && mt != 4) || M <= 0 || M > 16 * mt || S < 1 ||
-      S > std::min(kFragMaxSplits, KC))
-    return fail(NQ_E_INVALID_ARG, "gemm: plan M=%d, %d column blocks, %d m-tiles, %d splits", M, cols, mt, S);
+  const int KC = W.K / kFragChunkK, nsv = frag_nsv(W);
   const size_t smem = frag_smem(mt, KC, S);
-  if (smem > L.optin || (S > 8 && smem > L.two && !L.wide16))
-    return fail(NQ_E_UNSUPPORTED, "gemm: the plan of %d m-tiles and %d splits does not fit (K=%d)", mt, S, W.K);
   if (mt == 1) return launch_int4_frag_mt<1>(nsv, g, cols, S, smem, L.optin, A, lda, M, ldc, add, st);
   if (mt == 2) return launch_int4_frag_mt<2>(nsv, g, cols, S, smem, L.optin, A, lda, M, ldc, add, st);
   return launch_int4_frag_mt<4>(nsv, g, cols, S, smem, L.optin, A, lda, M, ldc, add, st);
@@ -409,7 +409,7 @@ inline int launch_int4_frag(const GemmGroup& g0, int cols, const __half* A, int 
   FragLimits L;
   NQ_TRY(frag_limits(&L));
   const LinW& W = g0.s[0].W;
-  const int KC = W.K / kFragChunkK, nsv = W.group >= kFragChunkK ? 1 : kFragChunkK / W.group;
+  const int KC = W.K / kFragChunkK, nsv = frag_nsv(W);
   int piece = kFragMaxTokens;
   while (piece > 16 && !frag_splits(cols, KC, frag_mt(piece), nsv, L)) piece /= 2;
   if (!frag_splits(cols, KC, frag_mt(piece), nsv, L))
@@ -422,7 +422,7 @@ inline int launch_int4_frag(const GemmGroup& g0, int cols, const __half* A, int 
     for (int i = 0; i < g.n; i++)
       if (g.s[i].C) g.s[i].C += (size_t)m0 * ldc;
     if (g.swiglu_out) g.swiglu_out += (size_t)m0 * g.swiglu_ld;
-    NQ_TRY(launch_int4_frag_plan(g, cols, A + (size_t)m0 * lda, lda, mp, ldc, add, mt, S, st));
+    NQ_TRY(launch_int4_frag_plan(g, cols, A + (size_t)m0 * lda, lda, mp, ldc, add, mt, S, L, st));
   }
   return NQ_OK;
 }

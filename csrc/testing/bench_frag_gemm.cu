@@ -66,6 +66,18 @@ int put_acts(DBuf& da, int M, int K) {
   return da.put(ah.data(), ah.size() * 2);
 }
 
+// One Qwen2.5-7B layer's GEMMs by index: 0 q/k/v (3 segments), 1 o, 2 the gate/up pair, 3 down
+constexpr int k7bH = 3584, k7bI = 18944;
+struct Shape7b {
+  int n, K, N[3];
+};
+inline Shape7b shape_7b(int shape) {
+  if (shape == 0) return {3, k7bH, {3584, 512, 512}};
+  if (shape == 1) return {1, k7bH, {k7bH, 0, 0}};
+  if (shape == 2) return {2, k7bH, {k7bI, k7bI, 0}};
+  return {1, k7bI, {k7bH, 0, 0}};
+}
+
 // µs per gemm_multi call over the sets of W (n segments, outputs side by side in C, ldc = sum of N)
 int time_multi(const WeightSets& W, const __half* A, int M, float* C, bool add, int iters, float* us) {
   float* Cs[3];
@@ -118,12 +130,14 @@ int nq_bench_gemm_int4_frag_plans(int32_t shape, int32_t M, int32_t group, int32
     return fail(NQ_E_INVALID_ARG, "nq_bench_gemm_int4_frag_plans: bad argument");
   if (!int4_fragment_order_available())
     return fail(NQ_E_UNSUPPORTED, "nq_bench_gemm_int4_frag_plans: no fragment order on this GPU or build");
-  constexpr int H = 3584, I = 18944;          // Qwen2.5-7B
-  const int qkv[3] = {3584, 512, 512}, o[1] = {H}, gu[2] = {I, I}, down[1] = {H};
-  NQ_TRY(check_int4(H, I, group));
+  constexpr int I = k7bI;
+  NQ_TRY(check_int4(k7bH, I, group));
+  const Shape7b sh = shape_7b(shape);
   const bool swiglu = shape == 2, add = shape == 1 || shape == 3;
-  const int* Ns = shape == 0 ? qkv : shape == 1 ? o : swiglu ? gu : down;
-  const int n = shape == 0 ? 3 : swiglu ? 2 : 1, K = shape == 3 ? I : H;
+  const int* const Ns = sh.N;
+  const int n = sh.n, K = sh.K, KC = K / kFragChunkK;
+  FragLimits L;
+  NQ_TRY(frag_limits(&L));
   WeightSets W;
   NQ_TRY(W.make(n, Ns, K, group, 0x1234567ull + shape));
   NQ_TRY(W.repack(swiglu));
@@ -144,6 +158,7 @@ int nq_bench_gemm_int4_frag_plans(int32_t shape, int32_t M, int32_t group, int32
       float* const out = us + 5 * a + b;
       *out = -1.f;
       if (16 * mts[a] < M || (mts[a] > 1 && 16 * mts[a] / 2 >= M)) continue;   // too few m-tiles, or more than needed
+      if (splits[b] > std::min(kFragMaxSplits, KC) || !frag_fits(mts[a], KC, splits[b], L)) continue;
       float ms = 0.f;
       const int rc = time_ms(2, iters, [&](int it) {
         GemmGroup g;
@@ -157,9 +172,8 @@ int nq_bench_gemm_int4_frag_plans(int32_t shape, int32_t M, int32_t group, int32
           off += Ns[i];
         }
         if (swiglu) g.swiglu_out = dh.as<__half>(), g.swiglu_ld = I;
-        return launch_int4_frag_plan(g, cols, da.as<__half>(), K, M, ldc, add, mts[a], splits[b], 0);
+        return launch_int4_frag_plan(g, cols, da.as<__half>(), K, M, ldc, add, mts[a], splits[b], L, 0);
       }, &ms);
-      if (rc == NQ_E_UNSUPPORTED || rc == NQ_E_INVALID_ARG) { (void)cudaGetLastError(); continue; }
       NQ_TRY(rc);
       *out = ms * 1e3f;
     }
@@ -171,8 +185,7 @@ int nq_bench_gemm_int4_frag_layer(int32_t M, int32_t group, int32_t iters, float
     return fail(NQ_E_INVALID_ARG, "nq_bench_gemm_int4_frag_layer: bad argument");
   if (!int4_fragment_order_available())
     return fail(NQ_E_UNSUPPORTED, "nq_bench_gemm_int4_frag_layer: no fragment order on this GPU or build");
-  constexpr int H = 3584, I = 18944;          // Qwen2.5-7B
-  const int qkv[3] = {3584, 512, 512}, o[1] = {H}, gu[2] = {I, I}, down[1] = {H};
+  constexpr int H = k7bH, I = k7bI;
   NQ_TRY(check_int4(H, I, group));
   DBuf dah, dai, dc, dg, du, dh;
   NQ_TRY(put_acts(dah, M, H));
@@ -188,8 +201,8 @@ int nq_bench_gemm_int4_frag_layer(int32_t M, int32_t group, int32_t iters, float
   for (int shape = 0; shape < 4; shape++) {
     WeightSets W;
     const bool swiglu = shape == 2;
-    const int* Ns = shape == 0 ? qkv : shape == 1 ? o : shape == 2 ? gu : down;
-    NQ_TRY(W.make(shape == 0 ? 3 : swiglu ? 2 : 1, Ns, shape == 3 ? I : H, group, 0x1234567ull + shape));
+    const Shape7b sh = shape_7b(shape);
+    NQ_TRY(W.make(sh.n, sh.N, sh.K, group, 0x1234567ull + shape));
     const __half* A = shape == 3 ? dai.as<__half>() : dah.as<__half>();
     for (int frag_order = 0; frag_order < 2; frag_order++) {
       if (frag_order) NQ_TRY(W.repack(swiglu));
