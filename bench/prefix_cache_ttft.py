@@ -48,6 +48,36 @@ def _profile_hit(eng, all_ids, a, suffix_a, suffix_b) -> None:
     print(out.getvalue())
 
 
+def _timeline_hit(eng, all_ids, a, suffix_a, suffix_b) -> None:
+    """One more round, its hit with every C entry point's call timed (CUDA: abi.call, through which abi.check goes
+    too): start and end in ms after submit, so the host's share of the TTFT shows between and around the calls."""
+    from nanoqwen_rt.backends.cuda import abi
+    start = 1000 + (a.rounds + 1) * (a.prefix_tokens + 50)
+    prefix = all_ids[start:start + a.prefix_tokens]
+    _ttft(eng, prefix + suffix_a)
+    events, plain = [], abi.call
+    t0 = time.perf_counter()
+
+    def timed(lib, name, *args):
+        s = time.perf_counter()
+        out = plain(lib, name, *args)
+        events.append((name, (s - t0) * 1e3, (time.perf_counter() - t0) * 1e3))
+        return out
+    abi.call = timed
+    try:
+        t0 = time.perf_counter()
+        h = eng.submit(prefix + suffix_b, max_new_tokens=1, temperature=0.0)
+        first = None
+        for _ in h:
+            first = first or (time.perf_counter() - t0) * 1e3
+        end = (time.perf_counter() - t0) * 1e3
+    finally:
+        abi.call = plain
+    print(f"timeline of one hit (ms after submit): first token {first:.3f}, handle done {end:.3f}")
+    for name, s, e in events:
+        print(f"  {s:8.3f} .. {e:8.3f}  {e - s:7.3f}  {name}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prefix-tokens", type=int, default=600)
@@ -56,6 +86,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--file", default=None, help="the .nanoqwen file (default: the embedded model's)")
     ap.add_argument("--max-context", type=int, default=None, help="the engine's context (default: the model's)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="CUDA: after the rounds, time each C call of one more hit against the submit")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after the rounds, cProfile one more hit and print its N functions of most own time")
     a = ap.parse_args(argv)
@@ -65,7 +97,7 @@ def main(argv=None) -> int:
     rows = []
     with Engine(a.file or demo_model_path(), device=a.device, max_context=a.max_context) as eng:
         all_ids = eng.tokenizer.encode(text)
-        need = 1000 + a.rounds * (a.prefix_tokens + 50)
+        need = 1000 + (a.rounds + 2) * (a.prefix_tokens + 50)   # the rounds, the profiled and the timed one
         if len(all_ids) < need:
             raise SystemExit(f"prefix_cache_ttft: the source text gives {len(all_ids)} tokens, the rounds need {need}")
         suffix_a = eng.tokenizer.encode("\ndef first_helper(x):")
@@ -86,6 +118,8 @@ def main(argv=None) -> int:
                   f"B {n_b} tokens (cached {cached}) TTFT {hit_s * 1e3:.1f} ms; B/A {hit_s / miss_s:.3f}")
         if a.profile:
             _profile_hit(eng, all_ids, a, suffix_a, suffix_b)
+        if a.timeline and a.device == "cuda":
+            _timeline_hit(eng, all_ids, a, suffix_a, suffix_b)
     med = {k: statistics.median(r[k] for r in rows) for k in ("ttft_miss_s", "ttft_hit_s", "ratio")}
     print(f"median: miss {med['ttft_miss_s'] * 1e3:.1f} ms, hit {med['ttft_hit_s'] * 1e3:.1f} ms, "
           f"hit/miss {med['ratio']:.3f}")
