@@ -301,7 +301,7 @@ class Engine:
                 raise InvalidArgument(f"prompt: {e}") from None
         elif isinstance(prompt, np.ndarray) and prompt.ndim == 1 and prompt.dtype.kind in "iu":
             ids = prompt                                 # integer array: no per-element check needed
-        elif isinstance(prompt, (list, tuple)) and all(type(i) is int for i in prompt):
+        elif isinstance(prompt, (list, tuple)) and set(map(type, prompt)) == {int}:
             ids = prompt                                 # plain ints (the common case: ~2x faster than the loop below)
         elif isinstance(prompt, (list, tuple, np.ndarray)):
             ids = list(prompt)

@@ -397,7 +397,7 @@ class Scheduler:
                 self._end(s)
                 continue
             try:
-                s.pages = self.pool.admit(s.ids.tolist(), self._capacity(s), use_cache=self.kv.shares_pages)
+                s.pages = self.pool.admit(s.ids, self._capacity(s), use_cache=self.kv.shares_pages)
             except PoolTooSmall as e:       # the pool shrank below it (cannot happen today: checked in add)
                 self._waiting.popleft()
                 s.error = e

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from nanoqwen_format.shapes import KV_PAGE_TOKENS
@@ -30,6 +31,19 @@ def test_hash_names_the_whole_prefix():
     ha, hb = page_hashes(a), page_hashes(b)
     assert len(ha) == 3 and all(x != y for x, y in zip(ha, hb))     # page 1 and 2 differ too: chained
     assert page_hashes(a + [1, 2, 3]) == ha                        # a partial page is not hashed
+
+
+def test_hash_is_the_documented_chain_for_lists_and_arrays():
+    """h_i = blake2b(h_{i-1} || int32 little-endian ids of page i), 16-byte digests, from a list or any int array."""
+    import hashlib
+    ids = [int(x) for x in np.random.default_rng(7).integers(0, 151_936, 4 * P + 5)]
+    want, prev = [], b""
+    for i in range(4):
+        prev = hashlib.blake2b(prev + np.array(ids[i * P:(i + 1) * P], dtype="<i4").tobytes(),
+                               digest_size=16).digest()
+        want.append(prev)
+    for form in (ids, np.array(ids, dtype=np.int64), np.array(ids, dtype=np.int32)):
+        assert page_hashes(form) == want
 
 
 def test_prefix_hit_leaves_one_token_to_compute_and_shares_read_only_pages():
