@@ -46,6 +46,7 @@ from nanoqwen_format.constants import LAYOUT_INT4_ROWMAJOR_K8_ASYM  # noqa: E402
 from nanoqwen_format import (BlobKind, DType, ModelConfig, NanoqwenFormatError, NanoqwenWriter,  # noqa: E402
                              TensorSpec, expected_tensors)
 from nanoqwen_bench.measure import QWEN25_CODER_7B  # noqa: E402
+from nanoqwen_format.shapes import QWEN25_SHAPES  # noqa: E402
 
 ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "qwen2-tokenizer")
 
@@ -329,7 +330,7 @@ def make_file(out_path: str, cfg: ModelConfig, quant: str = "int4", group_size: 
              (BlobKind.TOKENIZER_CONFIG, json.dumps(TOKENIZER_CONFIG).encode()),
              (BlobKind.PROVENANCE, json.dumps({
                  "tool": "bench/make_7b_file.py", "synthetic": True, "weights": "random",
-                 "shape": "Qwen2.5-Coder-7B", "n_layers": cfg.n_layers, "quant": quant,
+                 "shape": shape_name(cfg), "n_layers": cfg.n_layers, "quant": quant,
                  "group_size": group_size if quant != "none" else None, "seed": seed,
                  "tokenizer": "Qwen2 vocab.json + merges.txt (Apache-2.0)"}).encode())]
     if progress is None:
@@ -376,15 +377,39 @@ def make_file(out_path: str, cfg: ModelConfig, quant: str = "int4", group_size: 
 
 
 def qwen7b_config(layers: int = 28) -> ModelConfig:
+    return shape_config("7B", layers)
+
+
+def shape_config(shape: str, layers: int | None = None) -> ModelConfig:
+    """The 7B's config with the shape fields of Qwen2.5 size `shape` (nanoqwen_format.shapes.QWEN25_SHAPES: hidden,
+    intermediate, heads, head_dim, layers, vocab), always untied: issue 15's per-size decode cases read an f16
+    lm_head of their own. layers: None = the size's own count."""
+    if shape not in QWEN25_SHAPES:
+        raise MakeFileError(f"--shape must be one of {', '.join(QWEN25_SHAPES)}, got {shape!r}")
+    sh = QWEN25_SHAPES[shape]
+    layers = sh.n_layers if layers is None else layers
     if layers < 1:
         raise MakeFileError(f"--layers must be >= 1, got {layers}")
-    return ModelConfig(**{**QWEN25_CODER_7B, "n_layers": layers})
+    return ModelConfig(**{**QWEN25_CODER_7B, "n_layers": layers, "hidden_size": sh.hidden,
+                          "intermediate_size": sh.intermediate, "n_heads": sh.n_heads, "n_kv_heads": sh.n_kv_heads,
+                          "head_dim": sh.head_dim, "vocab_rows": sh.vocab, "tied_embeddings": False})
+
+
+def shape_name(cfg: ModelConfig) -> str:
+    """"Qwen2.5-Coder-<size>" of the size whose shape fields cfg has (the layer count aside)."""
+    for name, sh in QWEN25_SHAPES.items():
+        if (cfg.hidden_size, cfg.intermediate_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim) == \
+                (sh.hidden, sh.intermediate, sh.n_heads, sh.n_kv_heads, sh.head_dim):
+            return f"Qwen2.5-Coder-{name}"
+    return "custom"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", help="output .nanoqwen path")
-    ap.add_argument("--layers", type=int, default=QWEN25_CODER_7B["n_layers"])
+    ap.add_argument("--shape", default="7B", help=f"Qwen2.5 size whose shapes to use ({', '.join(QWEN25_SHAPES)}); "
+                    "the lm_head is untied f16 at every size")
+    ap.add_argument("--layers", type=int, default=None, help="layers (default: the size's)")
     ap.add_argument("--quant", default="int4", choices=["int4", "int4-asym", "none"])
     ap.add_argument("--group-size", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
@@ -393,7 +418,7 @@ def main(argv=None) -> int:
     ap.add_argument("--verify", action="store_true", help="reopen the file with checksum verification, timed")
     a = ap.parse_args(argv)
     try:
-        stats = make_file(a.out, qwen7b_config(a.layers), a.quant, a.group_size, a.seed, a.threads,
+        stats = make_file(a.out, shape_config(a.shape, a.layers), a.quant, a.group_size, a.seed, a.threads,
                           progress=False if a.quiet else None)
     except (MakeFileError, NanoqwenFormatError, OSError) as e:
         print(f"make_7b_file: {e}", file=sys.stderr)
