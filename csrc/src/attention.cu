@@ -30,20 +30,11 @@ constexpr int kMaxSplits = kAttnMaxSplits;
 
 // The end of a split block, after it wrote its partial (part_o: O unnormalised, part_ml: its running max and sum):
 // the last of the n_used split blocks of (token t, KV head h) to finish merges every split's partial into out
-// (f16 [G][D]) and resets the counter. w, l: shared scratch; inv [kMaxG]; last: a shared flag; red: shared
-// [THREADS / (D / 4)][kMaxG][D / 4] float4, laid over w and l. Every thread calls it.
-// The merge reads n_used x G x D f32 from L2 (229 KB at 64 splits and the 7B's G = 7) with one block, so it is
-// bound by the loads it has in flight: thread (sl, d4) takes float4 column d4 of every head over splits sl, sl + L,
-// ... (L = THREADS / (D / 4) split lanes), 2 splits x G heads of loads at a time, and the L lanes' sums are added in
-// shared memory in lane order (every output's order is fixed: results do not depend on scheduling). An earlier
-// version gave each thread whole (head, column) pairs over all splits, 8 loads at a time: at 8K keys its merge took
-// most of the kernel's 14.4 us (bench/NOTES.md "Session 18" §3).
+// (f16 [G][D]) and resets the counter. w, l: shared scratch; inv [kMaxG]; last: a shared flag. Every thread calls it.
 template <int D, int THREADS>
 __device__ __forceinline__ void merge_last_split(const AttnArgs& a, int t, int h, int G, int n_used, size_t ph0,
                                                  __half* out, float (*w)[kMaxSplits], float (*l)[kMaxSplits],
-                                                 float* inv, int& last, float4* red) {
-  constexpr int D4 = D / 4, L = THREADS / D4;
-  static_assert(THREADS % D4 == 0, "whole split lanes");
+                                                 float* inv, int& last) {
   const int tid = threadIdx.x;
   __threadfence();
   __syncthreads();
@@ -70,40 +61,21 @@ __device__ __forceinline__ void merge_last_split(const AttnArgs& a, int t, int h
     inv[tid] = 1.f / ll;
   }
   __syncthreads();
-  const int d4 = tid % D4, sl = tid / D4;
-  const float4* po = reinterpret_cast<const float4*>(a.part_o + ph0 * D) + d4;   // + (g n_split + sp) D4
-  float4 acc[kMaxG];
-#pragma unroll
-  for (int g = 0; g < kMaxG; g++) acc[g] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 2
-  for (int sp = sl; sp < n_used; sp += L) {
-#pragma unroll
-    for (int g = 0; g < kMaxG; g++) {
-      if (g < G) {
-        const float4 v = __ldcg(po + ((size_t)g * a.n_split + sp) * D4);
-        const float wt = w[g][sp];
-        acc[g].x = fmaf(v.x, wt, acc[g].x); acc[g].y = fmaf(v.y, wt, acc[g].y);
-        acc[g].z = fmaf(v.z, wt, acc[g].z); acc[g].w = fmaf(v.w, wt, acc[g].w);
-      }
-    }
-  }
-  __syncthreads();   // every thread is done with w: red overwrites it
-#pragma unroll
-  for (int g = 0; g < kMaxG; g++)
-    if (g < G) red[(sl * kMaxG + g) * D4 + d4] = acc[g];
-  __syncthreads();
-  for (int i = tid; i < G * D4; i += THREADS) {
-    const int g = i / D4, c = i % D4;
-    float4 s4 = red[g * D4 + c];
-#pragma unroll
-    for (int k = 1; k < L; k++) {
-      const float4 v = red[(k * kMaxG + g) * D4 + c];
-      s4.x += v.x; s4.y += v.y; s4.z += v.z; s4.w += v.w;
+  // outputs as float4 over dims: (g, d4) pairs over the threads; 8 splits' partials loaded per batch
+  for (int i = tid; i < G * (D / 4); i += THREADS) {
+    const int g = i / (D / 4), d4 = i % (D / 4);
+    const float4* po = reinterpret_cast<const float4*>(a.part_o + (ph0 + (size_t)g * a.n_split) * D) + d4;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+    for (int sp = 0; sp < n_used; sp++) {
+      const float4 v = __ldcg(po + (size_t)sp * (D / 4));
+      const float wt = w[g][sp];
+      acc.x = fmaf(v.x, wt, acc.x); acc.y = fmaf(v.y, wt, acc.y); acc.z = fmaf(v.z, wt, acc.z); acc.w = fmaf(v.w, wt, acc.w);
     }
     const float iv = inv[g];
-    __half2* o2 = reinterpret_cast<__half2*>(out + g * D + c * 4);
-    o2[0] = __floats2half2_rn(s4.x * iv, s4.y * iv);
-    o2[1] = __floats2half2_rn(s4.z * iv, s4.w * iv);
+    __half2* o2 = reinterpret_cast<__half2*>(out + g * D + d4 * 4);
+    o2[0] = __floats2half2_rn(acc.x * iv, acc.y * iv);
+    o2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
   }
   if (tid == 0) a.counters[t * a.n_kv + h] = 0;
 }
@@ -135,7 +107,6 @@ struct AttnSmem {
       float w[kMaxG][kMaxSplits];
       float l[kMaxG][kMaxSplits];
     } mg;
-    float4 red[kAttnThreads / (D / 4)][kMaxG][D / 4];   // the merge's split lanes' sums (after mg is read)
   } u;
   __align__(16) __half q[16][LDQ];   // roped q of the G heads times log2(e)/sqrt(D), f16; rows G..15 zero
   __align__(16) __half knew[D];      // this step's roped k and v (the cache row at pos)
@@ -368,8 +339,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_decode_kernel(const AttnArg
     a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2 + 1] = S.inv[tid];
   }
   __syncthreads();   // obuf read by every thread before mg overwrites it
-  merge_last_split<D, kAttnThreads>(a, t, h, G, n_used, ph0, out, S.u.mg.w, S.u.mg.l, S.inv, S.last,
-                                    &S.u.red[0][0][0]);
+  merge_last_split<D, kAttnThreads>(a, t, h, G, n_used, ph0, out, S.u.mg.w, S.u.mg.l, S.inv, S.last);
 }
 
 // ---- Prefill attention (M > 1 query tokens, causal): attn_prefill_fa<Cfg> of attn_prefill.cuh (mma.sync, FlashAttention-2
