@@ -7,7 +7,9 @@
 # lmhead, abench, long, base and asym; ncu, long and base need bench; long: the bench at 2K, 8K and 32K-token prompts; base: the bench again
 # with an earlier tree carried in .base/, see the step; asym: int4g layout 2 against layout 1, see the step).
 # The kernels that lost are timed by csrc/dev programs: `make -C csrc/dev` then build/dev/<name>.
-# Wheels for packages the image lacks (crc32c, ...) are read from .whl/ (README "Notes" of the device tool).
+# Wheels for packages the image lacks (crc32c, ...) are read from .whl/ (README "Notes" of the device tool); made here
+# with `pip download -d .whl --no-deps --only-binary :all: --python-version 3.12 --platform manylinux_2_28_x86_64
+# crc32c gguf llguidance sse-starlette starlette uvicorn pytest-xdist execnet`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/nq_out}"; mkdir -p "$OUT"
@@ -50,14 +52,29 @@ fi
 if has tests; then
   t0=$(date +%s)
   # NQ_TEST_K narrows the selection (pytest -k), e.g. to re-check one kernel quickly. The files are named: the
-  # device image has no `openai`, which tests/test_server.py (CPU, CI) imports at collection.
-  timeout 480 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 -rfEs \
-    tests/test_gpu_frag_repack.py tests/test_gpu_frag_gemv.py tests/test_gpu_frag_gemm.py tests/test_gpu_frag_prefill.py tests/test_gpu_kernels.py tests/test_gpu_gemm.py tests/test_gpu_gemm_qwen_shapes.py tests/test_gpu_e2e.py tests/test_server_gpu.py tests/test_bench.py tests/test_cli.py tests/test_gpu_steer.py tests/test_gpu_batch.py tests/test_batch.py tests/test_gpu_batch_engine.py tests/test_gpu_pool.py \
-    -k "not 7b_shaped${NQ_TEST_K:+ and ($NQ_TEST_K)}" \
+  # device image has no `openai`, which tests/test_server.py (CPU, CI) imports at collection. The suite's time is
+  # mostly the numpy references on the host, so it runs under pytest-xdist (its wheels and execnet's in .whl/), in
+  # two runs at once: the kernel files test by test over 8 workers, the rest file by file over 4 (a file's fixtures
+  # stay in one worker). Serially it no longer fits one device call (NOTES "Session 18" §4: ~140 s against > 430).
+  xk="not 7b_shaped${NQ_TEST_K:+ and ($NQ_TEST_K)}"
+  if python3 -c "import xdist" 2>/dev/null; then par_k="-n 8 --dist load"; par_r="-n 4 --dist loadfile"; else
+    par_k=""; par_r=""; note "pytest-xdist is not installed (.whl/): the GPU suite runs serially"; fi
+  timeout 480 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 -rfEs $par_k --durations=15 \
+    tests/test_gpu_frag_repack.py tests/test_gpu_frag_gemv.py tests/test_gpu_frag_gemm.py tests/test_gpu_frag_prefill.py \
+    tests/test_gpu_kernels.py tests/test_gpu_gemm.py tests/test_gpu_gemm_qwen_shapes.py -k "$xk" \
+    > "$LOG/pytest_gpu_kernels.log" 2>&1 &
+  pk=$!
+  timeout 480 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 -rfEs $par_r --durations=15 \
+    tests/test_gpu_e2e.py tests/test_server_gpu.py tests/test_bench.py tests/test_cli.py tests/test_gpu_steer.py \
+    tests/test_gpu_batch.py tests/test_batch.py tests/test_gpu_batch_engine.py tests/test_gpu_pool.py -k "$xk" \
     > "$LOG/pytest_gpu.log" 2>&1
   rc=$?
-  note "pytest -m gpu (kernels, e2e, server, CLI, bench; not the 7B-shaped one): rc=$rc in $(( $(date +%s) - t0 )) s: $(tail -1 "$LOG/pytest_gpu.log")"
-  grep -E "^(FAILED|ERROR|SKIPPED)" "$LOG/pytest_gpu.log" | head -25 | tee -a "$summary"
+  wait $pk
+  rck=$?
+  note "pytest -m gpu, kernel files: rc=$rck: $(tail -1 "$LOG/pytest_gpu_kernels.log")"
+  note "pytest -m gpu, e2e / server / CLI / bench / batch (not the 7B-shaped one): rc=$rc: $(tail -1 "$LOG/pytest_gpu.log")"
+  note "both in $(( $(date +%s) - t0 )) s"
+  grep -hE "^(FAILED|ERROR|SKIPPED)" "$LOG/pytest_gpu_kernels.log" "$LOG/pytest_gpu.log" | head -25 | tee -a "$summary"
   save
 fi
 if has kbench; then
