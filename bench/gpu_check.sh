@@ -61,7 +61,7 @@ if has tests; then
     par_k=""; par_r=""; note "pytest-xdist is not installed (.whl/): the GPU suite runs serially"; fi
   timeout 480 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 -rfEs $par_k --durations=15 \
     tests/test_gpu_frag_repack.py tests/test_gpu_frag_gemv.py tests/test_gpu_frag_gemm.py tests/test_gpu_frag_prefill.py \
-    tests/test_gpu_kernels.py tests/test_gpu_gemm.py tests/test_gpu_gemm_qwen_shapes.py -k "$xk" \
+    tests/test_gpu_kernels.py tests/test_gpu_gemm.py tests/test_gpu_gemm_qwen_shapes.py tests/test_gpu_sizes.py -k "$xk" \
     > "$LOG/pytest_gpu_kernels.log" 2>&1 &
   pk=$!
   timeout 480 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 240 -rfEs $par_r --durations=15 \
