@@ -421,3 +421,19 @@ def pack_int4_layout1(u: np.ndarray) -> np.ndarray:
     for i in range(8):
         out |= (u[:, INT4_PERM[i]::8].astype(np.uint32) << np.uint32(4 * i))
     return out
+
+
+# ---------------------------------------------------------------- bench/make_7b_file.py as a module
+def make_7b_file_module():
+    """bench/make_7b_file.py imported once (it is a script, not a package module): random .nanoqwen files of any
+    Qwen2.5 size's widths (make_file, shape_config) for the tests that need full-width shapes."""
+    import importlib.util
+    import sys
+    mod = sys.modules.get("make_7b_file")
+    if mod is None:
+        path = Path(__file__).resolve().parents[1] / "bench" / "make_7b_file.py"
+        spec = importlib.util.spec_from_file_location("make_7b_file", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["make_7b_file"] = mod
+        spec.loader.exec_module(mod)
+    return mod

@@ -2,11 +2,8 @@
 token, table) and, on a GPU, the bandwidth / peer measurements (values checked for sanity, never for speed)."""
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -14,17 +11,13 @@ import pytest
 from nanoqwen_format import (BlobKind, DType, ModelConfig, dequantize_int4_reference, expected_tensors,
                              int4_nbytes, open_file)
 import nanoqwen_bench.measure as bench
+from synth import make_7b_file_module  # noqa: E402  (tests/synth.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@functools.lru_cache(maxsize=1)
 def _mk():
-    spec = importlib.util.spec_from_file_location("make_7b_file", os.path.join(ROOT, "bench", "make_7b_file.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["make_7b_file"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return make_7b_file_module()
 
 
 def _tiny_cfg(**kw) -> ModelConfig:

@@ -5,20 +5,14 @@ file is ~3.6 GB instead of ~20. Prefill logits, then greedy steps in which both 
 step's logits and argmax must agree (a near tie on the CPU side ends the comparison, as in test_gpu_e2e)."""
 from __future__ import annotations
 
-import functools
-import importlib.util
-import os
-import sys
-
 import numpy as np
 import pytest
 
 from nanoqwen_format.shapes import QWEN25_SHAPES
-from synth import rel_rows  # noqa: E402  (tests/synth.py)
+from synth import make_7b_file_module, rel_rows  # noqa: E402  (tests/synth.py)
 
 pytestmark = pytest.mark.gpu
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYERS = 2          # every projection and both norms of a layer, twice; the widths are the size's own
 PROMPT = 48         # prompt tokens: three KV pages
 STEPS = 16          # greedy steps compared
@@ -27,22 +21,13 @@ STEPS = 16          # greedy steps compared
 TOL = 1e-2
 
 
-@functools.lru_cache(maxsize=1)
-def _mk():
-    spec = importlib.util.spec_from_file_location("make_7b_file", os.path.join(ROOT, "bench", "make_7b_file.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["make_7b_file"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("size", list(QWEN25_SHAPES))
 def test_size_shaped_greedy_matches_cpu(tmp_path, size):
     from nanoqwen_rt.backends.cpu import CPUBackend
     from nanoqwen_rt.backends.cuda import CudaBackend, available
     if not available():
         pytest.skip("no CUDA device / libnanoqwen not built")
-    mk = _mk()
+    mk = make_7b_file_module()
     path = str(tmp_path / f"{size}.nanoqwen")
     mk.make_file(path, mk.shape_config(size, LAYERS), quant="int4", group_size=128, seed=17, progress=False)
     ctx = PROMPT + STEPS + 1
