@@ -3,8 +3,8 @@
 # and end-to-end benchmarks, compute-sanitizer; full logs under $OUT, a short table last.
 #   device: run(command="bash bench/gpu_check.sh [STEPS]", carry=[".whl", "nanoqwen_rt/lib", "build/lib"])
 #   (nanoqwen_rt/lib: the product library; build/lib: the testing library the kernel tests and benches load)
-# STEPS: comma list of sass,tests,kbench,frag,lmhead,abench,bench,long,base,ncu,sanitize,hf7b,asym (default: all but
-# lmhead, abench, long, base and asym; ncu, long and base need bench; long: the bench at 2K, 8K and 32K-token prompts; base: the bench again
+# STEPS: comma list of sass,tests,kbench,frag,lmhead,chain,abench,bench,long,base,ncu,sanitize,hf7b,asym (default: all but
+# lmhead, chain, abench, long, base and asym; ncu, long and base need bench; long: the bench at 2K, 8K and 32K-token prompts; base: the bench again
 # with an earlier tree carried in .base/, see the step; asym: int4g layout 2 against layout 1, see the step).
 # The kernels that lost are timed by csrc/dev programs: `make -C csrc/dev` then build/dev/<name>.
 # Wheels for packages the image lacks (crc32c, ...) are read from .whl/ (README "Notes" of the device tool); made here
@@ -86,6 +86,14 @@ fi
 if has frag; then   # the INT4 fragment order against the file order per 7B layer: decode GEMVs, GEMMs at 1-512 tokens
   timeout 240 python3 bench/frag_bench.py --json "$LOG/frag_bench.json" > "$LOG/frag_bench.log" 2>&1
   note "frag bench rc=$?"; grep -E "^gemv|^gemm" "$LOG/frag_bench.log" | tee -a "$summary"
+  save
+fi
+if has chain; then   # csrc/dev/chain_read: what a kernel boundary costs a 112-stage chain of dependent read-only streams
+  # with a 7B decode step's bytes (kernels with PDL / one persistent launch / no dependency / one stream); NOTES
+  # "Session 18" §6. Built here (nvcc is on the device image)
+  make -C csrc/dev "$PWD/build/dev/chain_read" > "$LOG/chain_build.log" 2>&1 && \
+    timeout 120 build/dev/chain_read > "$LOG/chain_read.log" 2>&1
+  note "chain_read rc=$?"; grep -vE "^make" "$LOG/chain_read.log" | tee -a "$summary"
   save
 fi
 if has lmhead; then   # csrc/dev/lm_head_f16: the f16 lm_head at 1-64 rows, the product's kernel against W fragments

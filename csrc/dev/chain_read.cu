@@ -1,0 +1,274 @@
+// What a kernel boundary costs a decode step, without the GEMV arithmetic: a chain of dependent read-only streams
+// with a 7B layer's byte counts (qkv 8.5 MB, o 6.6 MB, gate/up 70.0 MB, down 35.0 MB: weights + f16 scales) x 28
+// layers = 3.37 GB, each stage's "activation" the previous stage's output, run four ways on the same buffers:
+//   kernels     one kernel a stage, launched with PDL in one CUDA graph, as the product's decode chain: every thread
+//               issues its first U loads, waits (griddepcontrol.wait), reads the previous stage's output, triggers
+//               its dependents, then streams the rest of its share (a register ring of U loads);
+//   persistent  one cooperative launch, every block resident: the same per-stage code, but a block goes on to the next
+//               stage's first U loads as soon as it has added its partial, then waits on a completion counter
+//               (acquire) instead of a kernel boundary;
+//   unchained   the kernels of `kernels` without their dependency (no wait, plain launches in a graph): the cost of
+//               112 launches and their tails alone;
+//   ceiling     one kernel over all 3.37 GB: no boundary at all.
+// A stage's output: y_s = sum over its 32-bit words w of (w ^ x_s) mod 2^32 with x_s = y_{s-1} (x_0 a seed), so
+// every word's use needs the previous stage, while its load does not (as a GEMV's weights and x). Sums mod 2^32 do
+// not depend on the order, so every variant's y must equal the CPU's exactly (validate: all 112 stages).
+// Prediction and outcome: bench/NOTES.md "Session 18" §6 (written before the first run).
+//
+//   make -C csrc/dev && build/dev/chain_read [layers (28)]
+#include "dev_common.cuh"
+#include "launch.h"
+#include <cooperative_groups.h>
+#include <omp.h>
+#include <string>
+
+namespace {
+
+constexpr int kThreads = 128;   // as the product's decode GEMV blocks
+constexpr uint32_t kSeed = 0x2545F491u;
+
+// The 32-bit word at index j of the whole buffer (filled on the GPU, recomputed on the CPU for the reference)
+__host__ __device__ inline uint32_t word_at(uint64_t j) {
+  uint64_t z = j * 0x9E3779B97F4A7C15ull;
+  z ^= z >> 29;
+  return (uint32_t)(z * 0xBF58476D1CE4E5B9ull >> 32);
+}
+
+__global__ void fill_words(uint32_t* w, size_t n) {
+  for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x)
+    w[j] = word_at(j);
+}
+
+struct Stage { const uint4* w; size_t n16; };
+struct Chain {
+  const Stage* st;   // device array of stages
+  int n;
+  uint32_t* y;       // [n] stage outputs (zeroed before a run)
+  uint32_t* done;    // [n] blocks that added their partial (persistent; zeroed before a run)
+};
+
+__device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The block's share of stage s: the first U loads of each thread (before the dependency), then the rest; returns
+// the thread's sum of (w ^ x). get_x() is called between the first loads and their use.
+template <int U, typename GetX>
+__device__ __forceinline__ uint32_t stage_sum(const Stage& S, GetX get_x) {
+  const size_t T = (size_t)gridDim.x * blockDim.x;
+  const size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  uint4 r[U];
+#pragma unroll
+  for (int u = 0; u < U; u++) r[u] = i0 + u * T < S.n16 ? nq::ld_stream16(S.w + i0 + u * T) : make_uint4(0, 0, 0, 0);
+  const uint32_t x = get_x();
+  uint32_t acc = 0;
+  for (size_t i = i0; i < S.n16; i += U * T) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const uint4 v = r[u];
+      const size_t nx = i + (size_t)(u + U) * T;
+      r[u] = nx < S.n16 ? nq::ld_stream16(S.w + nx) : make_uint4(0, 0, 0, 0);
+      if (i + u * T < S.n16) acc += (v.x ^ x) + (v.y ^ x) + (v.z ^ x) + (v.w ^ x);
+    }
+  }
+  return acc;
+}
+
+// sum of v over the block (mod 2^32), valid in thread 0
+__device__ __forceinline__ uint32_t block_sum(uint32_t v, uint32_t* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  uint32_t s = 0;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < kThreads / 32; w++) s += red[w];
+  __syncthreads();   // red is reused by the next stage
+  return s;
+}
+
+// kernels / unchained: one stage a launch (chained: wait for the previous stage's kernel, read its output)
+template <int U, bool CHAINED>
+__global__ void __launch_bounds__(kThreads) stage_kernel(Chain c, int s) {
+  __shared__ uint32_t red[kThreads / 32];
+  __shared__ uint32_t xs;
+  const uint32_t acc = stage_sum<U>(c.st[s], [&]() {
+    if (CHAINED) {
+      nq::pdl_wait();
+      if (threadIdx.x == 0) xs = s > 0 ? c.y[s - 1] : kSeed;
+      __syncthreads();
+      nq::pdl_trigger();
+      return xs;
+    }
+    return s > 0 ? kSeed + (uint32_t)s : kSeed;   // unchained: no dependency (its y is not validated)
+  });
+  const uint32_t b = block_sum(acc, red);
+  if (threadIdx.x == 0) atomicAdd(&c.y[s], b);
+}
+
+// persistent: every stage in one launch; completion counters instead of kernel boundaries
+template <int U>
+__global__ void __launch_bounds__(kThreads) chain_persistent(Chain c) {
+  __shared__ uint32_t red[kThreads / 32];
+  __shared__ uint32_t xs;
+  for (int s = 0; s < c.n; s++) {
+    const uint32_t acc = stage_sum<U>(c.st[s], [&]() {
+      if (threadIdx.x == 0) {
+        if (s > 0) {
+          while (ld_acquire(&c.done[s - 1]) < gridDim.x) __nanosleep(32);
+          xs = ld_acquire(&c.y[s - 1]);
+        } else {
+          xs = kSeed;
+        }
+      }
+      __syncthreads();
+      return xs;
+    });
+    const uint32_t b = block_sum(acc, red);
+    if (threadIdx.x == 0) {
+      atomicAdd(&c.y[s], b);
+      __threadfence();               // the partial is visible before the count that announces it
+      atomicAdd(&c.done[s], 1u);
+    }
+  }
+}
+
+// ceiling: all stages' bytes as one stream, no dependency
+template <int U>
+__global__ void __launch_bounds__(kThreads) all_at_once(Stage all, uint32_t* sink) {
+  __shared__ uint32_t red[kThreads / 32];
+  const uint32_t acc = stage_sum<U>(all, []() { return kSeed; });
+  const uint32_t b = block_sum(acc, red);
+  if (threadIdx.x == 0) atomicAdd(sink, b);
+}
+
+// the 7B layer's bytes a GEMV reads (int4 weights + f16 scales of group 128), padded to 16 bytes
+std::vector<size_t> layer_bytes() {
+  std::vector<size_t> out;
+  for (const auto& sh : dev::qwen7b_gemv_shapes()) {
+    const size_t n = std::string(sh.name) == "7B gate" ? 2 : 1;   // gate and up, read by one SwiGLU GEMV
+    out.push_back((n * ((size_t)sh.N * sh.K / 2 + (size_t)sh.N * (sh.K / 128) * 2) + 15) / 16 * 16);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int layers = argc > 1 ? std::atoi(argv[1]) : 28;
+  if (layers < 1 || layers > 64) { std::fprintf(stderr, "layers: 1..64\n"); return 2; }
+  int dev_id = 0, sms = 0;
+  DEV_CHECK(cudaGetDevice(&dev_id));
+  DEV_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev_id));
+  const std::vector<size_t> lb = layer_bytes();
+  std::vector<size_t> off;                                    // byte offset of each stage
+  size_t total = 0;
+  for (int l = 0; l < layers; l++)
+    for (size_t b : lb) { off.push_back(total); total += b; }
+  const int n = (int)off.size();
+  std::printf("chain_read: %d stages (%d layers x 4), %.3f GB, %d SMs\n", n, layers, total / 1e9, sms);
+
+  uint8_t* buf = nullptr;
+  DEV_CHECK(cudaMalloc(&buf, total));
+  fill_words<<<4 * sms, 256>>>(reinterpret_cast<uint32_t*>(buf), total / 4);
+  std::vector<Stage> hs(n);
+  for (int s = 0; s < n; s++) {
+    const size_t bytes = (s + 1 < n ? off[s + 1] : total) - off[s];
+    hs[s] = {reinterpret_cast<const uint4*>(buf + off[s]), bytes / 16};
+  }
+  Stage* ds = nullptr;
+  uint32_t *y = nullptr, *done = nullptr, *sink = nullptr;
+  DEV_CHECK(cudaMalloc(&ds, n * sizeof(Stage)));
+  DEV_CHECK(cudaMemcpy(ds, hs.data(), n * sizeof(Stage), cudaMemcpyHostToDevice));
+  DEV_CHECK(cudaMalloc(&y, n * 4));
+  DEV_CHECK(cudaMalloc(&done, n * 4));
+  DEV_CHECK(cudaMalloc(&sink, 4));
+  const Chain c{ds, n, y, done};
+
+  // CPU reference: y_s = sum (w ^ x_s), x_s = y_{s-1}
+  std::vector<uint32_t> ref(n);
+  {
+    uint32_t x = kSeed;
+    for (int s = 0; s < n; s++) {
+      const uint64_t j0 = off[s] / 4, j1 = j0 + hs[s].n16 * 4;
+      uint32_t acc = 0;
+#pragma omp parallel for reduction(+ : acc) schedule(static)
+      for (int64_t j = (int64_t)j0; j < (int64_t)j1; j++) acc += word_at((uint64_t)j) ^ x;
+      ref[s] = acc;
+      x = acc;
+    }
+  }
+  DEV_CHECK(cudaDeviceSynchronize());
+  auto check = [&](const char* what) {
+    std::vector<uint32_t> got(n);
+    DEV_CHECK(cudaMemcpy(got.data(), y, n * 4, cudaMemcpyDeviceToHost));
+    for (int s = 0; s < n; s++)
+      if (got[s] != ref[s]) {
+        std::printf("%s: FAIL, stage %d: %08x, CPU %08x\n", what, s, got[s], ref[s]);
+        std::exit(1);
+      }
+    std::printf("%s: all %d stage outputs equal the CPU's\n", what, n);
+  };
+
+  constexpr int U = 8;   // loads in flight a thread, as the product's decode GEMV ring (8 x 16 B)
+  const int grid = 4 * sms;   // the product's decode GEMVs: ~4 blocks of 128 threads an SM
+  int per_sm = 0;
+  DEV_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, chain_persistent<U>, kThreads, 0));
+  const int pgrid = std::min(4, per_sm) * sms;
+
+  // kernels (chained) and unchained: graphs of n launches after a memset of y
+  auto capture = [&](bool chained) {
+    cudaStream_t st;
+    DEV_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    DEV_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    DEV_CHECK(cudaMemsetAsync(y, 0, n * 4, st));
+    for (int s = 0; s < n; s++) {
+      if (chained && s > 0) dev::must(nq::launch_pdl("stage_kernel", stage_kernel<U, true>, dim3(grid), dim3(kThreads), 0, st, c, s));
+      else if (chained) stage_kernel<U, true><<<grid, kThreads, 0, st>>>(c, s);
+      else stage_kernel<U, false><<<grid, kThreads, 0, st>>>(c, s);
+    }
+    DEV_CHECK(cudaStreamEndCapture(st, &g));
+    DEV_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    DEV_CHECK(cudaGraphDestroy(g));
+    DEV_CHECK(cudaStreamDestroy(st));
+    return ge;
+  };
+  cudaGraphExec_t g_chain = capture(true), g_free = capture(false);
+  auto run_persistent = [&]() {
+    DEV_CHECK(cudaMemsetAsync(y, 0, n * 4));
+    DEV_CHECK(cudaMemsetAsync(done, 0, n * 4));
+    void* args[] = {(void*)&c};
+    DEV_CHECK(cudaLaunchCooperativeKernel((void*)chain_persistent<U>, dim3(pgrid), dim3(kThreads), args, 0, 0));
+  };
+  const Stage all{reinterpret_cast<const uint4*>(buf), total / 16};
+
+  // validation first (fresh outputs each time: y is zeroed inside each run)
+  DEV_CHECK(cudaGraphLaunch(g_chain, 0));
+  DEV_CHECK(cudaDeviceSynchronize());
+  check("kernels");
+  DEV_CHECK(cudaMemset(y, 0xFF, n * 4));   // poison between the variants
+  run_persistent();
+  DEV_CHECK(cudaDeviceSynchronize());
+  check("persistent");
+
+  const int iters = 10, reps = 7;
+  const double t_chain = dev::median_us([&](int) { DEV_CHECK(cudaGraphLaunch(g_chain, 0)); }, iters, reps);
+  const double t_pers = dev::median_us([&](int) { run_persistent(); }, iters, reps);
+  const double t_free = dev::median_us([&](int) { DEV_CHECK(cudaGraphLaunch(g_free, 0)); }, iters, reps);
+  const double t_ceil = dev::median_us([&](int) { all_at_once<U><<<grid, kThreads>>>(all, sink); }, iters, reps);
+  auto row = [&](const char* what, double us) {
+    std::printf("%-11s %9.1f us  %6.3f TB/s  %5.1f %% of the ceiling  %6.2f us a layer\n", what, us, total / us / 1e6,
+                100.0 * t_ceil / us, us / layers);
+  };
+  std::printf("grid: kernels / unchained / ceiling %d blocks, persistent %d (%d an SM resident); U = %d loads a thread\n",
+              grid, pgrid, per_sm, U);
+  row("ceiling", t_ceil);
+  row("unchained", t_free);
+  row("kernels", t_chain);
+  row("persistent", t_pers);
+  return 0;
+}
