@@ -91,9 +91,13 @@ fi
 if has chain; then   # csrc/dev/chain_read: what a kernel boundary costs a 112-stage chain of dependent read-only streams
   # with a 7B decode step's bytes (kernels with PDL / one persistent launch / no dependency / one stream); NOTES
   # "Session 18" §6. Built here (nvcc is on the device image)
-  make -C csrc/dev "$PWD/build/dev/chain_read" > "$LOG/chain_build.log" 2>&1 && \
-    timeout 120 build/dev/chain_read > "$LOG/chain_read.log" 2>&1
-  note "chain_read rc=$?"; grep -vE "^make" "$LOG/chain_read.log" | tee -a "$summary"
+  make -C csrc/dev "$PWD/build/dev/chain_read" > "$LOG/chain_build.log" 2>&1 || note "chain_read build failed"
+  for size in 7B 0.5B; do   # the widths and layer count from the one shape table (nanoqwen_format/shapes.py)
+    args=$(python3 -c "from nanoqwen_format.shapes import QWEN25_SHAPES as S; s = S['$size']; \
+print(s.n_layers, s.hidden, s.intermediate, s.n_heads, s.n_kv_heads, s.head_dim)")
+    timeout 120 build/dev/chain_read $args > "$LOG/chain_read_$size.log" 2>&1
+    note "chain_read $size rc=$?"; grep -vE "^make" "$LOG/chain_read_$size.log" | tee -a "$summary"
+  done
   save
 fi
 if has lmhead; then   # csrc/dev/lm_head_f16: the f16 lm_head at 1-64 rows, the product's kernel against W fragments

@@ -1,6 +1,6 @@
 // What a kernel boundary costs a decode step, without the GEMV arithmetic: a chain of dependent read-only streams
 // with a 7B layer's byte counts (qkv 8.5 MB, o 6.6 MB, gate/up 70.0 MB, down 35.0 MB: weights + f16 scales) x 28
-// layers = 3.37 GB, each stage's "activation" the previous stage's output, run four ways on the same buffers:
+// layers = 3.37 GB (or another size's: see main), each stage's "activation" the previous stage's output, run four ways on the same buffers:
 //   kernels     one kernel a stage, launched with PDL in one CUDA graph, as the product's decode chain: every thread
 //               issues its first U loads, waits (griddepcontrol.wait), reads the previous stage's output, triggers
 //               its dependents, then streams the rest of its share (a register ring of U loads);
@@ -15,12 +15,11 @@
 // not depend on the order, so every variant's y must equal the CPU's exactly (validate: all 112 stages).
 // Prediction and outcome: bench/NOTES.md "Session 18" §6 (written before the first run).
 //
-//   make -C csrc/dev && build/dev/chain_read [layers (28)]
+//   make -C csrc/dev && build/dev/chain_read [layers (28) [hidden intermediate heads kv_heads head_dim]]
 #include "dev_common.cuh"
 #include "launch.h"
 #include <cooperative_groups.h>
 #include <omp.h>
-#include <string>
 
 namespace {
 
@@ -144,31 +143,40 @@ __global__ void __launch_bounds__(kThreads) all_at_once(Stage all, uint32_t* sin
   if (threadIdx.x == 0) atomicAdd(sink, b);
 }
 
-// the 7B layer's bytes a GEMV reads (int4 weights + f16 scales of group 128), padded to 16 bytes
-std::vector<size_t> layer_bytes() {
-  std::vector<size_t> out;
-  for (const auto& sh : dev::qwen7b_gemv_shapes()) {
-    const size_t n = std::string(sh.name) == "7B gate" ? 2 : 1;   // gate and up, read by one SwiGLU GEMV
-    out.push_back((n * ((size_t)sh.N * sh.K / 2 + (size_t)sh.N * (sh.K / 128) * 2) + 15) / 16 * 16);
-  }
-  return out;
+// The bytes a layer's decode GEMVs read (int4 weights + f16 scales of group 128, each padded to 16 bytes): qkv, o,
+// gate/up (read by one SwiGLU GEMV), down, from a size's widths (nanoqwen_format/shapes.py: the 7B's by default,
+// another size's passed on the command line, e.g. by bench/gpu_check.sh's chain step)
+struct Widths { int hidden, intermediate, heads, kv_heads, head_dim; };
+std::vector<size_t> layer_bytes(const Widths& w) {
+  auto gemv = [](size_t N, size_t K, size_t n) { return (n * (N * K / 2 + N * (K / 128) * 2) + 15) / 16 * 16; };
+  const size_t h = w.hidden, q = (size_t)w.heads * w.head_dim, kv = (size_t)w.kv_heads * w.head_dim;
+  return {gemv(q + 2 * kv, h, 1), gemv(h, q, 1), gemv(w.intermediate, h, 2), gemv(h, w.intermediate, 1)};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // chain_read [layers [hidden intermediate heads kv_heads head_dim]]: the 7B's widths and 28 layers by default
   const int layers = argc > 1 ? std::atoi(argv[1]) : 28;
-  if (layers < 1 || layers > 64) { std::fprintf(stderr, "layers: 1..64\n"); return 2; }
+  Widths wd{3584, 18944, 28, 4, 128};
+  if (argc > 6) wd = {std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), std::atoi(argv[6])};
+  if (layers < 1 || layers > 64 || wd.hidden <= 0 || wd.hidden % 128 || wd.intermediate <= 0 || wd.intermediate % 128 ||
+      wd.heads <= 0 || wd.kv_heads <= 0 || wd.head_dim <= 0 || (wd.heads * wd.head_dim) % 128) {
+    std::fprintf(stderr, "usage: chain_read [layers (1..64) [hidden intermediate heads kv_heads head_dim]] "
+                         "(widths: multiples of 128 where they are a GEMV's K)\n");
+    return 2;
+  }
   int dev_id = 0, sms = 0;
   DEV_CHECK(cudaGetDevice(&dev_id));
   DEV_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev_id));
-  const std::vector<size_t> lb = layer_bytes();
+  const std::vector<size_t> lb = layer_bytes(wd);
   std::vector<size_t> off;                                    // byte offset of each stage
   size_t total = 0;
   for (int l = 0; l < layers; l++)
     for (size_t b : lb) { off.push_back(total); total += b; }
   const int n = (int)off.size();
-  std::printf("chain_read: %d stages (%d layers x 4), %.3f GB, %d SMs\n", n, layers, total / 1e9, sms);
+  std::printf("chain_read: %d stages (%d layers x 4; hidden %d, intermediate %d, heads %d / %d x %d), %.3f GB, %d SMs\n",
+              n, layers, wd.hidden, wd.intermediate, wd.heads, wd.kv_heads, wd.head_dim, total / 1e9, sms);
 
   uint8_t* buf = nullptr;
   DEV_CHECK(cudaMalloc(&buf, total));
