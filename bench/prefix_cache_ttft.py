@@ -29,15 +29,22 @@ def _ttft(eng, ids) -> tuple[float, int]:
     return time.perf_counter() - t0, len(ids)
 
 
+def _extra_round_prefix(eng, all_ids, a, k: int, suffix_a) -> list[int]:
+    """The prefix of extra round k after the timed rounds (0: the profiled one, 1: the timed-calls one), its miss
+    run once so that the next request with it is a hit."""
+    start = 1000 + (a.rounds + k) * (a.prefix_tokens + 50)
+    prefix = all_ids[start:start + a.prefix_tokens]
+    _ttft(eng, prefix + suffix_a)
+    return prefix
+
+
 def _profile_hit(eng, all_ids, a, suffix_a, suffix_b) -> None:
     """One more round, its hit under cProfile. Iterating the handle runs Engine.step on this thread (no background
     loop is started here), so this thread's profile holds the whole hit."""
     import cProfile
     import io
     import pstats
-    start = 1000 + a.rounds * (a.prefix_tokens + 50)
-    prefix = all_ids[start:start + a.prefix_tokens]
-    _ttft(eng, prefix + suffix_a)
+    prefix = _extra_round_prefix(eng, all_ids, a, 0, suffix_a)
     prof = cProfile.Profile()
     prof.enable()
     hit_s, _ = _ttft(eng, prefix + suffix_b)
@@ -52,9 +59,7 @@ def _timeline_hit(eng, all_ids, a, suffix_a, suffix_b) -> None:
     """One more round, its hit with every C entry point's call timed (CUDA: abi.call, through which abi.check goes
     too): start and end in ms after submit, so the host's share of the TTFT shows between and around the calls."""
     from nanoqwen_rt.backends.cuda import abi
-    start = 1000 + (a.rounds + 1) * (a.prefix_tokens + 50)
-    prefix = all_ids[start:start + a.prefix_tokens]
-    _ttft(eng, prefix + suffix_a)
+    prefix = _extra_round_prefix(eng, all_ids, a, 1, suffix_a)
     events, plain = [], abi.call
     t0 = time.perf_counter()
 

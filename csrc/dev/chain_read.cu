@@ -1,6 +1,7 @@
 // What a kernel boundary costs a decode step, without the GEMV arithmetic: a chain of dependent read-only streams
 // with a 7B layer's byte counts (qkv 8.5 MB, o 6.6 MB, gate/up 70.0 MB, down 35.0 MB: weights + f16 scales) x 28
-// layers = 3.37 GB (or another size's: see main), each stage's "activation" the previous stage's output, run four ways on the same buffers:
+// layers = 3.37 GB (or another size's: see main), each stage's "activation" the previous stage's output, run four
+// ways on the same buffers:
 //   kernels     one kernel a stage, launched with PDL in one CUDA graph, as the product's decode chain: every thread
 //               issues its first U loads, waits (griddepcontrol.wait), reads the previous stage's output, triggers
 //               its dependents, then streams the rest of its share (a register ring of U loads);
@@ -159,7 +160,8 @@ int main(int argc, char** argv) {
   // chain_read [layers [hidden intermediate heads kv_heads head_dim]]: the 7B's widths and 28 layers by default
   const int layers = argc > 1 ? std::atoi(argv[1]) : 28;
   Widths wd{3584, 18944, 28, 4, 128};
-  if (argc > 6) wd = {std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), std::atoi(argv[6])};
+  if (argc > 6)
+    wd = {std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), std::atoi(argv[6])};
   if (layers < 1 || layers > 64 || wd.hidden <= 0 || wd.hidden % 128 || wd.intermediate <= 0 || wd.intermediate % 128 ||
       wd.heads <= 0 || wd.kv_heads <= 0 || wd.head_dim <= 0 || (wd.heads * wd.head_dim) % 128) {
     std::fprintf(stderr, "usage: chain_read [layers (1..64) [hidden intermediate heads kv_heads head_dim]] "
@@ -175,7 +177,8 @@ int main(int argc, char** argv) {
   for (int l = 0; l < layers; l++)
     for (size_t b : lb) { off.push_back(total); total += b; }
   const int n = (int)off.size();
-  std::printf("chain_read: %d stages (%d layers x 4; hidden %d, intermediate %d, heads %d / %d x %d), %.3f GB, %d SMs\n",
+  std::printf("chain_read: %d stages (%d layers x 4; hidden %d, intermediate %d, heads %d / %d x %d), %.3f GB, "
+              "%d SMs\n",
               n, layers, wd.hidden, wd.intermediate, wd.heads, wd.kv_heads, wd.head_dim, total / 1e9, sms);
 
   uint8_t* buf = nullptr;
@@ -235,7 +238,8 @@ int main(int argc, char** argv) {
     DEV_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     DEV_CHECK(cudaMemsetAsync(y, 0, n * 4, st));
     for (int s = 0; s < n; s++) {
-      if (chained && s > 0) dev::must(nq::launch_pdl("stage_kernel", stage_kernel<U, true>, dim3(grid), dim3(kThreads), 0, st, c, s));
+      if (chained && s > 0)
+        dev::must(nq::launch_pdl("stage_kernel", stage_kernel<U, true>, dim3(grid), dim3(kThreads), 0, st, c, s));
       else if (chained) stage_kernel<U, true><<<grid, kThreads, 0, st>>>(c, s);
       else stage_kernel<U, false><<<grid, kThreads, 0, st>>>(c, s);
     }
@@ -272,7 +276,8 @@ int main(int argc, char** argv) {
     std::printf("%-11s %9.1f us  %6.3f TB/s  %5.1f %% of the ceiling  %6.2f us a layer\n", what, us, total / us / 1e6,
                 100.0 * t_ceil / us, us / layers);
   };
-  std::printf("grid: kernels / unchained / ceiling %d blocks, persistent %d (%d an SM resident); U = %d loads a thread\n",
+  std::printf("grid: kernels / unchained / ceiling %d blocks, persistent %d (%d an SM resident); "
+              "U = %d loads a thread\n",
               grid, pgrid, per_sm, U);
   row("ceiling", t_ceil);
   row("unchained", t_free);

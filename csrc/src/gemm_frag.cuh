@@ -321,7 +321,7 @@ inline size_t frag_smem(int mt, int KC, int S) {
 }
 
 // The most dynamic shared memory a block of this build may take without making shared memory, rather than its
-// registers, the limit on blocks an SM (MT 2 at group 128: 3 blocks, MT 4: 2 on the H200).
+// registers, the limit on blocks an SM (MT 2 at group 128: 3 blocks on the H200).
 inline size_t frag_smem_target(int mt, int nsv, const FragLimits& L) {
   const int blocks = std::max(1, L.reg_blocks[frag_ix(mt)][frag_ix(nsv)]);
   return L.per_sm / blocks > L.reserved ? L.per_sm / blocks - L.reserved : 0;
@@ -338,21 +338,22 @@ inline bool frag_fits(int mt, int KC, int S, const FragLimits& L) {
 inline int frag_nsv(const LinW& W) { return W.group >= kFragChunkK ? 1 : kFragChunkK / W.group; }
 
 // The split count S of `cols` column blocks over KC chunks at MT m-tiles, 0 if no split fits shared memory. S = the
-// largest power of two <= 2 SMs / cols, <= 16 and <= KC (at 2-4 m-tiles also <= KC / 2: every split at least two
-// chunks of 128 k); then doubled (<= 16, <= KC) while its staged A is above a bound: at 2-4 m-tiles
-// frag_smem_target (shared memory must not cut the blocks an SM below what the registers allow), at one m-tile half
-// an SM's. Measured (NOTES Session 17 §1-3): over every plan per 7B shape the 2-4 m-tile bounds took the layer's
+// largest power of two <= 2 SMs / cols, <= 16 and <= KC (at 2 m-tiles also <= KC / 2: every split at least two
+// chunks of 128 k); then doubled (<= 16, <= KC) while its staged A is above a bound: at 2 m-tiles frag_smem_target
+// (shared memory must not cut the blocks an SM below what the registers allow), at 1 and 4 m-tiles half an SM's.
+// Measured (NOTES Session 17 §1-4, Session 18 §1): over every plan per 7B shape the 2-m-tile bounds took the layer's
 // GEMMs at 32 tokens from 106.3 to 93.0 µs (the gate/up pair 4 splits, 3 blocks an SM: 43.9 µs against 54.5 at 2;
-// o 8 splits: 10.4 against 12.7 at 16) and the 32-row step from 4.01 to 3.77 ms. At one m-tile the same bounds win
-// alone (79.4 -> 70.0 µs at 16 tokens) but lose inside the 16-row step (3.15 -> 3.50 ms: each half of the change
-// loses there, the two-chunk cap 0.09 ms, the staged-A bound 0.12), so one m-tile keeps the earlier plan. Also 0
-// for a cluster of more than 8 one-per-SM blocks where the GPU cannot hold one (FragLimits::wide16; the 7B down at
-// 33-64 tokens is such a cluster: 16 splits of 165 KB): the launcher then runs fewer tokens a launch.
+// o 8 splits: 10.4 against 12.7 at 16) and the 32-row step from 4.01 to 3.77 ms. Elsewhere the same bounds win
+// alone but lose inside the batched step: at one m-tile 79.4 -> 70.0 µs at 16 tokens, yet the 16-row step 3.15 ->
+// 3.50 ms (each half of the change loses there, the two-chunk cap 0.09 ms, the staged-A bound 0.12); at four the
+// 64-row step 6.01 -> 6.18 ms (o's 8 splits where it had 16). Also 0 for a cluster of more than 8 one-per-SM blocks
+// where the GPU cannot hold one (FragLimits::wide16; the 7B down at 33-64 tokens is such a cluster: 16 splits of
+// 165 KB): the launcher then runs fewer tokens a launch.
 inline int frag_splits(int cols, int KC, int mt, int nsv, const FragLimits& L) {
   const int smax = std::min(kFragMaxSplits, KC);
-  const bool measured = mt == 2;   // the new bounds where the step measured them to win (NOTES Session 17 §4)
-  const int first = measured ? std::min(smax, std::max(1, KC / 2)) : smax;
-  const size_t bound = measured ? frag_smem_target(mt, nsv, L) : L.two;
+  const bool two_tiles = mt == 2;   // the two-chunk cap and the occupancy bound apply at 2 m-tiles only (above)
+  const int first = two_tiles ? std::min(smax, std::max(1, KC / 2)) : smax;
+  const size_t bound = two_tiles ? frag_smem_target(mt, nsv, L) : L.two;
   int S = 1;
   while (2 * S <= first && 2LL * S * cols <= 2LL * L.sms) S *= 2;
   while (2 * S <= smax && frag_smem(mt, KC, S) > bound) S *= 2;

@@ -308,10 +308,15 @@ int gemv_frag_spg(const GemvArgs& a, int tiles, const FragPlan& p, cudaStream_t 
   return fail(NQ_E_INVALID_ARG, "gemv: unknown mode %d", a.mode);
 }
 
+// The 64-row tiles (SWIGLU: tiles of the gate/up pair, 32 outputs each) of a GEMV of `rows` outputs
+inline int gemv_frag_tiles(int rows, int mode) {
+  return mode == GEMV_SWIGLU ? rows / (frag::kTileRows / 2) : rows / frag::kTileRows;
+}
+
 // The fragment-order GEMV of `rows` outputs (the segments' N summed; SWIGLU: gate.N). The caller (gemv.cu) checked
 // the orders, shapes (frag::shape_ok) and the one group of every segment and of `up`.
 int gemv_frag(const GemvArgs& a, int rows, int sm_count, cudaStream_t st) {
-  const int tiles = a.mode == GEMV_SWIGLU ? rows / (frag::kTileRows / 2) : rows / frag::kTileRows;
+  const int tiles = gemv_frag_tiles(rows, a.mode);
   const FragPlan p = frag_plan(tiles, a.seg[0].K, a.mode, sm_count);
   switch (a.seg[0].group) {
     case 32: return gemv_frag_spg<2>(a, tiles, p, st);

@@ -86,7 +86,7 @@ int nq_bench_gemv_int4_frag_plans(int32_t N, int32_t K, int32_t mode, int32_t it
   if (!us || iters <= 0) return fail(NQ_E_INVALID_ARG, "nq_bench_gemv_int4_frag_plans: bad argument");
   return frag_gemv_setup(N, K, 128, mode, [&](const std::vector<GemvArgs>& args) -> int {
     NQ_CUDA(gemv_frag_attrs_spg<8>());   // this library's instantiations (gemv_prepare raised the product's)
-    const int tiles = mode == GEMV_SWIGLU ? N / (frag::kTileRows / 2) : N / frag::kTileRows;
+    const int tiles = gemv_frag_tiles(N, mode);
     const int KC = K / kFragChunkK, warps[2] = {4, 8};
     for (int a = 0; a < 2; a++)
       for (int b = 0; b < 5; b++) {
