@@ -3,8 +3,8 @@
 # and end-to-end benchmarks, compute-sanitizer; full logs under $OUT, a short table last.
 #   device: run(command="bash bench/gpu_check.sh [STEPS]", carry=[".whl", "nanoqwen_rt/lib", "build/lib"])
 #   (nanoqwen_rt/lib: the product library; build/lib: the testing library the kernel tests and benches load)
-# STEPS: comma list of sass,tests,kbench,frag,lmhead,chain,abench,bench,long,base,ncu,sanitize,hf7b,asym (default: all but
-# lmhead, chain, abench, long, base and asym; ncu, long and base need bench; long: the bench at 2K, 8K and 32K-token prompts; base: the bench again
+# STEPS: comma list of sass,tests,kbench,frag,lmhead,chain,layers,abench,bench,long,base,ncu,sanitize,hf7b,asym (default: all but
+# lmhead, chain, layers, abench, long, base and asym; ncu, long and base need bench; long: the bench at 2K, 8K and 32K-token prompts; base: the bench again
 # with an earlier tree carried in .base/, see the step; asym: int4g layout 2 against layout 1, see the step).
 # The kernels that lost are timed by csrc/dev programs: `make -C csrc/dev` then build/dev/<name>.
 # Wheels for packages the image lacks (crc32c, ...) are read from .whl/ (README "Notes" of the device tool); made here
@@ -91,12 +91,25 @@ fi
 if has chain; then   # csrc/dev/chain_read: what a kernel boundary costs a 112-stage chain of dependent read-only streams
   # with a 7B decode step's bytes (kernels with PDL / one persistent launch / no dependency / one stream); NOTES
   # "Session 18" §6. Built here (nvcc is on the device image)
-  make -C csrc/dev "$PWD/build/dev/chain_read" > "$LOG/chain_build.log" 2>&1 || note "chain_read build failed"
+  [ -x build/dev/chain_read ] || make -C csrc/dev "$PWD/build/dev/chain_read" > "$LOG/chain_build.log" 2>&1 ||
+    note "chain_read build failed"   # carried when built here (build/dev/chain_read)
   for size in 7B 0.5B; do   # the widths and layer count from the one shape table (nanoqwen_format/shapes.py)
     args=$(python3 -c "from nanoqwen_format.shapes import QWEN25_SHAPES as S; s = S['$size']; \
 print(s.n_layers, s.hidden, s.intermediate, s.n_heads, s.n_kv_heads, s.head_dim)")
     timeout 120 build/dev/chain_read $args > "$LOG/chain_read_$size.log" 2>&1
     note "chain_read $size rc=$?"; grep -vE "^make" "$LOG/chain_read_$size.log" | tee -a "$summary"
+  done
+  save
+fi
+if has layers; then   # csrc/dev/decode_layers: a decode step's GEMV chain as one persistent kernel streaming every
+  # weight through a shared-memory ring, against the product's PDL chain and the read ceiling; NOTES "Session 19"
+  [ -x build/dev/decode_layers ] || make -C csrc/dev "$PWD/build/dev/decode_layers" > "$LOG/layers_build.log" 2>&1 ||
+    note "decode_layers build failed"   # carried when built here (build/dev/decode_layers)
+  for size in 7B 0.5B; do
+    args=$(python3 -c "from nanoqwen_format.shapes import QWEN25_SHAPES as S; s = S['$size']; \
+print(s.n_layers, s.hidden, s.intermediate, s.n_heads, s.n_kv_heads, s.head_dim)")
+    timeout 150 build/dev/decode_layers $args > "$LOG/decode_layers_$size.log" 2>&1
+    note "decode_layers $size rc=$?"; grep -vE "^make" "$LOG/decode_layers_$size.log" | tee -a "$summary"
   done
   save
 fi
