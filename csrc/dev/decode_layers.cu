@@ -19,13 +19,15 @@
 // * The producer walks the same stages for every GEMV of the step, waiting only for free ring slots (the "empty"
 //   mbarriers): weights never depend on activations, so it runs ahead through dependency waits, up to the ring's
 //   depth (~190 KB an SM on the 7B).
-// * Consumers, per GEMV: wait until the previous GEMV's tiles are all done (one counter a GEMV, acquire), stage x in
+// * Consumers, per GEMV: wait until every block has finished the previous GEMV (a flag a block and GEMV: the
+//   threads of the block poll the G flags at once, acquire), stage x in
 //   shared memory (f16, whole K, normed where the GEMV takes rmsnorm(h)), then per segment: warp w takes step pairs
 //   w, w + NC, ... of each stage (the product's frag_warp_dot arithmetic: f16 products summed two steps deep, f32
 //   times the row's scale), warps summed in warp order. A segment that is a whole tile writes its outputs; one that
 //   is part of a tile writes its partial, and the block that completes the tile (a counter a tile) adds the partials
-//   in block order and writes the outputs: deterministic, whatever the schedule. Then the GEMV's done counter.
-// * Counters grow across launches (targets are (epoch + 1) x count), so a step needs no memset.
+//   in block order and writes the outputs: deterministic, whatever the schedule. Then the block's flag (release).
+// * Counters and flags grow across launches (tile counters reach (epoch + 1) x pieces, flags hold epoch + 1), so a
+//   step needs no memset.
 //
 //   make -C csrc/dev && build/dev/decode_layers [layers (28) [hidden intermediate heads kv_heads head_dim]]
 #include "../src/gemv.cu"   // the product's GEMVs (nq::gemv) for the chain of kernels
@@ -42,6 +44,7 @@ constexpr int kChunkScales = kTileRows * 2;               // bytes of a chunk's 
 constexpr int kCPS = 4;                                   // chunks a stage
 constexpr int kStageBytes = kCPS * (kChunkWords + kChunkScales);
 constexpr int kMaxStages = 16;
+constexpr int kMaxPieces = 16;                            // blocks sharing a tile (the host checks)
 constexpr int kBarConsumers = 1;                          // named barrier of the consumer warps
 constexpr float kEps = 1e-6f;
 
@@ -60,12 +63,20 @@ struct Plan {
   const Op* ops;
   int n_ops;
   uint32_t* tile_cnt;                // [n_ops][max_tiles] pieces added
-  uint32_t* done;                    // [n_ops] tiles written
-  float* part;                       // [2][max_tiles][max_pieces][64] partial sums of split tiles
+  uint32_t* flags;                   // [n_ops][G] epoch + 1 once block b has written its tiles of the op
+  float* part;                       // [2][max_tiles][kMaxPieces][64] partial sums of split tiles
   int max_tiles, max_pieces, n_stages;
   uint32_t epoch;
 };
 
+__device__ __forceinline__ void st_release(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t add_acq_rel(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
 __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -78,24 +89,53 @@ __host__ __device__ inline int block_of(long long u, long long U, int G) { retur
 template <int NC>
 __device__ __forceinline__ void cbar() { named_bar(kBarConsumers, NC * 32); }
 
-// x of op into xs (f16, k order, all K), rounded as frag_stage_x: f16 as given; f32 once; normed (x * inv) * w once
+// x of op into xs (f16, k order, all K), rounded as frag_stage_x: f16 as given; f32 once; normed (x * inv) * w once.
+// Every load of a pass is issued before the first use (one L2 round trip a pass: the whole x of every Qwen2.5 size
+// is one pass for f32 x, K <= 8 x kStageUnitsPerBlock; f16 x takes ceil(K / (8 x kStageUnitsF16PerBlock)) passes).
+constexpr int kStageUnitsPerBlock = 1024;   // 8-element units of f32 x a block holds in registers (32 / NC a thread)
+constexpr int kStageUnitsF16PerBlock = 3072;   // of f16 x (96 / NC a thread: the 7B's down x, 2,368, in one pass)
 template <int NC>
 __device__ void stage_x(const Op& op, __half* xs, float* red) {
+  constexpr int NT = NC * 32, kStageUnits = kStageUnitsPerBlock / NT;
   const int ct = threadIdx.x, n8 = op.K / 8;
   uint4* xs4 = reinterpret_cast<uint4*>(xs);
   if (op.x_f16) {
+    constexpr int R = NC >= 16 ? 4 : kStageUnitsF16PerBlock / NT;   // NC = 16 (96 registers) spilled at 6
     const uint4* src = reinterpret_cast<const uint4*>(op.x_f16);
-    for (int p = ct; p < n8; p += NC * 32) xs4[p] = __ldcg(src + p);
+    for (int p0 = ct; p0 < n8; p0 += R * NT) {
+      uint4 v[R];
+#pragma unroll
+      for (int r = 0; r < R; r++)
+        if (p0 + r * NT < n8) v[r] = __ldcg(src + p0 + r * NT);
+#pragma unroll
+      for (int r = 0; r < R; r++)
+        if (p0 + r * NT < n8) xs4[p0 + r * NT] = v[r];
+    }
     return;
   }
+  // f32 x: one pass (the host checks K / 8 <= kStageUnitsPerBlock)
   const float4* x4 = reinterpret_cast<const float4*>(op.x_f32);
+  const float4* w4 = reinterpret_cast<const float4*>(op.norm_w);
+  float4 v[2 * kStageUnits];
+  float ss = 0.f;
+#pragma unroll
+  for (int r = 0; r < kStageUnits; r++) {
+    const int p = ct + r * NT;
+    if (p < n8) {
+      v[2 * r] = __ldcg(x4 + 2 * p);
+      v[2 * r + 1] = __ldcg(x4 + 2 * p + 1);
+    }
+  }
   float inv = 1.f;
   if (op.norm_w) {
-    float ss = 0.f;
-    for (int p = ct; p < op.K / 4; p += NC * 32) {
-      const float4 v = __ldcg(x4 + p);
-      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
+#pragma unroll
+    for (int r = 0; r < kStageUnits; r++)
+      if (ct + r * NT < n8)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const float4 a = v[2 * r + e];
+          ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if ((ct & 31) == 0) red[ct >> 5] = ss;
@@ -104,22 +144,25 @@ __device__ void stage_x(const Op& op, __half* xs, float* red) {
     for (int w = 0; w < NC; w++) tot += red[w];
     inv = rsqrtf(tot / (float)op.K + kEps);
   }
-  const float4* w4 = reinterpret_cast<const float4*>(op.norm_w);
-  for (int p = ct; p < n8; p += NC * 32) {
-    const float4 a = __ldcg(x4 + 2 * p), b = __ldcg(x4 + 2 * p + 1);
-    float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    if (op.norm_w) {
-      const float4 na = __ldg(w4 + 2 * p), nb = __ldg(w4 + 2 * p + 1);
-      const float nw[8] = {na.x, na.y, na.z, na.w, nb.x, nb.y, nb.z, nb.w};
 #pragma unroll
-      for (int e = 0; e < 8; e++) f[e] = f[e] * inv * nw[e];
+  for (int r = 0; r < kStageUnits; r++) {
+    const int p = ct + r * NT;
+    if (p < n8) {
+      const float4 a = v[2 * r], b = v[2 * r + 1];
+      float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      if (op.norm_w) {
+        const float4 na = __ldg(w4 + 2 * p), nb = __ldg(w4 + 2 * p + 1);
+        const float nw[8] = {na.x, na.y, na.z, na.w, nb.x, nb.y, nb.z, nb.w};
+#pragma unroll
+        for (int e = 0; e < 8; e++) f[e] = f[e] * inv * nw[e];
+      }
+      uint4 o;
+      o.x = nq::h2_as_u32(__floats2half2_rn(f[0], f[1]));
+      o.y = nq::h2_as_u32(__floats2half2_rn(f[2], f[3]));
+      o.z = nq::h2_as_u32(__floats2half2_rn(f[4], f[5]));
+      o.w = nq::h2_as_u32(__floats2half2_rn(f[6], f[7]));
+      xs4[p] = o;
     }
-    uint4 o;
-    o.x = nq::h2_as_u32(__floats2half2_rn(f[0], f[1]));
-    o.y = nq::h2_as_u32(__floats2half2_rn(f[2], f[3]));
-    o.z = nq::h2_as_u32(__floats2half2_rn(f[4], f[5]));
-    o.w = nq::h2_as_u32(__floats2half2_rn(f[6], f[7]));
-    xs4[p] = o;
   }
 }
 
@@ -155,8 +198,9 @@ __device__ __forceinline__ void step_pair(const uint4* cw, const uint4* cs, cons
   }
 }
 
-// The epilogue of tile `tile` of op from its 64 row sums (ts, shared memory): consumer threads 0..63
-__device__ __forceinline__ void tile_epilogue(const Op& op, int tile, const float* ts) {
+// The epilogue of tile `tile` of op from its 64 row sums (ts, shared memory): consumer threads 0..63; `add`: thread
+// ct's row of h for ADD
+__device__ __forceinline__ void tile_epilogue(const Op& op, int tile, const float* ts, float add) {
   const int ct = threadIdx.x;
   if (op.mode == nq::GEMV_SWIGLU) {   // output 32 T + 8 q + g: gate = P row 16 q + g, up = 16 q + 8 + g
     if (ct < 32) {
@@ -166,12 +210,16 @@ __device__ __forceinline__ void tile_epilogue(const Op& op, int tile, const floa
   } else if (ct < kTileRows) {
     const int r = kTileRows * tile + ct;
     float v = ts[ct] + (op.bias ? __ldg(op.bias + r) : 0.f);
-    if (op.mode == nq::GEMV_ADD) v += __ldcg(op.out_f32 + r);
+    if (op.mode == nq::GEMV_ADD) v += add;
     op.out_f32[r] = v;
   }
 }
 
-template <int NC>
+// Timing-only variants (their outputs are not checked): kNoMath, the consumers release each stage without the
+// arithmetic (the ring and the op boundaries alone); kNoWait, no op waits for the previous one (the ring and the
+// arithmetic without the dependency chain); both: the ring alone.
+constexpr int kNoMath = 1, kNoWait = 2;
+template <int NC, int VAR = 0>
 __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan P) {
   extern __shared__ __align__(128) uint8_t smem[];   // [n_stages][kStageBytes] ring, then x (f16, max K)
   __shared__ __align__(8) uint64_t bars[2 * kMaxStages];   // full[s], empty[s]
@@ -224,14 +272,17 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
     const int KC = op.K / kChunkK;
     const long long U = (long long)op.tiles * KC;
     const int u0 = range_begin(U, b, G), u1 = range_begin(U, b + 1, G);
-    if (u0 == u1) continue;
-    if (oi > 0 && ct == 0) {   // every op reads what the previous one wrote (and only that: see the header)
-      const uint32_t target = (P.epoch + 1) * (uint32_t)P.ops[oi - 1].tiles;
+    uint32_t* my_flag = P.flags + (size_t)oi * G + b;
+    if (u0 == u1) {   // nothing of this op here: done at once
+      if (ct == 0) st_release(my_flag, P.epoch + 1);
+      continue;
+    }
+    if (!(VAR & kNoWait) && oi > 0 && ct < G) {   // every op reads what the previous one wrote (and only that: see the header)
+      const uint32_t* f = P.flags + (size_t)(oi - 1) * G + ct;
       const long long t0 = clock64();
-      while (ld_acquire(&P.done[oi - 1]) < target) {
-        __nanosleep(20);
+      while (ld_acquire(f) < P.epoch + 1) {
         if (clock64() - t0 > 4000000000ll) {   // dev watchdog (~2 s): a schedule bug fails the launch, not the call
-          printf("dependency wait timeout: block %d op %d (%u of %u)\n", blockIdx.x, oi, P.done[oi - 1], target);
+          printf("dependency wait timeout: block %d op %d, block %d's flag %u\n", blockIdx.x, oi, ct, *f);
           __trap();
         }
       }
@@ -250,7 +301,7 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
         const uint8_t* st = smem + (size_t)slot * kStageBytes;
         const uint4* sw = reinterpret_cast<const uint4*>(st);
         const uint4* ss = reinterpret_cast<const uint4*>(st + kCPS * kChunkWords);
-        for (int p = warp; p < 4 * nch; p += NC) {   // step pair p: chunk p / 4 of the stage, steps 2 (p % 4) + 0, 1
+        for (int p = warp; p < 4 * nch && !(VAR & kNoMath); p += NC) {   // step pair p: chunk p / 4 of the stage, steps 2 (p % 4) + 0, 1
           const int ch = p >> 2, pp = p & 3;
           step_pair(sw + ch * (kChunkWords / 16) + 2 * pp * 32, ss + ch * (kChunkScales / 16),
                     xs + kChunkK * (cc + ch) + 2 * pp * nq::frag::kStepK + 2 * t, acc);
@@ -271,39 +322,44 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
       if (ct < kTileRows)
         for (int w = 0; w < NC; w++) v += warp_sums[w][ct];   // warp order
       bool write = true;
+      float add = 0.f;   // ADD: the row's h, loaded with the pieces (the same round trip)
       if (c == 0 && cend == KC) {
-        if (ct < kTileRows) tile_sums[ct] = v;
+        if (ct < kTileRows) {
+          if (op.mode == nq::GEMV_ADD) add = __ldcg(op.out_f32 + kTileRows * tile + ct);
+          tile_sums[ct] = v;
+        }
       } else {   // part of a split tile: the block that adds the tile's last piece writes it
         // the tile's blocks: first .. last, of which those with a non-empty range (all of them when U >= G; when
         // U < G a range holds 0 or 1 unit) each add one piece, in slot b - first
         const int first = block_of((long long)tile * KC, U, G), last = block_of((long long)(tile + 1) * KC - 1, U, G);
         int np = 0;
         for (int q = first; q <= last; q++) np += range_begin(U, q + 1, G) > range_begin(U, q, G);
-        float* part = P.part + ((size_t)(oi & 1) * P.max_tiles + tile) * P.max_pieces * kTileRows;
+        float* part = P.part + ((size_t)(oi & 1) * P.max_tiles + tile) * kMaxPieces * kTileRows;
         if (ct < kTileRows) part[(b - first) * kTileRows + ct] = v;
-        __threadfence();
         cbar<NC>();
-        if (ct == 0)
-          last_flag = atomicAdd(&P.tile_cnt[(size_t)oi * P.max_tiles + tile], 1u) + 1 == (P.epoch + 1) * (uint32_t)np;
+        if (ct == 0)   // release: the block's piece (ordered by the barrier); acquire: the other pieces
+          last_flag = add_acq_rel(&P.tile_cnt[(size_t)oi * P.max_tiles + tile], 1u) + 1 == (P.epoch + 1) * (uint32_t)np;
         cbar<NC>();
         write = last_flag != 0;
         if (write && ct < kTileRows) {
-          __threadfence();
+          float pv[kMaxPieces];
+#pragma unroll
+          for (int q = 0; q < kMaxPieces; q++)   // every load issued before the sum
+            pv[q] = first + q <= last ? __ldcg(part + q * kTileRows + ct) : 0.f;
+          if (op.mode == nq::GEMV_ADD) add = __ldcg(op.out_f32 + kTileRows * tile + ct);
           float s = 0.f;
-          for (int q = first; q <= last; q++)   // block order
-            if (range_begin(U, q + 1, G) > range_begin(U, q, G)) s += __ldcg(part + (q - first) * kTileRows + ct);
+#pragma unroll
+          for (int q = 0; q < kMaxPieces; q++)   // block order; a block with an empty range wrote no piece
+            if (first + q <= last && range_begin(U, first + q + 1, G) > range_begin(U, first + q, G)) s += pv[q];
           tile_sums[ct] = s;
         }
       }
       cbar<NC>();
-      if (write) {
-        tile_epilogue(op, tile, tile_sums);
-        __threadfence();
-        cbar<NC>();
-        if (ct == 0) atomicAdd(&P.done[oi], 1u);
-      }
+      if (write) tile_epilogue(op, tile, tile_sums, add);
       u += cend - c;
     }
+    cbar<NC>();
+    if (ct == 0) st_release(my_flag, P.epoch + 1);   // the block's outputs (ordered by the barrier), then its flag
   }
 }
 
@@ -491,13 +547,18 @@ int main(int argc, char** argv) {
       max_pieces = std::max(max_pieces, block_of((long long)(t + 1) * KC - 1, U, sms) - block_of((long long)t * KC, U, sms) + 1);
   }
   Op* d_ops = nullptr;
-  uint32_t *tile_cnt = nullptr, *done = nullptr;
+  uint32_t *tile_cnt = nullptr, *flags = nullptr;
   float* part = nullptr;
   DEV_CHECK(cudaMalloc(&d_ops, n_ops * sizeof(Op)));
   DEV_CHECK(cudaMemcpy(d_ops, ops.data(), n_ops * sizeof(Op), cudaMemcpyHostToDevice));
   DEV_CHECK(cudaMalloc(&tile_cnt, (size_t)n_ops * max_tiles * 4));
-  DEV_CHECK(cudaMalloc(&done, n_ops * 4));
-  DEV_CHECK(cudaMalloc(&part, (size_t)2 * max_tiles * max_pieces * kTileRows * 4));
+  DEV_CHECK(cudaMalloc(&flags, (size_t)n_ops * sms * 4));
+  if (sms > 8 * 32 || max_pieces > kMaxPieces || H / 8 > kStageUnitsPerBlock || q / 8 > kStageUnitsPerBlock) {
+    std::printf("shape beyond the kernel's limits: %d pieces a tile (at most %d), f32 x of %d / %d\n", max_pieces,
+                kMaxPieces, H, q);
+    return 2;
+  }
+  DEV_CHECK(cudaMalloc(&part, (size_t)2 * max_tiles * kMaxPieces * kTileRows * 4));
   uint32_t epoch = 0;
   auto persistent_setup = [&](auto kernel, int nc, int& n_stages) {
     cudaFuncAttributes fa;
@@ -515,12 +576,12 @@ int main(int argc, char** argv) {
     return dyn;
   };
   auto run_persistent = [&](auto kernel, int nc, int n_stages, size_t dyn) {
-    Plan p{d_ops, n_ops, tile_cnt, done, part, max_tiles, max_pieces, n_stages, epoch++};
+    Plan p{d_ops, n_ops, tile_cnt, flags, part, max_tiles, max_pieces, n_stages, epoch++};
     void* args[] = {(void*)&p};
     DEV_CHECK(cudaLaunchCooperativeKernel((void*)kernel, dim3(sms), dim3(32 * (nc + 1)), args, dyn, 0));
   };
   DEV_CHECK(cudaMemset(tile_cnt, 0, (size_t)n_ops * max_tiles * 4));
-  DEV_CHECK(cudaMemset(done, 0, n_ops * 4));
+  DEV_CHECK(cudaMemset(flags, 0, (size_t)n_ops * sms * 4));
   int ns8 = 0, ns16 = 0;
   const size_t dyn8 = persistent_setup(decode_persistent<8>, 8, ns8);
   const size_t dyn16 = persistent_setup(decode_persistent<16>, 16, ns16);
@@ -582,7 +643,7 @@ int main(int argc, char** argv) {
   DEV_CHECK(cudaStreamEndCapture(st, &gr));
   DEV_CHECK(cudaGraphInstantiate(&g_check, gr, 0));
   auto run_lc = [&](auto kernel, int nc, int ns, size_t dyn) {
-    Plan p{d_ops, 4 * lc, tile_cnt, done, part, max_tiles, max_pieces, ns, epoch++};
+    Plan p{d_ops, 4 * lc, tile_cnt, flags, part, max_tiles, max_pieces, ns, epoch++};
     void* args[] = {(void*)&p};
     DEV_CHECK(cudaLaunchCooperativeKernel((void*)kernel, dim3(sms), dim3(32 * (nc + 1)), args, dyn, 0));
   };
@@ -592,7 +653,7 @@ int main(int argc, char** argv) {
   // epochs must match every op's counters: reset them before the shorter plan, and again after it
   auto reset_counters = [&]() {
     DEV_CHECK(cudaMemset(tile_cnt, 0, (size_t)n_ops * max_tiles * 4));
-    DEV_CHECK(cudaMemset(done, 0, n_ops * 4));
+    DEV_CHECK(cudaMemset(flags, 0, (size_t)n_ops * sms * 4));
     epoch = 0;
   };
   std::snprintf(what, sizeof what, "persistent NC=8, %d layers", lc);
@@ -614,6 +675,13 @@ int main(int argc, char** argv) {
   const double t_chain = dev::median_us([&](int) { DEV_CHECK(cudaGraphLaunch(g_chain, 0)); }, iters, reps);
   const double t_p8 = dev::median_us([&](int) { run_persistent(decode_persistent<8>, 8, ns8, dyn8); }, iters, reps);
   const double t_p16 = dev::median_us([&](int) { run_persistent(decode_persistent<16>, 16, ns16, dyn16); }, iters, reps);
+  int nsv = 0;
+  const size_t dyn_nm = persistent_setup(decode_persistent<8, kNoMath>, 8, nsv);
+  const double t_nomath = dev::median_us([&](int) { run_persistent(decode_persistent<8, kNoMath>, 8, nsv, dyn_nm); }, iters, reps);
+  const size_t dyn_nw = persistent_setup(decode_persistent<8, kNoWait>, 8, nsv);
+  const double t_nowait = dev::median_us([&](int) { run_persistent(decode_persistent<8, kNoWait>, 8, nsv, dyn_nw); }, iters, reps);
+  const size_t dyn_r = persistent_setup(decode_persistent<8, kNoMath | kNoWait>, 8, nsv);
+  const double t_ring = dev::median_us([&](int) { run_persistent(decode_persistent<8, kNoMath | kNoWait>, 8, nsv, dyn_r); }, iters, reps);
   DEV_CHECK(cudaDeviceSynchronize());
   std::printf("decode_layers: %d layers (hidden %d, intermediate %d, q %d, kv %d), %.3f GB of weights + scales, "
               "%d SMs, %d pieces at most a split tile\n",
@@ -626,5 +694,8 @@ int main(int argc, char** argv) {
   row("kernels (PDL)", t_chain);
   row("persistent NC=8", t_p8);
   row("persistent NC=16", t_p16);
+  row("NC=8 no math", t_nomath);
+  row("NC=8 no wait", t_nowait);
+  row("NC=8 ring alone", t_ring);
   return 0;
 }
