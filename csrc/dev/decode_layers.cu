@@ -680,6 +680,8 @@ int main(int argc, char** argv) {
   const double t_nomath = dev::median_us([&](int) { run_persistent(decode_persistent<8, kNoMath>, 8, nsv, dyn_nm); }, iters, reps);
   const size_t dyn_nw = persistent_setup(decode_persistent<8, kNoWait>, 8, nsv);
   const double t_nowait = dev::median_us([&](int) { run_persistent(decode_persistent<8, kNoWait>, 8, nsv, dyn_nw); }, iters, reps);
+  const size_t dyn_nw16 = persistent_setup(decode_persistent<16, kNoWait>, 16, nsv);
+  const double t_nowait16 = dev::median_us([&](int) { run_persistent(decode_persistent<16, kNoWait>, 16, nsv, dyn_nw16); }, iters, reps);
   const size_t dyn_r = persistent_setup(decode_persistent<8, kNoMath | kNoWait>, 8, nsv);
   const double t_ring = dev::median_us([&](int) { run_persistent(decode_persistent<8, kNoMath | kNoWait>, 8, nsv, dyn_r); }, iters, reps);
   DEV_CHECK(cudaDeviceSynchronize());
@@ -696,6 +698,7 @@ int main(int argc, char** argv) {
   row("persistent NC=16", t_p16);
   row("NC=8 no math", t_nomath);
   row("NC=8 no wait", t_nowait);
+  row("NC=16 no wait", t_nowait16);
   row("NC=8 ring alone", t_ring);
   return 0;
 }
