@@ -88,31 +88,27 @@ if has frag; then   # the INT4 fragment order against the file order per 7B laye
   note "frag bench rc=$?"; grep -E "^gemv|^gemm" "$LOG/frag_bench.log" | tee -a "$summary"
   save
 fi
-if has chain; then   # csrc/dev/chain_read: what a kernel boundary costs a 112-stage chain of dependent read-only streams
-  # with a 7B decode step's bytes (kernels with PDL / one persistent launch / no dependency / one stream); NOTES
-  # "Session 18" §6. Built here (nvcc is on the device image)
-  [ -x build/dev/chain_read ] || make -C csrc/dev "$PWD/build/dev/chain_read" > "$LOG/chain_build.log" 2>&1 ||
-    note "chain_read build failed"   # carried when built here (build/dev/chain_read)
-  for size in 7B 0.5B; do   # the widths and layer count from the one shape table (nanoqwen_format/shapes.py)
-    args=$(python3 -c "from nanoqwen_format.shapes import QWEN25_SHAPES as S; s = S['$size']; \
-print(s.n_layers, s.hidden, s.intermediate, s.n_heads, s.n_kv_heads, s.head_dim)")
-    timeout 120 build/dev/chain_read $args > "$LOG/chain_read_$size.log" 2>&1
-    note "chain_read $size rc=$?"; grep -vE "^make" "$LOG/chain_read_$size.log" | tee -a "$summary"
-  done
-  save
-fi
-if has layers; then   # csrc/dev/decode_layers: a decode step's GEMV chain as one persistent kernel streaming every
-  # weight through a shared-memory ring, against the product's PDL chain and the read ceiling; NOTES "Session 19"
-  [ -x build/dev/decode_layers ] || make -C csrc/dev "$PWD/build/dev/decode_layers" > "$LOG/layers_build.log" 2>&1 ||
-    note "decode_layers build failed"   # carried when built here (build/dev/decode_layers)
+# A csrc/dev program that takes a size's widths (layers hidden intermediate heads kv_heads head_dim, from the one shape
+# table nanoqwen_format/shapes.py), run at the 7B's and the 0.5B's: dev_sizes NAME TIMEOUT. Carried when built here
+# (build/dev/NAME), else built on the device (nvcc is on its image).
+dev_sizes() {
+  local name=$1 limit=$2 size args
+  [ -x "build/dev/$name" ] || make -C csrc/dev "$PWD/build/dev/$name" > "$LOG/${name}_build.log" 2>&1 ||
+    note "$name build failed"
   for size in 7B 0.5B; do
     args=$(python3 -c "from nanoqwen_format.shapes import QWEN25_SHAPES as S; s = S['$size']; \
 print(s.n_layers, s.hidden, s.intermediate, s.n_heads, s.n_kv_heads, s.head_dim)")
-    timeout 150 build/dev/decode_layers $args > "$LOG/decode_layers_$size.log" 2>&1
-    note "decode_layers $size rc=$?"; grep -vE "^make" "$LOG/decode_layers_$size.log" | tee -a "$summary"
+    timeout "$limit" "build/dev/$name" $args > "$LOG/${name}_$size.log" 2>&1
+    note "$name $size rc=$?"; grep -vE "^make" "$LOG/${name}_$size.log" | tee -a "$summary"
   done
   save
-fi
+}
+# chain_read: what a kernel boundary costs a 112-stage chain of dependent read-only streams with a decode step's bytes
+# (kernels with PDL / one persistent launch / no dependency / one stream); NOTES "Session 18" §6
+has chain && dev_sizes chain_read 120
+# decode_layers: a decode step's GEMV chain as one persistent kernel streaming every weight through a shared-memory
+# ring, against the product's PDL chain and the read ceiling; NOTES "Session 19"
+has layers && dev_sizes decode_layers 150
 if has lmhead; then   # csrc/dev/lm_head_f16: the f16 lm_head at 1-64 rows, the product's kernel against W fragments
   # loaded straight into the mma (NOTES "Session 15: the final review"); built here (nvcc is on the device image)
   make -C csrc/dev "$PWD/build/dev/lm_head_f16" > "$LOG/lmhead_build.log" 2>&1 && \

@@ -147,8 +147,7 @@ __global__ void __launch_bounds__(kThreads) all_at_once(Stage all, uint32_t* sin
 // The bytes a layer's decode GEMVs read (int4 weights + f16 scales of group 128, each padded to 16 bytes): qkv, o,
 // gate/up (read by one SwiGLU GEMV), down, from a size's widths (nanoqwen_format/shapes.py: the 7B's by default,
 // another size's passed on the command line, e.g. by bench/gpu_check.sh's chain step)
-struct Widths { int hidden, intermediate, heads, kv_heads, head_dim; };
-std::vector<size_t> layer_bytes(const Widths& w) {
+std::vector<size_t> layer_bytes(const dev::Widths& w) {
   auto gemv = [](size_t N, size_t K, size_t n) { return (n * (N * K / 2 + N * (K / 128) * 2) + 15) / 16 * 16; };
   const size_t h = w.hidden, q = (size_t)w.heads * w.head_dim, kv = (size_t)w.kv_heads * w.head_dim;
   return {gemv(q + 2 * kv, h, 1), gemv(h, q, 1), gemv(w.intermediate, h, 2), gemv(h, w.intermediate, 1)};
@@ -157,17 +156,9 @@ std::vector<size_t> layer_bytes(const Widths& w) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // chain_read [layers [hidden intermediate heads kv_heads head_dim]]: the 7B's widths and 28 layers by default
-  const int layers = argc > 1 ? std::atoi(argv[1]) : 28;
-  Widths wd{3584, 18944, 28, 4, 128};
-  if (argc > 6)
-    wd = {std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), std::atoi(argv[6])};
-  if (layers < 1 || layers > 64 || wd.hidden <= 0 || wd.hidden % 128 || wd.intermediate <= 0 || wd.intermediate % 128 ||
-      wd.heads <= 0 || wd.kv_heads <= 0 || wd.head_dim <= 0 || (wd.heads * wd.head_dim) % 128) {
-    std::fprintf(stderr, "usage: chain_read [layers (1..64) [hidden intermediate heads kv_heads head_dim]] "
-                         "(widths: multiples of 128 where they are a GEMV's K)\n");
-    return 2;
-  }
+  int layers = 0;
+  dev::Widths wd;
+  if (!dev::layers_and_widths(argc, argv, "chain_read", layers, wd)) return 2;
   int dev_id = 0, sms = 0;
   DEV_CHECK(cudaGetDevice(&dev_id));
   DEV_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev_id));

@@ -364,8 +364,6 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
 }
 
 // ---- the model's weights and the CPU reference ---------------------------------------------------------------------
-struct Widths { int hidden, intermediate, heads, kv_heads, head_dim; };
-
 __host__ __device__ inline uint32_t word_at(uint64_t j) {
   uint64_t z = (j + 0x632BE59BD9B4E019ull) * 0x9E3779B97F4A7C15ull;
   z ^= z >> 29;
@@ -434,15 +432,13 @@ std::vector<uint8_t> bytes_of(const void* d, size_t n) { return to_host(reinterp
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int layers = argc > 1 ? std::atoi(argv[1]) : 28;
-  Widths wd{3584, 18944, 28, 4, 128};
-  if (argc > 6)
-    wd = {std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), std::atoi(argv[6])};
+  int layers = 0;
+  dev::Widths wd;
+  if (!dev::layers_and_widths(argc, argv, "decode_layers", layers, wd)) return 2;
   const int H = wd.hidden, I = wd.intermediate, q = wd.heads * wd.head_dim, kv = wd.kv_heads * wd.head_dim;
   const int Nqkv = q + 2 * kv;
-  if (layers < 1 || layers > 64 || H % 128 || I % 128 || q % 128 || Nqkv % 64 || q > Nqkv) {
-    std::fprintf(stderr, "usage: decode_layers [layers (1..64) [hidden intermediate heads kv_heads head_dim]] "
-                         "(hidden, intermediate and heads x head_dim multiples of 128)\n");
+  if (Nqkv % 64 || q > Nqkv) {
+    std::fprintf(stderr, "decode_layers: q + 2 kv = %d rows must be a multiple of 64\n", Nqkv);
     return 2;
   }
   int dev_id = 0, sms = 0, optin = 0;

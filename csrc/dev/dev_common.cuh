@@ -158,6 +158,24 @@ inline double median_us(const std::function<void(int)>& launch, int iters = 100,
   return t[t.size() / 2];
 }
 
+// A Qwen2.5 size's widths (nanoqwen_format/shapes.py) and layer count from a dev program's command line:
+// [layers [hidden intermediate heads kv_heads head_dim]], the 7B's 28 layers and widths by default. False (with a
+// usage line on stderr) unless 1 <= layers <= 64 and hidden, intermediate and heads x head_dim are positive multiples
+// of 128 (a GEMV's K) and kv_heads x head_dim a positive multiple of 32.
+struct Widths { int hidden, intermediate, heads, kv_heads, head_dim; };
+inline bool layers_and_widths(int argc, char** argv, const char* prog, int& layers, Widths& w) {
+  layers = argc > 1 ? std::atoi(argv[1]) : 28;
+  w = {3584, 18944, 28, 4, 128};
+  if (argc > 6) w = {std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), std::atoi(argv[6])};
+  const long long q = (long long)w.heads * w.head_dim, kv = (long long)w.kv_heads * w.head_dim;
+  if (layers >= 1 && layers <= 64 && w.hidden > 0 && w.hidden % 128 == 0 && w.intermediate > 0 &&
+      w.intermediate % 128 == 0 && q > 0 && q % 128 == 0 && kv > 0 && kv % 32 == 0)
+    return true;
+  std::fprintf(stderr, "usage: %s [layers (1..64) [hidden intermediate heads kv_heads head_dim]] (hidden, intermediate "
+                       "and heads x head_dim multiples of 128, kv_heads x head_dim of 32)\n", prog);
+  return false;
+}
+
 // The GEMV shapes of one Qwen2.5-7B layer (nanoqwen_format/shapes.py): name, N, K
 struct Shape { const char* name; int N, K; };
 inline std::vector<Shape> qwen7b_gemv_shapes() {
