@@ -67,7 +67,18 @@ struct Plan {
   float* part;                       // [2][max_tiles][kMaxPieces][64] partial sums of split tiles
   int max_tiles, max_pieces, n_stages;
   uint32_t epoch;
+  unsigned long long* trace;         // null, or [n_ops][G][kTracePoints] %globaltimer ns (see kTrace*)
 };
+// Trace points a block records per op (thread 0 of the consumers; the producer lane the last two): the op's loop
+// start, the dependency resolved, x staged, its first stage full, its last tile written, its flag stored; the
+// producer's first and last stage of the op issued.
+enum { kTraceStart, kTraceWaited, kTraceStaged, kTraceData, kTraceWritten, kTraceFlag, kTraceProdFirst,
+       kTraceProdLast, kTracePoints };
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
 
 __device__ __forceinline__ void st_release(uint32_t* p, uint32_t v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
@@ -241,15 +252,17 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
     if (lane == 0) {
       uint32_t it = 0;
       for (int oi = 0; oi < P.n_ops; oi++) {
-        const Op& op = P.ops[oi];
+        const Op op = P.ops[oi];   // a copy: a reference to global memory is re-read after every asm clobber
         const int KC = op.K / kChunkK;
         const long long U = (long long)op.tiles * KC;
         const int u0 = range_begin(U, b, G), u1 = range_begin(U, b + 1, G);
+        unsigned long long* tr = P.trace ? P.trace + ((size_t)oi * G + b) * kTracePoints : nullptr;
         for (int u = u0; u < u1;) {
           const int tile = u / KC, c = u % KC, cend = min(KC, c + (u1 - u));
           for (int cc = c; cc < cend; cc += kCPS, it++) {
             const int nch = min(kCPS, cend - cc), slot = it % NS;
             if (it >= (uint32_t)NS) mbar_wait(empty(slot), ((it / NS) + 1) & 1);
+            if (tr && u == u0 && cc == c) tr[kTraceProdFirst] = globaltimer();
             mbar_arrive_expect_tx(full(slot), nch * (kChunkWords + kChunkScales));
             uint8_t* st = smem + (size_t)slot * kStageBytes;
             const size_t unit = (size_t)tile * KC + cc;
@@ -259,6 +272,7 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
           }
           u += cend - c;
         }
+        if (tr) tr[kTraceProdLast] = globaltimer();
       }
     }
     return;
@@ -273,8 +287,11 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
     const long long U = (long long)op.tiles * KC;
     const int u0 = range_begin(U, b, G), u1 = range_begin(U, b + 1, G);
     uint32_t* my_flag = P.flags + (size_t)oi * G + b;
+    unsigned long long* tr = P.trace && ct == 0 ? P.trace + ((size_t)oi * G + b) * kTracePoints : nullptr;
+    if (tr) tr[kTraceStart] = globaltimer();
     if (u0 == u1) {   // nothing of this op here: done at once
       if (ct == 0) st_release(my_flag, P.epoch + 1);
+      if (tr) tr[kTraceWaited] = tr[kTraceStaged] = tr[kTraceData] = tr[kTraceWritten] = tr[kTraceFlag] = 0;
       continue;
     }
     if (!(VAR & kNoWait) && oi > 0 && ct < G) {   // every op reads what the previous one wrote (and only that: see the header)
@@ -288,8 +305,10 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
       }
     }
     cbar<NC>();
+    if (tr) tr[kTraceWaited] = globaltimer();
     stage_x<NC>(op, xs, red);
     cbar<NC>();
+    if (tr) tr[kTraceStaged] = globaltimer();
     for (int u = u0; u < u1;) {
       const int tile = u / KC, c = u % KC, cend = min(KC, c + (u1 - u));
       float acc[8];
@@ -298,6 +317,7 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
       for (int cc = c; cc < cend; cc += kCPS, it++) {
         const int nch = min(kCPS, cend - cc), slot = it % NS;
         mbar_wait(full(slot), (it / NS) & 1);
+        if (tr && u == u0 && cc == c) tr[kTraceData] = globaltimer();
         const uint8_t* st = smem + (size_t)slot * kStageBytes;
         const uint4* sw = reinterpret_cast<const uint4*>(st);
         const uint4* ss = reinterpret_cast<const uint4*>(st + kCPS * kChunkWords);
@@ -359,7 +379,9 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
       u += cend - c;
     }
     cbar<NC>();
+    if (tr) tr[kTraceWritten] = globaltimer();
     if (ct == 0) st_release(my_flag, P.epoch + 1);   // the block's outputs (ordered by the barrier), then its flag
+    if (tr) tr[kTraceFlag] = globaltimer();
   }
 }
 
@@ -556,6 +578,7 @@ int main(int argc, char** argv) {
   }
   DEV_CHECK(cudaMalloc(&part, (size_t)2 * max_tiles * kMaxPieces * kTileRows * 4));
   uint32_t epoch = 0;
+  unsigned long long* trace_to = nullptr;   // set for one traced run (below)
   auto persistent_setup = [&](auto kernel, int nc, int& n_stages) {
     cudaFuncAttributes fa;
     DEV_CHECK(cudaFuncGetAttributes(&fa, kernel));
@@ -572,7 +595,7 @@ int main(int argc, char** argv) {
     return dyn;
   };
   auto run_persistent = [&](auto kernel, int nc, int n_stages, size_t dyn) {
-    Plan p{d_ops, n_ops, tile_cnt, flags, part, max_tiles, max_pieces, n_stages, epoch++};
+    Plan p{d_ops, n_ops, tile_cnt, flags, part, max_tiles, max_pieces, n_stages, epoch++, trace_to};
     void* args[] = {(void*)&p};
     DEV_CHECK(cudaLaunchCooperativeKernel((void*)kernel, dim3(sms), dim3(32 * (nc + 1)), args, dyn, 0));
   };
@@ -639,7 +662,7 @@ int main(int argc, char** argv) {
   DEV_CHECK(cudaStreamEndCapture(st, &gr));
   DEV_CHECK(cudaGraphInstantiate(&g_check, gr, 0));
   auto run_lc = [&](auto kernel, int nc, int ns, size_t dyn) {
-    Plan p{d_ops, 4 * lc, tile_cnt, flags, part, max_tiles, max_pieces, ns, epoch++};
+    Plan p{d_ops, 4 * lc, tile_cnt, flags, part, max_tiles, max_pieces, ns, epoch++, nullptr};
     void* args[] = {(void*)&p};
     DEV_CHECK(cudaLaunchCooperativeKernel((void*)kernel, dim3(sms), dim3(32 * (nc + 1)), args, dyn, 0));
   };
@@ -696,5 +719,49 @@ int main(int argc, char** argv) {
   row("NC=8 no wait", t_nowait);
   row("NC=16 no wait", t_nowait16);
   row("NC=8 ring alone", t_ring);
+
+  // one traced run of NC=8: where an op's time goes (µs, mean over blocks and layers 1..L-1 of each GEMV)
+  unsigned long long* d_trace = nullptr;
+  const size_t n_tr = (size_t)n_ops * sms * kTracePoints;
+  DEV_CHECK(cudaMalloc(&d_trace, n_tr * 8));
+  DEV_CHECK(cudaMemset(d_trace, 0, n_tr * 8));
+  trace_to = d_trace;
+  run_persistent(decode_persistent<8>, 8, ns8, dyn8);
+  DEV_CHECK(cudaDeviceSynchronize());
+  trace_to = nullptr;
+  const std::vector<unsigned long long> tr = to_host(d_trace, n_tr);
+  auto T = [&](int oi, int blk, int k) { return (double)tr[((size_t)oi * sms + blk) * kTracePoints + k]; };
+  const char* names[4] = {"qkv", "o", "gate/up", "down"};
+  std::printf("trace (NC=8, one step; µs, mean over the blocks with work and layers 1..%d):\n", layers - 1);
+  std::printf("  %-8s %8s %8s %8s %8s %8s %8s %9s %9s %9s\n", "op", "wait", "stage x", "data", "compute", "flag",
+              "span", "flag->go", "prod lead", "prod span");
+  for (int k = 0; k < 4; k++) {
+    double s_wait = 0, s_stage = 0, s_data = 0, s_comp = 0, s_flag = 0, s_span = 0, s_go = 0, s_lead = 0, s_pspan = 0;
+    int n = 0, nl = 0;
+    for (int l = 1; l < layers; l++) {
+      const int oi = 4 * l + k;
+      double prev_last_flag = 0, last_flag = 0, first_go = 1e300;
+      for (int blk = 0; blk < sms; blk++) {
+        prev_last_flag = std::max(prev_last_flag, T(oi - 1, blk, kTraceFlag));
+        last_flag = std::max(last_flag, T(oi, blk, kTraceFlag));
+        if (T(oi, blk, kTraceData) == 0) continue;   // no work in this op
+        first_go = std::min(first_go, T(oi, blk, kTraceWaited));
+        s_wait += T(oi, blk, kTraceWaited) - T(oi, blk, kTraceStart);
+        s_stage += T(oi, blk, kTraceStaged) - T(oi, blk, kTraceWaited);
+        s_data += T(oi, blk, kTraceData) - T(oi, blk, kTraceStaged);
+        s_comp += T(oi, blk, kTraceWritten) - T(oi, blk, kTraceData);
+        s_flag += T(oi, blk, kTraceFlag) - T(oi, blk, kTraceWritten);
+        s_lead += T(oi, blk, kTraceProdFirst) - T(oi, blk, kTraceWaited);
+        s_pspan += T(oi, blk, kTraceProdLast) - T(oi, blk, kTraceProdFirst);
+        n++;
+      }
+      s_span += last_flag - prev_last_flag;   // the op's share of the step: last flag to last flag
+      s_go += first_go - prev_last_flag;      // the previous op's last flag to the first block going on
+      nl++;
+    }
+    std::printf("  %-8s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f %9.2f %9.2f\n", names[k], s_wait / n / 1e3,
+                s_stage / n / 1e3, s_data / n / 1e3, s_comp / n / 1e3, s_flag / n / 1e3, s_span / nl / 1e3,
+                s_go / nl / 1e3, s_lead / n / 1e3, s_pspan / n / 1e3);
+  }
   return 0;
 }
