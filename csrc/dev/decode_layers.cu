@@ -41,7 +41,10 @@ using nq::frag::kTileRows;
 constexpr int kChunkK = 128;                              // k of a chunk (= the group: g128 only)
 constexpr int kChunkWords = kTileRows * kChunkK / 2;      // bytes of a chunk's words (4096)
 constexpr int kChunkScales = kTileRows * 2;               // bytes of a chunk's scales (one group, 64 rows f16: 128)
-constexpr int kCPS = 4;                                   // chunks a stage
+#ifndef DECODE_LAYERS_CPS
+#define DECODE_LAYERS_CPS 4
+#endif
+constexpr int kCPS = DECODE_LAYERS_CPS;                   // chunks a stage (-DDECODE_LAYERS_CPS=8: 33 KB stages)
 constexpr int kStageBytes = kCPS * (kChunkWords + kChunkScales);
 constexpr int kMaxStages = 16;
 constexpr int kMaxPieces = 16;                            // blocks sharing a tile (the host checks)
@@ -228,8 +231,9 @@ __device__ __forceinline__ void tile_epilogue(const Op& op, int tile, const floa
 
 // Timing-only variants (their outputs are not checked): kNoMath, the consumers release each stage without the
 // arithmetic (the ring and the op boundaries alone); kNoWait, no op waits for the previous one (the ring and the
-// arithmetic without the dependency chain); both: the ring alone.
-constexpr int kNoMath = 1, kNoWait = 2;
+// arithmetic without the dependency chain); both: the ring alone. kNoPieces: a split tile's every block writes its
+// partial as if it were the whole tile (wrong outputs; the cost of the split-tile protocol).
+constexpr int kNoMath = 1, kNoWait = 2, kNoPieces = 4;
 template <int NC, int VAR = 0>
 __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan P) {
   extern __shared__ __align__(128) uint8_t smem[];   // [n_stages][kStageBytes] ring, then x (f16, max K)
@@ -343,7 +347,7 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
         for (int w = 0; w < NC; w++) v += warp_sums[w][ct];   // warp order
       bool write = true;
       float add = 0.f;   // ADD: the row's h, loaded with the pieces (the same round trip)
-      if (c == 0 && cend == KC) {
+      if ((c == 0 && cend == KC) || (VAR & kNoPieces)) {
         if (ct < kTileRows) {
           if (op.mode == nq::GEMV_ADD) add = __ldcg(op.out_f32 + kTileRows * tile + ct);
           tile_sums[ct] = v;
@@ -701,6 +705,8 @@ int main(int argc, char** argv) {
   const double t_nowait = dev::median_us([&](int) { run_persistent(decode_persistent<8, kNoWait>, 8, nsv, dyn_nw); }, iters, reps);
   const size_t dyn_nw16 = persistent_setup(decode_persistent<16, kNoWait>, 16, nsv);
   const double t_nowait16 = dev::median_us([&](int) { run_persistent(decode_persistent<16, kNoWait>, 16, nsv, dyn_nw16); }, iters, reps);
+  const size_t dyn_np = persistent_setup(decode_persistent<8, kNoPieces>, 8, nsv);
+  const double t_nopieces = dev::median_us([&](int) { run_persistent(decode_persistent<8, kNoPieces>, 8, nsv, dyn_np); }, iters, reps);
   const size_t dyn_r = persistent_setup(decode_persistent<8, kNoMath | kNoWait>, 8, nsv);
   const double t_ring = dev::median_us([&](int) { run_persistent(decode_persistent<8, kNoMath | kNoWait>, 8, nsv, dyn_r); }, iters, reps);
   DEV_CHECK(cudaDeviceSynchronize());
@@ -719,6 +725,7 @@ int main(int argc, char** argv) {
   row("NC=8 no wait", t_nowait);
   row("NC=16 no wait", t_nowait16);
   row("NC=8 ring alone", t_ring);
+  row("NC=8 no pieces", t_nopieces);
 
   // one traced run of NC=8: where an op's time goes (µs, mean over blocks and layers 1..L-1 of each GEMV)
   unsigned long long* d_trace = nullptr;
