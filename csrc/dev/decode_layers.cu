@@ -29,6 +29,11 @@
 // * Counters and flags grow across launches (tile counters reach (epoch + 1) x pieces, flags hold epoch + 1), so a
 //   step needs no memset.
 //
+// Outcome (bench/NOTES.md "Session 19" §2-5, H200): it validates and loses. A 7B layer takes 73 µs against the PDL
+// chain's 45.8 and the bytes' 26: the split-tile protocol costs ~15 µs a layer, x staging, waits and flags ~7-10,
+// and 8 consumer warps from shared memory run at ~2.6 TB/s (gate/up 23.6-27.7 µs of compute for 15.5 µs of bytes);
+// 33 KB stages (decode_layers_cps8) gain 4.7 µs. The variants and the per-block trace say which part is which.
+//
 //   make -C csrc/dev && build/dev/decode_layers [layers (28) [hidden intermediate heads kv_heads head_dim]]
 #include "../src/gemv.cu"   // the product's GEMVs (nq::gemv) for the chain of kernels
 #include "dev_common.cuh"
