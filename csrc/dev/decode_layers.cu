@@ -712,6 +712,8 @@ int main(int argc, char** argv) {
   const double t_nowait16 = dev::median_us([&](int) { run_persistent(decode_persistent<16, kNoWait>, 16, nsv, dyn_nw16); }, iters, reps);
   const size_t dyn_np = persistent_setup(decode_persistent<8, kNoPieces>, 8, nsv);
   const double t_nopieces = dev::median_us([&](int) { run_persistent(decode_persistent<8, kNoPieces>, 8, nsv, dyn_np); }, iters, reps);
+  const size_t dyn_nwp = persistent_setup(decode_persistent<8, kNoWait | kNoPieces>, 8, nsv);
+  const double t_nowait_nopieces = dev::median_us([&](int) { run_persistent(decode_persistent<8, kNoWait | kNoPieces>, 8, nsv, dyn_nwp); }, iters, reps);
   reset_counters();   // kNoPieces adds to no tile counter: the runs after it need counters that match the epoch
   const size_t dyn_r = persistent_setup(decode_persistent<8, kNoMath | kNoWait>, 8, nsv);
   const double t_ring = dev::median_us([&](int) { run_persistent(decode_persistent<8, kNoMath | kNoWait>, 8, nsv, dyn_r); }, iters, reps);
@@ -732,6 +734,7 @@ int main(int argc, char** argv) {
   row("NC=16 no wait", t_nowait16);
   row("NC=8 ring alone", t_ring);
   row("NC=8 no pieces", t_nopieces);
+  row("no wait/pieces", t_nowait_nopieces);
 
   // one traced run of NC=8: where an op's time goes (µs, mean over blocks and layers 1..L-1 of each GEMV)
   unsigned long long* d_trace = nullptr;
