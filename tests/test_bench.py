@@ -16,10 +16,6 @@ from synth import make_7b_file_module  # noqa: E402  (tests/synth.py)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _mk():
-    return make_7b_file_module()
-
-
 def _tiny_cfg(**kw) -> ModelConfig:
     # 7B hyper-parameters with small widths; vocab_rows must hold the real tokenizer's 151665 ids
     d = {**bench.QWEN25_CODER_7B, "n_layers": 2, "hidden_size": 256, "intermediate_size": 512, "n_heads": 2,
@@ -31,7 +27,7 @@ def _tiny_cfg(**kw) -> ModelConfig:
 @pytest.fixture(scope="module")
 def tiny_file(tmp_path_factory):
     p = str(tmp_path_factory.mktemp("bench") / "tiny.nanoqwen")
-    _mk().make_file(p, _tiny_cfg(), quant="int4", group_size=128, seed=7, threads=2, progress=False)
+    make_7b_file_module().make_file(p, _tiny_cfg(), quant="int4", group_size=128, seed=7, threads=2, progress=False)
     return p
 
 
@@ -140,11 +136,11 @@ def test_tiny_file_structure(tiny_file):
 
 def test_tiny_file_is_deterministic_across_thread_counts(tiny_file, tmp_path):
     p = str(tmp_path / "again.nanoqwen")
-    _mk().make_file(p, _tiny_cfg(), quant="int4", group_size=128, seed=7, threads=1, progress=False)
+    make_7b_file_module().make_file(p, _tiny_cfg(), quant="int4", group_size=128, seed=7, threads=1, progress=False)
     with open_file(tiny_file) as a, open_file(p) as b:
         assert {n: t.crc32c for n, t in a.tensors.items()} == {n: t.crc32c for n, t in b.tensors.items()}
     p2 = str(tmp_path / "other_seed.nanoqwen")
-    _mk().make_file(p2, _tiny_cfg(), quant="int4", group_size=128, seed=8, threads=2, progress=False)
+    make_7b_file_module().make_file(p2, _tiny_cfg(), quant="int4", group_size=128, seed=8, threads=2, progress=False)
     with open_file(tiny_file) as a, open_file(p2) as b:
         assert a.tensors["lm_head.weight"].crc32c != b.tensors["lm_head.weight"].crc32c
 
@@ -164,7 +160,7 @@ def test_weight_statistics_keep_activations_unit_scale(tiny_file):
             assert 0.8 < var < 1.25, (name, var)
             u = (np.asarray(q)[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 0xF   # every nibble
             counts = np.bincount(u.ravel(), minlength=16) / u.size
-            want = np.bincount([8 + c for c in _mk().INT4_CODE_SLOTS], minlength=16) / 16
+            want = np.bincount([8 + c for c in make_7b_file_module().INT4_CODE_SLOTS], minlength=16) / 16
             # >= 65536 codes: each frequency within ~0.002 (1 sigma) of its probability
             assert np.all(np.abs(counts - want) < 0.01), counts
             # no common mode: the rows' mean weight, seen through a normalised all-ones input, is 0 up to
@@ -175,13 +171,13 @@ def test_weight_statistics_keep_activations_unit_scale(tiny_file):
         e = f.float32("model.embed_tokens.weight")
         assert abs(e.std() - 1.0) < 0.01 and abs(e.mean()) < 0.01
         lm = f.float32("lm_head.weight")
-        assert abs(lm.std() * np.sqrt(cfg.hidden_size) - _mk().LOGIT_STD) < 0.05
+        assert abs(lm.std() * np.sqrt(cfg.hidden_size) - make_7b_file_module().LOGIT_STD) < 0.05
         nw = f.float32("model.norm.weight")
         assert abs(nw.mean() - 1.0) < 0.05 and np.all(nw > 0)
 
 
 def test_bad_arguments_exit_with_one_line(tmp_path, capsys):
-    mk = _mk()
+    mk = make_7b_file_module()
     assert mk.main([str(tmp_path / "x.nanoqwen"), "--layers", "0", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--layers" in err[0]
@@ -212,7 +208,7 @@ class _SlowQwen2BPE:
         lines = open(os.path.join(assets, "merges.txt"), encoding="utf-8").read().split("\n")
         merges = [tuple(ln.split(" ")) for ln in lines[1:] if ln]
         self.ranks = {m: r for r, m in enumerate(merges)}
-        self.pat = regex.compile(_mk().QWEN2_SPLIT_REGEX)
+        self.pat = regex.compile(make_7b_file_module().QWEN2_SPLIT_REGEX)
         self.added = {t: 151643 + i for i, t in enumerate(added)}
         self.split = regex.compile("(" + "|".join(regex.escape(t) for t in sorted(added, key=len, reverse=True)) + ")")
         self.b2u = _bytes_to_unicode()
@@ -259,7 +255,7 @@ SAMPLES = [
 
 def test_tokenizer_matches_the_slow_reference():
     from tokenizers import Tokenizer
-    mk = _mk()
+    mk = make_7b_file_module()
     tok = Tokenizer.from_str(mk.build_qwen2_tokenizer_json())
     ref = _SlowQwen2BPE(mk.ASSETS, [t for t, _ in mk.QWEN25_ADDED_TOKENS])
     assert tok.get_vocab_size(with_added_tokens=True) == 151665
@@ -318,7 +314,7 @@ def test_measure_engine_on_the_cpu_backend(tiny_file):
 def test_fp16_variant_has_unit_scale_linears(tmp_path):
     p = str(tmp_path / "f16.nanoqwen")
     cfg = _tiny_cfg(n_layers=1)
-    _mk().make_file(p, cfg, quant="none", seed=3, threads=2, progress=False)
+    make_7b_file_module().make_file(p, cfg, quant="none", seed=3, threads=2, progress=False)
     with open_file(p) as f:
         assert all(t.dtype == DType.F16 for t in f.tensors.values())
         w = f.float32("model.layers.0.mlp.up_proj.weight")                    # (N, K)
@@ -333,7 +329,7 @@ def test_int4_asym_variant_holds_the_layout_1_weights(tiny_file, tmp_path):
     model)."""
     from nanoqwen_format.constants import LAYOUT_INT4_ROWMAJOR_K8_ASYM
     p = str(tmp_path / "asym.nanoqwen")
-    _mk().make_file(p, _tiny_cfg(), quant="int4-asym", group_size=128, seed=7, threads=2, progress=False)
+    make_7b_file_module().make_file(p, _tiny_cfg(), quant="int4-asym", group_size=128, seed=7, threads=2, progress=False)
     with open_file(tiny_file) as a, open_file(p, verify_checksums=True) as b:
         assert list(a.tensors) == list(b.tensors)
         seen = set()

@@ -27,18 +27,6 @@ namespace {
 constexpr int kThreads = 128;   // as the product's decode GEMV blocks
 constexpr uint32_t kSeed = 0x2545F491u;
 
-// The 32-bit word at index j of the whole buffer (filled on the GPU, recomputed on the CPU for the reference)
-__host__ __device__ inline uint32_t word_at(uint64_t j) {
-  uint64_t z = j * 0x9E3779B97F4A7C15ull;
-  z ^= z >> 29;
-  return (uint32_t)(z * 0xBF58476D1CE4E5B9ull >> 32);
-}
-
-__global__ void fill_words(uint32_t* w, size_t n) {
-  for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x)
-    w[j] = word_at(j);
-}
-
 struct Stage { const uint4* w; size_t n16; };
 struct Chain {
   const Stage* st;   // device array of stages
@@ -174,7 +162,7 @@ int main(int argc, char** argv) {
 
   uint8_t* buf = nullptr;
   DEV_CHECK(cudaMalloc(&buf, total));
-  fill_words<<<4 * sms, 256>>>(reinterpret_cast<uint32_t*>(buf), total / 4);
+  dev::fill_hash_words<<<4 * sms, 256>>>(reinterpret_cast<uint32_t*>(buf), total / 4, 0);   // word j: hash_word(j)
   std::vector<Stage> hs(n);
   for (int s = 0; s < n; s++) {
     const size_t bytes = (s + 1 < n ? off[s + 1] : total) - off[s];
@@ -197,7 +185,7 @@ int main(int argc, char** argv) {
       const uint64_t j0 = off[s] / 4, j1 = j0 + hs[s].n16 * 4;
       uint32_t acc = 0;
 #pragma omp parallel for reduction(+ : acc) schedule(static)
-      for (int64_t j = (int64_t)j0; j < (int64_t)j1; j++) acc += word_at((uint64_t)j) ^ x;
+      for (int64_t j = (int64_t)j0; j < (int64_t)j1; j++) acc += dev::hash_word((uint64_t)j) ^ x;
       ref[s] = acc;
       x = acc;
     }

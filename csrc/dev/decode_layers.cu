@@ -73,7 +73,7 @@ struct Plan {
   uint32_t* tile_cnt;                // [n_ops][max_tiles] pieces added
   uint32_t* flags;                   // [n_ops][G] epoch + 1 once block b has written its tiles of the op
   float* part;                       // [2][max_tiles][kMaxPieces][64] partial sums of split tiles
-  int max_tiles, max_pieces, n_stages;
+  int max_tiles, n_stages;
   uint32_t epoch;
   unsigned long long* trace;         // null, or [n_ops][G][kTracePoints] %globaltimer ns (see kTrace*)
 };
@@ -395,20 +395,11 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
 }
 
 // ---- the model's weights and the CPU reference ---------------------------------------------------------------------
-__host__ __device__ inline uint32_t word_at(uint64_t j) {
-  uint64_t z = (j + 0x632BE59BD9B4E019ull) * 0x9E3779B97F4A7C15ull;
-  z ^= z >> 29;
-  return (uint32_t)(z * 0xBF58476D1CE4E5B9ull >> 32);
-}
-__global__ void fill_words(uint32_t* w, size_t n, uint64_t salt) {
-  for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x)
-    w[j] = word_at(j + salt);
-}
 // scales: |s| in [0.5, 1.5) / sqrt(21.5 K) (|W x| ~ |x| for codes uniform in 0..15), one in 8 negative
 __global__ void fill_scales(__half* s, size_t n, int K, uint64_t salt) {
   const float base = rsqrtf(21.5f * (float)K);
   for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
-    const uint32_t h = word_at(j + salt);
+    const uint32_t h = dev::hash_word(j + salt);
     const float m = 0.5f + (float)(h >> 8) * (1.f / 16777216.f);
     s[j] = __float2half_rn((h & 7u) == 0 ? -m * base : m * base);
   }
@@ -508,7 +499,7 @@ int main(int argc, char** argv) {
       M.wbytes = mb.first; M.sbytes = mb.second;
       M.w = buf + at; at += a256(M.wbytes);
       M.s = reinterpret_cast<__half*>(buf + at); at += a256(M.sbytes);
-      fill_words<<<4 * sms, 256>>>(reinterpret_cast<uint32_t*>(M.w), M.wbytes / 4, (uint64_t)(M.w - buf));
+      dev::fill_hash_words<<<4 * sms, 256>>>(reinterpret_cast<uint32_t*>(M.w), M.wbytes / 4, (uint64_t)(M.w - buf));
       fill_scales<<<4 * sms, 256>>>(M.s, M.sbytes / 2, M.K, (uint64_t)(M.w - buf));
       weight_bytes += M.wbytes + M.sbytes;
     }
@@ -587,13 +578,14 @@ int main(int argc, char** argv) {
   }
   DEV_CHECK(cudaMalloc(&part, (size_t)2 * max_tiles * kMaxPieces * kTileRows * 4));
   uint32_t epoch = 0;
-  unsigned long long* trace_to = nullptr;   // set for one traced run (below)
-  auto persistent_setup = [&](auto kernel, int nc, int& n_stages) {
+  // one build of the persistent kernel, its ring sized to the shared memory its static part leaves
+  struct Persistent { const void* fn; int nc, n_stages; size_t dyn; };
+  auto persistent_setup = [&](const void* kernel, int nc) {
     cudaFuncAttributes fa;
     DEV_CHECK(cudaFuncGetAttributes(&fa, kernel));
     const size_t xs_bytes = (size_t)std::max({H, I, q}) * 2;
     const size_t dyn_max = (size_t)optin - fa.sharedSizeBytes;
-    n_stages = (int)std::min<size_t>(kMaxStages, (dyn_max - xs_bytes) / kStageBytes);
+    const int n_stages = (int)std::min<size_t>(kMaxStages, (dyn_max - xs_bytes) / kStageBytes);
     const size_t dyn = (size_t)n_stages * kStageBytes + xs_bytes;
     DEV_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
     int per_sm = 0;
@@ -601,18 +593,18 @@ int main(int argc, char** argv) {
     std::printf("persistent NC=%d: %d registers, %d stages of %d B (%.0f KB of ring an SM), x %zu B, %d block an SM\n",
                 nc, fa.numRegs, n_stages, kStageBytes, n_stages * kStageBytes / 1024.0, xs_bytes, per_sm);
     if (per_sm < 1 || n_stages < 2) { std::printf("does not fit\n"); std::exit(2); }
-    return dyn;
+    return Persistent{kernel, nc, n_stages, dyn};
   };
-  auto run_persistent = [&](auto kernel, int nc, int n_stages, size_t dyn) {
-    Plan p{d_ops, n_ops, tile_cnt, flags, part, max_tiles, max_pieces, n_stages, epoch++, trace_to};
+  // one step of the first `ops` ops (all of them by default), traced into `trace` when set
+  auto run = [&](const Persistent& k, int ops = 0, unsigned long long* trace = nullptr) {
+    Plan p{d_ops, ops ? ops : n_ops, tile_cnt, flags, part, max_tiles, k.n_stages, epoch++, trace};
     void* args[] = {(void*)&p};
-    DEV_CHECK(cudaLaunchCooperativeKernel((void*)kernel, dim3(sms), dim3(32 * (nc + 1)), args, dyn, 0));
+    DEV_CHECK(cudaLaunchCooperativeKernel(k.fn, dim3(sms), dim3(32 * (k.nc + 1)), args, k.dyn, 0));
   };
   DEV_CHECK(cudaMemset(tile_cnt, 0, (size_t)n_ops * max_tiles * 4));
   DEV_CHECK(cudaMemset(flags, 0, (size_t)n_ops * sms * 4));
-  int ns8 = 0, ns16 = 0;
-  const size_t dyn8 = persistent_setup(decode_persistent<8>, 8, ns8);
-  const size_t dyn16 = persistent_setup(decode_persistent<16>, 16, ns16);
+  const Persistent p8 = persistent_setup((const void*)decode_persistent<8>, 8);
+  const Persistent p16 = persistent_setup((const void*)decode_persistent<16>, 16);
 
   // ---- validation: the first `lc` layers of both chains against the CPU (fresh h from h0; outputs poisoned) ----
   const int lc = std::min(layers, 2);
@@ -670,11 +662,6 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 4 * lc; i++) dev::must(nq::gemv(gargs[i], st));
   DEV_CHECK(cudaStreamEndCapture(st, &gr));
   DEV_CHECK(cudaGraphInstantiate(&g_check, gr, 0));
-  auto run_lc = [&](auto kernel, int nc, int ns, size_t dyn) {
-    Plan p{d_ops, 4 * lc, tile_cnt, flags, part, max_tiles, max_pieces, ns, epoch++, nullptr};
-    void* args[] = {(void*)&p};
-    DEV_CHECK(cudaLaunchCooperativeKernel((void*)kernel, dim3(sms), dim3(32 * (nc + 1)), args, dyn, 0));
-  };
   char what[96];
   std::snprintf(what, sizeof what, "kernels (product gemv), %d layers", lc);
   check(what, [&]() { DEV_CHECK(cudaGraphLaunch(g_check, 0)); });
@@ -686,11 +673,11 @@ int main(int argc, char** argv) {
   };
   std::snprintf(what, sizeof what, "persistent NC=8, %d layers", lc);
   reset_counters();
-  const std::vector<float> p8a = check(what, [&]() { run_lc(decode_persistent<8>, 8, ns8, dyn8); });
-  const std::vector<float> p8b = check(what, [&]() { run_lc(decode_persistent<8>, 8, ns8, dyn8); });
+  const std::vector<float> p8a = check(what, [&]() { run(p8, 4 * lc); });
+  const std::vector<float> p8b = check(what, [&]() { run(p8, 4 * lc); });
   std::printf("persistent NC=8: two runs %s\n", p8a == p8b ? "bit-identical" : "DIFFER (FAIL)");
   std::snprintf(what, sizeof what, "persistent NC=16, %d layers", lc);
-  check(what, [&]() { run_lc(decode_persistent<16>, 16, ns16, dyn16); });
+  check(what, [&]() { run(p16, 4 * lc); });
   if (p8a != p8b) return 1;
   reset_counters();   // the timed runs: every op from epoch 0
 
@@ -701,22 +688,15 @@ int main(int argc, char** argv) {
     dev::read_ceiling<<<4 * sms, dev::kCeilThreads>>>(reinterpret_cast<const uint4*>(buf), total / 16, sink);
   }, iters, reps);
   const double t_chain = dev::median_us([&](int) { DEV_CHECK(cudaGraphLaunch(g_chain, 0)); }, iters, reps);
-  const double t_p8 = dev::median_us([&](int) { run_persistent(decode_persistent<8>, 8, ns8, dyn8); }, iters, reps);
-  const double t_p16 = dev::median_us([&](int) { run_persistent(decode_persistent<16>, 16, ns16, dyn16); }, iters, reps);
-  int nsv = 0;
-  const size_t dyn_nm = persistent_setup(decode_persistent<8, kNoMath>, 8, nsv);
-  const double t_nomath = dev::median_us([&](int) { run_persistent(decode_persistent<8, kNoMath>, 8, nsv, dyn_nm); }, iters, reps);
-  const size_t dyn_nw = persistent_setup(decode_persistent<8, kNoWait>, 8, nsv);
-  const double t_nowait = dev::median_us([&](int) { run_persistent(decode_persistent<8, kNoWait>, 8, nsv, dyn_nw); }, iters, reps);
-  const size_t dyn_nw16 = persistent_setup(decode_persistent<16, kNoWait>, 16, nsv);
-  const double t_nowait16 = dev::median_us([&](int) { run_persistent(decode_persistent<16, kNoWait>, 16, nsv, dyn_nw16); }, iters, reps);
-  const size_t dyn_np = persistent_setup(decode_persistent<8, kNoPieces>, 8, nsv);
-  const double t_nopieces = dev::median_us([&](int) { run_persistent(decode_persistent<8, kNoPieces>, 8, nsv, dyn_np); }, iters, reps);
-  const size_t dyn_nwp = persistent_setup(decode_persistent<8, kNoWait | kNoPieces>, 8, nsv);
-  const double t_nowait_nopieces = dev::median_us([&](int) { run_persistent(decode_persistent<8, kNoWait | kNoPieces>, 8, nsv, dyn_nwp); }, iters, reps);
+  auto timed = [&](const Persistent& k) { return dev::median_us([&](int) { run(k); }, iters, reps); };
+  const double t_p8 = timed(p8), t_p16 = timed(p16);
+  const double t_nomath = timed(persistent_setup((const void*)decode_persistent<8, kNoMath>, 8));
+  const double t_nowait = timed(persistent_setup((const void*)decode_persistent<8, kNoWait>, 8));
+  const double t_nowait16 = timed(persistent_setup((const void*)decode_persistent<16, kNoWait>, 16));
+  const double t_nopieces = timed(persistent_setup((const void*)decode_persistent<8, kNoPieces>, 8));
+  const double t_nowait_nopieces = timed(persistent_setup((const void*)decode_persistent<8, kNoWait | kNoPieces>, 8));
   reset_counters();   // kNoPieces adds to no tile counter: the runs after it need counters that match the epoch
-  const size_t dyn_r = persistent_setup(decode_persistent<8, kNoMath | kNoWait>, 8, nsv);
-  const double t_ring = dev::median_us([&](int) { run_persistent(decode_persistent<8, kNoMath | kNoWait>, 8, nsv, dyn_r); }, iters, reps);
+  const double t_ring = timed(persistent_setup((const void*)decode_persistent<8, kNoMath | kNoWait>, 8));
   DEV_CHECK(cudaDeviceSynchronize());
   std::printf("decode_layers: %d layers (hidden %d, intermediate %d, q %d, kv %d), %.3f GB of weights + scales, "
               "%d SMs, %d pieces at most a split tile\n",
@@ -741,10 +721,8 @@ int main(int argc, char** argv) {
   const size_t n_tr = (size_t)n_ops * sms * kTracePoints;
   DEV_CHECK(cudaMalloc(&d_trace, n_tr * 8));
   DEV_CHECK(cudaMemset(d_trace, 0, n_tr * 8));
-  trace_to = d_trace;
-  run_persistent(decode_persistent<8>, 8, ns8, dyn8);
+  run(p8, 0, d_trace);
   DEV_CHECK(cudaDeviceSynchronize());
-  trace_to = nullptr;
   const std::vector<unsigned long long> tr = to_host(d_trace, n_tr);
   auto T = [&](int oi, int blk, int k) { return (double)tr[((size_t)oi * sms + blk) * kTracePoints + k]; };
   const char* names[4] = {"qkv", "o", "gate/up", "down"};

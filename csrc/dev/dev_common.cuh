@@ -158,6 +158,19 @@ inline double median_us(const std::function<void(int)>& launch, int iters = 100,
   return t[t.size() / 2];
 }
 
+// Deterministic pseudo-random 32-bit words from an index (a splitmix-style hash), the same on host and device: large
+// random buffers filled on the GPU (fill_hash_words) whose words a CPU reference can recompute or read back.
+__host__ __device__ inline uint32_t hash_word(uint64_t j) {
+  uint64_t z = j * 0x9E3779B97F4A7C15ull;
+  z ^= z >> 29;
+  return (uint32_t)(z * 0xBF58476D1CE4E5B9ull >> 32);
+}
+// w[j] = hash_word(j + salt), j < n
+__global__ void fill_hash_words(uint32_t* w, size_t n, uint64_t salt) {
+  for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x)
+    w[j] = hash_word(j + salt);
+}
+
 // A Qwen2.5 size's widths (nanoqwen_format/shapes.py) and layer count from a dev program's command line:
 // [layers [hidden intermediate heads kv_heads head_dim]], the 7B's 28 layers and widths by default. False (with a
 // usage line on stderr) unless 1 <= layers <= 64 and hidden, intermediate and heads x head_dim are positive multiples
