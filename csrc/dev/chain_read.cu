@@ -1,6 +1,6 @@
 // What a kernel boundary costs a decode step, without the GEMV arithmetic: a chain of dependent read-only streams
 // with a 7B layer's byte counts (qkv 8.5 MB, o 6.6 MB, gate/up 70.0 MB, down 35.0 MB: weights + f16 scales) x 28
-// layers = 3.37 GB (or another size's: see main), each stage's "activation" the previous stage's output, run four
+// layers = 3.37 GB (or another size's: see main), each stage's "activation" the previous stage's output, run five
 // ways on the same buffers:
 //   kernels     one kernel a stage, launched with PDL in one CUDA graph, as the product's decode chain: every thread
 //               issues its first U loads, waits (griddepcontrol.wait), reads the previous stage's output, triggers
@@ -8,9 +8,17 @@
 //   persistent  one cooperative launch, every block resident: the same per-stage code, but a block goes on to the next
 //               stage's first U loads as soon as it has added its partial, then waits on a completion counter
 //               (acquire) instead of a kernel boundary;
+//   counters    the launches of `kernels` (PDL, one graph), but a block waits on the previous stage's completion
+//               counter (acquire, as `persistent`) instead of griddepcontrol.wait, then triggers its dependents; each
+//               block adds 1 to its stage's counter after its partial. Safe: a kernel's dependents launch only once
+//               all of its blocks have triggered, i.e. are resident, so a waiting block never holds a slot that the
+//               kernel it waits for still needs;
 //   unchained   the kernels of `kernels` without their dependency (no wait, plain launches in a graph): the cost of
 //               112 launches and their tails alone;
-//   ceiling     one kernel over all 3.37 GB: no boundary at all.
+//   ceiling     one kernel over all 3.37 GB: no boundary at all;
+//   +pf         kernels (or unchained) where each stage's blocks also prefetch the next stage's first P bytes into
+//               L2 (cp.async.bulk.prefetch, their slice of it), at their start or after their own stream: the next
+//               stage's first loads hit L2, and HBM stays busy through the boundary (NOTES "Session 20" §1).
 // A stage's output: y_s = sum over its 32-bit words w of (w ^ x_s) mod 2^32 with x_s = y_{s-1} (x_0 a seed), so
 // every word's use needs the previous stage, while its load does not (as a GEMV's weights and x). Sums mod 2^32 do
 // not depend on the order, so every variant's y must equal the CPU's exactly (validate: all 112 stages).
@@ -33,12 +41,28 @@ struct Chain {
   int n;
   uint32_t* y;       // [n] stage outputs (zeroed before a run)
   uint32_t* done;    // [n] blocks that added their partial (persistent; zeroed before a run)
+  size_t pf;         // kernels / unchained: bytes of the next stage each stage prefetches into L2 (0: none)
+  int pf_end;        // 1: a block issues its prefetch after its own stream, 0: before its first loads
 };
 
 __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+
+// The block's slice of the first `bytes` of stage S (a multiple of 16), prefetched into L2 in 4 KB bulk requests
+// (no registers, no completion to wait for)
+__device__ __forceinline__ void prefetch_share(const Stage& S, size_t bytes) {
+  bytes = bytes < S.n16 * 16 ? bytes : S.n16 * 16;
+  const size_t per = ((bytes + gridDim.x - 1) / gridDim.x + 15) / 16 * 16, b0 = (size_t)blockIdx.x * per;
+  if (b0 >= bytes) return;
+  const size_t n = per < bytes - b0 ? per : bytes - b0;
+  const char* base = reinterpret_cast<const char*>(S.w) + b0;
+  for (size_t o = (size_t)threadIdx.x * 4096; o < n; o += (size_t)blockDim.x * 4096) {
+    const uint32_t len = (uint32_t)(n - o < 4096 ? n - o : 4096);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + o), "r"(len) : "memory");
+  }
 }
 
 // The block's share of stage s: the first U loads of each thread (before the dependency), then the rest; returns
@@ -77,23 +101,35 @@ __device__ __forceinline__ uint32_t block_sum(uint32_t v, uint32_t* red) {
   return s;
 }
 
-// kernels / unchained: one stage a launch (chained: wait for the previous stage's kernel, read its output)
-template <int U, bool CHAINED>
+// kernels / counters / unchained: one stage a launch (chained: wait for the previous stage's kernel, or for its
+// counter, read its output)
+enum Dep { kNone, kGridDep, kCounter };
+template <int U, Dep DEP>
 __global__ void __launch_bounds__(kThreads) stage_kernel(Chain c, int s) {
   __shared__ uint32_t red[kThreads / 32];
   __shared__ uint32_t xs;
+  if (c.pf && !c.pf_end && s + 1 < c.n) prefetch_share(c.st[s + 1], c.pf);
   const uint32_t acc = stage_sum<U>(c.st[s], [&]() {
-    if (CHAINED) {
-      nq::pdl_wait();
-      if (threadIdx.x == 0) xs = s > 0 ? c.y[s - 1] : kSeed;
-      __syncthreads();
-      nq::pdl_trigger();
-      return xs;
+    if (DEP == kNone) return s > 0 ? kSeed + (uint32_t)s : kSeed;   // unchained: no dependency (y not validated)
+    if (DEP == kGridDep) nq::pdl_wait();
+    if (threadIdx.x == 0) {
+      if (DEP == kCounter && s > 0)
+        while (ld_acquire(&c.done[s - 1]) < gridDim.x) {}
+      xs = s > 0 ? ld_acquire(&c.y[s - 1]) : kSeed;
     }
-    return s > 0 ? kSeed + (uint32_t)s : kSeed;   // unchained: no dependency (its y is not validated)
+    __syncthreads();
+    nq::pdl_trigger();
+    return (uint32_t)xs;
   });
+  if (c.pf && c.pf_end && s + 1 < c.n) prefetch_share(c.st[s + 1], c.pf);
   const uint32_t b = block_sum(acc, red);
-  if (threadIdx.x == 0) atomicAdd(&c.y[s], b);
+  if (threadIdx.x == 0) {
+    atomicAdd(&c.y[s], b);
+    if (DEP == kCounter) {
+      __threadfence();               // the partial is visible before the count that announces it
+      atomicAdd(&c.done[s], 1u);
+    }
+  }
 }
 
 // persistent: every stage in one launch; completion counters instead of kernel boundaries
@@ -175,7 +211,7 @@ int main(int argc, char** argv) {
   DEV_CHECK(cudaMalloc(&y, n * 4));
   DEV_CHECK(cudaMalloc(&done, n * 4));
   DEV_CHECK(cudaMalloc(&sink, 4));
-  const Chain c{ds, n, y, done};
+  Chain c{ds, n, y, done, 0, 0};
 
   // CPU reference: y_s = sum (w ^ x_s), x_s = y_{s-1}
   std::vector<uint32_t> ref(n);
@@ -208,19 +244,23 @@ int main(int argc, char** argv) {
   DEV_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, chain_persistent<U>, kThreads, 0));
   const int pgrid = std::min(4, per_sm) * sms;
 
-  // kernels (chained) and unchained: graphs of n launches after a memset of y
-  auto capture = [&](bool chained) {
+  // kernels, counters and unchained: graphs of n launches after a memset of y (and of the counters)
+  auto capture = [&](Dep dep, const Chain& c) {
     cudaStream_t st;
     DEV_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cudaGraph_t g;
     cudaGraphExec_t ge;
     DEV_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     DEV_CHECK(cudaMemsetAsync(y, 0, n * 4, st));
+    DEV_CHECK(cudaMemsetAsync(done, 0, n * 4, st));
     for (int s = 0; s < n; s++) {
-      if (chained && s > 0)
-        dev::must(nq::launch_pdl("stage_kernel", stage_kernel<U, true>, dim3(grid), dim3(kThreads), 0, st, c, s));
-      else if (chained) stage_kernel<U, true><<<grid, kThreads, 0, st>>>(c, s);
-      else stage_kernel<U, false><<<grid, kThreads, 0, st>>>(c, s);
+      if (dep == kGridDep && s > 0)
+        dev::must(nq::launch_pdl("stage_kernel", stage_kernel<U, kGridDep>, dim3(grid), dim3(kThreads), 0, st, c, s));
+      else if (dep == kGridDep) stage_kernel<U, kGridDep><<<grid, kThreads, 0, st>>>(c, s);
+      else if (dep == kCounter && s > 0)
+        dev::must(nq::launch_pdl("stage_kernel", stage_kernel<U, kCounter>, dim3(grid), dim3(kThreads), 0, st, c, s));
+      else if (dep == kCounter) stage_kernel<U, kCounter><<<grid, kThreads, 0, st>>>(c, s);
+      else stage_kernel<U, kNone><<<grid, kThreads, 0, st>>>(c, s);
     }
     DEV_CHECK(cudaStreamEndCapture(st, &g));
     DEV_CHECK(cudaGraphInstantiate(&ge, g, 0));
@@ -228,7 +268,23 @@ int main(int argc, char** argv) {
     DEV_CHECK(cudaStreamDestroy(st));
     return ge;
   };
-  cudaGraphExec_t g_chain = capture(true), g_free = capture(false);
+  cudaGraphExec_t g_chain = capture(kGridDep, c), g_ctr = capture(kCounter, c), g_free = capture(kNone, c);
+  // kernels (and once unchained) with an L2 prefetch of the next stage's first `pf` bytes, issued at a block's start
+  // or after its own stream
+  struct PfRun { double mb; int end; Dep dep; cudaGraphExec_t g; };
+  std::vector<PfRun> pf_runs;
+  for (double mb : {4.0, 8.0, 16.0, 32.0})
+    for (int end : {0, 1}) {
+      Chain cp = c;
+      cp.pf = (size_t)(mb * 1e6) / 16 * 16;
+      cp.pf_end = end;
+      pf_runs.push_back({mb, end, kGridDep, capture(kGridDep, cp)});
+    }
+  {
+    Chain cp = c;
+    cp.pf = 16000000;
+    pf_runs.push_back({16.0, 0, kNone, capture(kNone, cp)});
+  }
   auto run_persistent = [&]() {
     DEV_CHECK(cudaMemsetAsync(y, 0, n * 4));
     DEV_CHECK(cudaMemsetAsync(done, 0, n * 4));
@@ -242,25 +298,42 @@ int main(int argc, char** argv) {
   DEV_CHECK(cudaDeviceSynchronize());
   check("kernels");
   DEV_CHECK(cudaMemset(y, 0xFF, n * 4));   // poison between the variants
+  DEV_CHECK(cudaGraphLaunch(g_ctr, 0));
+  DEV_CHECK(cudaDeviceSynchronize());
+  check("counters");
+  DEV_CHECK(cudaMemset(y, 0xFF, n * 4));
+  DEV_CHECK(cudaGraphLaunch(pf_runs.front().g, 0));
+  DEV_CHECK(cudaDeviceSynchronize());
+  check("kernels + L2 prefetch");
+  DEV_CHECK(cudaMemset(y, 0xFF, n * 4));
   run_persistent();
   DEV_CHECK(cudaDeviceSynchronize());
   check("persistent");
 
   const int iters = 10, reps = 7;
   const double t_chain = dev::median_us([&](int) { DEV_CHECK(cudaGraphLaunch(g_chain, 0)); }, iters, reps);
+  const double t_ctr = dev::median_us([&](int) { DEV_CHECK(cudaGraphLaunch(g_ctr, 0)); }, iters, reps);
   const double t_pers = dev::median_us([&](int) { run_persistent(); }, iters, reps);
   const double t_free = dev::median_us([&](int) { DEV_CHECK(cudaGraphLaunch(g_free, 0)); }, iters, reps);
   const double t_ceil = dev::median_us([&](int) { all_at_once<U><<<grid, kThreads>>>(all, sink); }, iters, reps);
   auto row = [&](const char* what, double us) {
-    std::printf("%-11s %9.1f us  %6.3f TB/s  %5.1f %% of the ceiling  %6.2f us a layer\n", what, us, total / us / 1e6,
+    std::printf("%-26s %9.1f us  %6.3f TB/s  %5.1f %% of the ceiling  %6.2f us a layer\n", what, us, total / us / 1e6,
                 100.0 * t_ceil / us, us / layers);
   };
-  std::printf("grid: kernels / unchained / ceiling %d blocks, persistent %d (%d an SM resident); "
+  std::printf("grid: kernels / counters / unchained / ceiling %d blocks, persistent %d (%d an SM resident); "
               "U = %d loads a thread\n",
               grid, pgrid, per_sm, U);
   row("ceiling", t_ceil);
   row("unchained", t_free);
   row("kernels", t_chain);
+  row("counters", t_ctr);
+  for (const PfRun& r : pf_runs) {
+    const double t = dev::median_us([&](int) { DEV_CHECK(cudaGraphLaunch(r.g, 0)); }, iters, reps);
+    char what[64];
+    std::snprintf(what, sizeof what, "%s+pf %g MB %s", r.dep == kGridDep ? "kernels" : "unchained", r.mb,
+                  r.end ? "end" : "start");
+    row(what, t);
+  }
   row("persistent", t_pers);
   return 0;
 }
