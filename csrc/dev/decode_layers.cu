@@ -217,6 +217,42 @@ __device__ __forceinline__ void step_pair(const uint4* cw, const uint4* cs, cons
   }
 }
 
+// step_pair on tensor cores (kMma): word w of a lane's 16 bytes is the A fragment of the m16 tile of rows 16 w ..
+// 16 w + 15 ({pair 0, pair 2, pair 1, pair 3} of unpack_word: int4_frag.cuh), x the B operand in all 8 columns
+// (b0b1 = x(2t, 2t + 1), b2b3 = x(2t + 8, 2t + 9)), so every lane's c0 / c2 are the full 16-k sums of rows 16 w + g /
+// 16 w + 8 + g: 8 mma a step pair instead of 32 HFMA2 and 8 FADD, f32 sums over the two steps, then the row scale.
+// The quad shuffles after the loop add the 4 lanes' copies: each adds a quarter (exact: a power of two).
+__device__ __forceinline__ void step_pair_mma(const uint4* cw, const uint4* cs, const __half* xc, float (&acc)[8]) {
+  const int lane = threadIdx.x & 31;
+  const uint4 s4 = cs[lane >> 2];
+  float c[4][4];
+#pragma unroll
+  for (int w = 0; w < 4; w++) c[w][0] = c[w][1] = c[w][2] = c[w][3] = 0.f;
+#pragma unroll
+  for (int u = 0; u < 2; u++) {
+    const uint4 cur = cw[u * 32 + lane];
+    const uint32_t xlo = *reinterpret_cast<const uint32_t*>(xc + nq::frag::kStepK * u);
+    const uint32_t xhi = *reinterpret_cast<const uint32_t*>(xc + nq::frag::kStepK * u + 8);
+    const uint32_t wd[4] = {cur.x, cur.y, cur.z, cur.w};
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+      __half2 p[4];
+      nq::frag::unpack_word(wd[w], p);
+      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                   "{%0,%1,%2,%3};\n"
+                   : "+f"(c[w][0]), "+f"(c[w][1]), "+f"(c[w][2]), "+f"(c[w][3])
+                   : "r"(nq::frag::h2u(p[0])), "r"(nq::frag::h2u(p[2])), "r"(nq::frag::h2u(p[1])),
+                     "r"(nq::frag::h2u(p[3])), "r"(xlo), "r"(xhi));
+    }
+  }
+  const uint32_t sw[4] = {s4.x, s4.y, s4.z, s4.w};
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    const uint32_t bits = j & 1 ? sw[j >> 1] >> 16 : sw[j >> 1] & 0xFFFFu;
+    acc[j] = fmaf(0.25f * __half2float(__ushort_as_half((unsigned short)bits)), c[j >> 1][(j & 1) * 2], acc[j]);
+  }
+}
+
 // The epilogue of tile `tile` of op from its 64 row sums (ts, shared memory): consumer threads 0..63; `add`: thread
 // ct's row of h for ADD
 __device__ __forceinline__ void tile_epilogue(const Op& op, int tile, const float* ts, float add) {
@@ -237,8 +273,9 @@ __device__ __forceinline__ void tile_epilogue(const Op& op, int tile, const floa
 // Timing-only variants (their outputs are not checked): kNoMath, the consumers release each stage without the
 // arithmetic (the ring and the op boundaries alone); kNoWait, no op waits for the previous one (the ring and the
 // arithmetic without the dependency chain); both: the ring alone. kNoPieces: a split tile's every block writes its
-// partial as if it were the whole tile (wrong outputs; the cost of the split-tile protocol).
-constexpr int kNoMath = 1, kNoWait = 2, kNoPieces = 4;
+// partial as if it were the whole tile (wrong outputs; the cost of the split-tile protocol). kMma (checked): the
+// consumers' arithmetic on tensor cores (step_pair_mma).
+constexpr int kNoMath = 1, kNoWait = 2, kNoPieces = 4, kMma = 8;
 template <int NC, int VAR = 0>
 __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan P) {
   extern __shared__ __align__(128) uint8_t smem[];   // [n_stages][kStageBytes] ring, then x (f16, max K)
@@ -332,8 +369,12 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
         const uint4* ss = reinterpret_cast<const uint4*>(st + kCPS * kChunkWords);
         for (int p = warp; p < 4 * nch && !(VAR & kNoMath); p += NC) {   // step pair p: chunk p / 4 of the stage, steps 2 (p % 4) + 0, 1
           const int ch = p >> 2, pp = p & 3;
-          step_pair(sw + ch * (kChunkWords / 16) + 2 * pp * 32, ss + ch * (kChunkScales / 16),
-                    xs + kChunkK * (cc + ch) + 2 * pp * nq::frag::kStepK + 2 * t, acc);
+          if (VAR & kMma)
+            step_pair_mma(sw + ch * (kChunkWords / 16) + 2 * pp * 32, ss + ch * (kChunkScales / 16),
+                          xs + kChunkK * (cc + ch) + 2 * pp * nq::frag::kStepK + 2 * t, acc);
+          else
+            step_pair(sw + ch * (kChunkWords / 16) + 2 * pp * 32, ss + ch * (kChunkScales / 16),
+                      xs + kChunkK * (cc + ch) + 2 * pp * nq::frag::kStepK + 2 * t, acc);
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(empty(slot));
@@ -678,6 +719,9 @@ int main(int argc, char** argv) {
   std::printf("persistent NC=8: two runs %s\n", p8a == p8b ? "bit-identical" : "DIFFER (FAIL)");
   std::snprintf(what, sizeof what, "persistent NC=16, %d layers", lc);
   check(what, [&]() { run(p16, 4 * lc); });
+  const Persistent p8m = persistent_setup((const void*)decode_persistent<8, kMma>, 8);
+  std::snprintf(what, sizeof what, "persistent NC=8 mma, %d layers", lc);
+  check(what, [&]() { run(p8m, 4 * lc); });
   if (p8a != p8b) return 1;
   reset_counters();   // the timed runs: every op from epoch 0
 
@@ -689,12 +733,13 @@ int main(int argc, char** argv) {
   }, iters, reps);
   const double t_chain = dev::median_us([&](int) { DEV_CHECK(cudaGraphLaunch(g_chain, 0)); }, iters, reps);
   auto timed = [&](const Persistent& k) { return dev::median_us([&](int) { run(k); }, iters, reps); };
-  const double t_p8 = timed(p8), t_p16 = timed(p16);
+  const double t_p8 = timed(p8), t_p16 = timed(p16), t_p8m = timed(p8m);
   const double t_nomath = timed(persistent_setup((const void*)decode_persistent<8, kNoMath>, 8));
   const double t_nowait = timed(persistent_setup((const void*)decode_persistent<8, kNoWait>, 8));
   const double t_nowait16 = timed(persistent_setup((const void*)decode_persistent<16, kNoWait>, 16));
   const double t_nopieces = timed(persistent_setup((const void*)decode_persistent<8, kNoPieces>, 8));
   const double t_nowait_nopieces = timed(persistent_setup((const void*)decode_persistent<8, kNoWait | kNoPieces>, 8));
+  const double t_mma_nwnp = timed(persistent_setup((const void*)decode_persistent<8, kMma | kNoWait | kNoPieces>, 8));
   reset_counters();   // kNoPieces adds to no tile counter: the runs after it need counters that match the epoch
   const double t_ring = timed(persistent_setup((const void*)decode_persistent<8, kNoMath | kNoWait>, 8));
   DEV_CHECK(cudaDeviceSynchronize());
@@ -715,6 +760,8 @@ int main(int argc, char** argv) {
   row("NC=8 ring alone", t_ring);
   row("NC=8 no pieces", t_nopieces);
   row("no wait/pieces", t_nowait_nopieces);
+  row("NC=8 mma", t_p8m);
+  row("mma no wait/pcs", t_mma_nwnp);
 
   // one traced run of NC=8: where an op's time goes (µs, mean over blocks and layers 1..L-1 of each GEMV)
   unsigned long long* d_trace = nullptr;
