@@ -185,6 +185,17 @@ __device__ void stage_x(const Op& op, __half* xs, float* red) {
   }
 }
 
+// acc[j] += s_j * sum(j) for the lane's 8 rows (row 8 j + g of the tile: scale j is half j & 1 of word j / 2 of s4)
+template <class Sum>
+__device__ __forceinline__ void add_scaled(const uint4& s4, Sum sum, float (&acc)[8]) {
+  const uint32_t sw[4] = {s4.x, s4.y, s4.z, s4.w};
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    const uint32_t bits = j & 1 ? sw[j >> 1] >> 16 : sw[j >> 1] & 0xFFFFu;
+    acc[j] = fmaf(__half2float(__ushort_as_half((unsigned short)bits)), sum(j), acc[j]);
+  }
+}
+
 // One step pair (steps 2 pp, 2 pp + 1 of a chunk) of a warp: frag_warp_dot's arithmetic on words from the ring
 __device__ __forceinline__ void step_pair(const uint4* cw, const uint4* cs, const __half* xc, float (&acc)[8]) {
   const int lane = threadIdx.x & 31;
@@ -209,12 +220,7 @@ __device__ __forceinline__ void step_pair(const uint4* cw, const uint4* cs, cons
       }
     }
   }
-  const uint32_t sw[4] = {s4.x, s4.y, s4.z, s4.w};
-#pragma unroll
-  for (int j = 0; j < 8; j++) {
-    const uint32_t bits = j & 1 ? sw[j >> 1] >> 16 : sw[j >> 1] & 0xFFFFu;
-    acc[j] = fmaf(__half2float(__ushort_as_half((unsigned short)bits)), __low2float(h[j]) + __high2float(h[j]), acc[j]);
-  }
+  add_scaled(s4, [&](int j) { return __low2float(h[j]) + __high2float(h[j]); }, acc);
 }
 
 // step_pair on tensor cores (kMma): word w of a lane's 16 bytes is the A fragment of the m16 tile of rows 16 w ..
@@ -245,12 +251,7 @@ __device__ __forceinline__ void step_pair_mma(const uint4* cw, const uint4* cs, 
                      "r"(nq::frag::h2u(p[3])), "r"(xlo), "r"(xhi));
     }
   }
-  const uint32_t sw[4] = {s4.x, s4.y, s4.z, s4.w};
-#pragma unroll
-  for (int j = 0; j < 8; j++) {
-    const uint32_t bits = j & 1 ? sw[j >> 1] >> 16 : sw[j >> 1] & 0xFFFFu;
-    acc[j] = fmaf(0.25f * __half2float(__ushort_as_half((unsigned short)bits)), c[j >> 1][(j & 1) * 2], acc[j]);
-  }
+  add_scaled(s4, [&](int j) { return 0.25f * c[j >> 1][(j & 1) * 2]; }, acc);
 }
 
 // The epilogue of tile `tile` of op from its 64 row sums (ts, shared memory): consumer threads 0..63; `add`: thread
