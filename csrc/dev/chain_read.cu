@@ -253,14 +253,14 @@ int main(int argc, char** argv) {
     DEV_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     DEV_CHECK(cudaMemsetAsync(y, 0, n * 4, st));
     DEV_CHECK(cudaMemsetAsync(done, 0, n * 4, st));
+    void (*kernel)(Chain, int) = dep == kGridDep   ? stage_kernel<U, kGridDep>
+                                 : dep == kCounter ? stage_kernel<U, kCounter>
+                                                   : stage_kernel<U, kNone>;
     for (int s = 0; s < n; s++) {
-      if (dep == kGridDep && s > 0)
-        dev::must(nq::launch_pdl("stage_kernel", stage_kernel<U, kGridDep>, dim3(grid), dim3(kThreads), 0, st, c, s));
-      else if (dep == kGridDep) stage_kernel<U, kGridDep><<<grid, kThreads, 0, st>>>(c, s);
-      else if (dep == kCounter && s > 0)
-        dev::must(nq::launch_pdl("stage_kernel", stage_kernel<U, kCounter>, dim3(grid), dim3(kThreads), 0, st, c, s));
-      else if (dep == kCounter) stage_kernel<U, kCounter><<<grid, kThreads, 0, st>>>(c, s);
-      else stage_kernel<U, kNone><<<grid, kThreads, 0, st>>>(c, s);
+      if (dep != kNone && s > 0)   // chained: with PDL after the first stage
+        dev::must(nq::launch_pdl("stage_kernel", kernel, dim3(grid), dim3(kThreads), 0, st, c, s));
+      else
+        kernel<<<grid, kThreads, 0, st>>>(c, s);
     }
     DEV_CHECK(cudaStreamEndCapture(st, &g));
     DEV_CHECK(cudaGraphInstantiate(&ge, g, 0));
@@ -273,18 +273,15 @@ int main(int argc, char** argv) {
   // or after its own stream
   struct PfRun { double mb; int end; Dep dep; cudaGraphExec_t g; };
   std::vector<PfRun> pf_runs;
-  for (double mb : {4.0, 8.0, 16.0, 32.0})
-    for (int end : {0, 1}) {
-      Chain cp = c;
-      cp.pf = (size_t)(mb * 1e6) / 16 * 16;
-      cp.pf_end = end;
-      pf_runs.push_back({mb, end, kGridDep, capture(kGridDep, cp)});
-    }
-  {
+  auto add_pf = [&](Dep dep, double mb, int end) {
     Chain cp = c;
-    cp.pf = 16000000;
-    pf_runs.push_back({16.0, 0, kNone, capture(kNone, cp)});
-  }
+    cp.pf = (size_t)(mb * 1e6) / 16 * 16;
+    cp.pf_end = end;
+    pf_runs.push_back({mb, end, dep, capture(dep, cp)});
+  };
+  for (double mb : {4.0, 8.0, 16.0, 32.0})
+    for (int end : {0, 1}) add_pf(kGridDep, mb, end);
+  add_pf(kNone, 16.0, 0);
   auto run_persistent = [&]() {
     DEV_CHECK(cudaMemsetAsync(y, 0, n * 4));
     DEV_CHECK(cudaMemsetAsync(done, 0, n * 4));
