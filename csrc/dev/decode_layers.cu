@@ -196,30 +196,41 @@ __device__ __forceinline__ void add_scaled(const uint4& s4, Sum sum, float (&acc
   }
 }
 
-// One step pair (steps 2 pp, 2 pp + 1 of a chunk) of a warp: frag_warp_dot's arithmetic on words from the ring
-__device__ __forceinline__ void step_pair(const uint4* cw, const uint4* cs, const __half* xc, float (&acc)[8]) {
+// The words of a step pair as the lane unpacks them: f(u, w, p, xlo, xhi) for step u (0, 1) and word w (0..3) with
+// unpack_word's pairs p and the lane's x pairs of that step ((2t, 2t + 1), (2t + 8, 2t + 9) as f16x2 bits)
+template <class F>
+__device__ __forceinline__ void step_pair_words(const uint4* cw, const __half* xc, F f) {
   const int lane = threadIdx.x & 31;
-  const uint4 s4 = cs[lane >> 2];
-  __half2 h[8];
 #pragma unroll
   for (int u = 0; u < 2; u++) {
     const uint4 cur = cw[u * 32 + lane];
-    const __half2 xlo = *reinterpret_cast<const __half2*>(xc + nq::frag::kStepK * u);
-    const __half2 xhi = *reinterpret_cast<const __half2*>(xc + nq::frag::kStepK * u + 8);
+    const uint32_t xlo = *reinterpret_cast<const uint32_t*>(xc + nq::frag::kStepK * u);
+    const uint32_t xhi = *reinterpret_cast<const uint32_t*>(xc + nq::frag::kStepK * u + 8);
     const uint32_t wd[4] = {cur.x, cur.y, cur.z, cur.w};
 #pragma unroll
     for (int w = 0; w < 4; w++) {
       __half2 p[4];
       nq::frag::unpack_word(wd[w], p);
-      if (u == 0) {
-        h[2 * w] = __hfma2(p[1], xhi, __hmul2(p[0], xlo));
-        h[2 * w + 1] = __hfma2(p[3], xhi, __hmul2(p[2], xlo));
-      } else {
-        h[2 * w] = __hfma2(p[1], xhi, __hfma2(p[0], xlo, h[2 * w]));
-        h[2 * w + 1] = __hfma2(p[3], xhi, __hfma2(p[2], xlo, h[2 * w + 1]));
-      }
+      f(u, w, p, xlo, xhi);
     }
   }
+}
+
+// One step pair (steps 2 pp, 2 pp + 1 of a chunk) of a warp: frag_warp_dot's arithmetic on words from the ring
+__device__ __forceinline__ void step_pair(const uint4* cw, const uint4* cs, const __half* xc, float (&acc)[8]) {
+  const int lane = threadIdx.x & 31;
+  const uint4 s4 = cs[lane >> 2];
+  __half2 h[8];
+  step_pair_words(cw, xc, [&](int u, int w, const __half2 (&p)[4], uint32_t xl, uint32_t xh) {
+    const __half2 xlo = nq::frag::u2h(xl), xhi = nq::frag::u2h(xh);
+    if (u == 0) {
+      h[2 * w] = __hfma2(p[1], xhi, __hmul2(p[0], xlo));
+      h[2 * w + 1] = __hfma2(p[3], xhi, __hmul2(p[2], xlo));
+    } else {
+      h[2 * w] = __hfma2(p[1], xhi, __hfma2(p[0], xlo, h[2 * w]));
+      h[2 * w + 1] = __hfma2(p[3], xhi, __hfma2(p[2], xlo, h[2 * w + 1]));
+    }
+  });
   add_scaled(s4, [&](int j) { return __low2float(h[j]) + __high2float(h[j]); }, acc);
 }
 
@@ -234,23 +245,13 @@ __device__ __forceinline__ void step_pair_mma(const uint4* cw, const uint4* cs, 
   float c[4][4];
 #pragma unroll
   for (int w = 0; w < 4; w++) c[w][0] = c[w][1] = c[w][2] = c[w][3] = 0.f;
-#pragma unroll
-  for (int u = 0; u < 2; u++) {
-    const uint4 cur = cw[u * 32 + lane];
-    const uint32_t xlo = *reinterpret_cast<const uint32_t*>(xc + nq::frag::kStepK * u);
-    const uint32_t xhi = *reinterpret_cast<const uint32_t*>(xc + nq::frag::kStepK * u + 8);
-    const uint32_t wd[4] = {cur.x, cur.y, cur.z, cur.w};
-#pragma unroll
-    for (int w = 0; w < 4; w++) {
-      __half2 p[4];
-      nq::frag::unpack_word(wd[w], p);
-      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                   "{%0,%1,%2,%3};\n"
-                   : "+f"(c[w][0]), "+f"(c[w][1]), "+f"(c[w][2]), "+f"(c[w][3])
-                   : "r"(nq::frag::h2u(p[0])), "r"(nq::frag::h2u(p[2])), "r"(nq::frag::h2u(p[1])),
-                     "r"(nq::frag::h2u(p[3])), "r"(xlo), "r"(xhi));
-    }
-  }
+  step_pair_words(cw, xc, [&](int, int w, const __half2 (&p)[4], uint32_t xlo, uint32_t xhi) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[w][0]), "+f"(c[w][1]), "+f"(c[w][2]), "+f"(c[w][3])
+                 : "r"(nq::frag::h2u(p[0])), "r"(nq::frag::h2u(p[2])), "r"(nq::frag::h2u(p[1])),
+                   "r"(nq::frag::h2u(p[3])), "r"(xlo), "r"(xhi));
+  });
   add_scaled(s4, [&](int j) { return 0.25f * c[j >> 1][(j & 1) * 2]; }, acc);
 }
 
@@ -370,12 +371,11 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
         const uint4* ss = reinterpret_cast<const uint4*>(st + kCPS * kChunkWords);
         for (int p = warp; p < 4 * nch && !(VAR & kNoMath); p += NC) {   // step pair p: chunk p / 4 of the stage, steps 2 (p % 4) + 0, 1
           const int ch = p >> 2, pp = p & 3;
-          if (VAR & kMma)
-            step_pair_mma(sw + ch * (kChunkWords / 16) + 2 * pp * 32, ss + ch * (kChunkScales / 16),
-                          xs + kChunkK * (cc + ch) + 2 * pp * nq::frag::kStepK + 2 * t, acc);
-          else
-            step_pair(sw + ch * (kChunkWords / 16) + 2 * pp * 32, ss + ch * (kChunkScales / 16),
-                      xs + kChunkK * (cc + ch) + 2 * pp * nq::frag::kStepK + 2 * t, acc);
+          const uint4* cw = sw + ch * (kChunkWords / 16) + 2 * pp * 32;
+          const uint4* cs = ss + ch * (kChunkScales / 16);
+          const __half* xc = xs + kChunkK * (cc + ch) + 2 * pp * nq::frag::kStepK + 2 * t;
+          if (VAR & kMma) step_pair_mma(cw, cs, xc, acc);
+          else step_pair(cw, cs, xc, acc);
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(empty(slot));
