@@ -6,8 +6,9 @@
 Each row: nq_bench_attention (libnanoqwen_testing) = `iters` launches captured in one CUDA graph (as the decode step is), K/V random f16
 rotated over enough layers' caches to exceed L2 (HBM reads, as in a real step), best of 3 replays; us per launch.
 Split parameters as a session derives them (csrc/src/session.cu) for each keys_per_split timed: decode
-n_split = min(128, budget / n_kv, ceil(max_ctx / kps)) with the session's budget of 256 blocks per launch (other
-budgets with --split-budget); prefill (M = 512): the prefill kernel (n_split 1, no splits).
+n_split = min(128, budget / n_kv, ceil(max_ctx / kps)) with the session's budget of one block an SM (other budgets
+with --split-budget; a launch of more blocks than SMs runs attention.cu's 4-warp build); prefill (M = 512): the
+prefill kernel (n_split 1, no splits).
 A few prompt tokens after many keys (--few-tokens, 7B heads, at --batch-contexts keys): the prefill kernel
 ("prefill", n_split 1) against the decode kernel with the keys split ("split", n_split = nsplit_decode / M, as
 session_prefill runs chunks of up to kSplitPrefillMaxTokens tokens): where the crossover lies.
@@ -29,7 +30,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests")]
 
 from nanoqwen_format.shapes import QWEN25_SHAPES  # noqa: E402
-from nq_testing_lib import load_testing_library  # noqa: E402
+from nq_testing_lib import driver_sm_count, load_testing_library  # noqa: E402
 
 LAYOUTS = {name: (QWEN25_SHAPES[name].n_heads, QWEN25_SHAPES[name].n_kv_heads, QWEN25_SHAPES[name].head_dim)
            for name in ("7B", "0.5B", "32B")}  # n_heads, n_kv, head_dim
@@ -40,8 +41,8 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--iters", type=int, default=56)
     ap.add_argument("--decode-kps", type=int, nargs="+", default=[32, 64, 128], help="keys per split to time (decode)")
-    ap.add_argument("--split-budget", type=int, nargs="+", default=[256],
-                    help="decode: blocks per launch the split count is capped by (the session uses 256)")
+    ap.add_argument("--split-budget", type=int, nargs="+", default=None,
+                    help="decode: blocks per launch the split count is capped by (default and the session: the SM count)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[65, 577, 2048, 8192], help="decode key counts")
     ap.add_argument("--batch-rows", type=int, nargs="*", default=[], help="batched decode: sequences per step")
     ap.add_argument("--batch-splits", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64],
@@ -50,6 +51,11 @@ def main() -> int:
     ap.add_argument("--few-tokens", type=int, nargs="*", default=[], help="prompt chunks of M tokens: both kernels")
     a = ap.parse_args()
     lib = load_testing_library()
+    if a.split_budget is None:
+        sms = driver_sm_count()
+        if sms is None:
+            raise SystemExit("attn_bench: the SM count could not be read (libcuda); pass --split-budget")
+        a.split_budget = [sms]
     rows = []
     nh, nkv, d = LAYOUTS["7B"]
     for n_rows in a.batch_rows:

@@ -81,19 +81,34 @@ def load_testing_library():
     return lib
 
 
-def driver_compute_capability():
-    """(major, minor) of device 0 through the driver API (libcuda), or None where it cannot be read."""
+def _driver_attributes(*attrs):
+    """Device 0's CUdevice_attribute values `attrs` through the driver API (libcuda), or None where they cannot be
+    read."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
         return None
-    dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    dev = ctypes.c_int()
     if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), 0) != 0:
         return None
-    get = cuda.cuDeviceGetAttribute   # attributes 75 / 76: CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
-    if get(ctypes.byref(major), 75, dev) != 0 or get(ctypes.byref(minor), 76, dev) != 0:
-        return None
-    return major.value, minor.value
+    out = []
+    for attr in attrs:
+        v = ctypes.c_int()
+        if cuda.cuDeviceGetAttribute(ctypes.byref(v), attr, dev) != 0:
+            return None
+        out.append(v.value)
+    return tuple(out)
+
+
+def driver_compute_capability():
+    """(major, minor) of device 0 through the driver API (libcuda), or None where it cannot be read."""
+    return _driver_attributes(75, 76)   # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
+
+
+def driver_sm_count():
+    """Device 0's multiprocessor count through the driver API (libcuda), or None where it cannot be read."""
+    got = _driver_attributes(16)   # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    return got[0] if got else None
 
 
 def fragment_order_available(lib) -> bool:

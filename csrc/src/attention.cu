@@ -25,7 +25,7 @@
 namespace nq {
 namespace {
 
-constexpr int kAttnWarps = 4, kAttnThreads = kAttnWarps * 32, kMaxG = 8;
+constexpr int kMaxG = 8;
 constexpr int kMaxSplits = kAttnMaxSplits;
 
 // The end of a split block, after it wrote its partial (part_o: O unnormalised, part_ml: its running max and sum):
@@ -96,13 +96,13 @@ constexpr int kKT = 16;       // keys per tile (= kPage: a tile is one page)
 constexpr int kStages = 2;    // ring stages per warp
 static_assert(kKT == kPage, "an attention tile is one KV page");
 
-template <int D>
+template <int D, int WARPS>
 struct AttnSmem {
   static constexpr int TILE_H = kKT * D;   // halves of one K (or V) tile
   static constexpr int LDQ = D + 8;             // q rows 16 B apart mod 128 B
   union {
-    __half ring[kAttnWarps][kStages][2][TILE_H];   // per warp and stage: K tile, V tile
-    float obuf[kAttnWarps][kMaxG][D];                     // the warps' O, scaled to the block's max
+    __half ring[WARPS][kStages][2][TILE_H];   // per warp and stage: K tile, V tile
+    float obuf[WARPS][kMaxG][D];                         // the warps' O, scaled to the block's max
     struct {
       float w[kMaxG][kMaxSplits];
       float l[kMaxG][kMaxSplits];
@@ -111,7 +111,7 @@ struct AttnSmem {
   __align__(16) __half q[16][LDQ];   // roped q of the G heads times log2(e)/sqrt(D), f16; rows G..15 zero
   __align__(16) __half knew[D];      // this step's roped k and v (the cache row at pos)
   __align__(16) __half vnew[D];
-  float wm[kAttnWarps][kMaxG], wl[kAttnWarps][kMaxG];
+  float wm[WARPS][kMaxG], wl[WARPS][kMaxG];
   float inv[kMaxG];
   int last;
 };
@@ -122,12 +122,13 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
   return (uint32_t)(r * D + ((c ^ (r & 7)) << 3)) * 2u;
 }
 
-template <int D>
-__global__ void __launch_bounds__(kAttnThreads) attn_decode_kernel(const AttnArgs a) {
+template <int D, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs a) {
+  constexpr int THREADS = WARPS * 32;
   constexpr int CPR = D / 8;                 // 16-byte chunks per row
   constexpr int KS = D / 16, ND = D / 8;     // k-steps of S = Q K^T; n8 tiles of O
   extern __shared__ __align__(128) unsigned char attn_smem[];
-  AttnSmem<D>& S = *reinterpret_cast<AttnSmem<D>*>(attn_smem);
+  AttnSmem<D, WARPS>& S = *reinterpret_cast<AttnSmem<D, WARPS>*>(attn_smem);
   const int h = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
   const int G = a.n_heads / a.n_kv;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
@@ -157,12 +158,22 @@ __global__ void __launch_bounds__(kAttnThreads) attn_decode_kernel(const AttnArg
 
   const uint32_t ring_u = smem_u32(&S.u.ring[warp][0][0][0]);
   constexpr uint32_t kStageBytes = 2u * kKT * D * 2u, kTileBytes = kKT * D * 2u;
-  // the warp's j-th tile (block tile warp + 4 j) into stage j % kStages; one commit group per call, empty or not
+  // The pages of the warp's tiles: lane i holds the page of the warp's tile 32 c + i (c: the last chunk of 32 tiles
+  // read), so a tile's copies wait for no page-table load of their own (k0 is a multiple of kPage: tile t of the
+  // block is page k0 / kPage + t).
+  int pages_chunk = -1, lane_page = 0;
+  // the warp's j-th tile (block tile warp + WARPS j) into stage j % kStages; one commit group per call, empty or not
   auto issue = [&](int j) {
-    const int tile = warp + kAttnWarps * j;
+    if ((j >> 5) != pages_chunk) {   // warp-uniform
+      pages_chunk = j >> 5;
+      const int tl = warp + WARPS * (32 * pages_chunk + lane);
+      lane_page = tl < ntiles ? pt[k0 / kPage + tl] : 0;
+    }
+    const int page = __shfl_sync(0xffffffffu, lane_page, j & 31);
+    const int tile = warp + WARPS * j;
     if (tile < ntiles) {
       const int kt0 = k0 + tile * kKT;
-      const size_t base = ((size_t)pt[kt0 / kPage] * page_stride) + (size_t)h * kPage * D;
+      const size_t base = ((size_t)page * page_stride) + (size_t)h * kPage * D;
       const uint32_t st = ring_u + (uint32_t)(j % kStages) * kStageBytes;
 #pragma unroll
       for (int p = 0; p < kKT * CPR / 32; p++) {
@@ -177,8 +188,8 @@ __global__ void __launch_bounds__(kAttnThreads) attn_decode_kernel(const AttnArg
     }
     cp_async_commit();
   };
-  issue(0);
-  issue(1);
+#pragma unroll
+  for (int j = 0; j < kStages; j++) issue(j);
   if (a.write_kv) {   // q, k and v of this step come from the kernel before
     pdl_wait();
     pdl_trigger();
@@ -188,7 +199,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_decode_kernel(const AttnArg
   const float* qkv = a.qkv + (size_t)t * a.qkv_stride;
   const float2* rope = a.rope + (size_t)pos * (D / 2);
   const float qscale = 1.4426950408889634f * rsqrtf((float)D);
-  for (int i = tid; i < 16 * (D / 2); i += kAttnThreads) {
+  for (int i = tid; i < 16 * (D / 2); i += THREADS) {
     const int r = i / (D / 2), d = i % (D / 2);
     float y0 = 0.f, y1 = 0.f;
     if (r < G) {
@@ -205,7 +216,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_decode_kernel(const AttnArg
     const float* kin = qkv + a.n_heads * D + h * D;
     const float* vin = qkv + (a.n_heads + a.n_kv) * D + h * D;
     const size_t idx = (((size_t)pt[pos / kPage] * a.n_kv + h) * kPage + (pos % kPage)) * (size_t)D;
-    for (int i = tid; i < D / 2; i += kAttnThreads) {
+    for (int i = tid; i < D / 2; i += THREADS) {
       const float2 cs = rope[i];
       const float x0 = kin[i], x1 = kin[i + D / 2];
       const __half k0h = __float2half_rn(x0 * cs.x - x1 * cs.y), k1h = __float2half_rn(x1 * cs.x + x0 * cs.y);
@@ -223,7 +234,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_decode_kernel(const AttnArg
     const uint32_t q_u = smem_u32(&S.q[0][0]);
     const int qr = (lane & 7) + 8 * ((lane >> 3) & 1), qc = 8 * (lane >> 4);
 #pragma unroll
-    for (int ks = 0; ks < KS; ks++) ldmatrix_x4(qf[ks], q_u + 2u * (uint32_t)(qr * AttnSmem<D>::LDQ + 16 * ks + qc));
+    for (int ks = 0; ks < KS; ks++) ldmatrix_x4(qf[ks], q_u + 2u * (uint32_t)(qr * AttnSmem<D, WARPS>::LDQ + 16 * ks + qc));
   }
   float o[ND][4];
 #pragma unroll
@@ -235,10 +246,10 @@ __global__ void __launch_bounds__(kAttnThreads) attn_decode_kernel(const AttnArg
   const int k_row = mr + 8 * (mi >> 1), k_chunk = mi & 1;
   const int v_row = mr + 8 * (mi & 1), v_chunk = mi >> 1;
 
-  const int my_tiles = ntiles > warp ? (ntiles - warp + kAttnWarps - 1) / kAttnWarps : 0;
+  const int my_tiles = ntiles > warp ? (ntiles - warp + WARPS - 1) / WARPS : 0;
   for (int j = 0; j < my_tiles; j++) {
     cp_async_wait<kStages - 1>();
-    const int tile = warp + kAttnWarps * j, kt0 = k0 + tile * kKT;
+    const int tile = warp + WARPS * j, kt0 = k0 + tile * kKT;
     const uint32_t st = ring_u + (uint32_t)(j % kStages) * kStageBytes;
     if (own && pos >= kt0 && pos < kt0 + kKT && lane < 2 * CPR) {   // this step's row from registers' copy
       const int r = pos - kt0, c = lane % CPR;
@@ -305,7 +316,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_decode_kernel(const AttnArg
   if (g < G) {
     float mb = -CUDART_INF_F;
 #pragma unroll
-    for (int w = 0; w < kAttnWarps; w++) mb = fmaxf(mb, S.wm[w][g]);
+    for (int w = 0; w < WARPS; w++) mb = fmaxf(mb, S.wm[w][g]);
     const float f = exp2f(m_run - mb);   // 0 for a warp without tiles (m_run = -inf)
 #pragma unroll
     for (int n = 0; n < ND; n++) {
@@ -316,20 +327,20 @@ __global__ void __launch_bounds__(kAttnThreads) attn_decode_kernel(const AttnArg
   __syncthreads();
   if (tid < G) {   // the block's max and sum of head tid
     float mb = -CUDART_INF_F;
-    for (int w = 0; w < kAttnWarps; w++) mb = fmaxf(mb, S.wm[w][tid]);
+    for (int w = 0; w < WARPS; w++) mb = fmaxf(mb, S.wm[w][tid]);
     float lb = 0.f;
-    for (int w = 0; w < kAttnWarps; w++) lb += S.wl[w][tid] * exp2f(S.wm[w][tid] - mb);
+    for (int w = 0; w < WARPS; w++) lb += S.wl[w][tid] * exp2f(S.wm[w][tid] - mb);
     S.wm[0][tid] = mb;   // read below only after the barrier; every warp's wm was read above
     S.inv[tid] = lb;
   }
   __syncthreads();
   __half* out = a.out + (size_t)t * a.n_heads * D + h * G * D;
   const size_t ph0 = ((size_t)t * a.n_heads + h * G) * a.n_split;
-  for (int i = tid; i < G * D; i += kAttnThreads) {
+  for (int i = tid; i < G * D; i += THREADS) {
     const int hg = i / D, d = i % D;
     float v = 0.f;
 #pragma unroll
-    for (int w = 0; w < kAttnWarps; w++) v += S.u.obuf[w][hg][d];
+    for (int w = 0; w < WARPS; w++) v += S.u.obuf[w][hg][d];
     if (n_used == 1) out[hg * D + d] = __float2half_rn(v / S.inv[hg]);
     else a.part_o[(ph0 + (size_t)hg * a.n_split + split) * D + d] = v;
   }
@@ -339,7 +350,7 @@ __global__ void __launch_bounds__(kAttnThreads) attn_decode_kernel(const AttnArg
     a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2 + 1] = S.inv[tid];
   }
   __syncthreads();   // obuf read by every thread before mg overwrites it
-  merge_last_split<D, kAttnThreads>(a, t, h, G, n_used, ph0, out, S.u.mg.w, S.u.mg.l, S.inv, S.last);
+  merge_last_split<D, THREADS>(a, t, h, G, n_used, ph0, out, S.u.mg.w, S.u.mg.l, S.inv, S.last);
 }
 
 // ---- Prefill attention (M > 1 query tokens, causal): attn_prefill_fa<Cfg> of attn_prefill.cuh (mma.sync, FlashAttention-2
@@ -396,15 +407,29 @@ int launch_prefill(const AttnArgs& a, cudaStream_t st) {
   return pf::launch_attn_prefill<C>(a, nsplit, st);
 }
 
-template <int D>
-int launch_decode(const AttnArgs& a, cudaStream_t st) {
-  constexpr size_t smem = sizeof(AttnSmem<D>);
+// Two builds of attn_decode_kernel, by the launch's size. A launch of at most one block an SM (the decode step: SMs /
+// n_kv splits, session.cu) gets 8 warps a block: one block an SM (the K/V ring is 128 KB at D = 128) with 8 warps
+// streaming keys, and the split merge over half the partials of 2 blocks an SM. Larger launches (the batched step, few-token prefill
+// chunks) get 4 warps (~71 KB: 3 blocks an SM). Measured on the H200 with 7B heads (bench/NOTES.md "Session 21" §2):
+// at 8K / 32K keys 8 warps x 33 splits take 10.4 / 22.4 us against 14.4 / 29.8 for 4 warps x 64 splits.
+constexpr int kDecodeWarpsOneWave = 8, kDecodeWarps = 4;
+
+template <int D, int WARPS>
+int launch_decode_build(const AttnArgs& a, cudaStream_t st) {
+  constexpr size_t smem = sizeof(AttnSmem<D, WARPS>);
   static const cudaError_t raised =
-      cudaFuncSetAttribute(attn_decode_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      cudaFuncSetAttribute(attn_decode_kernel<D, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (raised != cudaSuccess)
     return fail(cuda_status(raised), "attention: %zu bytes of shared memory: %s", smem, cudaGetErrorString(raised));
-  return launch_pdl("attn_decode_kernel", attn_decode_kernel<D>, dim3(a.n_kv, a.n_split, a.M), dim3(kAttnThreads), smem,
-                    st, a);
+  return launch_pdl("attn_decode_kernel", attn_decode_kernel<D, WARPS>, dim3(a.n_kv, a.n_split, a.M), dim3(WARPS * 32),
+                    smem, st, a);
+}
+
+template <int D>
+int launch_decode(const AttnArgs& a, cudaStream_t st) {
+  const long blocks = (long)a.n_kv * a.n_split * a.M;
+  return blocks <= device_sms() ? launch_decode_build<D, kDecodeWarpsOneWave>(a, st)
+                                : launch_decode_build<D, kDecodeWarps>(a, st);
 }
 
 int attention(const AttnArgs& a, cudaStream_t st) {

@@ -58,7 +58,7 @@ int batch_create(Model* m, int max_batch, Batch** out) {
   b->max_batch = max_batch;
   b->graphs.assign((size_t)Batch::kSlots * (max_batch + 1), nullptr);
   b->warm.assign((size_t)max_batch + 1, 0);
-  b->n_split = std::max(1, std::min(128, 256 / c.n_kv_heads));   // as a session's decode at long contexts
+  b->n_split = std::max(1, std::min(kAttnMaxSplits, 256 / c.n_kv_heads));   // at most 256 blocks a row
   const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_rows;
   const int Nq = c.n_heads * D, Nqkv = Nq + 2 * c.n_kv_heads * D;
   const size_t B = (size_t)max_batch;

@@ -4,6 +4,7 @@
 //   -> o_proj GEMV (+= residual) -> gate/up GEMV (RMSNorm fused, SwiGLU epilogue) -> down GEMV (+= residual)
 // then the lm_head GEMV (final RMSNorm fused) and pos += 1. Everything reads position/token from device memory.
 #include "session.h"
+#include "launch.h"
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -228,9 +229,10 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
     s->pre = pool->pre;
   }
   const int C = s->prefill_chunk;
-  // decode attention: up to min(128, 256 / n_kv) splits of at least kDecodeKeysPerSplit keys (prefill attention
-  // does not split)
-  s->nsplit_decode = std::max(1, std::min(std::min(128, 256 / c.n_kv_heads),
+  // decode attention: up to SMs / n_kv splits of at least kDecodeKeysPerSplit keys, so that the launch is one wave of
+  // attention.cu's one-block-an-SM build (8 warps; bench/NOTES.md "Session 21" §2: 64 splits of 4-warp blocks took
+  // 14.4 / 29.8 us a 7B layer at 8K / 32K keys, 33 of 8 warps 10.4 / 22.4)
+  s->nsplit_decode = std::max(1, std::min(std::min(kAttnMaxSplits, device_sms() / c.n_kv_heads),
                                           (max_ctx + kDecodeKeysPerSplit - 1) / kDecodeKeysPerSplit));
   int rc = NQ_OK;
   {
