@@ -15,11 +15,12 @@ namespace nq {
 // for any n up to 16 (28 layers x 125 us, H200, bench/NOTES.md "Session 6"), so the GEMMs win from 3 rows on.
 constexpr int kGemvRowsMax = 2;
 
-// Attention blocks a batched step aims for, per SM: n_split = this x SMs / (KV heads x rows), at most the
-// single-token decode's count. attn_decode_kernel (attention.cu) holds ~71 KB of shared memory a block (D = 128), so 3
-// fit an SM: one wave of blocks, each streaming its keys through 4 warps' rings. (The CUDA-core kernel it replaced
-// here wanted ~2,048 blocks at any row count: bench/NOTES.md "Session 10".)
-constexpr int kBatchAttentionBlocksPerSm = 3;
+// Attention blocks a batched step aims for, per SM: n_split = this x SMs / (KV heads x rows), at most b->n_split. One
+// wave of one block an SM, which attention.cu runs as its 8-warp build, as the single-token decode: measured on the
+// H200 (7B heads, bench/NOTES.md "Session 21" §3), at 577 / 2,048 keys, 1 row: 33 splits 6.7 / 7.0 us against 8.2 /
+// 11.5 for the 64 of 3 blocks an SM; 8 rows: 4 splits 8.0 / 13.3 against ~11.7 / ~18.8 for 12; 32 rows: 1 split 13.0 /
+// 33.9 against ~18 / ~44 for 3.
+constexpr int kBatchAttentionBlocksPerSm = 1;
 
 namespace {
 int batch_attention_splits(const Batch* b, int n) {
