@@ -15,8 +15,7 @@ session_prefill runs chunks of up to kSplitPrefillMaxTokens tokens): where the c
 GB/s counts the K and V bytes of one KV head group read once per launch (decode only).
 --batch-rows R ...: also the batched decode step's attention (nq_bench_attention_batch: R sequences, one token each
 at position n_pos - 1 of its own pages), 7B heads, at each --batch-splits count: the measurement behind batch.cu's
-batch_attention_splits (about kBatchAttentionBlocksPerSm x SMs blocks a step, capped by 256 blocks a row
-count).
+batch_attention_splits (about kBatchAttentionBlocksPerSm x SMs blocks a step, capped by 256 blocks a row).
 """
 from __future__ import annotations
 
