@@ -12,7 +12,7 @@
 // into the cache and puts the same f16 row into its shared tile directly (no write-then-read round trip).
 // Tensor cores: the G heads are the rows of one m16 tile and a tile of keys is one 16-key page (the kernel's
 // comment below). The CUDA-core kernel it replaced (bench/NOTES.md "Session 16") took 9.6 us a 7B layer at 577 keys
-// and one token, against 7.0.
+// and one token, against 7.0 (4 warps a block then; 6.3 with the 8-warp build of one block an SM, "Session 21").
 //
 // Many query tokens (prefill, n_split 1): attn_prefill_fa (attn_prefill.cuh), FlashAttention-2 style.
 #include "kernels.h"
@@ -88,9 +88,9 @@ __device__ __forceinline__ void merge_last_split(const AttnArgs& a, int t, int h
 //   S = Q K^T: A = Q (ldmatrix.x4, kept in registers), B = a K tile (ldmatrix.x4 of [key][d] rows: B's "col" layout);
 //   O += P V:  A = the S fragments rounded to f16 (rows 8..15 are pads: zero), B = ldmatrix.x4.trans of [key][d] V rows;
 // online softmax per row in the log2 domain (q is scaled by log2(e)/sqrt(D)). A tile is one 16-key page of one KV
-// head (4 KB of K and 4 KB of V at D = 128), copied with cp.async into a ring of kStages stages per warp; warp w
-// takes the block's tiles w, w + 4, ... with its own ring, softmax state and O, and the 4 warps' results are merged
-// in shared memory at the end. Shared-memory rows are D halves, their 16-byte chunks XOR-swizzled by row (chunk c of
+// head (4 KB of K and 4 KB of V at D = 128), copied with cp.async into a ring of kStages stages per warp; warp w of
+// the block's WARPS takes its tiles w, w + WARPS, ... with its own ring, softmax state and O, and the warps' results
+// are merged in shared memory at the end (WARPS: 8 or 4, launch_decode below). Shared-memory rows are D halves, their 16-byte chunks XOR-swizzled by row (chunk c of
 // row r at c ^ (r & 7)) so that ldmatrix's 8 rows of one chunk hit distinct banks.
 constexpr int kKT = 16;       // keys per tile (= kPage: a tile is one page)
 constexpr int kStages = 2;    // ring stages per warp
@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
     issue(j + kStages);
   }
   cp_async_wait<0>();
-  // the 4 warps' (m, l, O) into the block's: O_w scaled by exp2(m_w - m) in shared memory, summed over warps
+  // the warps' (m, l, O) into the block's: O_w scaled by exp2(m_w - m) in shared memory, summed over warps
   if (tq == 0 && g < G) { S.wm[warp][g] = m_run; S.wl[warp][g] = l_run; }
   __syncthreads();   // every warp is done with its ring: obuf may overwrite it
   if (g < G) {
