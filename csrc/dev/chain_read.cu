@@ -18,7 +18,11 @@
 //   ceiling     one kernel over all 3.37 GB: no boundary at all;
 //   +pf         kernels (or unchained) where each stage's blocks also prefetch the next stage's first P bytes into
 //               L2 (cp.async.bulk.prefetch, their slice of it), at their start or after their own stream: the next
-//               stage's first loads hit L2, and HBM stays busy through the boundary (NOTES "Session 20" §1).
+//               stage's first loads hit L2, and HBM stays busy through the boundary (NOTES "Session 20" §1);
+//   R blocks    kernels and kernels+pf with dynamic shared memory (unused) that lets only R blocks of any stage
+//               share an SM: R = 4 is the product's case (its decode GEMVs fill the register file, so the next
+//               kernel's blocks start only as the current one's exit), R = 5-6 leaves one or two slots for the next
+//               stage's first blocks (NOTES "Session 21" §4).
 // A stage's output: y_s = sum over its 32-bit words w of (w ^ x_s) mod 2^32 with x_s = y_{s-1} (x_0 a seed), so
 // every word's use needs the previous stage, while its load does not (as a GEMV's weights and x). Sums mod 2^32 do
 // not depend on the order, so every variant's y must equal the CPU's exactly (validate: all 112 stages).
@@ -245,7 +249,7 @@ int main(int argc, char** argv) {
   const int pgrid = std::min(4, per_sm) * sms;
 
   // kernels, counters and unchained: graphs of n launches after a memset of y (and of the counters)
-  auto capture = [&](Dep dep, const Chain& c) {
+  auto capture = [&](Dep dep, const Chain& c, size_t smem = 0) {
     cudaStream_t st;
     DEV_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cudaGraph_t g;
@@ -258,9 +262,9 @@ int main(int argc, char** argv) {
                                                    : stage_kernel<U, kNone>;
     for (int s = 0; s < n; s++) {
       if (dep != kNone && s > 0)   // chained: with PDL after the first stage
-        dev::must(nq::launch_pdl("stage_kernel", kernel, dim3(grid), dim3(kThreads), 0, st, c, s));
+        dev::must(nq::launch_pdl("stage_kernel", kernel, dim3(grid), dim3(kThreads), smem, st, c, s));
       else
-        kernel<<<grid, kThreads, 0, st>>>(c, s);
+        kernel<<<grid, kThreads, smem, st>>>(c, s);
     }
     DEV_CHECK(cudaStreamEndCapture(st, &g));
     DEV_CHECK(cudaGraphInstantiate(&ge, g, 0));
@@ -271,17 +275,33 @@ int main(int argc, char** argv) {
   cudaGraphExec_t g_chain = capture(kGridDep, c), g_ctr = capture(kCounter, c), g_free = capture(kNone, c);
   // kernels (and once unchained) with an L2 prefetch of the next stage's first `pf` bytes, issued at a block's start
   // or after its own stream
-  struct PfRun { double mb; int end; Dep dep; cudaGraphExec_t g; };
+  // (R > 0: at most R blocks of a stage an SM, by dynamic shared memory)
+  int smem_sm = 0, smem_reserved = 0;
+  DEV_CHECK(cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev_id));
+  DEV_CHECK(cudaDeviceGetAttribute(&smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev_id));
+  // (the kernel's static shared memory, ~20 bytes, is covered by the 64 held back)
+  auto smem_for = [&](int R) { return R > 0 ? (size_t)(smem_sm / R - smem_reserved - 64) : (size_t)0; };
+  DEV_CHECK(cudaFuncSetAttribute(stage_kernel<U, kGridDep>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem_for(4)));
+  for (int R : {4, 5, 6, 8}) {   // the residency each R gets
+    int got = 0;
+    DEV_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&got, stage_kernel<U, kGridDep>, kThreads, smem_for(R)));
+    std::printf("R = %d: %zu bytes of shared memory a block, %d blocks an SM\n", R, smem_for(R), got);
+    if (got != R) { std::printf("R = %d: FAIL, %d blocks an SM\n", R, got); return 1; }
+  }
+  struct PfRun { double mb; int end; Dep dep; int R; cudaGraphExec_t g; };
   std::vector<PfRun> pf_runs;
-  auto add_pf = [&](Dep dep, double mb, int end) {
+  auto add_pf = [&](Dep dep, double mb, int end, int R = 0) {
     Chain cp = c;
     cp.pf = (size_t)(mb * 1e6) / 16 * 16;
     cp.pf_end = end;
-    pf_runs.push_back({mb, end, dep, capture(dep, cp)});
+    pf_runs.push_back({mb, end, dep, R, capture(dep, cp, smem_for(R))});
   };
   for (double mb : {4.0, 8.0, 16.0, 32.0})
     for (int end : {0, 1}) add_pf(kGridDep, mb, end);
   add_pf(kNone, 16.0, 0);
+  for (int R : {4, 5, 6, 8})                      // mb 0: no prefetch (the kernels row at R blocks an SM)
+    for (double mb : {0.0, 4.0, 8.0}) add_pf(kGridDep, mb, 1, R);
   auto run_persistent = [&]() {
     DEV_CHECK(cudaMemsetAsync(y, 0, n * 4));
     DEV_CHECK(cudaMemsetAsync(done, 0, n * 4));
@@ -326,9 +346,13 @@ int main(int argc, char** argv) {
   row("counters", t_ctr);
   for (const PfRun& r : pf_runs) {
     const double t = dev::median_us([&](int) { DEV_CHECK(cudaGraphLaunch(r.g, 0)); }, iters, reps);
-    char what[64];
-    std::snprintf(what, sizeof what, "%s+pf %g MB %s", r.dep == kGridDep ? "kernels" : "unchained", r.mb,
-                  r.end ? "end" : "start");
+    char what[64], res[16] = "";
+    if (r.R > 0) std::snprintf(res, sizeof res, ", %d an SM", r.R);
+    if (r.mb > 0)
+      std::snprintf(what, sizeof what, "%s+pf %g MB %s%s", r.dep == kGridDep ? "kernels" : "unchained", r.mb,
+                    r.end ? "end" : "start", res);
+    else
+      std::snprintf(what, sizeof what, "kernels%s", res);
     row(what, t);
   }
   row("persistent", t_pers);
