@@ -90,8 +90,9 @@ __device__ __forceinline__ void merge_last_split(const AttnArgs& a, int t, int h
 // online softmax per row in the log2 domain (q is scaled by log2(e)/sqrt(D)). A tile is one 16-key page of one KV
 // head (4 KB of K and 4 KB of V at D = 128), copied with cp.async into a ring of kStages stages per warp; warp w of
 // the block's WARPS takes its tiles w, w + WARPS, ... with its own ring, softmax state and O, and the warps' results
-// are merged in shared memory at the end (WARPS: 8 or 4, launch_decode below). Shared-memory rows are D halves, their 16-byte chunks XOR-swizzled by row (chunk c of
-// row r at c ^ (r & 7)) so that ldmatrix's 8 rows of one chunk hit distinct banks.
+// are merged in shared memory at the end (WARPS: 8 or 4, launch_decode below). Shared-memory rows are D halves, their
+// 16-byte chunks XOR-swizzled by row (chunk c of row r at c ^ (r & 7)) so that ldmatrix's 8 rows of one chunk hit
+// distinct banks.
 constexpr int kKT = 16;       // keys per tile (= kPage: a tile is one page)
 constexpr int kStages = 2;    // ring stages per warp
 static_assert(kKT == kPage, "an attention tile is one KV page");
@@ -234,7 +235,8 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
     const uint32_t q_u = smem_u32(&S.q[0][0]);
     const int qr = (lane & 7) + 8 * ((lane >> 3) & 1), qc = 8 * (lane >> 4);
 #pragma unroll
-    for (int ks = 0; ks < KS; ks++) ldmatrix_x4(qf[ks], q_u + 2u * (uint32_t)(qr * AttnSmem<D, WARPS>::LDQ + 16 * ks + qc));
+    for (int ks = 0; ks < KS; ks++)
+      ldmatrix_x4(qf[ks], q_u + 2u * (uint32_t)(qr * AttnSmem<D, WARPS>::LDQ + 16 * ks + qc));
   }
   float o[ND][4];
 #pragma unroll
@@ -408,10 +410,11 @@ int launch_prefill(const AttnArgs& a, cudaStream_t st) {
 }
 
 // Two builds of attn_decode_kernel, by the launch's size. A launch of at most one block an SM (the decode step: SMs /
-// n_kv splits, session.cu) gets 8 warps a block: one block an SM (the K/V ring is 128 KB at D = 128) with 8 warps
-// streaming keys, and the split merge over half the partials of 2 blocks an SM. Larger launches (the batched step, few-token prefill
-// chunks) get 4 warps (~71 KB: 3 blocks an SM). Measured on the H200 with 7B heads (bench/NOTES.md "Session 21" §2):
-// at 8K / 32K keys 8 warps x 33 splits take 10.4 / 22.4 us against 14.4 / 29.8 for 4 warps x 64 splits.
+// n_kv splits, session.cu; the batched step, batch.cu) gets 8 warps a block: one block an SM (the K/V ring is 128 KB
+// at D = 128) with 8 warps streaming keys, and half the partials to merge of 2 blocks an SM. Larger launches (few-token
+// prefill chunks, a batched step of many rows) get 4 warps (~71 KB: 3 blocks an SM). Measured on the H200 with 7B heads
+// (bench/NOTES.md "Session 21" §2): at 8K / 32K keys 8 warps x 33 splits take 10.4 / 22.4 us against 14.4 / 29.8 for
+// 4 warps x 64 splits.
 constexpr int kDecodeWarpsOneWave = 8, kDecodeWarps = 4;
 
 template <int D, int WARPS>
@@ -421,8 +424,8 @@ int launch_decode_build(const AttnArgs& a, cudaStream_t st) {
       cudaFuncSetAttribute(attn_decode_kernel<D, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (raised != cudaSuccess)
     return fail(cuda_status(raised), "attention: %zu bytes of shared memory: %s", smem, cudaGetErrorString(raised));
-  return launch_pdl("attn_decode_kernel", attn_decode_kernel<D, WARPS>, dim3(a.n_kv, a.n_split, a.M), dim3(WARPS * 32),
-                    smem, st, a);
+  return launch_pdl("attn_decode_kernel", attn_decode_kernel<D, WARPS>, dim3(a.n_kv, a.n_split, a.M),
+                    dim3(WARPS * 32), smem, st, a);
 }
 
 template <int D>

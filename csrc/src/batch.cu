@@ -17,9 +17,9 @@ constexpr int kGemvRowsMax = 2;
 
 // Attention blocks a batched step aims for, per SM: n_split = this x SMs / (KV heads x rows), at most b->n_split. One
 // wave of one block an SM, which attention.cu runs as its 8-warp build, as the single-token decode: measured on the
-// H200 (7B heads, bench/NOTES.md "Session 21" §3), at 577 / 2,048 keys, 1 row: 33 splits 6.7 / 7.0 us against 8.2 /
-// 11.5 for the 64 of 3 blocks an SM; 8 rows: 4 splits 8.0 / 13.3 against ~11.7 / ~18.8 for 12; 32 rows: 1 split 13.0 /
-// 33.9 against ~18 / ~44 for 3.
+// H200 (7B heads, bench/NOTES.md "Session 21" §3), at 577 / 2,048 keys, 1 row: 33 splits 6.7 / 7.0 us against
+// 8.2 / 11.5 for the 64 of 3 blocks an SM; 8 rows: 4 splits 8.0 / 13.3 against ~11.7 / ~18.8 for 12; 32 rows:
+// 1 split 13.0 / 33.9 against ~18 / ~44 for 3.
 constexpr int kBatchAttentionBlocksPerSm = 1;
 
 namespace {
