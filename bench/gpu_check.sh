@@ -117,8 +117,11 @@ if has lmhead; then   # csrc/dev/lm_head_f16: the f16 lm_head at 1-64 rows, the 
   save
 fi
 if has abench; then
-  # the few-token prefill chunks both ways (kernel crossover), decode at two contexts, prefill at 512 tokens
-  timeout 240 python3 bench/attn_bench.py --few-tokens 2 5 8 16 32 --batch-contexts 577 2048 --contexts 577 2048 \
+  # the few-token prefill chunks both ways (kernel crossover), decode from 577 to 32K keys at 32 / 64 / 128 keys a
+  # split (the session's rule picks the split count), the batched step's attention at 1 / 8 / 32 rows by split count,
+  # prefill at 512 tokens
+  timeout 240 python3 bench/attn_bench.py --few-tokens 2 5 8 16 32 --batch-contexts 577 2048 \
+    --contexts 577 2048 8192 32768 --decode-kps 32 64 128 --batch-rows 1 8 32 --batch-splits 1 4 16 33 64 \
     --json "$LOG/attn_bench.json" > "$LOG/attn_bench.log" 2>&1
   note "attention bench rc=$?"; grep -E "^attn" "$LOG/attn_bench.log" | tee -a "$summary"
   save
