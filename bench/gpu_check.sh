@@ -3,9 +3,11 @@
 # and end-to-end benchmarks, compute-sanitizer; full logs under $OUT, a short table last.
 #   device: run(command="bash bench/gpu_check.sh [STEPS]", carry=[".whl", "nanoqwen_rt/lib", "build/lib"])
 #   (nanoqwen_rt/lib: the product library; build/lib: the testing library the kernel tests and benches load)
-# STEPS: comma list of sass,tests,kbench,frag,lmhead,chain,layers,abench,bench,long,base,ncu,sanitize,hf7b,asym (default: all but
-# lmhead, chain, layers, abench, long, base and asym; ncu, long and base need bench; long: the bench at 2K, 8K and 32K-token prompts; base: the bench again
-# with an earlier tree carried in .base/, see the step; asym: int4g layout 2 against layout 1, see the step).
+# STEPS: comma list of sass,tests,kbench,frag,lmhead,chain,layers,abench,bench,long,base,ab,ncu,sanitize,hf7b,asym (default:
+# all but lmhead, chain, layers, abench, long, base, ab and asym; ncu, long and base need bench; long: the bench at 2K, 8K and
+# 32K-token prompts; base: the bench again with an earlier tree carried in .base/, see the step; ab: decode at 512 / 8K /
+# 32K-token prompts, this tree and .base/ alternated, twice (makes the 7B file itself); asym: int4g layout 2 against
+# layout 1, see the step).
 # The kernels that lost are timed by csrc/dev programs: `make -C csrc/dev` then build/dev/<name>.
 # Wheels for packages the image lacks (crc32c, ...) are read from .whl/ (README "Notes" of the device tool); made here
 # with `pip download -d .whl --no-deps --only-binary :all: --python-version 3.12 --platform manylinux_2_28_x86_64
@@ -175,6 +177,27 @@ if has long && [ -f /tmp/q7b.nanoqwen ]; then   # long prompts on the same file:
     timeout 200 python3 -m nanoqwen_bench /tmp/q7b.nanoqwen --device cuda --no-peers --prompt-tokens $n \
       --new-tokens 64 --repeats 2 --json "$LOG/bench7b_$n.json" > "$LOG/bench7b_$n.log" 2>&1
     note "bench 7B, $n-token prompt rc=$?: $(grep -E '^(TTFT|decode|bytes read|MBU)' "$LOG/bench7b_$n.log" | tr -s ' ' | tr '\n' ';')"
+  done
+  save
+fi
+if has ab && [ -d "${NANOQWEN_BASE_DIR:-.base}" ]; then
+  # before / after on one machine: the 7B decode (64 tokens, 2 repeats) after 512 / 8K / 32K-token prompts, this tree
+  # and the base tree (as the base step's) alternated, two runs of each (session 21's calls 4 and 6)
+  base="${NANOQWEN_BASE_DIR:-.base}"
+  base_mod=nanoqwen_rt.bench; [ -d "$base/nanoqwen_bench" ] && base_mod=nanoqwen_bench
+  [ -f /tmp/q7b.nanoqwen ] || timeout 120 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > "$LOG/make7b.log" 2>&1
+  for n in 512 8192 32000; do
+    for run in new base new base; do
+      if [ $run = new ]; then
+        timeout 200 python3 -m nanoqwen_bench /tmp/q7b.nanoqwen --device cuda --no-peers --prompt-tokens $n \
+          --new-tokens 64 --repeats 2 > "$LOG/ab_${run}_$n.log" 2>&1
+      else
+        (cd "$base" && PYTHONPATH="/tmp/site:$PWD" timeout 200 python3 -m $base_mod /tmp/q7b.nanoqwen --device cuda \
+           --no-peers --prompt-tokens $n --new-tokens 64 --repeats 2) > "$LOG/ab_${run}_$n.log" 2>&1
+      fi
+      rc=$?
+      note "ab $run (base $(cat "$base/.commit" 2>/dev/null || echo '?')), $n-token prompt rc=$rc: $(grep -E '^(decode|MBU)' "$LOG/ab_${run}_$n.log" | tr -s ' ' | tr '\n' ';')"
+    done
   done
   save
 fi
