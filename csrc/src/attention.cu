@@ -410,7 +410,7 @@ int launch_prefill(const AttnArgs& a, cudaStream_t st) {
 }
 
 // Two builds of attn_decode_kernel, by the launch's size. A launch of at most one block an SM (the decode step: SMs /
-// n_kv splits, session.cu; the batched step, batch.cu) gets 8 warps a block: one block an SM (the K/V ring is 128 KB
+// n_kv splits, session.cu; the batched step, batch.cu) gets 8 warps a block where its shared memory fits the GPU: one block an SM (the K/V ring is 128 KB
 // at D = 128) with 8 warps streaming keys, and half the partials to merge of 2 blocks an SM. Larger launches (few-token
 // prefill chunks, a batched step of many rows) get 4 warps (~71 KB: 3 blocks an SM). Measured on the H200 with 7B heads
 // (bench/NOTES.md "Session 21" §2): at 8K / 32K keys 8 warps x 33 splits take 10.4 / 22.4 us against 14.4 / 29.8 for
@@ -428,11 +428,25 @@ int launch_decode_build(const AttnArgs& a, cudaStream_t st) {
                     dim3(WARPS * 32), smem, st, a);
 }
 
+// Whether a block of the build's shared memory fits this GPU (the 8-warp build's 136 KB at D = 128 does not where the
+// opt-in limit is ~99 KB, e.g. sm_86 / sm_89, which run the sm_80 code: those keep the 4-warp build)
+template <int D, int WARPS>
+bool decode_build_fits() {
+  static const bool fits = [] {
+    int dev = 0, optin = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+           (size_t)optin >= sizeof(AttnSmem<D, WARPS>);
+  }();
+  return fits;
+}
+
 template <int D>
 int launch_decode(const AttnArgs& a, cudaStream_t st) {
   const long blocks = (long)a.n_kv * a.n_split * a.M;
-  return blocks <= device_sms() ? launch_decode_build<D, kDecodeWarpsOneWave>(a, st)
-                                : launch_decode_build<D, kDecodeWarps>(a, st);
+  return blocks <= device_sms() && decode_build_fits<D, kDecodeWarpsOneWave>()
+             ? launch_decode_build<D, kDecodeWarpsOneWave>(a, st)
+             : launch_decode_build<D, kDecodeWarps>(a, st);
 }
 
 int attention(const AttnArgs& a, cudaStream_t st) {
