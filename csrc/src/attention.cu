@@ -410,9 +410,10 @@ int launch_prefill(const AttnArgs& a, cudaStream_t st) {
 }
 
 // Two builds of attn_decode_kernel, by the launch's size. A launch of at most one block an SM (the decode step: SMs /
-// n_kv splits, session.cu; the batched step, batch.cu) gets 8 warps a block where its shared memory fits the GPU: one block an SM (the K/V ring is 128 KB
-// at D = 128) with 8 warps streaming keys, and half the partials to merge of 2 blocks an SM. Larger launches (few-token
-// prefill chunks, a batched step of many rows) get 4 warps (~71 KB: 3 blocks an SM). Measured on the H200 with 7B heads
+// n_kv splits, session.cu; the batched step, batch.cu) gets 8 warps a block where its shared memory fits the GPU
+// (decode_build_fits): one block an SM (the K/V ring is 128 KB at D = 128) with 8 warps streaming keys, and half the
+// partials to merge of 2 blocks an SM. Larger launches (few-token prefill chunks, a batched step of many rows) get 4
+// warps (~71 KB: 3 blocks an SM). Measured on the H200 with 7B heads
 // (bench/NOTES.md "Session 21" §2): at 8K / 32K keys 8 warps x 33 splits take 10.4 / 22.4 us against 14.4 / 29.8 for
 // 4 warps x 64 splits.
 constexpr int kDecodeWarpsOneWave = 8, kDecodeWarps = 4;
