@@ -6,7 +6,7 @@
 Each row: nq_bench_attention (libnanoqwen_testing) = `iters` launches captured in one CUDA graph (as the decode step is), K/V random f16
 rotated over enough layers' caches to exceed L2 (HBM reads, as in a real step), best of 3 replays; us per launch.
 Split parameters as a session derives them (csrc/src/session.cu) for each keys_per_split timed: decode
-n_split = min(128, budget / n_kv, ceil(max_ctx / kps)) with the session's budget of one block an SM (other budgets
+n_split = decode_split_count(min(budget / n_kv, ceil(max_ctx / kps))) with the session's budget of one block an SM (other budgets
 with --split-budget; a launch of more blocks than SMs runs attention.cu's 4-warp build); prefill (M = 512): the
 prefill kernel (n_split 1, no splits).
 A few prompt tokens after many keys (--few-tokens, 7B heads, at --batch-contexts keys): the prefill kernel
@@ -33,6 +33,12 @@ from nq_testing_lib import driver_sm_count, load_testing_library  # noqa: E402
 
 LAYOUTS = {name: (QWEN25_SHAPES[name].n_heads, QWEN25_SHAPES[name].n_kv_heads, QWEN25_SHAPES[name].head_dim)
            for name in ("7B", "0.5B", "32B")}  # n_heads, n_kv, head_dim
+
+
+def decode_split_count(budget: int) -> int:
+    """csrc/src/kernels.h decode_split_count: at most 128, from 8 on a multiple of 8 (clusters of 8 along the splits)"""
+    n = max(1, min(128, budget))
+    return n // 8 * 8 if n >= 8 else n
 
 
 def main() -> int:
@@ -86,7 +92,7 @@ def main() -> int:
                 [("prefill", 512, 512, 32, 0)]
         for mode, n_pos, m, kps, budget in cases:
             max_ctx = n_pos + 128
-            nsplit = max(1, min(128, budget // nkv, (max_ctx + kps - 1) // kps)) if mode == "decode" else 1
+            nsplit = decode_split_count(min(budget // nkv, (max_ctx + kps - 1) // kps)) if mode == "decode" else 1
             us = ctypes.c_float(0.0)
             rc = lib.nq_bench_attention(nh, nkv, d, n_pos, m, kps, nsplit, a.iters, ctypes.byref(us))
             if rc != 0:

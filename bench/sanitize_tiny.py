@@ -30,8 +30,10 @@ def main() -> int:
                             n_heads=2, n_kv_heads=1, vocab=384, seed=4)
             path = convert_checkpoint(os.path.join(d, "hf"), os.path.join(d, "m.nanoqwen"), quant="int4",
                                       group_size=64)
-        with CudaBackend(path, max_context=96) as be:
-            ids = np.arange(3, 40, dtype=np.int32) % be.config.vocab_rows
+        # 256 positions: 4 decode splits, launched as one cluster of 4 (sm_90); a 97-token prompt spreads its keys
+        # over 2 of them, so the decode steps merge in distributed shared memory (attention.cu)
+        with CudaBackend(path, max_context=256) as be:
+            ids = np.arange(3, 100, dtype=np.int32) % be.config.vocab_rows
             be.prefill(ids)
             for t in range(5):
                 be.decode(t)

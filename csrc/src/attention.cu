@@ -20,6 +20,7 @@
 #include "launch.h"
 #include "cp_async.cuh"
 #include "attn_prefill.cuh"
+#include <cooperative_groups.h>
 #include <math_constants.h>
 
 namespace nq {
@@ -95,6 +96,10 @@ __device__ __forceinline__ void merge_last_split(const AttnArgs& a, int t, int h
 // distinct banks.
 constexpr int kKT = 16;       // keys per tile (= kPage: a tile is one page)
 constexpr int kStages = 2;    // ring stages per warp
+// Launched in clusters of C blocks along the splits (sm_90, launch_decode): while a (token, KV head) has at most
+// C x kClusterKeysPerBlock keys, the first cluster's C blocks take them all and merge in distributed shared memory
+// (no partials in global memory, no counter, no last block); the other clusters' blocks leave at once.
+constexpr int kClusterKeysPerBlock = 256;
 static_assert(kKT == kPage, "an attention tile is one KV page");
 
 template <int D, int WARPS>
@@ -148,11 +153,22 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
   const KvLayer kv = batched ? a.kv_of[t] : a.kv;
   const int* pt = batched ? a.page_table_of[t] : a.page_table;
   const int n_keys = pos + 1;
-  const int kps = max(a.keys_per_split, ((n_keys + a.n_split - 1) / a.n_split + 31) / 32 * 32);
-  const int n_used = (n_keys + kps - 1) / kps;   // splits with keys (<= n_split)
-  if (split >= n_used) return;                   // uniform per block: no barrier is skipped by part of it
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int C = (int)cooperative_groups::this_cluster().num_blocks();   // 1: launched without clusters
+#else
+  constexpr int C = 1;
+#endif
+  // The keys of a cluster merge (C > 1, few keys) spread over the first cluster's C blocks, else over all n_split
+  const bool in_cluster = C > 1 && n_keys <= C * kClusterKeysPerBlock;   // uniform over the grid
+  const int spread = in_cluster ? C : a.n_split;
+  const int kps = max(a.keys_per_split, ((n_keys + spread - 1) / spread + 31) / 32 * 32);
+  const int n_used = (n_keys + kps - 1) / kps;   // splits with keys (<= spread)
+  // dsmem: the first cluster's blocks merge in distributed shared memory, each one of them (also those without keys:
+  // m = -inf, l = 0, O = 0) reaching both cluster barriers. Else a block without keys leaves here.
+  const bool dsmem = in_cluster && n_used > 1;
+  if (split >= (dsmem ? C : n_used)) return;     // uniform per block: no barrier is skipped by part of it
   const int k0 = split * kps, k1 = min(n_keys, k0 + kps);
-  const int ntiles = (k1 - k0 + kKT - 1) / kKT;
+  const int ntiles = k1 > k0 ? (k1 - k0 + kKT - 1) / kKT : 0;
   const bool own = a.write_kv && pos >= k0 && pos < k1;   // this block writes the cache row at pos
   const int skip = own ? pos : -1;                        // that row comes from knew / vnew, not the cache
   const size_t page_stride = (size_t)a.n_kv * kPage * D;   // elements per physical page
@@ -319,7 +335,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
     float mb = -CUDART_INF_F;
 #pragma unroll
     for (int w = 0; w < WARPS; w++) mb = fmaxf(mb, S.wm[w][g]);
-    const float f = exp2f(m_run - mb);   // 0 for a warp without tiles (m_run = -inf)
+    const float f = mb == -CUDART_INF_F ? 0.f : exp2f(m_run - mb);   // 0 for a warp without tiles (m_run = -inf)
 #pragma unroll
     for (int n = 0; n < ND; n++) {
       S.u.obuf[warp][g][8 * n + 2 * tq] = o[n][0] * f;
@@ -330,8 +346,9 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
   if (tid < G) {   // the block's max and sum of head tid
     float mb = -CUDART_INF_F;
     for (int w = 0; w < WARPS; w++) mb = fmaxf(mb, S.wm[w][tid]);
-    float lb = 0.f;
-    for (int w = 0; w < WARPS; w++) lb += S.wl[w][tid] * exp2f(S.wm[w][tid] - mb);
+    float lb = 0.f;   // 0 in a block without keys (dsmem): every warp's m is -inf
+    if (mb != -CUDART_INF_F)
+      for (int w = 0; w < WARPS; w++) lb += S.wl[w][tid] * exp2f(S.wm[w][tid] - mb);
     S.wm[0][tid] = mb;   // read below only after the barrier; every warp's wm was read above
     S.inv[tid] = lb;
   }
@@ -344,9 +361,45 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
 #pragma unroll
     for (int w = 0; w < WARPS; w++) v += S.u.obuf[w][hg][d];
     if (n_used == 1) out[hg * D + d] = __float2half_rn(v / S.inv[hg]);
+    else if (dsmem) S.u.obuf[0][hg][d] = v;   // only this thread read obuf[.][hg][d]
     else a.part_o[(ph0 + (size_t)hg * a.n_split + split) * D + d] = v;
   }
   if (n_used == 1) return;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (dsmem) {   // rank r of the cluster merges outputs slice r over the C blocks' (m, l, O), in rank order
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();   // every block's obuf[0], wm[0] and inv (its l) are written
+    const int r = (int)cl.block_rank(), items = G * (D / 4);
+    for (int i = r * items / C + tid; i < (r + 1) * items / C; i += THREADS) {
+      const int hg = i / (D / 4), d = (i % (D / 4)) * 4;
+      float mz[8], lz[8], M = -CUDART_INF_F;   // C <= 8 (launch_decode)
+#pragma unroll
+      for (int z = 0; z < 8; z++)
+        if (z < C) {
+          mz[z] = cl.map_shared_rank(&S.wm[0][0], z)[hg];
+          lz[z] = cl.map_shared_rank(&S.inv[0], z)[hg];
+          M = fmaxf(M, mz[z]);   // finite: rank 0 has keys
+        }
+      float L = 0.f;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int z = 0; z < 8; z++)
+        if (z < C) {
+          const float wz = exp2f(mz[z] - M);   // 0 for a rank without keys
+          const float4 v = *reinterpret_cast<const float4*>(cl.map_shared_rank(&S.u.obuf[0][hg][d], z));
+          L = fmaf(lz[z], wz, L);
+          acc.x = fmaf(v.x, wz, acc.x); acc.y = fmaf(v.y, wz, acc.y); acc.z = fmaf(v.z, wz, acc.z); acc.w = fmaf(v.w, wz, acc.w);
+        }
+      const float iv = 1.f / L;
+      __half2* o2 = reinterpret_cast<__half2*>(out + hg * D + d);
+      o2[0] = __floats2half2_rn(acc.x * iv, acc.y * iv);
+      o2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
+    }
+    cl.sync();   // no block leaves while another reads its shared memory
+    return;
+  }
+#endif
   if (tid < G) {
     a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2] = S.wm[0][tid];
     a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2 + 1] = S.inv[tid];
@@ -419,14 +472,60 @@ int launch_prefill(const AttnArgs& a, cudaStream_t st) {
 constexpr int kDecodeWarpsOneWave = 8, kDecodeWarps = 4;
 
 template <int D, int WARPS>
-int launch_decode_build(const AttnArgs& a, cudaStream_t st) {
+cudaError_t decode_smem_raised() {
+  static const cudaError_t raised = cudaFuncSetAttribute(attn_decode_kernel<D, WARPS>,
+                                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                         (int)sizeof(AttnSmem<D, WARPS>));
+  return raised;
+}
+
+// The clusters of C blocks the GPU can hold at once (0 where the kernel has no sm_90 code: no clusters)
+template <int D, int WARPS>
+int decode_max_clusters(int C) {
+  static int known[4] = {-1, -1, -1, -1};   // C = 1, 2, 4, 8
+  const int slot = C == 8 ? 3 : C == 4 ? 2 : C == 2 ? 1 : 0;
+  if (known[slot] < 0) {
+    cudaFuncAttributes fa{};
+    int n = 0;
+    if (cudaFuncGetAttributes(&fa, attn_decode_kernel<D, WARPS>) == cudaSuccess && fa.binaryVersion >= 90) {
+      cudaLaunchConfig_t cfg{};
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = 1; attr[0].val.clusterDim.y = C; attr[0].val.clusterDim.z = 1;
+      cfg.gridDim = dim3(1, C, 1); cfg.blockDim = dim3(WARPS * 32);
+      cfg.dynamicSmemBytes = sizeof(AttnSmem<D, WARPS>);
+      cfg.attrs = attr; cfg.numAttrs = 1;
+      if (cudaOccupancyMaxActiveClusters(&n, attn_decode_kernel<D, WARPS>, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 0;
+      }
+    }
+    known[slot] = n;
+  }
+  return known[slot];
+}
+
+// The cluster size of a launch: the largest power of two <= 8 that divides n_split and whose clusters the GPU holds
+// in one wave (the merge in distributed shared memory, attn_decode_kernel); 1: no clusters.
+template <int D, int WARPS>
+int decode_cluster(const AttnArgs& a) {
+  const long blocks = (long)a.n_kv * a.n_split * a.M;
+  for (int C = 8; C >= 2; C /= 2)
+    if (a.n_split % C == 0 && (long)decode_max_clusters<D, WARPS>(C) * C >= blocks) return C;
+  return 1;
+}
+
+template <int D, int WARPS>
+int launch_decode_build(const AttnArgs& a, int cluster, cudaStream_t st) {
   constexpr size_t smem = sizeof(AttnSmem<D, WARPS>);
-  static const cudaError_t raised =
-      cudaFuncSetAttribute(attn_decode_kernel<D, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  const cudaError_t raised = decode_smem_raised<D, WARPS>();
   if (raised != cudaSuccess)
     return fail(cuda_status(raised), "attention: %zu bytes of shared memory: %s", smem, cudaGetErrorString(raised));
-  return launch_pdl("attn_decode_kernel", attn_decode_kernel<D, WARPS>, dim3(a.n_kv, a.n_split, a.M),
-                    dim3(WARPS * 32), smem, st, a);
+  const dim3 grid(a.n_kv, a.n_split, a.M), block(WARPS * 32);
+  if (cluster > 1)
+    return launch_pdl_cluster("attn_decode_kernel", attn_decode_kernel<D, WARPS>, grid, block, dim3(1, cluster, 1),
+                              smem, st, a);
+  return launch_pdl("attn_decode_kernel", attn_decode_kernel<D, WARPS>, grid, block, smem, st, a);
 }
 
 // Whether a block of the build's shared memory fits this GPU (the 8-warp build's 136 KB at D = 128 does not where the
@@ -445,9 +544,12 @@ bool decode_build_fits() {
 template <int D>
 int launch_decode(const AttnArgs& a, cudaStream_t st) {
   const long blocks = (long)a.n_kv * a.n_split * a.M;
-  return blocks <= device_sms() && decode_build_fits<D, kDecodeWarpsOneWave>()
-             ? launch_decode_build<D, kDecodeWarpsOneWave>(a, st)
-             : launch_decode_build<D, kDecodeWarps>(a, st);
+  if (blocks <= device_sms() && decode_build_fits<D, kDecodeWarpsOneWave>()) {
+    if (decode_smem_raised<D, kDecodeWarpsOneWave>() != cudaSuccess)   // reported by launch_decode_build
+      return launch_decode_build<D, kDecodeWarpsOneWave>(a, 1, st);
+    return launch_decode_build<D, kDecodeWarpsOneWave>(a, decode_cluster<D, kDecodeWarpsOneWave>(a), st);
+  }
+  return launch_decode_build<D, kDecodeWarps>(a, 1, st);
 }
 
 int attention(const AttnArgs& a, cudaStream_t st) {

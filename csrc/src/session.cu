@@ -232,8 +232,8 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
   // decode attention: up to SMs / n_kv splits of at least kDecodeKeysPerSplit keys, so that the launch is one wave of
   // attention.cu's one-block-an-SM build (8 warps; bench/NOTES.md "Session 21" §2: 64 splits of 4-warp blocks took
   // 14.4 / 29.8 us a 7B layer at 8K / 32K keys, 33 of 8 warps 10.4 / 22.4)
-  s->nsplit_decode = std::max(1, std::min(std::min(kAttnMaxSplits, device_sms() / c.n_kv_heads),
-                                          (max_ctx + kDecodeKeysPerSplit - 1) / kDecodeKeysPerSplit));
+  s->nsplit_decode = decode_split_count(std::min(device_sms() / c.n_kv_heads,
+                                                 (max_ctx + kDecodeKeysPerSplit - 1) / kDecodeKeysPerSplit));
   int rc = NQ_OK;
   {
     cudaError_t e = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking);
