@@ -279,8 +279,9 @@ int main(int argc, char** argv) {
   int smem_sm = 0, smem_reserved = 0;
   DEV_CHECK(cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev_id));
   DEV_CHECK(cudaDeviceGetAttribute(&smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev_id));
-  // (the kernel's static shared memory, ~20 bytes, is covered by the 64 held back)
-  auto smem_for = [&](int R) { return R > 0 ? (size_t)(smem_sm / R - smem_reserved - 64) : (size_t)0; };
+  // shared memory is allocated in 128-byte units (R = 5 at 45,606 bytes got 4 blocks: 5 x (45,696 + 1,024) >
+  // 233,472); one unit is held back for the kernel's static shared memory (~20 bytes)
+  auto smem_for = [&](int R) { return R > 0 ? (size_t)(((smem_sm / R - smem_reserved) / 128 - 1) * 128) : (size_t)0; };
   DEV_CHECK(cudaFuncSetAttribute(stage_kernel<U, kGridDep>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem_for(4)));
   for (int R : {4, 5, 6, 8}) {   // the residency each R gets

@@ -100,6 +100,7 @@ constexpr int kStages = 2;    // ring stages per warp
 // C x kClusterKeysPerBlock keys, the first cluster's C blocks take them all and merge in distributed shared memory
 // (no partials in global memory, no counter, no last block); the other clusters' blocks leave at once.
 constexpr int kClusterKeysPerBlock = 256;
+constexpr int kMaxDecodeCluster = 8;   // portable cluster size
 static_assert(kKT == kPage, "an attention tile is one KV page");
 
 template <int D, int WARPS>
@@ -373,9 +374,9 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
     const int r = (int)cl.block_rank(), items = G * (D / 4);
     for (int i = r * items / C + tid; i < (r + 1) * items / C; i += THREADS) {
       const int hg = i / (D / 4), d = (i % (D / 4)) * 4;
-      float mz[8], lz[8], M = -CUDART_INF_F;   // C <= 8 (launch_decode)
+      float mz[kMaxDecodeCluster], lz[kMaxDecodeCluster], M = -CUDART_INF_F;   // C <= kMaxDecodeCluster
 #pragma unroll
-      for (int z = 0; z < 8; z++)
+      for (int z = 0; z < kMaxDecodeCluster; z++)
         if (z < C) {
           mz[z] = cl.map_shared_rank(&S.wm[0][0], z)[hg];
           lz[z] = cl.map_shared_rank(&S.inv[0], z)[hg];
@@ -384,7 +385,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
       float L = 0.f;
       float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int z = 0; z < 8; z++)
+      for (int z = 0; z < kMaxDecodeCluster; z++)
         if (z < C) {
           const float wz = exp2f(mz[z] - M);   // 0 for a rank without keys
           const float4 v = *reinterpret_cast<const float4*>(cl.map_shared_rank(&S.u.obuf[0][hg][d], z));
@@ -505,12 +506,12 @@ int decode_max_clusters(int C) {
   return known[slot];
 }
 
-// The cluster size of a launch: the largest power of two <= 8 that divides n_split and whose clusters the GPU holds
+// The cluster size of a launch: the largest power of two <= kMaxDecodeCluster that divides n_split and whose clusters the GPU holds
 // in one wave (the merge in distributed shared memory, attn_decode_kernel); 1: no clusters.
 template <int D, int WARPS>
 int decode_cluster(const AttnArgs& a) {
   const long blocks = (long)a.n_kv * a.n_split * a.M;
-  for (int C = 8; C >= 2; C /= 2)
+  for (int C = kMaxDecodeCluster; C >= 2; C /= 2)
     if (a.n_split % C == 0 && (long)decode_max_clusters<D, WARPS>(C) * C >= blocks) return C;
   return 1;
 }
