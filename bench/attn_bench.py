@@ -6,7 +6,7 @@
 Each row: nq_bench_attention (libnanoqwen_testing) = `iters` launches captured in one CUDA graph (as the decode step is), K/V random f16
 rotated over enough layers' caches to exceed L2 (HBM reads, as in a real step), best of 3 replays; us per launch.
 Split parameters as a session derives them (csrc/src/session.cu) for each keys_per_split timed: decode
-n_split = decode_split_count(min(budget / n_kv, ceil(max_ctx / kps))) with the session's budget of one block an SM (other budgets
+n_split = min(128, budget / n_kv, ceil(max_ctx / kps)) (8 up to --short-keys keys: the short-context graph) with the session's budget of one block an SM (other budgets
 with --split-budget; a launch of more blocks than SMs runs attention.cu's 4-warp build); prefill (M = 512): the
 prefill kernel (n_split 1, no splits).
 A few prompt tokens after many keys (--few-tokens, 7B heads, at --batch-contexts keys): the prefill kernel
@@ -35,10 +35,28 @@ LAYOUTS = {name: (QWEN25_SHAPES[name].n_heads, QWEN25_SHAPES[name].n_kv_heads, Q
            for name in ("7B", "0.5B", "32B")}  # n_heads, n_kv, head_dim
 
 
-def decode_split_count(budget: int) -> int:
-    """csrc/src/kernels.h decode_split_count: at most 128, from 8 on a multiple of 8 (clusters of 8 along the splits)"""
-    n = max(1, min(128, budget))
-    return n // 8 * 8 if n >= 8 else n
+def short_context_keys() -> int:
+    """kAttnMaxCluster x kAttnClusterKeysPerBlock, read from csrc/src/kernels.h (where they are defined): the most keys
+    a step of a session's short-context graph has"""
+    import re
+    text = open(os.path.join(_ROOT, "csrc", "src", "kernels.h")).read()
+    c = re.search(r"constexpr int kAttnMaxCluster = (\d+);", text)
+    k = re.search(r"constexpr int kAttnClusterKeysPerBlock = (\d+);", text)
+    if not (c and k):
+        raise SystemExit("attn_bench: kAttnMaxCluster / kAttnClusterKeysPerBlock not found in csrc/src/kernels.h")
+    return int(c.group(1)) * int(k.group(1))
+
+
+def decode_split_count(budget: int, n_pos: int, max_ctx: int, kps: int, short_keys: int) -> int:
+    """session.cu's decode split count: min(128, budget / n_kv, ceil(max_ctx / kps)); a step of at most short_keys
+    keys (the short-context graph, --short-keys) runs 8 splits (the power of two <= that below)"""
+    n = max(1, min(128, budget, (max_ctx + kps - 1) // kps))
+    if short_keys and n_pos <= short_keys:
+        p = 1
+        while 2 * p <= min(8, n):
+            p *= 2
+        return p
+    return n
 
 
 def main() -> int:
@@ -48,6 +66,9 @@ def main() -> int:
     ap.add_argument("--decode-kps", type=int, nargs="+", default=[32, 64, 128], help="keys per split to time (decode)")
     ap.add_argument("--split-budget", type=int, nargs="+", default=None,
                     help="decode: blocks per launch the split count is capped by (default and the session: the SM count)")
+    ap.add_argument("--short-keys", type=int, default=short_context_keys(),
+                    help="decode: contexts of at most this many keys time the session's short-context graph's launch "
+                         "(8 splits, in clusters where the library has them: kAttnMaxCluster x kAttnClusterKeysPerBlock); 0: never")
     ap.add_argument("--contexts", type=int, nargs="+", default=[65, 577, 2048, 8192], help="decode key counts")
     ap.add_argument("--batch-rows", type=int, nargs="*", default=[], help="batched decode: sequences per step")
     ap.add_argument("--batch-splits", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64],
@@ -92,7 +113,7 @@ def main() -> int:
                 [("prefill", 512, 512, 32, 0)]
         for mode, n_pos, m, kps, budget in cases:
             max_ctx = n_pos + 128
-            nsplit = decode_split_count(min(budget // nkv, (max_ctx + kps - 1) // kps)) if mode == "decode" else 1
+            nsplit = decode_split_count(budget // nkv, n_pos, max_ctx, kps, a.short_keys) if mode == "decode" else 1
             us = ctypes.c_float(0.0)
             rc = lib.nq_bench_attention(nh, nkv, d, n_pos, m, kps, nsplit, a.iters, ctypes.byref(us))
             if rc != 0:

@@ -11,7 +11,9 @@
 # The kernels that lost are timed by csrc/dev programs: `make -C csrc/dev` then build/dev/<name>.
 # Wheels for packages the image lacks (crc32c, ...) are read from .whl/ (README "Notes" of the device tool); made here
 # with `pip download -d .whl --no-deps --only-binary :all: --python-version 3.12 --platform manylinux_2_28_x86_64
-# crc32c gguf llguidance sse-starlette starlette uvicorn pytest-xdist execnet`.
+# crc32c gguf sse-starlette starlette uvicorn pytest-xdist execnet`, and llguidance (>= 1.9, as pyproject; its wheel is
+# manylinux_2_31, which that --platform does not match and would fall back to 1.6.1) with `pip download -d .whl
+# --no-deps 'llguidance>=1.9'`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/nq_out}"; mkdir -p "$OUT"

@@ -357,16 +357,16 @@ def attention_ref(q, k, v, n_heads, n_kv, D):
 
 
 @pytest.mark.parametrize("n_heads,n_kv,D", [(14, 2, 64), (12, 2, 128), (28, 4, 128), (40, 8, 128), (8, 8, 64)])
-@pytest.mark.parametrize("n_pos,kps", [(1, 64), (17, 64), (300, 64), (400, 64), (1000, 128), (1900, 128), (2050, 64),
-                                       (3800, 256), (8200, 256)])
+@pytest.mark.parametrize("n_pos,kps", [(1, 64), (17, 64), (130, 64), (300, 64), (400, 64), (800, 128), (1000, 128),
+                                       (2050, 64), (8200, 256)])
 def test_attention_vs_numpy(lib, n_heads, n_kv, D, n_pos, kps):
     # ceil(n_pos / kps) + 1 splits (one spare), so both builds of attention.cu run: a launch of at most one block an
     # SM takes the 8-warp build (on 132 SMs: up to (3800, 256) every layout, (2050, 64) and (8200, 256) at n_kv 2),
-    # a larger one the 4-warp build ((2050, 64) and (8200, 256) at n_kv 4 and 8: 136 / 272 blocks). The 8-warp build
-    # runs in clusters of the largest power of two <= 8 dividing the split count (sm_90): (300, 64) 6 splits, clusters
-    # of 2 merging in distributed shared memory; (400, 64) 8 splits, one cluster of 8 whose last block has no keys;
-    # (1900, 128) 16 splits, the first cluster of 8 takes every key; (3800, 256) clusters of 8, too many keys for
-    # one cluster: the merge through global memory
+    # a larger one the 4-warp build ((2050, 64) and (8200, 256) at n_kv 4 and 8: 136 / 272 blocks). The entry point
+    # bounds the keys by n_pos (as a session's short-context graph), so the 8-warp build runs in clusters of C, the
+    # largest power of two <= 8 dividing the split count, where C x 128 >= n_pos (sm_90): (17, 64) 2 splits, one used
+    # (no merge); (130, 64) 4 splits, a cluster of 4 whose last block has no keys; (400, 64) and (800, 128) 8
+    # splits, a cluster of 8 with 7 used; (300, 64) 6 splits: 2 x 128 keys is too few, the merge in global memory
     rng = np.random.default_rng()
     q = (rng.standard_normal(n_heads * D) * 2).astype(np.float32)
     k = rng.standard_normal((n_pos, n_kv, D)).astype(np.float32)

@@ -96,12 +96,11 @@ __device__ __forceinline__ void merge_last_split(const AttnArgs& a, int t, int h
 // distinct banks.
 constexpr int kKT = 16;       // keys per tile (= kPage: a tile is one page)
 constexpr int kStages = 2;    // ring stages per warp
-// Launched in clusters of C blocks along the splits (sm_90, launch_decode): while a (token, KV head) has at most
-// C x kClusterKeysPerBlock keys, the first cluster's C blocks take them all and merge in distributed shared memory
-// (no partials in global memory, no counter, no last block); the other clusters' blocks leave at once.
-constexpr int kClusterKeysPerBlock = 256;
-constexpr int kMaxDecodeCluster = 8;   // portable cluster size
-static_assert(kKT == kPage, "an attention tile is one KV page");
+// CLUSTER builds are launched in clusters of C <= kAttnMaxCluster blocks along the splits (sm_90, launch_decode), for
+// launches whose tokens have at most C x kAttnClusterKeysPerBlock keys: the first cluster's C blocks take the keys
+// and merge in distributed shared memory (no partials in global memory, no counter, no last block); the other
+// clusters' blocks leave at once. A separate build: the cluster code in the plain one cost ~0.25 us a launch at
+// every context (bench/NOTES.md "Session 22" §2).
 
 template <int D, int WARPS>
 struct AttnSmem {
@@ -129,7 +128,7 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
   return (uint32_t)(r * D + ((c ^ (r & 7)) << 3)) * 2u;
 }
 
-template <int D, int WARPS>
+template <int D, int WARPS, bool CLUSTER>
 __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs a) {
   constexpr int THREADS = WARPS * 32;
   constexpr int CPR = D / 8;                 // 16-byte chunks per row
@@ -154,13 +153,13 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
   const KvLayer kv = batched ? a.kv_of[t] : a.kv;
   const int* pt = batched ? a.page_table_of[t] : a.page_table;
   const int n_keys = pos + 1;
+  int C = 1;   // blocks a cluster
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const int C = (int)cooperative_groups::this_cluster().num_blocks();   // 1: launched without clusters
-#else
-  constexpr int C = 1;
+  if constexpr (CLUSTER) C = (int)cooperative_groups::this_cluster().num_blocks();
 #endif
-  // The keys of a cluster merge (C > 1, few keys) spread over the first cluster's C blocks, else over all n_split
-  const bool in_cluster = C > 1 && n_keys <= C * kClusterKeysPerBlock;   // uniform over the grid
+  // The keys of a cluster merge spread over the first cluster's C blocks, else over all n_split. (More keys than the
+  // host's bound allows, which launch_decode never launches, take the global merge.)
+  const bool in_cluster = C > 1 && n_keys <= C * kAttnClusterKeysPerBlock;   // uniform over the grid
   const int spread = in_cluster ? C : a.n_split;
   const int kps = max(a.keys_per_split, ((n_keys + spread - 1) / spread + 31) / 32 * 32);
   const int n_used = (n_keys + kps - 1) / kps;   // splits with keys (<= spread)
@@ -367,16 +366,16 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
   }
   if (n_used == 1) return;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (dsmem) {   // rank r of the cluster merges outputs slice r over the C blocks' (m, l, O), in rank order
+  if constexpr (CLUSTER) if (dsmem) {   // rank r of the cluster merges outputs slice r over the C blocks' (m, l, O), in rank order
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
     cl.sync();   // every block's obuf[0], wm[0] and inv (its l) are written
     const int r = (int)cl.block_rank(), items = G * (D / 4);
     for (int i = r * items / C + tid; i < (r + 1) * items / C; i += THREADS) {
       const int hg = i / (D / 4), d = (i % (D / 4)) * 4;
-      float mz[kMaxDecodeCluster], lz[kMaxDecodeCluster], M = -CUDART_INF_F;   // C <= kMaxDecodeCluster
+      float mz[kAttnMaxCluster], lz[kAttnMaxCluster], M = -CUDART_INF_F;   // C <= kAttnMaxCluster
 #pragma unroll
-      for (int z = 0; z < kMaxDecodeCluster; z++)
+      for (int z = 0; z < kAttnMaxCluster; z++)
         if (z < C) {
           mz[z] = cl.map_shared_rank(&S.wm[0][0], z)[hg];
           lz[z] = cl.map_shared_rank(&S.inv[0], z)[hg];
@@ -385,7 +384,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
       float L = 0.f;
       float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int z = 0; z < kMaxDecodeCluster; z++)
+      for (int z = 0; z < kAttnMaxCluster; z++)
         if (z < C) {
           const float wz = exp2f(mz[z] - M);   // 0 for a rank without keys
           const float4 v = *reinterpret_cast<const float4*>(cl.map_shared_rank(&S.u.obuf[0][hg][d], z));
@@ -469,64 +468,16 @@ int launch_prefill(const AttnArgs& a, cudaStream_t st) {
 // partials to merge of 2 blocks an SM. Larger launches (few-token prefill chunks, a batched step of many rows) get 4
 // warps (~71 KB: 3 blocks an SM). Measured on the H200 with 7B heads
 // (bench/NOTES.md "Session 21" §2): at 8K / 32K keys 8 warps x 33 splits take 10.4 / 22.4 us against 14.4 / 29.8 for
-// 4 warps x 64 splits.
+// 4 warps x 64 splits. The 8-warp build has a cluster variant (CLUSTER) for launches whose keys the host bounds
+// (AttnArgs::cluster_keys: a session's short-context graph): its splits merge in distributed shared memory.
 constexpr int kDecodeWarpsOneWave = 8, kDecodeWarps = 4;
 
-template <int D, int WARPS>
+template <int D, int WARPS, bool CLUSTER>
 cudaError_t decode_smem_raised() {
-  static const cudaError_t raised = cudaFuncSetAttribute(attn_decode_kernel<D, WARPS>,
+  static const cudaError_t raised = cudaFuncSetAttribute(attn_decode_kernel<D, WARPS, CLUSTER>,
                                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                          (int)sizeof(AttnSmem<D, WARPS>));
   return raised;
-}
-
-// The clusters of C blocks the GPU can hold at once (0 where the kernel has no sm_90 code: no clusters)
-template <int D, int WARPS>
-int decode_max_clusters(int C) {
-  static int known[4] = {-1, -1, -1, -1};   // C = 1, 2, 4, 8
-  const int slot = C == 8 ? 3 : C == 4 ? 2 : C == 2 ? 1 : 0;
-  if (known[slot] < 0) {
-    cudaFuncAttributes fa{};
-    int n = 0;
-    if (cudaFuncGetAttributes(&fa, attn_decode_kernel<D, WARPS>) == cudaSuccess && fa.binaryVersion >= 90) {
-      cudaLaunchConfig_t cfg{};
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = 1; attr[0].val.clusterDim.y = C; attr[0].val.clusterDim.z = 1;
-      cfg.gridDim = dim3(1, C, 1); cfg.blockDim = dim3(WARPS * 32);
-      cfg.dynamicSmemBytes = sizeof(AttnSmem<D, WARPS>);
-      cfg.attrs = attr; cfg.numAttrs = 1;
-      if (cudaOccupancyMaxActiveClusters(&n, attn_decode_kernel<D, WARPS>, &cfg) != cudaSuccess) {
-        (void)cudaGetLastError();
-        n = 0;
-      }
-    }
-    known[slot] = n;
-  }
-  return known[slot];
-}
-
-// The cluster size of a launch: the largest power of two <= kMaxDecodeCluster that divides n_split and whose clusters the GPU holds
-// in one wave (the merge in distributed shared memory, attn_decode_kernel); 1: no clusters.
-template <int D, int WARPS>
-int decode_cluster(const AttnArgs& a) {
-  const long blocks = (long)a.n_kv * a.n_split * a.M;
-  for (int C = kMaxDecodeCluster; C >= 2; C /= 2)
-    if (a.n_split % C == 0 && (long)decode_max_clusters<D, WARPS>(C) * C >= blocks) return C;
-  return 1;
-}
-
-template <int D, int WARPS>
-int launch_decode_build(const AttnArgs& a, int cluster, cudaStream_t st) {
-  constexpr size_t smem = sizeof(AttnSmem<D, WARPS>);
-  const cudaError_t raised = decode_smem_raised<D, WARPS>();
-  if (raised != cudaSuccess)
-    return fail(cuda_status(raised), "attention: %zu bytes of shared memory: %s", smem, cudaGetErrorString(raised));
-  const dim3 grid(a.n_kv, a.n_split, a.M), block(WARPS * 32);
-  if (cluster > 1)
-    return launch_pdl_cluster("attn_decode_kernel", attn_decode_kernel<D, WARPS>, grid, block, dim3(1, cluster, 1),
-                              smem, st, a);
-  return launch_pdl("attn_decode_kernel", attn_decode_kernel<D, WARPS>, grid, block, smem, st, a);
 }
 
 // Whether a block of the build's shared memory fits this GPU (the 8-warp build's 136 KB at D = 128 does not where the
@@ -542,15 +493,72 @@ bool decode_build_fits() {
   return fits;
 }
 
+// The clusters of C blocks of the cluster build the GPU holds at once (0 where the kernel has no sm_90 code)
+template <int D>
+int decode_max_clusters(int C) {
+  static int known[kAttnMaxCluster + 1] = {};   // by C; 0: not asked yet, -1: none
+  if (C < 2 || C > kAttnMaxCluster) return 0;
+  if (known[C] == 0) {
+    auto kernel = attn_decode_kernel<D, kDecodeWarpsOneWave, true>;
+    cudaFuncAttributes fa{};
+    int n = 0;
+    if (decode_build_fits<D, kDecodeWarpsOneWave>() && decode_smem_raised<D, kDecodeWarpsOneWave, true>() == cudaSuccess &&
+        cudaFuncGetAttributes(&fa, kernel) == cudaSuccess && fa.binaryVersion >= 90) {
+      cudaLaunchConfig_t cfg{};
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = 1; attr[0].val.clusterDim.y = C; attr[0].val.clusterDim.z = 1;
+      cfg.gridDim = dim3(1, C, 1); cfg.blockDim = dim3(kDecodeWarpsOneWave * 32);
+      cfg.dynamicSmemBytes = sizeof(AttnSmem<D, kDecodeWarpsOneWave>);
+      cfg.attrs = attr; cfg.numAttrs = 1;
+      if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 0;
+      }
+    }
+    known[C] = n > 0 ? n : -1;
+  }
+  return known[C] > 0 ? known[C] : 0;
+}
+
+// The largest power of two <= kAttnMaxCluster dividing n_split whose clusters the GPU holds in one wave of
+// n_kv x n_split x M blocks of the one-block-an-SM build; 1: none
+template <int D>
+int decode_cluster(int n_kv, int n_split, int M) {
+  const long blocks = (long)n_kv * n_split * M;
+  if (blocks > device_sms()) return 1;
+  for (int C = kAttnMaxCluster; C >= 2; C /= 2)
+    if (n_split % C == 0 && (long)decode_max_clusters<D>(C) * C >= blocks) return C;
+  return 1;
+}
+
+template <int D, int WARPS, bool CLUSTER>
+int launch_decode_build(const AttnArgs& a, int cluster, cudaStream_t st) {
+  constexpr size_t smem = sizeof(AttnSmem<D, WARPS>);
+  const cudaError_t raised = decode_smem_raised<D, WARPS, CLUSTER>();
+  if (raised != cudaSuccess)
+    return fail(cuda_status(raised), "attention: %zu bytes of shared memory: %s", smem, cudaGetErrorString(raised));
+  const dim3 grid(a.n_kv, a.n_split, a.M), block(WARPS * 32);
+  if (CLUSTER)
+    return launch_pdl_cluster("attn_decode_kernel", attn_decode_kernel<D, WARPS, CLUSTER>, grid, block,
+                              dim3(1, cluster, 1), smem, st, a);
+  return launch_pdl("attn_decode_kernel", attn_decode_kernel<D, WARPS, CLUSTER>, grid, block, smem, st, a);
+}
+
 template <int D>
 int launch_decode(const AttnArgs& a, cudaStream_t st) {
   const long blocks = (long)a.n_kv * a.n_split * a.M;
-  if (blocks <= device_sms() && decode_build_fits<D, kDecodeWarpsOneWave>()) {
-    if (decode_smem_raised<D, kDecodeWarpsOneWave>() != cudaSuccess)   // reported by launch_decode_build
-      return launch_decode_build<D, kDecodeWarpsOneWave>(a, 1, st);
-    return launch_decode_build<D, kDecodeWarpsOneWave>(a, decode_cluster<D, kDecodeWarpsOneWave>(a), st);
-  }
-  return launch_decode_build<D, kDecodeWarps>(a, 1, st);
+  if (blocks > device_sms() || !decode_build_fits<D, kDecodeWarpsOneWave>())
+    return launch_decode_build<D, kDecodeWarps, false>(a, 1, st);
+  const int C = a.cluster_keys > 0 ? decode_cluster<D>(a.n_kv, a.n_split, a.M) : 1;
+  if (C > 1 && a.cluster_keys <= C * kAttnClusterKeysPerBlock)
+    return launch_decode_build<D, kDecodeWarpsOneWave, true>(a, C, st);
+  return launch_decode_build<D, kDecodeWarpsOneWave, false>(a, 1, st);
+}
+
+int attn_decode_cluster(int n_kv, int n_split, int D) {
+  if (!(D == 128 ? decode_build_fits<128, kDecodeWarpsOneWave>() : decode_build_fits<64, kDecodeWarpsOneWave>())) return 1;
+  return D == 128 ? decode_cluster<128>(n_kv, n_split, 1) : D == 64 ? decode_cluster<64>(n_kv, n_split, 1) : 1;
 }
 
 int attention(const AttnArgs& a, cudaStream_t st) {

@@ -24,7 +24,7 @@ constexpr int kBatchAttentionBlocksPerSm = 1;
 
 namespace {
 int batch_attention_splits(const Batch* b, int n) {
-  return decode_split_count(std::min(b->n_split, kBatchAttentionBlocksPerSm * device_sms() / (b->m->cfg.n_kv_heads * n)));
+  return std::max(1, std::min(b->n_split, kBatchAttentionBlocksPerSm * device_sms() / (b->m->cfg.n_kv_heads * n)));
 }
 
 void drop_graphs(Batch* b) {

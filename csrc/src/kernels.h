@@ -117,13 +117,12 @@ constexpr int kAttnMaxSplits = 128;   // attention splits per (token, KV head): 
 // 128 won at 65 and 2,048 keys (4.3, 7.4) and lost at 577 (8.3); from 8K keys the split count is the cap and kps
 // does not matter.
 constexpr int kDecodeKeysPerSplit = 64;
-// A decode launch's split count from its budget (blocks it may use / KV heads / rows): 8 or more splits are rounded
-// down to a multiple of 8, so that attention.cu can launch the blocks in clusters of 8 along the splits and merge
-// short contexts in distributed shared memory (33 -> 32 on the 7B: measured equal at 8K / 32K keys, "Session 21" §5).
-inline int decode_split_count(int budget) {
-  const int n = budget < 1 ? 1 : budget > kAttnMaxSplits ? kAttnMaxSplits : budget;
-  return n >= 8 ? n / 8 * 8 : n;
-}
+// Short contexts: the 8-warp decode build launched in clusters of up to kAttnMaxCluster blocks along the splits
+// merges the splits in distributed shared memory instead of global memory (attention.cu). A launch takes it where
+// the host bounds every token's keys by C x kAttnClusterKeysPerBlock (AttnArgs::cluster_keys): a session's
+// short-context decode graph (session.cu), with kAttnMaxCluster splits.
+constexpr int kAttnMaxCluster = 8;            // portable cluster size
+constexpr int kAttnClusterKeysPerBlock = 128; // one 16-key tile a warp (bench/NOTES.md "Session 22" §2)
 struct AttnArgs {
   const float* qkv;        // [M][qkv_stride] f32: q (n_heads*D), k (n_kv*D), v (n_kv*D), bias already added
   int qkv_stride;
@@ -150,8 +149,15 @@ struct AttnArgs {
   // Prefill (M > 1, n_split 1): the keys the last query token sees (*pos0 + M) where the host knows it, else 0. It picks
   // the prefill kernel's build (attention.cu: kPrefillLongKeys); any value gives the same results.
   int max_keys = 0;
+  // Decode (M = 1): the most keys the launch's token can have where the host bounds it (a session's short-context
+  // graph), else 0. Where it is at most C x kAttnClusterKeysPerBlock for the launch's cluster size C
+  // (attn_decode_cluster), the blocks run in clusters and merge in distributed shared memory.
+  int cluster_keys = 0;
 };
 int attention(const AttnArgs& a, cudaStream_t st);
+// The cluster size a one-token decode launch of n_split splits gets (1: none: no sm_90 code, a split count with no
+// power-of-two factor, a launch of more blocks than SMs, or clusters the GPU cannot hold in one wave)
+int attn_decode_cluster(int n_kv, int n_split, int D);
 // Prefill: rope(k) and v of M tokens into the cache at *pos0 .. *pos0+M-1.
 int rope_kv_write(const float* qkv, int qkv_stride, int M, const int* pos0, KvLayer kv, const int* page_table,
                   const float2* rope, int n_heads, int n_kv, int D, cudaStream_t st);

@@ -15,10 +15,11 @@ Session::~Session() {
   if (st) cudaStreamSynchronize(st);
   if (pool) d_rope = nullptr;   // the pool's rope table and prefill buffers are not this session's to free
   else pre.free();
-  if (decode_only) cudaGraphExecDestroy(decode_only);
-  if (decode_only_graph) cudaGraphDestroy(decode_only_graph);
-  if (decode_sample) cudaGraphExecDestroy(decode_sample);
-  if (decode_sample_graph) cudaGraphDestroy(decode_sample_graph);
+  for (DecodeGraph* gs : {decode_only, decode_sample})
+    for (int cls = 0; cls < 2; cls++) {
+      if (gs[cls].exec) cudaGraphExecDestroy(gs[cls].exec);
+      if (gs[cls].graph) cudaGraphDestroy(gs[cls].graph);
+    }
   void* dev[] = {d_pos, d_token, d_counter, d_samp, d_page_table, d_rope, kv_base, x, qkv, att, hmlp, logits, part_o,
                  part_ml, counters, d_steer, d_counts, d_mask, d_bias_ids, d_bias_vals, d_lp_part_f, d_lp_part_i,
                  d_lp_out, d_lp_ids};
@@ -232,8 +233,18 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
   // decode attention: up to SMs / n_kv splits of at least kDecodeKeysPerSplit keys, so that the launch is one wave of
   // attention.cu's one-block-an-SM build (8 warps; bench/NOTES.md "Session 21" §2: 64 splits of 4-warp blocks took
   // 14.4 / 29.8 us a 7B layer at 8K / 32K keys, 33 of 8 warps 10.4 / 22.4)
-  s->nsplit_decode = decode_split_count(std::min(device_sms() / c.n_kv_heads,
-                                                 (max_ctx + kDecodeKeysPerSplit - 1) / kDecodeKeysPerSplit));
+  s->nsplit_decode = std::max(1, std::min(std::min(kAttnMaxSplits, device_sms() / c.n_kv_heads),
+                                          (max_ctx + kDecodeKeysPerSplit - 1) / kDecodeKeysPerSplit));
+  // Short contexts: a second pair of decode graphs whose attention runs kAttnMaxCluster splits (or the power of two
+  // below nsplit_decode) as clusters merging in distributed shared memory, for the steps with at most C x
+  // kAttnClusterKeysPerBlock keys (H200, 7B: 6.3 -> 5.0 us a layer at 577 keys; bench/NOTES.md "Session 22" §1-3)
+  {
+    int ns = 1;
+    while (2 * ns <= std::min(kAttnMaxCluster, s->nsplit_decode)) ns *= 2;
+    const int C = attn_decode_cluster(c.n_kv_heads, ns, c.head_dim);
+    s->nsplit_short = C > 1 ? ns : 0;
+    s->short_keys = C > 1 ? C * kAttnClusterKeysPerBlock : 0;
+  }
   int rc = NQ_OK;
   {
     cudaError_t e = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking);
@@ -295,20 +306,23 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
       (e = cudaMemset(s->d_counts, 0, (size_t)V * sizeof(int))))
     return fail_cuda(e, "state init");
   if ((e = cudaMemcpy(s->d_samp, &s->samp, sizeof(nq_sampling), cudaMemcpyHostToDevice))) return fail_cuda(e, "sampling upload");
-  // capture decode_only (which == 0) and decode_sample (which == 1)
-  for (int which = 0; which < 2; which++) {
-    if ((e = cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal))) return fail_cuda(e, "begin capture");
-    int r2 = enqueue_decode(s);
-    if (r2 == NQ_OK && which == 1) r2 = enqueue_sample(s);
-    cudaGraph_t g = nullptr;
-    e = cudaStreamEndCapture(s->st, &g);
-    if (r2 != NQ_OK) { if (g) cudaGraphDestroy(g); return bail(r2); }
-    if (e) return fail_cuda(e, "end capture");
-    cudaGraphExec_t ex = nullptr;
-    if ((e = cudaGraphInstantiate(&ex, g, 0))) { cudaGraphDestroy(g); return fail_cuda(e, "graph instantiate"); }
-    if (which == 0) { s->decode_only_graph = g; s->decode_only = ex; }
-    else { s->decode_sample_graph = g; s->decode_sample = ex; }
-  }
+  // capture decode_only (which == 0) and decode_sample (which == 1), for any context (cls 0) and, where the GPU runs
+  // the cluster merge, for short ones (cls 1)
+  for (int cls = 0; cls < (s->short_keys > 0 ? 2 : 1); cls++)
+    for (int which = 0; which < 2; which++) {
+      if ((e = cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal))) return fail_cuda(e, "begin capture");
+      int r2 = enqueue_decode(s, cls == 1);
+      if (r2 == NQ_OK && which == 1) r2 = enqueue_sample(s);
+      cudaGraph_t g = nullptr;
+      e = cudaStreamEndCapture(s->st, &g);
+      if (r2 != NQ_OK) { if (g) cudaGraphDestroy(g); return bail(r2); }
+      if (e) return fail_cuda(e, "end capture");
+      cudaGraphExec_t ex = nullptr;
+      if ((e = cudaGraphInstantiate(&ex, g, 0))) { cudaGraphDestroy(g); return fail_cuda(e, "graph instantiate"); }
+      Session::DecodeGraph& dg = which == 0 ? s->decode_only[cls] : s->decode_sample[cls];
+      dg.graph = g;
+      dg.exec = ex;
+    }
   if ((e = cudaStreamSynchronize(s->st))) return fail_cuda(e, "session init");
   *out = s;
   return NQ_OK;
@@ -369,7 +383,7 @@ int decode_o_mlp(Session* s, const Layer& L, cudaStream_t st) {
 }
 }  // namespace
 
-int enqueue_decode(Session* s) {
+int enqueue_decode(Session* s, bool short_ctx) {
   const Model& m = *s->m;
   const nq_config& c = m.cfg;
   const int H = c.hidden_size, D = c.head_dim, Nq = c.n_heads * D;
@@ -387,7 +401,9 @@ int enqueue_decode(Session* s) {
     aa.qkv = s->qkv; aa.qkv_stride = Nq + 2 * c.n_kv_heads * D; aa.M = 1; aa.pos0 = s->d_pos;
     aa.kv = s->kv[l]; aa.page_table = s->d_page_table; aa.rope = s->d_rope;
     aa.n_heads = c.n_heads; aa.n_kv = c.n_kv_heads; aa.D = D;
-    aa.keys_per_split = kDecodeKeysPerSplit; aa.n_split = s->nsplit_decode; aa.write_kv = true;
+    aa.keys_per_split = kDecodeKeysPerSplit; aa.write_kv = true;
+    aa.n_split = short_ctx ? s->nsplit_short : s->nsplit_decode;
+    aa.cluster_keys = short_ctx ? s->short_keys : 0;
     aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters; aa.out = s->att;
     NQ_TRY(attention(aa, st));
     NQ_TRY(decode_o_mlp(s, L, st));
@@ -600,7 +616,7 @@ int session_decode(Session* s, int32_t token) {
   s->h_tokens[0] = token;
   NQ_CUDA(cudaMemcpyAsync(s->d_token, s->h_tokens, 4, cudaMemcpyHostToDevice, s->st));
   if (s->pool) NQ_TRY(kv_pool_wait_poison(s->pool, s->st));   // pages a pool just handed out are poisoned first
-  NQ_CUDA(cudaGraphLaunch(s->decode_only, s->st));
+  NQ_CUDA(cudaGraphLaunch(s->decode_graph(s->decode_only, s->pos + 1), s->st));
   s->pos += 1;
   s->have_logits = true;
   return NQ_OK;
@@ -639,7 +655,8 @@ int session_generate(Session* s, int max_new, const int32_t* stop, int n_stop, n
   if (s->pool) NQ_TRY(kv_pool_wait_poison(s->pool, st));   // pages a pool just handed out are poisoned first
   int launched = 0;  // tokens whose producing launch is enqueued
   auto launch_one = [&](int i) -> int {
-    cudaError_t e = i == 0 ? cudaSuccess : cudaGraphLaunch(s->decode_sample, st);
+    // launch i decodes the token at position start_pos + i - 1: start_pos + i keys
+    cudaError_t e = i == 0 ? cudaSuccess : cudaGraphLaunch(s->decode_graph(s->decode_sample, start_pos + i), st);
     if (e == cudaSuccess && i == 0) { int r = enqueue_sample(s); if (r) return r; }
     if (e == cudaSuccess) e = cudaEventRecord(ev[(counter0 + i) % s->ring], st);
     if (e != cudaSuccess) return fail(cuda_status(e), "generate launch: %s", cudaGetErrorString(e));

@@ -106,6 +106,8 @@ extern "C" int nq_bench_attention(int32_t n_heads, int32_t n_kv, int32_t head_di
   a.n_heads = n_heads; a.n_kv = n_kv; a.D = D; a.keys_per_split = keys_per_split; a.n_split = n_split;
   a.write_kv = M == 1; a.part_o = po; a.part_ml = pm; a.counters = cnt; a.out = out;
   a.max_keys = n_pos;   // as session_prefill: picks the prefill kernel's build
+  // decode: the bound of a session's short-context graph (clusters where the split count and C x 128 >= n_pos allow)
+  if (M == 1) a.cluster_keys = n_pos;
   return time_launches([&](int i, cudaStream_t st) {
     a.kv.k = k + kv_elems * (i % layers);
     a.kv.v = v + kv_elems * (i % layers);
