@@ -96,6 +96,7 @@ __device__ __forceinline__ void merge_last_split(const AttnArgs& a, int t, int h
 // distinct banks.
 constexpr int kKT = 16;       // keys per tile (= kPage: a tile is one page)
 constexpr int kStages = 2;    // ring stages per warp
+static_assert(kKT == kPage, "an attention tile is one KV page");
 // CLUSTER builds are launched in clusters of C <= kAttnMaxCluster blocks along the splits (sm_90, launch_decode), for
 // launches whose tokens have at most C x kAttnClusterKeysPerBlock keys: the first cluster's C blocks take the keys
 // and merge in distributed shared memory (no partials in global memory, no counter, no last block); the other
