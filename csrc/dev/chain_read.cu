@@ -23,6 +23,13 @@
 //               share an SM: R = 4 is the product's case (its decode GEMVs fill the register file, so the next
 //               kernel's blocks start only as the current one's exit), R = 5-6 leaves one or two slots for the next
 //               stage's first blocks (NOTES "Session 21" §4).
+//   +fixed      kernels (at R = 4, and free) whose stages also do a decode GEMV's per-block fixed work, with no
+//               arithmetic (NOTES "Session 22: where it stands", item 1): x staging (after the wait, the block reads
+//               its split's K range of an f32 x into shared memory as f16, as frag_stage_x; 4 loads in flight a
+//               thread), the RMSNorm's sum of squares over all of K for the normed stages (qkv, gate/up), and the
+//               split reduction of the product's plans: clusters of 4 blocks (qkv, o, down; gate/up: none) that
+//               sum 64 outputs through distributed shared memory between two cluster barriers. Masks: x (1), norm
+//               (2), cluster (4). x holds zeros and the folds are masked by a run-time zero, so y is unchanged.
 // A stage's output: y_s = sum over its 32-bit words w of (w ^ x_s) mod 2^32 with x_s = y_{s-1} (x_0 a seed), so
 // every word's use needs the previous stage, while its load does not (as a GEMV's weights and x). Sums mod 2^32 do
 // not depend on the order, so every variant's y must equal the CPU's exactly (validate: all 112 stages).
@@ -39,7 +46,13 @@ namespace {
 constexpr int kThreads = 128;   // as the product's decode GEMV blocks
 constexpr uint32_t kSeed = 0x2545F491u;
 
-struct Stage { const uint4* w; size_t n16; };
+struct Stage {
+  const uint4* w;
+  size_t n16;
+  int xk;       // +fixed: the K range of x a block stages (the GEMV's K / its plan's splits)
+  int norm_k;   // +fixed: K of the RMSNorm's sum of squares (0: not a normed stage)
+  int split;    // +fixed: the plan's splits (the cluster a split reduction spans; 1: none)
+};
 struct Chain {
   const Stage* st;   // device array of stages
   int n;
@@ -47,6 +60,8 @@ struct Chain {
   uint32_t* done;    // [n] blocks that added their partial (persistent; zeroed before a run)
   size_t pf;         // kernels / unchained: bytes of the next stage each stage prefetches into L2 (0: none)
   int pf_end;        // 1: a block issues its prefetch after its own stream, 0: before its first loads
+  const float* x = nullptr;   // +fixed: [intermediate] zeros, the stand-in for the GEMV's x
+  uint32_t zero = 0;          // +fixed: 0 at run time (the compiler cannot drop the folds it masks)
 };
 
 __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
@@ -105,15 +120,76 @@ __device__ __forceinline__ uint32_t block_sum(uint32_t v, uint32_t* red) {
   return s;
 }
 
+constexpr int kFixX = 1, kFixNorm = 2, kFixCluster = 4;
+constexpr int kFixMaxXk = 8192;   // f16 units of the staged x a block holds (the 7B's down: 18,944 / 4 = 4,736)
+
+// +fixed, after the dependency: the RMSNorm's sum of squares over norm_k (block-wide), then the block's xk of x into
+// xh as f16 (4 loads in flight a thread, as frag_stage_x's f32 path); returns a value that is 0 when x is
+template <int FIX>
+__device__ __forceinline__ uint32_t stage_x_fixed(const Chain& c, const Stage& S, __half* xh, float* redf) {
+  uint32_t fold = 0;
+  if ((FIX & kFixNorm) && S.norm_k > 0) {
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < S.norm_k; i += kThreads) ss = fmaf(c.x[i], c.x[i], ss);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0) redf[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float t = 0.f;
+    for (int w = 0; w < kThreads / 32; w++) t += redf[w];
+    fold |= __float_as_uint(t);
+    __syncthreads();
+  }
+  if (FIX & kFixX) {
+    const int k0 = (int)(blockIdx.x % S.split) * S.xk;   // this block's split of K
+    constexpr int B = 4;
+    for (int p0 = threadIdx.x; p0 < S.xk; p0 += B * kThreads) {
+      float v[B];
+#pragma unroll
+      for (int b = 0; b < B; b++) v[b] = p0 + b * kThreads < S.xk ? c.x[k0 + p0 + b * kThreads] : 0.f;
+#pragma unroll
+      for (int b = 0; b < B; b++)
+        if (p0 + b * kThreads < S.xk) xh[p0 + b * kThreads] = __float2half_rn(v[b]);
+    }
+    __syncthreads();
+    fold |= (uint32_t)__half_as_ushort(xh[threadIdx.x % S.xk]);
+  }
+  return fold & c.zero;
+}
+
+// +fixed, after the stream: a split reduction as the product's (gemv_frag_kernel): 64 sums in shared memory, a
+// cluster barrier, rank r sums its slice of them over the cluster's blocks, a second barrier; returns 0 (masked)
+__device__ __forceinline__ uint32_t split_reduce_fixed(const Chain& c, float* sums, uint32_t acc) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  const int S = (int)cl.num_blocks();
+  if (S < 2) return 0;
+  if (threadIdx.x < 64) sums[threadIdx.x] = (float)(acc & 0xFFu);
+  cl.sync();
+  const int r = (int)cl.block_rank(), per = 64 / S;
+  float v = 0.f;
+  if ((int)threadIdx.x < per)
+    for (int z = 0; z < S; z++) v += cl.map_shared_rank(sums, z)[r * per + threadIdx.x];
+  cl.sync();
+  return __float_as_uint(v) & c.zero;
+#else
+  return 0;
+#endif
+}
+
 // kernels / counters / unchained: one stage a launch (chained: wait for the previous stage's kernel, or for its
-// counter, read its output)
+// counter, read its output). FIX: +fixed's per-block work (kernels only).
 enum Dep { kNone, kGridDep, kCounter };
-template <int U, Dep DEP>
+template <int U, Dep DEP, int FIX = 0>
 __global__ void __launch_bounds__(kThreads) stage_kernel(Chain c, int s) {
   __shared__ uint32_t red[kThreads / 32];
   __shared__ uint32_t xs;
+  __shared__ __half xh[FIX & kFixX ? kFixMaxXk : 1];
+  __shared__ float redf[kThreads / 32], sums[64];
   if (c.pf && !c.pf_end && s + 1 < c.n) prefetch_share(c.st[s + 1], c.pf);
-  const uint32_t acc = stage_sum<U>(c.st[s], [&]() {
+  uint32_t fold = 0;
+  uint32_t acc = stage_sum<U>(c.st[s], [&]() {
     if (DEP == kNone) return s > 0 ? kSeed + (uint32_t)s : kSeed;   // unchained: no dependency (y not validated)
     if (DEP == kGridDep) nq::pdl_wait();
     if (threadIdx.x == 0) {
@@ -123,9 +199,11 @@ __global__ void __launch_bounds__(kThreads) stage_kernel(Chain c, int s) {
     }
     __syncthreads();
     nq::pdl_trigger();
-    return (uint32_t)xs;
+    if (FIX & (kFixX | kFixNorm)) fold = stage_x_fixed<FIX>(c, c.st[s], xh, redf);
+    return (uint32_t)xs ^ fold;
   });
   if (c.pf && c.pf_end && s + 1 < c.n) prefetch_share(c.st[s + 1], c.pf);
+  if (FIX & kFixCluster) acc += split_reduce_fixed(c, sums, acc);
   const uint32_t b = block_sum(acc, red);
   if (threadIdx.x == 0) {
     atomicAdd(&c.y[s], b);
@@ -204,9 +282,20 @@ int main(int argc, char** argv) {
   DEV_CHECK(cudaMalloc(&buf, total));
   dev::fill_hash_words<<<4 * sms, 256>>>(reinterpret_cast<uint32_t*>(buf), total / 4, 0);   // word j: hash_word(j)
   std::vector<Stage> hs(n);
+  // +fixed: per stage kind, the K of its x, whether it is normed, and its plan's splits (frag_plan on the 7B: qkv /
+  // o / down 4, gate/up 1; other sizes differ, the 7B's are kept)
+  const int qd = wd.heads * wd.head_dim;
+  const int kind_k[4] = {wd.hidden, qd, wd.hidden, wd.intermediate}, kind_norm[4] = {1, 0, 1, 0};
+  const int kind_split[4] = {4, 4, 1, 4};
   for (int s = 0; s < n; s++) {
     const size_t bytes = (s + 1 < n ? off[s + 1] : total) - off[s];
-    hs[s] = {reinterpret_cast<const uint4*>(buf + off[s]), bytes / 16};
+    const int kd = s % 4;
+    hs[s] = {reinterpret_cast<const uint4*>(buf + off[s]), bytes / 16, kind_k[kd] / kind_split[kd],
+             kind_norm[kd] ? kind_k[kd] : 0, kind_split[kd]};
+    if (hs[s].xk > kFixMaxXk) {
+      std::printf("chain_read: a stage's x range (%d) exceeds kFixMaxXk\n", hs[s].xk);
+      return 1;
+    }
   }
   Stage* ds = nullptr;
   uint32_t *y = nullptr, *done = nullptr, *sink = nullptr;
@@ -215,7 +304,10 @@ int main(int argc, char** argv) {
   DEV_CHECK(cudaMalloc(&y, n * 4));
   DEV_CHECK(cudaMalloc(&done, n * 4));
   DEV_CHECK(cudaMalloc(&sink, 4));
-  Chain c{ds, n, y, done, 0, 0};
+  float* xz = nullptr;   // +fixed: the zero x
+  DEV_CHECK(cudaMalloc(&xz, (size_t)std::max(wd.hidden, std::max(qd, wd.intermediate)) * sizeof(float)));
+  DEV_CHECK(cudaMemset(xz, 0, (size_t)std::max(wd.hidden, std::max(qd, wd.intermediate)) * sizeof(float)));
+  Chain c{ds, n, y, done, 0, 0, xz, 0u};
 
   // CPU reference: y_s = sum (w ^ x_s), x_s = y_{s-1}
   std::vector<uint32_t> ref(n);
@@ -303,6 +395,57 @@ int main(int argc, char** argv) {
   add_pf(kNone, 16.0, 0);
   for (int R : {4, 5, 6, 8})                      // mb 0: no prefetch (the kernels row at R blocks an SM)
     for (double mb : {0.0, 4.0, 8.0}) add_pf(kGridDep, mb, 1, R);
+  // +fixed: kernels whose stages do a GEMV's per-block fixed work (mask FIX), at R blocks an SM (0: as the kernels
+  // row); split stages in clusters of their plan's splits
+  struct FixRun { int fix, R; cudaGraphExec_t g; };
+  std::vector<FixRun> fix_runs;
+  auto capture_fixed = [&](auto kernel, int fix, int R) {
+    cudaFuncAttributes fa{};
+    DEV_CHECK(cudaFuncGetAttributes(&fa, kernel));
+    const size_t smem = R > 0 ? (size_t)(((smem_sm / R - smem_reserved - (int)fa.sharedSizeBytes) / 128 - 1) * 128) : 0;
+    DEV_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (R > 0) {
+      int got = 0;
+      DEV_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&got, kernel, kThreads, smem));
+      if (got != R) { std::printf("+fixed %d, R = %d: FAIL, %d blocks an SM\n", fix, R, got); std::exit(1); }
+    }
+    cudaStream_t st;
+    DEV_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    DEV_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    DEV_CHECK(cudaMemsetAsync(y, 0, n * 4, st));
+    for (int s = 0; s < n; s++) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(grid); cfg.blockDim = dim3(kThreads); cfg.dynamicSmemBytes = smem; cfg.stream = st;
+      cudaLaunchAttribute attr[2];
+      unsigned na = 0;
+      if ((fix & kFixCluster) && hs[s].split > 1) {
+        attr[na].id = cudaLaunchAttributeClusterDimension;
+        attr[na].val.clusterDim.x = hs[s].split; attr[na].val.clusterDim.y = 1; attr[na].val.clusterDim.z = 1;
+        na++;
+      }
+      if (s > 0) {   // chained with PDL after the first stage, as the kernels row
+        attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[na].val.programmaticStreamSerializationAllowed = 1;
+        na++;
+      }
+      cfg.attrs = attr; cfg.numAttrs = na;
+      DEV_CHECK(cudaLaunchKernelEx(&cfg, kernel, c, s));
+    }
+    DEV_CHECK(cudaStreamEndCapture(st, &g));
+    DEV_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    DEV_CHECK(cudaGraphDestroy(g));
+    DEV_CHECK(cudaStreamDestroy(st));
+    fix_runs.push_back({fix, R, ge});
+  };
+  for (int R : {4, 0}) {
+    if (R == 4) {
+      capture_fixed(stage_kernel<U, kGridDep, kFixX | kFixNorm>, kFixX | kFixNorm, R);
+      capture_fixed(stage_kernel<U, kGridDep, kFixCluster>, kFixCluster, R);
+    }
+    capture_fixed(stage_kernel<U, kGridDep, kFixX | kFixNorm | kFixCluster>, kFixX | kFixNorm | kFixCluster, R);
+  }
   auto run_persistent = [&]() {
     DEV_CHECK(cudaMemsetAsync(y, 0, n * 4));
     DEV_CHECK(cudaMemsetAsync(done, 0, n * 4));
@@ -323,6 +466,12 @@ int main(int argc, char** argv) {
   DEV_CHECK(cudaGraphLaunch(pf_runs.front().g, 0));
   DEV_CHECK(cudaDeviceSynchronize());
   check("kernels + L2 prefetch");
+  for (const FixRun& r : fix_runs) {
+    DEV_CHECK(cudaMemset(y, 0xFF, n * 4));
+    DEV_CHECK(cudaGraphLaunch(r.g, 0));
+    DEV_CHECK(cudaDeviceSynchronize());
+    check("kernels + fixed work");
+  }
   DEV_CHECK(cudaMemset(y, 0xFF, n * 4));
   run_persistent();
   DEV_CHECK(cudaDeviceSynchronize());
@@ -354,6 +503,13 @@ int main(int argc, char** argv) {
                     r.end ? "end" : "start", res);
     else
       std::snprintf(what, sizeof what, "kernels%s", res);
+    row(what, t);
+  }
+  for (const FixRun& r : fix_runs) {
+    const double t = dev::median_us([&](int) { DEV_CHECK(cudaGraphLaunch(r.g, 0)); }, iters, reps);
+    char what[64];
+    std::snprintf(what, sizeof what, "kernels+fixed%s%s%s%s", r.fix & kFixX ? " x" : "", r.fix & kFixNorm ? " norm" : "",
+                  r.fix & kFixCluster ? " cluster" : "", r.R > 0 ? ", 4 an SM" : "");
     row(what, t);
   }
   row("persistent", t_pers);
