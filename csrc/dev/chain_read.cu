@@ -340,8 +340,8 @@ int main(int argc, char** argv) {
   DEV_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, chain_persistent<U>, kThreads, 0));
   const int pgrid = std::min(4, per_sm) * sms;
 
-  // kernels, counters and unchained: graphs of n launches after a memset of y (and of the counters)
-  auto capture = [&](Dep dep, const Chain& c, size_t smem = 0) {
+  // a graph of what enqueue(st) launches, after a memset of y and of the counters
+  auto graph_of = [&](auto enqueue) {
     cudaStream_t st;
     DEV_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cudaGraph_t g;
@@ -349,20 +349,26 @@ int main(int argc, char** argv) {
     DEV_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     DEV_CHECK(cudaMemsetAsync(y, 0, n * 4, st));
     DEV_CHECK(cudaMemsetAsync(done, 0, n * 4, st));
-    void (*kernel)(Chain, int) = dep == kGridDep   ? stage_kernel<U, kGridDep>
-                                 : dep == kCounter ? stage_kernel<U, kCounter>
-                                                   : stage_kernel<U, kNone>;
-    for (int s = 0; s < n; s++) {
-      if (dep != kNone && s > 0)   // chained: with PDL after the first stage
-        dev::must(nq::launch_pdl("stage_kernel", kernel, dim3(grid), dim3(kThreads), smem, st, c, s));
-      else
-        kernel<<<grid, kThreads, smem, st>>>(c, s);
-    }
+    enqueue(st);
     DEV_CHECK(cudaStreamEndCapture(st, &g));
     DEV_CHECK(cudaGraphInstantiate(&ge, g, 0));
     DEV_CHECK(cudaGraphDestroy(g));
     DEV_CHECK(cudaStreamDestroy(st));
     return ge;
+  };
+  // kernels, counters and unchained: graphs of n launches
+  auto capture = [&](Dep dep, const Chain& c, size_t smem = 0) {
+    return graph_of([&](cudaStream_t st) {
+      void (*kernel)(Chain, int) = dep == kGridDep   ? stage_kernel<U, kGridDep>
+                                   : dep == kCounter ? stage_kernel<U, kCounter>
+                                                     : stage_kernel<U, kNone>;
+      for (int s = 0; s < n; s++) {
+        if (dep != kNone && s > 0)   // chained: with PDL after the first stage
+          dev::must(nq::launch_pdl("stage_kernel", kernel, dim3(grid), dim3(kThreads), smem, st, c, s));
+        else
+          kernel<<<grid, kThreads, smem, st>>>(c, s);
+      }
+    });
   };
   cudaGraphExec_t g_chain = capture(kGridDep, c), g_ctr = capture(kCounter, c), g_free = capture(kNone, c);
   // kernels (and once unchained) with an L2 prefetch of the next stage's first `pf` bytes, issued at a block's start
@@ -409,34 +415,26 @@ int main(int argc, char** argv) {
       DEV_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&got, kernel, kThreads, smem));
       if (got != R) { std::printf("+fixed %d, R = %d: FAIL, %d blocks an SM\n", fix, R, got); std::exit(1); }
     }
-    cudaStream_t st;
-    DEV_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    DEV_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    DEV_CHECK(cudaMemsetAsync(y, 0, n * 4, st));
-    for (int s = 0; s < n; s++) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(grid); cfg.blockDim = dim3(kThreads); cfg.dynamicSmemBytes = smem; cfg.stream = st;
-      cudaLaunchAttribute attr[2];
-      unsigned na = 0;
-      if ((fix & kFixCluster) && hs[s].split > 1) {
-        attr[na].id = cudaLaunchAttributeClusterDimension;
-        attr[na].val.clusterDim.x = hs[s].split; attr[na].val.clusterDim.y = 1; attr[na].val.clusterDim.z = 1;
-        na++;
+    const cudaGraphExec_t ge = graph_of([&](cudaStream_t st) {
+      for (int s = 0; s < n; s++) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(grid); cfg.blockDim = dim3(kThreads); cfg.dynamicSmemBytes = smem; cfg.stream = st;
+        cudaLaunchAttribute attr[2];
+        unsigned na = 0;
+        if ((fix & kFixCluster) && hs[s].split > 1) {
+          attr[na].id = cudaLaunchAttributeClusterDimension;
+          attr[na].val.clusterDim.x = hs[s].split; attr[na].val.clusterDim.y = 1; attr[na].val.clusterDim.z = 1;
+          na++;
+        }
+        if (s > 0) {   // chained with PDL after the first stage, as the kernels row
+          attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+          attr[na].val.programmaticStreamSerializationAllowed = 1;
+          na++;
+        }
+        cfg.attrs = attr; cfg.numAttrs = na;
+        DEV_CHECK(cudaLaunchKernelEx(&cfg, kernel, c, s));
       }
-      if (s > 0) {   // chained with PDL after the first stage, as the kernels row
-        attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[na].val.programmaticStreamSerializationAllowed = 1;
-        na++;
-      }
-      cfg.attrs = attr; cfg.numAttrs = na;
-      DEV_CHECK(cudaLaunchKernelEx(&cfg, kernel, c, s));
-    }
-    DEV_CHECK(cudaStreamEndCapture(st, &g));
-    DEV_CHECK(cudaGraphInstantiate(&ge, g, 0));
-    DEV_CHECK(cudaGraphDestroy(g));
-    DEV_CHECK(cudaStreamDestroy(st));
+    });
     fix_runs.push_back({fix, R, ge});
   };
   for (int R : {4, 0}) {
