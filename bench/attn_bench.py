@@ -29,22 +29,10 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests")]
 
 from nanoqwen_format.shapes import QWEN25_SHAPES  # noqa: E402
-from nq_testing_lib import driver_sm_count, load_testing_library  # noqa: E402
+from nq_testing_lib import driver_sm_count, load_testing_library, short_context_keys  # noqa: E402
 
 LAYOUTS = {name: (QWEN25_SHAPES[name].n_heads, QWEN25_SHAPES[name].n_kv_heads, QWEN25_SHAPES[name].head_dim)
            for name in ("7B", "0.5B", "32B")}  # n_heads, n_kv, head_dim
-
-
-def short_context_keys() -> int:
-    """kAttnMaxCluster x kAttnClusterKeysPerBlock, read from csrc/src/kernels.h (where they are defined): the most keys
-    a step of a session's short-context graph has"""
-    import re
-    text = open(os.path.join(_ROOT, "csrc", "src", "kernels.h")).read()
-    c = re.search(r"constexpr int kAttnMaxCluster = (\d+);", text)
-    k = re.search(r"constexpr int kAttnClusterKeysPerBlock = (\d+);", text)
-    if not (c and k):
-        raise SystemExit("attn_bench: kAttnMaxCluster / kAttnClusterKeysPerBlock not found in csrc/src/kernels.h")
-    return int(c.group(1)) * int(k.group(1))
 
 
 def decode_split_count(budget: int, n_pos: int, max_ctx: int, kps: int, short_keys: int) -> int:

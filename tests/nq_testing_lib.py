@@ -81,6 +81,18 @@ def load_testing_library():
     return lib
 
 
+def short_context_keys() -> int:
+    """kAttnMaxCluster x kAttnClusterKeysPerBlock, read from csrc/src/kernels.h (the one place they are defined): the
+    most keys a decode step of a session's short-context graphs has (session.cu; attention in clusters on sm_90)"""
+    import re
+    text = (ROOT / "csrc" / "src" / "kernels.h").read_text()
+    c = re.search(r"constexpr int kAttnMaxCluster = (\d+);", text)
+    k = re.search(r"constexpr int kAttnClusterKeysPerBlock = (\d+);", text)
+    if not (c and k):
+        raise RuntimeError("kAttnMaxCluster / kAttnClusterKeysPerBlock not found in csrc/src/kernels.h")
+    return int(c.group(1)) * int(k.group(1))
+
+
 def _driver_attributes(*attrs):
     """Device 0's CUdevice_attribute values `attrs` through the driver API (libcuda), or None where they cannot be
     read."""

@@ -155,23 +155,13 @@ def test_greedy_generation_matches_cpu(files, name):
         assert checked >= 8
 
 
-def _short_context_keys():
-    """kAttnMaxCluster x kAttnClusterKeysPerBlock, read from csrc/src/kernels.h (the one place they are defined): the
-    most keys a decode step of a session's short-context graphs has (session.cu)"""
-    import re
-    text = (ROOT / "csrc" / "src" / "kernels.h").read_text()
-    c = re.search(r"constexpr int kAttnMaxCluster = (\d+);", text)
-    k = re.search(r"constexpr int kAttnClusterKeysPerBlock = (\d+);", text)
-    assert c and k, "kAttnMaxCluster / kAttnClusterKeysPerBlock not in kernels.h"
-    return int(c.group(1)) * int(k.group(1))
-
-
 def test_decode_across_the_short_context_graphs(files):
     """Steps on both sides of the short-context graphs' bound (on sm_90 their attention runs 8 splits in clusters
     that merge in distributed shared memory; later steps replay the plain graphs): token-by-token logits follow the
     CPU oracle's across it, and so does a greedy generation that crosses it."""
     from nanoqwen_rt.sampling import SamplingParams
-    short = _short_context_keys()
+    from nq_testing_lib import short_context_keys
+    short = short_context_keys()
     gpu, cpu = _backends(files["qwen2-d64-int4g64"], ctx=short + 64)
     with gpu, cpu:
         rng = np.random.default_rng()
