@@ -494,32 +494,37 @@ bool decode_build_fits() {
   return fits;
 }
 
-// The clusters of C blocks of the cluster build the GPU holds at once (0 where the kernel has no sm_90 code)
+// The clusters of C blocks of the cluster build the GPU holds at once (0 where the kernel has no sm_90 code or its
+// shared memory does not fit), asked once for every power of two C in [2, kAttnMaxCluster] (thread-safe: a function-local static)
 template <int D>
 int decode_max_clusters(int C) {
-  static int known[kAttnMaxCluster + 1] = {};   // by C; 0: not asked yet, -1: none
-  if (C < 2 || C > kAttnMaxCluster) return 0;
-  if (known[C] == 0) {
+  struct Known { int n[kAttnMaxCluster + 1]; };
+  static const Known known = [] {
+    Known k{};
     auto kernel = attn_decode_kernel<D, kDecodeWarpsOneWave, true>;
     cudaFuncAttributes fa{};
-    int n = 0;
-    if (decode_build_fits<D, kDecodeWarpsOneWave>() && decode_smem_raised<D, kDecodeWarpsOneWave, true>() == cudaSuccess &&
-        cudaFuncGetAttributes(&fa, kernel) == cudaSuccess && fa.binaryVersion >= 90) {
+    if (!decode_build_fits<D, kDecodeWarpsOneWave>() ||
+        decode_smem_raised<D, kDecodeWarpsOneWave, true>() != cudaSuccess ||
+        cudaFuncGetAttributes(&fa, kernel) != cudaSuccess || fa.binaryVersion < 90)
+      return k;
+    for (int c = 2; c <= kAttnMaxCluster; c *= 2) {
       cudaLaunchConfig_t cfg{};
       cudaLaunchAttribute attr[1];
       attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = 1; attr[0].val.clusterDim.y = C; attr[0].val.clusterDim.z = 1;
-      cfg.gridDim = dim3(1, C, 1); cfg.blockDim = dim3(kDecodeWarpsOneWave * 32);
+      attr[0].val.clusterDim.x = 1; attr[0].val.clusterDim.y = c; attr[0].val.clusterDim.z = 1;
+      cfg.gridDim = dim3(1, c, 1); cfg.blockDim = dim3(kDecodeWarpsOneWave * 32);
       cfg.dynamicSmemBytes = sizeof(AttnSmem<D, kDecodeWarpsOneWave>);
       cfg.attrs = attr; cfg.numAttrs = 1;
+      int n = 0;
       if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
         (void)cudaGetLastError();
         n = 0;
       }
+      k.n[c] = n;
     }
-    known[C] = n > 0 ? n : -1;
-  }
-  return known[C] > 0 ? known[C] : 0;
+    return k;
+  }();
+  return C >= 2 && C <= kAttnMaxCluster ? known.n[C] : 0;
 }
 
 // The largest power of two <= kAttnMaxCluster dividing n_split whose clusters the GPU holds in one wave of
@@ -557,8 +562,7 @@ int launch_decode(const AttnArgs& a, cudaStream_t st) {
   return launch_decode_build<D, kDecodeWarpsOneWave, false>(a, 1, st);
 }
 
-int attn_decode_cluster(int n_kv, int n_split, int D) {
-  if (!(D == 128 ? decode_build_fits<128, kDecodeWarpsOneWave>() : decode_build_fits<64, kDecodeWarpsOneWave>())) return 1;
+int attn_decode_cluster(int n_kv, int n_split, int D) {   // decode_max_clusters checks that the build fits
   return D == 128 ? decode_cluster<128>(n_kv, n_split, 1) : D == 64 ? decode_cluster<64>(n_kv, n_split, 1) : 1;
 }
 

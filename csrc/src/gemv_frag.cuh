@@ -217,9 +217,27 @@ __device__ __forceinline__ void frag_output(const GemvArgs& a, int b, int o, Sum
   }
 }
 
+// EXPERIMENT (session 23 trace): one record a block, thread 0's %globaltimer at entry, after the PDL wait, after x
+// staging, after the dot and the warp-sum barrier, at the end; its SM; the GEMV's kind
+struct FragTraceRec {
+  unsigned long long t[5];
+  unsigned kind, block, sm, pad;
+};
+constexpr unsigned kFragTraceMax = 1u << 18;
+__device__ FragTraceRec g_frag_trace[kFragTraceMax];
+__device__ unsigned g_frag_trace_n;
+__device__ int g_frag_trace_on;
+__device__ __forceinline__ unsigned long long gtimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
 template <int SPG, int MODE, int WARPS>
 __global__ void __launch_bounds__(32 * WARPS, FragMinBlocks<SPG, MODE, WARPS>::value)
 gemv_frag_kernel(const GemvArgs a) {
+  unsigned long long tt[5];
+  tt[0] = gtimer();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ uint4 xs_units[];        // the split's k range of x, f16 in k order
   __shared__ float red[32];
@@ -234,15 +252,46 @@ gemv_frag_kernel(const GemvArgs a) {
   const frag::Tile tile = MODE == GEMV_SWIGLU ? frag::pair_tile(a.seg[0], a.up, b) : frag_locate(a, b).tile;
   FragRing<SPG> ring;
   frag_prefetch<SPG>(tile, c0 + w0, nw, ring);   // weights never depend on the previous kernel
+  if (a.pf_chunks > 0 && lane == 0 && nw > 1) {   // EXPERIMENT: the warp's next chunks into L2
+    const int np = min(nw - 1, a.pf_chunks), cf = c0 + w0 + 1;
+    bulk_prefetch_l2(tile.w + (size_t)frag::kChunkSteps * cf * 32, np * frag::kChunkSteps * 32 * 16);
+    const int gi0 = frag::kChunkSteps * cf / SPG, gi1 = (frag::kChunkSteps * (cf + np) - 1) / SPG + 1;
+    bulk_prefetch_l2(tile.s + (size_t)gi0 * 8, (gi1 - gi0) * 8 * 16);
+  }
+  if (a.pf_norm == 1 && a.norm_w && threadIdx.x == 0)   // EXPERIMENT: the split's norm weights into L2
+    bulk_prefetch_l2(a.norm_w + kFragChunkK * c0, nc * kFragChunkK * 4);
+  if (a.pf_norm == 2 && a.norm_w)   // EXPERIMENT: the split's norm weights into L1 (128-byte lines)
+    for (int i = threadIdx.x; i < nc * kFragChunkK / 32; i += blockDim.x)
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(a.norm_w + kFragChunkK * c0 + 32 * i));
   pdl_wait();                                    // x / out were written by the previous kernel
+  tt[1] = gtimer();
   pdl_trigger();
   frag_stage_x(a, K, kFragChunkK * c0, nc * kFragChunkK / 8, xs_units, red);
+  tt[2] = gtimer();
   float acc[8];
   frag_warp_dot<SPG>(tile, c0 + w0, nw, reinterpret_cast<const __half*>(xs_units) + kFragChunkK * w0, ring, acc);
   if (t == 0)
 #pragma unroll
     for (int j = 0; j < 8; j++) warp_sums[warp][8 * j + g] = acc[j];
   __syncthreads();
+  tt[3] = gtimer();
+  auto trace_end = [&]() {
+    if (threadIdx.x == 0 && g_frag_trace_on) {
+      tt[4] = gtimer();
+      const unsigned i = atomicAdd(&g_frag_trace_n, 1u);
+      if (i < kFragTraceMax) {
+        FragTraceRec r;
+        for (int q = 0; q < 5; q++) r.t[q] = tt[q];
+        unsigned smid;
+        asm volatile("mov.u32 %0, %smid;" : "=r"(smid));
+        r.kind = (unsigned)MODE << 28 | (unsigned)(K / 128) << 14 | (unsigned)gridDim.x;
+        r.block = blockIdx.x + gridDim.x * blockIdx.y;
+        r.sm = smid;
+        r.pad = 0;
+        g_frag_trace[i] = r;
+      }
+    }
+  };
   if (threadIdx.x < frag::kTileRows) {
     float v = 0.f;
 #pragma unroll
@@ -252,6 +301,7 @@ gemv_frag_kernel(const GemvArgs a) {
   if (S == 1) {
     __syncthreads();
     if (threadIdx.x < kOut) frag_output<MODE>(a, b, threadIdx.x, [&](int i) { return tile_sums[i]; });
+    trace_end();
     return;
   }
   namespace cg = cooperative_groups;
@@ -265,6 +315,7 @@ gemv_frag_kernel(const GemvArgs a) {
       return v;
     });
   cl.sync();   // no block leaves while another reads its shared memory
+  trace_end();
 #else
   __trap();    // sm_80 build: never launched (gemv.cu takes this path only where int4_fragment_order_available())
 #endif

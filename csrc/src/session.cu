@@ -235,14 +235,15 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
   // 14.4 / 29.8 us a 7B layer at 8K / 32K keys, 33 of 8 warps 10.4 / 22.4)
   s->nsplit_decode = std::max(1, std::min(std::min(kAttnMaxSplits, device_sms() / c.n_kv_heads),
                                           (max_ctx + kDecodeKeysPerSplit - 1) / kDecodeKeysPerSplit));
-  // Short contexts: a second pair of decode graphs whose attention runs kAttnMaxCluster splits (or the power of two
-  // below nsplit_decode) as clusters merging in distributed shared memory, for the steps with at most C x
-  // kAttnClusterKeysPerBlock keys (H200, 7B: 6.3 -> 5.0 us a layer at 577 keys; bench/NOTES.md "Session 22" §1-3)
+  // Short contexts: a second pair of decode graphs whose attention runs one cluster of C splits (C: the largest the
+  // GPU holds of the power of two <= min(kAttnMaxCluster, nsplit_decode)) merging in distributed shared memory, for
+  // the steps with at most C x kAttnClusterKeysPerBlock keys (H200, 7B: C = 8, 6.3 -> 5.0 us a layer at 577 keys;
+  // bench/NOTES.md "Session 22" §1-3)
   {
     int ns = 1;
     while (2 * ns <= std::min(kAttnMaxCluster, s->nsplit_decode)) ns *= 2;
     const int C = attn_decode_cluster(c.n_kv_heads, ns, c.head_dim);
-    s->nsplit_short = C > 1 ? ns : 0;
+    s->nsplit_short = C > 1 ? C : 0;
     s->short_keys = C > 1 ? C * kAttnClusterKeysPerBlock : 0;
   }
   int rc = NQ_OK;
