@@ -31,6 +31,7 @@
 #pragma once
 #include "gemv_kernels.cuh"
 #include "int4_frag.cuh"
+#include "cp_async.cuh"
 #include <cooperative_groups.h>
 
 namespace nq {
@@ -38,6 +39,8 @@ namespace {
 
 constexpr int kFragChunkK = frag::kStepK * frag::kChunkSteps;   // k of one chunk (128)
 constexpr int kFragMaxSplits = 16;                              // the largest (non-portable) cluster on Hopper
+// f16 units (8 k, 16 bytes) of x in the longest of S splits of KC chunks: the dynamic shared memory's first part
+__host__ __device__ constexpr int frag_x_units(int KC, int S) { return (KC + S - 1) / S * (kFragChunkK / 8); }
 
 // Resident blocks per SM each build's registers are budgeted for (__launch_bounds__' minimum): 8 warps 2 and 4 warps
 // 4 (128 registers), SWIGLU 5 (96 registers: the 7B's 592 P tiles in one wave of 132 x 5 blocks, not two of 132 x 4).
@@ -136,9 +139,11 @@ __device__ __forceinline__ void frag_warp_dot(const frag::Tile& tile, int c0, in
 
 // x's k range [k0, k0 + 8 n) into xs as n f16 units in k order (xs[p] = x[k0 + 8 p .. + 7]), rounded as
 // stage_x_f16 rounds x for gemv_int4: x_f16 as given; x_f32 once to f16; with norm_w ((x * inv) * norm_w) once, inv
-// = rms_inv over all K of x (block-wide). Loads batched B deep per thread. Ends with __syncthreads.
-__device__ __forceinline__ void frag_stage_x(const GemvArgs& a, int K, int k0, int n, uint4* xs, float* red) {
-  const float inv = rms_inv(a, K, red);
+// = rms_inv over all K of x (block-wide). With norm_w, the range's norm weights are copied into ws (2 n float4) by
+// cp.async first, each thread the units it converts, so that their round trip overlaps rms_inv's pass over x (the
+// traced step of bench/NOTES.md "Session 23" §2: 2.5 µs of staging for gate/up, three round trips, one now).
+// Loads batched B deep per thread. Ends with __syncthreads.
+__device__ __forceinline__ void frag_stage_x(const GemvArgs& a, int K, int k0, int n, uint4* xs, float4* ws, float* red) {
   const int bd = blockDim.x;
   if (a.x_f16) {
     constexpr int B = 4;
@@ -155,17 +160,25 @@ __device__ __forceinline__ void frag_stage_x(const GemvArgs& a, int K, int k0, i
   } else {
     constexpr int B = 2;
     const bool norm = a.norm_w != nullptr;
+    if (norm) {
+      const float4* w4 = reinterpret_cast<const float4*>(a.norm_w + k0);
+      for (int p = threadIdx.x; p < n; p += bd) {
+        cp_async16(ws + 2 * p, w4 + 2 * p);
+        cp_async16(ws + 2 * p + 1, w4 + 2 * p + 1);
+      }
+      cp_async_commit();
+    }
+    const float inv = rms_inv(a, K, red);
+    if (norm) cp_async_wait<0>();   // this thread's own copies: it reads only those
     const float4* x4 = reinterpret_cast<const float4*>(a.x_f32 + k0);
-    const float4* w4 = reinterpret_cast<const float4*>(norm ? a.norm_w + k0 : a.x_f32 + k0);
     for (int p0 = threadIdx.x; p0 < n; p0 += B * bd) {
-      float4 v0[B], v1[B], n0[B], n1[B];
+      float4 v0[B], v1[B];
 #pragma unroll
       for (int b = 0; b < B; b++) {
         const int p = p0 + b * bd;
         if (p < n) {
           v0[b] = x4[2 * p];
           v1[b] = x4[2 * p + 1];
-          if (norm) { n0[b] = w4[2 * p]; n1[b] = w4[2 * p + 1]; }
         }
       }
 #pragma unroll
@@ -174,7 +187,8 @@ __device__ __forceinline__ void frag_stage_x(const GemvArgs& a, int K, int k0, i
         if (p < n) {
           float f[8] = {v0[b].x, v0[b].y, v0[b].z, v0[b].w, v1[b].x, v1[b].y, v1[b].z, v1[b].w};
           if (norm) {
-            const float w[8] = {n0[b].x, n0[b].y, n0[b].z, n0[b].w, n1[b].x, n1[b].y, n1[b].z, n1[b].w};
+            const float4 n0 = ws[2 * p], n1 = ws[2 * p + 1];
+            const float w[8] = {n0.x, n0.y, n0.z, n0.w, n1.x, n1.y, n1.z, n1.w};
 #pragma unroll
             for (int e = 0; e < 8; e++) f[e] = f[e] * inv * w[e];
           }
@@ -205,17 +219,42 @@ __device__ __forceinline__ FragTileRef frag_locate(const GemvArgs& a, int b) {
   return {frag::tile_of(a.seg[0], b), a.bias[0], frag::kTileRows * b};
 }
 
-// The epilogue of output o (0..63 of tile b; SWIGLU 0..31 of P tile b), sum(i) giving the tile's total of tile row i
+// The epilogue's operands that do not depend on the dot, loaded early so that their round trips overlap the stream:
+// STORE / ADD output o (0..63) of tile b: its bias (a weight: before the PDL wait, load_bias) and, ADD, the value it
+// adds to (written by an earlier kernel: after the wait, load_old). SWIGLU has neither.
+struct FragOutPre {
+  float bias = 0.f, old = 0.f;
+};
+template <int MODE>
+__device__ __forceinline__ void frag_load_bias(const GemvArgs& a, int b, int o, FragOutPre& p) {
+  if constexpr (MODE != GEMV_SWIGLU) {
+    const FragTileRef t = frag_locate(a, b);
+    if (t.bias) p.bias = __ldg(t.bias + t.row0 + o);
+  }
+}
+template <int MODE>
+__device__ __forceinline__ void frag_load_old(const GemvArgs& a, int b, int o, FragOutPre& p) {
+  if constexpr (MODE == GEMV_ADD) p.old = a.out_f32[frag::kTileRows * b + o];
+}
+// Output o (0..63 of tile b; SWIGLU 0..31 of P tile b), sum(i) giving the tile's total of tile row i: as store_row
+// (STORE y + bias, ADD old + (y + bias)) and swiglu_f16
 template <int MODE, class Sum>
-__device__ __forceinline__ void frag_output(const GemvArgs& a, int b, int o, Sum sum) {
+__device__ __forceinline__ void frag_output(const GemvArgs& a, int b, int o, const FragOutPre& p, Sum sum) {
   if constexpr (MODE == GEMV_SWIGLU) {   // output 32 b + 8 q + g: gate = P row 16 q + g (n8-tile 2q), up = 16 q + 8 + g
     const int q = o >> 3, g = o & 7;
     a.out_f16[32 * b + o] = swiglu_f16(sum(16 * q + g), sum(16 * q + 8 + g));
   } else {
-    const FragTileRef t = frag_locate(a, b);
-    store_row<MODE>(a, frag::kTileRows * b + o, sum(o), t.bias, t.row0 + o);
+    const float y = sum(o) + p.bias;
+    a.out_f32[frag::kTileRows * b + o] = MODE == GEMV_ADD ? p.old + y : y;
   }
 }
+
+// Halves of a cluster barrier (sm_90): arrive with release (this block's memory operations so far are ordered before
+// it, e.g. its shared-memory writes become visible to the cluster), and wait (acquire).
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
 // EXPERIMENT (session 23 trace): one record a block, thread 0's %globaltimer at entry, after the PDL wait, after x
 // staging, after the dot and the warp-sum barrier, at the end; its SM; the GEMV's kind
@@ -239,7 +278,7 @@ gemv_frag_kernel(const GemvArgs a) {
   unsigned long long tt[5];
   tt[0] = gtimer();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ uint4 xs_units[];        // the split's k range of x, f16 in k order
+  extern __shared__ uint4 xs_units[];   // the split's k range of x, f16 in k order; then, RMSNorm, its norm weights
   __shared__ float red[32];
   __shared__ float warp_sums[WARPS][frag::kTileRows];
   __shared__ float tile_sums[frag::kTileRows];   // this split's sums of the tile's rows (read by the cluster)
@@ -252,6 +291,11 @@ gemv_frag_kernel(const GemvArgs a) {
   const frag::Tile tile = MODE == GEMV_SWIGLU ? frag::pair_tile(a.seg[0], a.up, b) : frag_locate(a, b).tile;
   FragRing<SPG> ring;
   frag_prefetch<SPG>(tile, c0 + w0, nw, ring);   // weights never depend on the previous kernel
+  // the output this thread writes, if any: output o of the tile (S > 1: cluster rank s writes slice s of kOut / S)
+  const int per = kOut / S, o = s * per + (int)threadIdx.x;   // S: a power of two <= 16, which divides 32 and 64
+  const bool writes = (int)threadIdx.x < per;
+  FragOutPre pre;
+  if (writes) frag_load_bias<MODE>(a, b, o, pre);
   if (a.pf_chunks > 0 && lane == 0 && nw > 1) {   // EXPERIMENT: the warp's next chunks into L2
     const int np = min(nw - 1, a.pf_chunks), cf = c0 + w0 + 1;
     bulk_prefetch_l2(tile.w + (size_t)frag::kChunkSteps * cf * 32, np * frag::kChunkSteps * 32 * 16);
@@ -266,7 +310,9 @@ gemv_frag_kernel(const GemvArgs a) {
   pdl_wait();                                    // x / out were written by the previous kernel
   tt[1] = gtimer();
   pdl_trigger();
-  frag_stage_x(a, K, kFragChunkK * c0, nc * kFragChunkK / 8, xs_units, red);
+  if (writes) frag_load_old<MODE>(a, b, o, pre);
+  frag_stage_x(a, K, kFragChunkK * c0, nc * kFragChunkK / 8, xs_units,
+               reinterpret_cast<float4*>(xs_units + frag_x_units(KC, S)), red);
   tt[2] = gtimer();
   float acc[8];
   frag_warp_dot<SPG>(tile, c0 + w0, nw, reinterpret_cast<const __half*>(xs_units) + kFragChunkK * w0, ring, acc);
@@ -300,21 +346,29 @@ gemv_frag_kernel(const GemvArgs a) {
   }
   if (S == 1) {
     __syncthreads();
-    if (threadIdx.x < kOut) frag_output<MODE>(a, b, threadIdx.x, [&](int i) { return tile_sums[i]; });
+    if (writes) frag_output<MODE>(a, b, o, pre, [&](int i) { return tile_sums[i]; });
     trace_end();
     return;
   }
+  // S > 1: the cluster (1, S, 1), rank = blockIdx.y = split s. Its first barrier publishes every split's tile_sums;
+  // the second only keeps each block's shared memory alive until the others have read it, so it is split: arrive
+  // once the reads are done, wait after the stores (the stores' round trips then overlap the barrier).
   namespace cg = cooperative_groups;
   cg::cluster_group cl = cg::this_cluster();
-  cl.sync();   // every split's tile_sums written; cluster rank z = blockIdx.y = split z (cluster (1, S, 1))
-  const int r = (int)cl.block_rank(), per = kOut / S;   // S: a power of two <= 16, which divides 32 and 64
-  for (int o = r * per + (int)threadIdx.x; o < (r + 1) * per; o += 32 * WARPS)
-    frag_output<MODE>(a, b, o, [&](int i) {
-      float v = 0.f;
-      for (int z = 0; z < S; z++) v += cl.map_shared_rank(tile_sums, z)[i];   // split order
-      return v;
-    });
-  cl.sync();   // no block leaves while another reads its shared memory
+  cluster_arrive_release();
+  cluster_wait();
+  const int rows[2] = {MODE == GEMV_SWIGLU ? 16 * (o >> 3) + (o & 7) : o, 16 * (o >> 3) + 8 + (o & 7)};
+  constexpr int kRows = MODE == GEMV_SWIGLU ? 2 : 1;   // the tile rows output o sums: SWIGLU its gate and up rows
+  float v[2] = {0.f, 0.f};
+  if (writes)
+#pragma unroll
+    for (int i = 0; i < kRows; i++)
+#pragma unroll
+      for (int z = 0; z < kFragMaxSplits; z++)
+        if (z < S) v[i] += *cl.map_shared_rank(tile_sums + rows[i], z);   // split order
+  cluster_arrive_release();   // the reads above are done (their sums are in registers)
+  if (writes) frag_output<MODE>(a, b, o, pre, [&](int row) { return v[MODE == GEMV_SWIGLU && row != rows[0] ? 1 : 0]; });
+  cluster_wait();
   trace_end();
 #else
   __trap();    // sm_80 build: never launched (gemv.cu takes this path only where int4_fragment_order_available())
@@ -336,7 +390,8 @@ inline FragPlan frag_plan(int tiles, int K, int mode, int sm_count) {
 template <int SPG, int MODE, int WARPS>
 int launch_gemv_frag(const GemvArgs& a, int tiles, int S, cudaStream_t st) {
   const int KC = a.seg[0].K / kFragChunkK;
-  const size_t smem = (size_t)((KC + S - 1) / S) * kFragChunkK * sizeof(__half);   // the longest split's x
+  // the longest split's x (f16 units of 16 bytes) and, with RMSNorm, its norm weights (f32: 32 bytes a unit)
+  const size_t smem = (size_t)frag_x_units(KC, S) * (a.x_f32 && a.norm_w ? 48 : 16);
   if (smem > (size_t)kMaxDynSmem)
     return fail(NQ_E_UNSUPPORTED, "gemv: K=%d too large for the fragment order", a.seg[0].K);
   if (S == 1)
