@@ -38,10 +38,10 @@ int dispatch_int4_layout(const GemvArgs& a, int rows, cudaStream_t st) {
   return fail(NQ_E_INVALID_ARG, "gemv: unknown mode %d", a.mode);
 }
 int dispatch_int4(const GemvArgs& a, int rows, cudaStream_t st) {
-  if (a.seg[0].order != ORDER_FILE) {   // EXPERIMENT: NQ_FRAG_PF="chunks,norm"
-    static const int2 pf = [] { int2 v{0, 0}; if (const char* e = getenv("NQ_FRAG_PF")) sscanf(e, "%d,%d", &v.x, &v.y); return v; }();
+  if (a.seg[0].order != ORDER_FILE) {   // EXPERIMENT: NQ_FRAG_PF="chunks,norm,epi"
+    static const int3 pf = [] { int3 v{0, 0, 0}; if (const char* e = getenv("NQ_FRAG_PF")) sscanf(e, "%d,%d,%d", &v.x, &v.y, &v.z); return v; }();
     GemvArgs b = a;
-    b.pf_chunks = pf.x; b.pf_norm = pf.y;
+    b.pf_chunks = pf.x; b.pf_norm = pf.y; b.epi = pf.z;
     return gemv_frag(b, rows, device_sms(), st);
   }   // check_int4_orders passed
   return a.seg[0].zeros ? dispatch_int4_layout<true>(a, rows, st) : dispatch_int4_layout<false>(a, rows, st);

@@ -139,11 +139,9 @@ __device__ __forceinline__ void frag_warp_dot(const frag::Tile& tile, int c0, in
 
 // x's k range [k0, k0 + 8 n) into xs as n f16 units in k order (xs[p] = x[k0 + 8 p .. + 7]), rounded as
 // stage_x_f16 rounds x for gemv_int4: x_f16 as given; x_f32 once to f16; with norm_w ((x * inv) * norm_w) once, inv
-// = rms_inv over all K of x (block-wide). With norm_w, the range's norm weights are copied into ws (2 n float4) by
-// cp.async first, each thread the units it converts, so that their round trip overlaps rms_inv's pass over x (the
-// traced step of bench/NOTES.md "Session 23" §2: 2.5 µs of staging for gate/up, three round trips, one now).
-// Loads batched B deep per thread. Ends with __syncthreads.
-__device__ __forceinline__ void frag_stage_x(const GemvArgs& a, int K, int k0, int n, uint4* xs, float4* ws, float* red) {
+// = rms_inv over all K of x (block-wide). Loads batched B deep per thread. Ends with __syncthreads.
+__device__ __forceinline__ void frag_stage_x(const GemvArgs& a, int K, int k0, int n, uint4* xs, float* red) {
+  const float inv = rms_inv(a, K, red);
   const int bd = blockDim.x;
   if (a.x_f16) {
     constexpr int B = 4;
@@ -160,25 +158,17 @@ __device__ __forceinline__ void frag_stage_x(const GemvArgs& a, int K, int k0, i
   } else {
     constexpr int B = 2;
     const bool norm = a.norm_w != nullptr;
-    if (norm) {
-      const float4* w4 = reinterpret_cast<const float4*>(a.norm_w + k0);
-      for (int p = threadIdx.x; p < n; p += bd) {
-        cp_async16(ws + 2 * p, w4 + 2 * p);
-        cp_async16(ws + 2 * p + 1, w4 + 2 * p + 1);
-      }
-      cp_async_commit();
-    }
-    const float inv = rms_inv(a, K, red);
-    if (norm) cp_async_wait<0>();   // this thread's own copies: it reads only those
     const float4* x4 = reinterpret_cast<const float4*>(a.x_f32 + k0);
+    const float4* w4 = reinterpret_cast<const float4*>(norm ? a.norm_w + k0 : a.x_f32 + k0);
     for (int p0 = threadIdx.x; p0 < n; p0 += B * bd) {
-      float4 v0[B], v1[B];
+      float4 v0[B], v1[B], n0[B], n1[B];
 #pragma unroll
       for (int b = 0; b < B; b++) {
         const int p = p0 + b * bd;
         if (p < n) {
           v0[b] = x4[2 * p];
           v1[b] = x4[2 * p + 1];
+          if (norm) { n0[b] = w4[2 * p]; n1[b] = w4[2 * p + 1]; }
         }
       }
 #pragma unroll
@@ -187,8 +177,7 @@ __device__ __forceinline__ void frag_stage_x(const GemvArgs& a, int K, int k0, i
         if (p < n) {
           float f[8] = {v0[b].x, v0[b].y, v0[b].z, v0[b].w, v1[b].x, v1[b].y, v1[b].z, v1[b].w};
           if (norm) {
-            const float4 n0 = ws[2 * p], n1 = ws[2 * p + 1];
-            const float w[8] = {n0.x, n0.y, n0.z, n0.w, n1.x, n1.y, n1.z, n1.w};
+            const float w[8] = {n0[b].x, n0[b].y, n0[b].z, n0[b].w, n1[b].x, n1[b].y, n1[b].z, n1[b].w};
 #pragma unroll
             for (int e = 0; e < 8; e++) f[e] = f[e] * inv * w[e];
           }
@@ -259,7 +248,7 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 // EXPERIMENT (session 23 trace): one record a block, thread 0's %globaltimer at entry, after the PDL wait, after x
 // staging, after the dot and the warp-sum barrier, at the end; its SM; the GEMV's kind
 struct FragTraceRec {
-  unsigned long long t[5];
+  unsigned long long t[7];   // entry, wait, staged, dot, end, cluster ready, partials read
   unsigned kind, block, sm, pad;
 };
 constexpr unsigned kFragTraceMax = 1u << 18;
@@ -275,10 +264,11 @@ __device__ __forceinline__ unsigned long long gtimer() {
 template <int SPG, int MODE, int WARPS>
 __global__ void __launch_bounds__(32 * WARPS, FragMinBlocks<SPG, MODE, WARPS>::value)
 gemv_frag_kernel(const GemvArgs a) {
-  unsigned long long tt[5];
+  unsigned long long tt[7] = {};
   tt[0] = gtimer();
+  const int trace_on = threadIdx.x == 0 ? g_frag_trace_on : 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ uint4 xs_units[];   // the split's k range of x, f16 in k order; then, RMSNorm, its norm weights
+  extern __shared__ uint4 xs_units[];   // the split's k range of x, f16 in k order
   __shared__ float red[32];
   __shared__ float warp_sums[WARPS][frag::kTileRows];
   __shared__ float tile_sums[frag::kTileRows];   // this split's sums of the tile's rows (read by the cluster)
@@ -296,6 +286,18 @@ gemv_frag_kernel(const GemvArgs a) {
   const bool writes = (int)threadIdx.x < per;
   FragOutPre pre;
   if (writes) frag_load_bias<MODE>(a, b, o, pre);
+  // EXPERIMENT (a.epi == 1, S > 1): push epilogue. Every block pushes its partial of tile row i into slot [s][i] of
+  // the rank owning row i's output and arrives on that rank's mbarrier (64 arrivals a rank); owners wait on their own.
+  __shared__ float slots[kFragMaxSplits][frag::kTileRows];
+  __shared__ __align__(8) unsigned long long full_bar;
+  const bool push = a.epi == 1 && S > 1;
+  if (push) {
+    if (threadIdx.x == 0) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&full_bar)), "r"(frag::kTileRows) : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    cluster_arrive_release();   // waited for before the first push
+  }
   if (a.pf_chunks > 0 && lane == 0 && nw > 1) {   // EXPERIMENT: the warp's next chunks into L2
     const int np = min(nw - 1, a.pf_chunks), cf = c0 + w0 + 1;
     bulk_prefetch_l2(tile.w + (size_t)frag::kChunkSteps * cf * 32, np * frag::kChunkSteps * 32 * 16);
@@ -311,8 +313,10 @@ gemv_frag_kernel(const GemvArgs a) {
   tt[1] = gtimer();
   pdl_trigger();
   if (writes) frag_load_old<MODE>(a, b, o, pre);
-  frag_stage_x(a, K, kFragChunkK * c0, nc * kFragChunkK / 8, xs_units,
-               reinterpret_cast<float4*>(xs_units + frag_x_units(KC, S)), red);
+  if (a.pf_norm == 3 && a.norm_w)   // EXPERIMENT: after the wait, the split's norm weights into L1 (128-byte lines)
+    for (int i = threadIdx.x; i < nc * kFragChunkK / 32; i += blockDim.x)
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(a.norm_w + kFragChunkK * c0 + 32 * i));
+  frag_stage_x(a, K, kFragChunkK * c0, nc * kFragChunkK / 8, xs_units, red);
   tt[2] = gtimer();
   float acc[8];
   frag_warp_dot<SPG>(tile, c0 + w0, nw, reinterpret_cast<const __half*>(xs_units) + kFragChunkK * w0, ring, acc);
@@ -322,12 +326,12 @@ gemv_frag_kernel(const GemvArgs a) {
   __syncthreads();
   tt[3] = gtimer();
   auto trace_end = [&]() {
-    if (threadIdx.x == 0 && g_frag_trace_on) {
+    if (trace_on) {
       tt[4] = gtimer();
       const unsigned i = atomicAdd(&g_frag_trace_n, 1u);
       if (i < kFragTraceMax) {
         FragTraceRec r;
-        for (int q = 0; q < 5; q++) r.t[q] = tt[q];
+        for (int q = 0; q < 7; q++) r.t[q] = tt[q];
         unsigned smid;
         asm volatile("mov.u32 %0, %smid;" : "=r"(smid));
         r.kind = (unsigned)MODE << 28 | (unsigned)(K / 128) << 14 | (unsigned)gridDim.x;
@@ -350,6 +354,40 @@ gemv_frag_kernel(const GemvArgs a) {
     trace_end();
     return;
   }
+  if (push) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    cluster_wait();   // every rank's barrier is initialised
+    tt[5] = gtimer();
+    if (threadIdx.x < frag::kTileRows) {
+      const int i = threadIdx.x;
+      const int oi = MODE == GEMV_SWIGLU ? 8 * (i >> 4) + (i & 7) : i;   // the output tile row i feeds
+      const int own = oi / per;
+      const uint32_t slot = smem_u32(&slots[s][i]), bar = smem_u32(&full_bar);
+      uint32_t rslot, rbar;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rslot) : "r"(slot), "r"(own));
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rbar) : "r"(bar), "r"(own));
+      asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(rslot), "f"(tile_sums[i]) : "memory");
+      asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(rbar) : "memory");
+    }
+    if (writes) {
+      const uint32_t bar = smem_u32(&full_bar);
+      uint32_t done = 0;
+      while (!done)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(bar) : "memory");
+      tt[6] = gtimer();
+      const int rows[2] = {MODE == GEMV_SWIGLU ? 16 * (o >> 3) + (o & 7) : o, 16 * (o >> 3) + 8 + (o & 7)};
+      frag_output<MODE>(a, b, o, pre, [&](int row) {
+        float v = 0.f;
+        for (int z = 0; z < S; z++) v += slots[z][row];   // split order
+        return v;
+      });
+      (void)rows;
+    }
+    trace_end();
+    return;
+  }
   // S > 1: the cluster (1, S, 1), rank = blockIdx.y = split s. Its first barrier publishes every split's tile_sums;
   // the second only keeps each block's shared memory alive until the others have read it, so it is split: arrive
   // once the reads are done, wait after the stores (the stores' round trips then overlap the barrier).
@@ -357,6 +395,7 @@ gemv_frag_kernel(const GemvArgs a) {
   cg::cluster_group cl = cg::this_cluster();
   cluster_arrive_release();
   cluster_wait();
+  tt[5] = gtimer();
   const int rows[2] = {MODE == GEMV_SWIGLU ? 16 * (o >> 3) + (o & 7) : o, 16 * (o >> 3) + 8 + (o & 7)};
   constexpr int kRows = MODE == GEMV_SWIGLU ? 2 : 1;   // the tile rows output o sums: SWIGLU its gate and up rows
   float v[2] = {0.f, 0.f};
@@ -366,6 +405,7 @@ gemv_frag_kernel(const GemvArgs a) {
 #pragma unroll
       for (int z = 0; z < kFragMaxSplits; z++)
         if (z < S) v[i] += *cl.map_shared_rank(tile_sums + rows[i], z);   // split order
+  tt[6] = gtimer();
   cluster_arrive_release();   // the reads above are done (their sums are in registers)
   if (writes) frag_output<MODE>(a, b, o, pre, [&](int row) { return v[MODE == GEMV_SWIGLU && row != rows[0] ? 1 : 0]; });
   cluster_wait();
@@ -390,8 +430,7 @@ inline FragPlan frag_plan(int tiles, int K, int mode, int sm_count) {
 template <int SPG, int MODE, int WARPS>
 int launch_gemv_frag(const GemvArgs& a, int tiles, int S, cudaStream_t st) {
   const int KC = a.seg[0].K / kFragChunkK;
-  // the longest split's x (f16 units of 16 bytes) and, with RMSNorm, its norm weights (f32: 32 bytes a unit)
-  const size_t smem = (size_t)frag_x_units(KC, S) * (a.x_f32 && a.norm_w ? 48 : 16);
+  const size_t smem = (size_t)frag_x_units(KC, S) * 16;   // the longest split's x (f16 units of 16 bytes)
   if (smem > (size_t)kMaxDynSmem)
     return fail(NQ_E_UNSUPPORTED, "gemv: K=%d too large for the fragment order", a.seg[0].K);
   if (S == 1)

@@ -1,4 +1,4 @@
-"""Session 23 call 2 (experiment, branch wip/s23-frag-pf): where a 7B decode step's GEMV time goes, from the product
+"""Session 23 calls 2-4 (experiment, branch wip/s23-frag-pf): where a 7B decode step's GEMV time goes, from the product
 kernel's own %globaltimer records (gemv_frag_kernel, thread 0 of every block: entry, after the PDL wait, after x
 staging, after the dot and the warp-sum barrier, end). Usage: python3 trace.py FILE.nanoqwen [prompt_tokens]"""
 import ctypes
@@ -23,7 +23,7 @@ lib.nq_frag_trace(1, None)
 list(be.generate_ids(ids, g, 5, ()))           # prefill (no frag GEMVs) + 4 decode steps
 n = lib.nq_frag_trace(0, b"/tmp/frag_trace.bin")
 lib.nq_frag_trace(0, None)
-dt = np.dtype([("t", "<u8", 5), ("kind", "<u4"), ("block", "<u4"), ("sm", "<u4"), ("pad", "<u4")])
+dt = np.dtype([("t", "<u8", 7), ("kind", "<u4"), ("block", "<u4"), ("sm", "<u4"), ("pad", "<u4")])
 r = np.fromfile("/tmp/frag_trace.bin", dtype=dt)
 print(f"{n} records")
 mode = r["kind"] >> 28
@@ -57,6 +57,9 @@ for nm, nb, rec in launches:
         "dot (mean)": (t[:, 3] - t[:, 2]).mean() / 1e3,
         "dot (max)": (t[:, 3] - t[:, 2]).max() / 1e3,
         "epilogue (mean)": (t[:, 4] - t[:, 3]).mean() / 1e3,
+        "dot -> cluster ready": ((t[:, 5] - t[:, 3]).mean() / 1e3) if t[:, 5].min() > 0 else np.nan,
+        "cluster ready -> partials read": ((t[:, 6] - t[:, 5]).mean() / 1e3) if t[:, 5].min() > 0 else np.nan,
+        "partials read -> end": ((t[:, 4] - t[:, 6]).mean() / 1e3) if t[:, 5].min() > 0 else np.nan,
         "span wait->last end": (t[:, 4].max() - t1min) / 1e3,
         "first end - wait": (t[:, 4].min() - t1min) / 1e3,
         "prev last end -> wait": ((t1min - prev_end) / 1e3) if prev_end is not None else np.nan,
