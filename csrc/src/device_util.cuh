@@ -117,10 +117,4 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-// bytes (a multiple of 16) at p (16-byte aligned) into L2, asynchronously: no registers, nothing to wait for (sm_90)
-__device__ __forceinline__ void bulk_prefetch_l2(const void* p, int bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes));
-#endif
-}
 }  // namespace nq

@@ -4,9 +4,6 @@
 // a thread-block cluster; f16/bf16 weights run gemv_rowpair. All launch with PDL (launch.h).
 #include "gemv_kernels.cuh"
 #include "gemv_frag.cuh"
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
 #include "launch.h"
 #include "format_contract.h"
 
@@ -38,12 +35,7 @@ int dispatch_int4_layout(const GemvArgs& a, int rows, cudaStream_t st) {
   return fail(NQ_E_INVALID_ARG, "gemv: unknown mode %d", a.mode);
 }
 int dispatch_int4(const GemvArgs& a, int rows, cudaStream_t st) {
-  if (a.seg[0].order != ORDER_FILE) {   // EXPERIMENT: NQ_FRAG_PF="chunks,norm,epi"
-    static const int3 pf = [] { int3 v{0, 0, 0}; if (const char* e = getenv("NQ_FRAG_PF")) sscanf(e, "%d,%d,%d", &v.x, &v.y, &v.z); return v; }();
-    GemvArgs b = a;
-    b.pf_chunks = pf.x; b.pf_norm = pf.y; b.epi = pf.z;
-    return gemv_frag(b, rows, device_sms(), st);
-  }   // check_int4_orders passed
+  if (a.seg[0].order != ORDER_FILE) return gemv_frag(a, rows, device_sms(), st);   // check_int4_orders passed   // check_int4_orders passed
   return a.seg[0].zeros ? dispatch_int4_layout<true>(a, rows, st) : dispatch_int4_layout<false>(a, rows, st);
 }
 
@@ -147,28 +139,6 @@ int gemv(const GemvArgs& a, cudaStream_t st) {
   if (w0.type == WT_F16) return dispatch_dense<WT_F16>(a, rows, smem, st);
   if (w0.type == WT_BF16) return dispatch_dense<WT_BF16>(a, rows, smem, st);
   return fail(NQ_E_UNSUPPORTED, "gemv: weight type %d", w0.type);
-}
-
-// EXPERIMENT (session 23): the GEMV trace. on = 1 starts recording (count reset), on = 0 stops; dump writes the
-// records (FragTraceRec) to path and returns their count
-extern "C" __attribute__((visibility("default"))) int nq_frag_trace(int on, const char* path) {
-  if (path) {
-    unsigned n = 0;
-    cudaDeviceSynchronize();
-    cudaMemcpyFromSymbol(&n, g_frag_trace_n, 4);
-    if (n > kFragTraceMax) n = kFragTraceMax;
-    std::vector<FragTraceRec> v(n);
-    if (n) cudaMemcpyFromSymbol(v.data(), g_frag_trace, n * sizeof(FragTraceRec));
-    FILE* f = fopen(path, "wb");
-    if (!f) return -1;
-    fwrite(v.data(), sizeof(FragTraceRec), n, f);
-    fclose(f);
-    return (int)n;
-  }
-  unsigned z = 0;
-  cudaMemcpyToSymbol(g_frag_trace_n, &z, 4);
-  cudaMemcpyToSymbol(g_frag_trace_on, &on, 4);
-  return 0;
 }
 
 }  // namespace nq

@@ -9,8 +9,15 @@
 //   outputs are 32 b .. 32 b + 31), over split s of S of K's 128-k chunks (frag::chunk_begin). The block's WARPS
 //   warps split the split's chunks among themselves (chunk_begin again) and add their tile sums in shared memory in
 //   warp order. S > 1: the S blocks of a tile are one thread-block cluster (1, S, 1) (cluster rank = blockIdx.y = s)
-//   and block rank r sums outputs slice r over the S blocks' tile sums through distributed shared memory in split
-//   order. Every output's sums run in a fixed order: the results do not depend on scheduling.
+//   and block rank r writes outputs slice r: every block pushes its sum of tile row i into slot [s][i] of the rank
+//   that owns row i's output (a distributed-shared-memory store) and arrives on that rank's mbarrier (release, cluster
+//   scope); an owner's writer threads wait on their own mbarrier (acquire) and sum the S slots in split order. Every
+//   output's sums run in a fixed order: the results do not depend on scheduling.
+// * Epilogue (bench/NOTES.md "Session 23" §2-5, a traced 7B step): no cluster-wide barrier after the dot. The
+//   mbarriers are initialised in the prologue, behind one cluster barrier waited for before the PDL wait; no barrier
+//   before exit (an owner leaves only after every push into it has arrived, and a pusher reads nothing remote). The
+//   output's other operands are loaded early: the bias (a weight) before the PDL wait, the ADD's old value right
+//   after it. Pulling the partials between two cluster barriers cost 2.3-3.6 µs a GEMV after the cluster's last dot.
 // * A warp's chunk loop (frag_warp_dot): lane (g, t) streams its 16 bytes of the tile per 16-k step (rows 8 j + g,
 //   j = 0..7; k 2t, 2t + 1, 2t + 8, 2t + 9: one 16-byte load), a ring of one chunk's 8 loads in registers (the next
 //   chunk's step u is loaded as this chunk's step u is consumed), the next chunk's scales one chunk ahead. Per word
@@ -32,7 +39,6 @@
 #include "gemv_kernels.cuh"
 #include "int4_frag.cuh"
 #include "cp_async.cuh"
-#include <cooperative_groups.h>
 
 namespace nq {
 namespace {
@@ -238,40 +244,50 @@ __device__ __forceinline__ void frag_output(const GemvArgs& a, int b, int o, con
   }
 }
 
-// Halves of a cluster barrier (sm_90): arrive with release (this block's memory operations so far are ordered before
-// it, e.g. its shared-memory writes become visible to the cluster), and wait (acquire).
+// Cluster barrier halves and the mbarrier / distributed-shared-memory operations of the push epilogue (sm_90 PTX)
 __device__ __forceinline__ void cluster_arrive_release() {
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-
-// EXPERIMENT (session 23 trace): one record a block, thread 0's %globaltimer at entry, after the PDL wait, after x
-// staging, after the dot and the warp-sum barrier, at the end; its SM; the GEMV's kind
-struct FragTraceRec {
-  unsigned long long t[7];   // entry, wait, staged, dot, end, cluster ready, partials read
-  unsigned kind, block, sm, pad;
-};
-constexpr unsigned kFragTraceMax = 1u << 18;
-__device__ FragTraceRec g_frag_trace[kFragTraceMax];
-__device__ unsigned g_frag_trace_n;
-__device__ int g_frag_trace_on;
-__device__ __forceinline__ unsigned long long gtimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
+__device__ __forceinline__ void mbarrier_init(unsigned long long* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// makes mbarrier_init visible to the cluster's other blocks (then a cluster barrier before any of them arrives)
+__device__ __forceinline__ void fence_mbarrier_init_cluster() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// the shared::cluster address of p (this block's shared memory) in cluster rank `rank`'s shared memory
+__device__ __forceinline__ uint32_t map_cluster(const void* p, int rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_u32(p)), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ void st_cluster_f32(uint32_t addr, float v) {
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait_parity_cluster(unsigned long long* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
 }
 
 template <int SPG, int MODE, int WARPS>
 __global__ void __launch_bounds__(32 * WARPS, FragMinBlocks<SPG, MODE, WARPS>::value)
 gemv_frag_kernel(const GemvArgs a) {
-  unsigned long long tt[7] = {};
-  tt[0] = gtimer();
-  const int trace_on = threadIdx.x == 0 ? g_frag_trace_on : 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ uint4 xs_units[];   // the split's k range of x, f16 in k order
   __shared__ float red[32];
   __shared__ float warp_sums[WARPS][frag::kTileRows];
-  __shared__ float tile_sums[frag::kTileRows];   // this split's sums of the tile's rows (read by the cluster)
+  __shared__ float tile_sums[frag::kTileRows];                // this split's sums of the tile's rows
+  __shared__ float slots[kFragMaxSplits][frag::kTileRows];    // S > 1: split z's sum of tile row i at [z][i] (pushed)
+  __shared__ __align__(8) unsigned long long slots_full;      // S > 1: one arrival a pushed slot (64)
   constexpr int kOut = MODE == GEMV_SWIGLU ? frag::kTileRows / 2 : frag::kTileRows;   // outputs of a tile
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int K = a.seg[0].K, KC = K / kFragChunkK;
@@ -286,130 +302,48 @@ gemv_frag_kernel(const GemvArgs a) {
   const bool writes = (int)threadIdx.x < per;
   FragOutPre pre;
   if (writes) frag_load_bias<MODE>(a, b, o, pre);
-  // EXPERIMENT (a.epi == 1, S > 1): push epilogue. Every block pushes its partial of tile row i into slot [s][i] of
-  // the rank owning row i's output and arrives on that rank's mbarrier (64 arrivals a rank); owners wait on their own.
-  __shared__ float slots[kFragMaxSplits][frag::kTileRows];
-  __shared__ __align__(8) unsigned long long full_bar;
-  const bool push = a.epi == 1 && S > 1;
-  if (push) {
+  if (S > 1) {   // the mbarrier the cluster pushes into, initialised before any rank can arrive on it
     if (threadIdx.x == 0) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&full_bar)), "r"(frag::kTileRows) : "memory");
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      mbarrier_init(&slots_full, frag::kTileRows);
+      fence_mbarrier_init_cluster();
     }
-    cluster_arrive_release();   // waited for before the first push
+    cluster_arrive_release();
+    cluster_wait();   // here, not after the dot: the cluster's blocks start together, and this overlaps the PDL wait
   }
-  if (a.pf_chunks > 0 && lane == 0 && nw > 1) {   // EXPERIMENT: the warp's next chunks into L2
-    const int np = min(nw - 1, a.pf_chunks), cf = c0 + w0 + 1;
-    bulk_prefetch_l2(tile.w + (size_t)frag::kChunkSteps * cf * 32, np * frag::kChunkSteps * 32 * 16);
-    const int gi0 = frag::kChunkSteps * cf / SPG, gi1 = (frag::kChunkSteps * (cf + np) - 1) / SPG + 1;
-    bulk_prefetch_l2(tile.s + (size_t)gi0 * 8, (gi1 - gi0) * 8 * 16);
-  }
-  if (a.pf_norm == 1 && a.norm_w && threadIdx.x == 0)   // EXPERIMENT: the split's norm weights into L2
-    bulk_prefetch_l2(a.norm_w + kFragChunkK * c0, nc * kFragChunkK * 4);
-  if (a.pf_norm == 2 && a.norm_w)   // EXPERIMENT: the split's norm weights into L1 (128-byte lines)
-    for (int i = threadIdx.x; i < nc * kFragChunkK / 32; i += blockDim.x)
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(a.norm_w + kFragChunkK * c0 + 32 * i));
   pdl_wait();                                    // x / out were written by the previous kernel
-  tt[1] = gtimer();
   pdl_trigger();
   if (writes) frag_load_old<MODE>(a, b, o, pre);
-  if (a.pf_norm == 3 && a.norm_w)   // EXPERIMENT: after the wait, the split's norm weights into L1 (128-byte lines)
-    for (int i = threadIdx.x; i < nc * kFragChunkK / 32; i += blockDim.x)
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(a.norm_w + kFragChunkK * c0 + 32 * i));
   frag_stage_x(a, K, kFragChunkK * c0, nc * kFragChunkK / 8, xs_units, red);
-  tt[2] = gtimer();
   float acc[8];
   frag_warp_dot<SPG>(tile, c0 + w0, nw, reinterpret_cast<const __half*>(xs_units) + kFragChunkK * w0, ring, acc);
   if (t == 0)
 #pragma unroll
     for (int j = 0; j < 8; j++) warp_sums[warp][8 * j + g] = acc[j];
   __syncthreads();
-  tt[3] = gtimer();
-  auto trace_end = [&]() {
-    if (trace_on) {
-      tt[4] = gtimer();
-      const unsigned i = atomicAdd(&g_frag_trace_n, 1u);
-      if (i < kFragTraceMax) {
-        FragTraceRec r;
-        for (int q = 0; q < 7; q++) r.t[q] = tt[q];
-        unsigned smid;
-        asm volatile("mov.u32 %0, %smid;" : "=r"(smid));
-        r.kind = (unsigned)MODE << 28 | (unsigned)(K / 128) << 14 | (unsigned)gridDim.x;
-        r.block = blockIdx.x + gridDim.x * blockIdx.y;
-        r.sm = smid;
-        r.pad = 0;
-        g_frag_trace[i] = r;
-      }
-    }
-  };
-  if (threadIdx.x < frag::kTileRows) {
-    float v = 0.f;
+  float v = 0.f;   // thread i < 64: this split's sum of tile row i
+  if (threadIdx.x < frag::kTileRows)
 #pragma unroll
     for (int w = 0; w < WARPS; w++) v += warp_sums[w][threadIdx.x];   // warp order
-    tile_sums[threadIdx.x] = v;
-  }
   if (S == 1) {
+    if (threadIdx.x < frag::kTileRows) tile_sums[threadIdx.x] = v;
     __syncthreads();
     if (writes) frag_output<MODE>(a, b, o, pre, [&](int i) { return tile_sums[i]; });
-    trace_end();
     return;
   }
-  if (push) {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cl = cg::this_cluster();
-    cluster_wait();   // every rank's barrier is initialised
-    tt[5] = gtimer();
-    if (threadIdx.x < frag::kTileRows) {
-      const int i = threadIdx.x;
-      const int oi = MODE == GEMV_SWIGLU ? 8 * (i >> 4) + (i & 7) : i;   // the output tile row i feeds
-      const int own = oi / per;
-      const uint32_t slot = smem_u32(&slots[s][i]), bar = smem_u32(&full_bar);
-      uint32_t rslot, rbar;
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rslot) : "r"(slot), "r"(own));
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rbar) : "r"(bar), "r"(own));
-      asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(rslot), "f"(tile_sums[i]) : "memory");
-      asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(rbar) : "memory");
-    }
-    if (writes) {
-      const uint32_t bar = smem_u32(&full_bar);
-      uint32_t done = 0;
-      while (!done)
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done) : "r"(bar) : "memory");
-      tt[6] = gtimer();
-      const int rows[2] = {MODE == GEMV_SWIGLU ? 16 * (o >> 3) + (o & 7) : o, 16 * (o >> 3) + 8 + (o & 7)};
-      frag_output<MODE>(a, b, o, pre, [&](int row) {
-        float v = 0.f;
-        for (int z = 0; z < S; z++) v += slots[z][row];   // split order
-        return v;
-      });
-      (void)rows;
-    }
-    trace_end();
-    return;
+  if (threadIdx.x < frag::kTileRows) {   // push tile row i's sum to the rank owning the output it feeds
+    const int i = threadIdx.x;
+    const int owner = (MODE == GEMV_SWIGLU ? 8 * (i >> 4) + (i & 7) : i) / per;
+    st_cluster_f32(map_cluster(&slots[s][i], owner), v);
+    mbarrier_arrive_cluster(map_cluster(&slots_full, owner));   // release: orders the store before the arrival
   }
-  // S > 1: the cluster (1, S, 1), rank = blockIdx.y = split s. Its first barrier publishes every split's tile_sums;
-  // the second only keeps each block's shared memory alive until the others have read it, so it is split: arrive
-  // once the reads are done, wait after the stores (the stores' round trips then overlap the barrier).
-  namespace cg = cooperative_groups;
-  cg::cluster_group cl = cg::this_cluster();
-  cluster_arrive_release();
-  cluster_wait();
-  tt[5] = gtimer();
-  const int rows[2] = {MODE == GEMV_SWIGLU ? 16 * (o >> 3) + (o & 7) : o, 16 * (o >> 3) + 8 + (o & 7)};
-  constexpr int kRows = MODE == GEMV_SWIGLU ? 2 : 1;   // the tile rows output o sums: SWIGLU its gate and up rows
-  float v[2] = {0.f, 0.f};
-  if (writes)
-#pragma unroll
-    for (int i = 0; i < kRows; i++)
-#pragma unroll
-      for (int z = 0; z < kFragMaxSplits; z++)
-        if (z < S) v[i] += *cl.map_shared_rank(tile_sums + rows[i], z);   // split order
-  tt[6] = gtimer();
-  cluster_arrive_release();   // the reads above are done (their sums are in registers)
-  if (writes) frag_output<MODE>(a, b, o, pre, [&](int row) { return v[MODE == GEMV_SWIGLU && row != rows[0] ? 1 : 0]; });
-  cluster_wait();
-  trace_end();
+  if (writes) {
+    mbarrier_wait_parity_cluster(&slots_full, 0);   // every split's slots of this rank's outputs
+    frag_output<MODE>(a, b, o, pre, [&](int row) {
+      float sum = 0.f;
+      for (int z = 0; z < S; z++) sum += slots[z][row];   // split order
+      return sum;
+    });
+  }
 #else
   __trap();    // sm_80 build: never launched (gemv.cu takes this path only where int4_fragment_order_available())
 #endif

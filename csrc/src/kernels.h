@@ -65,7 +65,6 @@ struct GemvArgs {
   float* out_f32 = nullptr;
   __half* out_f16 = nullptr;
   int mode = GEMV_STORE;
-  int pf_chunks = 0, pf_norm = 0, epi = 0;   // EXPERIMENT (session 23 sweep; NQ_FRAG_PF): L2 prefetches before the PDL wait
 };
 
 int gemv(const GemvArgs& a, cudaStream_t st);
