@@ -14,8 +14,9 @@
 //   scope); an owner's writer threads wait on their own mbarrier (acquire) and sum the S slots in split order. Every
 //   output's sums run in a fixed order: the results do not depend on scheduling.
 // * Epilogue (bench/NOTES.md "Session 23" §2-5, a traced 7B step): no cluster-wide barrier after the dot. The
-//   mbarriers are initialised in the prologue, behind one cluster barrier waited for before the PDL wait; no barrier
-//   before exit (an owner leaves only after every push into it has arrived, and a pusher reads nothing remote). The
+//   mbarriers are initialised in the prologue, behind one cluster barrier waited for before the PDL wait; a second
+//   one, arrived at right after the pushes, is waited for at exit (the guide's rule that no block leaves while its
+//   shared memory may still be written; the owners' mbarrier waits already imply it). The
 //   output's other operands are loaded early: the bias (a weight) before the PDL wait, the ADD's old value right
 //   after it. Pulling the partials between two cluster barriers cost 2.3-3.6 µs a GEMV after the cluster's last dot.
 // * A warp's chunk loop (frag_warp_dot): lane (g, t) streams its 16 bytes of the tile per 16-k step (rows 8 j + g,
@@ -248,6 +249,9 @@ __device__ __forceinline__ void frag_output(const GemvArgs& a, int b, int o, con
 __device__ __forceinline__ void cluster_arrive_release() {
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 }
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 __device__ __forceinline__ void mbarrier_init(unsigned long long* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
@@ -336,6 +340,7 @@ gemv_frag_kernel(const GemvArgs a) {
     st_cluster_f32(map_cluster(&slots[s][i], owner), v);
     mbarrier_arrive_cluster(map_cluster(&slots_full, owner));   // release: orders the store before the arrival
   }
+  cluster_arrive_relaxed();   // this block's pushes are issued (the exit barrier below)
   if (writes) {
     mbarrier_wait_parity_cluster(&slots_full, 0);   // every split's slots of this rank's outputs
     frag_output<MODE>(a, b, o, pre, [&](int row) {
@@ -344,6 +349,10 @@ gemv_frag_kernel(const GemvArgs a) {
       return sum;
     });
   }
+  // No block exits before every block of the cluster has pushed (the CUDA guide's rule for distributed shared
+  // memory, which compute-sanitizer racecheck checks by cluster barriers; the mbarrier alone already orders the
+  // pushes before the owner's reads). Every block arrived right after its pushes, so this wait finds them all there.
+  cluster_wait();
 #else
   __trap();    // sm_80 build: never launched (gemv.cu takes this path only where int4_fragment_order_available())
 #endif
