@@ -1,6 +1,8 @@
 """Session 23 calls 2-4 (experiment, branch wip/s23-frag-pf): where a 7B decode step's GEMV time goes, from the product
 kernel's own %globaltimer records (gemv_frag_kernel, thread 0 of every block: entry, after the PDL wait, after x
-staging, after the dot and the warp-sum barrier, end). Usage: python3 trace.py FILE.nanoqwen [prompt_tokens]"""
+staging, after the dot and the warp-sum barrier, end, and two epilogue points). Needs a library that exports
+nq_frag_trace: commit 172f969 (call 4's), or main with trace.patch (`git apply bench/runs/2026-12-03_s23_call2/
+trace.patch`; never committed to main). Usage: python3 trace.py FILE.nanoqwen [prompt_tokens]"""
 import ctypes
 import sys
 
@@ -57,9 +59,10 @@ for nm, nb, rec in launches:
         "dot (mean)": (t[:, 3] - t[:, 2]).mean() / 1e3,
         "dot (max)": (t[:, 3] - t[:, 2]).max() / 1e3,
         "epilogue (mean)": (t[:, 4] - t[:, 3]).mean() / 1e3,
-        "dot -> cluster ready": ((t[:, 5] - t[:, 3]).mean() / 1e3) if t[:, 5].min() > 0 else np.nan,
-        "cluster ready -> partials read": ((t[:, 6] - t[:, 5]).mean() / 1e3) if t[:, 5].min() > 0 else np.nan,
-        "partials read -> end": ((t[:, 4] - t[:, 6]).mean() / 1e3) if t[:, 5].min() > 0 else np.nan,
+        # t5 / t6: call 4's builds: cluster ready / partials read; trace.patch on main: pushed / owner wait done
+        "dot -> t5": ((t[:, 5] - t[:, 3]).mean() / 1e3) if t[:, 5].min() > 0 else np.nan,
+        "t5 -> t6": ((t[:, 6] - t[:, 5]).mean() / 1e3) if t[:, 6].min() > 0 else np.nan,
+        "t6 -> end": ((t[:, 4] - t[:, 6]).mean() / 1e3) if t[:, 6].min() > 0 else np.nan,
         "span wait->last end": (t[:, 4].max() - t1min) / 1e3,
         "first end - wait": (t[:, 4].min() - t1min) / 1e3,
         "prev last end -> wait": ((t1min - prev_end) / 1e3) if prev_end is not None else np.nan,
