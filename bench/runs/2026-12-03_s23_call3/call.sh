@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
 # Session 23 call 3: the GEMV epilogue / norm staging change: kernel tests, the trace, decode against main (.base)
 set -uo pipefail
-cd "$(dirname "$0")/../../.."
-tar -xJf .out/libs.tar.xz; tar -xJf .out/base.tar.xz
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
-export PYTHONPATH="/tmp/site:$PWD:$PWD/tests" PYTHONUNBUFFERED=1
-OUT="${OUT:-/tmp/nq_out}"
+source "$(dirname "$0")/../../device_prelude.sh"   # unpack .out/*.tar.xz, wheels, PYTHONPATH, OUT
 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > /dev/null 2>&1 &
 mk=$!
 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 -x tests/test_gpu_frag_gemv.py tests/test_gpu_sizes.py \

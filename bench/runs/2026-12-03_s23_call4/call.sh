@@ -2,11 +2,7 @@
 # Session 23 call 4: NQ_FRAG_PF="0,norm,epi" (norm 3: the split's norm weights into L1 after the PDL wait; epi 1: the
 # push epilogue), kernel tests under the push epilogue, decode against main (.base), traces
 set -uo pipefail
-cd "$(dirname "$0")/../../.."
-tar -xJf .out/libs.tar.xz; tar -xJf .out/base.tar.xz
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
-export PYTHONPATH="/tmp/site:$PWD:$PWD/tests" PYTHONUNBUFFERED=1
-OUT="${OUT:-/tmp/nq_out}"
+source "$(dirname "$0")/../../device_prelude.sh"   # unpack .out/*.tar.xz, wheels, PYTHONPATH, OUT
 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > /dev/null 2>&1 &
 mk=$!
 NQ_FRAG_PF=0,3,1 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 -x tests/test_gpu_frag_gemv.py \

@@ -2,11 +2,7 @@
 # Session 23 call 6: the exit cluster barrier (racecheck's rule for distributed shared memory): racecheck and synccheck,
 # the frag GEMV tests, decode against c9fc004 (call 5's library, no exit barrier)
 set -uo pipefail
-cd "$(dirname "$0")/../../.."
-tar -xJf .out/libs.tar.xz; tar -xJf .out/c9.tar.xz
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
-export PYTHONPATH="/tmp/site:$PWD:$PWD/tests" PYTHONUNBUFFERED=1
-OUT="${OUT:-/tmp/nq_out}"
+source "$(dirname "$0")/../../device_prelude.sh"   # unpack .out/*.tar.xz, wheels, PYTHONPATH, OUT
 python3 -c "
 from nanoqwen_quant.convert import convert_checkpoint
 convert_checkpoint('models/tiny-py', '/tmp/tiny-py.nanoqwen', quant='int4')" > /dev/null 2>&1
