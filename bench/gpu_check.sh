@@ -8,7 +8,9 @@
 # 32K-token prompts; base: the bench again with an earlier tree carried in .base/, see the step; ab: decode at 512 / 8K /
 # 32K-token prompts, this tree and .base/ alternated, twice (makes the 7B file itself); asym: int4g layout 2 against
 # layout 1, see the step).
-# The kernels that lost are timed by csrc/dev programs: `make -C csrc/dev` then build/dev/<name>.
+# The kernels that lost are timed by csrc/dev programs: `make -C csrc/dev` then build/dev/<name>. A one-off device
+# call (an A/B of variant libraries, a trace) is a script in bench/runs/<date>_<call>/ that sources
+# bench/device_prelude.sh (unpacks .out/*.tar.xz, installs .whl/, sets PYTHONPATH and OUT) and may call this script.
 # Wheels for packages the image lacks (crc32c, ...) are read from .whl/ (README "Notes" of the device tool); made here
 # with `pip download -d .whl --no-deps --only-binary :all: --python-version 3.12 --platform manylinux_2_28_x86_64
 # crc32c gguf sse-starlette starlette uvicorn pytest-xdist execnet`, and llguidance (>= 1.9, as pyproject; its wheel is
