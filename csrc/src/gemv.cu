@@ -35,7 +35,7 @@ int dispatch_int4_layout(const GemvArgs& a, int rows, cudaStream_t st) {
   return fail(NQ_E_INVALID_ARG, "gemv: unknown mode %d", a.mode);
 }
 int dispatch_int4(const GemvArgs& a, int rows, cudaStream_t st) {
-  if (a.seg[0].order != ORDER_FILE) return gemv_frag(a, rows, device_sms(), st);   // check_int4_orders passed   // check_int4_orders passed
+  if (a.seg[0].order != ORDER_FILE) return gemv_frag(a, rows, device_sms(), st);   // check_int4_orders passed
   return a.seg[0].zeros ? dispatch_int4_layout<true>(a, rows, st) : dispatch_int4_layout<false>(a, rows, st);
 }
 

@@ -16,9 +16,9 @@
 // * Epilogue (bench/NOTES.md "Session 23" §2-5, a traced 7B step): no cluster-wide barrier after the dot. The
 //   mbarriers are initialised in the prologue, behind one cluster barrier waited for before the PDL wait; a second
 //   one, arrived at right after the pushes, is waited for at exit (the guide's rule that no block leaves while its
-//   shared memory may still be written; the owners' mbarrier waits already imply it). The
-//   output's other operands are loaded early: the bias (a weight) before the PDL wait, the ADD's old value right
-//   after it. Pulling the partials between two cluster barriers cost 2.3-3.6 µs a GEMV after the cluster's last dot.
+//   shared memory may still be written; the owners' mbarrier waits already imply it). The output's other operands
+//   are loaded early: the bias (a weight) before the PDL wait, the ADD's old value right after it. Pulling the
+//   partials between two cluster barriers cost 2.3-3.6 µs a GEMV after the cluster's last dot.
 // * A warp's chunk loop (frag_warp_dot): lane (g, t) streams its 16 bytes of the tile per 16-k step (rows 8 j + g,
 //   j = 0..7; k 2t, 2t + 1, 2t + 8, 2t + 9: one 16-byte load), a ring of one chunk's 8 loads in registers (the next
 //   chunk's step u is loaded as this chunk's step u is consumed), the next chunk's scales one chunk ahead. Per word
@@ -46,8 +46,6 @@ namespace {
 
 constexpr int kFragChunkK = frag::kStepK * frag::kChunkSteps;   // k of one chunk (128)
 constexpr int kFragMaxSplits = 16;                              // the largest (non-portable) cluster on Hopper
-// f16 units (8 k, 16 bytes) of x in the longest of S splits of KC chunks: the dynamic shared memory's first part
-__host__ __device__ constexpr int frag_x_units(int KC, int S) { return (KC + S - 1) / S * (kFragChunkK / 8); }
 
 // Resident blocks per SM each build's registers are budgeted for (__launch_bounds__' minimum): 8 warps 2 and 4 warps
 // 4 (128 registers), SWIGLU 5 (96 registers: the 7B's 592 P tiles in one wave of 132 x 5 blocks, not two of 132 x 4).
@@ -373,7 +371,7 @@ inline FragPlan frag_plan(int tiles, int K, int mode, int sm_count) {
 template <int SPG, int MODE, int WARPS>
 int launch_gemv_frag(const GemvArgs& a, int tiles, int S, cudaStream_t st) {
   const int KC = a.seg[0].K / kFragChunkK;
-  const size_t smem = (size_t)frag_x_units(KC, S) * 16;   // the longest split's x (f16 units of 16 bytes)
+  const size_t smem = (size_t)((KC + S - 1) / S) * kFragChunkK * sizeof(__half);   // the longest split's x
   if (smem > (size_t)kMaxDynSmem)
     return fail(NQ_E_UNSUPPORTED, "gemv: K=%d too large for the fragment order", a.seg[0].K);
   if (S == 1)
