@@ -41,8 +41,10 @@ STORE_SHAPES = [("tiny-q", 256, 256), ("tiny-gate", 768, 256), ("tiny-down", 256
                 ("7B-down", 3584, 18944)]
 ADD_SHAPES = [("tiny-o", 256, 256), ("tiny-down", 256, 768), ("k128", 256, 128), ("7B-o", 3584, 3584),
               ("7B-down", 3584, 18944)]
+# frag_stage_x's RMSNorm paths: 7B-gate takes the whole-of-x pass (S = 1, K / 4 <= 8 float4s a thread), 14B-gate the
+# general one (S = 1, K = 5120: 10 a thread), 0.5B-gate and one-pair-tile the one-unit-a-thread pass (S > 1)
 SWIGLU_SHAPES = [("tiny-gate", 768, 256), ("k128", 256, 128), ("one-pair-tile", 64, 2048), ("0.5B-gate", 4864, 896),
-                 ("7B-gate", 18944, 3584)]
+                 ("7B-gate", 18944, 3584), ("14B-gate", 13824, 5120)]
 QKV_SHAPES = [("tiny-qkv", (256, 128, 128), 256), ("7B-qkv", (3584, 512, 512), 3584)]
 
 

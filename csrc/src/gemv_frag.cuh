@@ -28,7 +28,7 @@
 // * Prologue: the first chunk's weights and scales are issued before pdl_wait() (they do not depend on the previous
 //   kernel), then pdl_wait, pdl_trigger, then x is staged: only the split's k range, as f16 in k order, rounded as
 //   gemv_int4 stages it (stage_x_f16: f16 x as given; f32 x rounded once; with RMSNorm (x * inv) * norm_w rounded
-//   once, inv from rms_inv over ALL of x).
+//   once, inv from rms_inv's sum over ALL of x), in as few round trips as the split allows (frag_stage_x).
 // * Plan (frag_plan): S = the largest power of two <= ceil(2 SMs / tiles), at most 16 (a non-portable cluster size:
 //   gemv_frag_prepare allows it) and at most the chunk count; 8 warps where K >= 8192 (the down projection), else 4;
 //   SWIGLU 4. Registers: __launch_bounds__ minimum per build (FragMinBlocks): a minimum of 1 let ptxas take 168 and
@@ -39,7 +39,7 @@
 #pragma once
 #include "gemv_kernels.cuh"
 #include "int4_frag.cuh"
-#include "cp_async.cuh"
+#include "cluster_sync.cuh"
 
 namespace nq {
 namespace {
@@ -144,9 +144,12 @@ __device__ __forceinline__ void frag_warp_dot(const frag::Tile& tile, int c0, in
 
 // x's k range [k0, k0 + 8 n) into xs as n f16 units in k order (xs[p] = x[k0 + 8 p .. + 7]), rounded as
 // stage_x_f16 rounds x for gemv_int4: x_f16 as given; x_f32 once to f16; with norm_w ((x * inv) * norm_w) once, inv
-// = rms_inv over all K of x (block-wide). Loads batched B deep per thread. Ends with __syncthreads.
-__device__ __forceinline__ void frag_stage_x(const GemvArgs& a, int K, int k0, int n, uint4* xs, float* red) {
-  const float inv = rms_inv(a, K, red);
+// = rms_inv over all K of x (block-wide; every path sums the squares in rms_inv's order, so inv is the same). Loads
+// batched B deep per thread. RMSNorm takes the fewest round trips its case allows (bench/NOTES.md "Session 24"): the
+// whole of x (S = 1) with xf (shared memory for K / 4 float4s: SWIGLU's) in two, at most one unit a thread in one
+// pass, else rms_inv then the units. Ends with __syncthreads.
+__device__ __forceinline__ void frag_stage_x(const GemvArgs& a, int K, int k0, int n, uint4* xs, float* red,
+                                             float4* xf) {
   const int bd = blockDim.x;
   if (a.x_f16) {
     constexpr int B = 4;
@@ -160,7 +163,76 @@ __device__ __forceinline__ void frag_stage_x(const GemvArgs& a, int K, int k0, i
       for (int b = 0; b < B; b++)
         if (p0 + b * bd < n) xs[p0 + b * bd] = u[b];
     }
+  } else if (xf != nullptr && a.norm_w != nullptr && 8 * n == K && (K >> 2) <= kRmsBatch * bd) {
+    // RMSNorm over the whole of x (S = 1: the SWIGLU gate/up pair) in one pass of rms_inv: thread i loads its
+    // float4s of x (i + b bd, rms_inv's order), sums their squares and parks them in xf (shared memory, its own
+    // slots); after the block sum it loads its norm weights, all at once, and stages from xf. Two round trips
+    // instead of rms_inv's pass and two of x and the weights; x is not held in registers across the block sum
+    // (that spilled at the build's 96 registers, or serialised the weight loads).
+    constexpr int B = kRmsBatch;
+    const int q4 = K >> 2;
+    const float4* x4 = reinterpret_cast<const float4*>(a.x_f32);
+    const float4* w4 = reinterpret_cast<const float4*>(a.norm_w);
+    float ss = 0.f;
+    {
+      float4 v[B];
+#pragma unroll
+      for (int b = 0; b < B; b++) {
+        const int i = threadIdx.x + b * bd;
+        v[b] = i < q4 ? x4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int b = 0; b < B; b++) {
+        const int i = threadIdx.x + b * bd;
+        ss += sumsq4(v[b]);
+        if (i < q4) xf[i] = v[b];
+      }
+    }
+    const float inv = rms_inv_of(block_sum(ss, red), K, a.eps);
+    float4 w[B];   // an index past x reads x's last float4 (unused): the loads need no branch
+#pragma unroll
+    for (int b = 0; b < B; b++) w[b] = __ldg(w4 + min((int)threadIdx.x + b * bd, q4 - 1));
+    uint2* xs2 = reinterpret_cast<uint2*>(xs);   // 4 f16 of x a float4: xs2[i] = x[4 i .. 4 i + 3]
+#pragma unroll
+    for (int b = 0; b < B; b++) {
+      const int i = threadIdx.x + b * bd;
+      if (i < q4) {
+        const float4 x = xf[i];
+        uint2 o;
+        o.x = h2_as_u32(__floats2half2_rn(x.x * inv * w[b].x, x.y * inv * w[b].y));
+        o.y = h2_as_u32(__floats2half2_rn(x.z * inv * w[b].z, x.w * inv * w[b].w));
+        xs2[i] = o;
+      }
+    }
+  } else if (a.norm_w != nullptr && n <= bd) {
+    // RMSNorm with at most one unit a thread (the 7B's qkv: 4 splits, 112 units, 128 threads): the unit's x and norm
+    // weights are loaded with rms_inv's pass, so staging costs one round trip instead of two
+    const float4* x4 = reinterpret_cast<const float4*>(a.x_f32 + k0);
+    const float4* w4 = reinterpret_cast<const float4*>(a.norm_w + k0);
+    const int p = threadIdx.x;
+    float4 v0{}, v1{}, n0{}, n1{};
+    if (p < n) {
+      v0 = x4[2 * p];
+      v1 = x4[2 * p + 1];
+      n0 = __ldg(w4 + 2 * p);
+      n1 = __ldg(w4 + 2 * p + 1);
+    }
+    const float inv = rms_inv(a, K, red);
+    if (p < n) {
+      const float f[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+      const float w[8] = {n0.x, n0.y, n0.z, n0.w, n1.x, n1.y, n1.z, n1.w};
+      float y[8];
+#pragma unroll
+      for (int e = 0; e < 8; e++) y[e] = f[e] * inv * w[e];
+      uint4 o;
+      o.x = h2_as_u32(__floats2half2_rn(y[0], y[1]));
+      o.y = h2_as_u32(__floats2half2_rn(y[2], y[3]));
+      o.z = h2_as_u32(__floats2half2_rn(y[4], y[5]));
+      o.w = h2_as_u32(__floats2half2_rn(y[6], y[7]));
+      xs[p] = o;
+    }
   } else {
+    const float inv = rms_inv(a, K, red);
     constexpr int B = 2;
     const bool norm = a.norm_w != nullptr;
     const float4* x4 = reinterpret_cast<const float4*>(a.x_f32 + k0);
@@ -243,43 +315,6 @@ __device__ __forceinline__ void frag_output(const GemvArgs& a, int b, int o, con
   }
 }
 
-// Cluster barrier halves and the mbarrier / distributed-shared-memory operations of the push epilogue (sm_90 PTX)
-__device__ __forceinline__ void cluster_arrive_release() {
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-__device__ __forceinline__ void mbarrier_init(unsigned long long* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-// makes mbarrier_init visible to the cluster's other blocks (then a cluster barrier before any of them arrives)
-__device__ __forceinline__ void fence_mbarrier_init_cluster() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-// the shared::cluster address of p (this block's shared memory) in cluster rank `rank`'s shared memory
-__device__ __forceinline__ uint32_t map_cluster(const void* p, int rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_u32(p)), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ void st_cluster_f32(uint32_t addr, float v) {
-  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbarrier_wait_parity_cluster(unsigned long long* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-}
-
 template <int SPG, int MODE, int WARPS>
 __global__ void __launch_bounds__(32 * WARPS, FragMinBlocks<SPG, MODE, WARPS>::value)
 gemv_frag_kernel(const GemvArgs a) {
@@ -290,6 +325,7 @@ gemv_frag_kernel(const GemvArgs a) {
   __shared__ float tile_sums[frag::kTileRows];                // this split's sums of the tile's rows
   __shared__ float slots[kFragMaxSplits][frag::kTileRows];    // S > 1: split z's sum of tile row i at [z][i] (pushed)
   __shared__ __align__(8) unsigned long long slots_full;      // S > 1: one arrival a pushed slot (64)
+  __shared__ float4 x_f32[MODE == GEMV_SWIGLU ? kRmsBatch * 32 * WARPS : 1];   // SWIGLU: x (f32) while rms sums
   constexpr int kOut = MODE == GEMV_SWIGLU ? frag::kTileRows / 2 : frag::kTileRows;   // outputs of a tile
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int K = a.seg[0].K, KC = K / kFragChunkK;
@@ -315,7 +351,8 @@ gemv_frag_kernel(const GemvArgs a) {
   pdl_wait();                                    // x / out were written by the previous kernel
   pdl_trigger();
   if (writes) frag_load_old<MODE>(a, b, o, pre);
-  frag_stage_x(a, K, kFragChunkK * c0, nc * kFragChunkK / 8, xs_units, red);
+  frag_stage_x(a, K, kFragChunkK * c0, nc * kFragChunkK / 8, xs_units, red,
+               MODE == GEMV_SWIGLU ? x_f32 : nullptr);
   float acc[8];
   frag_warp_dot<SPG>(tile, c0 + w0, nw, reinterpret_cast<const __half*>(xs_units) + kFragChunkK * w0, ring, acc);
   if (t == 0)

@@ -31,9 +31,14 @@ constexpr int kBlocksPerSm = 4;   // at most this many resident GEMV blocks per 
 // Loads are batched (several per thread issued before any use): the prologue costs a few L2 round trips,
 // not one per loop iteration.
 // 1 / rms(x) of the f32 input when the RMSNorm prologue applies (x_f32 with norm_w), else 1 (block-wide).
+// Thread i sums the squares of float4s i, i + bd, ... (kRmsBatch loads in flight a pass), then the block sums;
+// frag_stage_x's one-pass staging (gemv_frag.cuh) repeats this order with the same helpers, so both give the same inv.
+constexpr int kRmsBatch = 8;
+__device__ __forceinline__ float sumsq4(float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; }
+__device__ __forceinline__ float rms_inv_of(float ss, int K, float eps) { return rsqrtf(ss / (float)K + eps); }
 __device__ float rms_inv(const GemvArgs& a, int K, float* red) {
   if (a.x_f16 != nullptr || a.norm_w == nullptr) return 1.f;
-  constexpr int B = 8;
+  constexpr int B = kRmsBatch;
   const int bd = blockDim.x;
   float ss = 0.f;
   const float4* x4 = reinterpret_cast<const float4*>(a.x_f32);
@@ -45,10 +50,10 @@ __device__ float rms_inv(const GemvArgs& a, int K, float* red) {
       v[b] = i < (K >> 2) ? x4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
-    for (int b = 0; b < B; b++) ss += v[b].x * v[b].x + v[b].y * v[b].y + v[b].z * v[b].z + v[b].w * v[b].w;
+    for (int b = 0; b < B; b++) ss += sumsq4(v[b]);
   }
   ss = block_sum(ss, red);
-  return rsqrtf(ss / (float)K + a.eps);
+  return rms_inv_of(ss, K, a.eps);
 }
 
 // HI16 (for csrc/dev/gemv_int4_tc.cuh, the tensor-core INT4 GEMV): the second and fourth f16 pair of every 8
