@@ -35,6 +35,17 @@ __device__ __forceinline__ uint32_t map_cluster(const void* p, int rank) {
 __device__ __forceinline__ void st_cluster_f32(uint32_t addr, float v) {
   asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
 }
+// an asynchronous store of v at addr (another rank's shared memory) that signals complete-tx (4 bytes) on the mbarrier
+// at remote_bar (in the same rank): no fence, unlike a store followed by a release arrival (MEMBAR.GPU in SASS)
+__device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t remote_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(addr),
+               "r"(__float_as_uint(v)), "r"(remote_bar)
+               : "memory");
+}
+// this thread's arrival on bar (shared::cta), expecting `bytes` of complete-tx in the current phase
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned long long* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
 }

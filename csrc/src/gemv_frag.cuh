@@ -342,10 +342,11 @@ gemv_frag_kernel(const GemvArgs a) {
   if (writes) frag_load_bias<MODE>(a, b, o, pre);
   if (S > 1) {   // the mbarrier the cluster pushes into, initialised before any rank can arrive on it
     if (threadIdx.x == 0) {
-      mbarrier_init(&slots_full, frag::kTileRows);
+      mbarrier_init(&slots_full, 1);
+      mbarrier_arrive_expect_tx(&slots_full, frag::kTileRows * sizeof(float));   // S splits x 64 / S rows each
       fence_mbarrier_init_cluster();
     }
-    cluster_arrive_release();
+    cluster_arrive_relaxed();   // fence.mbarrier_init above orders the init before it (no MEMBAR.GPU)
     cluster_wait();   // here, not after the dot: the cluster's blocks start together, and this overlaps the PDL wait
   }
   pdl_wait();                                    // x / out were written by the previous kernel
@@ -372,8 +373,7 @@ gemv_frag_kernel(const GemvArgs a) {
   if (threadIdx.x < frag::kTileRows) {   // push tile row i's sum to the rank owning the output it feeds
     const int i = threadIdx.x;
     const int owner = (MODE == GEMV_SWIGLU ? 8 * (i >> 4) + (i & 7) : i) / per;
-    st_cluster_f32(map_cluster(&slots[s][i], owner), v);
-    mbarrier_arrive_cluster(map_cluster(&slots_full, owner));   // release: orders the store before the arrival
+    st_async_f32(map_cluster(&slots[s][i], owner), v, map_cluster(&slots_full, owner));
   }
   cluster_arrive_relaxed();   // this block's pushes are issued (the exit barrier below)
   if (writes) {
