@@ -10,13 +10,14 @@
 //   warps split the split's chunks among themselves (chunk_begin again) and add their tile sums in shared memory in
 //   warp order. S > 1: the S blocks of a tile are one thread-block cluster (1, S, 1) (cluster rank = blockIdx.y = s)
 //   and block rank r writes outputs slice r: every block pushes its sum of tile row i into slot [s][i] of the rank
-//   that owns row i's output (a distributed-shared-memory store) and arrives on that rank's mbarrier (release, cluster
-//   scope); an owner's writer threads wait on their own mbarrier (acquire) and sum the S slots in split order. Every
-//   output's sums run in a fixed order: the results do not depend on scheduling.
-// * Epilogue (bench/NOTES.md "Session 23" §2-5, a traced 7B step): no cluster-wide barrier after the dot. The
-//   mbarriers are initialised in the prologue, behind one cluster barrier waited for before the PDL wait; a second
-//   one, arrived at right after the pushes, is waited for at exit (the guide's rule that no block leaves while its
-//   shared memory may still be written; the owners' mbarrier waits already imply it). The output's other operands
+//   that owns row i's output (st.async: a distributed-shared-memory store that signals complete-tx, 4 bytes, on that
+//   rank's mbarrier); an owner's mbarrier expects 64 floats (S splits x 64 / S rows), and its writer threads wait on
+//   it and sum the S slots in split order. Every output's sums run in a fixed order: the results do not depend on
+//   scheduling.
+// * Epilogue (bench/NOTES.md "Session 23" §2-5 and "Session 24" §2-3): no cluster-wide barrier after the dot and no
+//   fence a push (a plain store and a release arrival compiled to MEMBAR.GPU a push: +1.5 %). The mbarriers are
+//   initialised (and their 256 bytes expected) in the prologue, behind one cluster barrier waited for before the PDL
+//   wait; no block leaves before the pushes into it have landed, as it waits for them. The output's other operands
 //   are loaded early: the bias (a weight) before the PDL wait, the ADD's old value right after it. Pulling the
 //   partials between two cluster barriers cost 2.3-3.6 µs a GEMV after the cluster's last dot.
 // * A warp's chunk loop (frag_warp_dot): lane (g, t) streams its 16 bytes of the tile per 16-k step (rows 8 j + g,
@@ -375,7 +376,6 @@ gemv_frag_kernel(const GemvArgs a) {
     const int owner = (MODE == GEMV_SWIGLU ? 8 * (i >> 4) + (i & 7) : i) / per;
     st_async_f32(map_cluster(&slots[s][i], owner), v, map_cluster(&slots_full, owner));
   }
-  cluster_arrive_relaxed();   // this block's pushes are issued (the exit barrier below)
   if (writes) {
     mbarrier_wait_parity_cluster(&slots_full, 0);   // every split's slots of this rank's outputs
     frag_output<MODE>(a, b, o, pre, [&](int row) {
@@ -384,10 +384,10 @@ gemv_frag_kernel(const GemvArgs a) {
       return sum;
     });
   }
-  // No block exits before every block of the cluster has pushed (the CUDA guide's rule for distributed shared
-  // memory, which compute-sanitizer racecheck checks by cluster barriers; the mbarrier alone already orders the
-  // pushes before the owner's reads). Every block arrived right after its pushes, so this wait finds them all there.
-  cluster_wait();
+  // No exit barrier: every block of the cluster owns outputs (per >= 1), and its writer threads wait until all 64
+  // floats pushed into it have landed, so no block leaves while another may still write into it; the pushes read
+  // registers only (st.async), so a sender may leave once they are issued. racecheck and synccheck are clean
+  // without it (bench/NOTES.md "Session 24" §3); it cost ~0.4 %.
 #else
   __trap();    // sm_80 build: never launched (gemv.cu takes this path only where int4_fragment_order_available())
 #endif
