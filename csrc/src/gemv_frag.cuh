@@ -143,6 +143,16 @@ __device__ __forceinline__ void frag_warp_dot(const frag::Tile& tile, int c0, in
   }
 }
 
+// 8 f32 -> one unit of 8 f16 (round to nearest), in order
+__device__ __forceinline__ uint4 f16x8(const float (&y)[8]) {
+  uint4 o;
+  o.x = h2_as_u32(__floats2half2_rn(y[0], y[1]));
+  o.y = h2_as_u32(__floats2half2_rn(y[2], y[3]));
+  o.z = h2_as_u32(__floats2half2_rn(y[4], y[5]));
+  o.w = h2_as_u32(__floats2half2_rn(y[6], y[7]));
+  return o;
+}
+
 // x's k range [k0, k0 + 8 n) into xs as n f16 units in k order (xs[p] = x[k0 + 8 p .. + 7]), rounded as
 // stage_x_f16 rounds x for gemv_int4: x_f16 as given; x_f32 once to f16; with norm_w ((x * inv) * norm_w) once, inv
 // = rms_inv over all K of x (block-wide; every path sums the squares in rms_inv's order, so inv is the same). Loads
@@ -225,12 +235,7 @@ __device__ __forceinline__ void frag_stage_x(const GemvArgs& a, int K, int k0, i
       float y[8];
 #pragma unroll
       for (int e = 0; e < 8; e++) y[e] = f[e] * inv * w[e];
-      uint4 o;
-      o.x = h2_as_u32(__floats2half2_rn(y[0], y[1]));
-      o.y = h2_as_u32(__floats2half2_rn(y[2], y[3]));
-      o.z = h2_as_u32(__floats2half2_rn(y[4], y[5]));
-      o.w = h2_as_u32(__floats2half2_rn(y[6], y[7]));
-      xs[p] = o;
+      xs[p] = f16x8(y);
     }
   } else {
     const float inv = rms_inv(a, K, red);
@@ -259,12 +264,7 @@ __device__ __forceinline__ void frag_stage_x(const GemvArgs& a, int K, int k0, i
 #pragma unroll
             for (int e = 0; e < 8; e++) f[e] = f[e] * inv * w[e];
           }
-          uint4 o;
-          o.x = h2_as_u32(__floats2half2_rn(f[0], f[1]));
-          o.y = h2_as_u32(__floats2half2_rn(f[2], f[3]));
-          o.z = h2_as_u32(__floats2half2_rn(f[4], f[5]));
-          o.w = h2_as_u32(__floats2half2_rn(f[6], f[7]));
-          xs[p] = o;
+          xs[p] = f16x8(f);
         }
       }
     }
