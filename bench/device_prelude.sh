@@ -7,3 +7,44 @@ for f in .out/*.tar.xz; do tar -xJf "$f"; done
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
 export PYTHONPATH="/tmp/site:$PWD:$PWD/tests" PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/nq_out}"; mkdir -p "$OUT"
+
+# nq_decode VARIANT PROMPT_TOKENS: one 7B decode timing (/tmp/q7b.nanoqwen, 64 tokens x 2) with .v/VARIANT's
+# library (a variant built here and carried in .out/*.tar.xz); prints the bench's decode and MBU lines on one line
+nq_decode() {
+  NANOQWEN_LIB="$PWD/.v/$1/libnanoqwen.so" timeout 120 python3 -m nanoqwen_bench /tmp/q7b.nanoqwen --device cuda \
+    --no-peers --prompt-tokens "$2" --new-tokens 64 --repeats 2 2>&1 | grep -E '^(decode|MBU)' | tr -s ' ' | tr '\n' ';'
+}
+# nq_ab VARIANT PROMPT_TOKENS REP: nq_decode, recorded in $OUT/summary.txt as "ab VARIANT PROMPT repREP: ..."
+nq_ab() { echo "ab $1 $2 rep$3: $(nq_decode "$1" "$2")" | tee -a "$OUT/summary.txt"; }
+# nq_quick_tests: the frag GEMV, attention and decode-switch GPU tests over 8 workers (the product library in
+# nanoqwen_rt/lib, the testing one in build/lib), the last lines to $OUT/summary.txt
+nq_quick_tests() {
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -x -n 8 -k "attn or attention or switch or frag" \
+    tests/test_gpu_kernels.py tests/test_gpu_e2e.py tests/test_gpu_frag_gemv.py 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
+}
+# nq_sanitizer_model [tiny]: writes a 2-layer synthetic INT4 model to /tmp/san.nanoqwen and prints its path; with
+# `tiny`, the embedded models/tiny-py converted instead where this tree has it (gpu_check.sh's sanitize step's choice)
+nq_sanitizer_model() {
+  python3 -c "
+import sys; sys.path.insert(0, 'tests')
+from synth import make_checkpoint
+from nanoqwen_quant.convert import convert_checkpoint
+make_checkpoint('/tmp/san_hf', dtype='bf16', n_layers=2, hidden=128, intermediate=256, n_heads=2, n_kv_heads=1, vocab=384, seed=4)
+convert_checkpoint('/tmp/san_hf', '/tmp/san.nanoqwen', quant='int4', group_size=64)" > /dev/null 2>&1
+  local m=/tmp/san.nanoqwen
+  [ "${1:-}" = tiny ] && [ -f models/tiny-py/config.json ] && python3 -c "
+from nanoqwen_quant.convert import convert_checkpoint
+convert_checkpoint('models/tiny-py', '/tmp/tiny-py.nanoqwen', quant='int4')" > /dev/null 2>&1 && m=/tmp/tiny-py.nanoqwen
+  echo "$m"
+}
+# nq_sanitize LABEL MODEL TOOL...: compute-sanitizer TOOL on bench/sanitize_tiny.py MODEL (the product library in
+# nanoqwen_rt/lib), each log to $OUT/san_TOOL.log, one summary line each to $OUT/summary.txt
+nq_sanitize() {
+  local label=$1 model=$2 tool; shift 2
+  for tool in "$@"; do
+    timeout 60 compute-sanitizer --tool "$tool" --error-exitcode 9 python3 bench/sanitize_tiny.py "$model" \
+      > "$OUT/san_$tool.log" 2>&1
+    echo "${label}sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san_$tool.log" | head -2 | tr '\n' ' ')" \
+      | tee -a "$OUT/summary.txt"
+  done
+}

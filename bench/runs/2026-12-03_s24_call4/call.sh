@@ -3,23 +3,12 @@
 # every block is an owner that waits for its 256 bytes) against main at 512, alternated, and racecheck / synccheck
 # with noexit; (2) decode on every size's shapes with main's library (512-token prompt, 64 tokens x 2).
 set -uo pipefail
-source "$(dirname "$0")/../../device_prelude.sh"
+source "$(dirname "$0")/../../device_prelude.sh"   # nq_ab, nq_quick_tests, nq_sanitize*: factored out after the run, same commands
 mkdir -p nanoqwen_rt/lib build/lib; cp .v/noexit/libnanoqwen.so nanoqwen_rt/lib/; cp .v/noexit/libnanoqwen_testing.so build/lib/
 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > /dev/null 2>&1
 for rep in 1 2; do for v in head noexit; do
-  r=$(NANOQWEN_LIB=$PWD/.v/$v/libnanoqwen.so timeout 120 python3 -m nanoqwen_bench /tmp/q7b.nanoqwen --device cuda --no-peers \
-      --prompt-tokens 512 --new-tokens 64 --repeats 2 2>&1 | grep -E '^(decode|MBU)' | tr -s ' ' | tr '\n' ';')
-  echo "ab $v 512 rep$rep: $r" | tee -a "$OUT/summary.txt"; done; done
-python3 -c "
-import sys; sys.path.insert(0, 'tests')
-from synth import make_checkpoint
-from nanoqwen_quant.convert import convert_checkpoint
-make_checkpoint('/tmp/san_hf', dtype='bf16', n_layers=2, hidden=128, intermediate=256, n_heads=2, n_kv_heads=1, vocab=384, seed=4)
-convert_checkpoint('/tmp/san_hf', '/tmp/san.nanoqwen', quant='int4', group_size=64)" > /dev/null 2>&1
-for tool in racecheck synccheck; do
-  timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 python3 bench/sanitize_tiny.py /tmp/san.nanoqwen > "$OUT/san_$tool.log" 2>&1
-  echo "noexit sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san_$tool.log" | head -2 | tr '\n' ' ')" | tee -a "$OUT/summary.txt"
-done
+  nq_ab $v 512 $rep; done; done
+nq_sanitize "noexit " "$(nq_sanitizer_model)" racecheck synccheck
 rm -f /tmp/q7b.nanoqwen
 for size in 0.5B 1.5B 3B 14B 32B; do
   timeout 150 python3 bench/make_7b_file.py /tmp/s.nanoqwen --shape $size --quiet > /dev/null 2>&1 || { echo "$size: make failed" | tee -a "$OUT/summary.txt"; continue; }
