@@ -3,7 +3,7 @@
 # variant libraries), install the carried wheels (.whl/, see bench/gpu_check.sh) into /tmp/site, and export
 # PYTHONPATH and OUT (the folder whose files come back).
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-for f in .out/*.tar.xz; do tar -xJf "$f"; done
+for f in .out/*.tar.xz; do [ -f "$f" ] && tar -xJf "$f"; done   # none carried: nothing to unpack
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
 export PYTHONPATH="/tmp/site:$PWD:$PWD/tests" PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/nq_out}"; mkdir -p "$OUT"
