@@ -325,7 +325,7 @@ gemv_frag_kernel(const GemvArgs a) {
   __shared__ float warp_sums[WARPS][frag::kTileRows];
   __shared__ float tile_sums[frag::kTileRows];                // this split's sums of the tile's rows
   __shared__ float slots[kFragMaxSplits][frag::kTileRows];    // S > 1: split z's sum of tile row i at [z][i] (pushed)
-  __shared__ __align__(8) unsigned long long slots_full;      // S > 1: one arrival a pushed slot (64)
+  __shared__ __align__(8) unsigned long long slots_full;      // S > 1: full when 64 pushed slots (256 bytes) landed
   __shared__ float4 x_f32[MODE == GEMV_SWIGLU ? kRmsBatch * 32 * WARPS : 1];   // SWIGLU: x (f32) while rms sums
   constexpr int kOut = MODE == GEMV_SWIGLU ? frag::kTileRows / 2 : frag::kTileRows;   // outputs of a tile
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -341,7 +341,7 @@ gemv_frag_kernel(const GemvArgs a) {
   const bool writes = (int)threadIdx.x < per;
   FragOutPre pre;
   if (writes) frag_load_bias<MODE>(a, b, o, pre);
-  if (S > 1) {   // the mbarrier the cluster pushes into, initialised before any rank can arrive on it
+  if (S > 1) {   // the mbarrier the cluster pushes into, initialised before any rank can push into it
     if (threadIdx.x == 0) {
       mbarrier_init(&slots_full, 1);
       mbarrier_arrive_expect_tx(&slots_full, frag::kTileRows * sizeof(float));   // S splits x 64 / S rows each
