@@ -68,6 +68,7 @@
 #include "gemm_kernels.cuh"
 #include "int4_frag.cuh"
 #include "wgmma_rs.cuh"
+#include "sm90_sync.cuh"
 
 // sm_90a device code only (wgmma, setmaxnreg, TMA); the sm_80 build compiles the kernels empty and the host never
 // launches them there (wgmma_available()).
@@ -122,25 +123,6 @@ __device__ __forceinline__ uint64_t wg_desc_sw128(uint32_t saddr) {
 }
 
 #if NQ_WGMMA_DEVICE
-__device__ __forceinline__ void wg_mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void wg_mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void wg_mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void wg_mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
 __device__ __forceinline__ void wg_tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
@@ -203,10 +185,10 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; s++) {
-      wg_mbar_init(full0 + 8 * s, 1);                     // the producer's expect_tx arrive (+ the TMA bytes)
-      wg_mbar_init(empty0 + 8 * s, C_::kConsumers / 32);  // one arrive per consumer warp
+      mbarrier_init(full0 + 8 * s, 1);                     // the producer's expect_tx arrive (+ the TMA bytes)
+      mbarrier_init(empty0 + 8 * s, C_::kConsumers / 32);  // one arrive per consumer warp
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init_cluster();
   }
   __syncthreads();
 
@@ -224,7 +206,7 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
       auto issue = [&](int ks, bool w, bool a) {
         const int s = ks % STAGES, nsub = KSUB == 1 ? 1 : min(KSUB, KT - ks * KSUB);
         const uint32_t buf = sbase + s * C_::kStageBytes, full = full0 + 8 * s;
-        if (w) wg_mbar_expect_tx(full, nsub * sub_bytes);
+        if (w) mbarrier_arrive_expect_tx(full, nsub * sub_bytes);
         for (int q = 0; q < nsub; q++) {
           const int kt = kt0 + ks * KSUB + q;
           if (a) wg_tma_load_2d(buf + q * C_::kSubBytes, &tmA, kt * WG_KB, m0, full);
@@ -252,7 +234,7 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
       pdl_trigger();
       for (int ks = 0; ks < pre; ks++) issue(ks, false, true);
       for (int ks = pre; ks < NS; ks++) {
-        wg_mbar_wait(empty0 + 8 * (ks % STAGES), ((ks / STAGES) - 1) & 1);
+        mbarrier_wait_parity(empty0 + 8 * (ks % STAGES), ((ks / STAGES) - 1) & 1);
         issue(ks, true, true);
       }
     }
@@ -338,7 +320,7 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
   for (int ks = 0; ks < NS; ks++) {
     // (constant for one sub-tile per stage, so the prefill builds' loop has no sub-tile branches)
     const int s = ks % STAGES, nsub = KSUB == 1 ? 1 : min(KSUB, KT - ks * KSUB);
-    wg_mbar_wait(full0 + 8 * s, (ks / STAGES) & 1);
+    mbarrier_wait_parity(full0 + 8 * s, (ks / STAGES) & 1);
 #pragma unroll
     for (int q = 0; q < KSUB; q++) {
       if (q >= nsub) break;
@@ -408,7 +390,7 @@ __global__ void __launch_bounds__(128 * WGS + 128, 1)
 #pragma unroll
     for (int i = 0; i < TN / 2; i++) wg_reg_fence(acc[i]);
     __syncwarp();
-    if (lane == 0) wg_mbar_arrive(empty0 + 8 * s);
+    if (lane == 0) mbarrier_arrive(empty0 + 8 * s);
   }
 
   // epilogue: acc[4j + 2h + e] = (block row r0 + 8h, token 8j + 2tig + e)

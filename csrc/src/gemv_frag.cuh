@@ -40,7 +40,7 @@
 #pragma once
 #include "gemv_kernels.cuh"
 #include "int4_frag.cuh"
-#include "cluster_sync.cuh"
+#include "sm90_sync.cuh"
 
 namespace nq {
 namespace {
@@ -343,8 +343,8 @@ gemv_frag_kernel(const GemvArgs a) {
   if (writes) frag_load_bias<MODE>(a, b, o, pre);
   if (S > 1) {   // the mbarrier the cluster pushes into, initialised before any rank can push into it
     if (threadIdx.x == 0) {
-      mbarrier_init(&slots_full, 1);
-      mbarrier_arrive_expect_tx(&slots_full, frag::kTileRows * sizeof(float));   // S splits x 64 / S rows each
+      mbarrier_init(smem_u32(&slots_full), 1);
+      mbarrier_arrive_expect_tx(smem_u32(&slots_full), frag::kTileRows * sizeof(float));   // S splits x 64 / S rows each
       fence_mbarrier_init_cluster();
     }
     cluster_arrive_relaxed();   // fence.mbarrier_init above orders the init before it (no MEMBAR.GPU)
@@ -377,7 +377,7 @@ gemv_frag_kernel(const GemvArgs a) {
     st_async_f32(map_cluster(&slots[s][i], owner), v, map_cluster(&slots_full, owner));
   }
   if (writes) {
-    mbarrier_wait_parity_cluster(&slots_full, 0);   // every split's slots of this rank's outputs
+    mbarrier_wait_parity_cluster(smem_u32(&slots_full), 0);   // every split's slots of this rank's outputs
     frag_output<MODE>(a, b, o, pre, [&](int row) {
       float sum = 0.f;
       for (int z = 0; z < S; z++) sum += slots[z][row];   // split order
