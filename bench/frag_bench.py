@@ -13,6 +13,9 @@
         and the product's rule (frag_splits)
     python3 bench/frag_bench.py --gemv-plans: the decode GEMV per 7B shape under every launch plan (4 / 8 warps x 1-16
         splits; nq_bench_gemv_int4_frag_plans) against the product's (frag_plan, through gemv())
+    python3 bench/frag_bench.py --gemv-waves: the 7B gate/up and down GEMVs at row counts around the 7B shape (the
+        same K, every plan): time a tile against blocks an SM, i.e. whether an SM's share of the blocks (5 or 4 of
+        gate/up's 592 on 132 SMs) sets the kernel's time rather than its bytes
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ def main() -> int:
                     help="token counts (default 1 5 16 32 64 128 512; with --plans 16 32 48 64)")
     ap.add_argument("--plans", action="store_true", help="time every launch plan of the few-token GEMM")
     ap.add_argument("--gemv-plans", action="store_true", help="time every launch plan of the decode GEMV")
+    ap.add_argument("--gemv-waves", action="store_true", help="time gate/up and down at row counts around 7B's")
     a = ap.parse_args()
     lib = load_testing_library()
     if not lib.nq_test_fragment_order_available():
@@ -53,6 +57,8 @@ def main() -> int:
         return plans(lib, a)
     if a.gemv_plans:
         return gemv_plans(lib, a)
+    if a.gemv_waves:
+        return gemv_waves(lib, a)
     rows = gemv_rows_7b()
     out = {"gemv": {}, "gemm": {}}
     tot_file = tot_frag = 0.0
@@ -132,6 +138,29 @@ def gemv_plans(lib, a) -> int:
         print(f"gemv plans 7B {name:5s}: product {prod.value:6.2f} us, best {best} {grid[best]:6.2f} | " +
               " ".join(f"{k} {v:.2f}" for k, v in grid.items()))
     print(f"gemv plans 7B layer: product {prod_sum:.1f} us, sum of the best plans {best_sum:.1f} us")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 0
+
+
+def gemv_waves(lib, a) -> int:
+    """gate/up (SwiGLU, K = hidden) and down (K = intermediate) at tile counts around the 7B's (gate/up: 32 rows of
+    intermediate a 64-row tile of gate and up; down: 64 output rows a tile), every plan: us, and us per tile. If an
+    SM's block count set the time, us would step with ceil(blocks / SMs), not grow with the tiles."""
+    sh = QWEN25_SHAPES["7B"]
+    cases = [("gate", sh.hidden, 32, (528, 560, 592, 624, 660)), ("down", sh.intermediate, 64, (33, 44, 56, 66, 88))]
+    out = {}
+    for name, K, rows_a_tile, tile_counts in cases:
+        for tiles in tile_counts:
+            N = tiles * rows_a_tile
+            us = (ctypes.c_float * 10)()
+            _call(lib, f"gemv waves {name} {tiles}", lib.nq_bench_gemv_int4_frag_plans(N, K, MODES[name], a.iters, us))
+            grid = {f"w{w}s{1 << j}": round(us[5 * i + j], 2) for i, w in enumerate((4, 8)) for j in range(5)
+                    if us[5 * i + j] > 0}
+            out[f"{name} {tiles}"] = grid
+            print(f"gemv waves {name} tiles {tiles:4d} (N {N:6d}): " +
+                  " ".join(f"{k} {v:.2f} ({v / tiles * 1e3:.1f} ns/tile)" for k, v in grid.items()))
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)

@@ -19,9 +19,11 @@
 #include "device_util.cuh"
 #include "launch.h"
 #include "cp_async.cuh"
+#include "sm90_sync.cuh"
 #include "attn_prefill.cuh"
 #include <cooperative_groups.h>
 #include <math_constants.h>
+#include <type_traits>
 
 namespace nq {
 namespace {
@@ -37,12 +39,13 @@ __device__ __forceinline__ void merge_last_split(const AttnArgs& a, int t, int h
                                                  __half* out, float (*w)[kMaxSplits], float (*l)[kMaxSplits],
                                                  float* inv, int& last) {
   const int tid = threadIdx.x;
-  __threadfence();
+  // The block's partial stores are ordered before thread 0's release by the barrier; its acquire (when it is the
+  // last) orders the other splits' partials before every thread's loads by the second barrier. One GPU-scope
+  // acq_rel atomic a block, no fence per thread (a __threadfence is MEMBAR.SC.GPU in SASS).
   __syncthreads();
-  if (tid == 0) last = atomicAdd(&a.counters[t * a.n_kv + h], 1) == n_used - 1;
+  if (tid == 0) last = atomic_add_acq_rel_gpu(&a.counters[t * a.n_kv + h], 1) == n_used - 1;
   __syncthreads();
   if (!last) return;
-  __threadfence();
   for (int i = tid; i < G * n_used; i += THREADS) {
     const int g = i / n_used, sp = i % n_used;
     const size_t r = ph0 + (size_t)g * a.n_split + sp;
@@ -123,6 +126,26 @@ struct AttnSmem {
   int last;
 };
 
+// The cluster build's shared memory: AttnSmem and the receive side of the merge (kept out of the other builds: the
+// 4-warp build's 3 blocks an SM would not fit). From rank z: its (m, l) of head hg at recv_ml[z][hg], and its O chunk
+// (4 floats) of this rank's j-th item at recv_o[z * per + j] (per = ceil(items / C), items = G x D / 4); recv_full:
+// the mbarrier that counts those bytes (one arrival, the rank's own expect_tx).
+template <int D, int WARPS>
+struct AttnSmemCluster : AttnSmem<D, WARPS> {
+  float2 recv_ml[kAttnMaxCluster][kMaxG];
+  float4 recv_o[kMaxG * (D / 4) + kAttnMaxCluster];
+  unsigned long long recv_full;
+};
+template <int D, int WARPS, bool CLUSTER>
+using AttnSmemOf = std::conditional_t<CLUSTER, AttnSmemCluster<D, WARPS>, AttnSmem<D, WARPS>>;
+
+// The cluster merge's items (4 outputs of one head each, G x D / 4 of them) that rank z of C owns: items
+// [z per, (z + 1) per), per = ceil(items / C), clipped to the items there are (0 for ranks past the last)
+__host__ __device__ __forceinline__ int attn_merge_items(int items, int C, int z) {
+  const int per = (items + C - 1) / C;
+  return max(0, min(per, items - z * per));
+}
+
 // byte offset of 16-byte chunk c of row r in a swizzled [rows][D] f16 tile
 template <int D>
 __device__ __forceinline__ uint32_t swz(int r, int c) {
@@ -135,7 +158,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
   constexpr int CPR = D / 8;                 // 16-byte chunks per row
   constexpr int KS = D / 16, ND = D / 8;     // k-steps of S = Q K^T; n8 tiles of O
   extern __shared__ __align__(128) unsigned char attn_smem[];
-  AttnSmem<D, WARPS>& S = *reinterpret_cast<AttnSmem<D, WARPS>*>(attn_smem);
+  AttnSmemOf<D, WARPS, CLUSTER>& S = *reinterpret_cast<AttnSmemOf<D, WARPS, CLUSTER>*>(attn_smem);
   const int h = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
   const int G = a.n_heads / a.n_kv;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
@@ -168,6 +191,21 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
   // m = -inf, l = 0, O = 0) reaching both cluster barriers. Else a block without keys leaves here.
   const bool dsmem = in_cluster && n_used > 1;
   if (split >= (dsmem ? C : n_used)) return;     // uniform per block: no barrier is skipped by part of it
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (CLUSTER) if (dsmem) {   // the merge's receive mbarrier, published before any rank can push (decode:
+    if (tid == 0) {                     // before the PDL wait, so the cluster barrier overlaps the kernel before)
+      mbarrier_init(smem_u32(&S.recv_full), 1);
+      // the bytes this rank receives: from each of the C ranks, its O chunk of each of this rank's items and, where
+      // this rank has items, its (m, l) of every head (attn_merge_items)
+      const int z = (int)cooperative_groups::this_cluster().block_rank();
+      const int n_items = attn_merge_items(G * (D / 4), C, z);
+      mbarrier_arrive_expect_tx(smem_u32(&S.recv_full), n_items > 0 ? (uint32_t)(C * (n_items * 16 + G * 8)) : 0u);
+      fence_mbarrier_init_cluster();
+    }
+    cluster_arrive_relaxed();   // fence.mbarrier_init orders the init before it
+    cluster_wait();
+  }
+#endif
   const int k0 = split * kps, k1 = min(n_keys, k0 + kps);
   const int ntiles = k1 > k0 ? (k1 - k0 + kKT - 1) / kKT : 0;
   const bool own = a.write_kv && pos >= k0 && pos < k1;   // this block writes the cache row at pos
@@ -367,29 +405,39 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
   }
   if (n_used == 1) return;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (CLUSTER) if (dsmem) {   // rank r of the cluster merges outputs slice r over the C blocks' (m, l, O), in rank order
-    namespace cg = cooperative_groups;
-    cg::cluster_group cl = cg::this_cluster();
-    cl.sync();   // every block's obuf[0], wm[0] and inv (its l) are written
-    const int r = (int)cl.block_rank(), items = G * (D / 4);
-    for (int i = r * items / C + tid; i < (r + 1) * items / C; i += THREADS) {
-      const int hg = i / (D / 4), d = (i % (D / 4)) * 4;
-      float mz[kAttnMaxCluster], lz[kAttnMaxCluster], M = -CUDART_INF_F;   // C <= kAttnMaxCluster
+  if constexpr (CLUSTER) if (dsmem) {   // rank r of the cluster merges items [r per, (r + 1) per) over the C blocks' (m, l, O), in rank order
+    // push (sm90_sync.cuh): this block's O chunk of item i to the rank owning i, and its (m, l) of every head to
+    // every rank that owns items, each by st.async, which signals the receiver's mbarrier (no fence, no arrival)
+    const int z = (int)cooperative_groups::this_cluster().block_rank();
+    const int items = G * (D / 4), per = (items + C - 1) / C;   // per <= THREADS: one item a thread below
+    static_assert(kMaxG * (D / 4) / 2 <= THREADS, "a rank's items (C >= 2) fit one a thread");
+    __syncthreads();   // obuf[0] (the loop above) complete
+    for (int i = tid; i < items; i += THREADS) {
+      const int hg = i / (D / 4), d = (i % (D / 4)) * 4, r = i / per;
+      st_async_v4(map_cluster(&S.recv_o[z * per + (i - r * per)], r),
+                  *reinterpret_cast<const float4*>(&S.u.obuf[0][hg][d]), map_cluster(&S.recv_full, r));
+    }
+    if (tid < C * G && attn_merge_items(items, C, tid / G) > 0)
+      st_async_v2(map_cluster(&S.recv_ml[z][tid % G], tid / G), make_float2(S.wm[0][tid % G], S.inv[tid % G]),
+                  map_cluster(&S.recv_full, tid / G));
+    // No exit barrier: a rank with items waits below for every byte pushed into it before its block can leave; a
+    // rank without items is pushed nothing; st.async reads registers only, so a sender may leave once it has issued.
+    if (tid < attn_merge_items(items, C, z)) {
+      mbarrier_wait_parity_cluster(smem_u32(&S.recv_full), 0);   // every rank's pushes into this one
+      const int i = z * per + tid, hg = i / (D / 4), d = (i % (D / 4)) * 4;
+      float M = -CUDART_INF_F;
 #pragma unroll
-      for (int z = 0; z < kAttnMaxCluster; z++)
-        if (z < C) {
-          mz[z] = cl.map_shared_rank(&S.wm[0][0], z)[hg];
-          lz[z] = cl.map_shared_rank(&S.inv[0], z)[hg];
-          M = fmaxf(M, mz[z]);   // finite: rank 0 has keys
-        }
+      for (int zz = 0; zz < kAttnMaxCluster; zz++)
+        if (zz < C) M = fmaxf(M, S.recv_ml[zz][hg].x);   // finite: rank 0 has keys
       float L = 0.f;
       float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int z = 0; z < kAttnMaxCluster; z++)
-        if (z < C) {
-          const float wz = exp2f(mz[z] - M);   // 0 for a rank without keys
-          const float4 v = *reinterpret_cast<const float4*>(cl.map_shared_rank(&S.u.obuf[0][hg][d], z));
-          L = fmaf(lz[z], wz, L);
+      for (int zz = 0; zz < kAttnMaxCluster; zz++)
+        if (zz < C) {
+          const float2 ml = S.recv_ml[zz][hg];
+          const float wz = exp2f(ml.x - M);   // 0 for a rank without keys
+          const float4 v = S.recv_o[zz * per + tid];
+          L = fmaf(ml.y, wz, L);
           acc.x = fmaf(v.x, wz, acc.x); acc.y = fmaf(v.y, wz, acc.y); acc.z = fmaf(v.z, wz, acc.z); acc.w = fmaf(v.w, wz, acc.w);
         }
       const float iv = 1.f / L;
@@ -397,7 +445,6 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
       o2[0] = __floats2half2_rn(acc.x * iv, acc.y * iv);
       o2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
     }
-    cl.sync();   // no block leaves while another reads its shared memory
     return;
   }
 #endif
@@ -477,19 +524,19 @@ template <int D, int WARPS, bool CLUSTER>
 cudaError_t decode_smem_raised() {
   static const cudaError_t raised = cudaFuncSetAttribute(attn_decode_kernel<D, WARPS, CLUSTER>,
                                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                         (int)sizeof(AttnSmem<D, WARPS>));
+                                                         (int)sizeof(AttnSmemOf<D, WARPS, CLUSTER>));
   return raised;
 }
 
 // Whether a block of the build's shared memory fits this GPU (the 8-warp build's 136 KB at D = 128 does not where the
 // opt-in limit is ~99 KB, e.g. sm_86 / sm_89, which run the sm_80 code: those keep the 4-warp build)
-template <int D, int WARPS>
+template <int D, int WARPS, bool CLUSTER = false>
 bool decode_build_fits() {
   static const bool fits = [] {
     int dev = 0, optin = 0;
     return cudaGetDevice(&dev) == cudaSuccess &&
            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
-           (size_t)optin >= sizeof(AttnSmem<D, WARPS>);
+           (size_t)optin >= sizeof(AttnSmemOf<D, WARPS, CLUSTER>);
   }();
   return fits;
 }
@@ -503,7 +550,7 @@ int decode_max_clusters(int C) {
     Known k{};
     auto kernel = attn_decode_kernel<D, kDecodeWarpsOneWave, true>;
     cudaFuncAttributes fa{};
-    if (!decode_build_fits<D, kDecodeWarpsOneWave>() ||
+    if (!decode_build_fits<D, kDecodeWarpsOneWave, true>() ||
         decode_smem_raised<D, kDecodeWarpsOneWave, true>() != cudaSuccess ||
         cudaFuncGetAttributes(&fa, kernel) != cudaSuccess || fa.binaryVersion < 90)
       return k;
@@ -513,7 +560,7 @@ int decode_max_clusters(int C) {
       attr[0].id = cudaLaunchAttributeClusterDimension;
       attr[0].val.clusterDim.x = 1; attr[0].val.clusterDim.y = c; attr[0].val.clusterDim.z = 1;
       cfg.gridDim = dim3(1, c, 1); cfg.blockDim = dim3(kDecodeWarpsOneWave * 32);
-      cfg.dynamicSmemBytes = sizeof(AttnSmem<D, kDecodeWarpsOneWave>);
+      cfg.dynamicSmemBytes = sizeof(AttnSmemOf<D, kDecodeWarpsOneWave, true>);
       cfg.attrs = attr; cfg.numAttrs = 1;
       int n = 0;
       if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
@@ -540,7 +587,7 @@ int decode_cluster(int n_kv, int n_split, int M) {
 
 template <int D, int WARPS, bool CLUSTER>
 int launch_decode_build(const AttnArgs& a, int cluster, cudaStream_t st) {
-  constexpr size_t smem = sizeof(AttnSmem<D, WARPS>);
+  constexpr size_t smem = sizeof(AttnSmemOf<D, WARPS, CLUSTER>);
   const cudaError_t raised = decode_smem_raised<D, WARPS, CLUSTER>();
   if (raised != cudaSuccess)
     return fail(cuda_status(raised), "attention: %zu bytes of shared memory: %s", smem, cudaGetErrorString(raised));

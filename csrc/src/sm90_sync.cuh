@@ -38,6 +38,17 @@ __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t re
                "r"(__float_as_uint(v)), "r"(remote_bar)
                : "memory");
 }
+__device__ __forceinline__ void st_async_v2(uint32_t addr, float2 v, uint32_t remote_bar) {   // 8 bytes, as st_async_f32
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(addr),
+               "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(remote_bar)
+               : "memory");
+}
+__device__ __forceinline__ void st_async_v4(uint32_t addr, float4 v, uint32_t remote_bar) {   // 16 bytes
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(addr),
+               "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(__float_as_uint(v.z)),
+               "r"(__float_as_uint(v.w)), "r"(remote_bar)
+               : "memory");
+}
 // this thread's arrival on bar, expecting `bytes` of complete-tx in the current phase
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
