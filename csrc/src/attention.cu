@@ -110,9 +110,13 @@ template <int D, int WARPS>
 struct AttnSmem {
   static constexpr int TILE_H = kKT * D;   // halves of one K (or V) tile
   static constexpr int LDQ = D + 8;             // q rows 16 B apart mod 128 B
+  // obuf rows 8 floats apart mod 32 banks: a warp's float2 stores of O (lane (g, tq) at row g, column 8 n + 2 tq) hit
+  // distinct banks in each half-warp; with rows of D floats all 8 rows of g fell on one bank pair (8-way conflicts,
+  // ~1.2 us of the block's merge: bench/NOTES.md "Session 25" §4)
+  static constexpr int LDO = D + 8;
   union {
     __half ring[WARPS][kStages][2][TILE_H];   // per warp and stage: K tile, V tile
-    float obuf[WARPS][kMaxG][D];                         // the warps' O, scaled to the block's max
+    float obuf[WARPS][kMaxG][LDO];                       // the warps' O, scaled to the block's max
     struct {
       float w[kMaxG][kMaxSplits];
       float l[kMaxG][kMaxSplits];
@@ -377,8 +381,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
     const float f = mb == -CUDART_INF_F ? 0.f : exp2f(m_run - mb);   // 0 for a warp without tiles (m_run = -inf)
 #pragma unroll
     for (int n = 0; n < ND; n++) {
-      S.u.obuf[warp][g][8 * n + 2 * tq] = o[n][0] * f;
-      S.u.obuf[warp][g][8 * n + 2 * tq + 1] = o[n][1] * f;
+      *reinterpret_cast<float2*>(&S.u.obuf[warp][g][8 * n + 2 * tq]) = make_float2(o[n][0] * f, o[n][1] * f);
     }
   }
   __syncthreads();

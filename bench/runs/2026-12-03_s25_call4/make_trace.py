@@ -1,0 +1,131 @@
+"""Session 25 call 4 (experiment, never main): instruments attn_decode_kernel (csrc/src/attention.cu) with
+%globaltimer records of thread 0 of every block with keys, and exports nq_attn_trace. Run in a scratch worktree:
+python3 make_trace.py path/to/attention.cu; then build, and trace_attn.py reads the records."""
+import sys
+
+p = sys.argv[1]
+s = open(p).read()
+
+
+def rep(a, b):
+    global s
+    assert s.count(a) == 1, (a[:60], s.count(a))
+    s = s.replace(a, b)
+
+
+rep("""template <int D, int WARPS, bool CLUSTER>
+__global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs a) {
+""", """// TRACE (dev only, never main): thread 0 of every block with keys records %globaltimer at entry, after the cluster
+// prologue, after the PDL wait, q staged, tiles done, block merge done, end
+struct AttnTraceRec {
+  unsigned long long t[7];
+  unsigned h, split, sm, flags;
+};
+constexpr unsigned kAttnTraceMax = 1u << 18;
+__device__ AttnTraceRec g_attn_trace[kAttnTraceMax];
+__device__ unsigned g_attn_trace_n;
+__device__ int g_attn_trace_on;
+__device__ __forceinline__ unsigned long long attn_gtimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
+template <int D, int WARPS, bool CLUSTER>
+__global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs a) {
+  unsigned long long tt[7] = {};
+  tt[0] = attn_gtimer();
+  const int trace_on = threadIdx.x == 0 ? g_attn_trace_on : 0;
+  unsigned trace_flags = 0;
+  auto trace_end = [&]() {
+    if (trace_on) {
+      tt[6] = attn_gtimer();
+      const unsigned i = atomicAdd(&g_attn_trace_n, 1u);
+      if (i < kAttnTraceMax) {
+        AttnTraceRec r;
+        for (int q = 0; q < 7; q++) r.t[q] = tt[q];
+        unsigned smid;
+        asm volatile("mov.u32 %0, %smid;" : "=r"(smid));
+        r.h = blockIdx.x; r.split = blockIdx.y; r.sm = smid; r.flags = trace_flags;
+        g_attn_trace[i] = r;
+      }
+    }
+  };
+""")
+rep("""  if (split >= (dsmem ? C : n_used)) return;     // uniform per block: no barrier is skipped by part of it
+""", """  if (split >= (dsmem ? C : n_used)) return;     // uniform per block: no barrier is skipped by part of it
+  trace_flags = (unsigned)n_used | (dsmem ? 256u : 0u) | ((unsigned)C << 9) | ((unsigned)WARPS << 14) |
+                ((unsigned)n_keys << 18);
+""")
+rep("""    cluster_wait();
+  }
+#endif
+  const int k0 = split * kps""", """    cluster_wait();
+  }
+#endif
+  tt[1] = attn_gtimer();
+  const int k0 = split * kps""")
+rep("""  if (a.write_kv) {   // q, k and v of this step come from the kernel before
+    pdl_wait();
+    pdl_trigger();
+  }
+""", """  if (a.write_kv) {   // q, k and v of this step come from the kernel before
+    pdl_wait();
+    pdl_trigger();
+  }
+  tt[2] = attn_gtimer();
+""")
+rep("""  __syncthreads();   // q, knew, vnew staged
+""", """  __syncthreads();   // q, knew, vnew staged
+  tt[3] = attn_gtimer();
+""")
+rep("""  __syncthreads();   // every warp is done with its ring: obuf may overwrite it
+""", """  __syncthreads();   // every warp is done with its ring: obuf may overwrite it
+  tt[4] = attn_gtimer();
+""")
+rep("""  if (n_used == 1) return;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (CLUSTER) if (dsmem) {""", """  tt[5] = attn_gtimer();
+  if (n_used == 1) { trace_end(); return; }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (CLUSTER) if (dsmem) {""")
+rep("""      o2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
+    }
+    return;
+  }
+#endif""", """      o2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
+    }
+    trace_end();
+    return;
+  }
+#endif""")
+rep("""  merge_last_split<D, THREADS>(a, t, h, G, n_used, ph0, out, S.u.mg.w, S.u.mg.l, S.inv, S.last);
+}""", """  merge_last_split<D, THREADS>(a, t, h, G, n_used, ph0, out, S.u.mg.w, S.u.mg.l, S.inv, S.last);
+  trace_end();
+}""")
+i = s.rindex("}  // namespace nq")
+s = s[:i] + """// TRACE (dev only): on = 1 starts recording (count reset), on = 0 stops; with a path, writes the records there
+extern "C" __attribute__((visibility("default"))) int nq_attn_trace(int on, const char* path) {
+  if (path) {
+    unsigned n = 0;
+    cudaDeviceSynchronize();
+    cudaMemcpyFromSymbol(&n, g_attn_trace_n, 4);
+    if (n > kAttnTraceMax) n = kAttnTraceMax;
+    AttnTraceRec* v = (AttnTraceRec*)malloc(n * sizeof(AttnTraceRec) + 1);
+    if (n) cudaMemcpyFromSymbol(v, g_attn_trace, n * sizeof(AttnTraceRec));
+    FILE* f = fopen(path, "wb");
+    if (!f) { free(v); return -1; }
+    fwrite(v, sizeof(AttnTraceRec), n, f);
+    fclose(f);
+    free(v);
+    return (int)n;
+  }
+  unsigned z = 0;
+  cudaMemcpyToSymbol(g_attn_trace_n, &z, 4);
+  cudaMemcpyToSymbol(g_attn_trace_on, &on, 4);
+  return 0;
+}
+
+""" + s[i:]
+s = s.replace("#include <type_traits>\n", "#include <type_traits>\n#include <cstdio>\n#include <cstdlib>\n", 1)
+open(p, "w").write(s)
