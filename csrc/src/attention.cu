@@ -255,37 +255,64 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
     pdl_trigger();
   }
 
-  // q: roped, scaled, f16; rows past G zero. The owning block also writes rope(k), v into the cache row at pos.
+  // q: roped, scaled, f16; rows past G zero. The owning block also writes rope(k), v into the cache row at pos. Every
+  // global load is issued first, then the arithmetic and the stores: one L2 round trip after the PDL wait (a loop of
+  // load-then-use took one a row batch, and the owning block's k / v one more: bench/NOTES.md "Session 25" §5).
   const float* qkv = a.qkv + (size_t)t * a.qkv_stride;
   const float2* rope = a.rope + (size_t)pos * (D / 2);
   const float qscale = 1.4426950408889634f * rsqrtf((float)D);
-  for (int i = tid; i < 16 * (D / 2); i += THREADS) {
-    const int r = i / (D / 2), d = i % (D / 2);
-    float y0 = 0.f, y1 = 0.f;
-    if (r < G) {
+  constexpr int QPT = (kMaxG * (D / 2) + THREADS - 1) / THREADS;   // (head, rotation pair) items a thread, at most
+  static_assert(D / 2 <= THREADS, "one rotation pair of k and v a thread");
+  const int q_items = G * (D / 2);
+  float qx0[QPT], qx1[QPT];
+  float2 qcs[QPT];
+#pragma unroll
+  for (int k = 0; k < QPT; k++) {
+    const int i = tid + k * THREADS;
+    if (i < q_items) {
+      const int r = i / (D / 2), d = i % (D / 2);
       const float* qin = qkv + (h * G + r) * D;
-      const float2 cs = rope[d];
-      const float x0 = qin[d], x1 = qin[d + D / 2];
-      y0 = (x0 * cs.x - x1 * cs.y) * qscale;
-      y1 = (x1 * cs.x + x0 * cs.y) * qscale;
+      qcs[k] = rope[d];
+      qx0[k] = qin[d];
+      qx1[k] = qin[d + D / 2];
     }
-    S.q[r][d] = __float2half_rn(y0);
-    S.q[r][d + D / 2] = __float2half_rn(y1);
   }
-  if (own) {
+  const bool kv_lane = own && tid < D / 2;   // this thread writes rotation pair tid of the step's k and v
+  float kx0 = 0.f, kx1 = 0.f, vx0 = 0.f, vx1 = 0.f;
+  float2 kcs = make_float2(0.f, 0.f);
+  int kpage = 0;
+  if (kv_lane) {
     const float* kin = qkv + a.n_heads * D + h * D;
     const float* vin = qkv + (a.n_heads + a.n_kv) * D + h * D;
-    const size_t idx = (((size_t)pt[pos / kPage] * a.n_kv + h) * kPage + (pos % kPage)) * (size_t)D;
-    for (int i = tid; i < D / 2; i += THREADS) {
-      const float2 cs = rope[i];
-      const float x0 = kin[i], x1 = kin[i + D / 2];
-      const __half k0h = __float2half_rn(x0 * cs.x - x1 * cs.y), k1h = __float2half_rn(x1 * cs.x + x0 * cs.y);
-      const __half v0h = __float2half_rn(vin[i]), v1h = __float2half_rn(vin[i + D / 2]);
-      kv.k[idx + i] = k0h; kv.k[idx + i + D / 2] = k1h;
-      kv.v[idx + i] = v0h; kv.v[idx + i + D / 2] = v1h;
-      S.knew[i] = k0h; S.knew[i + D / 2] = k1h;
-      S.vnew[i] = v0h; S.vnew[i + D / 2] = v1h;
+    kcs = rope[tid];
+    kx0 = kin[tid]; kx1 = kin[tid + D / 2];
+    vx0 = vin[tid]; vx1 = vin[tid + D / 2];
+    kpage = pt[pos / kPage];
+  }
+#pragma unroll
+  for (int k = 0; k < QPT; k++) {
+    const int i = tid + k * THREADS;
+    if (i < q_items) {
+      const int r = i / (D / 2), d = i % (D / 2);
+      const float2 cs = qcs[k];
+      S.q[r][d] = __float2half_rn((qx0[k] * cs.x - qx1[k] * cs.y) * qscale);
+      S.q[r][d + D / 2] = __float2half_rn((qx1[k] * cs.x + qx0[k] * cs.y) * qscale);
     }
+  }
+  for (int i = q_items + tid; i < 16 * (D / 2); i += THREADS) {   // rows G..15: zero
+    const int r = i / (D / 2), d = i % (D / 2);
+    S.q[r][d] = __float2half_rn(0.f);
+    S.q[r][d + D / 2] = __float2half_rn(0.f);
+  }
+  if (kv_lane) {
+    const int i = tid;
+    const size_t idx = (((size_t)kpage * a.n_kv + h) * kPage + (pos % kPage)) * (size_t)D;
+    const __half k0h = __float2half_rn(kx0 * kcs.x - kx1 * kcs.y), k1h = __float2half_rn(kx1 * kcs.x + kx0 * kcs.y);
+    const __half v0h = __float2half_rn(vx0), v1h = __float2half_rn(vx1);
+    kv.k[idx + i] = k0h; kv.k[idx + i + D / 2] = k1h;
+    kv.v[idx + i] = v0h; kv.v[idx + i + D / 2] = v1h;
+    S.knew[i] = k0h; S.knew[i + D / 2] = k1h;
+    S.vnew[i] = v0h; S.vnew[i + D / 2] = v1h;
   }
   __syncthreads();   // q, knew, vnew staged
 
