@@ -48,3 +48,28 @@ nq_sanitize() {
       | tee -a "$OUT/summary.txt"
   done
 }
+# nq_use VARIANT: .v/VARIANT's two libraries as the product (nanoqwen_rt/lib) and testing (build/lib) ones, for
+# nq_quick_tests and nq_sanitize
+nq_use() {
+  mkdir -p nanoqwen_rt/lib build/lib
+  cp ".v/$1/libnanoqwen.so" nanoqwen_rt/lib/ && cp ".v/$1/libnanoqwen_testing.so" build/lib/
+}
+# nq_attn_bench VARIANT [TIMEOUT_S]: bench/attn_bench.py with .v/VARIANT's testing library; the log to
+# $OUT/attn_VARIANT.log, its first 20 rows prefixed by VARIANT to $OUT/summary.txt
+nq_attn_bench() {
+  NANOQWEN_TESTING_LIB="$PWD/.v/$1/libnanoqwen_testing.so" timeout "${2:-90}" python3 bench/attn_bench.py \
+    > "$OUT/attn_$1.log" 2>&1
+  echo "attn_bench $1 rc=$?" | tee -a "$OUT/summary.txt"
+  grep -E "^attn" "$OUT/attn_$1.log" | head -20 | sed "s/^/$1 /" | tee -a "$OUT/summary.txt"
+}
+# nq_attn_variant_call BASE NEW: an attention change's call (session 25 calls 1 and 5): NEW's frag GEMV / attention /
+# switch tests, racecheck and synccheck on tiny-py, attn_bench BASE and NEW, and the 7B decode A/B at 512 and 8K x 2
+nq_attn_variant_call() {
+  local base=$1 new=$2 v rep p m
+  nq_use "$new"
+  nq_quick_tests
+  m=$(nq_sanitizer_model tiny); nq_sanitize "$new " "$m" racecheck synccheck
+  for v in "$base" "$new"; do nq_attn_bench "$v"; done
+  python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > /dev/null 2>&1
+  for p in 512 8192; do for rep in 1 2; do for v in "$base" "$new"; do nq_ab "$v" "$p" "$rep"; done; done; done
+}

@@ -3,11 +3,8 @@
 # with every global load issued before any use (call 4's trace: wait -> q staged 0.82 us at 512 keys). Frag GEMV /
 # attention / switch tests and racecheck with qstage; attn_bench obuf (b268507) vs qstage.
 set -uo pipefail
-source "$(dirname "$0")/../../device_prelude.sh"
-mkdir -p nanoqwen_rt/lib build/lib; cp .v/qstage/libnanoqwen.so nanoqwen_rt/lib/; cp .v/qstage/libnanoqwen_testing.so build/lib/
+source "$(dirname "$0")/../../device_prelude.sh"   # helpers factored out after the run, same commands
+nq_use qstage
 nq_quick_tests
 m=$(nq_sanitizer_model tiny); nq_sanitize "qstage " "$m" racecheck
-for v in obuf qstage; do
-  NANOQWEN_TESTING_LIB=$PWD/.v/$v/libnanoqwen_testing.so timeout 40 python3 bench/attn_bench.py > "$OUT/attn_$v.log" 2>&1
-  echo "attn_bench $v rc=$?" | tee -a "$OUT/summary.txt"; grep -E "^attn" "$OUT/attn_$v.log" | head -20 | sed "s/^/$v /" | tee -a "$OUT/summary.txt"
-done
+for v in obuf qstage; do nq_attn_bench $v 40; done
