@@ -192,7 +192,8 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
   const int kps = max(a.keys_per_split, ((n_keys + spread - 1) / spread + 31) / 32 * 32);
   const int n_used = (n_keys + kps - 1) / kps;   // splits with keys (<= spread)
   // dsmem: the first cluster's blocks merge in distributed shared memory, each one of them (also those without keys:
-  // m = -inf, l = 0, O = 0) reaching both cluster barriers. Else a block without keys leaves here.
+  // m = -inf, l = 0, O = 0) reaching the prologue's cluster barrier and pushing its partial. Else a block without keys
+  // leaves here.
   const bool dsmem = in_cluster && n_used > 1;
   if (split >= (dsmem ? C : n_used)) return;     // uniform per block: no barrier is skipped by part of it
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

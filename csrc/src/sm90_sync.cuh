@@ -1,13 +1,13 @@
 // sm_90 synchronisation primitives (PTX), one home for every product kernel that uses them: mbarriers (the prefill
-// GEMM's TMA ring in gemm_wgmma.cuh; the decode GEMV's split reduction in gemv_frag.cuh), thread-block-cluster
-// barrier halves, and asynchronous stores into another cluster rank's shared memory. Addresses are shared::cta
-// (smem_u32) or, where named, shared::cluster (map_cluster). Emitted only where called: the callers' kernel bodies
-// are sm_90 code only.
-// The GEMV's push protocol (bench/NOTES.md "Session 23" and "Session 24"): the receiver initialises its mbarrier (one
-// arrival, its own, expecting the bytes it will receive) and publishes it by a cluster barrier early (before the PDL
-// wait); each sender st.async's into the receiver's buffer, which signals complete-tx on the receiver's mbarrier (no
-// fence); the receiver waits on its own mbarrier (acquire, cluster scope) and, waiting, cannot leave while others
-// still write into it.
+// GEMM's TMA ring in gemm_wgmma.cuh; the decode GEMV's split reduction in gemv_frag.cuh and the decode attention's
+// cluster merge in attention.cu), thread-block-cluster barrier halves, and asynchronous stores into another cluster
+// rank's shared memory. Addresses are shared::cta (smem_u32) or, where named, shared::cluster (map_cluster). Emitted
+// only where called: the callers' kernel bodies are sm_90 code only.
+// The push protocol of the GEMV and the attention (bench/NOTES.md "Session 23", "Session 24", "Session 25" §1): the
+// receiver initialises its mbarrier (one arrival, its own, expecting the bytes it will receive) and publishes it by a
+// cluster barrier early (before the PDL wait); each sender st.async's into the receiver's buffer, which signals
+// complete-tx on the receiver's mbarrier (no fence); the receiver waits on its own mbarrier (acquire, cluster scope)
+// and, waiting, cannot leave while others still write into it.
 #pragma once
 #include <cstdint>
 #include "cp_async.cuh"   // smem_u32
