@@ -145,7 +145,7 @@ using AttnSmemOf = std::conditional_t<CLUSTER, AttnSmemCluster<D, WARPS>, AttnSm
 
 // The cluster merge's items (4 outputs of one head each, G x D / 4 of them) that rank z of C owns: items
 // [z per, (z + 1) per), per = ceil(items / C), clipped to the items there are (0 for ranks past the last)
-__host__ __device__ __forceinline__ int attn_merge_items(int items, int C, int z) {
+[[maybe_unused]] __device__ __forceinline__ int attn_merge_items(int items, int C, int z) {   // unused in the sm_80 pass
   const int per = (items + C - 1) / C;
   return max(0, min(per, items - z * per));
 }
