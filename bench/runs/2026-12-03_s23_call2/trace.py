@@ -1,30 +1,20 @@
 """Session 23 calls 2-4 (experiment, branch wip/s23-frag-pf): where a 7B decode step's GEMV time goes, from the product
 kernel's own %globaltimer records (gemv_frag_kernel, thread 0 of every block: entry, after the PDL wait, after x
 staging, after the dot and the warp-sum barrier, end, and two epilogue points). Needs a library that exports
-nq_frag_trace: commit 172f969 (call 4's), or main with trace.patch (`git apply bench/runs/2026-12-03_s23_call2/
-trace.patch`; never committed to main). Usage: python3 trace.py FILE.nanoqwen [prompt_tokens]"""
-import ctypes
+nq_frag_trace: commit 172f969 (call 4's), or a scratch copy of main instrumented by
+bench/runs/2026-12-03_s25_prep/make_frag_trace.py (this folder's trace.patch no longer applies; never committed to
+main). Usage: NANOQWEN_LIB=<that library> python3 trace.py FILE.nanoqwen [prompt_tokens]"""
+import os
 import sys
 
 import numpy as np
 
-from nanoqwen_rt.engine import Engine
-from nanoqwen_rt.sampling import SamplingParams
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))   # bench/
+from trace_inject import traced_decode  # noqa: E402
 
 path = sys.argv[1]
 prompt = int(sys.argv[2]) if len(sys.argv) > 2 else 512
-eng = Engine(path, device="cuda", max_context=prompt + 64, verify_checksums=False)
-be = eng.backend
-lib = be._lib   # the product CDLL (this branch exports nq_frag_trace)
-lib.nq_frag_trace.argtypes = [ctypes.c_int, ctypes.c_char_p]
-rng = np.random.default_rng(0)
-ids = rng.integers(0, 150000, size=prompt, dtype=np.int64).astype(np.int32)
-g = SamplingParams(temperature=0.0)
-list(be.generate_ids(ids, g, 8, ()))           # warm-up
-lib.nq_frag_trace(1, None)
-list(be.generate_ids(ids, g, 5, ()))           # prefill (no frag GEMVs) + 4 decode steps
-n = lib.nq_frag_trace(0, b"/tmp/frag_trace.bin")
-lib.nq_frag_trace(0, None)
+n = traced_decode(path, prompt, "frag", 5, "/tmp/frag_trace.bin")   # prefill (no frag GEMVs) + 4 decode steps
 dt = np.dtype([("t", "<u8", 7), ("kind", "<u4"), ("block", "<u4"), ("sm", "<u4"), ("pad", "<u4")])
 r = np.fromfile("/tmp/frag_trace.bin", dtype=dt)
 print(f"{n} records")

@@ -1,7 +1,11 @@
 """Session 25 call 4 (experiment, never main): instruments attn_decode_kernel (csrc/src/attention.cu) with
 %globaltimer records of thread 0 of every block with keys, and exports nq_attn_trace. Run in a scratch worktree:
 python3 make_trace.py path/to/attention.cu; then build, and trace_attn.py reads the records."""
+import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))   # bench/
+from trace_inject import device_decls, export_fn, replace_once  # noqa: E402
 
 p = sys.argv[1]
 s = open(p).read()
@@ -9,28 +13,14 @@ s = open(p).read()
 
 def rep(a, b):
     global s
-    assert s.count(a) == 1, (a[:60], s.count(a))
-    s = s.replace(a, b)
+    s = replace_once(s, a, b, p)
 
 
 rep("""template <int D, int WARPS, bool CLUSTER>
 __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs a) {
 """, """// TRACE (dev only, never main): thread 0 of every block with keys records %globaltimer at entry, after the cluster
 // prologue, after the PDL wait, q staged, tiles done, block merge done, end
-struct AttnTraceRec {
-  unsigned long long t[7];
-  unsigned h, split, sm, flags;
-};
-constexpr unsigned kAttnTraceMax = 1u << 18;
-__device__ AttnTraceRec g_attn_trace[kAttnTraceMax];
-__device__ unsigned g_attn_trace_n;
-__device__ int g_attn_trace_on;
-__device__ __forceinline__ unsigned long long attn_gtimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-
+""" + device_decls("attn", "Attn", "unsigned h, split, sm, flags;") + """
 template <int D, int WARPS, bool CLUSTER>
 __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs a) {
   unsigned long long tt[7] = {};
@@ -104,28 +94,6 @@ rep("""  merge_last_split<D, THREADS>(a, t, h, G, n_used, ph0, out, S.u.mg.w, S.
   trace_end();
 }""")
 i = s.rindex("}  // namespace nq")
-s = s[:i] + """// TRACE (dev only): on = 1 starts recording (count reset), on = 0 stops; with a path, writes the records there
-extern "C" __attribute__((visibility("default"))) int nq_attn_trace(int on, const char* path) {
-  if (path) {
-    unsigned n = 0;
-    cudaDeviceSynchronize();
-    cudaMemcpyFromSymbol(&n, g_attn_trace_n, 4);
-    if (n > kAttnTraceMax) n = kAttnTraceMax;
-    AttnTraceRec* v = (AttnTraceRec*)malloc(n * sizeof(AttnTraceRec) + 1);
-    if (n) cudaMemcpyFromSymbol(v, g_attn_trace, n * sizeof(AttnTraceRec));
-    FILE* f = fopen(path, "wb");
-    if (!f) { free(v); return -1; }
-    fwrite(v, sizeof(AttnTraceRec), n, f);
-    fclose(f);
-    free(v);
-    return (int)n;
-  }
-  unsigned z = 0;
-  cudaMemcpyToSymbol(g_attn_trace_n, &z, 4);
-  cudaMemcpyToSymbol(g_attn_trace_on, &on, 4);
-  return 0;
-}
-
-""" + s[i:]
+s = s[:i] + export_fn("attn", "Attn") + s[i:]
 s = s.replace("#include <type_traits>\n", "#include <type_traits>\n#include <cstdio>\n#include <cstdlib>\n", 1)
 open(p, "w").write(s)

@@ -1,28 +1,17 @@
 """Session 25 call 4 (experiment): where a decode step's attention time goes, from attn_decode_kernel's own
 %globaltimer records (attn_trace.patch, made by make_trace.py; never main). Usage:
 NANOQWEN_LIB=.v/trace/libnanoqwen.so python3 trace_attn.py FILE.nanoqwen PROMPT_TOKENS"""
-import ctypes
+import os
 import sys
 
 import numpy as np
 
-from nanoqwen_rt.engine import Engine
-from nanoqwen_rt.sampling import SamplingParams
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))   # bench/
+from trace_inject import traced_decode  # noqa: E402
 
 path = sys.argv[1]
 prompt = int(sys.argv[2]) if len(sys.argv) > 2 else 512
-eng = Engine(path, device="cuda", max_context=prompt + 64, verify_checksums=False)
-be = eng.backend
-lib = be._lib
-lib.nq_attn_trace.argtypes = [ctypes.c_int, ctypes.c_char_p]
-rng = np.random.default_rng(0)
-ids = rng.integers(0, 150000, size=prompt, dtype=np.int64).astype(np.int32)
-g = SamplingParams(temperature=0.0)
-list(be.generate_ids(ids, g, 8, ()))           # warm-up
-lib.nq_attn_trace(1, None)
-list(be.generate_ids(ids, g, 9, ()))           # prefill + 8 decode steps
-n = lib.nq_attn_trace(0, b"/tmp/attn_trace.bin")
-lib.nq_attn_trace(0, None)
+n = traced_decode(path, prompt, "attn", 9, "/tmp/attn_trace.bin")   # prefill + 8 decode steps
 dt = np.dtype([("t", "<u8", 7), ("h", "<u4"), ("split", "<u4"), ("sm", "<u4"), ("flags", "<u4")])
 r = np.fromfile("/tmp/attn_trace.bin", dtype=dt)
 r = r[np.argsort(r["t"][:, 2])]

@@ -5,7 +5,11 @@ x staged, t[3] the warps' sums in shared memory (the dot's end), t[4] end, t[5] 
 owner's wait done (S > 1); kind = MODE << 28 | K / 128 << 14 | gridDim.x, block, sm (%smid), and in `pad` the block's
 chunk count (its split's) so that the dot's time can be read against its work. Replaces session 23's trace.patch,
 which no longer applies. Usage, in a scratch copy of the tree: python3 make_frag_trace.py csrc/src; then build."""
+import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))   # bench/
+from trace_inject import device_decls, export_fn, replace_once  # noqa: E402
 
 src = sys.argv[1].rstrip("/")
 
@@ -13,8 +17,7 @@ src = sys.argv[1].rstrip("/")
 def edit(path, pairs):
     s = open(path).read()
     for a, b in pairs:
-        assert s.count(a) == 1, (path, a[:70], s.count(a))
-        s = s.replace(a, b)
+        s = replace_once(s, a, b, path)
     open(path, "w").write(s)
 
 
@@ -24,20 +27,7 @@ __global__ void __launch_bounds__(32 * WARPS, FragMinBlocks<SPG, MODE, WARPS>::v
 gemv_frag_kernel(const GemvArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 """, """// TRACE (experiment only, never main): see bench/runs/2026-12-03_s25_prep/make_frag_trace.py
-struct FragTraceRec {
-  unsigned long long t[7];
-  unsigned kind, block, sm, pad;
-};
-constexpr unsigned kFragTraceMax = 1u << 18;
-__device__ FragTraceRec g_frag_trace[kFragTraceMax];
-__device__ unsigned g_frag_trace_n;
-__device__ int g_frag_trace_on;
-__device__ __forceinline__ unsigned long long frag_gtimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-
+""" + device_decls("frag", "Frag", "unsigned kind, block, sm, pad;") + """
 template <int SPG, int MODE, int WARPS>
 __global__ void __launch_bounds__(32 * WARPS, FragMinBlocks<SPG, MODE, WARPS>::value)
 gemv_frag_kernel(const GemvArgs a) {
@@ -105,27 +95,6 @@ gemv_frag_kernel(const GemvArgs a) {
 ])
 s = open(f"{src}/gemv.cu").read()
 i = s.rindex("}  // namespace nq")
-s = s[:i] + """// TRACE (experiment only): on = 1 starts recording (count reset), on = 0 stops; with a path, writes the records there
-extern "C" __attribute__((visibility("default"))) int nq_frag_trace(int on, const char* path) {
-  if (path) {
-    unsigned n = 0;
-    cudaDeviceSynchronize();
-    cudaMemcpyFromSymbol(&n, g_frag_trace_n, 4);
-    if (n > kFragTraceMax) n = kFragTraceMax;
-    std::vector<FragTraceRec> v(n);
-    if (n) cudaMemcpyFromSymbol(v.data(), g_frag_trace, n * sizeof(FragTraceRec));
-    FILE* f = fopen(path, "wb");
-    if (!f) return -1;
-    fwrite(v.data(), sizeof(FragTraceRec), n, f);
-    fclose(f);
-    return (int)n;
-  }
-  unsigned z = 0;
-  cudaMemcpyToSymbol(g_frag_trace_n, &z, 4);
-  cudaMemcpyToSymbol(g_frag_trace_on, &on, 4);
-  return 0;
-}
-
-""" + s[i:]
-s = s.replace('#include "gemv_frag.cuh"\n', '#include "gemv_frag.cuh"\n#include <cstdio>\n#include <vector>\n', 1)
+s = s[:i] + export_fn("frag", "Frag") + s[i:]
+s = s.replace('#include "gemv_frag.cuh"\n', '#include "gemv_frag.cuh"\n#include <cstdio>\n#include <cstdlib>\n', 1)
 open(f"{src}/gemv.cu", "w").write(s)
