@@ -2,7 +2,8 @@
 an environment variable, and exports only the documented C API.
 
 Experiments do the opposite on purpose (session 23 swept a `NQ_FRAG_PF` knob and exported a trace function from a
-branch build; bench/runs/2026-12-03_s23_call2/trace.patch keeps the trace for dev builds). These checks fail if such a
+branch build; bench/trace_inject.py and the make_*trace.py scripts of bench/runs write such traces into scratch copies
+of csrc). These checks fail if such a
 switch or export reaches csrc/src or csrc/include. csrc/dev (standalone experiments) and csrc/testing (the testing
 library) are not the product and are not scanned.
 """
