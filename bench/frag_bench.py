@@ -119,15 +119,21 @@ def plans(lib, a) -> int:
     return 0
 
 
+def gemv_plan_grid(lib, what, N, K, mode, iters) -> dict:
+    """µs of the decode GEMV (N x K, mode) under every launch plan the testing library times (4 / 8 warps x 1-16
+    splits), keyed "w{warps}s{splits}"; plans it skips (the SwiGLU's 8-warp ones, splits > chunks) are left out."""
+    us = (ctypes.c_float * 10)()
+    _call(lib, what, lib.nq_bench_gemv_int4_frag_plans(N, K, mode, iters, us))
+    return {f"w{w}s{1 << j}": round(us[5 * i + j], 2) for i, w in enumerate((4, 8)) for j in range(5)
+            if us[5 * i + j] > 0}
+
+
 def gemv_plans(lib, a) -> int:
     """Every (warps, splits) plan of the decode GEMV per 7B shape, the best per shape and the product's plan."""
     rows = gemv_rows_7b()
     out, best_sum, prod_sum = {}, 0.0, 0.0
     for name, (N, K) in rows.items():
-        us = (ctypes.c_float * 10)()
-        _call(lib, f"gemv plans {name}", lib.nq_bench_gemv_int4_frag_plans(N, K, MODES[name], a.iters, us))
-        grid = {f"w{w}s{1 << j}": round(us[5 * i + j], 2) for i, w in enumerate((4, 8)) for j in range(5)
-                if us[5 * i + j] > 0}
+        grid = gemv_plan_grid(lib, f"gemv plans {name}", N, K, MODES[name], a.iters)
         prod = ctypes.c_float()
         _call(lib, f"gemv frag {name}",
               lib.nq_bench_gemv_int4_frag(N, K, a.group, MODES[name], a.iters, ctypes.byref(prod)))
@@ -154,10 +160,7 @@ def gemv_waves(lib, a) -> int:
     for name, K, rows_a_tile, tile_counts in cases:
         for tiles in tile_counts:
             N = tiles * rows_a_tile
-            us = (ctypes.c_float * 10)()
-            _call(lib, f"gemv waves {name} {tiles}", lib.nq_bench_gemv_int4_frag_plans(N, K, MODES[name], a.iters, us))
-            grid = {f"w{w}s{1 << j}": round(us[5 * i + j], 2) for i, w in enumerate((4, 8)) for j in range(5)
-                    if us[5 * i + j] > 0}
+            grid = gemv_plan_grid(lib, f"gemv waves {name} {tiles}", N, K, MODES[name], a.iters)
             out[f"{name} {tiles}"] = grid
             print(f"gemv waves {name} tiles {tiles:4d} (N {N:6d}): " +
                   " ".join(f"{k} {v:.2f} ({v / tiles * 1e3:.1f} ns/tile)" for k, v in grid.items()))
