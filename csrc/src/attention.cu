@@ -412,45 +412,35 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
       *reinterpret_cast<float2*>(&S.u.obuf[warp][g][8 * n + 2 * tq]) = make_float2(o[n][0] * f, o[n][1] * f);
     }
   }
-  __syncthreads();
-  if (tid < G) {   // the block's max and sum of head tid
-    float mb = -CUDART_INF_F;
-    for (int w = 0; w < WARPS; w++) mb = fmaxf(mb, S.wm[w][tid]);
-    float lb = 0.f;   // 0 in a block without keys (dsmem): every warp's m is -inf
-    if (mb != -CUDART_INF_F)
-      for (int w = 0; w < WARPS; w++) lb += S.wl[w][tid] * exp2f(S.wm[w][tid] - mb);
-    S.wm[0][tid] = mb;   // read below only after the barrier; every warp's wm was read above
-    S.inv[tid] = lb;
-  }
-  __syncthreads();
+  __syncthreads();   // the warps' O in obuf
   __half* out = a.out + (size_t)t * a.n_heads * D + h * G * D;
-  const size_t ph0 = ((size_t)t * a.n_heads + h * G) * a.n_split;
-  for (int i = tid; i < G * D; i += THREADS) {
-    const int hg = i / D, d = i % D;
-    float v = 0.f;
-#pragma unroll
-    for (int w = 0; w < WARPS; w++) v += S.u.obuf[w][hg][d];
-    if (n_used == 1) out[hg * D + d] = __float2half_rn(v / S.inv[hg]);
-    else if (dsmem) S.u.obuf[0][hg][d] = v;   // only this thread read obuf[.][hg][d]
-    else a.part_o[(ph0 + (size_t)hg * a.n_split + split) * D + d] = v;
-  }
-  if (n_used == 1) return;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (CLUSTER) if (dsmem) {   // rank r of the cluster merges items [r per, (r + 1) per) over the C blocks' (m, l, O), in rank order
-    // push (sm90_sync.cuh): this block's O chunk of item i to the rank owning i, and its (m, l) of every head to
-    // every rank that owns items, each by st.async, which signals the receiver's mbarrier (no fence, no arrival)
+    // push (sm90_sync.cuh), straight from the warps' buffers: this block's O chunk of item i (summed over its warps
+    // in warp order) to the rank owning i, and its (m, l) of every head to every rank that owns items, each by
+    // st.async, which signals the receiver's mbarrier (no fence, no arrival, no further barrier in this block)
     const int z = (int)cooperative_groups::this_cluster().block_rank();
     const int items = G * (D / 4), per = (items + C - 1) / C;   // per <= THREADS: one item a thread below
     static_assert(kMaxG * (D / 4) / 2 <= THREADS, "a rank's items (C >= 2) fit one a thread");
-    __syncthreads();   // obuf[0] (the loop above) complete
     for (int i = tid; i < items; i += THREADS) {
       const int hg = i / (D / 4), d = (i % (D / 4)) * 4, r = i / per;
-      st_async_v4(map_cluster(&S.recv_o[z * per + (i - r * per)], r),
-                  *reinterpret_cast<const float4*>(&S.u.obuf[0][hg][d]), map_cluster(&S.recv_full, r));
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int w = 0; w < WARPS; w++) {
+        const float4 x = *reinterpret_cast<const float4*>(&S.u.obuf[w][hg][d]);
+        v.x += x.x; v.y += x.y; v.z += x.z; v.w += x.w;
+      }
+      st_async_v4(map_cluster(&S.recv_o[z * per + (i - r * per)], r), v, map_cluster(&S.recv_full, r));
     }
-    if (tid < C * G && attn_merge_items(items, C, tid / G) > 0)
-      st_async_v2(map_cluster(&S.recv_ml[z][tid % G], tid / G), make_float2(S.wm[0][tid % G], S.inv[tid % G]),
-                  map_cluster(&S.recv_full, tid / G));
+    if (tid < C * G && attn_merge_items(items, C, tid / G) > 0) {   // the block's max and sum of head tid % G
+      const int hg = tid % G;
+      float mb = -CUDART_INF_F;
+      for (int w = 0; w < WARPS; w++) mb = fmaxf(mb, S.wm[w][hg]);
+      float lb = 0.f;   // 0 in a block without keys: every warp's m is -inf
+      if (mb != -CUDART_INF_F)
+        for (int w = 0; w < WARPS; w++) lb += S.wl[w][hg] * exp2f(S.wm[w][hg] - mb);
+      st_async_v2(map_cluster(&S.recv_ml[z][hg], tid / G), make_float2(mb, lb), map_cluster(&S.recv_full, tid / G));
+    }
     // No exit barrier: a rank with items waits below for every byte pushed into it before its block can leave; a
     // rank without items is pushed nothing; st.async reads registers only, so a sender may leave once it has issued.
     if (tid < attn_merge_items(items, C, z)) {
@@ -479,6 +469,26 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
     return;
   }
 #endif
+  if (tid < G) {   // the block's max and sum of head tid
+    float mb = -CUDART_INF_F;
+    for (int w = 0; w < WARPS; w++) mb = fmaxf(mb, S.wm[w][tid]);
+    float lb = 0.f;
+    if (mb != -CUDART_INF_F)
+      for (int w = 0; w < WARPS; w++) lb += S.wl[w][tid] * exp2f(S.wm[w][tid] - mb);
+    S.wm[0][tid] = mb;   // read below only after the barrier; every warp's wm was read above
+    S.inv[tid] = lb;
+  }
+  __syncthreads();
+  const size_t ph0 = ((size_t)t * a.n_heads + h * G) * a.n_split;
+  for (int i = tid; i < G * D; i += THREADS) {
+    const int hg = i / D, d = i % D;
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) v += S.u.obuf[w][hg][d];
+    if (n_used == 1) out[hg * D + d] = __float2half_rn(v / S.inv[hg]);
+    else a.part_o[(ph0 + (size_t)hg * a.n_split + split) * D + d] = v;
+  }
+  if (n_used == 1) return;
   if (tid < G) {
     a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2] = S.wm[0][tid];
     a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2 + 1] = S.inv[tid];
