@@ -2,7 +2,8 @@
 # Session 26 call 2: the RMSNorm handed over between decode GEMVs (.v/hand: o and down write x * norm_w and sums of
 # squares; gate/up and the next qkv stage from them) against .v/dpush (= 52eeaaf, main before it). GPU tests of the
 # frag GEMV (with the new handoff test), e2e (GPU vs CPU oracle) and sizes with hand; memcheck / racecheck /
-# synccheck on tiny-py; decode A/B at 512 x2 and 8K; the GEMV trace of hand (.v/htrace, make_frag_trace.py here).
+# synccheck on tiny-py; decode A/B at 512 x2 and 8K; the GEMV trace of hand (.v/htrace: the patched tree instrumented
+# by bench/runs/2026-12-03_s25_prep/make_frag_trace.py with make_frag_trace.diff here applied).
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > /dev/null 2>&1

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Session 26 call 3: the handed-over RMSNorm, second form (.v/hand2: one sum of squares per 16 outputs, shuffled
 # among the writer threads only; producers with >= 16 outputs a block) against .v/dpush (= 52eeaaf): decode A/B at
-# 512 x2 and 8K, the GEMV trace of hand2 (.v/htrace2), then the frag GEMV / e2e / sizes GPU tests with hand2.
+# 512 x2 and 8K, the GEMV trace of hand2 (.v/htrace2: the patched tree instrumented by
+# bench/runs/2026-12-03_s25_prep/make_frag_trace.py with make_frag_trace.diff here applied), then the frag GEMV / e2e /
+# sizes GPU tests with hand2 (rmsnorm_handoff.patch here is that tree's diff against 52eeaaf).
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > /dev/null 2>&1
