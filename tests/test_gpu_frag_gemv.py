@@ -30,8 +30,11 @@ NQ_E_UNSUPPORTED = -4
 GROUPS = [32, 64, 128, 256]
 # The accuracy bounds are test_gpu_kernels' for gemv_int4 (GEMV_F16_WORST: x rounded to f16 plus f16 partial sums of
 # 16 products, gamma_9 ~ 9u of sum |w x|; GEMV_F16_REL: the typical relative error), and hold here with margin: the
-# staged x is the same f16 (the RMSNorm prologue rounds as gemv_int4's), the f16 partial sums are shallower (4
-# products: two steps of the pairs (2t, 2t + 1) and (2t + 8, 2t + 9)) and the scale multiplies in f32.
+# staged x is the same f16 (the RMSNorm prologue rounds as gemv_int4's; the tensor-core builds' x / 16 on the high
+# pairs is exact above f16's subnormals) and the scale multiplies in f32. Groups 32 and 64 (CUDA cores) sum f16
+# partials of 4 products (two steps of the pairs (2t, 2t + 1) and (2t + 8, 2t + 9)); groups 128 and 256 (tensor
+# cores) sum exact products in f32 over a chunk, the codes' offsets (1032 x, 72 x) included and subtracted after:
+# the subtraction costs ~2^-24 of 1032 sum |x| over 128 k, ~1e-5 of the result, far inside both bounds.
 # SWIGLU: test_gpu_kernels' 8e-3 (two GEMV results, each within GEMV_F16_REL, their relative errors add through silu,
 # then the f16 rounding of the output, 2^-11).
 SWIGLU_REL = 8e-3
@@ -244,13 +247,15 @@ def test_results_are_deterministic(frag):
     assert np.array_equal(hs[0], hs[1]), "gate/up (swiglu): two runs differ"
 
 
-def test_large_activations_stay_finite(frag):
+@pytest.mark.parametrize("g", [64, 128])
+def test_large_activations_stay_finite(frag, g):
     """test_gemv_int4_large_activations_stay_finite's input (4 channels at |x| = 6,000 in 4 different 32-k units,
-    |u - 8| = 8 there) through the fragment order: a product (u - 8) x is finite to |x| = 8,190, and an f16 partial
-    holds 4 products of one 32-k unit (k 2t, 2t + 8 of two steps), so at most one large one; STORE (a cluster of
-    16: 8 tiles) and ADD."""
+    |u - 8| = 8 there) through the fragment order; STORE (a cluster of 16: 8 tiles) and ADD. Group 64 (CUDA cores): a
+    product (u - 8) x is finite to |x| = 8,190, and an f16 partial holds 4 products of one 32-k unit (k 2t, 2t + 8 of
+    two steps), so at most one large one. Group 128 (tensor cores): f32 sums of (1024 + u) x and (1024 + 16 u) x / 16,
+    ~6.2e6 here, whose subtracted offsets leave ~1e-5 of the result."""
     rng = np.random.default_rng()
-    N, K, g = 512, 3584, 128
+    N, K = 512, 3584
     u, _, s = random_int4(rng, N, K, g)
     ch = rng.choice(K // 32, size=4, replace=False) * 32 + rng.integers(0, 32, size=4)
     u[:, ch] = 0                                                              # u - 8 = -8 there

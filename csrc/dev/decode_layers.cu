@@ -22,10 +22,11 @@
 // * Consumers, per GEMV: wait until every block has finished the previous GEMV (a flag a block and GEMV: the
 //   threads of the block poll the G flags at once, acquire), stage x in
 //   shared memory (f16, whole K, normed where the GEMV takes rmsnorm(h)), then per segment: warp w takes step pairs
-//   w, w + NC, ... of each stage (the product's frag_warp_dot arithmetic: f16 products summed two steps deep, f32
-//   times the row's scale), warps summed in warp order. A segment that is a whole tile writes its outputs; one that
-//   is part of a tile writes its partial, and the block that completes the tile (a counter a tile) adds the partials
-//   in block order and writes the outputs: deterministic, whatever the schedule. Then the block's flag (release).
+//   w, w + NC, ... of each stage (the product's CUDA-core arithmetic, frag_warp_dot_fma: f16 products summed two
+//   steps deep, f32 times the row's scale), warps summed in warp order. A segment that is a whole tile writes its
+//   outputs; one that is part of a tile writes its partial, and the block that completes the tile (a counter a
+//   tile) adds the partials in block order and writes the outputs: deterministic, whatever the schedule. Then the
+//   block's flag (release).
 // * Counters and flags grow across launches (tile counters reach (epoch + 1) x pieces, flags hold epoch + 1), so a
 //   step needs no memset.
 //

@@ -22,10 +22,16 @@
 //   partials between two cluster barriers cost 2.3-3.6 µs a GEMV after the cluster's last dot.
 // * A warp's chunk loop (frag_warp_dot): lane (g, t) streams its 16 bytes of the tile per 16-k step (rows 8 j + g,
 //   j = 0..7; k 2t, 2t + 1, 2t + 8, 2t + 9: one 16-byte load), a ring of one chunk's 8 loads in registers (the next
-//   chunk's step u is loaded as this chunk's step u is consumed), the next chunk's scales one chunk ahead. Per word
-//   frag::unpack_word's exact codes times the f16 x pairs (2t, 2t + 1) and (2t + 8, 2t + 9): f16 products summed two
-//   steps deep (4 products per f16 partial), then in f32 times the row's scale (acc_j += s_j * partial_j). The
-//   quad's 4 lanes hold 4 k subsets of the same 8 rows: two shuffles at the end.
+//   chunk's step u is loaded as this chunk's step u is consumed), the next chunk's scales one chunk ahead. Groups
+//   >= 128 (a chunk in one scale group) multiply on the tensor cores (frag_warp_dot_mma, bench/NOTES.md "Session 27"
+//   §3: 296 instructions a chunk against 620, decode -2.8 %): word w of a lane's 16 bytes is the mma.m16n8k16 A
+//   fragment of rows 16 w .. 16 w + 15, unpacked by LOP3 alone with the codes' offsets left in (1024 + u, 1024 +
+//   16 u), x the B operand in every column (the staged x's high pairs divided by 16, frag_stage_x), one more mma a
+//   step sums the offsets, and the chunk's f32 sums minus it, times the rows' scales, go into acc. Groups 32 and 64
+//   multiply on the CUDA cores (frag_warp_dot_fma; the mma form's per-group accumulators and scale vectors spilled
+//   there): frag::unpack_word's exact codes times the f16 x pairs, f16 products summed two steps deep (4 products
+//   per f16 partial), then in f32 times the row's scale; the quad's 4 lanes hold 4 k subsets of the same 8 rows, two
+//   shuffles at the end.
 // * Prologue: the first chunk's weights and scales are issued before pdl_wait() (they do not depend on the previous
 //   kernel), then pdl_wait, pdl_trigger, then x is staged: only the split's k range, as f16 in k order, rounded as
 //   gemv_int4 stages it (stage_x_f16: f16 x as given; f32 x rounded once; with RMSNorm (x * inv) * norm_w rounded
@@ -84,11 +90,9 @@ __device__ __forceinline__ void frag_prefetch(const frag::Tile& tile, int c0, in
   frag_load_scales<SPG>(tile, c0, r);
 }
 
-// The warp's sums of the tile's 64 rows over chunks [c0, c0 + nc) (absolute), x of those chunks at xw (f16, k order:
-// xw[0] is k = 128 c0). Returns acc[j] = the sum of row 8 j + g (g = lane / 4) in every lane of the quad; zeros when
-// nc == 0. frag_prefetch(tile, c0, nc, r) issued the first chunk.
+// frag_warp_dot on the CUDA cores (groups 32 and 64)
 template <int SPG>
-__device__ __forceinline__ void frag_warp_dot(const frag::Tile& tile, int c0, int nc, const __half* xw,
+__device__ __forceinline__ void frag_warp_dot_fma(const frag::Tile& tile, int c0, int nc, const __half* xw,
                                               FragRing<SPG>& r, float (&acc)[8]) {
   constexpr int SEG = FragRing<SPG>::SEG, NSV = FragRing<SPG>::NSV;
   static_assert(SEG % 2 == 0, "the 2-step f16 partial sums lie inside one scale group");
@@ -143,6 +147,88 @@ __device__ __forceinline__ void frag_warp_dot(const frag::Tile& tile, int c0, in
   }
 }
 
+// D = A B (first) or A B + D: one mma.m16n8k16, f16 A and B, f32 D
+__device__ __forceinline__ void frag_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1, bool first) {
+  if (first)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
+  else
+    mma16816(d, a0, a1, a2, a3, b0, b1);
+}
+
+// frag_warp_dot on the tensor cores (a chunk in one scale group). Per step and word w: A = the codes of rows 16 w ..
+// 16 w + 15 as unpacked by LOP3 (k 2t, 2t + 1: 1024 + u; k 2t + 8, 2t + 9: 1024 + 16 u, exact f16), B = x (lane (g,
+// t): the pairs (2t, 2t + 1) and (2t + 8, 2t + 9) / 16, whatever g: every column the same), so D's rows are
+// sum_k u x + 1024 x (low pairs) + 64 x (high pairs), f32 over the chunk's 8 steps; the codes are u - 8, and one more
+// mma a step with the constant A (1032 on the low pairs, 1152 on the high ones) gives the offsets' sum to subtract.
+// d[w][0] / d[w][2] are rows 16 w + g / 16 w + 8 + g (= 8 j + g, j = 2 w, 2 w + 1) in every lane of the quad.
+template <int SPG>
+__device__ __forceinline__ void frag_warp_dot_mma(const frag::Tile& tile, int c0, int nc, const __half* xw,
+                                                  FragRing<SPG>& r, float (&acc)[8]) {
+  static_assert(FragRing<SPG>::SEG == frag::kChunkSteps && FragRing<SPG>::NSV == 1, "one scale vector a chunk");
+  const int lane = threadIdx.x & 31, t = lane & 3;
+  const uint4* wp = tile.w + (size_t)frag::kChunkSteps * c0 * 32 + lane;
+  constexpr uint32_t kLo = 0x64086408u, kHi = 0x64806480u;   // f16 pairs (1032, 1032) and (1152, 1152)
+#pragma unroll
+  for (int j = 0; j < 8; j++) acc[j] = 0.f;
+  for (int c = 0; c < nc; c++) {
+    const bool more = c + 1 < nc;
+    const uint4 sv = r.s[0];
+    if (more) frag_load_scales<SPG>(tile, c0 + c + 1, r);
+    const uint4* wn = wp + (size_t)(c + 1) * frag::kChunkSteps * 32;
+    const __half* xc = xw + kFragChunkK * c + 2 * t;
+    float d[4][4], dk[4];   // d[w]: m16 tile w's sums over the chunk; dk: the offsets' sum (all its elements equal)
+#pragma unroll
+    for (int u = 0; u < frag::kChunkSteps; u++) {
+      const uint4 cur = r.w[u];
+      if (more) r.w[u] = ld_stream16(wn + u * 32);
+      const uint32_t xlo = *reinterpret_cast<const uint32_t*>(xc + frag::kStepK * u);
+      const uint32_t xhi = *reinterpret_cast<const uint32_t*>(xc + frag::kStepK * u + 8);
+      const uint32_t cw[4] = {cur.x, cur.y, cur.z, cur.w};
+#pragma unroll
+      for (int w = 0; w < 4; w++) {   // A = {row g: k lo, row g + 8: k lo, row g: k hi, row g + 8: k hi}
+        const uint32_t y = cw[w] >> 8;
+        frag_mma(d[w], frag::lop3_and_or(cw[w], 0x000F000Fu, 0x64006400u),
+                 frag::lop3_and_or(y, 0x000F000Fu, 0x64006400u), frag::lop3_and_or(cw[w], 0x00F000F0u, 0x64006400u),
+                 frag::lop3_and_or(y, 0x00F000F0u, 0x64006400u), xlo, xhi, u == 0);
+      }
+      frag_mma(dk, kLo, kLo, kHi, kHi, xlo, xhi, u == 0);
+    }
+    const uint32_t sw[4] = {sv.x, sv.y, sv.z, sv.w};
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      const uint32_t bits = j & 1 ? sw[j >> 1] >> 16 : sw[j >> 1] & 0xFFFFu;   // scale j: half j & 1 of word j / 2
+      const float sj = __half2float(__ushort_as_half((unsigned short)bits));
+      acc[j] = fmaf(sj, d[j >> 1][2 * (j & 1)] - dk[0], acc[j]);
+    }
+  }
+}
+
+// Whether the SPG build's dot runs on the tensor cores (frag_warp_dot_mma; its staged x has the high pairs / 16)
+template <int SPG>
+constexpr bool kFragMmaDot = FragRing<SPG>::SEG == frag::kChunkSteps;
+
+// The warp's sums of the tile's 64 rows over chunks [c0, c0 + nc) (absolute), x of those chunks at xw (f16, k order:
+// xw[0] is k = 128 c0; kFragMmaDot: the high pairs / 16). Returns acc[j] = the sum of row 8 j + g (g = lane / 4) in
+// every lane of the quad; zeros when nc == 0. frag_prefetch(tile, c0, nc, r) issued the first chunk.
+template <int SPG>
+__device__ __forceinline__ void frag_warp_dot(const frag::Tile& tile, int c0, int nc, const __half* xw,
+                                              FragRing<SPG>& r, float (&acc)[8]) {
+  if constexpr (kFragMmaDot<SPG>)
+    frag_warp_dot_mma<SPG>(tile, c0, nc, xw, r, acc);
+  else
+    frag_warp_dot_fma<SPG>(tile, c0, nc, xw, r, acc);
+}
+
+// a unit of 8 f16 times f (one f16 rounding each; exact for a power of two above f16's subnormals)
+__device__ __forceinline__ uint4 h2x4_scale(uint4 u, float f) {
+  const __half2 k = __float2half2_rn(f);
+  return make_uint4(h2_as_u32(__hmul2(u32_as_h2(u.x), k)), h2_as_u32(__hmul2(u32_as_h2(u.y), k)),
+                    h2_as_u32(__hmul2(u32_as_h2(u.z), k)), h2_as_u32(__hmul2(u32_as_h2(u.w), k)));
+}
+
 // 8 f32 -> one unit of 8 f16 (round to nearest), in order
 __device__ __forceinline__ uint4 f16x8(const float (&y)[8]) {
   uint4 o;
@@ -158,10 +244,15 @@ __device__ __forceinline__ uint4 f16x8(const float (&y)[8]) {
 // = rms_inv over all K of x (block-wide; every path sums the squares in rms_inv's order, so inv is the same). Loads
 // batched B deep per thread. RMSNorm takes the fewest round trips its case allows (bench/NOTES.md "Session 24"): the
 // whole of x (S = 1) with xf (shared memory for K / 4 float4s: SWIGLU's) in two, at most one unit a thread in one
-// pass, else rms_inv then the units. Ends with __syncthreads.
+// pass, else rms_inv then the units. HI16 (the tensor-core dot, frag_warp_dot_mma): the odd units (k % 16 >= 8: the
+// high pairs) hold x / 16 instead, exact (a power of two) down to f16's subnormals: the f16 x / 16, or the f32 value
+// / 16 rounded once. Ends with __syncthreads.
+template <bool HI16>
 __device__ __forceinline__ void frag_stage_x(const GemvArgs& a, int K, int k0, int n, uint4* xs, float* red,
                                              float4* xf) {
   const int bd = blockDim.x;
+  // unit p's factor: 1 / 16 where HI16 and p is odd (k0 is a multiple of 16, so p's parity is k's unit parity)
+  auto factor = [](int p) { return HI16 && (p & 1) ? 1.f / 16 : 1.f; };
   if (a.x_f16) {
     constexpr int B = 4;
     const uint4* src = reinterpret_cast<const uint4*>(a.x_f16 + k0);
@@ -172,7 +263,7 @@ __device__ __forceinline__ void frag_stage_x(const GemvArgs& a, int K, int k0, i
         if (p0 + b * bd < n) u[b] = src[p0 + b * bd];
 #pragma unroll
       for (int b = 0; b < B; b++)
-        if (p0 + b * bd < n) xs[p0 + b * bd] = u[b];
+        if (p0 + b * bd < n) xs[p0 + b * bd] = HI16 && ((p0 + b * bd) & 1) ? h2x4_scale(u[b], 1.f / 16) : u[b];
     }
   } else if (xf != nullptr && a.norm_w != nullptr && 8 * n == K && (K >> 2) <= kRmsBatch * bd) {
     // RMSNorm over the whole of x (S = 1: the SWIGLU gate/up pair) in one pass of rms_inv: thread i loads its
@@ -209,9 +300,10 @@ __device__ __forceinline__ void frag_stage_x(const GemvArgs& a, int K, int k0, i
       const int i = threadIdx.x + b * bd;
       if (i < q4) {
         const float4 x = xf[i];
+        const float f = factor(i >> 1);   // xs2[i] is half of unit i / 2
         uint2 o;
-        o.x = h2_as_u32(__floats2half2_rn(x.x * inv * w[b].x, x.y * inv * w[b].y));
-        o.y = h2_as_u32(__floats2half2_rn(x.z * inv * w[b].z, x.w * inv * w[b].w));
+        o.x = h2_as_u32(__floats2half2_rn(x.x * inv * w[b].x * f, x.y * inv * w[b].y * f));
+        o.y = h2_as_u32(__floats2half2_rn(x.z * inv * w[b].z * f, x.w * inv * w[b].w * f));
         xs2[i] = o;
       }
     }
@@ -234,7 +326,7 @@ __device__ __forceinline__ void frag_stage_x(const GemvArgs& a, int K, int k0, i
       const float w[8] = {n0.x, n0.y, n0.z, n0.w, n1.x, n1.y, n1.z, n1.w};
       float y[8];
 #pragma unroll
-      for (int e = 0; e < 8; e++) y[e] = f[e] * inv * w[e];
+      for (int e = 0; e < 8; e++) y[e] = f[e] * inv * w[e] * factor(p);
       xs[p] = f16x8(y);
     }
   } else {
@@ -264,6 +356,8 @@ __device__ __forceinline__ void frag_stage_x(const GemvArgs& a, int K, int k0, i
 #pragma unroll
             for (int e = 0; e < 8; e++) f[e] = f[e] * inv * w[e];
           }
+#pragma unroll
+          for (int e = 0; e < 8; e++) f[e] *= factor(p);
           xs[p] = f16x8(f);
         }
       }
@@ -353,8 +447,8 @@ gemv_frag_kernel(const GemvArgs a) {
   pdl_wait();                                    // x / out were written by the previous kernel
   pdl_trigger();
   if (writes) frag_load_old<MODE>(a, b, o, pre);
-  frag_stage_x(a, K, kFragChunkK * c0, nc * kFragChunkK / 8, xs_units, red,
-               MODE == GEMV_SWIGLU ? x_f32 : nullptr);
+  frag_stage_x<kFragMmaDot<SPG>>(a, K, kFragChunkK * c0, nc * kFragChunkK / 8, xs_units, red,
+                                 MODE == GEMV_SWIGLU ? x_f32 : nullptr);
   float acc[8];
   frag_warp_dot<SPG>(tile, c0 + w0, nw, reinterpret_cast<const __half*>(xs_units) + kFragChunkK * w0, ring, acc);
   if (t == 0)
