@@ -11,10 +11,4 @@ python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > /dev/null 2>&1
 for rep in 1 2; do for v in base final; do nq_ab "$v" 512 "$rep"; done; done
 rm -f /tmp/q7b.nanoqwen
 NANOQWEN_COMMIT=7c5a296 OUT="$OUT/hf7b" bash bench/gpu_check.sh hf7b | tail -2 | tee -a "$OUT/summary.txt"
-for size in 0.5B 1.5B 3B 14B 32B; do
-  timeout 150 python3 bench/make_7b_file.py /tmp/s.nanoqwen --shape $size --quiet > /dev/null 2>&1 || { echo "$size: make failed" | tee -a "$OUT/summary.txt"; continue; }
-  r=$(timeout 150 python3 -m nanoqwen_bench /tmp/s.nanoqwen --device cuda --no-peers \
-      --prompt-tokens 512 --new-tokens 64 --repeats 2 2>&1 | grep -E '^(decode|MBU|read-only)' | tr -s ' ' | tr '\n' ';')
-  echo "size $size (7c5a296): $r" | tee -a "$OUT/summary.txt"
-  rm -f /tmp/s.nanoqwen
-done
+nq_sizes 7c5a296
