@@ -90,6 +90,12 @@ __device__ __forceinline__ void frag_prefetch(const frag::Tile& tile, int c0, in
   frag_load_scales<SPG>(tile, c0, r);
 }
 
+// Row 8 j + g's scale (f32) from lane (g, t)'s scale vector sv (frag_load_scales): half j & 1 of word j / 2
+__device__ __forceinline__ float frag_row_scale(const uint4& sv, int j) {
+  const uint32_t w = j >> 1 == 0 ? sv.x : j >> 1 == 1 ? sv.y : j >> 1 == 2 ? sv.z : sv.w;
+  return __half2float(__ushort_as_half((unsigned short)(j & 1 ? w >> 16 : w & 0xFFFFu)));
+}
+
 // frag_warp_dot on the CUDA cores (groups 32 and 64)
 template <int SPG>
 __device__ __forceinline__ void frag_warp_dot_fma(const frag::Tile& tile, int c0, int nc, const __half* xw,
@@ -130,13 +136,9 @@ __device__ __forceinline__ void frag_warp_dot_fma(const frag::Tile& tile, int c0
       }
       if (u % 2 == 1) {   // steps u - 1 and u share a scale group (SEG even): f32, times the row's scale
         const uint4 sv = scur[u / SEG];
-        const uint32_t sw[4] = {sv.x, sv.y, sv.z, sv.w};
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-          const uint32_t bits = j & 1 ? sw[j >> 1] >> 16 : sw[j >> 1] & 0xFFFFu;   // scale j: half j & 1 of word j / 2
-          const float sj = __half2float(__ushort_as_half((unsigned short)bits));
-          acc[j] = fmaf(sj, __low2float(h[j]) + __high2float(h[j]), acc[j]);
-        }
+        for (int j = 0; j < 8; j++)
+          acc[j] = fmaf(frag_row_scale(sv, j), __low2float(h[j]) + __high2float(h[j]), acc[j]);
       }
     }
   }
@@ -196,13 +198,8 @@ __device__ __forceinline__ void frag_warp_dot_mma(const frag::Tile& tile, int c0
       }
       frag_mma(dk, kLo, kLo, kHi, kHi, xlo, xhi, u == 0);
     }
-    const uint32_t sw[4] = {sv.x, sv.y, sv.z, sv.w};
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-      const uint32_t bits = j & 1 ? sw[j >> 1] >> 16 : sw[j >> 1] & 0xFFFFu;   // scale j: half j & 1 of word j / 2
-      const float sj = __half2float(__ushort_as_half((unsigned short)bits));
-      acc[j] = fmaf(sj, d[j >> 1][2 * (j & 1)] - dk[0], acc[j]);
-    }
+    for (int j = 0; j < 8; j++) acc[j] = fmaf(frag_row_scale(sv, j), d[j >> 1][2 * (j & 1)] - dk[0], acc[j]);
   }
 }
 
