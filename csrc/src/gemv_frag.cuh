@@ -32,10 +32,11 @@
 //   there): frag::unpack_word's exact codes times the f16 x pairs, f16 products summed two steps deep (4 products
 //   per f16 partial), then in f32 times the row's scale; the quad's 4 lanes hold 4 k subsets of the same 8 rows, two
 //   shuffles at the end.
-// * Prologue: the first chunk's weights and scales are issued before pdl_wait() (they do not depend on the previous
-//   kernel), then pdl_wait, pdl_trigger, then x is staged: only the split's k range, as f16 in k order, rounded as
-//   gemv_int4 stages it (stage_x_f16: f16 x as given; f32 x rounded once; with RMSNorm (x * inv) * norm_w rounded
-//   once, inv from rms_inv's sum over ALL of x), in as few round trips as the split allows (frag_stage_x).
+// * Prologue: the first chunk's weights and scales (FragDepth's first chunks: 2 in the 4-warp ADD builds) are issued
+//   before pdl_wait() (they do not depend on the previous kernel; worth 8-9 % of a 7B decode step), then pdl_wait,
+//   pdl_trigger, then x is staged: only the split's k range, as f16 in k order, rounded as gemv_int4 stages it
+//   (stage_x_f16: f16 x as given; f32 x rounded once; with RMSNorm (x * inv) * norm_w rounded once, inv from
+//   rms_inv's sum over ALL of x), in as few round trips as the split allows (frag_stage_x).
 // * Plan (frag_plan): S = the largest power of two <= ceil(2 SMs / tiles), at most 16 (a non-portable cluster size:
 //   gemv_frag_prepare allows it) and at most the chunk count; 8 warps where K >= 8192 (the down projection), else 4;
 //   SWIGLU 4. Registers: __launch_bounds__ minimum per build (FragMinBlocks): a minimum of 1 let ptxas take 168 and
@@ -54,40 +55,58 @@ namespace {
 constexpr int kFragChunkK = frag::kStepK * frag::kChunkSteps;   // k of one chunk (128)
 constexpr int kFragMaxSplits = 16;                              // the largest (non-portable) cluster on Hopper
 
+// Chunks a warp has in flight (its register ring's depth): 2 for the 4-warp ADD builds of the tensor-core dot, else 1.
+// On the 7B that is o (7 chunks a block: a warp's at most 2 all issued before the PDL wait, while attention runs):
+// decode -0.2 % at 512, -0.5 to -0.8 % at 8K and 32K. The same ring lost for q/k/v (STORE, +1 %: at 168 registers one
+// block fits beside a retiring down block's, not two) and for gate/up (SWIGLU: 4 blocks an SM, spills, +17 %); the
+// issue before the wait itself is worth 8-9 % (bench/NOTES.md "Session 28" §1-4).
+template <int SPG, int MODE, int WARPS>
+struct FragDepth {
+  static constexpr int value = SPG >= 8 && MODE == GEMV_ADD && WARPS == 4 ? 2 : 1;
+};
 // Resident blocks per SM each build's registers are budgeted for (__launch_bounds__' minimum): 8 warps 2 and 4 warps
-// 4 (128 registers), SWIGLU 5 (96 registers: the 7B's 592 P tiles in one wave of 132 x 5 blocks, not two of 132 x 4).
-// SWIGLU at group 32 (four scale vectors a chunk, twice) spilled at 96 registers (ptxas, sm_90a): that build takes 4.
+// 4 (128 registers), SWIGLU 5 (96 registers: the 7B's 592 P tiles in one wave of 132 x 5 blocks, not two of 132 x 4),
+// a ring 2 deep 3 (168 registers). SWIGLU at group 32 (four scale vectors a chunk, twice) spilled at 96 registers
+// (ptxas, sm_90a): that build takes 4.
 template <int SPG, int MODE, int WARPS>
 struct FragMinBlocks {
-  static constexpr int value = WARPS == 8 ? 2 : (MODE == GEMV_SWIGLU && SPG >= 4) ? 5 : 4;
+  static constexpr int value = WARPS == 8                            ? 2
+                               : FragDepth<SPG, MODE, WARPS>::value > 1 ? 3
+                               : (MODE == GEMV_SWIGLU && SPG >= 4)     ? 5
+                                                                       : 4;
 };
 
-// One warp's weights in flight: a chunk's 8 steps (16 bytes per lane each) and the next chunk's scale vectors.
-template <int SPG>
+// One warp's weights in flight: DEPTH chunks' 8 steps (16 bytes per lane each) and their scale vectors; chunk i of
+// the warp's lives in slot i % DEPTH.
+template <int SPG, int DEPTH = 1>
 struct FragRing {
   static constexpr int SEG = SPG < frag::kChunkSteps ? SPG : frag::kChunkSteps;   // steps of a chunk sharing a scale
   static constexpr int NSV = frag::kChunkSteps / SEG;                             // scale vectors per chunk
-  uint4 w[frag::kChunkSteps];
-  uint4 s[NSV];
+  uint4 w[DEPTH][frag::kChunkSteps];
+  uint4 s[DEPTH][NSV];
 };
 
 // The scale vectors of chunk c (absolute) of the tile: lane (g, t) reads the 16 bytes of its g (the scales of rows
 // 8 j + g, j = 0..7) of each scale group the chunk touches; the 4 lanes of a quad read the same address.
 template <int SPG>
-__device__ __forceinline__ void frag_load_scales(const frag::Tile& tile, int c, FragRing<SPG>& r) {
+__device__ __forceinline__ void frag_load_scales(const frag::Tile& tile, int c, uint4 (&sv)[FragRing<SPG>::NSV]) {
   using R = FragRing<SPG>;
   const uint4* sp = tile.s + ((threadIdx.x & 31) >> 2);
 #pragma unroll
-  for (int v = 0; v < R::NSV; v++) r.s[v] = __ldg(sp + (size_t)((frag::kChunkSteps * c + v * R::SEG) / SPG) * 8);
+  for (int v = 0; v < R::NSV; v++) sv[v] = __ldg(sp + (size_t)((frag::kChunkSteps * c + v * R::SEG) / SPG) * 8);
 }
-// The first chunk (c0) of a warp's nc chunks: its 8 weight loads and its scales (before the PDL wait)
-template <int SPG>
-__device__ __forceinline__ void frag_prefetch(const frag::Tile& tile, int c0, int nc, FragRing<SPG>& r) {
-  if (nc <= 0) return;
-  const uint4* wp = tile.w + (size_t)frag::kChunkSteps * c0 * 32 + (threadIdx.x & 31);
+// The first DEPTH chunks (from c0) of a warp's nc chunks: their 8 weight loads each and their scales (before the PDL
+// wait)
+template <int SPG, int DEPTH>
+__device__ __forceinline__ void frag_prefetch(const frag::Tile& tile, int c0, int nc, FragRing<SPG, DEPTH>& r) {
 #pragma unroll
-  for (int u = 0; u < frag::kChunkSteps; u++) r.w[u] = ld_stream16(wp + u * 32);
-  frag_load_scales<SPG>(tile, c0, r);
+  for (int i = 0; i < DEPTH; i++) {
+    if (i >= nc) return;
+    const uint4* wp = tile.w + (size_t)frag::kChunkSteps * (c0 + i) * 32 + (threadIdx.x & 31);
+#pragma unroll
+    for (int u = 0; u < frag::kChunkSteps; u++) r.w[i][u] = ld_stream16(wp + u * 32);
+    frag_load_scales<SPG>(tile, c0 + i, r.s[i]);
+  }
 }
 
 // Row 8 j + g's scale (f32) from lane (g, t)'s scale vector sv (frag_load_scales): half j & 1 of word j / 2
@@ -99,7 +118,7 @@ __device__ __forceinline__ float frag_row_scale(const uint4& sv, int j) {
 // frag_warp_dot on the CUDA cores (groups 32 and 64)
 template <int SPG>
 __device__ __forceinline__ void frag_warp_dot_fma(const frag::Tile& tile, int c0, int nc, const __half* xw,
-                                              FragRing<SPG>& r, float (&acc)[8]) {
+                                              FragRing<SPG, 1>& r, float (&acc)[8]) {
   constexpr int SEG = FragRing<SPG>::SEG, NSV = FragRing<SPG>::NSV;
   static_assert(SEG % 2 == 0, "the 2-step f16 partial sums lie inside one scale group");
   const int lane = threadIdx.x & 31, t = lane & 3;
@@ -110,15 +129,15 @@ __device__ __forceinline__ void frag_warp_dot_fma(const frag::Tile& tile, int c0
     const bool more = c + 1 < nc;
     uint4 scur[NSV];
 #pragma unroll
-    for (int v = 0; v < NSV; v++) scur[v] = r.s[v];
-    if (more) frag_load_scales<SPG>(tile, c0 + c + 1, r);
+    for (int v = 0; v < NSV; v++) scur[v] = r.s[0][v];
+    if (more) frag_load_scales<SPG>(tile, c0 + c + 1, r.s[0]);
     const uint4* wn = wp + (size_t)(c + 1) * frag::kChunkSteps * 32;
     const __half* xc = xw + kFragChunkK * c + 2 * t;
     __half2 h[8];   // h[j]: row 8 j + g, the f16 partial of two steps (k pairs (2t, 2t + 1) and (2t + 8, 2t + 9))
 #pragma unroll
     for (int u = 0; u < frag::kChunkSteps; u++) {
-      const uint4 cur = r.w[u];
-      if (more) r.w[u] = ld_stream16(wn + u * 32);
+      const uint4 cur = r.w[0][u];
+      if (more) r.w[0][u] = ld_stream16(wn + u * 32);
       const __half2 xlo = *reinterpret_cast<const __half2*>(xc + frag::kStepK * u);
       const __half2 xhi = *reinterpret_cast<const __half2*>(xc + frag::kStepK * u + 8);
       const uint32_t cw[4] = {cur.x, cur.y, cur.z, cur.w};
@@ -166,26 +185,27 @@ __device__ __forceinline__ void frag_mma(float (&d)[4], uint32_t a0, uint32_t a1
 // sum_k u x + 1024 x (low pairs) + 64 x (high pairs), f32 over the chunk's 8 steps; the codes are u - 8, and one more
 // mma a step with the constant A (1032 on the low pairs, 1152 on the high ones) gives the offsets' sum to subtract.
 // d[w][0] / d[w][2] are rows 16 w + g / 16 w + 8 + g (= 8 j + g, j = 2 w, 2 w + 1) in every lane of the quad.
-template <int SPG>
+template <int SPG, int DEPTH>
 __device__ __forceinline__ void frag_warp_dot_mma(const frag::Tile& tile, int c0, int nc, const __half* xw,
-                                                  FragRing<SPG>& r, float (&acc)[8]) {
+                                                  FragRing<SPG, DEPTH>& r, float (&acc)[8]) {
   static_assert(FragRing<SPG>::SEG == frag::kChunkSteps && FragRing<SPG>::NSV == 1, "one scale vector a chunk");
   const int lane = threadIdx.x & 31, t = lane & 3;
   const uint4* wp = tile.w + (size_t)frag::kChunkSteps * c0 * 32 + lane;
   constexpr uint32_t kLo = 0x64086408u, kHi = 0x64806480u;   // f16 pairs (1032, 1032) and (1152, 1152)
 #pragma unroll
   for (int j = 0; j < 8; j++) acc[j] = 0.f;
-  for (int c = 0; c < nc; c++) {
-    const bool more = c + 1 < nc;
-    const uint4 sv = r.s[0];
-    if (more) frag_load_scales<SPG>(tile, c0 + c + 1, r);
-    const uint4* wn = wp + (size_t)(c + 1) * frag::kChunkSteps * 32;
+  // chunk c from slot q (= c % DEPTH); its slot then takes chunk c + DEPTH
+  auto chunk = [&](int c, int q) {
+    const bool more = c + DEPTH < nc;
+    const uint4 sv = r.s[q][0];
+    if (more) frag_load_scales<SPG>(tile, c0 + c + DEPTH, r.s[q]);
+    const uint4* wn = wp + (size_t)(c + DEPTH) * frag::kChunkSteps * 32;
     const __half* xc = xw + kFragChunkK * c + 2 * t;
     float d[4][4], dk[4];   // d[w]: m16 tile w's sums over the chunk; dk: the offsets' sum (all its elements equal)
 #pragma unroll
     for (int u = 0; u < frag::kChunkSteps; u++) {
-      const uint4 cur = r.w[u];
-      if (more) r.w[u] = ld_stream16(wn + u * 32);
+      const uint4 cur = r.w[q][u];
+      if (more) r.w[q][u] = ld_stream16(wn + u * 32);
       const uint32_t xlo = *reinterpret_cast<const uint32_t*>(xc + frag::kStepK * u);
       const uint32_t xhi = *reinterpret_cast<const uint32_t*>(xc + frag::kStepK * u + 8);
       const uint32_t cw[4] = {cur.x, cur.y, cur.z, cur.w};
@@ -200,6 +220,11 @@ __device__ __forceinline__ void frag_warp_dot_mma(const frag::Tile& tile, int c0
     }
 #pragma unroll
     for (int j = 0; j < 8; j++) acc[j] = fmaf(frag_row_scale(sv, j), d[j >> 1][2 * (j & 1)] - dk[0], acc[j]);
+  };
+  for (int c = 0; c < nc; c += DEPTH) {
+#pragma unroll
+    for (int q = 0; q < DEPTH; q++)
+      if (q == 0 || c + q < nc) chunk(c + q, q);
   }
 }
 
@@ -210,11 +235,11 @@ constexpr bool kFragMmaDot = FragRing<SPG>::SEG == frag::kChunkSteps;
 // The warp's sums of the tile's 64 rows over chunks [c0, c0 + nc) (absolute), x of those chunks at xw (f16, k order:
 // xw[0] is k = 128 c0; kFragMmaDot: the high pairs / 16). Returns acc[j] = the sum of row 8 j + g (g = lane / 4) in
 // every lane of the quad; zeros when nc == 0. frag_prefetch(tile, c0, nc, r) issued the first chunk.
-template <int SPG>
+template <int SPG, int DEPTH>
 __device__ __forceinline__ void frag_warp_dot(const frag::Tile& tile, int c0, int nc, const __half* xw,
-                                              FragRing<SPG>& r, float (&acc)[8]) {
+                                              FragRing<SPG, DEPTH>& r, float (&acc)[8]) {
   if constexpr (kFragMmaDot<SPG>)
-    frag_warp_dot_mma<SPG>(tile, c0, nc, xw, r, acc);
+    frag_warp_dot_mma<SPG, DEPTH>(tile, c0, nc, xw, r, acc);
   else
     frag_warp_dot_fma<SPG>(tile, c0, nc, xw, r, acc);
 }
@@ -425,8 +450,8 @@ gemv_frag_kernel(const GemvArgs a) {
   const int c0 = frag::chunk_begin(KC, s, S), nc = frag::chunk_begin(KC, s + 1, S) - c0;       // the split's chunks
   const int w0 = frag::chunk_begin(nc, warp, WARPS), nw = frag::chunk_begin(nc, warp + 1, WARPS) - w0;   // the warp's
   const frag::Tile tile = MODE == GEMV_SWIGLU ? frag::pair_tile(a.seg[0], a.up, b) : frag_locate(a, b).tile;
-  FragRing<SPG> ring;
-  frag_prefetch<SPG>(tile, c0 + w0, nw, ring);   // weights never depend on the previous kernel
+  FragRing<SPG, FragDepth<SPG, MODE, WARPS>::value> ring;
+  frag_prefetch(tile, c0 + w0, nw, ring);   // weights never depend on the previous kernel
   // the output this thread writes, if any: output o of the tile (S > 1: cluster rank s writes slice s of kOut / S)
   const int per = kOut / S, o = s * per + (int)threadIdx.x;   // S: a power of two <= 16, which divides 32 and 64
   const bool writes = (int)threadIdx.x < per;
@@ -447,7 +472,7 @@ gemv_frag_kernel(const GemvArgs a) {
   frag_stage_x<kFragMmaDot<SPG>>(a, K, kFragChunkK * c0, nc * kFragChunkK / 8, xs_units, red,
                                  MODE == GEMV_SWIGLU ? x_f32 : nullptr);
   float acc[8];
-  frag_warp_dot<SPG>(tile, c0 + w0, nw, reinterpret_cast<const __half*>(xs_units) + kFragChunkK * w0, ring, acc);
+  frag_warp_dot(tile, c0 + w0, nw, reinterpret_cast<const __half*>(xs_units) + kFragChunkK * w0, ring, acc);
   if (t == 0)
 #pragma unroll
     for (int j = 0; j < 8; j++) warp_sums[warp][8 * j + g] = acc[j];
