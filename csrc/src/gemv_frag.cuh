@@ -168,15 +168,11 @@ __device__ __forceinline__ void frag_warp_dot_fma(const frag::Tile& tile, int c0
   }
 }
 
-// D = A B (first) or A B + D: one mma.m16n8k16, f16 A and B, f32 D
+// D = A B (first: ptxas folds the zero D into the HMMA's RZ operand) or A B + D: one mma.m16n8k16 (mma16816)
 __device__ __forceinline__ void frag_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1, bool first) {
-  if (first)
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
-  else
-    mma16816(d, a0, a1, a2, a3, b0, b1);
+  if (first) d[0] = d[1] = d[2] = d[3] = 0.f;
+  mma16816(d, a0, a1, a2, a3, b0, b1);
 }
 
 // frag_warp_dot on the tensor cores (a chunk in one scale group). Per step and word w: A = the codes of rows 16 w ..
