@@ -1,4 +1,7 @@
+#include <mutex>
+#include <unordered_set>
 #include "common.h"
+#include "launch.h"
 
 namespace nq {
 namespace {
@@ -29,6 +32,42 @@ bool pdl_enabled() {
     return major >= 9;
   }();
   return on;
+}
+
+namespace {
+// The uniform split as a percentage of the SM's shared-memory capacity on sm_90 (rounded up: the driver picks the
+// smallest split that holds it), -1 elsewhere or where the query fails
+int uniform_split_percent() {
+  static const int percent = [] {
+    int dev = 0, major = 0, per_sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return -1;
+    }
+    if (major != 9 || per_sm < kUniformSmemSplitBytes) return -1;
+    return (int)(((long long)kUniformSmemSplitBytes * 100 + per_sm - 1) / per_sm);
+  }();
+  return percent;
+}
+std::mutex g_split_mutex;
+std::unordered_set<const void*> g_split_set;   // kernels whose split was asked for, or kept (keep_driver_split)
+}  // namespace
+
+void prefer_uniform_split(const void* kernel) {
+  const int percent = uniform_split_percent();
+  if (percent < 0) return;
+  std::lock_guard<std::mutex> lock(g_split_mutex);
+  if (!g_split_set.insert(kernel).second) return;
+  // a hint: a failure leaves the driver's split, which is correct, only slower
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent) != cudaSuccess)
+    (void)cudaGetLastError();
+}
+
+void keep_driver_split(const void* kernel) {
+  std::lock_guard<std::mutex> lock(g_split_mutex);
+  g_split_set.insert(kernel);
 }
 
 int device_sms() {

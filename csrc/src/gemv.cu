@@ -83,9 +83,18 @@ template <int MODE> struct Int4ZpKernel { static auto get() { return gemv_int4<M
 template <int MODE> struct F16Kernel { static auto get() { return gemv_rowpair<DenseRows<WT_F16>, MODE>; } };
 template <int MODE> struct Bf16Kernel { static auto get() { return gemv_rowpair<DenseRows<WT_BF16>, MODE>; } };
 
+template <template <int> class Kernel>
+void keep_driver_splits() {
+  keep_driver_split(reinterpret_cast<const void*>(Kernel<GEMV_STORE>::get()));
+  keep_driver_split(reinterpret_cast<const void*>(Kernel<GEMV_ADD>::get()));
+  keep_driver_split(reinterpret_cast<const void*>(Kernel<GEMV_SWIGLU>::get()));
+}
+
 }  // namespace
 
 int gemv_prepare() {
+  keep_driver_splits<F16Kernel>();   // the dense lm_head streams through L1 (launch.h)
+  keep_driver_splits<Bf16Kernel>();
   NQ_CUDA(raise_limits<Int4Kernel>());
   NQ_CUDA(raise_limits<Int4ZpKernel>());
   NQ_CUDA(raise_limits<F16Kernel>());

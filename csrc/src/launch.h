@@ -12,8 +12,23 @@ bool pdl_enabled();
 // query fails.
 int device_sms();
 
-// The one launcher: the PDL attribute where the device supports it, and a thread-block cluster shape where `cluster`
-// is given.
+// The split of an SM's unified L1 / shared memory that kernels ask for (cudaFuncAttributePreferredSharedMemoryCarveout).
+// An SM holds one split at a time, so where two kernels of the PDL chain get different splits from the driver (its
+// own choice gave the 7B's decode 100, 164, 64, 164 and 100 KB for q/k/v, attention, o, gate/up and down), the next
+// kernel's blocks cannot start beside the previous kernel's. On sm_90 every kernel launched here asks for 164 KB (the
+// split gate/up at 5 blocks an SM and the 8-warp decode attention need anyway on the 7B; a kernel that needs more
+// still gets more), except those registered with keep_driver_split: the dense lm_head GEMV streams through L1 and
+// lost 3 % on the 0.5B at 164 KB. Measured on the H200 (bench/NOTES.md "Session 29" §2-3): 7B decode -1.0 %, 0.5B
+// -0.7 %, 14B -0.75 %; every kernel at 228 KB (28 KB of L1 left) +3.5 %, the rest at 132 KB +10 %. Elsewhere
+// (no measurement) the driver's split.
+constexpr int kUniformSmemSplitBytes = 164 * 1024;
+// Asks for the uniform split on `kernel` the first time it is launched (thread-safe; nothing off sm_90).
+void prefer_uniform_split(const void* kernel);
+// Leaves `kernel` at the driver's split (call before its first launch).
+void keep_driver_split(const void* kernel);
+
+// The one launcher: the PDL attribute where the device supports it, a thread-block cluster shape where `cluster`
+// is given, and the uniform shared-memory split (above).
 template <typename... KArgs, typename... Args>
 int launch_ex(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block, const dim3* cluster, size_t smem,
               cudaStream_t st, Args&&... args) {
@@ -38,6 +53,7 @@ int launch_ex(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
   }
   cfg.attrs = attr;
   cfg.numAttrs = n;
+  prefer_uniform_split(reinterpret_cast<const void*>(kernel));
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   if (e != cudaSuccess) return fail(cuda_status(e), "launch of %s failed: %s", name, cudaGetErrorString(e));
   NQ_LAUNCH_CHECK(name);
