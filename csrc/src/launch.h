@@ -12,15 +12,16 @@ bool pdl_enabled();
 // query fails.
 int device_sms();
 
-// The split of an SM's unified L1 / shared memory that kernels ask for (cudaFuncAttributePreferredSharedMemoryCarveout).
-// An SM holds one split at a time, so where two kernels of the PDL chain get different splits from the driver (its
-// own choice gave the 7B's decode 100, 164, 64, 164 and 100 KB for q/k/v, attention, o, gate/up and down), the next
-// kernel's blocks cannot start beside the previous kernel's. On sm_90 every kernel launched here asks for 164 KB (the
-// split gate/up at 5 blocks an SM and the 8-warp decode attention need anyway on the 7B; a kernel that needs more
-// still gets more), except those registered with keep_driver_split: the dense lm_head GEMV streams through L1 and
-// lost 3 % on the 0.5B at 164 KB. Measured on the H200 (bench/NOTES.md "Session 29" §2-3): 7B decode -1.0 %, 0.5B
-// -0.7 %, 14B -0.75 %; every kernel at 228 KB (28 KB of L1 left) +3.5 %, the rest at 132 KB +10 %. Elsewhere
-// (no measurement) the driver's split.
+// The split of an SM's unified 256 KB between shared memory and L1 that kernels ask for
+// (cudaFuncAttributePreferredSharedMemoryCarveout). The driver picks a split per launch (for the 7B's decode: 100, 164,
+// 64, 164 and 100 KB of shared memory for q/k/v, attention, o, gate/up and down) and an SM holds one at a time. On
+// sm_90 every kernel launched here asks for 164 KB: the split gate/up at 5 blocks an SM and the 8-warp decode attention
+// need anyway on the 7B (a kernel that needs more still gets more), the smallest that leaves them their blocks, so the
+// L1 left over (92 KB; by NOTES' reading it holds the loads in flight) is the largest one split allows. The dense
+// lm_head GEMV (keep_driver_split) streams through L1 and keeps the driver's split (on the 0.5B 32 KB; at 164 KB the
+// 0.5B's decode took 3 % longer). Measured on the H200 (bench/NOTES.md "Session 29" §2-4): 7B decode -1.0 %, 0.5B
+// -0.7 %, 14B -0.75 % against the driver's splits; 196 KB +4.1 %, 228 KB +3.5 % (less L1), 132 KB +10 % (gate/up at 4
+// blocks an SM). Elsewhere (not measured) the driver's split.
 constexpr int kUniformSmemSplitBytes = 164 * 1024;
 // Asks for the uniform split on `kernel` the first time it is launched (thread-safe; nothing off sm_90).
 void prefer_uniform_split(const void* kernel);
