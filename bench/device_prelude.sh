@@ -8,14 +8,16 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /
 export PYTHONPATH="/tmp/site:$PWD:$PWD/tests" PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/nq_out}"; mkdir -p "$OUT"
 
-# nq_decode VARIANT PROMPT_TOKENS: one 7B decode timing (/tmp/q7b.nanoqwen, 64 tokens x 2) with .v/VARIANT's
-# library (a variant built here and carried in .out/*.tar.xz); prints the bench's decode and MBU lines on one line
+# nq_decode VARIANT PROMPT_TOKENS [FILE]: one decode timing of FILE (default /tmp/q7b.nanoqwen; 64 tokens x 2) with
+# .v/VARIANT's library (a variant built here and carried in .out/*.tar.xz); prints the bench's decode and MBU lines on
+# one line
 nq_decode() {
-  NANOQWEN_LIB="$PWD/.v/$1/libnanoqwen.so" timeout 120 python3 -m nanoqwen_bench /tmp/q7b.nanoqwen --device cuda \
+  NANOQWEN_LIB="$PWD/.v/$1/libnanoqwen.so" timeout 120 python3 -m nanoqwen_bench "${3:-/tmp/q7b.nanoqwen}" --device cuda \
     --no-peers --prompt-tokens "$2" --new-tokens 64 --repeats 2 2>&1 | grep -E '^(decode|MBU)' | tr -s ' ' | tr '\n' ';'
 }
-# nq_ab VARIANT PROMPT_TOKENS REP: nq_decode, recorded in $OUT/summary.txt as "ab VARIANT PROMPT repREP: ..."
-nq_ab() { echo "ab $1 $2 rep$3: $(nq_decode "$1" "$2")" | tee -a "$OUT/summary.txt"; }
+# nq_ab VARIANT PROMPT_TOKENS REP [FILE [LABEL]]: nq_decode, recorded in $OUT/summary.txt as "ab VARIANT PROMPT repREP:
+# ..." (with LABEL after "ab" where given, e.g. the file's size)
+nq_ab() { echo "ab ${5:+$5 }$1 $2 rep$3: $(nq_decode "$1" "$2" "${4:-}")" | tee -a "$OUT/summary.txt"; }
 # nq_quick_tests: the frag GEMV, attention and decode-switch GPU tests over 8 workers (the product library in
 # nanoqwen_rt/lib, the testing one in build/lib), the last lines to $OUT/summary.txt
 nq_quick_tests() {

@@ -10,8 +10,4 @@ python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > /dev/null 2>&1
 for rep in 1 2; do for v in main29 lmrule; do nq_ab "$v" 512 "$rep"; done; done
 rm -f /tmp/q7b.nanoqwen
 timeout 150 python3 bench/make_7b_file.py /tmp/s.nanoqwen --shape 0.5B --quiet > /dev/null 2>&1
-for rep in 1 2; do for v in main29 lmrule; do
-  r=$(NANOQWEN_LIB="$PWD/.v/$v/libnanoqwen.so" timeout 150 python3 -m nanoqwen_bench /tmp/s.nanoqwen --device cuda --no-peers \
-      --prompt-tokens 512 --new-tokens 64 --repeats 2 2>&1 | grep -E '^(decode|MBU)' | tr -s ' ' | tr '\n' ';')
-  echo "size 0.5B $v rep$rep: $r" | tee -a "$OUT/summary.txt"
-done; done
+for rep in 1 2; do for v in main29 lmrule; do nq_ab "$v" 512 "$rep" /tmp/s.nanoqwen 0.5B; done; done
