@@ -12,8 +12,8 @@ OUT="${OUT:-/tmp/nq_out}"; mkdir -p "$OUT"
 # .v/VARIANT's library (a variant built here and carried in .out/*.tar.xz); prints the bench's decode and MBU lines on
 # one line
 nq_decode() {
-  NANOQWEN_LIB="$PWD/.v/$1/libnanoqwen.so" timeout 120 python3 -m nanoqwen_bench "${3:-/tmp/q7b.nanoqwen}" --device cuda \
-    --no-peers --prompt-tokens "$2" --new-tokens 64 --repeats 2 2>&1 | grep -E '^(decode|MBU)' | tr -s ' ' | tr '\n' ';'
+  NANOQWEN_LIB="$PWD/.v/$1/libnanoqwen.so" timeout 120 python3 -m nanoqwen_bench "${3:-/tmp/q7b.nanoqwen}" \
+    --device cuda --no-peers --prompt-tokens "$2" --new-tokens 64 --repeats 2 2>&1 | grep -E '^(decode|MBU)' | tr -s ' ' | tr '\n' ';'
 }
 # nq_ab VARIANT PROMPT_TOKENS REP [FILE [LABEL]]: nq_decode, recorded in $OUT/summary.txt as "ab VARIANT PROMPT repREP:
 # ..." (with LABEL after "ab" where given, e.g. the file's size)
