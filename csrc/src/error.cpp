@@ -35,20 +35,16 @@ bool pdl_enabled() {
 }
 
 namespace {
-// The uniform split as a percentage of the SM's shared-memory capacity on sm_90, rounded up (72 % for 164 KB of 228 KB:
-// the measured value; whether the driver makes 164 or 196 KB of it is not checked, launch.h), -1 elsewhere or where
-// the query fails
+// kUniformSmemCarveoutPercent on sm_90 (launch.h), -1 elsewhere or where the query fails
 int uniform_split_percent() {
   static const int percent = [] {
-    int dev = 0, major = 0, per_sm = 0;
+    int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
       (void)cudaGetLastError();
       return -1;
     }
-    if (major != 9 || per_sm < kUniformSmemSplitBytes) return -1;
-    return (int)(((long long)kUniformSmemSplitBytes * 100 + per_sm - 1) / per_sm);
+    return major == 9 ? kUniformSmemCarveoutPercent : -1;
   }();
   return percent;
 }

@@ -13,17 +13,17 @@ bool pdl_enabled();
 int device_sms();
 
 // The split of an SM's unified 256 KB between shared memory and L1 that kernels ask for
-// (cudaFuncAttributePreferredSharedMemoryCarveout, a percentage of the SM's 228 KB). The driver picks a split per
-// launch (for the 7B's decode: 100, 164, 64, 164 and 100 KB of shared memory for q/k/v, attention, o, gate/up and down)
-// and an SM holds one at a time. On sm_90 every kernel launched here asks for the percentage of kUniformSmemSplitBytes
-// rounded up, 72 %: meant as 164 KB, the split gate/up at 5 blocks an SM and the 8-warp decode attention need anyway on
-// the 7B (a kernel that needs more still gets more). 72 % of 228 KB is 164.2 KB; if the driver rounds that up to the
-// next split it is 196 KB (not checked: bench/NOTES.md "Session 29" §7). The dense lm_head GEMV (keep_driver_split)
-// streams through L1 and keeps the driver's split (on the 0.5B 32 KB; at 72 % the 0.5B's decode took 3 % longer).
-// Measured on the H200 (NOTES "Session 29" §2-4, against the driver's splits): at 72 % 7B decode -1.0 %, 0.5B -0.7 %,
-// 14B -0.75 %; at 86 % +4.1 %, at 100 % +3.5 %, at 57 % +10 % (gate/up at 4 blocks an SM). Elsewhere (not measured) the
-// driver's split.
-constexpr int kUniformSmemSplitBytes = 164 * 1024;
+// (cudaFuncAttributePreferredSharedMemoryCarveout, a percentage of the SM's 228 KB). Left to itself the driver picks a
+// split per launch (for the 7B's decode: 100, 164, 64, 164 and 100 KB of shared memory for q/k/v, attention, o, gate/up
+// and down) and an SM holds one at a time. On sm_90 every kernel launched here asks for kUniformSmemCarveoutPercent.
+// The driver rounds a percentage up to the next split it has, so 72 % (164.2 KB) gives every decode kernel of the 7B
+// 196 KB of shared memory and 60 KB of L1, cluster launches included (ncu on the H200, bench/NOTES.md "Session 30" §1).
+// Measured there against the driver's splits (NOTES "Session 29" §2-4): 7B decode -1.0 %, 0.5B -0.7 %, 14B -0.75 %;
+// every kernel at 228 KB (28 KB of L1) +3.5 to +4.1 %. 71 % (164 KB, cluster launches 196) and 57 % (132 KB, cluster
+// launches and attention 164) ran within 0.4 % of 72 % ("Session 30" §1): between 60 and 124 KB the L1 size does not
+// matter here. The dense lm_head GEMV (keep_driver_split) streams through L1 and keeps the driver's split (on the 0.5B
+// 32 KB; at 72 % the 0.5B's decode took 3 % longer). Elsewhere (not measured) the driver's split.
+constexpr int kUniformSmemCarveoutPercent = 72;
 // Asks for the uniform split on `kernel` the first time it is launched (thread-safe; nothing off sm_90).
 void prefer_uniform_split(const void* kernel);
 // Leaves `kernel` at the driver's split (call before its first launch).
