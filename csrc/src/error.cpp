@@ -23,29 +23,30 @@ const char* last_error() { return g_last_error.c_str(); }
 }  // namespace nq
 
 namespace nq {
+namespace {
+// An attribute of the current device, or `fallback` where a query fails (its error cleared: a failed query must not
+// surface as the next launch's error). Callers read it once, into a function-local static (thread-safe).
+int current_device_attribute(cudaDeviceAttr attr, int fallback) {
+  int dev = 0, v = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, attr, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return fallback;
+  }
+  return v;
+}
+}  // namespace
+
 // PDL on when the current device is sm_90+ (read once).
 bool pdl_enabled() {
-  static const bool on = [] {
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-    return major >= 9;
-  }();
+  static const bool on = current_device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9;
   return on;
 }
 
 namespace {
 // kUniformSmemCarveoutPercent on sm_90 (launch.h), -1 elsewhere or where the query fails
 int uniform_split_percent() {
-  static const int percent = [] {
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return -1;
-    }
-    return major == 9 ? kUniformSmemCarveoutPercent : -1;
-  }();
+  static const int percent =
+      current_device_attribute(cudaDevAttrComputeCapabilityMajor, 0) == 9 ? kUniformSmemCarveoutPercent : -1;
   return percent;
 }
 std::mutex g_split_mutex;
@@ -69,13 +70,8 @@ void keep_driver_split(const void* kernel) {
 
 int device_sms() {
   static const int sms = [] {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) {
-      (void)cudaGetLastError();  // a failed query must not surface as the next launch's error
-      return 132;
-    }
-    return n;
+    const int n = current_device_attribute(cudaDevAttrMultiProcessorCount, 0);
+    return n < 1 ? 132 : n;
   }();
   return sms;
 }
