@@ -1,0 +1,101 @@
+"""Session 30 call 6 (experiment, never main; session 25 call 4's make_trace.py with its anchors moved to d9bb5a3's
+attention.cu, t[5] now the warps' O in shared memory): instruments attn_decode_kernel (csrc/src/attention.cu) with
+%globaltimer records of thread 0 of every block with keys, and exports nq_attn_trace. Run in a scratch worktree:
+python3 make_trace.py path/to/attention.cu; then build, and trace_attn.py reads the records."""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))   # bench/
+from trace_inject import device_decls, export_fn, replace_once  # noqa: E402
+
+p = sys.argv[1]
+s = open(p).read()
+
+
+def rep(a, b):
+    global s
+    s = replace_once(s, a, b, p)
+
+
+rep("""template <int D, int WARPS, bool CLUSTER>
+__global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs a) {
+""", """// TRACE (dev only, never main): thread 0 of every block with keys records %globaltimer at entry, after the cluster
+// prologue, after the PDL wait, q staged, tiles done, block merge done, end
+""" + device_decls("attn", "Attn", "unsigned h, split, sm, flags;") + """
+template <int D, int WARPS, bool CLUSTER>
+__global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs a) {
+  unsigned long long tt[7] = {};
+  tt[0] = attn_gtimer();
+  const int trace_on = threadIdx.x == 0 ? g_attn_trace_on : 0;
+  unsigned trace_flags = 0;
+  auto trace_end = [&]() {
+    if (trace_on) {
+      tt[6] = attn_gtimer();
+      const unsigned i = atomicAdd(&g_attn_trace_n, 1u);
+      if (i < kAttnTraceMax) {
+        AttnTraceRec r;
+        for (int q = 0; q < 7; q++) r.t[q] = tt[q];
+        unsigned smid;
+        asm volatile("mov.u32 %0, %smid;" : "=r"(smid));
+        r.h = blockIdx.x; r.split = blockIdx.y; r.sm = smid; r.flags = trace_flags;
+        g_attn_trace[i] = r;
+      }
+    }
+  };
+""")
+rep("""  if (split >= (dsmem ? C : n_used)) return;     // uniform per block: no barrier is skipped by part of it
+""", """  if (split >= (dsmem ? C : n_used)) return;     // uniform per block: no barrier is skipped by part of it
+  trace_flags = (unsigned)n_used | (dsmem ? 256u : 0u) | ((unsigned)C << 9) | ((unsigned)WARPS << 14) |
+                ((unsigned)n_keys << 18);
+""")
+rep("""    cluster_wait();
+  }
+#endif
+  const int k0 = split * kps""", """    cluster_wait();
+  }
+#endif
+  tt[1] = attn_gtimer();
+  const int k0 = split * kps""")
+rep("""  if (a.write_kv) {   // q, k and v of this step come from the kernel before
+    pdl_wait();
+    pdl_trigger();
+  }
+""", """  if (a.write_kv) {   // q, k and v of this step come from the kernel before
+    pdl_wait();
+    pdl_trigger();
+  }
+  tt[2] = attn_gtimer();
+""")
+rep("""  __syncthreads();   // q, knew, vnew staged
+""", """  __syncthreads();   // q, knew, vnew staged
+  tt[3] = attn_gtimer();
+""")
+rep("""  __syncthreads();   // every warp is done with its ring: obuf may overwrite it
+""", """  __syncthreads();   // every warp is done with its ring: obuf may overwrite it
+  tt[4] = attn_gtimer();
+""")
+rep("""  __syncthreads();   // the warps' O in obuf
+""", """  __syncthreads();   // the warps' O in obuf
+  tt[5] = attn_gtimer();
+""")
+rep("""  if (n_used == 1) return;
+""", """  if (n_used == 1) { trace_end(); return; }
+""")
+rep("""      o2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
+    }
+    return;
+  }
+#endif""", """      o2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
+    }
+    trace_end();
+    return;
+  }
+#endif""")
+rep("""  merge_last_split<D, THREADS>(a, t, h, G, n_used, ph0, out, S.u.mg.w, S.u.mg.l, S.inv, S.last);
+}""", """  merge_last_split<D, THREADS>(a, t, h, G, n_used, ph0, out, S.u.mg.w, S.u.mg.l, S.inv, S.last);
+  trace_end();
+}""")
+i = s.rindex("}  // namespace nq")
+s = s[:i] + export_fn("attn", "Attn") + s[i:]
+s = s.replace("#include <type_traits>\n", "#include <type_traits>\n#include <cstdio>\n#include <cstdlib>\n", 1)
+open(p, "w").write(s)
