@@ -91,10 +91,10 @@ rep("""      o2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
     return;
   }
 #endif""")
-rep("""  merge_last_split<D, THREADS>(a, t, h, G, n_used, ph0, out, S.u.mg.w, S.u.mg.l, S.inv, S.last);
-}""", """  merge_last_split<D, THREADS>(a, t, h, G, n_used, ph0, out, S.u.mg.w, S.u.mg.l, S.inv, S.last);
-  trace_end();
-}""")
+# the kernel's last statement, the merge call (its arguments differ between main and merge_staged.patch)
+_i = s.index("  merge_last_split<D, THREADS>(a, t, h, G, n_used, ph0, out,")
+_j = s.index(");\n}", _i) + 2
+s = s[:_j] + "\n  trace_end();" + s[_j:]
 i = s.rindex("}  // namespace nq")
 s = s[:i] + export_fn("attn", "Attn") + s[i:]
 s = s.replace("#include <type_traits>\n", "#include <type_traits>\n#include <cstdio>\n#include <cstdlib>\n", 1)
