@@ -19,8 +19,9 @@ int device_sms();
 // The driver rounds a percentage up to the next split it has, so 72 % (164.2 KB) gives every decode kernel of the 7B
 // 196 KB of shared memory and 60 KB of L1, cluster launches included (ncu on the H200, bench/NOTES.md "Session 30" §1).
 // Measured there against the driver's splits (NOTES "Session 29" §2-4): 7B decode -1.0 %, 0.5B -0.7 %, 14B -0.75 %;
-// every kernel at 228 KB (28 KB of L1) +3.5 to +4.1 %. 71 % (164 KB, cluster launches 196) and 57 % (132 KB, cluster
-// launches and attention 164) ran within 0.4 % of 72 % ("Session 30" §1): between 60 and 124 KB the L1 size does not
+// every kernel at 228 KB (28 KB of L1) +3.5 to +4.1 %. 71 % (164 KB, cluster launches 196) ran within 0.2 % of 72 %,
+// and 57 % (132 KB, cluster launches and attention 164) within 0.4 % once gate/up's shared memory was cut to keep its
+// 5 blocks an SM (as is, 57 % leaves it 4: +10 %) ("Session 30" §1): between 60 and 124 KB the L1 size does not
 // matter here. The dense lm_head GEMV (keep_driver_split) streams through L1 and keeps the driver's split (on the 0.5B
 // 32 KB; at 72 % the 0.5B's decode took 3 % longer). Elsewhere (not measured) the driver's split.
 constexpr int kUniformSmemCarveoutPercent = 72;
