@@ -1,0 +1,77 @@
+"""Session 30, prepared for the next session (experiment, never main): %globaltimer points inside the decode
+attention's global merge (merge_last_split, csrc/src/attention.cu as of d9bb5a3), recorded by thread 0 of the LAST
+split block of each (token, KV head) only: t[0] the merge entered (the block's partials stored by thread 0), t[1] the
+counter's atomic and its barrier done, t[2] the splits' (m, l) loaded, t[3] the split weights computed, t[4] thread
+0's outputs written. Exports nq_amerge_trace (bench/trace_inject.py's export_fn). Run AFTER
+bench/runs/2026-12-04_s30_call6/make_attn_trace.py on the same file (chain_trace_merge.py reads both, and the decode
+GEMVs' records of bench/runs/2026-12-03_s25_prep/make_frag_trace.py). Usage, in a scratch copy of the tree:
+python3 make_merge_trace.py csrc/src/attention.cu"""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))   # bench/
+from trace_inject import device_decls, export_fn, replace_once  # noqa: E402
+
+p = sys.argv[1]
+s = open(p).read()
+
+
+def rep(a, b):
+    global s
+    s = replace_once(s, a, b, p)
+
+
+rep("""template <int D, int THREADS>
+__device__ __forceinline__ void merge_last_split(""", """// TRACE (dev only, never main): bench/runs/2026-12-04_s30_prep/make_merge_trace.py
+""" + device_decls("amerge", "AMerge", "unsigned h, n_used, sm, tok;") + """
+template <int D, int THREADS>
+__device__ __forceinline__ void merge_last_split(""")
+rep("""                                                 float* inv, int& last) {
+  const int tid = threadIdx.x;
+""", """                                                 float* inv, int& last) {
+  const int tid = threadIdx.x;
+  unsigned long long mt[5] = {};
+  mt[0] = amerge_gtimer();
+""")
+rep("""  if (tid == 0) last = atomic_add_acq_rel_gpu(&a.counters[t * a.n_kv + h], 1) == n_used - 1;
+  __syncthreads();
+  if (!last) return;
+""", """  if (tid == 0) last = atomic_add_acq_rel_gpu(&a.counters[t * a.n_kv + h], 1) == n_used - 1;
+  __syncthreads();
+  mt[1] = amerge_gtimer();
+  if (!last) return;
+""")
+rep("""    l[g][sp] = __ldcg(a.part_ml + r * 2 + 1);
+  }
+  __syncthreads();
+""", """    l[g][sp] = __ldcg(a.part_ml + r * 2 + 1);
+  }
+  __syncthreads();
+  mt[2] = amerge_gtimer();
+""")
+rep("""    inv[tid] = 1.f / ll;
+  }
+  __syncthreads();
+""", """    inv[tid] = 1.f / ll;
+  }
+  __syncthreads();
+  mt[3] = amerge_gtimer();
+""")
+rep("""  if (tid == 0) a.counters[t * a.n_kv + h] = 0;
+}""", """  if (tid == 0) a.counters[t * a.n_kv + h] = 0;
+  if (tid == 0 && g_amerge_trace_on) {
+    mt[4] = amerge_gtimer();
+    const unsigned i = atomicAdd(&g_amerge_trace_n, 1u);
+    if (i < kAMergeTraceMax) {
+      AMergeTraceRec r;
+      for (int q = 0; q < 7; q++) r.t[q] = q < 5 ? mt[q] : 0ull;
+      unsigned smid;
+      asm volatile("mov.u32 %0, %smid;" : "=r"(smid));
+      r.h = (unsigned)h; r.n_used = (unsigned)n_used; r.sm = smid; r.tok = (unsigned)t;
+      g_amerge_trace[i] = r;
+    }
+  }
+}""")
+i = s.rindex("}  // namespace nq")
+s = s[:i] + export_fn("amerge", "AMerge") + s[i:]
+open(p, "w").write(s)
