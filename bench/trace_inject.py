@@ -1,7 +1,8 @@
 """Text for branch-only %globaltimer instrumentation of a product kernel (experiments only, never main): the
 record's struct, its device buffer, counter and switch, the timer, and the exported dump function. Used by the
-scripts that write a trace into a scratch copy of csrc (bench/runs/2026-12-03_s25_call4/make_trace.py: the decode
-attention; bench/runs/2026-12-03_s25_prep/make_frag_trace.py: the decode GEMV)."""
+scripts that write a trace into a scratch copy of csrc (bench/runs/2026-12-04_s30_call6/make_attn_trace.py: the decode
+attention; bench/runs/2026-12-04_s30_prep/make_merge_trace.py: inside its global merge;
+bench/runs/2026-12-03_s25_prep/make_frag_trace.py: the decode GEMV)."""
 
 
 def replace_once(s: str, old: str, new: str, where: str = "") -> str:
@@ -10,6 +11,22 @@ def replace_once(s: str, old: str, new: str, where: str = "") -> str:
     if n != 1:
         raise SystemExit(f"trace_inject: {where}: anchor found {n} times: {old[:70]!r}")
     return s.replace(old, new)
+
+
+class SourceEdit:
+    """A source file's text for anchored edits: rep(old, new) replaces old's one occurrence (an anchor that moved fails
+    loudly), save() writes the text back."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.s = open(path).read()
+
+    def rep(self, old: str, new: str) -> None:
+        self.s = replace_once(self.s, old, new, self.path)
+
+    def save(self) -> None:
+        with open(self.path, "w") as f:
+            f.write(self.s)
 
 
 def device_decls(tag: str, Tag: str, fields: str) -> str:

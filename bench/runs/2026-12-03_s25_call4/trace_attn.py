@@ -1,5 +1,6 @@
 """Session 25 call 4 (experiment): where a decode step's attention time goes, from attn_decode_kernel's own
-%globaltimer records (attn_trace.patch, made by make_trace.py; never main). Usage:
+%globaltimer records (attn_trace.patch, made by make_trace.py, since replaced by
+bench/runs/2026-12-04_s30_call6/make_attn_trace.py; never main). Usage:
 NANOQWEN_LIB=.v/trace/libnanoqwen.so python3 trace_attn.py FILE.nanoqwen PROMPT_TOKENS"""
 import os
 import sys

@@ -1,8 +1,9 @@
 """Session 30 call 6 (experiment, never main): one 7B decode layer's q/k/v -> attention -> o -> gate/up hand-overs,
 from the product kernels' own %globaltimer records (thread 0 of every block), at a short and a long prompt. Needs a
 library built from a scratch copy of main with both traces written in (make_attn_trace.py here for attention.cu,
-bench/runs/2026-12-03_s25_prep/make_frag_trace.py for the decode GEMVs). Every time is in µs after q/k/v's last
-block ended (Q): what attention and o do before and after it, mean over layers and decode steps.
+bench/runs/2026-12-03_s25_prep/make_frag_trace.py for the decode GEMVs; optionally
+bench/runs/2026-12-04_s30_prep/make_merge_trace.py for the inside of the global merge). Every time is in µs after
+q/k/v's last block ended (Q): what attention and o do before and after it, mean over layers and decode steps.
 Usage: NANOQWEN_LIB=<that library> python3 chain_trace.py FILE.nanoqwen PROMPT_TOKENS"""
 import ctypes
 import os
@@ -19,8 +20,10 @@ path, prompt = sys.argv[1], int(sys.argv[2])
 eng = Engine(path, device="cuda", max_context=prompt + 64, verify_checksums=False)
 be = eng.backend
 fns = {}
-for tag in ("attn", "frag"):
-    fn = getattr(be._lib, f"nq_{tag}_trace")
+for tag in ("attn", "frag", "amerge"):
+    fn = getattr(be._lib, f"nq_{tag}_trace", None)
+    if fn is None:   # the merge's trace is optional
+        continue
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p]
     fns[tag] = fn
 ids = np.random.default_rng(0).integers(0, 150000, size=prompt, dtype=np.int64).astype(np.int32)
@@ -31,6 +34,7 @@ for fn in fns.values():
 list(be.generate_ids(ids, g, 6, ()))   # prefill + 5 decode steps
 n_attn = fns["attn"](0, b"/tmp/attn_trace.bin")
 n_frag = fns["frag"](0, b"/tmp/frag_trace.bin")
+n_merge = fns["amerge"](0, b"/tmp/amerge_trace.bin") if "amerge" in fns else 0
 for fn in fns.values():
     fn(0, None)
 
@@ -39,6 +43,8 @@ ad = np.dtype([("t", "<u8", 7), ("h", "<u4"), ("split", "<u4"), ("sm", "<u4"), (
 fr = np.fromfile("/tmp/frag_trace.bin", dtype=fd)
 ar = np.fromfile("/tmp/attn_trace.bin", dtype=ad)
 ar = ar[(ar["flags"] >> 18) >= prompt]   # decode steps only (a prefill chunk's attention has fewer keys)
+md = np.dtype([("t", "<u8", 7), ("h", "<u4"), ("n_used", "<u4"), ("sm", "<u4"), ("tok", "<u4")])
+mt = np.fromfile("/tmp/amerge_trace.bin", dtype=md)["t"][:, :5].astype(np.int64) if n_merge else np.zeros((0, 5), np.int64)
 
 launches = []   # (name, t[:, 7] int64 with columns entry, wait, ..., end at `end_col`)
 mode, kc, gx = fr["kind"] >> 28, (fr["kind"] >> 14) & 0x3FFF, fr["kind"] & 0x3FFF
@@ -55,7 +61,8 @@ cut = np.where(np.diff(at[:, 0]) > 5000)[0] + 1   # launches: entries more than 
 for grp in np.split(np.arange(len(at)), cut):
     launches.append(("attn", at[grp]))
 launches.sort(key=lambda L: int(L[1][:, 0].min()))
-print(f"prompt {prompt}: {n_attn} attention records, {n_frag} GEMV records, {len(launches)} launches")
+print(f"prompt {prompt}: {n_attn} attention records, {n_frag} GEMV records, {n_merge} merge records, "
+      f"{len(launches)} launches")
 
 rows = {}
 
@@ -85,6 +92,13 @@ for i in range(1, len(launches) - 2):
     add("attn: warps' O in smem (max)", a[:, 5].max() - Q)
     add("attn: first block ended", a[:, 6].min() - Q)
     add("attn: last block ended (A)", A - Q)
+    # the global merge's last blocks of this launch (one a KV head): entered, atomic done, (m, l) in, weights, end
+    sel = (mt[:, 0] >= a[:, 0].min()) & (mt[:, 0] <= A + 1000)
+    if sel.any():
+        m = mt[sel]
+        for col, what in enumerate(["entered", "atomic + barrier done", "(m, l) loaded", "weights done",
+                                    "thread 0's outputs written"]):
+            add(f"merge (last blocks): {what} (max)", m[:, col].max() - Q)
     add("o: blocks", len(o) * 1e3)
     add("o: blocks entered before A", (o[:, 0] < A).sum() * 1e3)
     add("o: first entry", o[:, 0].min() - Q)

@@ -1,20 +1,17 @@
-"""Session 30 call 6 (experiment, never main; session 25 call 4's make_trace.py with its anchors moved to d9bb5a3's
-attention.cu, t[5] now the warps' O in shared memory): instruments attn_decode_kernel (csrc/src/attention.cu) with
-%globaltimer records of thread 0 of every block with keys, and exports nq_attn_trace. Run in a scratch worktree:
-python3 make_trace.py path/to/attention.cu; then build, and trace_attn.py reads the records."""
+"""Session 30 call 6 (experiment, never main; replaces session 25 call 4's make_trace.py, whose anchors no longer
+matched, with t[5] now the warps' O in shared memory): instruments attn_decode_kernel (csrc/src/attention.cu as of
+d9bb5a3) with %globaltimer records of thread 0 of every block with keys (t[0] entry, t[1] the cluster prologue done,
+t[2] the PDL wait resolved, t[3] q staged, t[4] tiles done, t[5] the warps' O in shared memory, t[6] end), and
+exports nq_attn_trace. Run in a scratch worktree: python3 make_attn_trace.py path/to/attention.cu; then build;
+chain_trace.py reads the records."""
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))   # bench/
-from trace_inject import device_decls, export_fn, replace_once  # noqa: E402
+from trace_inject import SourceEdit, device_decls, export_fn  # noqa: E402
 
-p = sys.argv[1]
-s = open(p).read()
-
-
-def rep(a, b):
-    global s
-    s = replace_once(s, a, b, p)
+src = SourceEdit(sys.argv[1])
+rep = src.rep
 
 
 rep("""template <int D, int WARPS, bool CLUSTER>
@@ -92,10 +89,10 @@ rep("""      o2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
   }
 #endif""")
 # the kernel's last statement, the merge call (its arguments differ between main and merge_staged.patch)
-_i = s.index("  merge_last_split<D, THREADS>(a, t, h, G, n_used, ph0, out,")
-_j = s.index(");\n}", _i) + 2
-s = s[:_j] + "\n  trace_end();" + s[_j:]
-i = s.rindex("}  // namespace nq")
-s = s[:i] + export_fn("attn", "Attn") + s[i:]
-s = s.replace("#include <type_traits>\n", "#include <type_traits>\n#include <cstdio>\n#include <cstdlib>\n", 1)
-open(p, "w").write(s)
+_i = src.s.index("  merge_last_split<D, THREADS>(a, t, h, G, n_used, ph0, out,")
+_j = src.s.index(");\n}", _i) + 2
+src.s = src.s[:_j] + "\n  trace_end();" + src.s[_j:]
+i = src.s.rindex("}  // namespace nq")
+src.s = src.s[:i] + export_fn("attn", "Attn") + src.s[i:]
+src.s = src.s.replace("#include <type_traits>\n", "#include <type_traits>\n#include <cstdio>\n#include <cstdlib>\n", 1)
+src.save()

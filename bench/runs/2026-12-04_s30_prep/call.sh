@@ -9,8 +9,8 @@
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > /dev/null 2>&1
-NANOQWEN_LIB=$PWD/.v/mtrace/libnanoqwen.so timeout 60 python3 bench/runs/2026-12-04_s30_prep/chain_trace_merge.py \
-  /tmp/q7b.nanoqwen 8192 2>&1 | tail -32 | tee -a "$OUT/summary.txt"
+NANOQWEN_LIB=$PWD/.v/mtrace/libnanoqwen.so timeout 60 python3 bench/runs/2026-12-04_s30_call6/chain_trace.py \
+  /tmp/q7b.nanoqwen 8192 2>&1 | tail -37 | tee -a "$OUT/summary.txt"
 nq_use cl2k
 timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -x -n 8 -k "attn or attention or switch" \
   tests/test_gpu_kernels.py tests/test_gpu_e2e.py 2>&1 | tail -2 | tee -a "$OUT/summary.txt"

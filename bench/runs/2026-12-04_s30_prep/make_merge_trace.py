@@ -3,22 +3,17 @@ attention's global merge (merge_last_split, csrc/src/attention.cu as of d9bb5a3)
 split block of each (token, KV head) only: t[0] the merge entered (the block's partials stored by thread 0), t[1] the
 counter's atomic and its barrier done, t[2] the splits' (m, l) loaded, t[3] the split weights computed, t[4] thread
 0's outputs written. Exports nq_amerge_trace (bench/trace_inject.py's export_fn). Run AFTER
-bench/runs/2026-12-04_s30_call6/make_attn_trace.py on the same file (chain_trace_merge.py reads both, and the decode
+bench/runs/2026-12-04_s30_call6/make_attn_trace.py on the same file (bench/runs/2026-12-04_s30_call6/chain_trace.py reads both, and the decode
 GEMVs' records of bench/runs/2026-12-03_s25_prep/make_frag_trace.py). Usage, in a scratch copy of the tree:
 python3 make_merge_trace.py csrc/src/attention.cu"""
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))   # bench/
-from trace_inject import device_decls, export_fn, replace_once  # noqa: E402
+from trace_inject import SourceEdit, device_decls, export_fn  # noqa: E402
 
-p = sys.argv[1]
-s = open(p).read()
-
-
-def rep(a, b):
-    global s
-    s = replace_once(s, a, b, p)
+src = SourceEdit(sys.argv[1])
+rep = src.rep
 
 
 rep("""template <int D, int THREADS>
@@ -72,6 +67,6 @@ rep("""  if (tid == 0) a.counters[t * a.n_kv + h] = 0;
     }
   }
 }""")
-i = s.rindex("}  // namespace nq")
-s = s[:i] + export_fn("amerge", "AMerge") + s[i:]
-open(p, "w").write(s)
+i = src.s.rindex("}  // namespace nq")
+src.s = src.s[:i] + export_fn("amerge", "AMerge") + src.s[i:]
+src.save()
