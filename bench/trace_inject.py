@@ -79,6 +79,12 @@ def traced_decode(path: str, prompt: int, tag: str, new_tokens: int, dump: str) 
     """Runs a product library built with a trace (NANOQWEN_LIB) on `path`: a warm-up generation, then nq_<tag>_trace
     on for one generation of new_tokens after the same random prompt (its prefill included), the records dumped to
     `dump`; returns their count"""
+    return traced_decode_tags(path, prompt, {tag: dump}, new_tokens)[tag]
+
+
+def traced_decode_tags(path: str, prompt: int, dumps: dict, new_tokens: int, optional: tuple = ()) -> dict:
+    """traced_decode with several traces at once: dumps maps each tag to its dump file; a tag in `optional` that the
+    library does not export is left out. Returns {tag: record count} of the tags traced."""
     import ctypes
 
     import numpy as np
@@ -88,13 +94,22 @@ def traced_decode(path: str, prompt: int, tag: str, new_tokens: int, dump: str) 
 
     eng = Engine(path, device="cuda", max_context=prompt + 64, verify_checksums=False)
     be = eng.backend
-    fn = getattr(be._lib, f"nq_{tag}_trace")   # the product CDLL, built with the trace
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p]
+    fns = {}
+    for tag in dumps:
+        fn = getattr(be._lib, f"nq_{tag}_trace", None)   # the product CDLL, built with the trace
+        if fn is None:
+            if tag in optional:
+                continue
+            raise SystemExit(f"trace_inject: the library has no nq_{tag}_trace (built without that trace?)")
+        fn.argtypes = [ctypes.c_int, ctypes.c_char_p]
+        fns[tag] = fn
     ids = np.random.default_rng(0).integers(0, 150000, size=prompt, dtype=np.int64).astype(np.int32)
     g = SamplingParams(temperature=0.0)
     list(be.generate_ids(ids, g, 8, ()))   # warm-up
-    fn(1, None)
+    for fn in fns.values():
+        fn(1, None)
     list(be.generate_ids(ids, g, new_tokens, ()))
-    n = fn(0, dump.encode())
-    fn(0, None)
-    return n
+    counts = {tag: fn(0, dumps[tag].encode()) for tag, fn in fns.items()}
+    for fn in fns.values():
+        fn(0, None)
+    return counts

@@ -5,38 +5,19 @@ bench/runs/2026-12-03_s25_prep/make_frag_trace.py for the decode GEMVs; optional
 bench/runs/2026-12-04_s30_prep/make_merge_trace.py for the inside of the global merge). Every time is in µs after
 q/k/v's last block ended (Q): what attention and o do before and after it, mean over layers and decode steps.
 Usage: NANOQWEN_LIB=<that library> python3 chain_trace.py FILE.nanoqwen PROMPT_TOKENS"""
-import ctypes
 import os
 import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))   # the repository
-
-from nanoqwen_rt.engine import Engine  # noqa: E402
-from nanoqwen_rt.sampling import SamplingParams  # noqa: E402
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(_here, "..", ".."), os.path.join(_here, "..", "..", "..")]   # bench/, the repository
+from trace_inject import traced_decode_tags  # noqa: E402
 
 path, prompt = sys.argv[1], int(sys.argv[2])
-eng = Engine(path, device="cuda", max_context=prompt + 64, verify_checksums=False)
-be = eng.backend
-fns = {}
-for tag in ("attn", "frag", "amerge"):
-    fn = getattr(be._lib, f"nq_{tag}_trace", None)
-    if fn is None:   # the merge's trace is optional
-        continue
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p]
-    fns[tag] = fn
-ids = np.random.default_rng(0).integers(0, 150000, size=prompt, dtype=np.int64).astype(np.int32)
-g = SamplingParams(temperature=0.0)
-list(be.generate_ids(ids, g, 8, ()))   # warm-up
-for fn in fns.values():
-    fn(1, None)
-list(be.generate_ids(ids, g, 6, ()))   # prefill + 5 decode steps
-n_attn = fns["attn"](0, b"/tmp/attn_trace.bin")
-n_frag = fns["frag"](0, b"/tmp/frag_trace.bin")
-n_merge = fns["amerge"](0, b"/tmp/amerge_trace.bin") if "amerge" in fns else 0
-for fn in fns.values():
-    fn(0, None)
+counts = traced_decode_tags(path, prompt, {"attn": "/tmp/attn_trace.bin", "frag": "/tmp/frag_trace.bin",
+                                           "amerge": "/tmp/amerge_trace.bin"}, 6, optional=("amerge",))
+n_attn, n_frag, n_merge = counts["attn"], counts["frag"], counts.get("amerge", 0)   # prefill + 5 decode steps
 
 fd = np.dtype([("t", "<u8", 7), ("kind", "<u4"), ("block", "<u4"), ("sm", "<u4"), ("pad", "<u4")])
 ad = np.dtype([("t", "<u8", 7), ("h", "<u4"), ("split", "<u4"), ("sm", "<u4"), ("flags", "<u4")])
@@ -115,4 +96,4 @@ print(f"µs after q/k/v's last block ended; mean over {len(rows.get('attn: block
       "(min, max); 'blocks' rows are counts")
 for k, v in rows.items():
     v = np.array(v)
-    print(f"  {k:34s} {v.mean():8.2f}  ({v.min():.2f}, {v.max():.2f})")
+    print(f"  {k:50s} {v.mean():8.2f}  ({v.min():.2f}, {v.max():.2f})")
