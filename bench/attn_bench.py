@@ -54,9 +54,10 @@ def main() -> int:
     ap.add_argument("--decode-kps", type=int, nargs="+", default=[32, 64, 128], help="keys per split to time (decode)")
     ap.add_argument("--split-budget", type=int, nargs="+", default=None,
                     help="decode: blocks per launch the split count is capped by (default and the session: the SM count)")
-    ap.add_argument("--short-keys", type=int, default=short_context_keys(),
+    ap.add_argument("--short-keys", type=int, default=None,
                     help="decode: contexts of at most this many keys time the session's short-context graph's launch "
-                         "(8 splits, in clusters where the library has them: kAttnMaxCluster x kAttnClusterKeysPerBlock); 0: never")
+                         "(8 splits, in clusters where the library has them; default: the session's bound for the "
+                         "layout's head size, kAttnMaxCluster x attn_cluster_keys_per_block(D)); 0: never")
     ap.add_argument("--contexts", type=int, nargs="+", default=[65, 577, 2048, 8192], help="decode key counts")
     ap.add_argument("--batch-rows", type=int, nargs="*", default=[], help="batched decode: sequences per step")
     ap.add_argument("--batch-splits", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64],
@@ -101,7 +102,8 @@ def main() -> int:
                 [("prefill", 512, 512, 32, 0)]
         for mode, n_pos, m, kps, budget in cases:
             max_ctx = n_pos + 128
-            nsplit = decode_split_count(budget // nkv, n_pos, max_ctx, kps, a.short_keys) if mode == "decode" else 1
+            short_keys = short_context_keys(d) if a.short_keys is None else a.short_keys
+            nsplit = decode_split_count(budget // nkv, n_pos, max_ctx, kps, short_keys) if mode == "decode" else 1
             us = ctypes.c_float(0.0)
             rc = lib.nq_bench_attention(nh, nkv, d, n_pos, m, kps, nsplit, a.iters, ctypes.byref(us))
             if rc != 0:

@@ -81,16 +81,17 @@ def load_testing_library():
     return lib
 
 
-def short_context_keys() -> int:
-    """kAttnMaxCluster x kAttnClusterKeysPerBlock, read from csrc/src/kernels.h (the one place they are defined): the
-    most keys a decode step of a session's short-context graphs has (session.cu; attention in clusters on sm_90)"""
+def short_context_keys(head_dim: int) -> int:
+    """kAttnMaxCluster x attn_cluster_keys_per_block(head_dim) (= kAttnClusterKeyDimsPerBlock / head_dim), read from
+    csrc/src/kernels.h (the one place they are defined): the most keys a decode step of a session's short-context
+    graphs has for that head size (session.cu; attention in clusters on sm_90)"""
     import re
     text = (ROOT / "csrc" / "src" / "kernels.h").read_text()
     c = re.search(r"constexpr int kAttnMaxCluster = (\d+);", text)
-    k = re.search(r"constexpr int kAttnClusterKeysPerBlock = (\d+);", text)
+    k = re.search(r"constexpr int kAttnClusterKeyDimsPerBlock = (\d+) \* (\d+);", text)
     if not (c and k):
-        raise RuntimeError("kAttnMaxCluster / kAttnClusterKeysPerBlock not found in csrc/src/kernels.h")
-    return int(c.group(1)) * int(k.group(1))
+        raise RuntimeError("kAttnMaxCluster / kAttnClusterKeyDimsPerBlock not found in csrc/src/kernels.h")
+    return int(c.group(1)) * (int(k.group(1)) * int(k.group(2)) // head_dim)
 
 
 def _driver_attributes(*attrs):

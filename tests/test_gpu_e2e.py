@@ -161,7 +161,9 @@ def test_decode_across_the_short_context_graphs(files):
     CPU oracle's across it, and so does a greedy generation that crosses it."""
     from nanoqwen_rt.sampling import SamplingParams
     from nq_testing_lib import short_context_keys
-    short = short_context_keys()
+    from nanoqwen_format import open_file
+    with open_file(files["qwen2-d64-int4g64"]) as f:
+        short = short_context_keys(f.config.head_dim)
     gpu, cpu = _backends(files["qwen2-d64-int4g64"], ctx=short + 64)
     with gpu, cpu:
         rng = np.random.default_rng()

@@ -39,6 +39,16 @@ def libpath():
     return so
 
 
+def test_short_context_bound_is_read_from_kernels_h():
+    """The GPU tests and bench/attn_bench.py take the short-context graphs' bound from csrc/src/kernels.h
+    (nq_testing_lib.short_context_keys): the parse finds it, it scales as 1 / head_dim, and it is whole 16-key tiles
+    over the cluster's 8 blocks at both Qwen2.5 head sizes."""
+    from nq_testing_lib import short_context_keys
+    for d in (64, 128):
+        assert short_context_keys(d) > 0 and short_context_keys(d) % (8 * 16) == 0
+    assert short_context_keys(64) == 2 * short_context_keys(128)
+
+
 TESTING_PREFIXES = ("nq_test_", "nq_bench_")
 
 

@@ -90,7 +90,8 @@ struct DevProblem {
   __half *k = nullptr, *v = nullptr, *out = nullptr;
   int *pt = nullptr, *pos = nullptr;
   float2* rope = nullptr;
-  float *part_o = nullptr, *part_ml = nullptr;
+  __half* part_o = nullptr;
+  float* part_ml = nullptr;
   int* counters = nullptr;
   size_t out_elems = 0, guard_elems = 0;
   ~DevProblem() {

@@ -31,13 +31,15 @@ namespace {
 constexpr int kMaxG = 8;
 constexpr int kMaxSplits = kAttnMaxSplits;
 
-// The end of a split block, after it wrote its partial (part_o: O unnormalised, part_ml: its running max and sum):
-// the last of the n_used split blocks of (token t, KV head h) to finish merges every split's partial into out
-// (f16 [G][D]) and resets the counter. w, l: shared scratch; inv [kMaxG]; last: a shared flag. Every thread calls it.
+// The end of a split block, after it wrote its partial (part_o: its O / l in f16, part_ml: its running max m and
+// sum l): the last of the n_used split blocks of (token t, KV head h) to finish merges every split's partial into out
+// (f16 [G][D]) and resets the counter. w: shared scratch (the split weights); inv [kMaxG]; last: a shared flag. Every
+// thread calls it. The partials are stored normalised (O / l, FlashDecoding's layout) so that f16 holds them: half
+// the merge's bytes, all of which one SM loads (bench/NOTES.md "Session 31" §1); the weight of split s is then
+// exp2(m_s - M) l_s.
 template <int D, int THREADS>
 __device__ __forceinline__ void merge_last_split(const AttnArgs& a, int t, int h, int G, int n_used, size_t ph0,
-                                                 __half* out, float (*w)[kMaxSplits], float (*l)[kMaxSplits],
-                                                 float* inv, int& last) {
+                                                 __half* out, float (*w)[kMaxSplits], float* inv, int& last) {
   const int tid = threadIdx.x;
   // The block's partial stores are ordered before thread 0's release by the barrier; its acquire (when it is the
   // last) orders the other splits' partials before every thread's loads by the second barrier. One GPU-scope
@@ -46,35 +48,51 @@ __device__ __forceinline__ void merge_last_split(const AttnArgs& a, int t, int h
   if (tid == 0) last = atomic_add_acq_rel_gpu(&a.counters[t * a.n_kv + h], 1) == n_used - 1;
   __syncthreads();
   if (!last) return;
-  for (int i = tid; i < G * n_used; i += THREADS) {
-    const int g = i / n_used, sp = i % n_used;
-    const size_t r = ph0 + (size_t)g * a.n_split + sp;
-    w[g][sp] = __ldcg(a.part_ml + r * 2);
-    l[g][sp] = __ldcg(a.part_ml + r * 2 + 1);
-  }
-  __syncthreads();
-  if (tid < G) {  // per head: split weights exp2(m_s - max) and 1 / sum(l_s * weight)
+  // The split weights of head g by warp g (g, g + warps, ... in the 4-warp build): lane j loads the (m, l) of splits
+  // j, j + 32, ... and the max and the sum are warp reductions (one thread a head looping over the splits took
+  // ~1 us at 32 splits: its shared-memory loads and exp2 in one dependent chain, "Session 31" §1).
+  constexpr int kPerLane = kMaxSplits / 32;
+  static_assert(kMaxSplits % 32 == 0, "whole lanes of splits");
+  const int warp = tid / 32, lane = tid % 32;
+  for (int g = warp; g < G; g += THREADS / 32) {
+    const float2* ml = reinterpret_cast<const float2*>(a.part_ml) + ph0 + (size_t)g * a.n_split;
+    float m[kPerLane], l[kPerLane];
     float mm = -CUDART_INF_F;
-    for (int sp = 0; sp < n_used; sp++) mm = fmaxf(mm, w[tid][sp]);
-    float ll = 0.f;
-    for (int sp = 0; sp < n_used; sp++) {
-      const float f = exp2f(w[tid][sp] - mm);  // every used split has >= 1 key: m is finite
-      w[tid][sp] = f;
-      ll += l[tid][sp] * f;
+#pragma unroll
+    for (int k = 0; k < kPerLane; k++) {
+      const int sp = lane + 32 * k;
+      const float2 v = sp < n_used ? __ldcg(ml + sp) : make_float2(-CUDART_INF_F, 0.f);
+      m[k] = v.x; l[k] = v.y;
+      mm = fmaxf(mm, v.x);
     }
-    inv[tid] = 1.f / ll;
+    mm = warp_max(mm);   // finite: every used split has >= 1 key
+    float ll = 0.f;
+#pragma unroll
+    for (int k = 0; k < kPerLane; k++) {
+      const int sp = lane + 32 * k;
+      if (sp < n_used) {
+        const float f = exp2f(m[k] - mm) * l[k];
+        w[g][sp] = f;
+        ll += f;
+      }
+    }
+    ll = warp_sum(ll);
+    if (lane == 0) inv[g] = 1.f / ll;
   }
   __syncthreads();
-  // outputs as float4 over dims: (g, d4) pairs over the threads; 8 splits' partials loaded per batch
+  // outputs 4 dims at a time: (g, d4) pairs over the threads; 16 splits' f16 partials (8 bytes each) loaded a batch
   for (int i = tid; i < G * (D / 4); i += THREADS) {
     const int g = i / (D / 4), d4 = i % (D / 4);
-    const float4* po = reinterpret_cast<const float4*>(a.part_o + (ph0 + (size_t)g * a.n_split) * D) + d4;
+    const uint2* po = reinterpret_cast<const uint2*>(a.part_o + (ph0 + (size_t)g * a.n_split) * D) + d4;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
+#pragma unroll 16
     for (int sp = 0; sp < n_used; sp++) {
-      const float4 v = __ldcg(po + (size_t)sp * (D / 4));
+      const uint2 u = __ldcg(po + (size_t)sp * (D / 4));
+      const float2 v01 = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+      const float2 v23 = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
       const float wt = w[g][sp];
-      acc.x = fmaf(v.x, wt, acc.x); acc.y = fmaf(v.y, wt, acc.y); acc.z = fmaf(v.z, wt, acc.z); acc.w = fmaf(v.w, wt, acc.w);
+      acc.x = fmaf(v01.x, wt, acc.x); acc.y = fmaf(v01.y, wt, acc.y);
+      acc.z = fmaf(v23.x, wt, acc.z); acc.w = fmaf(v23.y, wt, acc.w);
     }
     const float iv = inv[g];
     __half2* o2 = reinterpret_cast<__half2*>(out + g * D + d4 * 4);
@@ -101,7 +119,7 @@ constexpr int kKT = 16;       // keys per tile (= kPage: a tile is one page)
 constexpr int kStages = 2;    // ring stages per warp
 static_assert(kKT == kPage, "an attention tile is one KV page");
 // CLUSTER builds are launched in clusters of C <= kAttnMaxCluster blocks along the splits (sm_90, launch_decode), for
-// launches whose tokens have at most C x kAttnClusterKeysPerBlock keys: the first cluster's C blocks take the keys
+// launches whose tokens have at most C x attn_cluster_keys_per_block(D) keys: the first cluster's C blocks take the keys
 // and merge in distributed shared memory (no partials in global memory, no counter, no last block); the other
 // clusters' blocks leave at once. A separate build: the cluster code in the plain one cost ~0.25 us a launch at
 // every context (bench/NOTES.md "Session 22" §2).
@@ -117,10 +135,7 @@ struct AttnSmem {
   union {
     __half ring[WARPS][kStages][2][TILE_H];   // per warp and stage: K tile, V tile
     float obuf[WARPS][kMaxG][LDO];                       // the warps' O, scaled to the block's max
-    struct {
-      float w[kMaxG][kMaxSplits];
-      float l[kMaxG][kMaxSplits];
-    } mg;
+    float mw[kMaxG][kMaxSplits];                         // the merge's split weights
   } u;
   __align__(16) __half q[16][LDQ];   // roped q of the G heads times log2(e)/sqrt(D), f16; rows G..15 zero
   __align__(16) __half knew[D];      // this step's roped k and v (the cache row at pos)
@@ -187,7 +202,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
 #endif
   // The keys of a cluster merge spread over the first cluster's C blocks, else over all n_split. (More keys than the
   // host's bound allows, which launch_decode never launches, take the global merge.)
-  const bool in_cluster = C > 1 && n_keys <= C * kAttnClusterKeysPerBlock;   // uniform over the grid
+  const bool in_cluster = C > 1 && n_keys <= C * attn_cluster_keys_per_block(D);   // uniform over the grid
   const int spread = in_cluster ? C : a.n_split;
   const int kps = max(a.keys_per_split, ((n_keys + spread - 1) / spread + 31) / 32 * 32);
   const int n_used = (n_keys + kps - 1) / kps;   // splits with keys (<= spread)
@@ -486,7 +501,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
 #pragma unroll
     for (int w = 0; w < WARPS; w++) v += S.u.obuf[w][hg][d];
     if (n_used == 1) out[hg * D + d] = __float2half_rn(v / S.inv[hg]);
-    else a.part_o[(ph0 + (size_t)hg * a.n_split + split) * D + d] = v;
+    else a.part_o[(ph0 + (size_t)hg * a.n_split + split) * D + d] = __float2half_rn(v / S.inv[hg]);
   }
   if (n_used == 1) return;
   if (tid < G) {
@@ -494,7 +509,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
     a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2 + 1] = S.inv[tid];
   }
   __syncthreads();   // obuf read by every thread before mg overwrites it
-  merge_last_split<D, THREADS>(a, t, h, G, n_used, ph0, out, S.u.mg.w, S.u.mg.l, S.inv, S.last);
+  merge_last_split<D, THREADS>(a, t, h, G, n_used, ph0, out, S.u.mw, S.inv, S.last);
 }
 
 // ---- Prefill attention (M > 1 query tokens, causal): attn_prefill_fa<Cfg> of attn_prefill.cuh (mma.sync, FlashAttention-2
@@ -645,7 +660,7 @@ int launch_decode(const AttnArgs& a, cudaStream_t st) {
   if (blocks > device_sms() || !decode_build_fits<D, kDecodeWarpsOneWave>())
     return launch_decode_build<D, kDecodeWarps, false>(a, 1, st);
   const int C = a.cluster_keys > 0 ? decode_cluster<D>(a.n_kv, a.n_split, a.M) : 1;
-  if (C > 1 && a.cluster_keys <= C * kAttnClusterKeysPerBlock)
+  if (C > 1 && a.cluster_keys <= C * attn_cluster_keys_per_block(D))
     return launch_decode_build<D, kDecodeWarpsOneWave, true>(a, C, st);
   return launch_decode_build<D, kDecodeWarpsOneWave, false>(a, 1, st);
 }

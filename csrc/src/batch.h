@@ -46,7 +46,7 @@ struct Batch {
   float* U = nullptr;              // [I]
   __half* HM = nullptr;            // [I]
   float* logits = nullptr;         // [V]
-  float* part_o = nullptr;         // attention partials [max_batch][n_heads][n_split][D]
+  __half* part_o = nullptr;        // attention partials [max_batch][n_heads][n_split][D]
   float* part_ml = nullptr;        // [max_batch][n_heads][n_split][2]
   int* counters = nullptr;         // [max_batch][n_kv], zero between launches
   GemmScratch gemm_ws;             // split-K scratch of the step's GEMMs (this batch's stream only)

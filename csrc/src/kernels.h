@@ -119,10 +119,16 @@ constexpr int kAttnMaxSplits = 128;   // attention splits per (token, KV head): 
 constexpr int kDecodeKeysPerSplit = 64;
 // Short contexts: the 8-warp decode build launched in clusters of up to kAttnMaxCluster blocks along the splits
 // merges the splits in distributed shared memory instead of global memory (attention.cu). A launch takes it where
-// the host bounds every token's keys by C x kAttnClusterKeysPerBlock (AttnArgs::cluster_keys): a session's
+// the host bounds every token's keys by C x attn_cluster_keys_per_block(D) (AttnArgs::cluster_keys): a session's
 // short-context decode graph (session.cu), with kAttnMaxCluster splits.
 constexpr int kAttnMaxCluster = 8;            // portable cluster size
-constexpr int kAttnClusterKeysPerBlock = 128; // one 16-key tile a warp (bench/NOTES.md "Session 22" §2)
+// The most keys x head dims one block of the cluster path streams (384 keys at D = 128, 768 at D = 64; a 16-key tile
+// a warp at least). H200, 7B decode (bench/NOTES.md "Session 31" §1-2): after a 2K prompt the cluster path took
+// 1.550-1.556 ms/token against 1.594-1.599 by session 30's global merge; after 4,000 tokens 1.603-1.609 against
+// 1.586-1.594 by the global merge of f16 partials: the bound sits between, at 3,072 keys. 0.5B (D = 64) after 4,000
+// tokens: 0.472 in clusters against 0.574 by session 30's global merge, so the same bytes a block (6,144 keys).
+constexpr int kAttnClusterKeyDimsPerBlock = 384 * 128;
+constexpr int attn_cluster_keys_per_block(int D) { return kAttnClusterKeyDimsPerBlock / D; }
 struct AttnArgs {
   const float* qkv;        // [M][qkv_stride] f32: q (n_heads*D), k (n_kv*D), v (n_kv*D), bias already added
   int qkv_stride;
@@ -136,7 +142,7 @@ struct AttnArgs {
   int keys_per_split;      // minimum keys per split (multiple of 32); grown at run time to cover pos+1 keys
   int n_split;             // grid size along splits
   bool write_kv;           // decode: the block owning pos writes rope(k), v into the cache first
-  float* part_o;           // [M][n_heads][n_split][D]
+  __half* part_o;          // [M][n_heads][n_split][D]: each split's O / l (normalised, so f16 holds it)
   float* part_ml;          // [M][n_heads][n_split][2]
   int* counters;           // [M][n_kv], zero before, left zero after
   __half* out;             // [M][n_heads*D]
@@ -150,7 +156,7 @@ struct AttnArgs {
   // the prefill kernel's build (attention.cu: kPrefillLongKeys); any value gives the same results.
   int max_keys = 0;
   // Decode (M = 1): the most keys the launch's token can have where the host bounds it (a session's short-context
-  // graph), else 0. Where it is at most C x kAttnClusterKeysPerBlock for the launch's cluster size C
+  // graph), else 0. Where it is at most C x attn_cluster_keys_per_block(D) for the launch's cluster size C
   // (attn_decode_cluster), the blocks run in clusters and merge in distributed shared memory.
   int cluster_keys = 0;
 };

@@ -237,14 +237,14 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
                                           (max_ctx + kDecodeKeysPerSplit - 1) / kDecodeKeysPerSplit));
   // Short contexts: a second pair of decode graphs whose attention runs one cluster of C splits (C: the largest the
   // GPU holds of the power of two <= min(kAttnMaxCluster, nsplit_decode)) merging in distributed shared memory, for
-  // the steps with at most C x kAttnClusterKeysPerBlock keys (H200, 7B: C = 8, 6.3 -> 5.0 us a layer at 577 keys;
-  // bench/NOTES.md "Session 22" §1-3)
+  // the steps with at most C x attn_cluster_keys_per_block(head_dim) keys (H200, 7B: C = 8, 6.3 -> 5.0 us a layer at
+  // 577 keys, bench/NOTES.md "Session 22" §1-3; the bound: kernels.h)
   {
     int ns = 1;
     while (2 * ns <= std::min(kAttnMaxCluster, s->nsplit_decode)) ns *= 2;
     const int C = attn_decode_cluster(c.n_kv_heads, ns, c.head_dim);
     s->nsplit_short = C > 1 ? C : 0;
-    s->short_keys = C > 1 ? C * kAttnClusterKeysPerBlock : 0;
+    s->short_keys = C > 1 ? C * attn_cluster_keys_per_block(c.head_dim) : 0;
   }
   int rc = NQ_OK;
   {

@@ -20,7 +20,7 @@ struct PrefillBuffers {
   __half* HM = nullptr;          // [C][I]
   // attention partials of a chunk of at most kSplitPrefillMaxTokens tokens with the keys split (session_prefill):
   // [kSplitPrefillRows][n_heads][D] and [kSplitPrefillRows][n_heads][2], M x n_split rows
-  float* part_o = nullptr;
+  __half* part_o = nullptr;
   float* part_ml = nullptr;
   // NQ_OK, or the dalloc failure (what was allocated stays for free()); G and U only where m's SwiGLU needs them
   int alloc(const Model& m, int C);
@@ -86,7 +86,7 @@ struct Session {
   __half* att = nullptr;         // [n_heads * D]
   __half* hmlp = nullptr;        // [I]
   float* logits = nullptr;       // [V]
-  float* part_o = nullptr;       // decode attention partials [nsplit_decode][n_heads][D]
+  __half* part_o = nullptr;      // decode attention partials [nsplit_decode][n_heads][D]
   float* part_ml = nullptr;
   int* counters = nullptr;       // [kSplitPrefillMaxTokens][n_kv]
   int nsplit_decode = 1;         // decode attention splits (csrc/src/attention.cu)

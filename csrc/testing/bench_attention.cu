@@ -74,7 +74,7 @@ extern "C" int nq_bench_attention(int32_t n_heads, int32_t n_kv, int32_t head_di
   NQ_TRY(bk.alloc(kv_elems * layers * sizeof(__half)));
   NQ_TRY(bv.alloc(kv_elems * layers * sizeof(__half)));
   NQ_TRY(bqkv.alloc((size_t)M * qkv_stride * sizeof(float)));
-  NQ_TRY(bpo.alloc((size_t)M * n_heads * n_split * D * sizeof(float)));
+  NQ_TRY(bpo.alloc((size_t)M * n_heads * n_split * D * sizeof(__half)));
   NQ_TRY(bpm.alloc((size_t)M * n_heads * n_split * 2 * sizeof(float)));
   NQ_TRY(bcnt.alloc((size_t)M * n_kv * sizeof(int)));
   NQ_TRY(bout.alloc((size_t)M * n_heads * D * sizeof(__half)));
@@ -82,7 +82,8 @@ extern "C" int nq_bench_attention(int32_t n_heads, int32_t n_kv, int32_t head_di
   NQ_TRY(bpos0.alloc(sizeof(int)));
   NQ_TRY(brope.alloc((size_t)n_pos * (D / 2) * sizeof(float2)));
   __half *k = bk.as<__half>(), *v = bv.as<__half>(), *out = bout.as<__half>();
-  float *qkv = bqkv.as<float>(), *po = bpo.as<float>(), *pm = bpm.as<float>();
+  float *qkv = bqkv.as<float>(), *pm = bpm.as<float>();
+  __half* po = bpo.as<__half>();
   int *pt = bpt.as<int>(), *pos0 = bpos0.as<int>(), *cnt = bcnt.as<int>();
   float2* rope = brope.as<float2>();
   fill_half<<<1024, 256>>>(k, kv_elems * layers, 1u);
@@ -128,7 +129,7 @@ extern "C" int nq_bench_attention_batch(int32_t n_heads, int32_t n_kv, int32_t h
   NQ_TRY(bk.alloc(kv_elems * layers * sizeof(__half)));
   NQ_TRY(bv.alloc(kv_elems * layers * sizeof(__half)));
   NQ_TRY(bqkv.alloc((size_t)rows * qkv_stride * sizeof(float)));
-  NQ_TRY(bpo.alloc((size_t)rows * n_heads * n_split * D * sizeof(float)));
+  NQ_TRY(bpo.alloc((size_t)rows * n_heads * n_split * D * sizeof(__half)));
   NQ_TRY(bpm.alloc((size_t)rows * n_heads * n_split * 2 * sizeof(float)));
   NQ_TRY(bcnt.alloc((size_t)rows * n_kv * sizeof(int)));
   NQ_TRY(bout.alloc((size_t)rows * n_heads * D * sizeof(__half)));
@@ -164,7 +165,7 @@ extern "C" int nq_bench_attention_batch(int32_t n_heads, int32_t n_kv, int32_t h
   AttnArgs a;   // as batch.cu sets it for its step (kv / page_table / pos0 unused with the per-sequence arrays)
   a.qkv = bqkv.as<float>(); a.qkv_stride = qkv_stride; a.M = rows; a.pos0 = bpos.as<int>(); a.rope = brope.as<float2>();
   a.n_heads = n_heads; a.n_kv = n_kv; a.D = D; a.keys_per_split = keys_per_split; a.n_split = n_split;
-  a.write_kv = true; a.part_o = bpo.as<float>(); a.part_ml = bpm.as<float>(); a.counters = bcnt.as<int>();
+  a.write_kv = true; a.part_o = bpo.as<__half>(); a.part_ml = bpm.as<float>(); a.counters = bcnt.as<int>();
   a.out = bout.as<__half>(); a.pos_of = bpos.as<int>(); a.page_table_of = bpts.as<const int*>();
   return time_launches([&](int i, cudaStream_t st) {
     a.kv_of = bkvof.as<KvLayer>() + (size_t)(i % layers) * rows;

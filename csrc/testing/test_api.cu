@@ -23,7 +23,7 @@ struct AttnBuffers {
     NQ_TRY(rope.put(rope_h.data(), rope_h.size() * sizeof(float2)));
     NQ_TRY(qkv.put(qkv_rows.data(), qkv_rows.size() * 4));
     NQ_TRY(pos.put(&pos0, 4));
-    NQ_TRY(part_o.alloc((size_t)M * n_heads * n_split * D * 4));
+    NQ_TRY(part_o.alloc((size_t)M * n_heads * n_split * D * 2));
     NQ_TRY(part_ml.alloc((size_t)M * n_heads * n_split * 2 * 4));
     NQ_TRY(counters.alloc((size_t)M * n_kv * 4));
     NQ_CUDA(cudaMemset(counters.p, 0, (size_t)M * n_kv * 4));
@@ -35,7 +35,7 @@ struct AttnBuffers {
     a.qkv = qkv.as<float>(); a.qkv_stride = qkv_stride; a.M = M; a.pos0 = pos.as<int>();
     a.kv.k = k.as<__half>(); a.kv.v = v.as<__half>(); a.page_table = pt.as<int>(); a.rope = rope.as<float2>();
     a.n_heads = n_heads; a.n_kv = n_kv; a.D = D;
-    a.part_o = part_o.as<float>(); a.part_ml = part_ml.as<float>(); a.counters = counters.as<int>();
+    a.part_o = part_o.as<__half>(); a.part_ml = part_ml.as<float>(); a.counters = counters.as<int>();
     a.out = out.as<__half>();
     return a;
   }
@@ -341,8 +341,8 @@ int nq_test_attention_batch(const float* q, const float* k, const float* v, cons
   NQ_TRY(bpos.put(hpos.data(), R * 4));
   std::vector<float2> rope((size_t)P * (D / 2), make_float2(1.f, 0.f));   // q / k given roped: identity
   NQ_TRY(brope.put(rope.data(), rope.size() * sizeof(float2)));
-  NQ_TRY(bpo.alloc((size_t)R * n_heads * n_split * D * 4));
-  NQ_TRY(bpo.poison((size_t)R * n_heads * n_split * D * 4));
+  NQ_TRY(bpo.alloc((size_t)R * n_heads * n_split * D * 2));
+  NQ_TRY(bpo.poison((size_t)R * n_heads * n_split * D * 2));
   NQ_TRY(bpm.alloc((size_t)R * n_heads * n_split * 2 * 4));
   NQ_TRY(bpm.poison((size_t)R * n_heads * n_split * 2 * 4));
   NQ_TRY(bcnt.alloc((size_t)R * n_kv * 4));
@@ -352,7 +352,7 @@ int nq_test_attention_batch(const float* q, const float* k, const float* v, cons
   AttnArgs a;   // as batch.cu sets it for its step
   a.qkv = bqkv.as<float>(); a.qkv_stride = stride; a.M = R; a.pos0 = bpos.as<int>(); a.rope = brope.as<float2>();
   a.n_heads = n_heads; a.n_kv = n_kv; a.D = D; a.keys_per_split = 32; a.n_split = n_split; a.write_kv = true;
-  a.part_o = bpo.as<float>(); a.part_ml = bpm.as<float>(); a.counters = bcnt.as<int>(); a.out = bout.as<__half>();
+  a.part_o = bpo.as<__half>(); a.part_ml = bpm.as<float>(); a.counters = bcnt.as<int>(); a.out = bout.as<__half>();
   a.pos_of = bpos.as<int>(); a.kv_of = bkvof.as<KvLayer>(); a.page_table_of = bpts.as<const int*>();
   NQ_TRY(attention(a, 0));
   NQ_CUDA(cudaDeviceSynchronize());

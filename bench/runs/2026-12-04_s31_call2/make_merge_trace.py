@@ -1,0 +1,63 @@
+"""Session 31 (experiment, never main): session 30's make_merge_trace.py for the merge of session 31 (the weights by
+a warp a head straight from global memory, f16 partials): t[0] the merge entered, t[1] the counter's atomic and its
+barrier done, t[2] = t[3] the split weights computed (their (m, l) loads are no longer a phase of their own), t[4]
+thread 0's outputs written. Exports nq_amerge_trace (bench/trace_inject.py's export_fn). Run AFTER
+bench/runs/2026-12-04_s30_call6/make_attn_trace.py on the same file (bench/runs/2026-12-04_s30_call6/chain_trace.py reads both, and the decode
+GEMVs' records of bench/runs/2026-12-03_s25_prep/make_frag_trace.py). Usage, in a scratch copy of the tree:
+python3 make_merge_trace.py csrc/src/attention.cu"""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))   # bench/
+from trace_inject import SourceEdit, device_decls, export_fn  # noqa: E402
+
+src = SourceEdit(sys.argv[1])
+rep = src.rep
+
+
+rep("""template <int D, int THREADS>
+__device__ __forceinline__ void merge_last_split(""", """// TRACE (dev only, never main): bench/runs/2026-12-04_s30_prep/make_merge_trace.py
+""" + device_decls("amerge", "AMerge", "unsigned h, n_used, sm, tok;") + """
+template <int D, int THREADS>
+__device__ __forceinline__ void merge_last_split(""")
+rep("""__half* out, float (*w)[kMaxSplits], float* inv, int& last) {
+  const int tid = threadIdx.x;
+""", """__half* out, float (*w)[kMaxSplits], float* inv, int& last) {
+  const int tid = threadIdx.x;
+  unsigned long long mt[5] = {};
+  mt[0] = amerge_gtimer();
+""")
+rep("""  if (tid == 0) last = atomic_add_acq_rel_gpu(&a.counters[t * a.n_kv + h], 1) == n_used - 1;
+  __syncthreads();
+  if (!last) return;
+""", """  if (tid == 0) last = atomic_add_acq_rel_gpu(&a.counters[t * a.n_kv + h], 1) == n_used - 1;
+  __syncthreads();
+  mt[1] = amerge_gtimer();
+  if (!last) return;
+""")
+rep("""    if (lane == 0) inv[g] = 1.f / ll;
+  }
+  __syncthreads();
+""", """    if (lane == 0) inv[g] = 1.f / ll;
+  }
+  __syncthreads();
+  mt[2] = mt[3] = amerge_gtimer();
+""")
+rep("""  if (tid == 0) a.counters[t * a.n_kv + h] = 0;
+}""", """  if (tid == 0) a.counters[t * a.n_kv + h] = 0;
+  if (tid == 0 && g_amerge_trace_on) {
+    mt[4] = amerge_gtimer();
+    const unsigned i = atomicAdd(&g_amerge_trace_n, 1u);
+    if (i < kAMergeTraceMax) {
+      AMergeTraceRec r;
+      for (int q = 0; q < 7; q++) r.t[q] = q < 5 ? mt[q] : 0ull;
+      unsigned smid;
+      asm volatile("mov.u32 %0, %smid;" : "=r"(smid));
+      r.h = (unsigned)h; r.n_used = (unsigned)n_used; r.sm = smid; r.tok = (unsigned)t;
+      g_amerge_trace[i] = r;
+    }
+  }
+}""")
+i = src.s.rindex("}  // namespace nq")
+src.s = src.s[:i] + export_fn("amerge", "AMerge") + src.s[i:]
+src.save()
