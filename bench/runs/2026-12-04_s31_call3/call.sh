@@ -6,6 +6,7 @@
 # after 6,000 (prod: clusters up to 6,144 at D = 64), 1.5B after 3,000 (2 KV heads, D = 128).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
+for f in .out/*.tar.xz; do tar -xJf "$f"; done   # the testing library (build/lib, packed: 64 MiB carry) and mwf
 NANOQWEN_COMMIT=fcb7b1b bash bench/gpu_check.sh tests,bench,long,sanitize
 source bench/device_prelude.sh
 mkdir -p .v/prod && cp nanoqwen_rt/lib/libnanoqwen.so .v/prod/
