@@ -5,7 +5,9 @@ counter's atomic and its barrier done, t[2] the splits' (m, l) loaded, t[3] the 
 0's outputs written. Exports nq_amerge_trace (bench/trace_inject.py's export_fn). Run AFTER
 bench/runs/2026-12-04_s30_call6/make_attn_trace.py on the same file (bench/runs/2026-12-04_s30_call6/chain_trace.py reads both, and the decode
 GEMVs' records of bench/runs/2026-12-03_s25_prep/make_frag_trace.py). Usage, in a scratch copy of the tree:
-python3 make_merge_trace.py csrc/src/attention.cu"""
+python3 make_merge_trace.py csrc/src/attention.cu
+Session 31 (fcb7b1b) computes the weights by a warp a head straight from global memory: where the file has that
+merge, t[2] = t[3] = the weights computed (their (m, l) loads are no longer a phase of their own)."""
 import os
 import sys
 
@@ -21,11 +23,9 @@ __device__ __forceinline__ void merge_last_split(""", """// TRACE (dev only, nev
 """ + device_decls("amerge", "AMerge", "unsigned h, n_used, sm, tok;") + """
 template <int D, int THREADS>
 __device__ __forceinline__ void merge_last_split(""")
-rep("""                                                 float* inv, int& last) {
-  const int tid = threadIdx.x;
-""", """                                                 float* inv, int& last) {
-  const int tid = threadIdx.x;
-  unsigned long long mt[5] = {};
+warp_weights = "if (lane == 0) inv[g] = 1.f / ll;" in src.s   # session 31's merge
+entry = "float* inv, int& last) {\n  const int tid = threadIdx.x;\n"
+rep(entry, entry + """  unsigned long long mt[5] = {};
   mt[0] = amerge_gtimer();
 """)
 rep("""  if (tid == 0) last = atomic_add_acq_rel_gpu(&a.counters[t * a.n_kv + h], 1) == n_used - 1;
@@ -36,22 +36,20 @@ rep("""  if (tid == 0) last = atomic_add_acq_rel_gpu(&a.counters[t * a.n_kv + h]
   mt[1] = amerge_gtimer();
   if (!last) return;
 """)
-rep("""    l[g][sp] = __ldcg(a.part_ml + r * 2 + 1);
+if warp_weights:
+    rep("""    if (lane == 0) inv[g] = 1.f / ll;
   }
   __syncthreads();
-""", """    l[g][sp] = __ldcg(a.part_ml + r * 2 + 1);
+""", """    if (lane == 0) inv[g] = 1.f / ll;
   }
   __syncthreads();
-  mt[2] = amerge_gtimer();
+  mt[2] = mt[3] = amerge_gtimer();
 """)
-rep("""    inv[tid] = 1.f / ll;
-  }
-  __syncthreads();
-""", """    inv[tid] = 1.f / ll;
-  }
-  __syncthreads();
-  mt[3] = amerge_gtimer();
-""")
+else:   # session 30's merge: the (m, l) staged in shared memory, then one thread a head
+    ml_loaded = "    l[g][sp] = __ldcg(a.part_ml + r * 2 + 1);\n  }\n  __syncthreads();\n"
+    rep(ml_loaded, ml_loaded + "  mt[2] = amerge_gtimer();\n")
+    weights = "    inv[tid] = 1.f / ll;\n  }\n  __syncthreads();\n"
+    rep(weights, weights + "  mt[3] = amerge_gtimer();\n")
 rep("""  if (tid == 0) a.counters[t * a.n_kv + h] = 0;
 }""", """  if (tid == 0) a.counters[t * a.n_kv + h] = 0;
   if (tid == 0 && g_amerge_trace_on) {

@@ -3,7 +3,7 @@
 # partials (mwf = 21c63a5 + that change), and the candidate (cand = mwf + kAttnClusterKeysPerBlock 512), against
 # main32 (21c63a5) and cl512 (21c63a5 + 512 keys a cluster block: call 1's winner at 2K). The candidate's attention
 # tests, racecheck and synccheck; the merge traced in the decode chain at 8K (ctrace = cand + call 6's attention
-# trace + this folder's make_merge_trace.py + session 25's GEMV trace); the decode A/B at 2K, 4,000 tokens (the
+# trace + session 30's prep/make_merge_trace.py + session 25's GEMV trace); the decode A/B at 2K, 4,000 tokens (the
 # short graph's last length with 512 keys a block), 8K, 32K, 512, and 0.5B at 2K / 4,000.
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
