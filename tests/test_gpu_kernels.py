@@ -364,9 +364,10 @@ def test_attention_vs_numpy(lib, n_heads, n_kv, D, n_pos, kps):
     # SM takes the 8-warp build (on 132 SMs: up to (3800, 256) every layout, (2050, 64) and (8200, 256) at n_kv 2),
     # a larger one the 4-warp build ((2050, 64) and (8200, 256) at n_kv 4 and 8: 136 / 272 blocks). The entry point
     # bounds the keys by n_pos (as a session's short-context graph), so the 8-warp build runs in clusters of C, the
-    # largest power of two <= 8 dividing the split count, where C x 128 >= n_pos (sm_90): (17, 64) 2 splits, one used
-    # (no merge); (130, 64) 4 splits, a cluster of 4 whose last block has no keys; (400, 64) and (800, 128) 8
-    # splits, a cluster of 8 with 7 used; (300, 64) 6 splits: 2 x 128 keys is too few, the merge in global memory
+    # largest power of two <= 8 dividing the split count, where C x attn_cluster_keys_per_block(D) >= n_pos (384 keys
+    # a block at D 128, 768 at D 64; sm_90): (17, 64) 2 splits, one used (no merge); (130, 64) 4 splits, a cluster of
+    # 4 whose last block has no keys; (300, 64) 6 splits, a cluster of 2; (400, 64) and (800, 128) 8 splits, a cluster
+    # of 8 with 7 used; (1000, 128) 9 splits (no cluster), (2050, 64) and (8200, 256) 34: the merge in global memory
     rng = np.random.default_rng()
     q = (rng.standard_normal(n_heads * D) * 2).astype(np.float32)
     k = rng.standard_normal((n_pos, n_kv, D)).astype(np.float32)

@@ -281,7 +281,7 @@ int nq_test_attention(const float* q, const float* k, const float* v, int32_t n_
   NQ_TRY(b.setup(cache, qkv, pos, n_pos, n_heads, n_kv, D, 1, n_split));
   AttnArgs a = b.args(Nq + 2 * Nkv, 1, n_heads, n_kv, D);
   a.keys_per_split = keys_per_split; a.n_split = n_split; a.write_kv = true;
-  a.cluster_keys = n_pos;   // the bound a session's short-context graph gives: clusters where C x 128 >= n_pos
+  a.cluster_keys = n_pos;   // a short-context graph's bound: clusters where C x attn_cluster_keys_per_block(D) >= n_pos
   NQ_TRY(attention(a, 0));
   NQ_CUDA(cudaDeviceSynchronize());
   NQ_TRY(b.read_out(out, Nq));
