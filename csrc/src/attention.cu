@@ -119,8 +119,8 @@ constexpr int kKT = 16;       // keys per tile (= kPage: a tile is one page)
 constexpr int kStages = 2;    // ring stages per warp
 static_assert(kKT == kPage, "an attention tile is one KV page");
 // CLUSTER builds are launched in clusters of C <= kAttnMaxCluster blocks along the splits (sm_90, launch_decode), for
-// launches whose tokens have at most C x attn_cluster_keys_per_block(D) keys: the first cluster's C blocks take the keys
-// and merge in distributed shared memory (no partials in global memory, no counter, no last block); the other
+// launches whose tokens have at most C x attn_cluster_keys_per_block(D) keys: the first cluster's C blocks take the
+// keys and merge in distributed shared memory (no partials in global memory, no counter, no last block); the other
 // clusters' blocks leave at once. A separate build: the cluster code in the plain one cost ~0.25 us a launch at
 // every context (bench/NOTES.md "Session 22" §2).
 
@@ -508,7 +508,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
     a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2] = S.wm[0][tid];
     a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2 + 1] = S.inv[tid];
   }
-  __syncthreads();   // obuf read by every thread before mg overwrites it
+  __syncthreads();   // obuf read by every thread before mw overwrites it
   merge_last_split<D, THREADS>(a, t, h, G, n_used, ph0, out, S.u.mw, S.inv, S.last);
 }
 
