@@ -9,6 +9,8 @@
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
 nq_use hier
+# the patch's kernel test case (7500, 512) lives in tests/: apply that part to this copy of the tree
+git apply --include='tests/*' "$(dirname "$0")/hier_merge.patch" && echo "hier test case applied" | tee -a "$OUT/summary.txt"
 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -x -n 8 -k "attn or attention or switch or short_context" \
   tests/test_gpu_kernels.py tests/test_gpu_e2e.py 2>&1 | tail -2 | sed "s/^/hier /" | tee -a "$OUT/summary.txt"
 m=$(nq_sanitizer_model tiny); nq_sanitize "hier " "$m" racecheck synccheck
