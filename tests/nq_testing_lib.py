@@ -94,6 +94,36 @@ def short_context_keys(head_dim: int) -> int:
     return int(c.group(1)) * (int(k.group(1)) * int(k.group(2)) // head_dim)
 
 
+def _kernels_h_constants(*names) -> dict:
+    """The integer constants `names` of csrc/src/kernels.h ("constexpr int NAME = A;" or "= A * B;"); RuntimeError
+    where one is missing"""
+    import re
+    text = (ROOT / "csrc" / "src" / "kernels.h").read_text()
+    out = {}
+    for name in names:
+        m = re.search(rf"constexpr int {name} = (\d+)(?: \* (\d+))?;", text)
+        if not m:
+            raise RuntimeError(f"{name} not found in csrc/src/kernels.h")
+        out[name] = int(m.group(1)) * (int(m.group(2)) if m.group(2) else 1)
+    return out
+
+
+def hier_split_count(n_kv: int, max_ctx: int, sm_count: int) -> int:
+    """session.cu's split count of a session's long-context decode graphs: min(kAttnMaxSplits, SMs / n_kv,
+    ceil(max_ctx / kDecodeKeysPerSplit)) rounded down to a multiple of kAttnMaxCluster (constants from kernels.h)"""
+    k = _kernels_h_constants("kAttnMaxSplits", "kDecodeKeysPerSplit", "kAttnMaxCluster")
+    n = max(1, min(k["kAttnMaxSplits"], sm_count // n_kv, -(-max_ctx // k["kDecodeKeysPerSplit"])))
+    return n - n % k["kAttnMaxCluster"]
+
+
+def hier_context_keys(n_split: int, head_dim: int) -> int:
+    """attn_hier_keys(n_split, head_dim) (kernels.h): n_split x kAttnHierKeyDimsPerBlock / head_dim from
+    kAttnHierMinSplits splits, else 0 (none): the least keys of a step of a session's long-context decode graphs
+    (attention in clusters merging hierarchically, on sm_90)"""
+    k = _kernels_h_constants("kAttnHierMinSplits", "kAttnHierKeyDimsPerBlock")
+    return n_split * (k["kAttnHierKeyDimsPerBlock"] // head_dim) if n_split >= k["kAttnHierMinSplits"] else 0
+
+
 def _driver_attributes(*attrs):
     """Device 0's CUdevice_attribute values `attrs` through the driver API (libcuda), or None where they cannot be
     read."""

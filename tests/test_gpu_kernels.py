@@ -358,16 +358,22 @@ def attention_ref(q, k, v, n_heads, n_kv, D):
 
 @pytest.mark.parametrize("n_heads,n_kv,D", [(14, 2, 64), (12, 2, 128), (28, 4, 128), (40, 8, 128), (8, 8, 64)])
 @pytest.mark.parametrize("n_pos,kps", [(1, 64), (17, 64), (130, 64), (300, 64), (400, 64), (800, 128), (1000, 128),
-                                       (2050, 64), (8200, 256)])
+                                       (2050, 64), (8200, 256), (17500, 576), (17500, 544), (33000, 1088)])
 def test_attention_vs_numpy(lib, n_heads, n_kv, D, n_pos, kps):
     # ceil(n_pos / kps) + 1 splits (one spare), so both builds of attention.cu run: a launch of at most one block an
     # SM takes the 8-warp build (on 132 SMs: up to (3800, 256) every layout, (2050, 64) and (8200, 256) at n_kv 2),
-    # a larger one the 4-warp build ((2050, 64) and (8200, 256) at n_kv 4 and 8: 136 / 272 blocks). The entry point
-    # bounds the keys by n_pos (as a session's short-context graph), so the 8-warp build runs in clusters of C, the
-    # largest power of two <= 8 dividing the split count, where C x attn_cluster_keys_per_block(D) >= n_pos (384 keys
-    # a block at D 128, 768 at D 64; sm_90): (17, 64) 2 splits, one used (no merge); (130, 64) 4 splits, a cluster of
-    # 4 whose last block has no keys; (300, 64) 6 splits, a cluster of 2; (400, 64) and (800, 128) 8 splits, a cluster
-    # of 8 with 7 used; (1000, 128) 9 splits (no cluster), (2050, 64) and (8200, 256) 34: the merge in global memory
+    # a larger one the 4-warp build ((2050, 64) and (8200, 256) at n_kv 4 and 8: 136 / 272 blocks; the 17,500 and
+    # 33,000-key cases at n_kv 8, (17500, 544) at n_kv 4). The entry point bounds the keys as a session's graphs do,
+    # so the 8-warp build runs in clusters of C, the largest power of two <= 8 dividing the split count (sm_90): up to
+    # 8 x attn_cluster_keys_per_block(D) keys (3,072 at D 128, 6,144 at D 64), where C x
+    # attn_cluster_keys_per_block(D) >= n_pos, merging in distributed shared memory: (17, 64) 2 splits, one used (no
+    # merge); (130, 64) 4 splits, a cluster of 4 whose last block has no keys; (300, 64) 6 splits, a cluster of 2;
+    # (400, 64) and (800, 128) 8 splits, a cluster of 8 with 7 used; (1000, 128) 9 splits (no cluster), (2050, 64)
+    # and (8200, 256) 34: the merge in global memory. From attn_hier_keys(splits, D) keys (at least 32 splits; splits
+    # x 512 at D 128, x 1,024 at D 64) merging hierarchically: (17500, 576) 32 splits, 31 used, clusters of 8 (the
+    # fourth with a keyless block) at D 128; (17500, 544) 34 splits, 33 used, clusters of 2 (the 17th with a keyless
+    # block) at n_kv 2, D 128; (33000, 1088) 32 splits, 31 used, clusters of 8 at D 64 and 128 (n_kv 2 and 4). The
+    # D 64 layouts at 17,500 keys take the global merge (below their bound).
     rng = np.random.default_rng()
     q = (rng.standard_normal(n_heads * D) * 2).astype(np.float32)
     k = rng.standard_normal((n_pos, n_kv, D)).astype(np.float32)

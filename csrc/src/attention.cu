@@ -8,7 +8,9 @@
 // every split has work at any context length and one captured graph serves all positions; blocks past the last used
 // split return at once. One split: the block writes the f16 output itself. Several: each writes a partial
 // (m, l, o[D]) per head; the last block of (t, h) to finish (atomic counter over the USED splits) merges them and
-// re-arms the counter. Decode (write_kv): the block whose key range holds the current position writes rope(k), v
+// re-arms the counter. Clusters (sm_90, a session's decode graphs; kernels.h): within the short-context bound the
+// keys spread over one cluster of C splits that merge in distributed shared memory; past the hierarchical bound each
+// cluster merges its C splits there into one partial and the last cluster's block merges those. Decode (write_kv): the block whose key range holds the current position writes rope(k), v
 // into the cache and puts the same f16 row into its shared tile directly (no write-then-read round trip).
 // Tensor cores: the G heads are the rows of one m16 tile and a tile of keys is one 16-key page (the kernel's
 // comment below). The CUDA-core kernel it replaced (bench/NOTES.md "Session 16") took 9.6 us a 7B layer at 577 keys
@@ -32,20 +34,22 @@ constexpr int kMaxG = 8;
 constexpr int kMaxSplits = kAttnMaxSplits;
 
 // The end of a split block, after it wrote its partial (part_o: its O / l in f16, part_ml: its running max m and
-// sum l): the last of the n_used split blocks of (token t, KV head h) to finish merges every split's partial into out
+// sum l; in the hierarchical merge, its cluster's): the last of the `arrivals` blocks of (token t, KV head h) to
+// arrive (each split's, or each cluster rank's that merged items) merges the n_used partials into out
 // (f16 [G][D]) and resets the counter. w: shared scratch (the split weights); inv [kMaxG]; last: a shared flag. Every
 // thread calls it. The partials are stored normalised (O / l, FlashDecoding's layout) so that f16 holds them: half
 // the merge's bytes, all of which one SM loads (bench/NOTES.md "Session 31" §1); the weight of split s is then
 // exp2(m_s - M) l_s.
 template <int D, int THREADS>
-__device__ __forceinline__ void merge_last_split(const AttnArgs& a, int t, int h, int G, int n_used, size_t ph0,
-                                                 __half* out, float (*w)[kMaxSplits], float* inv, int& last) {
+__device__ __forceinline__ void merge_last_split(const AttnArgs& a, int t, int h, int G, int n_used, int arrivals,
+                                                 size_t ph0, __half* out, float (*w)[kMaxSplits], float* inv,
+                                                 int& last) {
   const int tid = threadIdx.x;
   // The block's partial stores are ordered before thread 0's release by the barrier; its acquire (when it is the
   // last) orders the other splits' partials before every thread's loads by the second barrier. One GPU-scope
   // acq_rel atomic a block, no fence per thread (a __threadfence is MEMBAR.SC.GPU in SASS).
   __syncthreads();
-  if (tid == 0) last = atomic_add_acq_rel_gpu(&a.counters[t * a.n_kv + h], 1) == n_used - 1;
+  if (tid == 0) last = atomic_add_acq_rel_gpu(&a.counters[t * a.n_kv + h], 1) == arrivals - 1;
   __syncthreads();
   if (!last) return;
   // The split weights of head g by warp g (g, g + warps, ... in the 4-warp build): lane j loads the (m, l) of splits
@@ -200,8 +204,8 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (CLUSTER) C = (int)cooperative_groups::this_cluster().num_blocks();
 #endif
-  // The keys of a cluster merge spread over the first cluster's C blocks, else over all n_split. (More keys than the
-  // host's bound allows, which launch_decode never launches, take the global merge.)
+  // The keys of a cluster launch within the short bound spread over the first cluster's C blocks, else over all
+  // n_split (a cluster launch past it: a long-context graph's, hier below)
   const bool in_cluster = C > 1 && n_keys <= C * attn_cluster_keys_per_block(D);   // uniform over the grid
   const int spread = in_cluster ? C : a.n_split;
   const int kps = max(a.keys_per_split, ((n_keys + spread - 1) / spread + 31) / 32 * 32);
@@ -209,8 +213,14 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
   // dsmem: the first cluster's blocks merge in distributed shared memory, each one of them (also those without keys:
   // m = -inf, l = 0, O = 0) reaching the prologue's cluster barrier and pushing its partial. Else a block without keys
   // leaves here.
-  const bool dsmem = in_cluster && n_used > 1;
-  if (split >= (dsmem ? C : n_used)) return;     // uniform per block: no barrier is skipped by part of it
+  // hier (a cluster launch past the short bound: launch_decode, from attn_hier_keys): every cluster with keys merges
+  // its C splits in distributed shared memory into one partial (O / L, (M, L)), and the last block to finish merges
+  // those n_parts partials globally
+  const bool hier = C > 1 && !in_cluster && n_used > 1;
+  const int n_parts = hier ? (n_used + C - 1) / C : n_used;
+  const bool dsmem = (in_cluster && n_used > 1) || hier;
+  // uniform per block, and per cluster where dsmem: no barrier is skipped by part of it
+  if (split >= (hier ? n_parts * C : dsmem ? C : n_used)) return;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (CLUSTER) if (dsmem) {   // the merge's receive mbarrier, published before any rank can push (decode:
     if (tid == 0) {                     // before the PDL wait, so the cluster barrier overlaps the kernel before)
@@ -477,10 +487,23 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
           acc.x = fmaf(v.x, wz, acc.x); acc.y = fmaf(v.y, wz, acc.y); acc.z = fmaf(v.z, wz, acc.z); acc.w = fmaf(v.w, wz, acc.w);
         }
       const float iv = 1.f / L;
-      __half2* o2 = reinterpret_cast<__half2*>(out + hg * D + d);
-      o2[0] = __floats2half2_rn(acc.x * iv, acc.y * iv);
-      o2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
+      if (hier) {   // this cluster's partial (part split / C) of item i; its (M, L) by the item holding dim 0
+        const size_t r = ((size_t)t * a.n_heads + h * G + hg) * a.n_split + split / C;
+        __half2* p2 = reinterpret_cast<__half2*>(a.part_o + r * D + d);
+        p2[0] = __floats2half2_rn(acc.x * iv, acc.y * iv);
+        p2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
+        if (d == 0) *reinterpret_cast<float2*>(a.part_ml + r * 2) = make_float2(M, L);
+      } else {
+        __half2* o2 = reinterpret_cast<__half2*>(out + hg * D + d);
+        o2[0] = __floats2half2_rn(acc.x * iv, acc.y * iv);
+        o2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
+      }
     }
+    if (!hier || attn_merge_items(items, C, z) == 0) return;   // block-uniform
+    // one arrival per rank with items per cluster; the last of them merges the clusters' partials
+    const int ranks = (items + per - 1) / per;
+    merge_last_split<D, THREADS>(a, t, h, G, n_parts, n_parts * ranks, ((size_t)t * a.n_heads + h * G) * a.n_split,
+                                 out, S.u.mw, S.inv, S.last);
     return;
   }
 #endif
@@ -509,7 +532,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
     a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2 + 1] = S.inv[tid];
   }
   __syncthreads();   // obuf read by every thread before mw overwrites it
-  merge_last_split<D, THREADS>(a, t, h, G, n_used, ph0, out, S.u.mw, S.inv, S.last);
+  merge_last_split<D, THREADS>(a, t, h, G, n_used, n_used, ph0, out, S.u.mw, S.inv, S.last);
 }
 
 // ---- Prefill attention (M > 1 query tokens, causal): attn_prefill_fa<Cfg> of attn_prefill.cuh (mma.sync, FlashAttention-2
@@ -659,8 +682,12 @@ int launch_decode(const AttnArgs& a, cudaStream_t st) {
   const long blocks = (long)a.n_kv * a.n_split * a.M;
   if (blocks > device_sms() || !decode_build_fits<D, kDecodeWarpsOneWave>())
     return launch_decode_build<D, kDecodeWarps, false>(a, 1, st);
-  const int C = a.cluster_keys > 0 ? decode_cluster<D>(a.n_kv, a.n_split, a.M) : 1;
-  if (C > 1 && a.cluster_keys <= C * attn_cluster_keys_per_block(D))
+  // clusters: a short-context graph's (the merge in distributed shared memory) or a long-context graph's past the
+  // hierarchical bound (each cluster's merge there, then the last block's over the clusters' partials: hier)
+  const bool hier = a.M == 1 && a.hier_keys > 0 && attn_hier_keys(a.n_split, D) > 0 &&
+                    a.hier_keys >= attn_hier_keys(a.n_split, D);
+  const int C = a.cluster_keys > 0 || hier ? decode_cluster<D>(a.n_kv, a.n_split, a.M) : 1;
+  if (C > 1 && (hier || a.cluster_keys <= C * attn_cluster_keys_per_block(D)))
     return launch_decode_build<D, kDecodeWarpsOneWave, true>(a, C, st);
   return launch_decode_build<D, kDecodeWarpsOneWave, false>(a, 1, st);
 }
