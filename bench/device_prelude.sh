@@ -50,6 +50,17 @@ nq_sanitize() {
       | tee -a "$OUT/summary.txt"
   done
 }
+# nq_sanitize_tests LABEL SELECTION TOOL...: compute-sanitizer TOOL on the kernel tests test_gpu_kernels.py -k
+# SELECTION (the testing library in build/lib), each log to $OUT/san_LABEL_TOOL.log, one line each to $OUT/summary.txt
+nq_sanitize_tests() {
+  local label=$1 sel=$2 tool; shift 2
+  for tool in "$@"; do
+    timeout 100 compute-sanitizer --tool "$tool" --error-exitcode 9 python3 -m pytest -q -m gpu -p no:cacheprovider \
+      tests/test_gpu_kernels.py -k "$sel" > "$OUT/san_${label}_$tool.log" 2>&1
+    echo "$label kernel tests ($sel) under $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|passed|failed' \
+      "$OUT/san_${label}_$tool.log" | tail -2 | tr '\n' ' ')" | tee -a "$OUT/summary.txt"
+  done
+}
 # nq_use VARIANT: .v/VARIANT's two libraries as the product (nanoqwen_rt/lib) and testing (build/lib) ones, for
 # nq_quick_tests and nq_sanitize
 nq_use() {

@@ -1,6 +1,7 @@
 """Session 30 call 6 (experiment, never main; replaces session 25 call 4's make_trace.py, whose anchors no longer
 matched, with t[5] now the warps' O in shared memory): instruments attn_decode_kernel (csrc/src/attention.cu as of
-d9bb5a3) with %globaltimer records of thread 0 of every block with keys (t[0] entry, t[1] the cluster prologue done,
+d9bb5a3, and as of 4c0c86f: the hierarchical merge moved three anchors, each edit takes whichever form the source has)
+with %globaltimer records of thread 0 of every block with keys (t[0] entry, t[1] the cluster prologue done,
 t[2] the PDL wait resolved, t[3] q staged, t[4] tiles done, t[5] the warps' O in shared memory, t[6] end), and
 exports nq_attn_trace. Run in a scratch worktree: python3 make_attn_trace.py path/to/attention.cu; then build;
 chain_trace.py reads the records."""
@@ -12,6 +13,14 @@ from trace_inject import SourceEdit, device_decls, export_fn  # noqa: E402
 
 src = SourceEdit(sys.argv[1])
 rep = src.rep
+
+
+def rep_either(*pairs):
+    """the first (old, new) pair whose anchor the source has (the kernel before and after 4c0c86f)"""
+    for old, new in pairs:
+        if old in src.s:
+            return rep(old, new)
+    rep(*pairs[0])   # none: fails loudly on the first anchor
 
 
 rep("""template <int D, int WARPS, bool CLUSTER>
@@ -40,11 +49,15 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
     }
   };
 """)
-rep("""  if (split >= (dsmem ? C : n_used)) return;     // uniform per block: no barrier is skipped by part of it
+rep_either(("""  if (split >= (dsmem ? C : n_used)) return;     // uniform per block: no barrier is skipped by part of it
 """, """  if (split >= (dsmem ? C : n_used)) return;     // uniform per block: no barrier is skipped by part of it
   trace_flags = (unsigned)n_used | (dsmem ? 256u : 0u) | ((unsigned)C << 9) | ((unsigned)WARPS << 14) |
                 ((unsigned)n_keys << 18);
-""")
+"""), ("""  if (split >= (hier ? n_parts * C : dsmem ? C : n_used)) return;
+""", """  if (split >= (hier ? n_parts * C : dsmem ? C : n_used)) return;
+  trace_flags = (unsigned)n_used | (dsmem ? 256u : 0u) | ((unsigned)C << 9) | ((unsigned)WARPS << 14) |
+                ((unsigned)n_keys << 18);
+"""))
 rep("""    cluster_wait();
   }
 #endif
@@ -78,7 +91,20 @@ rep("""  __syncthreads();   // the warps' O in obuf
 rep("""  if (n_used == 1) return;
 """, """  if (n_used == 1) { trace_end(); return; }
 """)
-rep("""      o2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
+if "    if (!hier || attn_merge_items(items, C, z) == 0) return;" in src.s:   # 4c0c86f on: the cluster path's two ends
+    rep("""    if (!hier || attn_merge_items(items, C, z) == 0) return;   // block-uniform
+""", """    if (!hier || attn_merge_items(items, C, z) == 0) { trace_end(); return; }   // block-uniform
+""")
+    rep("""                                 out, S.u.mw, S.inv, S.last);
+    return;
+  }
+#endif""", """                                 out, S.u.mw, S.inv, S.last);
+    trace_end();
+    return;
+  }
+#endif""")
+else:
+    rep("""      o2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
     }
     return;
   }
@@ -88,8 +114,9 @@ rep("""      o2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
     return;
   }
 #endif""")
-# the kernel's last statement, the merge call (its arguments differ between main and merge_staged.patch)
-_i = src.s.index("  merge_last_split<D, THREADS>(a, t, h, G, n_used, ph0, out,")
+# the kernel's last statement, the global merge call (its arguments differ between main, merge_staged.patch and
+# 4c0c86f on)
+_i = src.s.index("  merge_last_split<D, THREADS>(a, t, h, G, n_used, ")
 _j = src.s.index(");\n}", _i) + 2
 src.s = src.s[:_j] + "\n  trace_end();" + src.s[_j:]
 i = src.s.rindex("}  // namespace nq")
