@@ -81,19 +81,6 @@ def load_testing_library():
     return lib
 
 
-def short_context_keys(head_dim: int) -> int:
-    """kAttnMaxCluster x attn_cluster_keys_per_block(head_dim) (= kAttnClusterKeyDimsPerBlock / head_dim), read from
-    csrc/src/kernels.h (the one place they are defined): the most keys a decode step of a session's short-context
-    graphs has for that head size (session.cu; attention in clusters on sm_90)"""
-    import re
-    text = (ROOT / "csrc" / "src" / "kernels.h").read_text()
-    c = re.search(r"constexpr int kAttnMaxCluster = (\d+);", text)
-    k = re.search(r"constexpr int kAttnClusterKeyDimsPerBlock = (\d+) \* (\d+);", text)
-    if not (c and k):
-        raise RuntimeError("kAttnMaxCluster / kAttnClusterKeyDimsPerBlock not found in csrc/src/kernels.h")
-    return int(c.group(1)) * (int(k.group(1)) * int(k.group(2)) // head_dim)
-
-
 def _kernels_h_constants(*names) -> dict:
     """The integer constants `names` of csrc/src/kernels.h ("constexpr int NAME = A;" or "= A * B;"); RuntimeError
     where one is missing"""
@@ -106,6 +93,14 @@ def _kernels_h_constants(*names) -> dict:
             raise RuntimeError(f"{name} not found in csrc/src/kernels.h")
         out[name] = int(m.group(1)) * (int(m.group(2)) if m.group(2) else 1)
     return out
+
+
+def short_context_keys(head_dim: int) -> int:
+    """kAttnMaxCluster x attn_cluster_keys_per_block(head_dim) (= kAttnClusterKeyDimsPerBlock / head_dim), read from
+    csrc/src/kernels.h (the one place they are defined): the most keys a decode step of a session's short-context
+    graphs has for that head size (session.cu; attention in clusters on sm_90)"""
+    k = _kernels_h_constants("kAttnMaxCluster", "kAttnClusterKeyDimsPerBlock")
+    return k["kAttnMaxCluster"] * (k["kAttnClusterKeyDimsPerBlock"] // head_dim)
 
 
 def hier_split_count(n_kv: int, max_ctx: int, sm_count: int) -> int:

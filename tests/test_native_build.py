@@ -49,7 +49,6 @@ def test_short_context_bound_is_read_from_kernels_h():
     assert short_context_keys(64) == 2 * short_context_keys(128)
 
 
-
 def test_long_context_bound_is_read_from_kernels_h():
     """The GPU tests and bench/attn_bench.py take the long-context graphs' split count and bound from
     csrc/src/kernels.h (nq_testing_lib.hier_split_count, hier_context_keys): the parse finds them, the split count is
@@ -62,6 +61,7 @@ def test_long_context_bound_is_read_from_kernels_h():
         assert hier_context_keys(32, d) > 0 and hier_context_keys(32, d) % 32 == 0
         assert hier_context_keys(16, d) == 0
     assert hier_context_keys(32, 64) == 2 * hier_context_keys(32, 128)
+
 
 TESTING_PREFIXES = ("nq_test_", "nq_bench_")
 
