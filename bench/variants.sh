@@ -1,0 +1,31 @@
+# Sourced by a prepared call's build script (bench/runs/<date>_prep/build.sh), run from the repository root on this
+# machine: builds variant libraries of the product for a device call's A/B and packs them for the carry.
+# nq_build_variant NAME TRACE PATCH...: HEAD + the patches (+ the attention and GEMV traces where TRACE is 1) in a
+# scratch worktree, built for sm_90a, into .v/NAME (product and testing libraries, and a SOURCE line)
+nq_build_variant() {
+  local n=$1 trace=$2 wt=/tmp/nq_variant_$1 p; shift 2
+  rm -rf "$wt"; git worktree prune; git worktree add -q --detach "$wt" HEAD
+  for p in "$@"; do git -C "$wt" apply "$PWD/$p"; done
+  if [ "$trace" = 1 ]; then
+    python3 bench/runs/2026-12-04_s30_call6/make_attn_trace.py "$wt/csrc/src/attention.cu"
+    python3 bench/runs/2026-12-03_s25_prep/make_frag_trace.py "$wt/csrc/src"
+  fi
+  (cd "$wt" && NANOQWEN_CUDA_ARCHS=90a NANOQWEN_BUILD_DIR="$wt/build/csrc90" JOBS=2 bash scripts/build_native.sh)
+  mkdir -p ".v/$n"
+  cp "$wt/nanoqwen_rt/lib/libnanoqwen.so" "$wt/build/lib/libnanoqwen_testing.so" ".v/$n/"
+  echo "$n = $(git rev-parse --short HEAD)${*:+ + $*}$([ "$trace" = 1 ] && echo ' + traces') (sm_90a)" > ".v/$n/SOURCE"
+  git worktree remove --force "$wt"
+}
+# nq_pack_variants TESTED NAME...: the NAMEs' product libraries and SOURCE lines, and TESTED's testing library (the
+# variant whose tests run), into .out/variants.tar.xz (bench/device_prelude.sh unpacks it on the device)
+nq_pack_variants() {
+  local tested=$1 n stage; shift
+  stage=$(mktemp -d); mkdir -p "$stage/.v" .out
+  for n in "$@"; do
+    mkdir -p "$stage/.v/$n"; cp ".v/$n/libnanoqwen.so" ".v/$n/SOURCE" "$stage/.v/$n/"
+  done
+  cp ".v/$tested/libnanoqwen_testing.so" "$stage/.v/$tested/"
+  (cd "$stage" && tar -cf - .v | xz -2 -T2) > .out/variants.tar.xz
+  rm -rf "$stage"
+  ls -la .out/variants.tar.xz
+}
