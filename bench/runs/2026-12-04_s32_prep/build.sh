@@ -8,7 +8,7 @@
 #   hl2     + hier_low.patch + hier_c2.patch (the long graph's clusters of 2 instead of 8: 2 free SMs of a GPC at once)
 #   trprod  prod with the attention and GEMV traces (session 30 call 6's make_attn_trace.py, session 25's make_frag_trace.py)
 #   trhlow  hlow with the same traces
-# ~2 minutes a variant on 2 cores. Run from the repository root: bash bench/runs/2026-12-04_s32_prep/build.sh; then
+# and csrc/dev/cluster_entry (packed into .out/dev.tar.xz). ~2 minutes a variant on 2 cores. Run from the repository root: bash bench/runs/2026-12-04_s32_prep/build.sh; then
 # carry [".whl", ".out"] and run call.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -21,3 +21,5 @@ nq_build_variant hl2 0 "$P/hier_low.patch" "$P/hier_c2.patch"
 nq_build_variant trprod 1
 nq_build_variant trhlow 1 "$P/hier_low.patch"
 nq_pack_variants hl128 prod hlow hl128 hl2 trprod trhlow
+make -C csrc/dev "$PWD/build/dev/cluster_entry"   # the dev program call.sh runs first
+tar -cf - build/dev/cluster_entry | xz -2 > .out/dev.tar.xz

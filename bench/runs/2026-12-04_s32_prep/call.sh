@@ -5,10 +5,13 @@
 # beside two q/k/v blocks); hl2 = hlow in clusters of 2 (2 free SMs of a GPC at once). hl128's attention / switch /
 # long-context tests, racecheck / synccheck on the hierarchical kernel cases; decode A/B prod / hlow / hl128 / hl2 at
 # 8K x2 and 32K, prod / hlow / hl128 at 16,384, prod / hl128 at 512 x2; then the chain trace at 8K of prod (the plain
-# launch) and hlow (clusters): when the attention blocks enter and their PDL wait resolves against q/k/v's end.
-# Build first (build.sh), carry [".whl", ".out"].
+# launch) and hlow (clusters): when the attention blocks enter and their PDL wait resolves against q/k/v's end. First
+# csrc/dev/cluster_entry, the same question without the product. Build first (build.sh), carry [".whl", ".out"].
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
+# csrc/dev/cluster_entry (built here, carried in .out/dev.tar.xz): the entry of plain and clustered dependents under
+# PDL behind a predecessor that fills the SMs, alone (seconds)
+timeout 60 build/dev/cluster_entry 2>&1 | tee -a "$OUT/summary.txt"
 nq_use hl128
 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -x -n 8 \
   -k "attn or attention or switch or short_context or long_context" tests/test_gpu_kernels.py tests/test_gpu_e2e.py \
