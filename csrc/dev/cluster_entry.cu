@@ -24,21 +24,7 @@
 // product's plain attention at 8K: -2.1, session 30 §5); clusters of 100 KB enter later as C grows (mean near or after
 // E at C = 8) and clusters of 80 KB enter as early as plain ones. If clusters of 80 KB also enter late, the cost is
 // the cluster scheduling itself, not the room beside the producer.
-#include <cuda_runtime.h>
-#include <algorithm>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-#define CE_CHECK(call)                                                                                    \
-  do {                                                                                                    \
-    cudaError_t e_ = (call);                                                                              \
-    if (e_ != cudaSuccess) {                                                                              \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));          \
-      std::exit(2);                                                                                       \
-    }                                                                                                     \
-  } while (0)
+#include "dev_common.cuh"   // DEV_CHECK
 
 namespace {
 
@@ -102,25 +88,25 @@ struct Stats {
 
 int main() {
   int dev = 0, sms = 0;
-  CE_CHECK(cudaSetDevice(dev));
-  CE_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  DEV_CHECK(cudaSetDevice(dev));
+  DEV_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   cudaDeviceProp prop;
-  CE_CHECK(cudaGetDeviceProperties(&prop, dev));
+  DEV_CHECK(cudaGetDeviceProperties(&prop, dev));
   if (prop.major < 9) {
     std::printf("cluster_entry: needs sm_90 (clusters, PDL); this GPU is sm_%d%d\n", prop.major, prop.minor);
     return 0;
   }
   std::printf("cluster_entry on %s (%d SMs): producer %d blocks x %d threads x %zu KB, consumer %d blocks x %d threads\n",
               prop.name, sms, kProdBlocks, kProdThreads, kProdSmem / 1024, kConsBlocks, kConsThreads);
-  CE_CHECK(cudaFuncSetAttribute(producer, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kProdSmem));
-  CE_CHECK(cudaFuncSetAttribute(producer, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-  CE_CHECK(cudaFuncSetAttribute(consumer, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
-  CE_CHECK(cudaFuncSetAttribute(consumer, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+  DEV_CHECK(cudaFuncSetAttribute(producer, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kProdSmem));
+  DEV_CHECK(cudaFuncSetAttribute(producer, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+  DEV_CHECK(cudaFuncSetAttribute(consumer, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+  DEV_CHECK(cudaFuncSetAttribute(consumer, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
   unsigned long long *d_prod, *d_cons;
-  CE_CHECK(cudaMalloc(&d_prod, 3 * kProdBlocks * sizeof(unsigned long long)));
-  CE_CHECK(cudaMalloc(&d_cons, 3 * kConsBlocks * sizeof(unsigned long long)));
+  DEV_CHECK(cudaMalloc(&d_prod, 3 * kProdBlocks * sizeof(unsigned long long)));
+  DEV_CHECK(cudaMalloc(&d_cons, 3 * kConsBlocks * sizeof(unsigned long long)));
   cudaStream_t st;
-  CE_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  DEV_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const unsigned lo_ns = 4000, hi_ns = 6000;   // q/k/v's blocks end over ~2 µs (session 30 §5: first block 2.0 µs before the last)
   std::vector<unsigned long long> prod(3 * kProdBlocks), cons(3 * kConsBlocks);
   int failures = 0;
@@ -130,11 +116,11 @@ int main() {
     for (int C : {1, 2, 4, 8}) {
       Stats s;
       for (int r = 0; r < kRepeats + 1; r++) {   // repeat 0: warm-up, not counted
-        CE_CHECK(cudaMemset(d_prod, 0xFF, 3 * kProdBlocks * sizeof(unsigned long long)));   // poisoned
-        CE_CHECK(cudaMemset(d_cons, 0xFF, 3 * kConsBlocks * sizeof(unsigned long long)));
-        CE_CHECK(cudaStreamSynchronize(0));
+        DEV_CHECK(cudaMemset(d_prod, 0xFF, 3 * kProdBlocks * sizeof(unsigned long long)));   // poisoned
+        DEV_CHECK(cudaMemset(d_cons, 0xFF, 3 * kConsBlocks * sizeof(unsigned long long)));
+        DEV_CHECK(cudaStreamSynchronize(0));
         producer<<<kProdBlocks, kProdThreads, kProdSmem, st>>>(d_prod, lo_ns, hi_ns, 977u * r + (unsigned)C);
-        CE_CHECK(cudaGetLastError());
+        DEV_CHECK(cudaGetLastError());
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(1, kConsBlocks, 1);
         cfg.blockDim = dim3(kConsThreads);
@@ -147,10 +133,10 @@ int main() {
         attr[1].val.clusterDim.x = 1; attr[1].val.clusterDim.y = C; attr[1].val.clusterDim.z = 1;
         cfg.attrs = attr;
         cfg.numAttrs = C > 1 ? 2 : 1;
-        CE_CHECK(cudaLaunchKernelEx(&cfg, consumer, d_cons));
-        CE_CHECK(cudaStreamSynchronize(st));
-        CE_CHECK(cudaMemcpy(prod.data(), d_prod, prod.size() * 8, cudaMemcpyDeviceToHost));
-        CE_CHECK(cudaMemcpy(cons.data(), d_cons, cons.size() * 8, cudaMemcpyDeviceToHost));
+        DEV_CHECK(cudaLaunchKernelEx(&cfg, consumer, d_cons));
+        DEV_CHECK(cudaStreamSynchronize(st));
+        DEV_CHECK(cudaMemcpy(prod.data(), d_prod, prod.size() * 8, cudaMemcpyDeviceToHost));
+        DEV_CHECK(cudaMemcpy(cons.data(), d_cons, cons.size() * 8, cudaMemcpyDeviceToHost));
         // validation: every block recorded (no poison left), producers spun their time, waits resolved after E
         unsigned long long E = 0;
         for (int b = 0; b < kProdBlocks; b++) {
@@ -180,8 +166,8 @@ int main() {
                   s.wait_last);
     }
   }
-  CE_CHECK(cudaFree(d_prod));
-  CE_CHECK(cudaFree(d_cons));
+  DEV_CHECK(cudaFree(d_prod));
+  DEV_CHECK(cudaFree(d_cons));
   if (failures) {
     std::printf("cluster_entry: %d validation failures\n", failures);
     return 1;

@@ -10,8 +10,9 @@
 // (m, l, o[D]) per head; the last block of (t, h) to finish (atomic counter over the USED splits) merges them and
 // re-arms the counter. Clusters (sm_90, a session's decode graphs; kernels.h): within the short-context bound the
 // keys spread over one cluster of C splits that merge in distributed shared memory; past the hierarchical bound each
-// cluster merges its C splits there into one partial and the last cluster's block merges those. Decode (write_kv): the block whose key range holds the current position writes rope(k), v
-// into the cache and puts the same f16 row into its shared tile directly (no write-then-read round trip).
+// cluster merges its C splits there into one partial and the last cluster's block merges those. Decode (write_kv):
+// the block whose key range holds the current position writes rope(k), v into the cache and puts the same f16 row
+// into its shared tile directly (no write-then-read round trip).
 // Tensor cores: the G heads are the rows of one m16 tile and a tile of keys is one 16-key page (the kernel's
 // comment below). The CUDA-core kernel it replaced (bench/NOTES.md "Session 16") took 9.6 us a 7B layer at 577 keys
 // and one token, against 7.0 (4 warps a block then; 6.3 with the 8-warp build of one block an SM, "Session 21").
@@ -684,8 +685,8 @@ int launch_decode(const AttnArgs& a, cudaStream_t st) {
     return launch_decode_build<D, kDecodeWarps, false>(a, 1, st);
   // clusters: a short-context graph's (the merge in distributed shared memory) or a long-context graph's past the
   // hierarchical bound (each cluster's merge there, then the last block's over the clusters' partials: hier)
-  const bool hier = a.M == 1 && a.hier_keys > 0 && attn_hier_keys(a.n_split, D) > 0 &&
-                    a.hier_keys >= attn_hier_keys(a.n_split, D);
+  const int hier_bound = attn_hier_keys(a.n_split, D);   // 0: too few splits
+  const bool hier = a.M == 1 && hier_bound > 0 && a.hier_keys >= hier_bound;
   const int C = a.cluster_keys > 0 || hier ? decode_cluster<D>(a.n_kv, a.n_split, a.M) : 1;
   if (C > 1 && (hier || a.cluster_keys <= C * attn_cluster_keys_per_block(D)))
     return launch_decode_build<D, kDecodeWarpsOneWave, true>(a, C, st);

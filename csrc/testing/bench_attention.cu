@@ -107,10 +107,7 @@ extern "C" int nq_bench_attention(int32_t n_heads, int32_t n_kv, int32_t head_di
   a.n_heads = n_heads; a.n_kv = n_kv; a.D = D; a.keys_per_split = keys_per_split; a.n_split = n_split;
   a.write_kv = M == 1; a.part_o = po; a.part_ml = pm; a.counters = cnt; a.out = out;
   a.max_keys = n_pos;   // as session_prefill: picks the prefill kernel's build
-  // decode: the keys bounded as a session's graphs bound them (nq_test_attention): a short-context graph's within
-  // kAttnMaxCluster blocks' keys, a long-context graph's from attn_hier_keys
-  if (M == 1 && n_pos <= kAttnMaxCluster * attn_cluster_keys_per_block(D)) a.cluster_keys = n_pos;
-  else if (M == 1 && attn_hier_keys(n_split, D) > 0 && n_pos >= attn_hier_keys(n_split, D)) a.hier_keys = n_pos;
+  if (M == 1) bound_decode_keys(a, n_pos);   // decode: as a session's graphs bound the keys
   return time_launches([&](int i, cudaStream_t st) {
     a.kv.k = k + kv_elems * (i % layers);
     a.kv.v = v + kv_elems * (i % layers);

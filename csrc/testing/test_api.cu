@@ -281,11 +281,7 @@ int nq_test_attention(const float* q, const float* k, const float* v, int32_t n_
   NQ_TRY(b.setup(cache, qkv, pos, n_pos, n_heads, n_kv, D, 1, n_split));
   AttnArgs a = b.args(Nq + 2 * Nkv, 1, n_heads, n_kv, D);
   a.keys_per_split = keys_per_split; a.n_split = n_split; a.write_kv = true;
-  // as a session's graphs bound the keys: a short-context graph's where they fit kAttnMaxCluster blocks (clusters where
-  // C x attn_cluster_keys_per_block(D) >= n_pos), else a long-context graph's where they reach attn_hier_keys
-  // (clusters merging hierarchically), else none (every split's partial merged globally)
-  if (n_pos <= kAttnMaxCluster * attn_cluster_keys_per_block(D)) a.cluster_keys = n_pos;
-  else if (attn_hier_keys(n_split, D) > 0 && n_pos >= attn_hier_keys(n_split, D)) a.hier_keys = n_pos;
+  bound_decode_keys(a, n_pos);   // as a session's graphs bound them
   NQ_TRY(attention(a, 0));
   NQ_CUDA(cudaDeviceSynchronize());
   NQ_TRY(b.read_out(out, Nq));
