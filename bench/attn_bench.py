@@ -29,25 +29,21 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests")]
 
 from nanoqwen_format.shapes import QWEN25_SHAPES  # noqa: E402
-from nq_testing_lib import (driver_sm_count, hier_context_keys, load_testing_library,  # noqa: E402
-                            short_context_keys)
+from nq_testing_lib import driver_sm_count, load_testing_library, short_context_keys  # noqa: E402
 
 LAYOUTS = {name: (QWEN25_SHAPES[name].n_heads, QWEN25_SHAPES[name].n_kv_heads, QWEN25_SHAPES[name].head_dim)
            for name in ("7B", "0.5B", "32B")}  # n_heads, n_kv, head_dim
 
 
-def decode_split_count(budget: int, n_pos: int, max_ctx: int, kps: int, short_keys: int, head_dim: int) -> int:
+def decode_split_count(budget: int, n_pos: int, max_ctx: int, kps: int, short_keys: int) -> int:
     """session.cu's decode split count: min(128, budget / n_kv, ceil(max_ctx / kps)); a step of at most short_keys
-    keys (the short-context graph, --short-keys) runs 8 splits (the power of two <= that below), a step of at least
-    hier_context_keys (the long-context graph) that count rounded down to a multiple of 8"""
+    keys (the short-context graph, --short-keys) runs 8 splits (the power of two <= that below)"""
     n = max(1, min(128, budget, (max_ctx + kps - 1) // kps))
     if short_keys and n_pos <= short_keys:
         p = 1
         while 2 * p <= min(8, n):
             p *= 2
         return p
-    if 0 < hier_context_keys(n - n % 8, head_dim) <= n_pos:
-        return n - n % 8
     return n
 
 
@@ -107,7 +103,7 @@ def main() -> int:
         for mode, n_pos, m, kps, budget in cases:
             max_ctx = n_pos + 128
             short_keys = short_context_keys(d) if a.short_keys is None else a.short_keys
-            nsplit = decode_split_count(budget // nkv, n_pos, max_ctx, kps, short_keys, d) if mode == "decode" else 1
+            nsplit = decode_split_count(budget // nkv, n_pos, max_ctx, kps, short_keys) if mode == "decode" else 1
             us = ctypes.c_float(0.0)
             rc = lib.nq_bench_attention(nh, nkv, d, n_pos, m, kps, nsplit, a.iters, ctypes.byref(us))
             if rc != 0:

@@ -103,22 +103,6 @@ def short_context_keys(head_dim: int) -> int:
     return k["kAttnMaxCluster"] * (k["kAttnClusterKeyDimsPerBlock"] // head_dim)
 
 
-def hier_split_count(n_kv: int, max_ctx: int, sm_count: int) -> int:
-    """session.cu's split count of a session's long-context decode graphs: min(kAttnMaxSplits, SMs / n_kv,
-    ceil(max_ctx / kDecodeKeysPerSplit)) rounded down to a multiple of kAttnMaxCluster (constants from kernels.h)"""
-    k = _kernels_h_constants("kAttnMaxSplits", "kDecodeKeysPerSplit", "kAttnMaxCluster")
-    n = max(1, min(k["kAttnMaxSplits"], sm_count // n_kv, -(-max_ctx // k["kDecodeKeysPerSplit"])))
-    return n - n % k["kAttnMaxCluster"]
-
-
-def hier_context_keys(n_split: int, head_dim: int) -> int:
-    """attn_hier_keys(n_split, head_dim) (kernels.h): n_split x kAttnHierKeyDimsPerBlock / head_dim from
-    kAttnHierMinSplits splits, else 0 (none): the least keys of a step of a session's long-context decode graphs
-    (attention in clusters merging hierarchically, on sm_90)"""
-    k = _kernels_h_constants("kAttnHierMinSplits", "kAttnHierKeyDimsPerBlock")
-    return n_split * (k["kAttnHierKeyDimsPerBlock"] // head_dim) if n_split >= k["kAttnHierMinSplits"] else 0
-
-
 def _driver_attributes(*attrs):
     """Device 0's CUdevice_attribute values `attrs` through the driver API (libcuda), or None where they cannot be
     read."""

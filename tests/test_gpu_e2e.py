@@ -180,45 +180,6 @@ def test_decode_across_the_short_context_graphs(files):
         assert checked >= 12   # token 11 is the first from the plain graph (short + 1 keys)
 
 
-
-def test_decode_across_the_long_context_graphs(tmp_path):
-    """Steps on both sides of the long-context graphs' bound (on sm_90 their attention runs the splits in clusters of
-    8 that merge in distributed shared memory, then the last block merges the clusters' partials; earlier steps replay
-    the plain graphs): a tiny f16 model with the 7B's split count (4 KV heads of 128 dims, 2 query heads each;
-    32 splits on 132 SMs, so the bound is 16,384 keys), token-by-token logits against transformers'
-    Qwen2ForCausalLM in float32 on the GPU (the checkpoint itself) across the bound. (The CPU oracle at 16K keys
-    would take minutes.)"""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from nanoqwen_quant.convert import convert_checkpoint
-    from nanoqwen_rt.backends.cuda import CudaBackend
-    from nq_testing_lib import driver_sm_count, hier_context_keys, hier_split_count
-
-    sms = driver_sm_count() or 132
-    n_split = hier_split_count(4, 1 << 16, sms)
-    bound = hier_context_keys(n_split, 128)
-    if bound == 0:
-        pytest.skip(f"{sms} SMs: {n_split} decode splits of 4 KV heads, no long-context graphs")
-    ctx = bound + 32
-    assert hier_split_count(4, ctx, sms) == n_split   # the session's split count at this context
-    src = make_checkpoint(tmp_path / "kv4", arch="qwen2", hidden=1024, intermediate=256, n_layers=2, n_heads=8,
-                          n_kv_heads=4, vocab=384, seed=17, dtype="f16", max_positions=ctx)
-    path = convert_checkpoint(src, tmp_path / "kv4.nanoqwen", quant="none")
-    T, steps = bound + 16, 24   # decode steps at keys bound - 7 .. bound + 16
-    ids = np.random.default_rng().integers(0, 320, size=T, dtype=np.int64)
-    model = AutoModelForCausalLM.from_pretrained(src, torch_dtype=torch.float32, attn_implementation="sdpa").cuda()
-    with torch.no_grad():
-        ref = model(torch.from_numpy(ids)[None].cuda()).logits[0, -steps:].double().cpu().numpy()
-    del model
-    torch.cuda.empty_cache()
-    with CudaBackend(path, max_context=ctx) as gpu:
-        gpu.prefill(ids[:-steps].astype(np.int32))
-        got = np.stack([gpu.decode(int(t)) for t in ids[-steps:]])
-    err = rel_rows(got, ref)
-    assert err.max() < TOL, (err.argmax(), err.max())
-
-
 def test_generate_stops_and_context(files):
     from nanoqwen_rt.sampling import SamplingParams
     gpu, _ = _backends(files["qwen2-d64-int4g64"], ctx=40)

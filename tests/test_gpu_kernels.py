@@ -369,11 +369,8 @@ def test_attention_vs_numpy(lib, n_heads, n_kv, D, n_pos, kps):
     # attn_cluster_keys_per_block(D) >= n_pos, merging in distributed shared memory: (17, 64) 2 splits, one used (no
     # merge); (130, 64) 4 splits, a cluster of 4 whose last block has no keys; (300, 64) 6 splits, a cluster of 2;
     # (400, 64) and (800, 128) 8 splits, a cluster of 8 with 7 used; (1000, 128) 9 splits (no cluster), (2050, 64)
-    # and (8200, 256) 34: the merge in global memory. From attn_hier_keys(splits, D) keys (at least 32 splits; splits
-    # x 512 at D 128, x 1,024 at D 64) merging hierarchically: (17500, 576) 32 splits, 31 used, clusters of 8 (the
-    # fourth with a keyless block) at D 128; (17500, 544) 34 splits, 33 used, clusters of 2 (the 17th with a keyless
-    # block) at n_kv 2, D 128; (33000, 1088) 32 splits, 31 used, clusters of 8 at D 64 and 128 (n_kv 2 and 4). The
-    # D 64 layouts at 17,500 keys take the global merge (below their bound).
+    # and (8200, 256) 34, (17500, 576) 32 (31 used), (17500, 544) 34 (33 used), (33000, 1088) 32 (31 used): plain
+    # launches whose partials (poisoned before) attn_merge_kernel merges, a block a query head.
     rng = np.random.default_rng()
     q = (rng.standard_normal(n_heads * D) * 2).astype(np.float32)
     k = rng.standard_normal((n_pos, n_kv, D)).astype(np.float32)
@@ -451,8 +448,8 @@ def test_attention_prefill_vs_numpy(lib, n_heads, n_kv, D, n_pos, M):
 def test_attention_prefill_split_vs_numpy(lib, n_heads, n_kv, D, n_pos, M, n_split):
     """A few prompt tokens with the keys split (the decode kernel, session_prefill's path up to
     kSplitPrefillMaxTokens tokens): each token t attends to its own n_pos - M + t + 1 keys, the splits' partials
-    merged by the last block of each (token, KV head), which re-arms its counter (the library checks). Splits past
-    the used ones (n_pos 2, 300) return at once."""
+    (poisoned before) merged by the merge kernel, a block for each (token, query head). Splits past the used ones
+    (n_pos 2, 300) return at once."""
     rng = np.random.default_rng()
     q = (rng.standard_normal((M, n_heads * D)) * 2).astype(np.float32)
     k = rng.standard_normal((n_pos, n_kv, D)).astype(np.float32)

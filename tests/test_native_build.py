@@ -49,20 +49,6 @@ def test_short_context_bound_is_read_from_kernels_h():
     assert short_context_keys(64) == 2 * short_context_keys(128)
 
 
-def test_long_context_bound_is_read_from_kernels_h():
-    """The GPU tests and bench/attn_bench.py take the long-context graphs' split count and bound from
-    csrc/src/kernels.h (nq_testing_lib.hier_split_count, hier_context_keys): the parse finds them, the split count is
-    whole clusters of 8 on an H200's 132 SMs (7B: 32 splits), the bound scales as 1 / head_dim, and 16 splits (the
-    14B's 8 KV heads) get none."""
-    from nq_testing_lib import hier_context_keys, hier_split_count
-    assert hier_split_count(4, 32768, 132) == 32 and hier_split_count(8, 32768, 132) == 16
-    assert hier_split_count(4, 100, 132) == 0   # 2 splits: no cluster of 8, no long-context graphs
-    for d in (64, 128):
-        assert hier_context_keys(32, d) > 0 and hier_context_keys(32, d) % 32 == 0
-        assert hier_context_keys(16, d) == 0
-    assert hier_context_keys(32, 64) == 2 * hier_context_keys(32, 128)
-
-
 TESTING_PREFIXES = ("nq_test_", "nq_bench_")
 
 

@@ -6,11 +6,10 @@
 // the keys split), or, in a batched decode step, token t of sequence t at pos_of[t] in kv_of[t] through
 // page_table_of[t]. kps = max(keys_per_split, ceil32((pos+1)/n_split)) is computed from the position at run time, so
 // every split has work at any context length and one captured graph serves all positions; blocks past the last used
-// split return at once. One split: the block writes the f16 output itself. Several: each writes a partial
-// (m, l, o[D]) per head; the last block of (t, h) to finish (atomic counter over the USED splits) merges them and
-// re-arms the counter. Clusters (sm_90, a session's decode graphs; kernels.h): within the short-context bound the
-// keys spread over one cluster of C splits that merge in distributed shared memory; past the hierarchical bound each
-// cluster merges its C splits there into one partial and the last cluster's block merges those. Decode (write_kv):
+// split return at once (split_plan). One split: the block writes the f16 output itself. Several: each writes a
+// partial (m, l, O / l) per head, and attn_merge_kernel, launched after it, merges them (a block a query head).
+// Clusters (sm_90, a session's short-context decode graphs; kernels.h): the keys spread over one cluster of C splits
+// that merge in distributed shared memory and write the output, no merge kernel after. Decode (write_kv):
 // the block whose key range holds the current position writes rope(k), v into the cache and puts the same f16 row
 // into its shared tile directly (no write-then-read round trip).
 // Tensor cores: the G heads are the rows of one m16 tile and a tile of keys is one 16-key page (the kernel's
@@ -34,77 +33,22 @@ namespace {
 constexpr int kMaxG = 8;
 constexpr int kMaxSplits = kAttnMaxSplits;
 
-// The end of a split block, after it wrote its partial (part_o: its O / l in f16, part_ml: its running max m and
-// sum l; in the hierarchical merge, its cluster's): the last of the `arrivals` blocks of (token t, KV head h) to
-// arrive (each split's, or each cluster rank's that merged items) merges the n_used partials into out
-// (f16 [G][D]) and resets the counter. w: shared scratch (the split weights); inv [kMaxG]; last: a shared flag. Every
-// thread calls it. The partials are stored normalised (O / l, FlashDecoding's layout) so that f16 holds them: half
-// the merge's bytes, all of which one SM loads (bench/NOTES.md "Session 31" §1); the weight of split s is then
-// exp2(m_s - M) l_s.
-template <int D, int THREADS>
-__device__ __forceinline__ void merge_last_split(const AttnArgs& a, int t, int h, int G, int n_used, int arrivals,
-                                                 size_t ph0, __half* out, float (*w)[kMaxSplits], float* inv,
-                                                 int& last) {
-  const int tid = threadIdx.x;
-  // The block's partial stores are ordered before thread 0's release by the barrier; its acquire (when it is the
-  // last) orders the other splits' partials before every thread's loads by the second barrier. One GPU-scope
-  // acq_rel atomic a block, no fence per thread (a __threadfence is MEMBAR.SC.GPU in SASS).
-  __syncthreads();
-  if (tid == 0) last = atomic_add_acq_rel_gpu(&a.counters[t * a.n_kv + h], 1) == arrivals - 1;
-  __syncthreads();
-  if (!last) return;
-  // The split weights of head g by warp g (g, g + warps, ... in the 4-warp build): lane j loads the (m, l) of splits
-  // j, j + 32, ... and the max and the sum are warp reductions (one thread a head looping over the splits took
-  // ~1 us at 32 splits: its shared-memory loads and exp2 in one dependent chain, "Session 31" §1).
-  constexpr int kPerLane = kMaxSplits / 32;
-  static_assert(kMaxSplits % 32 == 0, "whole lanes of splits");
-  const int warp = tid / 32, lane = tid % 32;
-  for (int g = warp; g < G; g += THREADS / 32) {
-    const float2* ml = reinterpret_cast<const float2*>(a.part_ml) + ph0 + (size_t)g * a.n_split;
-    float m[kPerLane], l[kPerLane];
-    float mm = -CUDART_INF_F;
-#pragma unroll
-    for (int k = 0; k < kPerLane; k++) {
-      const int sp = lane + 32 * k;
-      const float2 v = sp < n_used ? __ldcg(ml + sp) : make_float2(-CUDART_INF_F, 0.f);
-      m[k] = v.x; l[k] = v.y;
-      mm = fmaxf(mm, v.x);
-    }
-    mm = warp_max(mm);   // finite: every used split has >= 1 key
-    float ll = 0.f;
-#pragma unroll
-    for (int k = 0; k < kPerLane; k++) {
-      const int sp = lane + 32 * k;
-      if (sp < n_used) {
-        const float f = exp2f(m[k] - mm) * l[k];
-        w[g][sp] = f;
-        ll += f;
-      }
-    }
-    ll = warp_sum(ll);
-    if (lane == 0) inv[g] = 1.f / ll;
-  }
-  __syncthreads();
-  // outputs 4 dims at a time: (g, d4) pairs over the threads; 16 splits' f16 partials (8 bytes each) loaded a batch
-  for (int i = tid; i < G * (D / 4); i += THREADS) {
-    const int g = i / (D / 4), d4 = i % (D / 4);
-    const uint2* po = reinterpret_cast<const uint2*>(a.part_o + (ph0 + (size_t)g * a.n_split) * D) + d4;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 16
-    for (int sp = 0; sp < n_used; sp++) {
-      const uint2 u = __ldcg(po + (size_t)sp * (D / 4));
-      const float2 v01 = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
-      const float2 v23 = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
-      const float wt = w[g][sp];
-      acc.x = fmaf(v01.x, wt, acc.x); acc.y = fmaf(v01.y, wt, acc.y);
-      acc.z = fmaf(v23.x, wt, acc.z); acc.w = fmaf(v23.y, wt, acc.w);
-    }
-    const float iv = inv[g];
-    __half2* o2 = reinterpret_cast<__half2*>(out + g * D + d4 * 4);
-    o2[0] = __floats2half2_rn(acc.x * iv, acc.y * iv);
-    o2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
-  }
-  if (tid == 0) a.counters[t * a.n_kv + h] = 0;
+// Token t's position: in a batched decode step, sequence t's (pos_of); else *pos0 + pos_offset + t
+__device__ __forceinline__ int token_pos(const AttnArgs& a, int t) {
+  return a.kv_of != nullptr ? a.pos_of[t] : *a.pos0 + a.pos_offset + t;
+}
+
+// How a launch splits a token's n_keys keys over `spread` blocks (a plain launch: its n_split; a cluster launch: its
+// first cluster's C), as the decode kernel runs it and the merge kernel reads it back: kps keys a split (at least
+// keys_per_split, a multiple of 32), n_used splits with keys (<= spread)
+struct SplitPlan {
+  int kps, n_used;
+};
+__device__ __forceinline__ SplitPlan split_plan(const AttnArgs& a, int n_keys, int spread) {
+  SplitPlan p;
+  p.kps = max(a.keys_per_split, ((n_keys + spread - 1) / spread + 31) / 32 * 32);
+  p.n_used = (n_keys + p.kps - 1) / p.kps;
+  return p;
 }
 
 // ---- attn_decode_kernel: one query token a block, on tensor cores ------------------------------------------------
@@ -125,7 +69,7 @@ constexpr int kStages = 2;    // ring stages per warp
 static_assert(kKT == kPage, "an attention tile is one KV page");
 // CLUSTER builds are launched in clusters of C <= kAttnMaxCluster blocks along the splits (sm_90, launch_decode), for
 // launches whose tokens have at most C x attn_cluster_keys_per_block(D) keys: the first cluster's C blocks take the
-// keys and merge in distributed shared memory (no partials in global memory, no counter, no last block); the other
+// keys and merge in distributed shared memory (no partials in global memory, no merge kernel after); the other
 // clusters' blocks leave at once. A separate build: the cluster code in the plain one cost ~0.25 us a launch at
 // every context (bench/NOTES.md "Session 22" §2).
 
@@ -140,14 +84,12 @@ struct AttnSmem {
   union {
     __half ring[WARPS][kStages][2][TILE_H];   // per warp and stage: K tile, V tile
     float obuf[WARPS][kMaxG][LDO];                       // the warps' O, scaled to the block's max
-    float mw[kMaxG][kMaxSplits];                         // the merge's split weights
   } u;
   __align__(16) __half q[16][LDQ];   // roped q of the G heads times log2(e)/sqrt(D), f16; rows G..15 zero
   __align__(16) __half knew[D];      // this step's roped k and v (the cache row at pos)
   __align__(16) __half vnew[D];
   float wm[WARPS][kMaxG], wl[WARPS][kMaxG];
   float inv[kMaxG];
-  int last;
 };
 
 // The cluster build's shared memory: AttnSmem and the receive side of the merge (kept out of the other builds: the
@@ -197,7 +139,7 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
     pdl_trigger();
   }
   const bool batched = a.kv_of != nullptr;   // token t of sequence t (attention() checks the three arrays)
-  const int pos = batched ? a.pos_of[t] : *a.pos0 + a.pos_offset + t;
+  const int pos = token_pos(a, t);
   const KvLayer kv = batched ? a.kv_of[t] : a.kv;
   const int* pt = batched ? a.page_table_of[t] : a.page_table;
   const int n_keys = pos + 1;
@@ -205,23 +147,15 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (CLUSTER) C = (int)cooperative_groups::this_cluster().num_blocks();
 #endif
-  // The keys of a cluster launch within the short bound spread over the first cluster's C blocks, else over all
-  // n_split (a cluster launch past it: a long-context graph's, hier below)
-  const bool in_cluster = C > 1 && n_keys <= C * attn_cluster_keys_per_block(D);   // uniform over the grid
-  const int spread = in_cluster ? C : a.n_split;
-  const int kps = max(a.keys_per_split, ((n_keys + spread - 1) / spread + 31) / 32 * 32);
-  const int n_used = (n_keys + kps - 1) / kps;   // splits with keys (<= spread)
+  // A cluster launch (a short-context graph's, whose keys the host bounds: launch_decode) spreads the keys over its
+  // first cluster; any count is right there, more only slower
+  const SplitPlan plan = split_plan(a, n_keys, C > 1 ? C : a.n_split);   // uniform over the grid
+  const int kps = plan.kps, n_used = plan.n_used;
   // dsmem: the first cluster's blocks merge in distributed shared memory, each one of them (also those without keys:
-  // m = -inf, l = 0, O = 0) reaching the prologue's cluster barrier and pushing its partial. Else a block without keys
-  // leaves here.
-  // hier (a cluster launch past the short bound: launch_decode, from attn_hier_keys): every cluster with keys merges
-  // its C splits in distributed shared memory into one partial (O / L, (M, L)), and the last block to finish merges
-  // those n_parts partials globally
-  const bool hier = C > 1 && !in_cluster && n_used > 1;
-  const int n_parts = hier ? (n_used + C - 1) / C : n_used;
-  const bool dsmem = (in_cluster && n_used > 1) || hier;
-  // uniform per block, and per cluster where dsmem: no barrier is skipped by part of it
-  if (split >= (hier ? n_parts * C : dsmem ? C : n_used)) return;
+  // m = -inf, l = 0, O = 0) reaching the prologue's cluster barrier and pushing its partial. Else a block without
+  // keys leaves here.
+  const bool dsmem = C > 1 && n_used > 1;
+  if (split >= (dsmem ? C : n_used)) return;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (CLUSTER) if (dsmem) {   // the merge's receive mbarrier, published before any rank can push (decode:
     if (tid == 0) {                     // before the PDL wait, so the cluster barrier overlaps the kernel before)
@@ -488,23 +422,10 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
           acc.x = fmaf(v.x, wz, acc.x); acc.y = fmaf(v.y, wz, acc.y); acc.z = fmaf(v.z, wz, acc.z); acc.w = fmaf(v.w, wz, acc.w);
         }
       const float iv = 1.f / L;
-      if (hier) {   // this cluster's partial (part split / C) of item i; its (M, L) by the item holding dim 0
-        const size_t r = ((size_t)t * a.n_heads + h * G + hg) * a.n_split + split / C;
-        __half2* p2 = reinterpret_cast<__half2*>(a.part_o + r * D + d);
-        p2[0] = __floats2half2_rn(acc.x * iv, acc.y * iv);
-        p2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
-        if (d == 0) *reinterpret_cast<float2*>(a.part_ml + r * 2) = make_float2(M, L);
-      } else {
-        __half2* o2 = reinterpret_cast<__half2*>(out + hg * D + d);
-        o2[0] = __floats2half2_rn(acc.x * iv, acc.y * iv);
-        o2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
-      }
+      __half2* o2 = reinterpret_cast<__half2*>(out + hg * D + d);
+      o2[0] = __floats2half2_rn(acc.x * iv, acc.y * iv);
+      o2[1] = __floats2half2_rn(acc.z * iv, acc.w * iv);
     }
-    if (!hier || attn_merge_items(items, C, z) == 0) return;   // block-uniform
-    // one arrival per rank with items per cluster; the last of them merges the clusters' partials
-    const int ranks = (items + per - 1) / per;
-    merge_last_split<D, THREADS>(a, t, h, G, n_parts, n_parts * ranks, ((size_t)t * a.n_heads + h * G) * a.n_split,
-                                 out, S.u.mw, S.inv, S.last);
     return;
   }
 #endif
@@ -527,13 +448,89 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
     if (n_used == 1) out[hg * D + d] = __float2half_rn(v / S.inv[hg]);
     else a.part_o[(ph0 + (size_t)hg * a.n_split + split) * D + d] = __float2half_rn(v / S.inv[hg]);
   }
-  if (n_used == 1) return;
-  if (tid < G) {
+  if (n_used > 1 && tid < G) {   // attn_merge_kernel merges the splits' partials
     a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2] = S.wm[0][tid];
     a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2 + 1] = S.inv[tid];
   }
-  __syncthreads();   // obuf read by every thread before mw overwrites it
-  merge_last_split<D, THREADS>(a, t, h, G, n_used, n_used, ph0, out, S.u.mw, S.inv, S.last);
+}
+
+// ---- attn_merge_kernel: the partials of one query head into its output ------------------------------------------
+// Grid (n_heads, M), kMergeThreads threads: block (hq, t) merges the n_merge partials (O / l in f16, (m, l) in f32)
+// that the decode kernel's plain launch left for query head hq of token t (split_plan: one a split with keys) into out
+// (f16 [D]); where it left one, it wrote the output itself and the block leaves. Thread
+// (sg, c) takes dims 4c .. 4c + 3 of the partials sg, sg + NG, ... (NG split groups), loads a batch of kMergeBatch
+// partials' O chunks and (m, l) before it uses any, and folds them into its running (m, l, acc): partial s weighs
+// exp2(m_s - m) l_s. Group 0 then merges the NG groups' states through shared memory. A head's partials are n_merge x
+// D x 2 bytes (8.4 KB at the 7B's 33 splits), read by n_heads blocks on as many SMs at once. The decode kernel's last
+// block per KV head merged them before (one SM reading G heads' partials after a GPU-scope atomic: ~4 us of the 7B
+// layer's chain at 8K), and past 16K keys clusters of 8 splits merged in distributed shared memory first; H200, 7B
+// (bench/NOTES.md "Session 33" §1-2): the merge kernel alone decodes after 8K / 32K tokens in 1.639 / 1.956 ms/token
+// against 1.662-1.663 / 1.971 by those.
+constexpr int kMergeThreads = 128, kMergeBatch = 8;
+
+template <int D>
+__global__ void __launch_bounds__(kMergeThreads) attn_merge_kernel(const AttnArgs a) {
+  // The next kernel (o's GEMV) may enter and stream its weights now: its PDL wait is for this grid's end, which comes
+  // after the decode kernel's (this grid's wait).
+  pdl_trigger();
+  pdl_wait();
+  constexpr int CH = D / 4, NG = kMergeThreads / CH;   // 4-dim chunks of a head; split groups
+  const int hq = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, c = tid % CH, sg = tid / CH;
+  const int n_merge = split_plan(a, token_pos(a, t) + 1, a.n_split).n_used;
+  if (n_merge == 1) return;   // block-uniform
+  const size_t r0 = ((size_t)t * a.n_heads + hq) * a.n_split;
+  const uint2* po = reinterpret_cast<const uint2*>(a.part_o + r0 * D) + c;
+  const float2* pml = reinterpret_cast<const float2*>(a.part_ml) + r0;
+  float m = -CUDART_INF_F, l = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s0 = sg; s0 < n_merge; s0 += NG * kMergeBatch) {
+    uint2 u[kMergeBatch];
+    float2 ml[kMergeBatch];
+#pragma unroll
+    for (int k = 0; k < kMergeBatch; k++) {
+      const int s = s0 + NG * k;
+      const bool in = s < n_merge;
+      u[k] = in ? __ldcg(po + (size_t)s * CH) : make_uint2(0u, 0u);
+      ml[k] = in ? __ldcg(pml + s) : make_float2(-CUDART_INF_F, 0.f);
+    }
+    float mb = m;
+#pragma unroll
+    for (int k = 0; k < kMergeBatch; k++) mb = fmaxf(mb, ml[k].x);   // finite: partial s0 has keys
+    const float f = exp2f(m - mb);                                   // 0 on the first batch (m = -inf)
+    l *= f; acc.x *= f; acc.y *= f; acc.z *= f; acc.w *= f;
+#pragma unroll
+    for (int k = 0; k < kMergeBatch; k++) {
+      const float w = exp2f(ml[k].x - mb) * ml[k].y;                 // 0 past n_merge
+      const float2 v01 = __half22float2(*reinterpret_cast<const __half2*>(&u[k].x));
+      const float2 v23 = __half22float2(*reinterpret_cast<const __half2*>(&u[k].y));
+      l += w;
+      acc.x = fmaf(v01.x, w, acc.x); acc.y = fmaf(v01.y, w, acc.y);
+      acc.z = fmaf(v23.x, w, acc.z); acc.w = fmaf(v23.y, w, acc.w);
+    }
+    m = mb;
+  }
+  __shared__ float4 g_acc[NG][CH];
+  __shared__ float2 g_ml[NG];
+  g_acc[sg][c] = acc;
+  if (c == 0) g_ml[sg] = make_float2(m, l);
+  __syncthreads();
+  if (sg != 0) return;
+  float M = -CUDART_INF_F;
+#pragma unroll
+  for (int g = 0; g < NG; g++) M = fmaxf(M, g_ml[g].x);   // finite: group 0 has partial 0
+  float L = 0.f;
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int g = 0; g < NG; g++) {
+    const float w = exp2f(g_ml[g].x - M);   // 0 for a group without partials (m = -inf)
+    const float4 v = g_acc[g][c];
+    L = fmaf(g_ml[g].y, w, L);
+    o.x = fmaf(v.x, w, o.x); o.y = fmaf(v.y, w, o.y); o.z = fmaf(v.z, w, o.z); o.w = fmaf(v.w, w, o.w);
+  }
+  const float iv = 1.f / L;
+  __half2* o2 = reinterpret_cast<__half2*>(a.out + ((size_t)t * a.n_heads + hq) * D + 4 * c);
+  o2[0] = __floats2half2_rn(o.x * iv, o.y * iv);
+  o2[1] = __floats2half2_rn(o.z * iv, o.w * iv);
 }
 
 // ---- Prefill attention (M > 1 query tokens, causal): attn_prefill_fa<Cfg> of attn_prefill.cuh (mma.sync, FlashAttention-2
@@ -681,16 +678,15 @@ int launch_decode_build(const AttnArgs& a, int cluster, cudaStream_t st) {
 template <int D>
 int launch_decode(const AttnArgs& a, cudaStream_t st) {
   const long blocks = (long)a.n_kv * a.n_split * a.M;
-  if (blocks > device_sms() || !decode_build_fits<D, kDecodeWarpsOneWave>())
-    return launch_decode_build<D, kDecodeWarps, false>(a, 1, st);
-  // clusters: a short-context graph's (the merge in distributed shared memory) or a long-context graph's past the
-  // hierarchical bound (each cluster's merge there, then the last block's over the clusters' partials: hier)
-  const int hier_bound = attn_hier_keys(a.n_split, D);   // 0: too few splits
-  const bool hier = a.M == 1 && hier_bound > 0 && a.hier_keys >= hier_bound;
-  const int C = a.cluster_keys > 0 || hier ? decode_cluster<D>(a.n_kv, a.n_split, a.M) : 1;
-  if (C > 1 && (hier || a.cluster_keys <= C * attn_cluster_keys_per_block(D)))
+  const bool one_wave = blocks <= device_sms() && decode_build_fits<D, kDecodeWarpsOneWave>();
+  // a short-context graph's launch in clusters: the merge in distributed shared memory, no partials left
+  const int C = one_wave && a.cluster_keys > 0 ? decode_cluster<D>(a.n_kv, a.n_split, a.M) : 1;
+  if (C > 1 && a.cluster_keys <= C * attn_cluster_keys_per_block(D))
     return launch_decode_build<D, kDecodeWarpsOneWave, true>(a, C, st);
-  return launch_decode_build<D, kDecodeWarpsOneWave, false>(a, 1, st);
+  const int rc = one_wave ? launch_decode_build<D, kDecodeWarpsOneWave, false>(a, 1, st)
+                          : launch_decode_build<D, kDecodeWarps, false>(a, 1, st);
+  if (rc != NQ_OK || a.n_split == 1) return rc;
+  return launch_pdl("attn_merge_kernel", attn_merge_kernel<D>, dim3(a.n_heads, a.M), dim3(kMergeThreads), 0, st, a);
 }
 
 int attn_decode_cluster(int n_kv, int n_split, int D) {   // decode_max_clusters checks that the build fits

@@ -39,7 +39,7 @@ Batch::~Batch() {
   drop_graphs(this);
   gemm_scratch_free(&gemm_ws);
   void* dev[] = {d_tokens, d_pos, d_kv, d_pt, d_pos_of, d_next, d_samp, X, Xn, QKV, ATT, G, U, HM, logits, part_o,
-                 part_ml, counters, d_rope};
+                 part_ml, d_rope};
   for (void* p : dev)
     if (p) cudaFree(p);
   for (Flight& f : flight)
@@ -75,8 +75,7 @@ int batch_create(Model* m, int max_batch, Batch** out) {
       (rc = dalloc(&b->G, B * I, "batch G")) || (rc = dalloc(&b->U, B * I, "batch U")) ||
       (rc = dalloc(&b->HM, B * I, "batch HM")) || (rc = dalloc(&b->logits, B * V, "batch logits")) ||
       (rc = dalloc(&b->part_o, B * c.n_heads * b->n_split * D, "batch attention partials")) ||
-      (rc = dalloc(&b->part_ml, B * c.n_heads * b->n_split * 2, "batch attention (m, l)")) ||
-      (rc = dalloc(&b->counters, B * c.n_kv_heads, "batch attention counters")))
+      (rc = dalloc(&b->part_ml, B * c.n_heads * b->n_split * 2, "batch attention (m, l)")))
     return bail(rc);
   if ((e = cudaMallocHost(&b->h_in, Batch::kSlots * 3 * B * sizeof(int32_t))) != cudaSuccess ||
       (e = cudaMallocHost(&b->h_out, Batch::kSlots * B * sizeof(int32_t))) != cudaSuccess)
@@ -87,9 +86,6 @@ int batch_create(Model* m, int max_batch, Batch** out) {
   for (cudaEvent_t& ev : b->done)
     if ((e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)) != cudaSuccess)
       return bail(fail(cuda_status(e), "cudaEventCreate (batch): %s", cudaGetErrorString(e)));
-  if ((e = cudaMemsetAsync(b->counters, 0, B * c.n_kv_heads * sizeof(int), b->st)) != cudaSuccess ||
-      (e = cudaStreamSynchronize(b->st)) != cudaSuccess)
-    return bail(fail(cuda_status(e), "batch init: %s", cudaGetErrorString(e)));
   *out = b;
   return NQ_OK;
 }
@@ -201,7 +197,7 @@ int batch_launch(Batch* b, Session* const* ss, const int32_t* tokens, const int3
       aa.rope = b->d_rope;   // every sequence's cache and page table come from kv_of / page_table_of
       aa.n_heads = c.n_heads; aa.n_kv = c.n_kv_heads; aa.D = D;
       aa.keys_per_split = kDecodeKeysPerSplit; aa.n_split = batch_attention_splits(b, n); aa.write_kv = true;
-      aa.part_o = b->part_o; aa.part_ml = b->part_ml; aa.counters = b->counters; aa.out = b->ATT;
+      aa.part_o = b->part_o; aa.part_ml = b->part_ml; aa.out = b->ATT;
       aa.pos_of = b->d_pos; aa.kv_of = b->d_kv + (size_t)l * b->max_batch; aa.page_table_of = b->d_pt;
       NQ_TRY(attention(aa, st));
       if (rows) {

@@ -48,7 +48,6 @@ struct Batch {
   float* logits = nullptr;         // [V]
   __half* part_o = nullptr;        // attention partials [max_batch][n_heads][n_split][D]
   float* part_ml = nullptr;        // [max_batch][n_heads][n_split][2]
-  int* counters = nullptr;         // [max_batch][n_kv], zero between launches
   GemmScratch gemm_ws;             // split-K scratch of the step's GEMMs (this batch's stream only)
   float2* d_rope = nullptr;        // [rope_ctx][D/2] the rope table (a function of the position only: every session's
   int rope_ctx = 0;                // table is a prefix of the longest one), grown when a longer session is bound

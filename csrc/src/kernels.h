@@ -129,21 +129,6 @@ constexpr int kAttnMaxCluster = 8;            // portable cluster size
 // tokens: 0.472 in clusters against 0.574 by session 30's global merge, so the same bytes a block (6,144 keys).
 constexpr int kAttnClusterKeyDimsPerBlock = 384 * 128;
 constexpr int attn_cluster_keys_per_block(int D) { return kAttnClusterKeyDimsPerBlock / D; }
-// Long contexts: where a one-wave launch has at least kAttnHierMinSplits splits and every block streams at least
-// kAttnHierKeyDimsPerBlock keys x head dims (16,384 keys over the 7B's 32 splits), a session's long-context decode
-// graph runs the 8-warp build in clusters of C along the splits as well: each cluster merges its C splits in
-// distributed shared memory into one partial, and the last block merges the n_split / C partials in global memory
-// (the hierarchical merge: 4 a head instead of 32 on the 7B). The cluster launch itself costs where blocks stream
-// less, and the global merge it shortens costs less with fewer splits. H200 (bench/NOTES.md "Session 32" §1-3): 7B
-// (32 splits) after 8K tokens 1.72-1.75 ms/token in clusters against 1.66 by the global merge alone, after 16,384 a
-// tie (1.765-1.772 against 1.766-1.767), after 32,000 1.972-1.974 against 1.995-1.996; 14B (16 splits) in clusters
-// after 8,192 / 12,000 / 16,384 tokens +1.9 / +1.6 / +0.6 %.
-constexpr int kAttnHierMinSplits = 32;
-constexpr int kAttnHierKeyDimsPerBlock = 512 * 128;
-// The least keys for the hierarchical merge over n_split splits of head size D; 0: none (too few splits)
-constexpr int attn_hier_keys(int n_split, int D) {
-  return n_split >= kAttnHierMinSplits ? n_split * (kAttnHierKeyDimsPerBlock / D) : 0;
-}
 struct AttnArgs {
   const float* qkv;        // [M][qkv_stride] f32: q (n_heads*D), k (n_kv*D), v (n_kv*D), bias already added
   int qkv_stride;
@@ -158,8 +143,7 @@ struct AttnArgs {
   int n_split;             // grid size along splits
   bool write_kv;           // decode: the block owning pos writes rope(k), v into the cache first
   __half* part_o;          // [M][n_heads][n_split][D]: each split's O / l (normalised, so f16 holds it)
-  float* part_ml;          // [M][n_heads][n_split][2]
-  int* counters;           // [M][n_kv], zero before, left zero after
+  float* part_ml;          // [M][n_heads][n_split][2]: each split's running max m (log2 domain) and sum l
   __half* out;             // [M][n_heads*D]
   // Batched decode: M sequences, one query token each, every one at its own position in its own cache (grid z = M,
   // write_kv). Device arrays [M], all three or none; null for one sequence (then *pos0 + pos_offset + t, kv and
@@ -174,10 +158,6 @@ struct AttnArgs {
   // graph), else 0. Where it is at most C x attn_cluster_keys_per_block(D) for the launch's cluster size C
   // (attn_decode_cluster), the blocks run in clusters and merge in distributed shared memory.
   int cluster_keys = 0;
-  // Decode (M = 1): the least keys the launch's token can have where the host bounds it from below (a session's
-  // long-context graph), else 0. Where it is at least attn_hier_keys(n_split, D) (not 0: enough splits), the blocks
-  // run in clusters that merge hierarchically (kAttnHierKeyDimsPerBlock).
-  int hier_keys = 0;
 };
 int attention(const AttnArgs& a, cudaStream_t st);
 // The cluster size a one-token decode launch of n_split splits gets (1: none: no sm_90 code, a split count with no

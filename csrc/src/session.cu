@@ -1,7 +1,7 @@
 // Session: buffers, the decode forward pass (captured once as a CUDA graph), the batched prefill pass, and
-// generation with the device sampler. Per layer, decode runs 5 kernels:
-//   qkv GEMV (input RMSNorm fused, bias) -> attention (rope + KV write fused, split-K, merge in the last block)
-//   -> o_proj GEMV (+= residual) -> gate/up GEMV (RMSNorm fused, SwiGLU epilogue) -> down GEMV (+= residual)
+// generation with the device sampler. Per layer, decode runs 5 kernels (6 past the short-context bound):
+//   qkv GEMV (input RMSNorm fused, bias) -> attention (rope + KV write fused, split-K; short contexts merge the
+//   splits in a cluster, longer ones in attn_merge_kernel after it) -> o_proj GEMV (+= residual) -> gate/up GEMV (RMSNorm fused, SwiGLU epilogue) -> down GEMV (+= residual)
 // then the lm_head GEMV (final RMSNorm fused) and pos += 1. Everything reads position/token from device memory.
 #include "session.h"
 #include "launch.h"
@@ -21,7 +21,7 @@ Session::~Session() {
       if (gs[cls].graph) cudaGraphDestroy(gs[cls].graph);
     }
   void* dev[] = {d_pos, d_token, d_counter, d_samp, d_page_table, d_rope, kv_base, x, qkv, att, hmlp, logits, part_o,
-                 part_ml, counters, d_steer, d_counts, d_mask, d_bias_ids, d_bias_vals, d_lp_part_f, d_lp_part_i,
+                 part_ml, d_steer, d_counts, d_mask, d_bias_ids, d_bias_vals, d_lp_part_f, d_lp_part_i,
                  d_lp_out, d_lp_ids};
   for (void* p : dev)
     if (p) cudaFree(p);
@@ -246,17 +246,6 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
     s->nsplit_short = C > 1 ? C : 0;
     s->short_keys = C > 1 ? C * attn_cluster_keys_per_block(c.head_dim) : 0;
   }
-  // Long contexts: a third pair whose attention runs nsplit_decode rounded down to a multiple of kAttnMaxCluster
-  // splits in clusters merging hierarchically, for the steps with at least attn_hier_keys of those splits' keys
-  // (H200, 7B: 32 splits from 16,384 keys, -1.1 % after 32,000 tokens; the bound: kernels.h), where there are enough
-  // splits, the context reaches that many keys and the GPU holds the clusters
-  {
-    const int ns = s->nsplit_decode - s->nsplit_decode % kAttnMaxCluster;
-    const int keys = attn_hier_keys(ns, c.head_dim);
-    const int C = keys > 0 ? attn_decode_cluster(c.n_kv_heads, ns, c.head_dim) : 1;
-    s->nsplit_hier = C > 1 && keys <= max_ctx ? ns : 0;
-    s->hier_keys = s->nsplit_hier > 0 ? keys : 0;
-  }
   int rc = NQ_OK;
   {
     cudaError_t e = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking);
@@ -273,7 +262,6 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
       (rc = dalloc(&s->logits, V, "logits")) ||
       (rc = dalloc(&s->part_o, part_rows * c.n_heads * D, "attention partials")) ||
       (rc = dalloc(&s->part_ml, part_rows * c.n_heads * 2, "attention partials")) ||
-      (rc = dalloc(&s->counters, (size_t)kSplitPrefillMaxTokens * c.n_kv_heads, "attention counters")) ||
       (!pool && (rc = s->pre.alloc(*m, C))) ||
       (rc = dalloc(&s->d_steer, V, "steered logits")) ||
       (rc = dalloc(&s->d_counts, V, "token counts")) || (rc = dalloc(&s->d_mask, (V + 31) / 32, "token mask")) ||
@@ -313,17 +301,15 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
     if ((e = cudaMemcpy(s->d_rope, rope.data(), rope.size() * sizeof(float2), cudaMemcpyHostToDevice)))
       return fail_cuda(e, "rope upload");
   }
-  if ((e = cudaMemset(s->counters, 0, (size_t)kSplitPrefillMaxTokens * c.n_kv_heads * 4))) return fail_cuda(e, "counters");
   if ((e = cudaMemset(s->d_pos, 0, 4)) || (e = cudaMemset(s->d_token, 0, 4)) || (e = cudaMemset(s->d_counter, 0, 8)) ||
       (e = cudaMemset(s->d_counts, 0, (size_t)V * sizeof(int))))
     return fail_cuda(e, "state init");
   if ((e = cudaMemcpy(s->d_samp, &s->samp, sizeof(nq_sampling), cudaMemcpyHostToDevice))) return fail_cuda(e, "sampling upload");
   // capture decode_only (which == 0) and decode_sample (which == 1) of each class of steps the session has: any
-  // context, and where the GPU runs the cluster merges, short and long ones
+  // context, and where the GPU runs the cluster merge, short ones
   for (int cls = 0; cls < Session::kDecodeClasses; cls++)
     for (int which = 0; which < 2; which++) {
-      if ((cls == Session::kDecodeShort && s->short_keys == 0) || (cls == Session::kDecodeLong && s->hier_keys == 0))
-        continue;
+      if (cls == Session::kDecodeShort && s->short_keys == 0) continue;
       if ((e = cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal))) return fail_cuda(e, "begin capture");
       int r2 = enqueue_decode(s, cls);
       if (r2 == NQ_OK && which == 1) r2 = enqueue_sample(s);
@@ -416,12 +402,9 @@ int enqueue_decode(Session* s, int cls) {
     aa.kv = s->kv[l]; aa.page_table = s->d_page_table; aa.rope = s->d_rope;
     aa.n_heads = c.n_heads; aa.n_kv = c.n_kv_heads; aa.D = D;
     aa.keys_per_split = kDecodeKeysPerSplit; aa.write_kv = true;
-    aa.n_split = cls == Session::kDecodeShort ? s->nsplit_short
-                 : cls == Session::kDecodeLong ? s->nsplit_hier
-                                               : s->nsplit_decode;
+    aa.n_split = cls == Session::kDecodeShort ? s->nsplit_short : s->nsplit_decode;
     aa.cluster_keys = cls == Session::kDecodeShort ? s->short_keys : 0;
-    aa.hier_keys = cls == Session::kDecodeLong ? s->hier_keys : 0;
-    aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.counters = s->counters; aa.out = s->att;
+    aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.out = s->att;
     NQ_TRY(attention(aa, st));
     NQ_TRY(decode_o_mlp(s, L, st));
   }
@@ -584,7 +567,7 @@ int session_prefill(Session* s, const int32_t* tokens, int n, float* logits_all)
         aa.keys_per_split = 32; aa.write_kv = false;
         aa.n_split = split_prefill_count(Mr, s->pos + M);
         aa.max_keys = s->pos + M;
-        aa.part_o = s->pre.part_o; aa.part_ml = s->pre.part_ml; aa.counters = s->counters;
+        aa.part_o = s->pre.part_o; aa.part_ml = s->pre.part_ml;
         aa.out = tail ? s->att : s->pre.ATT;
         NQ_TRY(attention(aa, st));
         if (tail) {

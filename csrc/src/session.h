@@ -88,7 +88,6 @@ struct Session {
   float* logits = nullptr;       // [V]
   __half* part_o = nullptr;      // decode attention partials [nsplit_decode][n_heads][D]
   float* part_ml = nullptr;
-  int* counters = nullptr;       // [kSplitPrefillMaxTokens][n_kv]
   int nsplit_decode = 1;         // decode attention splits (csrc/src/attention.cu)
   // prefill activations, chunk of up to prefill_chunk tokens
   int prefill_chunk = NQ_PREFILL_CHUNK_TOKENS;
@@ -115,9 +114,8 @@ struct Session {
   // the captured graphs: nq_decode replays decode_only, nq_generate replays decode_sample, one of each a class of
   // steps by their keys (attention.cu, kernels.h): kDecodeAny for any context; kDecodeShort (where short_keys > 0) for
   // a step of at most short_keys keys: its attention runs nsplit_short splits in one cluster that merges in
-  // distributed shared memory; kDecodeLong (where hier_keys > 0) for a step of at least hier_keys keys: its attention
-  // runs nsplit_hier splits in clusters that merge hierarchically
-  enum DecodeClass { kDecodeAny = 0, kDecodeShort = 1, kDecodeLong = 2, kDecodeClasses = 3 };
+  // distributed shared memory
+  enum DecodeClass { kDecodeAny = 0, kDecodeShort = 1, kDecodeClasses = 2 };
   struct DecodeGraph {
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
@@ -125,11 +123,9 @@ struct Session {
   DecodeGraph decode_only[kDecodeClasses];     // decode step: embed(d_token) .. logits, pos++
   DecodeGraph decode_sample[kDecodeClasses];   // decode step, then sample -> d_token (and the host ring)
   int nsplit_short = 0, short_keys = 0;   // 0: no short-context graphs
-  int nsplit_hier = 0, hier_keys = 0;     // 0: no long-context graphs
   // the graph of a step whose token has `keys` keys (its position + 1)
   cudaGraphExec_t decode_graph(const DecodeGraph* g, int keys) const {
     if (short_keys > 0 && keys <= short_keys) return g[kDecodeShort].exec;
-    if (hier_keys > 0 && keys >= hier_keys) return g[kDecodeLong].exec;
     return g[kDecodeAny].exec;
   }
   ~Session();

@@ -70,13 +70,12 @@ extern "C" int nq_bench_attention(int32_t n_heads, int32_t n_kv, int32_t head_di
   const size_t kv_elems = (size_t)pages * n_kv * kPage * D;  // per layer, K or V
   const int layers = (int)std::min<size_t>(64, std::max<size_t>(1, (256u << 20) / (kv_elems * 4)));
   const int qkv_stride = (n_heads + 2 * n_kv) * D;
-  DBuf bk, bv, bqkv, bpo, bpm, bcnt, bout, bpt, bpos0, brope;
+  DBuf bk, bv, bqkv, bpo, bpm, bout, bpt, bpos0, brope;
   NQ_TRY(bk.alloc(kv_elems * layers * sizeof(__half)));
   NQ_TRY(bv.alloc(kv_elems * layers * sizeof(__half)));
   NQ_TRY(bqkv.alloc((size_t)M * qkv_stride * sizeof(float)));
   NQ_TRY(bpo.alloc((size_t)M * n_heads * n_split * D * sizeof(__half)));
   NQ_TRY(bpm.alloc((size_t)M * n_heads * n_split * 2 * sizeof(float)));
-  NQ_TRY(bcnt.alloc((size_t)M * n_kv * sizeof(int)));
   NQ_TRY(bout.alloc((size_t)M * n_heads * D * sizeof(__half)));
   NQ_TRY(bpt.alloc(pages * sizeof(int)));
   NQ_TRY(bpos0.alloc(sizeof(int)));
@@ -84,7 +83,7 @@ extern "C" int nq_bench_attention(int32_t n_heads, int32_t n_kv, int32_t head_di
   __half *k = bk.as<__half>(), *v = bv.as<__half>(), *out = bout.as<__half>();
   float *qkv = bqkv.as<float>(), *pm = bpm.as<float>();
   __half* po = bpo.as<__half>();
-  int *pt = bpt.as<int>(), *pos0 = bpos0.as<int>(), *cnt = bcnt.as<int>();
+  int *pt = bpt.as<int>(), *pos0 = bpos0.as<int>();
   float2* rope = brope.as<float2>();
   fill_half<<<1024, 256>>>(k, kv_elems * layers, 1u);
   fill_half<<<1024, 256>>>(v, kv_elems * layers, 2u);
@@ -100,12 +99,11 @@ extern "C" int nq_bench_attention(int32_t n_heads, int32_t n_kv, int32_t head_di
     NQ_CUDA(cudaMemcpy(pos0, &p0, 4, cudaMemcpyHostToDevice));
     std::vector<float2> hr((size_t)n_pos * (D / 2), make_float2(0.8f, 0.6f));
     NQ_CUDA(cudaMemcpy(rope, hr.data(), hr.size() * sizeof(float2), cudaMemcpyHostToDevice));
-    NQ_CUDA(cudaMemset(cnt, 0, (size_t)M * n_kv * 4));
   }
   AttnArgs a;
   a.qkv = qkv; a.qkv_stride = qkv_stride; a.M = M; a.pos0 = pos0; a.page_table = pt; a.rope = rope;
   a.n_heads = n_heads; a.n_kv = n_kv; a.D = D; a.keys_per_split = keys_per_split; a.n_split = n_split;
-  a.write_kv = M == 1; a.part_o = po; a.part_ml = pm; a.counters = cnt; a.out = out;
+  a.write_kv = M == 1; a.part_o = po; a.part_ml = pm; a.out = out;
   a.max_keys = n_pos;   // as session_prefill: picks the prefill kernel's build
   if (M == 1) bound_decode_keys(a, n_pos);   // decode: as a session's graphs bound the keys
   return time_launches([&](int i, cudaStream_t st) {
@@ -124,13 +122,12 @@ extern "C" int nq_bench_attention_batch(int32_t n_heads, int32_t n_kv, int32_t h
   const size_t kv_elems = (size_t)pages * n_kv * kPage * D;  // per layer, K or V (every sequence's pages)
   const int layers = (int)std::min<size_t>(64, std::max<size_t>(1, (256u << 20) / (kv_elems * 4)));
   const int qkv_stride = (n_heads + 2 * n_kv) * D;
-  DBuf bk, bv, bqkv, bpo, bpm, bcnt, bout, bpt, bpts, bpos, bkvof, brope;
+  DBuf bk, bv, bqkv, bpo, bpm, bout, bpt, bpts, bpos, bkvof, brope;
   NQ_TRY(bk.alloc(kv_elems * layers * sizeof(__half)));
   NQ_TRY(bv.alloc(kv_elems * layers * sizeof(__half)));
   NQ_TRY(bqkv.alloc((size_t)rows * qkv_stride * sizeof(float)));
   NQ_TRY(bpo.alloc((size_t)rows * n_heads * n_split * D * sizeof(__half)));
   NQ_TRY(bpm.alloc((size_t)rows * n_heads * n_split * 2 * sizeof(float)));
-  NQ_TRY(bcnt.alloc((size_t)rows * n_kv * sizeof(int)));
   NQ_TRY(bout.alloc((size_t)rows * n_heads * D * sizeof(__half)));
   NQ_TRY(bpt.alloc((size_t)pages * sizeof(int)));
   NQ_TRY(bpts.alloc((size_t)rows * sizeof(int*)));
@@ -159,12 +156,11 @@ extern "C" int nq_bench_attention_batch(int32_t n_heads, int32_t n_kv, int32_t h
     NQ_CUDA(cudaMemcpy(bkvof.p, hkv.data(), hkv.size() * sizeof(KvLayer), cudaMemcpyHostToDevice));
     std::vector<float2> hr((size_t)n_pos * (D / 2), make_float2(0.8f, 0.6f));
     NQ_CUDA(cudaMemcpy(brope.p, hr.data(), hr.size() * sizeof(float2), cudaMemcpyHostToDevice));
-    NQ_CUDA(cudaMemset(bcnt.p, 0, (size_t)rows * n_kv * 4));
   }
   AttnArgs a;   // as batch.cu sets it for its step (kv / page_table / pos0 unused with the per-sequence arrays)
   a.qkv = bqkv.as<float>(); a.qkv_stride = qkv_stride; a.M = rows; a.pos0 = bpos.as<int>(); a.rope = brope.as<float2>();
   a.n_heads = n_heads; a.n_kv = n_kv; a.D = D; a.keys_per_split = keys_per_split; a.n_split = n_split;
-  a.write_kv = true; a.part_o = bpo.as<__half>(); a.part_ml = bpm.as<float>(); a.counters = bcnt.as<int>();
+  a.write_kv = true; a.part_o = bpo.as<__half>(); a.part_ml = bpm.as<float>();
   a.out = bout.as<__half>(); a.pos_of = bpos.as<int>(); a.page_table_of = bpts.as<const int*>();
   return time_launches([&](int i, cudaStream_t st) {
     a.kv_of = bkvof.as<KvLayer>() + (size_t)(i % layers) * rows;

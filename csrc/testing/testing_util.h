@@ -130,11 +130,9 @@ inline PagedCache fill_paged_cache(const float* k, const float* v, int n_rows, i
 
 // A one-token decode launch's keys (n_pos) bounded as a session's decode graphs bound them (session.cu): a
 // short-context graph's where they fit kAttnMaxCluster blocks (clusters where C x attn_cluster_keys_per_block(D) >=
-// n_pos), else a long-context graph's where they reach attn_hier_keys (clusters merging hierarchically), else none
-// (every split's partial merged globally)
+// n_pos), else none (every split's partial merged by attn_merge_kernel)
 inline void bound_decode_keys(AttnArgs& a, int n_pos) {
   if (n_pos <= kAttnMaxCluster * attn_cluster_keys_per_block(a.D)) a.cluster_keys = n_pos;
-  else if (attn_hier_keys(a.n_split, a.D) > 0 && n_pos >= attn_hier_keys(a.n_split, a.D)) a.hier_keys = n_pos;
 }
 
 // Milliseconds per call of `iters` calls of run(i) on stream 0 after `warm` untimed ones (CUDA events).
