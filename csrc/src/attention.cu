@@ -31,7 +31,6 @@ namespace nq {
 namespace {
 
 constexpr int kMaxG = 8;
-constexpr int kMaxSplits = kAttnMaxSplits;
 
 // Token t's position: in a batched decode step, sequence t's (pos_of); else *pos0 + pos_offset + t
 __device__ __forceinline__ int token_pos(const AttnArgs& a, int t) {
@@ -457,16 +456,18 @@ __global__ void __launch_bounds__(WARPS * 32) attn_decode_kernel(const AttnArgs 
 // ---- attn_merge_kernel: the partials of one query head into its output ------------------------------------------
 // Grid (n_heads, M), kMergeThreads threads: block (hq, t) merges the n_merge partials (O / l in f16, (m, l) in f32)
 // that the decode kernel's plain launch left for query head hq of token t (split_plan: one a split with keys) into out
-// (f16 [D]); where it left one, it wrote the output itself and the block leaves. Thread
-// (sg, c) takes dims 4c .. 4c + 3 of the partials sg, sg + NG, ... (NG split groups), loads a batch of kMergeBatch
-// partials' O chunks and (m, l) before it uses any, and folds them into its running (m, l, acc): partial s weighs
-// exp2(m_s - m) l_s. Group 0 then merges the NG groups' states through shared memory. A head's partials are n_merge x
+// (f16 [D]); where it left one, it wrote the output itself and the block leaves. Thread (sg, c) takes dims
+// 4c .. 4c + 3 of the partials sg, sg + NG, ... (NG split groups: 8 at D 128, 16 at D 64), loads a batch of
+// kMergeBatch partials' O chunks and (m, l) before it uses any, and folds them into its running (m, l, acc): partial
+// s weighs exp2(m_s - m) l_s. One batch covers NG x kMergeBatch partials (64 at D 128: the 7B's 33 splits in one L2
+// round trip; with 128 threads two, 1.84 us from the wait to the folded partials at 8K in the chain trace, NOTES
+// "Session 33" §4). Group 0 then merges the NG groups' states through shared memory. A head's partials are n_merge x
 // D x 2 bytes (8.4 KB at the 7B's 33 splits), read by n_heads blocks on as many SMs at once. The decode kernel's last
 // block per KV head merged them before (one SM reading G heads' partials after a GPU-scope atomic: ~4 us of the 7B
 // layer's chain at 8K), and past 16K keys clusters of 8 splits merged in distributed shared memory first; H200, 7B
 // (bench/NOTES.md "Session 33" §1-2): the merge kernel alone decodes after 8K / 32K tokens in 1.639 / 1.956 ms/token
 // against 1.662-1.663 / 1.971 by those.
-constexpr int kMergeThreads = 128, kMergeBatch = 8;
+constexpr int kMergeThreads = 256, kMergeBatch = 8;
 
 template <int D>
 __global__ void __launch_bounds__(kMergeThreads) attn_merge_kernel(const AttnArgs a) {
@@ -696,8 +697,8 @@ int attn_decode_cluster(int n_kv, int n_split, int D) {   // decode_max_clusters
 int attention(const AttnArgs& a, cudaStream_t st) {
   if (a.n_kv <= 0 || a.n_heads % a.n_kv || a.n_heads / a.n_kv > kMaxG)
     return fail(NQ_E_UNSUPPORTED, "attention: n_heads %d / n_kv %d (at most %d query heads per KV head)", a.n_heads, a.n_kv, kMaxG);
-  if (a.n_split < 1 || a.n_split > kMaxSplits)
-    return fail(NQ_E_INVALID_ARG, "attention: n_split %d not in [1, %d]", a.n_split, kMaxSplits);
+  if (a.n_split < 1 || a.n_split > kAttnMaxSplits)
+    return fail(NQ_E_INVALID_ARG, "attention: n_split %d not in [1, %d]", a.n_split, kAttnMaxSplits);
   if (a.keys_per_split <= 0 || a.keys_per_split % 32)
     return fail(NQ_E_INVALID_ARG, "attention: keys_per_split %d", a.keys_per_split);
   if (a.D != 128 && a.D != 64) return fail(NQ_E_UNSUPPORTED, "attention: head_dim %d (64 or 128)", a.D);

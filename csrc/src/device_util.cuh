@@ -51,15 +51,6 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
   return r;
 }
 
-// *p += v at GPU scope with acquire and release semantics (one block's signal and test in a last-block-merges pattern,
-// the CUTLASS semaphore's: the block's stores are ordered before it by a __syncthreads, its readers after it by
-// another); returns the old value
-__device__ __forceinline__ int atomic_add_acq_rel_gpu(int* p, int v) {
-  int old;
-  asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
-
 // (a & b) | c in ONE instruction. Written as C, `(q & mask) | magic` has two different 32-bit immediates and
 // ptxas emitted two LOP3s per nibble pair (33 LOP3 per unit and row instead of 16 in the SASS; LOP3 issues on
 // the half-rate integer pipe, so this was the inner loop's bottleneck).

@@ -110,7 +110,7 @@ struct KvLayer {
   __half* v;
 };
 
-constexpr int kAttnMaxSplits = 128;   // attention splits per (token, KV head): bounds the merge's shared memory
+constexpr int kAttnMaxSplits = 128;   // attention splits per (token, KV head) a caller may ask for (attention() checks)
 // Decode attention's least keys per split (a session's decode and the batched step; attn_decode_kernel grows it to
 // cover the keys with n_split splits). attn_bench, H200, 7B heads, one token (bench/NOTES.md "Session 16" §1):
 // 64 keys (4 one-page tiles, one a warp) took 6.2 / 7.1 / 8.7 us at 65 / 577 / 2,048 keys against 32's 6.9 / 9.0 / 13.0;
