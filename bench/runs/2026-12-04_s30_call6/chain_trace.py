@@ -2,7 +2,8 @@
 from the product kernels' own %globaltimer records (thread 0 of every block), at a short and a long prompt. Needs a
 library built from a scratch copy of main with both traces written in (make_attn_trace.py here for attention.cu,
 bench/runs/2026-12-03_s25_prep/make_frag_trace.py for the decode GEMVs; optionally
-bench/runs/2026-12-04_s30_prep/make_merge_trace.py for the inside of the global merge). Every time is in µs after
+bench/runs/2026-12-04_s30_prep/make_merge_trace.py for the inside of the global merge, or from 3de48ba on for the
+merge kernel's blocks: their records have t[4] = 0). Every time is in µs after
 q/k/v's last block ended (Q): what attention and o do before and after it, mean over layers and decode steps.
 Usage: NANOQWEN_LIB=<that library> python3 chain_trace.py FILE.nanoqwen PROMPT_TOKENS"""
 import os
@@ -26,6 +27,7 @@ ar = np.fromfile("/tmp/attn_trace.bin", dtype=ad)
 ar = ar[(ar["flags"] >> 18) >= prompt]   # decode steps only (a prefill chunk's attention has fewer keys)
 md = np.dtype([("t", "<u8", 7), ("h", "<u4"), ("n_used", "<u4"), ("sm", "<u4"), ("tok", "<u4")])
 mt = np.fromfile("/tmp/amerge_trace.bin", dtype=md)["t"][:, :5].astype(np.int64) if n_merge else np.zeros((0, 5), np.int64)
+merge_kernel = len(mt) > 0 and not mt[:, 4].any()   # attn_merge_kernel's 4 points (3de48ba on), not the last block's 5
 
 launches = []   # (name, t[:, 7] int64 with columns entry, wait, ..., end at `end_col`)
 mode, kc, gx = fr["kind"] >> 28, (fr["kind"] >> 14) & 0x3FFF, fr["kind"] & 0x3FFF
@@ -73,9 +75,18 @@ for i in range(1, len(launches) - 2):
     add("attn: warps' O in smem (max)", a[:, 5].max() - Q)
     add("attn: first block ended", a[:, 6].min() - Q)
     add("attn: last block ended (A)", A - Q)
-    # the global merge's last blocks of this launch (one a KV head): entered, atomic done, (m, l) in, weights, end
+    # the global merge's last blocks of this launch (one a KV head): entered, atomic done, (m, l) in, weights, end;
+    # or the merge kernel's blocks (one a query head): entered, wait resolved, partials folded, end
     sel = (mt[:, 0] >= a[:, 0].min()) & (mt[:, 0] <= A + 1000)
-    if sel.any():
+    if sel.any() and merge_kernel:
+        m = mt[sel]
+        add("merge kernel: blocks", len(m) * 1e3)
+        add("merge kernel: last entry", m[:, 0].max() - Q)
+        add("merge kernel: wait resolved (min)", m[:, 1].min() - Q)
+        add("merge kernel: wait resolved (max)", m[:, 1].max() - Q)
+        add("merge kernel: partials folded (max)", m[:, 2].max() - Q)
+        add("merge kernel: last block ended (M)", m[:, 3].max() - Q)
+    elif sel.any():
         m = mt[sel]
         for col, what in enumerate(["entered", "atomic + barrier done", "(m, l) loaded", "weights done",
                                     "thread 0's outputs written"]):

@@ -1,6 +1,7 @@
 """Session 30 call 6 (experiment, never main; replaces session 25 call 4's make_trace.py, whose anchors no longer
 matched, with t[5] now the warps' O in shared memory): instruments attn_decode_kernel (csrc/src/attention.cu as of
-d9bb5a3, and as of 4c0c86f: the hierarchical merge moved three anchors, each edit takes whichever form the source has)
+d9bb5a3, as of 4c0c86f: the hierarchical merge moved three anchors, and as of 3de48ba: the merge in a kernel of its
+own, the block's end after its partial; each edit takes whichever form the source has)
 with %globaltimer records of thread 0 of every block with keys (t[0] entry, t[1] the cluster prologue done,
 t[2] the PDL wait resolved, t[3] q staged, t[4] tiles done, t[5] the warps' O in shared memory, t[6] end), and
 exports nq_attn_trace. Run in a scratch worktree: python3 make_attn_trace.py path/to/attention.cu; then build;
@@ -57,6 +58,10 @@ rep_either(("""  if (split >= (dsmem ? C : n_used)) return;     // uniform per b
 """, """  if (split >= (hier ? n_parts * C : dsmem ? C : n_used)) return;
   trace_flags = (unsigned)n_used | (dsmem ? 256u : 0u) | ((unsigned)C << 9) | ((unsigned)WARPS << 14) |
                 ((unsigned)n_keys << 18);
+"""), ("""  if (split >= (dsmem ? C : n_used)) return;
+""", """  if (split >= (dsmem ? C : n_used)) return;
+  trace_flags = (unsigned)n_used | (dsmem ? 256u : 0u) | ((unsigned)C << 9) | ((unsigned)WARPS << 14) |
+                ((unsigned)n_keys << 18);
 """))
 rep("""    cluster_wait();
   }
@@ -88,7 +93,9 @@ rep("""  __syncthreads();   // the warps' O in obuf
 """, """  __syncthreads();   // the warps' O in obuf
   tt[5] = attn_gtimer();
 """)
-rep("""  if (n_used == 1) return;
+merge_kernel = "attn_merge_kernel(" in src.s   # 3de48ba on: the plain block ends after its partial
+if not merge_kernel:
+    rep("""  if (n_used == 1) return;
 """, """  if (n_used == 1) { trace_end(); return; }
 """)
 if "    if (!hier || attn_merge_items(items, C, z) == 0) return;" in src.s:   # 4c0c86f on: the cluster path's two ends
@@ -114,11 +121,18 @@ else:
     return;
   }
 #endif""")
-# the kernel's last statement, the global merge call (its arguments differ between main, merge_staged.patch and
-# 4c0c86f on)
-_i = src.s.index("  merge_last_split<D, THREADS>(a, t, h, G, n_used, ")
-_j = src.s.index(");\n}", _i) + 2
-src.s = src.s[:_j] + "\n  trace_end();" + src.s[_j:]
+if merge_kernel:   # the plain block's end: its (m, l) stored
+    rep("""    a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2 + 1] = S.inv[tid];
+  }
+}""", """    a.part_ml[(ph0 + (size_t)tid * a.n_split + split) * 2 + 1] = S.inv[tid];
+  }
+  trace_end();
+}""")
+else:   # the kernel's last statement, the global merge call (its arguments differ between main, merge_staged.patch
+    # and 4c0c86f on)
+    _i = src.s.index("  merge_last_split<D, THREADS>(a, t, h, G, n_used, ")
+    _j = src.s.index(");\n}", _i) + 2
+    src.s = src.s[:_j] + "\n  trace_end();" + src.s[_j:]
 i = src.s.rindex("}  // namespace nq")
 src.s = src.s[:i] + export_fn("attn", "Attn") + src.s[i:]
 src.s = src.s.replace("#include <type_traits>\n", "#include <type_traits>\n#include <cstdio>\n#include <cstdlib>\n", 1)

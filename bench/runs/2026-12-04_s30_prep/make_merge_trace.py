@@ -7,7 +7,10 @@ bench/runs/2026-12-04_s30_call6/make_attn_trace.py on the same file (bench/runs/
 GEMVs' records of bench/runs/2026-12-03_s25_prep/make_frag_trace.py). Usage, in a scratch copy of the tree:
 python3 make_merge_trace.py csrc/src/attention.cu
 Session 31 (fcb7b1b) computes the weights by a warp a head straight from global memory: where the file has that
-merge, t[2] = t[3] = the weights computed (their (m, l) loads are no longer a phase of their own)."""
+merge, t[2] = t[3] = the weights computed (their (m, l) loads are no longer a phase of their own).
+Session 33 (3de48ba on) merges in attn_merge_kernel: where the file has it, thread 0 of every merge block records
+t[0] entry, t[1] the PDL wait resolved, t[2] its group's partials folded, t[3] end (t[4] = 0, which chain_trace.py
+reads as this form), with n_used = the partials merged."""
 import os
 import sys
 
@@ -18,6 +21,47 @@ src = SourceEdit(sys.argv[1])
 rep = src.rep
 
 
+def export_and_save():
+    i = src.s.rindex("}  // namespace nq")
+    src.s = src.s[:i] + export_fn("amerge", "AMerge") + src.s[i:]
+    src.save()
+
+
+if "attn_merge_kernel(" in src.s:   # session 33 on: the merge kernel
+    rep("""template <int D>
+__global__ void __launch_bounds__(kMergeThreads) attn_merge_kernel(""", """// TRACE (dev only, never main): bench/runs/2026-12-04_s30_prep/make_merge_trace.py
+""" + device_decls("amerge", "AMerge", "unsigned h, n_used, sm, tok;") + """
+template <int D>
+__global__ void __launch_bounds__(kMergeThreads) attn_merge_kernel(""")
+    rep("""  pdl_trigger();
+  pdl_wait();
+  constexpr int CH = D / 4, NG = kMergeThreads / CH;""", """  unsigned long long mt[4] = {};
+  mt[0] = amerge_gtimer();
+  pdl_trigger();
+  pdl_wait();
+  mt[1] = amerge_gtimer();
+  constexpr int CH = D / 4, NG = kMergeThreads / CH;""")
+    rep("""  __shared__ float4 g_acc[NG][CH];""", """  mt[2] = amerge_gtimer();
+  __shared__ float4 g_acc[NG][CH];""")
+    rep("""  o2[1] = __floats2half2_rn(o.z * iv, o.w * iv);
+}""", """  o2[1] = __floats2half2_rn(o.z * iv, o.w * iv);
+  if (tid == 0 && g_amerge_trace_on) {
+    mt[3] = amerge_gtimer();
+    const unsigned i = atomicAdd(&g_amerge_trace_n, 1u);
+    if (i < kAMergeTraceMax) {
+      AMergeTraceRec r;
+      for (int q = 0; q < 7; q++) r.t[q] = q < 4 ? mt[q] : 0ull;
+      unsigned smid;
+      asm volatile("mov.u32 %0, %smid;" : "=r"(smid));
+      r.h = (unsigned)hq; r.n_used = (unsigned)n_merge; r.sm = smid; r.tok = (unsigned)t;
+      g_amerge_trace[i] = r;
+    }
+  }
+}""")
+    export_and_save()
+    sys.exit(0)
+
+# the last split block's merge (merge_last_split, before 3de48ba)
 rep("""template <int D, int THREADS>
 __device__ __forceinline__ void merge_last_split(""", """// TRACE (dev only, never main): bench/runs/2026-12-04_s30_prep/make_merge_trace.py
 """ + device_decls("amerge", "AMerge", "unsigned h, n_used, sm, tok;") + """
@@ -65,6 +109,4 @@ rep("""  if (tid == 0) a.counters[t * a.n_kv + h] = 0;
     }
   }
 }""")
-i = src.s.rindex("}  // namespace nq")
-src.s = src.s[:i] + export_fn("amerge", "AMerge") + src.s[i:]
-src.save()
+export_and_save()
