@@ -1,7 +1,8 @@
 // Session: buffers, the decode forward pass (captured once as a CUDA graph), the batched prefill pass, and
 // generation with the device sampler. Per layer, decode runs 5 kernels (6 past the short-context bound):
 //   qkv GEMV (input RMSNorm fused, bias) -> attention (rope + KV write fused, split-K; short contexts merge the
-//   splits in a cluster, longer ones in attn_merge_kernel after it) -> o_proj GEMV (+= residual) -> gate/up GEMV (RMSNorm fused, SwiGLU epilogue) -> down GEMV (+= residual)
+//   splits in a cluster, longer ones in attn_merge_kernel after it) -> o_proj GEMV (+= residual) -> gate/up GEMV
+//   (RMSNorm fused, SwiGLU epilogue) -> down GEMV (+= residual)
 // then the lm_head GEMV (final RMSNorm fused) and pos += 1. Everything reads position/token from device memory.
 #include "session.h"
 #include "launch.h"
