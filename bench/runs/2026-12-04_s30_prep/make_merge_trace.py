@@ -21,6 +21,23 @@ src = SourceEdit(sys.argv[1])
 rep = src.rep
 
 
+def record(points: int, h: str, n_used: str) -> str:
+    """thread 0's record of its `points` timer readings mt[0..points-1] (the last taken here), with h and n_used"""
+    return f"""  if (tid == 0 && g_amerge_trace_on) {{
+    mt[{points - 1}] = amerge_gtimer();
+    const unsigned i = atomicAdd(&g_amerge_trace_n, 1u);
+    if (i < kAMergeTraceMax) {{
+      AMergeTraceRec r;
+      for (int q = 0; q < 7; q++) r.t[q] = q < {points} ? mt[q] : 0ull;
+      unsigned smid;
+      asm volatile("mov.u32 %0, %smid;" : "=r"(smid));
+      r.h = (unsigned){h}; r.n_used = (unsigned){n_used}; r.sm = smid; r.tok = (unsigned)t;
+      g_amerge_trace[i] = r;
+    }}
+  }}
+"""
+
+
 def export_and_save():
     i = src.s.rindex("}  // namespace nq")
     src.s = src.s[:i] + export_fn("amerge", "AMerge") + src.s[i:]
@@ -45,19 +62,7 @@ __global__ void __launch_bounds__(kMergeThreads) attn_merge_kernel(""")
   __shared__ float4 g_acc[NG][CH];""")
     rep("""  o2[1] = __floats2half2_rn(o.z * iv, o.w * iv);
 }""", """  o2[1] = __floats2half2_rn(o.z * iv, o.w * iv);
-  if (tid == 0 && g_amerge_trace_on) {
-    mt[3] = amerge_gtimer();
-    const unsigned i = atomicAdd(&g_amerge_trace_n, 1u);
-    if (i < kAMergeTraceMax) {
-      AMergeTraceRec r;
-      for (int q = 0; q < 7; q++) r.t[q] = q < 4 ? mt[q] : 0ull;
-      unsigned smid;
-      asm volatile("mov.u32 %0, %smid;" : "=r"(smid));
-      r.h = (unsigned)hq; r.n_used = (unsigned)n_merge; r.sm = smid; r.tok = (unsigned)t;
-      g_amerge_trace[i] = r;
-    }
-  }
-}""")
+""" + record(4, "hq", "n_merge") + "}")
     export_and_save()
     sys.exit(0)
 
@@ -96,17 +101,5 @@ else:   # session 30's merge: the (m, l) staged in shared memory, then one threa
     rep(weights, weights + "  mt[3] = amerge_gtimer();\n")
 rep("""  if (tid == 0) a.counters[t * a.n_kv + h] = 0;
 }""", """  if (tid == 0) a.counters[t * a.n_kv + h] = 0;
-  if (tid == 0 && g_amerge_trace_on) {
-    mt[4] = amerge_gtimer();
-    const unsigned i = atomicAdd(&g_amerge_trace_n, 1u);
-    if (i < kAMergeTraceMax) {
-      AMergeTraceRec r;
-      for (int q = 0; q < 7; q++) r.t[q] = q < 5 ? mt[q] : 0ull;
-      unsigned smid;
-      asm volatile("mov.u32 %0, %smid;" : "=r"(smid));
-      r.h = (unsigned)h; r.n_used = (unsigned)n_used; r.sm = smid; r.tok = (unsigned)t;
-      g_amerge_trace[i] = r;
-    }
-  }
-}""")
+""" + record(5, "h", "n_used") + "}")
 export_and_save()
