@@ -17,7 +17,7 @@ Session::~Session() {
   if (pool) d_rope = nullptr;   // the pool's rope table and prefill buffers are not this session's to free
   else pre.free();
   for (DecodeGraph* gs : {decode_only, decode_sample})
-    for (int cls = 0; cls < kDecodeClasses; cls++) {
+    for (int cls = 0; cls < 2; cls++) {
       if (gs[cls].exec) cudaGraphExecDestroy(gs[cls].exec);
       if (gs[cls].graph) cudaGraphDestroy(gs[cls].graph);
     }
@@ -306,13 +306,12 @@ int create(Model* m, KvPool* pool, int max_ctx, const nq_sampling* sp, Session**
       (e = cudaMemset(s->d_counts, 0, (size_t)V * sizeof(int))))
     return fail_cuda(e, "state init");
   if ((e = cudaMemcpy(s->d_samp, &s->samp, sizeof(nq_sampling), cudaMemcpyHostToDevice))) return fail_cuda(e, "sampling upload");
-  // capture decode_only (which == 0) and decode_sample (which == 1) of each class of steps the session has: any
-  // context, and where the GPU runs the cluster merge, short ones
-  for (int cls = 0; cls < Session::kDecodeClasses; cls++)
+  // capture decode_only (which == 0) and decode_sample (which == 1), for any context (cls 0) and, where the GPU runs
+  // the cluster merge, for short ones (cls 1)
+  for (int cls = 0; cls < (s->short_keys > 0 ? 2 : 1); cls++)
     for (int which = 0; which < 2; which++) {
-      if (cls == Session::kDecodeShort && s->short_keys == 0) continue;
       if ((e = cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal))) return fail_cuda(e, "begin capture");
-      int r2 = enqueue_decode(s, cls);
+      int r2 = enqueue_decode(s, cls == 1);
       if (r2 == NQ_OK && which == 1) r2 = enqueue_sample(s);
       cudaGraph_t g = nullptr;
       e = cudaStreamEndCapture(s->st, &g);
@@ -384,7 +383,7 @@ int decode_o_mlp(Session* s, const Layer& L, cudaStream_t st) {
 }
 }  // namespace
 
-int enqueue_decode(Session* s, int cls) {
+int enqueue_decode(Session* s, bool short_ctx) {
   const Model& m = *s->m;
   const nq_config& c = m.cfg;
   const int H = c.hidden_size, D = c.head_dim, Nq = c.n_heads * D;
@@ -403,8 +402,8 @@ int enqueue_decode(Session* s, int cls) {
     aa.kv = s->kv[l]; aa.page_table = s->d_page_table; aa.rope = s->d_rope;
     aa.n_heads = c.n_heads; aa.n_kv = c.n_kv_heads; aa.D = D;
     aa.keys_per_split = kDecodeKeysPerSplit; aa.write_kv = true;
-    aa.n_split = cls == Session::kDecodeShort ? s->nsplit_short : s->nsplit_decode;
-    aa.cluster_keys = cls == Session::kDecodeShort ? s->short_keys : 0;
+    aa.n_split = short_ctx ? s->nsplit_short : s->nsplit_decode;
+    aa.cluster_keys = short_ctx ? s->short_keys : 0;
     aa.part_o = s->part_o; aa.part_ml = s->part_ml; aa.out = s->att;
     NQ_TRY(attention(aa, st));
     NQ_TRY(decode_o_mlp(s, L, st));

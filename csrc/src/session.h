@@ -111,22 +111,19 @@ struct Session {
   float* d_lp_out = nullptr;     // [2 + kMaxTopLogprobs]
   int* d_lp_ids = nullptr;       // [kMaxTopLogprobs]
   float* h_steer_out = nullptr;  // pinned [1 + 2 + 2 * kMaxTopLogprobs]: token (int bits), d_lp_out, d_lp_ids
-  // the captured graphs: nq_decode replays decode_only, nq_generate replays decode_sample, one of each a class of
-  // steps by their keys (attention.cu, kernels.h): kDecodeAny for any context; kDecodeShort (where short_keys > 0) for
-  // a step of at most short_keys keys: its attention runs nsplit_short splits in one cluster that merges in
-  // distributed shared memory
-  enum DecodeClass { kDecodeAny = 0, kDecodeShort = 1, kDecodeClasses = 2 };
+  // the captured graphs: nq_decode replays decode_only, nq_generate replays decode_sample; [0] for any context,
+  // [1] (where short_keys > 0) for a step of at most short_keys keys: its attention runs nsplit_short splits in one
+  // cluster that merges in distributed shared memory (attention.cu, kernels.h)
   struct DecodeGraph {
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
   };
-  DecodeGraph decode_only[kDecodeClasses];     // decode step: embed(d_token) .. logits, pos++
-  DecodeGraph decode_sample[kDecodeClasses];   // decode step, then sample -> d_token (and the host ring)
+  DecodeGraph decode_only[2];     // decode step: embed(d_token) .. logits, pos++
+  DecodeGraph decode_sample[2];   // decode step, then sample -> d_token (and the host ring)
   int nsplit_short = 0, short_keys = 0;   // 0: no short-context graphs
   // the graph of a step whose token has `keys` keys (its position + 1)
   cudaGraphExec_t decode_graph(const DecodeGraph* g, int keys) const {
-    if (short_keys > 0 && keys <= short_keys) return g[kDecodeShort].exec;
-    return g[kDecodeAny].exec;
+    return short_keys > 0 && keys <= short_keys ? g[1].exec : g[0].exec;
   }
   ~Session();
 };
@@ -162,7 +159,7 @@ int session_sample_steered(Session* s, const int32_t* bias_ids, const float* bia
                            float* out_logprob, int32_t* out_top_ids, float* out_top_logprobs, int32_t* out_n_top);
 
 // enqueue the decode forward pass (used for graph capture)
-int enqueue_decode(Session* s, int cls);   // cls: the graphs' Session::DecodeClass (their attention)
+int enqueue_decode(Session* s, bool short_ctx);   // short_ctx: the short-context graphs' attention
 int enqueue_sample(Session* s);
 
 }  // namespace nq
