@@ -381,23 +381,26 @@ def test_7b_shaped_vs_transformers(tmp_path, quant):
         assert rel_rows(gpu.decode(int(ids[-1])), ref[-1]).max() < TOL
 
 
-def test_yarn_beyond_32k_vs_transformers(tmp_path):
-    """Qwen2.5's documented long-context setting (YaRN, factor 4 over 32,768 positions) on a tiny f16 model: a
-    33,000-token prompt, so the last positions lie beyond the original 32K. transformers' Qwen2ForCausalLM in
-    float32 on the GPU (the checkpoint itself) is the reference for the last 64 positions; the GPU prefill runs in
-    its 512-token chunks through the paged cache. (The CPU oracle is compared beyond the original context on the
-    qwen2-yarn4 case above; at 33K positions it would take minutes.)"""
+@pytest.mark.parametrize("T,yarn", [(8192, False), (33_000, True)], ids=["8k", "yarn-33k"])
+def test_long_prompt_vs_transformers(tmp_path, T, yarn):
+    """transformers' Qwen2ForCausalLM in float32 on the GPU (the checkpoint itself) is the reference for the last 64
+    positions of a long prompt on a tiny f16 model: 8,192 tokens with the plain RoPE (issue 15's 8K comparison: the
+    decode steps read 8K keys through the plain launch and attn_merge_kernel), and Qwen2.5's documented long-context
+    setting (YaRN, factor 4 over 32,768 positions) at 33,000 tokens, so the last positions lie beyond the original
+    32K. The GPU prefill runs in its 512-token chunks through the paged cache, then the last 64 tokens one decode step
+    each. (The CPU oracle is compared beyond the original context on the qwen2-yarn4 case above; at 33K positions it
+    would take minutes.)"""
     import torch
     from transformers import AutoModelForCausalLM
 
     from nanoqwen_quant.convert import convert_checkpoint
     from nanoqwen_rt.backends.cuda import CudaBackend
 
-    T = 33_000
-    src = make_checkpoint(tmp_path / "yarn32k", arch="qwen2", hidden=128, intermediate=256, n_layers=2, n_heads=2,
-                          n_kv_heads=1, vocab=384, seed=13, dtype="f16", max_positions=131072,
-                          rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
-    path = convert_checkpoint(src, tmp_path / "yarn32k.nanoqwen", quant="none")
+    rope = {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+            "max_positions": 131072} if yarn else {}
+    src = make_checkpoint(tmp_path / "long", arch="qwen2", hidden=128, intermediate=256, n_layers=2, n_heads=2,
+                          n_kv_heads=1, vocab=384, seed=13, dtype="f16", **rope)
+    path = convert_checkpoint(src, tmp_path / "long.nanoqwen", quant="none")
     ids = np.random.default_rng().integers(0, 320, size=T, dtype=np.int64)
     model = AutoModelForCausalLM.from_pretrained(src, torch_dtype=torch.float32, attn_implementation="sdpa").cuda()
     with torch.no_grad():
