@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Session 34 call 3: the GPU suite, the decode bench with peers, the long prompts and the sanitizers on the session's
-# product tree (the short-context cluster bound at 2,048 keys at D 128; both archs built here, the product library
+# Session 34 call 3 (lost: the machine stopped answering; run it next): the GPU suite, the decode bench with peers, the
+# long prompts and the sanitizers on main with branch wip/s34-b256's commit applied (the short-context cluster bound
+# at 2,048 keys at D 128: `git cherry-pick 00edda7`, then `JOBS=2 bash scripts/build_native.sh`, then pack
+# build/lib/libnanoqwen_testing.so into .out/testing.tar.xz and main34 / b256 into .out/variants.tar.xz with
+# bench/variants.sh; set NQ_REV to the tree's commit; both archs built here, the product library
 # carried in nanoqwen_rt/lib, the testing one packed in .out/testing.tar.xz), then the 0.5B bound check. Carry [".whl", ".out", "nanoqwen_rt/lib"].
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
