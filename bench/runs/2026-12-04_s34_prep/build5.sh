@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The variants of session 34's prepared call 5 (calls 2 and 4 in one), built here for sm_90a where .v/NAME is missing
-# (build.sh, build2.sh and build3.sh's recipes; ~2.5 minutes each on 2 cores) and packed into .out/variants.tar.xz
+# (~2.5 minutes each on 2 cores) and packed into .out/variants.tar.xz
 # (~35 MB; with .whl and the tracked tree the carry stays under 64 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
