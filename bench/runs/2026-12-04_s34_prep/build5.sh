@@ -11,8 +11,15 @@ build main34
 build nowait $P/nowait.patch
 build b256 $P/b256.patch
 for v in qkv o gu dn attn; do build nw_$v $P/nw_$v.patch; done
+# l2a = l2side.patch as it is (fork after q/k/v, chunks 1-2); l2b, l2c, l2d: one constant or condition changed
+T=$(mktemp -d)
+sed 's/constexpr bool kL2ForkBeforeQkv = false;/constexpr bool kL2ForkBeforeQkv = true;/' $P/l2side.patch > $T/l2b.patch
+sed 's/kL2First = 1, kL2Chunks = 2,/kL2First = 1, kL2Chunks = 3,/' $P/l2side.patch > $T/l2c.patch
+sed 's|^+    if (!kL2ForkBeforeQkv) NQ_TRY(fork_l2_prefetch(s, L));|+    if (!kL2ForkBeforeQkv \&\& short_ctx) NQ_TRY(fork_l2_prefetch(s, L));   // l2d: short graphs only|' \
+  $P/l2side.patch > $T/l2d.patch
+for v in b c d; do cmp -s $P/l2side.patch $T/l2$v.patch && { echo "l2$v: the sed did not apply"; exit 1; }; done
 build l2a $P/l2side.patch
-build l2b $P/l2side_before_qkv.patch
-build l2c $P/l2side_3chunks.patch
-build l2d $P/l2side_short.patch
+build l2b $T/l2b.patch
+build l2c $T/l2c.patch
+build l2d $T/l2d.patch
 nq_pack_variants l2a main34 nowait b256 nw_qkv nw_o nw_gu nw_dn nw_attn l2a l2b l2c l2d
