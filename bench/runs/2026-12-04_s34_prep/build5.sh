@@ -22,4 +22,5 @@ build l2a $P/l2side.patch
 build l2b $T/l2b.patch
 build l2c $T/l2c.patch
 build l2d $T/l2d.patch
-nq_pack_variants l2a main34 nowait b256 nw_qkv nw_o nw_gu nw_dn nw_attn l2a l2b l2c l2d
+build fw $P/flagwait.patch
+nq_pack_variants l2a main34 nowait b256 nw_qkv nw_o nw_gu nw_dn nw_attn l2a l2b l2c l2d fw
