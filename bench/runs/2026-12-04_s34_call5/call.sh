@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Session 34's prepared calls 2 and 4 in one, with §6's flagwait (NOTES "Session 34" §2-3, §6; ~450 s): the e2e
-# decode tests of l2a (its graphs with the side branch) and fw (counters instead of two PDL waits) against the CPU
-# oracle; the 7B decode A/B at 512 x2 and 8K of main34, nowait, the one-boundary nw_* variants, the side-branch L2
-# prefetch variants l2a-l2d and fw, alternated; the 0.5B bound check of b256.
+# Session 34's prepared calls 2 and 4 in one, with §6's flagwait (NOTES "Session 34" §2-3, §6; ~470 s):
+# csrc/dev/graph_fork_pdl (does the fork keep the PDL edges?); the e2e decode tests of l2a (its graphs with the side
+# branch) and fw (counters instead of two PDL waits) against the CPU oracle; the 7B decode A/B at 512 x2 and 8K of
+# main34, nowait, the one-boundary nw_* variants, the side-branch L2 prefetch variants l2a-l2d and fw, alternated;
+# the 0.5B bound check of b256.
 # Build here first: bash bench/runs/2026-12-04_s34_prep/build5.sh; carry [".whl", ".out"].
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
 stamp() { echo "t $(date +%s) $*" >> "$OUT/summary.txt"; }
 stamp start
+# csrc/dev/graph_fork_pdl: does l2side's fork keep the q/k/v -> attention PDL edge (NOTES "Session 34" §3)?
+make -C csrc/dev "$PWD/build/dev/graph_fork_pdl" > "$OUT/graph_fork_pdl.log" 2>&1 && timeout 60 build/dev/graph_fork_pdl \
+  >> "$OUT/graph_fork_pdl.log" 2>&1
+tail -4 "$OUT/graph_fork_pdl.log" | sed "s/^/graph_fork_pdl: /" | tee -a "$OUT/summary.txt"
 V="main34"
 for v in l2a fw; do   # a variant whose tests fail or time out (fw could hang on a miscounted wait) is not timed
   mkdir -p nanoqwen_rt/lib && cp ".v/$v/libnanoqwen.so" nanoqwen_rt/lib/   # the e2e tests load the product library
