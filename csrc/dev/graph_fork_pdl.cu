@@ -135,7 +135,7 @@ int main() {
     const Edges e = count_edges(g);
     cudaGraphExec_t ex;
     DEV_CHECK(cudaGraphInstantiate(&ex, g, 0));
-    DEV_CHECK(cudaMemset(seen, 0, kLayers * sizeof(int)));
+    DEV_CHECK(cudaMemsetAsync(seen, 0, kLayers * sizeof(int), st));
     DEV_CHECK(cudaGraphLaunch(ex, st));   // warm-up
     DEV_CHECK(cudaEventRecord(t0, st));
     for (int r = 0; r < kReps; r++) DEV_CHECK(cudaGraphLaunch(ex, st));
