@@ -2,9 +2,11 @@
 # Session 34's prepared calls 2 and 4 in one, with §6's flagwait (NOTES "Session 34" §2-3, §6; ~470 s):
 # csrc/dev/graph_fork_pdl (does the fork keep the PDL edges?); the e2e decode tests of l2a (its graphs with the side
 # branch) and fw (counters instead of two PDL waits) against the CPU oracle; the 7B decode A/B at 512 x2 and 8K of
-# main34, nowait, the one-boundary nw_* variants (512 only), the L2 prefetch variants l2a-l2d and fw, alternated;
+# main34, nowait, the one-boundary nw_* variants (512 only), the L2 prefetch variants l2a-l2d, fw and its control
+# fw0, alternated;
 # the 0.5B bound check of b256.
-# Build here first: bash bench/runs/2026-12-04_s34_prep/build5.sh; carry [".whl", ".out"].
+# Build here first: bash bench/runs/2026-12-04_s34_prep/build5.sh; carry [".whl", ".out"] (~64.5 MB with the tree:
+# under 64 MiB; move other tarballs out of .out first).
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
 stamp() { echo "t $(date +%s) $*" >> "$OUT/summary.txt"; }
@@ -22,6 +24,7 @@ for v in l2a fw; do   # fw is timed only if its tests pass (a miscounted wait wo
   echo "$v tests rc=$rc: $(tail -1 "$OUT/tests_$v.log")" | tee -a "$OUT/summary.txt"
   [ $v = fw ] && [ $rc = 0 ] && V="$V fw"
 done
+V="$V fw0"   # fw's kernels with no counter set: what the code change alone costs
 V8="$V nowait"   # 8K: the prefetch and counter variants against main34 and nowait
 V="$V nw_qkv nw_attn nw_o nw_gu nw_dn nowait"
 stamp tests

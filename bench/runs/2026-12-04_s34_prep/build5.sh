@@ -12,7 +12,8 @@ build nowait $P/nowait.patch
 build b256 $P/b256.patch
 for v in qkv o gu dn attn; do build nw_$v $P/nw_$v.patch; done
 # l2a = l2side.patch as it is (fork after q/k/v, chunks 1-2); l2b, l2c, l2d: one constant or condition changed
-T=$(mktemp -d)
+T=build/s34_derived_patches   # relative: nq_build_variant applies $PWD/PATCH
+mkdir -p $T
 sed 's/constexpr bool kL2ForkBeforeQkv = false;/constexpr bool kL2ForkBeforeQkv = true;/' $P/l2side.patch > $T/l2b.patch
 sed 's/kL2First = 1, kL2Chunks = 2,/kL2First = 1, kL2Chunks = 3,/' $P/l2side.patch > $T/l2c.patch
 sed 's|^+    if (!kL2ForkBeforeQkv) NQ_TRY(fork_l2_prefetch(s, L));|+    if (!kL2ForkBeforeQkv \&\& short_ctx) NQ_TRY(fork_l2_prefetch(s, L));   // l2d: short graphs only|' \
@@ -23,4 +24,8 @@ build l2b $T/l2b.patch
 build l2c $T/l2c.patch
 build l2d $T/l2d.patch
 build fw $P/flagwait.patch
-nq_pack_variants l2a main34 nowait b256 nw_qkv nw_o nw_gu nw_dn nw_attn l2a l2b l2c l2d fw
+# fw0: fw's kernels with no counter ever set (every GEMV takes its PDL wait): what the code change alone costs
+sed 's/^+  const bool flags = L.o.order == ORDER_FRAG/+  const bool flags = false \&\& L.o.order == ORDER_FRAG/' $P/flagwait.patch > $T/fw0.patch
+cmp -s $P/flagwait.patch $T/fw0.patch && { echo "fw0: the sed did not apply"; exit 1; }
+build fw0 $T/fw0.patch
+nq_pack_variants l2a main34 nowait b256 nw_qkv nw_o nw_gu nw_dn nw_attn l2a l2b l2c l2d fw fw0
