@@ -5,7 +5,9 @@ layout-1 build of a ZP template) is matched to the base tree's name without it.
     git archive REV csrc | tar -x -C /tmp/base      # a tree to compare against
     python3 csrc/dev/compare_sass.py /tmp/base .    # [--cuobjdump PATH] [--arch 90a,80] [--files gemv,gemm]
 --files names other translation units of csrc/src (e.g. attention,batch,int4_frag) by their stem.
-Needs nvcc and cuobjdump (no GPU)."""
+Needs nvcc and cuobjdump (no GPU). Where the toolkit lacks cuobjdump (this project's CPU machine: nvcc only), PyPI's
+wheels carry it and the nvdisasm it calls: `pip download --no-deps -d /tmp/cu nvidia-cuda-cuobjdump
+nvidia-cuda-nvdisasm`, unzip both, chmod +x their nvidia/cu13/bin/*, and put that folder first in PATH."""
 import argparse
 import collections
 import os
