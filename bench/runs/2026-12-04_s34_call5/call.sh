@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 34's prepared calls 2 and 4 in one, with §6's flagwait (NOTES "Session 34" §2-3, §6; ~470 s):
+# Session 34's prepared calls 2 and 4 in one, with §6's flagwait (NOTES "Session 34" §2-3, §6; ~500 s):
 # csrc/dev/graph_fork_pdl (does the fork keep the PDL edges?); the e2e decode tests of l2a (its graphs with the side
 # branch) and fw (counters instead of two PDL waits) against the CPU oracle; the 7B decode A/B at 512 x2 and 8K of
 # main34, nowait, the one-boundary nw_* variants (512 only), the L2 prefetch variants l2a-l2d, fw and its control
