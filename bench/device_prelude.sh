@@ -16,7 +16,7 @@ nq_decode() {
     --device cuda --no-peers --prompt-tokens "$2" --new-tokens 64 --repeats 2 2>&1 | grep -E '^(decode|MBU)' | tr -s ' ' | tr '\n' ';'
 }
 # nq_ab VARIANT PROMPT_TOKENS REP [FILE [LABEL]]: nq_decode, recorded in $OUT/summary.txt as "ab VARIANT PROMPT repREP:
-# ..." (with LABEL after "ab" where given, e.g. the file's size)
+# ..." (with LABEL after "ab" where given, e.g. the file's size); bench/ab_table.py makes them one table
 nq_ab() { echo "ab ${5:+$5 }$1 $2 rep$3: $(nq_decode "$1" "$2" "${4:-}")" | tee -a "$OUT/summary.txt"; }
 # nq_quick_tests: the frag GEMV, attention and decode-switch GPU tests over 8 workers (the product library in
 # nanoqwen_rt/lib, the testing one in build/lib), the last lines to $OUT/summary.txt
