@@ -35,12 +35,6 @@ constexpr int kConsBlocks = 128;               // the 7B's decode attention: 4 K
 constexpr int kConsThreads = 256;
 constexpr int kRepeats = 20;
 
-__device__ __forceinline__ unsigned long long gtimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-
 __device__ __forceinline__ unsigned hash32(unsigned x) {
   x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16;
   return x;
@@ -50,11 +44,11 @@ __device__ __forceinline__ unsigned hash32(unsigned x) {
 __global__ void __launch_bounds__(kProdThreads) producer(unsigned long long* rec, unsigned lo_ns, unsigned hi_ns,
                                                         unsigned seed) {
   extern __shared__ unsigned char smem[];
-  const unsigned long long t0 = gtimer();
+  const unsigned long long t0 = dev::globaltimer();
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const unsigned spin = lo_ns + hash32(blockIdx.x * 2654435761u + seed) % (hi_ns - lo_ns + 1);
   unsigned long long t = t0;
-  while (t - t0 < spin) t = gtimer();
+  while (t - t0 < spin) t = dev::globaltimer();
   if (threadIdx.x == 0) {
     smem[0] = (unsigned char)t;   // the dynamic shared memory is the residency limit; touch it once
     rec[3 * blockIdx.x] = t0;
@@ -66,9 +60,9 @@ __global__ void __launch_bounds__(kProdThreads) producer(unsigned long long* rec
 // cons_rec[b] = {entry, wait resolved, smid}
 __global__ void __launch_bounds__(kConsThreads) consumer(unsigned long long* rec) {
   extern __shared__ unsigned char smem[];
-  const unsigned long long t0 = gtimer();
+  const unsigned long long t0 = dev::globaltimer();
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  const unsigned long long t1 = gtimer();
+  const unsigned long long t1 = dev::globaltimer();
   if (threadIdx.x == 0) {
     unsigned sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));

@@ -83,12 +83,6 @@ struct Plan {
 // producer's first and last stage of the op issued.
 enum { kTraceStart, kTraceWaited, kTraceStaged, kTraceData, kTraceWritten, kTraceFlag, kTraceProdFirst,
        kTraceProdLast, kTracePoints };
-__device__ __forceinline__ unsigned long long globaltimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-
 __device__ __forceinline__ void st_release(uint32_t* p, uint32_t v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
@@ -311,7 +305,7 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
           for (int cc = c; cc < cend; cc += kCPS, it++) {
             const int nch = min(kCPS, cend - cc), slot = it % NS;
             if (it >= (uint32_t)NS) mbar_wait(empty(slot), ((it / NS) + 1) & 1);
-            if (tr && u == u0 && cc == c) tr[kTraceProdFirst] = globaltimer();
+            if (tr && u == u0 && cc == c) tr[kTraceProdFirst] = dev::globaltimer();
             mbar_arrive_expect_tx(full(slot), nch * (kChunkWords + kChunkScales));
             uint8_t* st = smem + (size_t)slot * kStageBytes;
             const size_t unit = (size_t)tile * KC + cc;
@@ -321,7 +315,7 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
           }
           u += cend - c;
         }
-        if (tr) tr[kTraceProdLast] = globaltimer();
+        if (tr) tr[kTraceProdLast] = dev::globaltimer();
       }
     }
     return;
@@ -337,7 +331,7 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
     const int u0 = range_begin(U, b, G), u1 = range_begin(U, b + 1, G);
     uint32_t* my_flag = P.flags + (size_t)oi * G + b;
     unsigned long long* tr = P.trace && ct == 0 ? P.trace + ((size_t)oi * G + b) * kTracePoints : nullptr;
-    if (tr) tr[kTraceStart] = globaltimer();
+    if (tr) tr[kTraceStart] = dev::globaltimer();
     if (u0 == u1) {   // nothing of this op here: done at once
       if (ct == 0) st_release(my_flag, P.epoch + 1);
       if (tr) tr[kTraceWaited] = tr[kTraceStaged] = tr[kTraceData] = tr[kTraceWritten] = tr[kTraceFlag] = 0;
@@ -354,10 +348,10 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
       }
     }
     cbar<NC>();
-    if (tr) tr[kTraceWaited] = globaltimer();
+    if (tr) tr[kTraceWaited] = dev::globaltimer();
     stage_x<NC>(op, xs, red);
     cbar<NC>();
-    if (tr) tr[kTraceStaged] = globaltimer();
+    if (tr) tr[kTraceStaged] = dev::globaltimer();
     for (int u = u0; u < u1;) {
       const int tile = u / KC, c = u % KC, cend = min(KC, c + (u1 - u));
       float acc[8];
@@ -366,7 +360,7 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
       for (int cc = c; cc < cend; cc += kCPS, it++) {
         const int nch = min(kCPS, cend - cc), slot = it % NS;
         mbar_wait(full(slot), (it / NS) & 1);
-        if (tr && u == u0 && cc == c) tr[kTraceData] = globaltimer();
+        if (tr && u == u0 && cc == c) tr[kTraceData] = dev::globaltimer();
         const uint8_t* st = smem + (size_t)slot * kStageBytes;
         const uint4* sw = reinterpret_cast<const uint4*>(st);
         const uint4* ss = reinterpret_cast<const uint4*>(st + kCPS * kChunkWords);
@@ -431,9 +425,9 @@ __global__ void __launch_bounds__(32 * (NC + 1), 1) decode_persistent(const Plan
       u += cend - c;
     }
     cbar<NC>();
-    if (tr) tr[kTraceWritten] = globaltimer();
+    if (tr) tr[kTraceWritten] = dev::globaltimer();
     if (ct == 0) st_release(my_flag, P.epoch + 1);   // the block's outputs (ordered by the barrier), then its flag
-    if (tr) tr[kTraceFlag] = globaltimer();
+    if (tr) tr[kTraceFlag] = dev::globaltimer();
   }
 }
 

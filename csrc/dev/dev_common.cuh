@@ -158,6 +158,18 @@ inline double median_us(const std::function<void(int)>& launch, int iters = 100,
   return t[t.size() / 2];
 }
 
+// The GPU's nanosecond clock (%globaltimer), for traces and timed spins
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+// Spins the calling thread for ns nanoseconds of %globaltimer: a kernel's stand-in for work of a known length
+__device__ __forceinline__ void spin_ns(unsigned long long ns) {
+  const unsigned long long t0 = globaltimer();
+  while (globaltimer() - t0 < ns) {}
+}
+
 // Deterministic pseudo-random 32-bit words from an index (a splitmix-style hash), the same on host and device: large
 // random buffers filled on the GPU (fill_hash_words) whose words a CPU reference can recompute or read back.
 __host__ __device__ inline uint32_t hash_word(uint64_t j) {

@@ -20,7 +20,7 @@
 // Prediction (written before any run): fork keeps all kLayers producer -> consumer edges programmatic (the event
 // record adds no node; the consumer's launch takes the stream's last node with the programmatic type) and costs the
 // chain < 1 µs a layer; if it reports 0 programmatic edges there, l2side measures the fork's cost, not the prefetch's.
-#include "dev_common.cuh"   // DEV_CHECK
+#include "dev_common.cuh"   // DEV_CHECK, dev::spin_ns
 #include "device_util.cuh"  // pdl_wait / pdl_trigger
 #include "launch.h"         // launch_pdl
 
@@ -35,17 +35,11 @@ constexpr int kReps = 50;
 constexpr unsigned kSpinNs = 3000;   // each producer and consumer block's own work (~3 µs)
 constexpr unsigned kSideNs = 2000;
 
-__device__ __forceinline__ void spin_ns(unsigned ns) {
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t0));
-  do asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t)); while (t - t0 < ns);
-}
-
 // writes token into val[layer] after its own work
 __global__ void producer(int* val, int layer, int token) {
   nq::pdl_wait();
   nq::pdl_trigger();
-  spin_ns(kSpinNs);
+  dev::spin_ns(kSpinNs);
   if (threadIdx.x == 0 && blockIdx.x == 0) val[layer] = token;
 }
 // after its wait, reads what its producer wrote; records it in seen[layer]
@@ -53,9 +47,9 @@ __global__ void consumer(const int* val, int* seen, int layer) {
   nq::pdl_wait();
   nq::pdl_trigger();
   if (threadIdx.x == 0 && blockIdx.x == 0) seen[layer] = val[layer];
-  spin_ns(kSpinNs);
+  dev::spin_ns(kSpinNs);
 }
-__global__ void side() { spin_ns(kSideNs); }
+__global__ void side() { dev::spin_ns(kSideNs); }
 
 struct Capture {
   const char* name;
