@@ -11,8 +11,9 @@
     python3 bench/frag_bench.py --plans [--tokens 16 32 64]: the few-token GEMM per 7B shape under every launch plan
         (1 / 2 / 4 m-tiles of 16 tokens x 1-16 splits: the label is rows x splits; nq_bench_gemm_int4_frag_plans),
         and the product's rule (frag_splits)
-    python3 bench/frag_bench.py --gemv-plans: the decode GEMV per 7B shape under every launch plan (4 / 8 warps x 1-16
-        splits; nq_bench_gemv_int4_frag_plans) against the product's (frag_plan, through gemv())
+    python3 bench/frag_bench.py --gemv-plans [--shape 14B]: the decode GEMV per shape of one Qwen2.5 size (default 7B)
+        under every launch plan (4 / 8 warps x 1-16 splits; nq_bench_gemv_int4_frag_plans) against the product's
+        (frag_plan, through gemv())
     python3 bench/frag_bench.py --gemv-waves: the 7B gate/up and down GEMVs at row counts around the 7B shape (the
         same K, every plan): time a tile against blocks an SM, i.e. whether an SM's share of the blocks (5 or 4 of
         gate/up's 592 on 132 SMs) sets the kernel's time rather than its bytes
@@ -49,6 +50,8 @@ def main() -> int:
     ap.add_argument("--plans", action="store_true", help="time every launch plan of the few-token GEMM")
     ap.add_argument("--gemv-plans", action="store_true", help="time every launch plan of the decode GEMV")
     ap.add_argument("--gemv-waves", action="store_true", help="time gate/up and down at row counts around 7B's")
+    ap.add_argument("--shape", default="7B", choices=sorted(QWEN25_SHAPES),
+                    help="the Qwen2.5 size whose GEMV shapes --gemv-plans times (default 7B)")
     a = ap.parse_args()
     lib = load_testing_library()
     if not lib.nq_test_fragment_order_available():
@@ -59,7 +62,7 @@ def main() -> int:
         return gemv_plans(lib, a)
     if a.gemv_waves:
         return gemv_waves(lib, a)
-    rows = gemv_rows_7b()
+    rows = gemv_rows()
     out = {"gemv": {}, "gemm": {}}
     tot_file = tot_frag = 0.0
     for name, (N, K) in rows.items():
@@ -84,9 +87,9 @@ def main() -> int:
     return 0
 
 
-def gemv_rows_7b() -> dict:
-    """(N, K) of each decode GEMV of a Qwen2.5-7B layer, by the name MODES uses."""
-    sh = QWEN25_SHAPES["7B"]
+def gemv_rows(shape: str = "7B") -> dict:
+    """(N, K) of each decode GEMV of a Qwen2.5 layer of size `shape`, by the name MODES uses."""
+    sh = QWEN25_SHAPES[shape]
     return {"qkv": (sh.qkv_rows, sh.hidden), "o": (sh.hidden, sh.n_heads * sh.head_dim),
             "gate": (sh.intermediate, sh.hidden), "down": (sh.hidden, sh.intermediate)}
 
@@ -129,8 +132,9 @@ def gemv_plan_grid(lib, what, N, K, mode, iters) -> dict:
 
 
 def gemv_plans(lib, a) -> int:
-    """Every (warps, splits) plan of the decode GEMV per 7B shape, the best per shape and the product's plan."""
-    rows = gemv_rows_7b()
+    """Every (warps, splits) plan of the decode GEMV per shape of a.shape's layer, the best per shape and the product's
+    plan."""
+    rows = gemv_rows(a.shape)
     out, best_sum, prod_sum = {}, 0.0, 0.0
     for name, (N, K) in rows.items():
         grid = gemv_plan_grid(lib, f"gemv plans {name}", N, K, MODES[name], a.iters)
@@ -141,9 +145,9 @@ def gemv_plans(lib, a) -> int:
         best_sum += grid[best]
         prod_sum += prod.value
         out[name] = {"plans": grid, "product": prod.value}
-        print(f"gemv plans 7B {name:5s}: product {prod.value:6.2f} us, best {best} {grid[best]:6.2f} | " +
+        print(f"gemv plans {a.shape} {name:5s}: product {prod.value:6.2f} us, best {best} {grid[best]:6.2f} | " +
               " ".join(f"{k} {v:.2f}" for k, v in grid.items()))
-    print(f"gemv plans 7B layer: product {prod_sum:.1f} us, sum of the best plans {best_sum:.1f} us")
+    print(f"gemv plans {a.shape} layer: product {prod_sum:.1f} us, sum of the best plans {best_sum:.1f} us")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)

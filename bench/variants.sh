@@ -17,7 +17,8 @@ nq_build_variant() {
   git worktree remove --force "$wt"
 }
 # nq_pack_variants TESTED NAME...: the NAMEs' product libraries and SOURCE lines, and TESTED's testing library (the
-# variant whose tests run), into .out/variants.tar.xz (bench/device_prelude.sh unpacks it on the device)
+# variant whose tests run), into .out/variants.tar.xz, or $NQ_PACK where set (bench/device_prelude.sh unpacks every
+# .out/*.tar.xz on the device)
 nq_pack_variants() {
   local tested=$1 n stage; shift
   stage=$(mktemp -d); mkdir -p "$stage/.v" .out
@@ -25,7 +26,7 @@ nq_pack_variants() {
     mkdir -p "$stage/.v/$n"; cp ".v/$n/libnanoqwen.so" ".v/$n/SOURCE" "$stage/.v/$n/"
   done
   cp ".v/$tested/libnanoqwen_testing.so" "$stage/.v/$tested/"
-  (cd "$stage" && tar -cf - .v | xz -2 -T2) > .out/variants.tar.xz
+  (cd "$stage" && tar -cf - .v | xz -2 -T2) > "${NQ_PACK:-.out/variants.tar.xz}"
   rm -rf "$stage"
-  ls -la .out/variants.tar.xz
+  ls -la "${NQ_PACK:-.out/variants.tar.xz}"
 }

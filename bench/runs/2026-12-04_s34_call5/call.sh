@@ -5,8 +5,8 @@
 # main34, nowait, the one-boundary nw_* variants (512 only), the L2 prefetch variants l2a-l2d, fw and its control
 # fw0, alternated;
 # the 0.5B bound check of b256.
-# Build here first: bash bench/runs/2026-12-04_s34_prep/build5.sh; carry [".whl", ".out"] (~64.5 MB with the tree:
-# under 64 MiB; move other tarballs out of .out first).
+# Build here first: bash bench/runs/2026-12-04_s34_prep/build5.sh; carry [".whl", ".out/variants.tar.xz"] (~64.5 MB with the
+# tree: under 64 MiB; naming the file keeps other packs in .out out of the carry).
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
 stamp() { echo "t $(date +%s) $*" >> "$OUT/summary.txt"; }
