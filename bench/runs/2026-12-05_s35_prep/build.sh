@@ -1,9 +1,23 @@
 #!/usr/bin/env bash
-# The library of session 35's prepared call (bench/runs/2026-12-05_s35_plans/call.sh), built here for sm_90a where
-# .v/planknob is missing (~3 minutes on 2 cores; HEAD + planknob.patch, with its testing library for frag_bench.py)
-# and packed into .out/plans.tar.xz (6 MB). Carry [".whl", ".out/plans.tar.xz"].
+# The libraries of session 35's prepared calls, built here for sm_90a where .v/NAME is missing (~3 minutes each on 2
+# cores) and packed:
+# * .out/plans.tar.xz (6 MB) for bench/runs/2026-12-05_s35_plans/call.sh: planknob (HEAD + planknob.patch, with its
+#   testing library for frag_bench.py); carry [".whl", ".out/plans.tar.xz"];
+# * .out/chain.tar.xz for bench/runs/2026-12-05_s35_chain/call.sh: chainflag (HEAD + chainflag.patch, with its
+#   testing library), chainflag0 (the same kernels, no flag ever set) and main34 (HEAD); carry [".whl",
+#   ".out/chain.tar.xz"].
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 source bench/variants.sh
-[ -f .v/planknob/libnanoqwen.so ] || nq_build_variant planknob 0 bench/runs/2026-12-05_s35_prep/planknob.patch
+P=bench/runs/2026-12-05_s35_prep
+T=build/s35   # relative: nq_build_variant applies $PWD/PATCH
+mkdir -p $T
+sed 's|^+  return true;$|+  return false;   // chainflag0: the kernels carry the flag code, no launch sets a flag|' \
+  $P/chainflag.patch > $T/chainflag0.patch
+cmp -s $P/chainflag.patch $T/chainflag0.patch && { echo "chainflag0: the sed did not apply"; exit 1; }
+[ -f .v/planknob/libnanoqwen.so ] || nq_build_variant planknob 0 $P/planknob.patch
+[ -f .v/chainflag/libnanoqwen.so ] || nq_build_variant chainflag 0 $P/chainflag.patch
+[ -f .v/chainflag0/libnanoqwen.so ] || nq_build_variant chainflag0 0 $T/chainflag0.patch
+[ -f .v/main34/libnanoqwen.so ] || nq_build_variant main34 0
 NQ_PACK=.out/plans.tar.xz nq_pack_variants planknob planknob
+NQ_PACK=.out/chain.tar.xz nq_pack_variants chainflag chainflag chainflag0 main34
