@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The libraries of session 35's prepared calls, built here for sm_90a where .v/NAME is missing (~3 minutes each on 2
 # cores) and packed:
-# * .out/plans.tar.xz (6 MB) for bench/runs/2026-12-05_s35_plans/call.sh: planknob (HEAD + planknob.patch, with its
-#   testing library for frag_bench.py); carry [".whl", ".out/plans.tar.xz"];
-# * .out/chain.tar.xz for bench/runs/2026-12-05_s35_chain/call.sh: chainflag (HEAD + chainflag.patch, with its
-#   testing library), chainflag0 (the same kernels, no flag ever set) and main34 (HEAD); carry [".whl",
-#   ".out/chain.tar.xz"].
+# * .out/call2.tar.xz (6 MB) for bench/runs/2026-12-05_s35_call2/call.sh: planknob (HEAD + planknob.patch, with its
+#   testing library for frag_bench.py); carry [".whl", ".out/call2.tar.xz"];
+# * .out/call1.tar.xz (~20 MB) for bench/runs/2026-12-05_s35_call1/call.sh: chainflag (HEAD + chainflag.patch, with
+#   its testing library), chainflag0 (the same kernels, no flag ever set), main34 (HEAD) and session 34's l2a / l2b /
+#   l2c (bench/runs/2026-12-04_s34_prep/build5.sh builds them; derived from l2side.patch); carry [".whl",
+#   ".out/call1.tar.xz"].
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 source bench/variants.sh
@@ -19,5 +20,6 @@ cmp -s $P/chainflag.patch $T/chainflag0.patch && { echo "chainflag0: the sed did
 [ -f .v/chainflag/libnanoqwen.so ] || nq_build_variant chainflag 0 $P/chainflag.patch
 [ -f .v/chainflag0/libnanoqwen.so ] || nq_build_variant chainflag0 0 $T/chainflag0.patch
 [ -f .v/main34/libnanoqwen.so ] || nq_build_variant main34 0
-NQ_PACK=.out/plans.tar.xz nq_pack_variants planknob planknob
-NQ_PACK=.out/chain.tar.xz nq_pack_variants chainflag chainflag chainflag0 main34
+NQ_PACK=.out/call2.tar.xz nq_pack_variants planknob planknob
+for v in l2a l2b l2c; do [ -f .v/$v/libnanoqwen.so ] || { echo "build .v/$v first: bench/runs/2026-12-04_s34_prep/build5.sh"; exit 1; }; done
+NQ_PACK=.out/call1.tar.xz nq_pack_variants chainflag chainflag chainflag0 main34 l2a l2b l2c

@@ -8,8 +8,8 @@
 #    default by > 0.5 %), alternated with the default; the 14B first, then the 32B.
 # 2. With the time left (each step is skipped past its budget; the device's limit is 600 s): frag_bench.py
 #    --gemv-plans --shape 14B / 32B / 3B, every plan of each GEMV alone (the testing library).
-# Build here first: bash bench/runs/2026-12-05_s35_prep/build.sh (packs .out/plans.tar.xz, 6 MB); carry [".whl",
-# ".out/plans.tar.xz"] (naming the file keeps call 5's variants.tar.xz out of the carry).
+# Build here first: bash bench/runs/2026-12-05_s35_prep/build.sh (packs .out/call2.tar.xz, 6 MB); carry [".whl",
+# ".out/call2.tar.xz"] (naming the file keeps call 5's variants.tar.xz out of the carry).
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
 stamp() { echo "t $(date +%s) $*" >> "$OUT/summary.txt"; }

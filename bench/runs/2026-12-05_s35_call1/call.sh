@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Session 35's first prepared call (NOTES "Session 35" §2-3; ~500 s): the two candidate fixes for the decode's
+# hand-overs (session 34 §1: the kernels alone stream at ~80 % of the read ceiling; the PDL hand-overs cost ~6.8 µs a
+# 7B layer), each with its control, against main34 (HEAD's kernels):
+# * chainflag: every hand-over of a layer through per-layer flags instead of PDL waits (NOTES §2); chainflag0: the
+#   same kernels, no flag set (the code change alone);
+# * l2a / l2b / l2c: a side branch of the decode graphs bulk-prefetching gate/up's first chunks into L2 while the
+#   q/k/v -> attention -> o chain leaves HBM idle (session 34 §3: after q/k/v, chunks 1-2; before q/k/v; after q/k/v,
+#   chunks 1-3), with csrc/dev/graph_fork_pdl first (does the fork keep the PDL edges?).
+# 1. chainflag's e2e decode tests and every size's widths (tests/test_gpu_sizes.py) under a timeout (a wrong count
+#    would hang; timed only if they pass); l2a's e2e decode tests (the prefetch cannot change a result: timed anyway).
+# 2. The decode A/B, alternated: the 7B at 512 x2 and 8K; the 0.5B and 3B at 512 (main34, chainflag, chainflag0).
+# Session 34's call 5 (the one-boundary nowait variants, fw / fw0, l2d, b256's 0.5B check) is not in it: chainflag
+# supersedes fw, and the nw_* rows only locate the cost.
+# Build here first: bash bench/runs/2026-12-05_s35_prep/build.sh (packs .out/call1.tar.xz, ~20 MB); carry [".whl",
+# ".out/call1.tar.xz"].
+set -uo pipefail
+source "$(dirname "$0")/../../device_prelude.sh"
+stamp() { echo "t $(date +%s) $*" >> "$OUT/summary.txt"; }
+stamp start
+make -C csrc/dev "$PWD/build/dev/graph_fork_pdl" > "$OUT/graph_fork_pdl.log" 2>&1 && timeout 60 build/dev/graph_fork_pdl \
+  >> "$OUT/graph_fork_pdl.log" 2>&1
+tail -4 "$OUT/graph_fork_pdl.log" | sed "s/^/graph_fork_pdl: /" | tee -a "$OUT/summary.txt"
+nq_use chainflag
+timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 -k "greedy or short_context or prefill_decode or sizes" \
+  tests/test_gpu_e2e.py tests/test_gpu_sizes.py > "$OUT/tests_chainflag.log" 2>&1
+rc=$?
+echo "chainflag tests rc=$rc: $(tail -1 "$OUT/tests_chainflag.log")" | tee -a "$OUT/summary.txt"
+cp .v/l2a/libnanoqwen.so nanoqwen_rt/lib/
+timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 -k "greedy or short_context or prefill_decode" \
+  tests/test_gpu_e2e.py > "$OUT/tests_l2a.log" 2>&1
+echo "l2a tests rc=$?: $(tail -1 "$OUT/tests_l2a.log")" | tee -a "$OUT/summary.txt"
+C="chainflag0"
+[ $rc = 0 ] && C="chainflag chainflag0"
+V="main34 $C l2a l2b l2c"
+stamp tests
+python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > /dev/null 2>&1
+for rep in 1 2; do for v in $V; do nq_ab "$v" 512 "$rep"; done; done
+stamp 512
+for v in $V; do nq_ab "$v" 8192 1; done
+rm -f /tmp/q7b.nanoqwen
+stamp 8192
+for s in 0.5B 3B; do
+  python3 bench/make_7b_file.py /tmp/s.nanoqwen --shape $s --quiet > /dev/null 2>&1
+  for v in main34 $C; do nq_ab "$v" 512 1 /tmp/s.nanoqwen $s; done
+  rm -f /tmp/s.nanoqwen
+done
+stamp end
+python3 bench/ab_table.py "$OUT/summary.txt" --base main34 > "$OUT/ab_table.md" 2>&1; cat "$OUT/ab_table.md"
