@@ -2,8 +2,10 @@
 # Session 35's first prepared call (NOTES "Session 35" §2-3; ~500 s): the two candidate fixes for the decode's
 # hand-overs (session 34 §1: the kernels alone stream at ~80 % of the read ceiling; the PDL hand-overs cost ~6.8 µs a
 # 7B layer), each with its control, against main34 (HEAD's kernels):
-# * chainflag: every hand-over of a layer through per-layer flags instead of PDL waits (NOTES §2); chainflag0: the
-#   same kernels, no flag set (the code change alone);
+# * chainflag: every hand-over of a layer through per-layer flags instead of PDL waits (NOTES §2; the libraries of
+#   branch wip/s35-handover, whose kernels are chainflag.patch's: the same sm_90a SASS; the new flag-count test
+#   applied from handover_tests.patch); chainflag0: main + chainflag.patch with no flag set (the code change
+#   alone);
 # * l2a / l2b / l2c: a side branch of the decode graphs bulk-prefetching gate/up's first chunks into L2 while the
 #   q/k/v -> attention -> o chain leaves HBM idle (session 34 §3: after q/k/v, chunks 1-2; before q/k/v; after q/k/v,
 #   chunks 1-3), with csrc/dev/graph_fork_pdl first (does the fork keep the PDL edges?).
@@ -22,7 +24,10 @@ make -C csrc/dev "$PWD/build/dev/graph_fork_pdl" > "$OUT/graph_fork_pdl.log" 2>&
   >> "$OUT/graph_fork_pdl.log" 2>&1
 tail -4 "$OUT/graph_fork_pdl.log" | sed "s/^/graph_fork_pdl: /" | tee -a "$OUT/summary.txt"
 nq_use chainflag
-timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 -k "greedy or short_context or prefill_decode or sizes" \
+git apply --include='tests/*' "$(dirname "$0")/handover_tests.patch" && echo "the branch's flag-count test applied" \
+  | tee -a "$OUT/summary.txt"
+timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 \
+  -k "greedy or short_context or prefill_decode or sizes or hand_over" \
   tests/test_gpu_e2e.py tests/test_gpu_sizes.py > "$OUT/tests_chainflag.log" 2>&1
 rc=$?
 echo "chainflag tests rc=$rc: $(tail -1 "$OUT/tests_chainflag.log")" | tee -a "$OUT/summary.txt"

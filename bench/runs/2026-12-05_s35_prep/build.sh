@@ -3,7 +3,7 @@
 # cores) and packed:
 # * .out/call2.tar.xz (6 MB) for bench/runs/2026-12-05_s35_call2/call.sh: planknob (HEAD + planknob.patch, with its
 #   testing library for frag_bench.py); carry [".whl", ".out/call2.tar.xz"];
-# * .out/call1.tar.xz (~20 MB) for bench/runs/2026-12-05_s35_call1/call.sh: chainflag (HEAD + chainflag.patch, with
+# * .out/call1.tar.xz (~20 MB) for bench/runs/2026-12-05_s35_call1/call.sh: chainflag (branch wip/s35-handover, with
 #   its testing library), chainflag0 (the same kernels, no flag ever set), main34 (HEAD) and session 34's l2a / l2b /
 #   l2c (bench/runs/2026-12-04_s34_prep/build5.sh builds them; derived from l2side.patch); carry [".whl",
 #   ".out/call1.tar.xz"].
@@ -17,7 +17,15 @@ sed 's|^+  return true;$|+  return false;   // chainflag0: the kernels carry the
   $P/chainflag.patch > $T/chainflag0.patch
 cmp -s $P/chainflag.patch $T/chainflag0.patch && { echo "chainflag0: the sed did not apply"; exit 1; }
 [ -f .v/planknob/libnanoqwen.so ] || nq_build_variant planknob 0 $P/planknob.patch
-[ -f .v/chainflag/libnanoqwen.so ] || nq_build_variant chainflag 0 $P/chainflag.patch
+# chainflag: the build of branch wip/s35-handover (its kernels are chainflag.patch's; its testing library has
+# nq_test_decode_flags, which call 1 tests through handover_tests.patch)
+if [ ! -f .v/chainflag/libnanoqwen.so ]; then
+  wt=/tmp/nq_variant_chainflag; rm -rf $wt; git worktree prune; git worktree add -q --detach $wt wip/s35-handover
+  (cd $wt && NANOQWEN_CUDA_ARCHS=90a NANOQWEN_BUILD_DIR=$wt/build/csrc90 JOBS=2 bash scripts/build_native.sh)
+  mkdir -p .v/chainflag && cp $wt/nanoqwen_rt/lib/libnanoqwen.so $wt/build/lib/libnanoqwen_testing.so .v/chainflag/
+  echo "chainflag = $(git rev-parse --short wip/s35-handover) (branch wip/s35-handover) (sm_90a)" > .v/chainflag/SOURCE
+  git worktree remove --force $wt
+fi
 [ -f .v/chainflag0/libnanoqwen.so ] || nq_build_variant chainflag0 0 $T/chainflag0.patch
 [ -f .v/main34/libnanoqwen.so ] || nq_build_variant main34 0
 NQ_PACK=.out/call2.tar.xz nq_pack_variants planknob planknob
