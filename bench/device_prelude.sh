@@ -15,6 +15,16 @@ nq_decode() {
   NANOQWEN_LIB="$PWD/.v/$1/libnanoqwen.so" timeout 120 python3 -m nanoqwen_bench "${3:-/tmp/q7b.nanoqwen}" \
     --device cuda --no-peers --prompt-tokens "$2" --new-tokens 64 --repeats 2 2>&1 | grep -E '^(decode|MBU)' | tr -s ' ' | tr '\n' ';'
 }
+# nq_stamp WHAT: a "t SECONDS WHAT" line in $OUT/summary.txt (where a call's time went)
+nq_stamp() { echo "t $(date +%s) $*" >> "$OUT/summary.txt"; }
+# nq_graph_fork_pdl: csrc/dev/graph_fork_pdl built and run (does a fork recorded between two PDL launches of a
+# captured graph keep their programmatic edge? bench/NOTES.md "Session 34" §3), its log to $OUT/graph_fork_pdl.log,
+# the last lines to $OUT/summary.txt
+nq_graph_fork_pdl() {
+  make -C csrc/dev "$PWD/build/dev/graph_fork_pdl" > "$OUT/graph_fork_pdl.log" 2>&1 &&
+    timeout 60 build/dev/graph_fork_pdl >> "$OUT/graph_fork_pdl.log" 2>&1
+  tail -4 "$OUT/graph_fork_pdl.log" | sed "s/^/graph_fork_pdl: /" | tee -a "$OUT/summary.txt"
+}
 # nq_ab VARIANT PROMPT_TOKENS REP [FILE [LABEL]]: nq_decode, recorded in $OUT/summary.txt as "ab VARIANT PROMPT repREP:
 # ..." (with LABEL after "ab" where given, e.g. the file's size); bench/ab_table.py makes them one table
 nq_ab() { echo "ab ${5:+$5 }$1 $2 rep$3: $(nq_decode "$1" "$2" "${4:-}")" | tee -a "$OUT/summary.txt"; }

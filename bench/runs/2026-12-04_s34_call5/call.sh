@@ -9,12 +9,9 @@
 # tree: under 64 MiB; naming the file keeps other packs in .out out of the carry).
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
-stamp() { echo "t $(date +%s) $*" >> "$OUT/summary.txt"; }
+stamp() { nq_stamp "$@"; }
 stamp start
-# csrc/dev/graph_fork_pdl: does l2side's fork keep the q/k/v -> attention PDL edge (NOTES "Session 34" §3)?
-make -C csrc/dev "$PWD/build/dev/graph_fork_pdl" > "$OUT/graph_fork_pdl.log" 2>&1 && timeout 60 build/dev/graph_fork_pdl \
-  >> "$OUT/graph_fork_pdl.log" 2>&1
-tail -4 "$OUT/graph_fork_pdl.log" | sed "s/^/graph_fork_pdl: /" | tee -a "$OUT/summary.txt"
+nq_graph_fork_pdl   # does l2side's fork keep the q/k/v -> attention PDL edge (NOTES "Session 34" §3)?
 V="main34 l2a l2b l2c l2d"   # the prefetch cannot change a result nor hang: timed whatever its tests say
 for v in l2a fw; do   # fw is timed only if its tests pass (a miscounted wait would hang; nq_decode's timeout is 120 s)
   mkdir -p nanoqwen_rt/lib && cp ".v/$v/libnanoqwen.so" nanoqwen_rt/lib/   # the e2e tests load the product library

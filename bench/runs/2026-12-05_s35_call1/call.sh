@@ -18,11 +18,9 @@
 # ".out/call1.tar.xz"].
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
-stamp() { echo "t $(date +%s) $*" >> "$OUT/summary.txt"; }
+stamp() { nq_stamp "$@"; }
 stamp start
-make -C csrc/dev "$PWD/build/dev/graph_fork_pdl" > "$OUT/graph_fork_pdl.log" 2>&1 && timeout 60 build/dev/graph_fork_pdl \
-  >> "$OUT/graph_fork_pdl.log" 2>&1
-tail -4 "$OUT/graph_fork_pdl.log" | sed "s/^/graph_fork_pdl: /" | tee -a "$OUT/summary.txt"
+nq_graph_fork_pdl   # does l2side's fork keep the q/k/v -> attention PDL edge (NOTES "Session 34" §3)?
 nq_use chainflag
 git apply --include='tests/*' "$(dirname "$0")/handover_tests.patch" && echo "the branch's flag-count test applied" \
   | tee -a "$OUT/summary.txt"

@@ -12,7 +12,7 @@
 # ".out/call2.tar.xz"] (naming the file keeps call 5's variants.tar.xz out of the carry).
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
-stamp() { echo "t $(date +%s) $*" >> "$OUT/summary.txt"; }
+stamp() { nq_stamp "$@"; }
 # nq_ab_plan LABEL NAME SPEC PROMPT REP FILE: nq_ab's line for .v/planknob with NQ_FRAG_PLAN=SPEC, as variant NAME
 nq_ab_plan() {
   echo "ab $1 $2 $4 rep$5: $(NQ_FRAG_PLAN="$3" nq_decode planknob "$4" "$6")" | tee -a "$OUT/summary.txt"
