@@ -5,7 +5,7 @@
 # * chainflag: every hand-over of a layer through per-layer flags instead of PDL waits (NOTES §2; the libraries of
 #   branch wip/s35-handover, whose kernels are chainflag.patch's: the same sm_90a SASS; the new flag-count test
 #   applied from handover_tests.patch); chainflag0: main + chainflag.patch with no flag set (the code change
-#   alone);
+#   alone); chainflag_s256: chainflag with __nanosleep(256) between polls (512 only: does the polling cost?);
 # * l2a / l2b / l2c: a side branch of the decode graphs bulk-prefetching gate/up's first chunks into L2 while the
 #   q/k/v -> attention -> o chain leaves HBM idle (session 34 §3: after q/k/v, chunks 1-2; before q/k/v; after q/k/v,
 #   chunks 1-3), with csrc/dev/graph_fork_pdl first (does the fork keep the PDL edges?).
@@ -36,9 +36,11 @@ echo "l2a tests rc=$?: $(tail -1 "$OUT/tests_l2a.log")" | tee -a "$OUT/summary.t
 C="chainflag0"
 [ $rc = 0 ] && C="chainflag chainflag0"
 V="main34 $C l2a l2b l2c"
+V512="$V"
+[ $rc = 0 ] && V512="$V chainflag_s256"   # chainflag polling 8x less often: 512 only
 stamp tests
 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > /dev/null 2>&1
-for rep in 1 2; do for v in $V; do nq_ab "$v" 512 "$rep"; done; done
+for rep in 1 2; do for v in $V512; do nq_ab "$v" 512 "$rep"; done; done
 stamp 512
 for v in $V; do nq_ab "$v" 8192 1; done
 rm -f /tmp/q7b.nanoqwen
