@@ -11,7 +11,8 @@
 #   chunks 1-3), with csrc/dev/graph_fork_pdl first (does the fork keep the PDL edges?).
 # 1. chainflag's e2e decode tests and every size's widths (tests/test_gpu_sizes.py) under a timeout (a wrong count
 #    would hang; timed only if they pass); l2a's e2e decode tests (the prefetch cannot change a result: timed anyway).
-# 2. The decode A/B, alternated: the 7B at 512 x2 and 8K; the 0.5B and 3B at 512 (main34, chainflag, chainflag0).
+# 2. The decode A/B, alternated: the 7B at 512 x2; then while time is left the 0.5B at 512, the 7B at 8K, the 3B at
+#    512 (the 0.5B and 3B: main34, chainflag, chainflag0).
 # Session 34's call 5 (the one-boundary nowait variants, fw / fw0, l2d, b256's 0.5B check) is not in it: chainflag
 # supersedes fw, and the nw_* rows only locate the cost.
 # Build here first: bash bench/runs/2026-12-05_s35_prep/build.sh (packs .out/call1.tar.xz, ~20 MB); carry [".whl",
@@ -19,6 +20,8 @@
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
 stamp() { nq_stamp "$@"; }
+T0=$(date +%s)
+left() { [ $(( $(date +%s) - T0 )) -lt "$1" ]; }   # left S: true while fewer than S seconds have passed
 stamp start
 nq_graph_fork_pdl   # does l2side's fork keep the q/k/v -> attention PDL edge (NOTES "Session 34" §3)?
 nq_use chainflag
@@ -42,13 +45,15 @@ stamp tests
 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > /dev/null 2>&1
 for rep in 1 2; do for v in $V512; do nq_ab "$v" 512 "$rep"; done; done
 stamp 512
-for v in $V; do nq_ab "$v" 8192 1; done
-rm -f /tmp/q7b.nanoqwen
+# then, as long as time is left (the device's limit is 600 s): the 0.5B (where the hand-overs are most of a layer),
+# the 7B at 8K, the 3B
+python3 bench/make_7b_file.py /tmp/s05.nanoqwen --shape 0.5B --quiet > /dev/null 2>&1
+for v in main34 $C; do left 470 && nq_ab "$v" 512 1 /tmp/s05.nanoqwen 0.5B; done
+for v in $V; do left 520 && nq_ab "$v" 8192 1; done
+rm -f /tmp/q7b.nanoqwen /tmp/s05.nanoqwen
 stamp 8192
-for s in 0.5B 3B; do
-  python3 bench/make_7b_file.py /tmp/s.nanoqwen --shape $s --quiet > /dev/null 2>&1
-  for v in main34 $C; do nq_ab "$v" 512 1 /tmp/s.nanoqwen $s; done
-  rm -f /tmp/s.nanoqwen
-done
+left 520 && python3 bench/make_7b_file.py /tmp/s3.nanoqwen --shape 3B --quiet > /dev/null 2>&1 &&
+  for v in main34 $C; do left 560 && nq_ab "$v" 512 1 /tmp/s3.nanoqwen 3B; done
+rm -f /tmp/s3.nanoqwen
 stamp end
 python3 bench/ab_table.py "$OUT/summary.txt" --base main34 > "$OUT/ab_table.md" 2>&1; cat "$OUT/ab_table.md"
