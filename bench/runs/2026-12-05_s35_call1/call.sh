@@ -2,18 +2,19 @@
 # Session 35's first prepared call (NOTES "Session 35" §2-3; ~500 s): the two candidate fixes for the decode's
 # hand-overs (session 34 §1: the kernels alone stream at ~80 % of the read ceiling; the PDL hand-overs cost ~6.8 µs a
 # 7B layer), each with its control, against main34 (HEAD's kernels):
-# * chainflag: every hand-over of a layer through per-layer flags instead of PDL waits (NOTES §2; the libraries of
-#   branch wip/s35-handover, whose kernels are chainflag.patch's: the same sm_90a SASS; the new flag-count test
-#   applied from handover_tests.patch); chainflag0: main + chainflag.patch with no flag set (the code change
-#   alone); chainflag_s256: chainflag with __nanosleep(256) between polls (512 only: does the polling cost?);
+# * handover: every hand-over of a layer through per-layer counts instead of PDL waits (NOTES §2-4; the libraries of
+#   branch wip/s35-handover, with its count test applied from handover_tests.patch); handover0: the same kernels with
+#   no link set (the code change alone); handover_last: the first form (flags set by each grid's last block: one
+#   more L2 round trip a hand-over);
 # * l2a / l2b / l2c: a side branch of the decode graphs bulk-prefetching gate/up's first chunks into L2 while the
 #   q/k/v -> attention -> o chain leaves HBM idle (session 34 §3: after q/k/v, chunks 1-2; before q/k/v; after q/k/v,
 #   chunks 1-3), with csrc/dev/graph_fork_pdl first (does the fork keep the PDL edges?).
-# 1. chainflag's e2e decode tests and every size's widths (tests/test_gpu_sizes.py) under a timeout (a wrong count
-#    would hang; timed only if they pass); l2a's e2e decode tests (the prefetch cannot change a result: timed anyway).
+# 1. handover's e2e decode tests, its count test and every size's widths (tests/test_gpu_sizes.py) under a timeout (a
+#    wrong count would hang; handover and handover_last are timed only if they pass); l2a's e2e decode tests (the
+#    prefetch cannot change a result: timed anyway).
 # 2. The decode A/B, alternated: the 7B at 512 x2; then while time is left the 0.5B at 512, the 7B at 8K, the 3B at
-#    512 (the 0.5B and 3B: main34, chainflag, chainflag0).
-# Session 34's call 5 (the one-boundary nowait variants, fw / fw0, l2d, b256's 0.5B check) is not in it: chainflag
+#    512 (the 0.5B and 3B: main34, handover, handover0).
+# Session 34's call 5 (the one-boundary nowait variants, fw / fw0, l2d, b256's 0.5B check) is not in it: handover
 # supersedes fw, and the nw_* rows only locate the cost.
 # Build here first: bash bench/runs/2026-12-05_s35_prep/build.sh (packs .out/call1.tar.xz, ~20 MB); carry [".whl",
 # ".out/call1.tar.xz"].
@@ -24,23 +25,23 @@ T0=$(date +%s)
 left() { [ $(( $(date +%s) - T0 )) -lt "$1" ]; }   # left S: true while fewer than S seconds have passed
 stamp start
 nq_graph_fork_pdl   # does l2side's fork keep the q/k/v -> attention PDL edge (NOTES "Session 34" §3)?
-nq_use chainflag
-git apply --include='tests/*' "$(dirname "$0")/handover_tests.patch" && echo "the branch's flag-count test applied" \
+nq_use handover
+git apply --include='tests/*' "$(dirname "$0")/handover_tests.patch" && echo "the branch's count test applied" \
   | tee -a "$OUT/summary.txt"
 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 \
   -k "greedy or short_context or prefill_decode or sizes or hand_over" \
-  tests/test_gpu_e2e.py tests/test_gpu_sizes.py > "$OUT/tests_chainflag.log" 2>&1
+  tests/test_gpu_e2e.py tests/test_gpu_sizes.py > "$OUT/tests_handover.log" 2>&1
 rc=$?
-echo "chainflag tests rc=$rc: $(tail -1 "$OUT/tests_chainflag.log")" | tee -a "$OUT/summary.txt"
+echo "handover tests rc=$rc: $(tail -1 "$OUT/tests_handover.log")" | tee -a "$OUT/summary.txt"
 cp .v/l2a/libnanoqwen.so nanoqwen_rt/lib/
 timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 -k "greedy or short_context or prefill_decode" \
   tests/test_gpu_e2e.py > "$OUT/tests_l2a.log" 2>&1
 echo "l2a tests rc=$?: $(tail -1 "$OUT/tests_l2a.log")" | tee -a "$OUT/summary.txt"
-C="chainflag0"
-[ $rc = 0 ] && C="chainflag chainflag0"
+C="handover0"
+[ $rc = 0 ] && C="handover handover0"
 V="main34 $C l2a l2b l2c"
 V512="$V"
-[ $rc = 0 ] && V512="$V chainflag_s256"   # chainflag polling 8x less often: 512 only
+[ $rc = 0 ] && V512="$V handover_last"   # the last-block form: 512 only
 stamp tests
 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > /dev/null 2>&1
 for rep in 1 2; do for v in $V512; do nq_ab "$v" 512 "$rep"; done; done
