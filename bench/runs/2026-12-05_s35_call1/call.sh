@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 35's first prepared call (NOTES "Session 35" §2-3; ~500 s): the two candidate fixes for the decode's
+# Session 35's first prepared call (NOTES "Session 35" §2-4; ~500-600 s): the two candidate fixes for the decode's
 # hand-overs (session 34 §1: the kernels alone stream at ~80 % of the read ceiling; the PDL hand-overs cost ~6.8 µs a
 # 7B layer), each with its control, against main34 (HEAD's kernels):
 # * handover: every hand-over of a layer through per-layer counts instead of PDL waits (NOTES §2-4; the libraries of
@@ -10,8 +10,8 @@
 #   q/k/v -> attention -> o chain leaves HBM idle (session 34 §3: after q/k/v, chunks 1-2; before q/k/v; after q/k/v,
 #   chunks 1-3), with csrc/dev/graph_fork_pdl first (does the fork keep the PDL edges?).
 # 1. handover's e2e decode tests, its count test and every size's widths (tests/test_gpu_sizes.py) under a timeout (a
-#    wrong count would hang; handover and handover_last are timed only if they pass); l2a's e2e decode tests (the
-#    prefetch cannot change a result: timed anyway).
+#    wrong count would hang; handover is timed only if they pass); handover_last's greedy tests (timed only if they
+#    pass too); l2a's e2e decode tests (the prefetch cannot change a result: timed anyway).
 # 2. The decode A/B, alternated: the 7B at 512 x2; then while time is left the 0.5B at 512, the 7B at 8K, the 3B at
 #    512 (the 0.5B and 3B: main34, handover, handover0).
 # Session 34's call 5 (the one-boundary nowait variants, fw / fw0, l2d, b256's 0.5B check) is not in it: handover
@@ -33,6 +33,11 @@ timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 \
   tests/test_gpu_e2e.py tests/test_gpu_sizes.py > "$OUT/tests_handover.log" 2>&1
 rc=$?
 echo "handover tests rc=$rc: $(tail -1 "$OUT/tests_handover.log")" | tee -a "$OUT/summary.txt"
+cp .v/handover_last/libnanoqwen.so nanoqwen_rt/lib/   # the first form: timed only if its greedy tests pass
+timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 -k "greedy or short_context" tests/test_gpu_e2e.py \
+  > "$OUT/tests_handover_last.log" 2>&1
+rc_last=$?
+echo "handover_last tests rc=$rc_last: $(tail -1 "$OUT/tests_handover_last.log")" | tee -a "$OUT/summary.txt"
 cp .v/l2a/libnanoqwen.so nanoqwen_rt/lib/
 timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 -k "greedy or short_context or prefill_decode" \
   tests/test_gpu_e2e.py > "$OUT/tests_l2a.log" 2>&1
@@ -41,7 +46,7 @@ C="handover0"
 [ $rc = 0 ] && C="handover handover0"
 V="main34 $C l2a l2b l2c"
 V512="$V"
-[ $rc = 0 ] && V512="$V handover_last"   # the last-block form: 512 only
+[ $rc = 0 ] && [ $rc_last = 0 ] && V512="$V handover_last"   # the last-block form: 512 only
 stamp tests
 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > /dev/null 2>&1
 for rep in 1 2; do for v in $V512; do nq_ab "$v" 512 "$rep"; done; done
