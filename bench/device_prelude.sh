@@ -17,6 +17,10 @@ nq_decode() {
 }
 # nq_stamp WHAT: a "t SECONDS WHAT" line in $OUT/summary.txt (where a call's time went)
 nq_stamp() { echo "t $(date +%s) $*" >> "$OUT/summary.txt"; }
+# nq_left S: true while fewer than S seconds have passed since this prelude was sourced (a call's step that its
+# time, the device's 600 s limit, may not allow is skipped)
+NQ_T0=$(date +%s)
+nq_left() { [ $(( $(date +%s) - NQ_T0 )) -lt "$1" ]; }
 # nq_graph_fork_pdl: csrc/dev/graph_fork_pdl built and run (does a fork recorded between two PDL launches of a
 # captured graph keep their programmatic edge? bench/NOTES.md "Session 34" §3), its log to $OUT/graph_fork_pdl.log,
 # the last lines to $OUT/summary.txt

@@ -9,8 +9,7 @@
 # tree: under 64 MiB; naming the file keeps other packs in .out out of the carry).
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
-stamp() { nq_stamp "$@"; }
-stamp start
+nq_stamp start
 nq_graph_fork_pdl   # does l2side's fork keep the q/k/v -> attention PDL edge (NOTES "Session 34" §3)?
 V="main34 l2a l2b l2c l2d"   # the prefetch cannot change a result nor hang: timed whatever its tests say
 for v in l2a fw; do   # fw is timed only if its tests pass (a miscounted wait would hang; nq_decode's timeout is 120 s)
@@ -24,13 +23,13 @@ done
 V="$V fw0"   # fw's kernels with no counter set: what the code change alone costs
 V8="$V nowait"   # 8K: the prefetch and counter variants against main34 and nowait
 V="$V nw_qkv nw_attn nw_o nw_gu nw_dn nowait"
-stamp tests
+nq_stamp tests
 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > /dev/null 2>&1
 for rep in 1 2; do for v in $V; do nq_ab "$v" 512 "$rep"; done; done
-stamp 512
+nq_stamp 512
 for v in $V8; do nq_ab "$v" 8192 1; done
-stamp 8192
+nq_stamp 8192
 python3 bench/make_7b_file.py /tmp/s05.nanoqwen --shape 0.5B --quiet > /dev/null 2>&1
 for p in 4500 5500; do for v in main34 b256; do nq_ab "$v" "$p" 1 /tmp/s05.nanoqwen 0.5B; done; done
-stamp end
+nq_stamp end
 python3 bench/ab_table.py "$OUT/summary.txt" --base main34 > "$OUT/ab_table.md" 2>&1; cat "$OUT/ab_table.md"

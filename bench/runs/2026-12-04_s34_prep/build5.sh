@@ -5,27 +5,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 source bench/variants.sh
+source bench/runs/2026-12-04_s34_prep/l2_patches.sh
 P=bench/runs/2026-12-04_s34_prep
-build() { [ -f ".v/$1/libnanoqwen.so" ] || nq_build_variant "$1" 0 "${@:2}"; }
-build main34
-build nowait $P/nowait.patch
-build b256 $P/b256.patch
-for v in qkv o gu dn attn; do build nw_$v $P/nw_$v.patch; done
-# l2a = l2side.patch as it is (fork after q/k/v, chunks 1-2); l2b, l2c, l2d: one constant or condition changed
+nq_build_missing main34
+nq_build_missing nowait $P/nowait.patch
+nq_build_missing b256 $P/b256.patch
+for v in qkv o gu dn attn; do nq_build_missing nw_$v $P/nw_$v.patch; done
 T=build/s34_derived_patches   # relative: nq_build_variant applies $PWD/PATCH
-mkdir -p $T
-sed 's/constexpr bool kL2ForkBeforeQkv = false;/constexpr bool kL2ForkBeforeQkv = true;/' $P/l2side.patch > $T/l2b.patch
-sed 's/kL2First = 1, kL2Chunks = 2,/kL2First = 1, kL2Chunks = 3,/' $P/l2side.patch > $T/l2c.patch
-sed 's|^+    if (!kL2ForkBeforeQkv) NQ_TRY(fork_l2_prefetch(s, L));|+    if (!kL2ForkBeforeQkv \&\& short_ctx) NQ_TRY(fork_l2_prefetch(s, L));   // l2d: short graphs only|' \
-  $P/l2side.patch > $T/l2d.patch
-for v in b c d; do cmp -s $P/l2side.patch $T/l2$v.patch && { echo "l2$v: the sed did not apply"; exit 1; }; done
-build l2a $P/l2side.patch
-build l2b $T/l2b.patch
-build l2c $T/l2c.patch
-build l2d $T/l2d.patch
-build fw $P/flagwait.patch
+nq_l2_patches $T
+nq_build_missing l2a $P/l2side.patch
+nq_build_missing l2b $T/l2b.patch
+nq_build_missing l2c $T/l2c.patch
+nq_build_missing l2d $T/l2d.patch
+nq_build_missing fw $P/flagwait.patch
 # fw0: fw's kernels with no counter ever set (every GEMV takes its PDL wait): what the code change alone costs
-sed 's/^+  const bool flags = L.o.order == ORDER_FRAG/+  const bool flags = false \&\& L.o.order == ORDER_FRAG/' $P/flagwait.patch > $T/fw0.patch
-cmp -s $P/flagwait.patch $T/fw0.patch && { echo "fw0: the sed did not apply"; exit 1; }
-build fw0 $T/fw0.patch
+nq_derive_patch $P/flagwait.patch 's/^+  const bool flags = L.o.order == ORDER_FRAG/+  const bool flags = false \&\& L.o.order == ORDER_FRAG/' \
+  $T/fw0.patch
+nq_build_missing fw0 $T/fw0.patch
 nq_pack_variants l2a main34 nowait b256 nw_qkv nw_o nw_gu nw_dn nw_attn l2a l2b l2c l2d fw fw0

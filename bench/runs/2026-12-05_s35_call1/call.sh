@@ -20,10 +20,7 @@
 # ".out/call1.tar.xz"].
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
-stamp() { nq_stamp "$@"; }
-T0=$(date +%s)
-left() { [ $(( $(date +%s) - T0 )) -lt "$1" ]; }   # left S: true while fewer than S seconds have passed
-stamp start
+nq_stamp start
 nq_graph_fork_pdl   # does l2side's fork keep the q/k/v -> attention PDL edge (NOTES "Session 34" §3)?
 nq_use handover
 git apply --include='tests/*' "$(dirname "$0")/handover_tests.patch" && echo "the branch's count test applied" \
@@ -47,19 +44,19 @@ C="handover0"
 V="main34 $C l2a l2b l2c"
 V512="$V"
 [ $rc = 0 ] && [ $rc_last = 0 ] && V512="$V handover_last"   # the last-block form: 512 only
-stamp tests
+nq_stamp tests
 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > /dev/null 2>&1
 for rep in 1 2; do for v in $V512; do nq_ab "$v" 512 "$rep"; done; done
-stamp 512
+nq_stamp 512
 # then, as long as time is left (the device's limit is 600 s): the 0.5B (where the hand-overs are most of a layer),
 # the 7B at 8K, the 3B
 python3 bench/make_7b_file.py /tmp/s05.nanoqwen --shape 0.5B --quiet > /dev/null 2>&1
-for v in main34 $C; do left 470 && nq_ab "$v" 512 1 /tmp/s05.nanoqwen 0.5B; done
-for v in $V; do left 520 && nq_ab "$v" 8192 1; done
+for v in main34 $C; do nq_left 470 && nq_ab "$v" 512 1 /tmp/s05.nanoqwen 0.5B; done
+for v in $V; do nq_left 520 && nq_ab "$v" 8192 1; done
 rm -f /tmp/q7b.nanoqwen /tmp/s05.nanoqwen
-stamp 8192
-left 520 && python3 bench/make_7b_file.py /tmp/s3.nanoqwen --shape 3B --quiet > /dev/null 2>&1 &&
-  for v in main34 $C; do left 560 && nq_ab "$v" 512 1 /tmp/s3.nanoqwen 3B; done
+nq_stamp 8192
+nq_left 520 && python3 bench/make_7b_file.py /tmp/s3.nanoqwen --shape 3B --quiet > /dev/null 2>&1 &&
+  for v in main34 $C; do nq_left 560 && nq_ab "$v" 512 1 /tmp/s3.nanoqwen 3B; done
 rm -f /tmp/s3.nanoqwen
-stamp end
+nq_stamp end
 python3 bench/ab_table.py "$OUT/summary.txt" --base main34 > "$OUT/ab_table.md" 2>&1; cat "$OUT/ab_table.md"

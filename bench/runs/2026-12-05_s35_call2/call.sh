@@ -12,57 +12,55 @@
 # ".out/call2.tar.xz"] (naming the file keeps call 5's variants.tar.xz out of the carry).
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
-stamp() { nq_stamp "$@"; }
 # nq_ab_plan LABEL NAME SPEC PROMPT REP FILE: nq_ab's line for .v/planknob with NQ_FRAG_PLAN=SPEC, as variant NAME
 nq_ab_plan() {
   echo "ab $1 $2 $4 rep$5: $(NQ_FRAG_PLAN="$3" nq_decode planknob "$4" "$6")" | tee -a "$OUT/summary.txt"
 }
-T0=$(date +%s)
-left() { [ $(( $(date +%s) - T0 )) -lt "$1" ]; }   # left S: true while fewer than S seconds have passed
-stamp start
+nq_stamp start
 # sweep LABEL FILE "NAME=SPEC ..." : default, each change, default again, then the best per GEMV combined (x2)
 sweep() {
   local label=$1 file=$2 kv name spec
   nq_ab_plan "$label" default "" 512 1 "$file"
-  for kv in $3; do left 520 && nq_ab_plan "$label" "${kv%%=*}" "${kv#*=}" 512 1 "$file"; done
+  for kv in $3; do nq_left 520 && nq_ab_plan "$label" "${kv%%=*}" "${kv#*=}" 512 1 "$file"; done
   nq_ab_plan "$label" default "" 512 2 "$file"
   spec=$(python3 - "$OUT/summary.txt" "$label" "$3" <<'PY'
-import re, sys
+import sys
+sys.path.insert(0, "bench")
+from ab_table import parse   # the nq_ab lines' one parser
 summary, label, pairs = sys.argv[1], sys.argv[2], sys.argv[3].split()
-ms = {}
-for line in open(summary):
-    m = re.match(rf"^ab {re.escape(label)} (\S+) 512 rep\d+: .*?([0-9.]+) ms/token", line)
-    if m: ms.setdefault(m[1], []).append(float(m[2]))
-if "default" not in ms:
+with open(summary) as f:
+    runs = parse(f)[0].get((label, 512), {})
+ms = {v: [x for x, _ in r if x is not None] for v, r in runs.items()}
+if not ms.get("default"):
     sys.exit(0)
 base = sum(ms["default"]) / len(ms["default"])
 best = {}   # GEMV name (the part before the first '_') -> (ms, spec)
 for kv in pairs:
     name, spec = kv.split("=", 1)
-    if name in ms and min(ms[name]) < 0.995 * base:
+    if ms.get(name) and min(ms[name]) < 0.995 * base:
         g = name.split("_")[0]
         if g not in best or min(ms[name]) < best[g][0]: best[g] = (min(ms[name]), spec)
 print(",".join(s for _, s in best.values()))
 PY
 )
   echo "sweep $label: best combination '${spec}'" | tee -a "$OUT/summary.txt"
-  [ -n "$spec" ] && for rep in 1 2; do left 540 || break
+  [ -n "$spec" ] && for rep in 1 2; do nq_left 540 || break
     nq_ab_plan "$label" combo "$spec" 512 $rep "$file"; nq_ab_plan "$label" default "" 512 $((rep + 2)) "$file"
   done
 }
 python3 bench/make_7b_file.py /tmp/s14.nanoqwen --shape 14B --quiet > /dev/null 2>&1
 sweep 14B /tmp/s14.nanoqwen "qkv_w4s4=0:112:5120=w4s4 qkv_w8s2=0:112:5120=w8s2 o_w8s2=1:80:5120=w8s2 down_w8s2=1:80:13824=w8s2 down_w4s4=1:80:13824=w4s4 gate_w4s2=2:432:5120=w4s2"
 rm -f /tmp/s14.nanoqwen
-stamp 14B
-left 400 && python3 bench/make_7b_file.py /tmp/s32.nanoqwen --shape 32B --quiet > /dev/null 2>&1 && sweep 32B /tmp/s32.nanoqwen "down_w8s2=1:80:27648=w8s2 down_w4s4=1:80:27648=w4s4 gate_w4s2=2:864:5120=w4s2 qkv_w4s4=0:112:5120=w4s4"
+nq_stamp 14B
+nq_left 400 && python3 bench/make_7b_file.py /tmp/s32.nanoqwen --shape 32B --quiet > /dev/null 2>&1 && sweep 32B /tmp/s32.nanoqwen "down_w8s2=1:80:27648=w8s2 down_w4s4=1:80:27648=w4s4 gate_w4s2=2:864:5120=w4s2 qkv_w4s4=0:112:5120=w4s4"
 rm -f /tmp/s32.nanoqwen
-stamp 32B
+nq_stamp 32B
 # every plan of each GEMV alone (the testing library), as long as time is left
 for s in 14B 32B 3B; do
-  left 560 || break
+  nq_left 560 || break
   NANOQWEN_TESTING_LIB="$PWD/.v/planknob/libnanoqwen_testing.so" timeout 40 python3 bench/frag_bench.py --gemv-plans \
     --shape $s --iters 50 > "$OUT/gemv_plans_$s.txt" 2>&1
   echo "gemv_plans $s rc=$?" >> "$OUT/summary.txt"; grep '^gemv plans' "$OUT/gemv_plans_$s.txt" | tee -a "$OUT/summary.txt"
 done
-stamp end
+nq_stamp end
 python3 bench/ab_table.py "$OUT/summary.txt" --base default > "$OUT/ab_table.md" 2>&1; cat "$OUT/ab_table.md"
