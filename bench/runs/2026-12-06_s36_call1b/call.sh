@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # Session 36's call 1b (NOTES "Session 36" §4; ~300 s): the sixth hand-over through a count, run only after call 1
-# (bench/runs/2026-12-05_s35_call1/) has handover passing its tests and winning. handover6 = branch
-# wip/s36-handover6 (6b827fe: wip/s35-handover + the merge kernel waiting on the decode attention's splits count
-# instead of the decode grid's end; a sixth slot a layer, published every step). Its e2e decode tests and the count
-# test (call 1's handover_tests.patch: it reads every slot, whatever their number), then the decode A/B against
-# handover (d432b91) where the merge kernel runs: the 7B at 8K x2 and 32K, and at 512 (no merge kernel there: a tie
-# expected) once.
+# (bench/runs/2026-12-05_s35_call1/) has handover passing its tests and winning (on main's tree, landed or not).
+# handover6 = branch wip/s36-handover6 (6b827fe: wip/s35-handover + the merge kernel waiting on the decode
+# attention's splits count instead of the decode grid's end; a sixth slot a layer, published every step). Its e2e
+# decode tests and the count test (call 1's handover_tests.patch where the tree lacks it: it reads every slot,
+# whatever their number), then the decode A/B against handover (d432b91) where the merge kernel runs: the 7B at 8K
+# x2 and 32K, and at 512 (no merge kernel there: a tie expected) once.
 # Build here first: bash bench/runs/2026-12-06_s36_prep/build.sh (packs .out/call1b.tar.xz); carry [".whl",
 # ".out/call1b.tar.xz"].
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
 nq_stamp start
 nq_use handover6
-git apply --include='tests/*' "$(dirname "$0")/../2026-12-05_s35_call1/handover_tests.patch" 2>/dev/null ||
-  patch -p1 -s < "$(dirname "$0")/../2026-12-05_s35_call1/handover_tests.patch"
+# the count test: in the tree already where the branch has landed, else from call 1's patch
+grep -q test_decode_hand_over_counts tests/test_gpu_e2e.py ||
+  git apply --include='tests/*' "$(dirname "$0")/../2026-12-05_s35_call1/handover_tests.patch"
+# the plain graphs' merge kernel runs in short_context (across the bound) and the count test
 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 \
-  -k "greedy or short_context or prefill_decode or long_prompt or hand_over" \
+  -k "greedy or short_context or prefill_decode or in_chunks or hand_over" \
   tests/test_gpu_e2e.py > "$OUT/tests_handover6.log" 2>&1
 rc=$?
 echo "handover6 tests rc=$rc: $(tail -1 "$OUT/tests_handover6.log")" | tee -a "$OUT/summary.txt"
