@@ -32,6 +32,30 @@ nq_graph_fork_pdl() {
 # nq_ab VARIANT PROMPT_TOKENS REP [FILE [LABEL]]: nq_decode, recorded in $OUT/summary.txt as "ab VARIANT PROMPT repREP:
 # ..." (with LABEL after "ab" where given, e.g. the file's size); bench/ab_table.py makes them one table
 nq_ab() { echo "ab ${5:+$5 }$1 $2 rep$3: $(nq_decode "$1" "$2" "${4:-}")" | tee -a "$OUT/summary.txt"; }
+# nq_count_tests VARIANT K FILE...: .v/VARIANT's libraries in place (nq_use), the hand-over count test applied from
+# call 1's handover_tests.patch where the tree lacks it (branch wip/s35-handover's test), then the GPU tests of FILEs
+# selected by K (pytest -k) over 8 workers under a timeout (a wrong count would hang), the log to
+# $OUT/tests_VARIANT.log and "VARIANT tests rc=...: its last line" to $OUT/summary.txt; returns pytest's status
+nq_count_tests() {
+  local v=$1 k=$2 rc; shift 2
+  nq_use "$v"
+  grep -q test_decode_hand_over_counts tests/test_gpu_e2e.py ||
+    git apply --include='tests/*' bench/runs/2026-12-05_s35_call1/handover_tests.patch
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 -k "$k" "$@" > "$OUT/tests_$v.log" 2>&1
+  rc=$?
+  echo "$v tests rc=$rc: $(tail -1 "$OUT/tests_$v.log")" | tee -a "$OUT/summary.txt"
+  return $rc
+}
+# nq_ab_shape SHAPE LIMIT VARIANT...: a random SHAPE-shaped file (bench/make_7b_file.py --shape), then nq_ab of each
+# VARIANT at 512 prompt tokens, labelled SHAPE, while fewer than LIMIT seconds have passed (nq_left); the file removed
+nq_ab_shape() {
+  local shape=$1 limit=$2 v f=/tmp/ab_shape.nanoqwen; shift 2
+  nq_left "$limit" && python3 bench/make_7b_file.py "$f" --shape "$shape" --quiet > /dev/null 2>&1 &&
+    for v in "$@"; do nq_left "$limit" && nq_ab "$v" 512 1 "$f" "$shape"; done
+  rm -f "$f"
+}
+# nq_ab_table BASE: the call's A/B lines as one table against BASE (bench/ab_table.py) into $OUT/ab_table.md, printed
+nq_ab_table() { python3 bench/ab_table.py "$OUT/summary.txt" --base "$1" > "$OUT/ab_table.md" 2>&1; cat "$OUT/ab_table.md"; }
 # nq_quick_tests: the frag GEMV, attention and decode-switch GPU tests over 8 workers (the product library in
 # nanoqwen_rt/lib, the testing one in build/lib), the last lines to $OUT/summary.txt
 nq_quick_tests() {

@@ -22,14 +22,9 @@ set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
 nq_stamp start
 nq_graph_fork_pdl   # does l2side's fork keep the q/k/v -> attention PDL edge (NOTES "Session 34" §3)?
-nq_use handover
-git apply --include='tests/*' "$(dirname "$0")/handover_tests.patch" && echo "the branch's count test applied" \
-  | tee -a "$OUT/summary.txt"
-timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 \
-  -k "greedy or short_context or prefill_decode or sizes or hand_over" \
-  tests/test_gpu_e2e.py tests/test_gpu_sizes.py > "$OUT/tests_handover.log" 2>&1
+nq_count_tests handover "greedy or short_context or prefill_decode or sizes or hand_over" tests/test_gpu_e2e.py \
+  tests/test_gpu_sizes.py
 rc=$?
-echo "handover tests rc=$rc: $(tail -1 "$OUT/tests_handover.log")" | tee -a "$OUT/summary.txt"
 cp .v/handover_last/libnanoqwen.so nanoqwen_rt/lib/   # the first form: timed only if its greedy tests pass
 timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 -k "greedy or short_context" tests/test_gpu_e2e.py \
   > "$OUT/tests_handover_last.log" 2>&1
@@ -50,13 +45,10 @@ for rep in 1 2; do for v in $V512; do nq_ab "$v" 512 "$rep"; done; done
 nq_stamp 512
 # then, as long as time is left (the device's limit is 600 s): the 0.5B (where the hand-overs are most of a layer),
 # the 7B at 8K, the 3B
-python3 bench/make_7b_file.py /tmp/s05.nanoqwen --shape 0.5B --quiet > /dev/null 2>&1
-for v in main34 $C; do nq_left 470 && nq_ab "$v" 512 1 /tmp/s05.nanoqwen 0.5B; done
+nq_ab_shape 0.5B 470 main34 $C
 for v in $V; do nq_left 520 && nq_ab "$v" 8192 1; done
-rm -f /tmp/q7b.nanoqwen /tmp/s05.nanoqwen
+rm -f /tmp/q7b.nanoqwen
 nq_stamp 8192
-nq_left 520 && python3 bench/make_7b_file.py /tmp/s3.nanoqwen --shape 3B --quiet > /dev/null 2>&1 &&
-  for v in main34 $C; do nq_left 560 && nq_ab "$v" 512 1 /tmp/s3.nanoqwen 3B; done
-rm -f /tmp/s3.nanoqwen
+nq_ab_shape 3B 560 main34 $C
 nq_stamp end
-python3 bench/ab_table.py "$OUT/summary.txt" --base main34 > "$OUT/ab_table.md" 2>&1; cat "$OUT/ab_table.md"
+nq_ab_table main34

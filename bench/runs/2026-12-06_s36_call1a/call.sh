@@ -7,14 +7,9 @@
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
 nq_stamp start
-nq_use handover
-git apply --include='tests/*' "$(dirname "$0")/../2026-12-05_s35_call1/handover_tests.patch" && echo "the branch's count test applied" \
-  | tee -a "$OUT/summary.txt"
-timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 \
-  -k "greedy or short_context or prefill_decode or sizes or hand_over" \
-  tests/test_gpu_e2e.py tests/test_gpu_sizes.py > "$OUT/tests_handover.log" 2>&1
+nq_count_tests handover "greedy or short_context or prefill_decode or sizes or hand_over" tests/test_gpu_e2e.py \
+  tests/test_gpu_sizes.py
 rc=$?
-echo "handover tests rc=$rc: $(tail -1 "$OUT/tests_handover.log")" | tee -a "$OUT/summary.txt"
 grep -E "FAILED|Error|error" "$OUT/tests_handover.log" | head -5 | tee -a "$OUT/summary.txt"
 C="handover0"
 [ $rc = 0 ] && C="handover handover0"
@@ -22,14 +17,10 @@ nq_stamp tests
 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > /dev/null 2>&1
 for rep in 1 2; do for v in main34 $C; do nq_ab "$v" 512 "$rep"; done; done
 nq_stamp 512
-python3 bench/make_7b_file.py /tmp/s05.nanoqwen --shape 0.5B --quiet > /dev/null 2>&1
-for v in main34 $C; do nq_left 420 && nq_ab "$v" 512 1 /tmp/s05.nanoqwen 0.5B; done
-rm -f /tmp/s05.nanoqwen
+nq_ab_shape 0.5B 420 main34 $C
 for v in main34 $C; do nq_left 480 && nq_ab "$v" 8192 1; done
 rm -f /tmp/q7b.nanoqwen
 nq_stamp 8192
-nq_left 480 && python3 bench/make_7b_file.py /tmp/s3.nanoqwen --shape 3B --quiet > /dev/null 2>&1 &&
-  for v in main34 $C; do nq_left 540 && nq_ab "$v" 512 1 /tmp/s3.nanoqwen 3B; done
-rm -f /tmp/s3.nanoqwen
+nq_ab_shape 3B 540 main34 $C
 nq_stamp end
-python3 bench/ab_table.py "$OUT/summary.txt" --base main34 > "$OUT/ab_table.md" 2>&1; cat "$OUT/ab_table.md"
+nq_ab_table main34

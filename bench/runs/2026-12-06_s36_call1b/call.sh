@@ -11,16 +11,9 @@
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
 nq_stamp start
-nq_use handover6
-# the count test: in the tree already where the branch has landed, else from call 1's patch
-grep -q test_decode_hand_over_counts tests/test_gpu_e2e.py ||
-  git apply --include='tests/*' "$(dirname "$0")/../2026-12-05_s35_call1/handover_tests.patch"
 # the plain graphs' merge kernel runs in short_context (across the bound) and the count test
-timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 \
-  -k "greedy or short_context or prefill_decode or in_chunks or hand_over" \
-  tests/test_gpu_e2e.py > "$OUT/tests_handover6.log" 2>&1
+nq_count_tests handover6 "greedy or short_context or prefill_decode or in_chunks or hand_over" tests/test_gpu_e2e.py
 rc=$?
-echo "handover6 tests rc=$rc: $(tail -1 "$OUT/tests_handover6.log")" | tee -a "$OUT/summary.txt"
 nq_stamp tests
 [ $rc = 0 ] || exit 0
 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > /dev/null 2>&1
@@ -29,4 +22,4 @@ for v in handover handover6; do nq_left 500 && nq_ab "$v" 32000 1; done
 for v in handover handover6; do nq_left 540 && nq_ab "$v" 512 1; done
 rm -f /tmp/q7b.nanoqwen
 nq_stamp end
-python3 bench/ab_table.py "$OUT/summary.txt" --base handover > "$OUT/ab_table.md" 2>&1; cat "$OUT/ab_table.md"
+nq_ab_table handover

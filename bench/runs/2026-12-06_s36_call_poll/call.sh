@@ -7,17 +7,12 @@
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
 nq_stamp start
-nq_use handover_relax
-git apply --include='tests/*' "$(dirname "$0")/../2026-12-05_s35_call1/handover_tests.patch"
-timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 -k "greedy or short_context or hand_over" \
-  tests/test_gpu_e2e.py > "$OUT/tests_relax.log" 2>&1
-echo "handover_relax tests rc=$?: $(tail -1 "$OUT/tests_relax.log")" | tee -a "$OUT/summary.txt"
+nq_count_tests handover_relax "greedy or short_context or hand_over" tests/test_gpu_e2e.py
 nq_stamp tests
 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet > /dev/null 2>&1
 for rep in 1 2; do for v in main34 handover handover_spin handover_relax; do nq_ab "$v" 512 "$rep"; done; done
 nq_stamp 512
-python3 bench/make_7b_file.py /tmp/s05.nanoqwen --shape 0.5B --quiet > /dev/null 2>&1
-for v in main34 handover handover_spin handover_relax; do nq_left 520 && nq_ab "$v" 512 1 /tmp/s05.nanoqwen 0.5B; done
-rm -f /tmp/q7b.nanoqwen /tmp/s05.nanoqwen
+rm -f /tmp/q7b.nanoqwen
+nq_ab_shape 0.5B 520 main34 handover handover_spin handover_relax
 nq_stamp end
-python3 bench/ab_table.py "$OUT/summary.txt" --base main34 > "$OUT/ab_table.md" 2>&1; cat "$OUT/ab_table.md"
+nq_ab_table main34
