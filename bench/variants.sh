@@ -40,3 +40,12 @@ nq_pack_variants() {
   rm -rf "$stage"
   ls -la "${NQ_PACK:-.out/variants.tar.xz}"
 }
+# nq_pack_libs NAME OUT: .v/NAME's product and testing libraries packed into OUT at the paths the tree loads them from
+# (nanoqwen_rt/lib/, build/lib/), for a call that runs the suite on them (bench/runs/2026-12-06_s36_suite/)
+nq_pack_libs() {
+  local stage; stage=$(mktemp -d); mkdir -p "$stage/nanoqwen_rt/lib" "$stage/build/lib" "$(dirname "$2")"
+  cp ".v/$1/libnanoqwen.so" "$stage/nanoqwen_rt/lib/" && cp ".v/$1/libnanoqwen_testing.so" "$stage/build/lib/" &&
+    (cd "$stage" && tar -cf - nanoqwen_rt build | xz -2 -T2) > "$2"
+  rm -rf "$stage"
+  ls -la "$2"
+}
