@@ -60,20 +60,24 @@ constexpr int kFragMaxSplits = 16;                              // the largest (
 // decode -0.2 % at 512, -0.5 to -0.8 % at 8K and 32K. The same ring lost for q/k/v (STORE, +1 %: at 168 registers one
 // block fits beside a retiring down block's, not two) and for gate/up (SWIGLU: 4 blocks an SM, spills, +17 %); the
 // issue before the wait itself is worth 8-9 % (bench/NOTES.md "Session 28" §1-4).
+constexpr int frag_depth(int spg, int mode, int warps) { return spg >= 8 && mode == GEMV_ADD && warps == 4 ? 2 : 1; }
 template <int SPG, int MODE, int WARPS>
 struct FragDepth {
-  static constexpr int value = SPG >= 8 && MODE == GEMV_ADD && WARPS == 4 ? 2 : 1;
+  static constexpr int value = frag_depth(SPG, MODE, WARPS);
 };
 // Resident blocks per SM each build's registers are budgeted for (__launch_bounds__' minimum): 8 warps 2 and 4 warps
 // 4 (128 registers), SWIGLU 5 (96 registers: the 7B's 592 P tiles in one wave of 132 x 5 blocks, not two of 132 x 4),
 // a ring 2 deep 3 (168 registers). SWIGLU at group 32 (four scale vectors a chunk, twice) spilled at 96 registers
-// (ptxas, sm_90a): that build takes 4.
+// (ptxas, sm_90a): that build takes 4. frag_plan reads the same numbers as the build's slots an SM.
+constexpr int frag_min_blocks(int spg, int mode, int warps) {
+  return warps == 8                          ? 2
+         : frag_depth(spg, mode, warps) > 1  ? 3
+         : (mode == GEMV_SWIGLU && spg >= 4) ? 5
+                                             : 4;
+}
 template <int SPG, int MODE, int WARPS>
 struct FragMinBlocks {
-  static constexpr int value = WARPS == 8                            ? 2
-                               : FragDepth<SPG, MODE, WARPS>::value > 1 ? 3
-                               : (MODE == GEMV_SWIGLU && SPG >= 4)     ? 5
-                                                                       : 4;
+  static constexpr int value = frag_min_blocks(SPG, MODE, WARPS);
 };
 
 // One warp's weights in flight: DEPTH chunks' 8 steps (16 bytes per lane each) and their scale vectors; chunk i of
@@ -509,12 +513,23 @@ gemv_frag_kernel(const GemvArgs a) {
 struct FragPlan {
   int splits, warps;
 };
-inline FragPlan frag_plan(int tiles, int K, int mode, int sm_count) {
+inline FragPlan frag_plan(int tiles, int K, int mode, int spg, int sm_count) {
   const int KC = K / kFragChunkK;
   const int want = (2 * sm_count + tiles - 1) / tiles;   // ceil(2 SMs / tiles)
   int S = 1;
   while (2 * S <= want && 2 * S <= kFragMaxSplits && 2 * S <= KC) S *= 2;
-  return FragPlan{S, mode == GEMV_SWIGLU ? 4 : K >= 8192 ? 8 : 4};
+  // 8 warps for the down projection only where its blocks fit one wave (2 an SM) and a warp keeps >= 2 chunks
+  int W = 4;
+  if (mode != GEMV_SWIGLU && K >= 8192 && tiles * S <= frag_min_blocks(spg, mode, 8) * sm_count && KC >= 16 * S)
+    W = 8;
+  const int slots = frag_min_blocks(spg, mode, W) * sm_count;   // blocks resident at once
+  // More than 4 chunks a warp (one round trip after another once the first is spent): split further while the
+  // blocks still fit one wave
+  while (KC > 4 * W * S && 2 * S <= kFragMaxSplits && 2 * tiles * S <= slots) S *= 2;
+  // Gate/up tiles alone past one wave (the 32B's: 864 for 660): halves, so the second wave is half as long
+  // (measured there, bench/NOTES.md "Session 37" §2; no other decode GEMV has more tiles than slots)
+  if (mode == GEMV_SWIGLU && tiles > slots && 2 * S <= KC) S *= 2;
+  return FragPlan{S, W};
 }
 
 template <int SPG, int MODE, int WARPS>
@@ -552,7 +567,7 @@ inline int gemv_frag_tiles(int rows, int mode) {
 // the orders, shapes (frag::shape_ok) and the one group of every segment and of `up`.
 int gemv_frag(const GemvArgs& a, int rows, int sm_count, cudaStream_t st) {
   const int tiles = gemv_frag_tiles(rows, a.mode);
-  const FragPlan p = frag_plan(tiles, a.seg[0].K, a.mode, sm_count);
+  const FragPlan p = frag_plan(tiles, a.seg[0].K, a.mode, a.seg[0].group / frag::kStepK, sm_count);
   switch (a.seg[0].group) {
     case 32: return gemv_frag_spg<2>(a, tiles, p, st);
     case 64: return gemv_frag_spg<4>(a, tiles, p, st);
