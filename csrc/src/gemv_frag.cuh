@@ -38,9 +38,13 @@
 //   (stage_x_f16: f16 x as given; f32 x rounded once; with RMSNorm (x * inv) * norm_w rounded once, inv from
 //   rms_inv's sum over ALL of x), in as few round trips as the split allows (frag_stage_x).
 // * Plan (frag_plan): S = the largest power of two <= ceil(2 SMs / tiles), at most 16 (a non-portable cluster size:
-//   gemv_frag_prepare allows it) and at most the chunk count; 8 warps where K >= 8192 (the down projection), else 4;
-//   SWIGLU 4. Registers: __launch_bounds__ minimum per build (FragMinBlocks): a minimum of 1 let ptxas take 168 and
-//   cost the down projection a second wave (NOTES "Session 12" §4).
+//   gemv_frag_prepare allows it) and at most the chunk count; 8 warps where K >= 8192 (the down projection) if those
+//   blocks fit one wave (2 an SM) and a warp keeps >= 2 chunks, else 4 (SWIGLU 4). Then S doubles while a warp has
+//   more than 4 chunks and the blocks still fit one wave of the build's slots (frag_min_blocks x SMs), and gate/up
+//   tiles past one wave split in 2. On the 7B that is the old rule's plans; the 14B / 32B q/k/v and down and the 3B
+//   down changed (decode -9.5 / -9.8 / -6.7 %, bench/NOTES.md "Session 37" §2). Registers: __launch_bounds__ minimum
+//   per build (FragMinBlocks): a minimum of 1 let ptxas take 168 and cost the down projection a second wave (NOTES
+//   "Session 12" §4).
 // The kernels are sm_90 code (clusters, distributed shared memory, PDL): the sm_80 build's bodies trap; gemv.cu
 // takes this path only where int4_fragment_order_available() (Hopper and the sm_90a build), the only GPUs on which
 // the loader repacks.
