@@ -138,3 +138,41 @@ nq_sizes() {
     rm -f /tmp/s.nanoqwen
   done
 }
+# nq_ab_plan LABEL NAME SPEC PROMPT REP FILE: nq_ab's line for .v/$NQ_KNOB (a planknob build: NQ_FRAG_PLAN replaces the
+# plans of the decode GEMV launches it names) with NQ_FRAG_PLAN=SPEC, as variant NAME
+nq_ab_plan() {
+  echo "ab $1 $2 $4 rep$5: $(NQ_FRAG_PLAN="$3" nq_decode "${NQ_KNOB:-planknob}" "$4" "$6")" | tee -a "$OUT/summary.txt"
+}
+# nq_plan_sweep LABEL FILE "NAME=SPEC ..." : at 512, the default plans, each change, the default again, then the best
+# change of each GEMV (NAME's part before "_"; > 0.5 % better) combined, alternated with the default (x2); each step
+# skipped past 520-540 s (nq_left)
+nq_plan_sweep() {
+  local label=$1 file=$2 kv name spec
+  nq_ab_plan "$label" default "" 512 1 "$file"
+  for kv in $3; do nq_left 520 && nq_ab_plan "$label" "${kv%%=*}" "${kv#*=}" 512 1 "$file"; done
+  nq_ab_plan "$label" default "" 512 2 "$file"
+  spec=$(python3 - "$OUT/summary.txt" "$label" "$3" <<'PY'
+import sys
+sys.path.insert(0, "bench")
+from ab_table import parse   # the nq_ab lines' one parser
+summary, label, pairs = sys.argv[1], sys.argv[2], sys.argv[3].split()
+with open(summary) as f:
+    runs = parse(f)[0].get((label, 512), {})
+ms = {v: [x for x, _ in r if x is not None] for v, r in runs.items()}
+if not ms.get("default"):
+    sys.exit(0)
+base = sum(ms["default"]) / len(ms["default"])
+best = {}   # GEMV name (the part before the first '_') -> (ms, spec)
+for kv in pairs:
+    name, spec = kv.split("=", 1)
+    if ms.get(name) and min(ms[name]) < 0.995 * base:
+        g = name.split("_")[0]
+        if g not in best or min(ms[name]) < best[g][0]: best[g] = (min(ms[name]), spec)
+print(",".join(s for _, s in best.values()))
+PY
+)
+  echo "sweep $label: best combination '${spec}'" | tee -a "$OUT/summary.txt"
+  [ -n "$spec" ] && for rep in 1 2; do nq_left 540 || break
+    nq_ab_plan "$label" combo "$spec" 512 $rep "$file"; nq_ab_plan "$label" default "" 512 $((rep + 2)) "$file"
+  done
+}

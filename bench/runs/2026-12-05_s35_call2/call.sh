@@ -12,47 +12,12 @@
 # ".out/call2.tar.xz"] (naming the file keeps call 5's variants.tar.xz out of the carry).
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
-# nq_ab_plan LABEL NAME SPEC PROMPT REP FILE: nq_ab's line for .v/planknob with NQ_FRAG_PLAN=SPEC, as variant NAME
-nq_ab_plan() {
-  echo "ab $1 $2 $4 rep$5: $(NQ_FRAG_PLAN="$3" nq_decode planknob "$4" "$6")" | tee -a "$OUT/summary.txt"
-}
 nq_stamp start
-# sweep LABEL FILE "NAME=SPEC ..." : default, each change, default again, then the best per GEMV combined (x2)
-sweep() {
-  local label=$1 file=$2 kv name spec
-  nq_ab_plan "$label" default "" 512 1 "$file"
-  for kv in $3; do nq_left 520 && nq_ab_plan "$label" "${kv%%=*}" "${kv#*=}" 512 1 "$file"; done
-  nq_ab_plan "$label" default "" 512 2 "$file"
-  spec=$(python3 - "$OUT/summary.txt" "$label" "$3" <<'PY'
-import sys
-sys.path.insert(0, "bench")
-from ab_table import parse   # the nq_ab lines' one parser
-summary, label, pairs = sys.argv[1], sys.argv[2], sys.argv[3].split()
-with open(summary) as f:
-    runs = parse(f)[0].get((label, 512), {})
-ms = {v: [x for x, _ in r if x is not None] for v, r in runs.items()}
-if not ms.get("default"):
-    sys.exit(0)
-base = sum(ms["default"]) / len(ms["default"])
-best = {}   # GEMV name (the part before the first '_') -> (ms, spec)
-for kv in pairs:
-    name, spec = kv.split("=", 1)
-    if ms.get(name) and min(ms[name]) < 0.995 * base:
-        g = name.split("_")[0]
-        if g not in best or min(ms[name]) < best[g][0]: best[g] = (min(ms[name]), spec)
-print(",".join(s for _, s in best.values()))
-PY
-)
-  echo "sweep $label: best combination '${spec}'" | tee -a "$OUT/summary.txt"
-  [ -n "$spec" ] && for rep in 1 2; do nq_left 540 || break
-    nq_ab_plan "$label" combo "$spec" 512 $rep "$file"; nq_ab_plan "$label" default "" 512 $((rep + 2)) "$file"
-  done
-}
 python3 bench/make_7b_file.py /tmp/s14.nanoqwen --shape 14B --quiet > /dev/null 2>&1
-sweep 14B /tmp/s14.nanoqwen "qkv_w4s4=0:112:5120=w4s4 qkv_w8s2=0:112:5120=w8s2 o_w8s2=1:80:5120=w8s2 down_w8s2=1:80:13824=w8s2 down_w4s4=1:80:13824=w4s4 gate_w4s2=2:432:5120=w4s2"
+NQ_KNOB=planknob nq_plan_sweep 14B /tmp/s14.nanoqwen "qkv_w4s4=0:112:5120=w4s4 qkv_w8s2=0:112:5120=w8s2 o_w8s2=1:80:5120=w8s2 down_w8s2=1:80:13824=w8s2 down_w4s4=1:80:13824=w4s4 gate_w4s2=2:432:5120=w4s2"
 rm -f /tmp/s14.nanoqwen
 nq_stamp 14B
-nq_left 400 && python3 bench/make_7b_file.py /tmp/s32.nanoqwen --shape 32B --quiet > /dev/null 2>&1 && sweep 32B /tmp/s32.nanoqwen "down_w8s2=1:80:27648=w8s2 down_w4s4=1:80:27648=w4s4 gate_w4s2=2:864:5120=w4s2 qkv_w4s4=0:112:5120=w4s4"
+nq_left 400 && python3 bench/make_7b_file.py /tmp/s32.nanoqwen --shape 32B --quiet > /dev/null 2>&1 && NQ_KNOB=planknob nq_plan_sweep 32B /tmp/s32.nanoqwen "down_w8s2=1:80:27648=w8s2 down_w4s4=1:80:27648=w4s4 gate_w4s2=2:864:5120=w4s2 qkv_w4s4=0:112:5120=w4s4"
 rm -f /tmp/s32.nanoqwen
 nq_stamp 32B
 # every plan of each GEMV alone (the testing library), as long as time is left
