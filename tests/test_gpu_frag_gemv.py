@@ -9,7 +9,7 @@ Every call draws fresh random inputs; the entries poison their outputs (NaN), so
 finiteness check. Shapes: the embedded tiny-py model (hidden 256, intermediate 768, q/k/v 256/128/128), Qwen2.5-7B
 (hidden 3584, intermediate 18944, q 3584, k/v 512), K = 128 (one 128-k chunk: three of a block's four warps idle),
 groups 32/64/128/256 wherever K allows. On an H200 (132 SMs, gemv_frag.cuh frag_plan) they take every launch shape:
-no cluster (7B gate/up and gate-sized STORE, K = 128), clusters of 2 and 4 (tiny, 0.5B gate/up), 4 (7B q, o, q/k/v;
+no cluster (7B gate/up at groups >= 64 and gate-sized STORE, K = 128), clusters of 2 and 4 (tiny, 0.5B gate/up), 4 (7B q, o, q/k/v;
 7B down with 8-warp blocks; 14B q/k/v and down split past 2 blocks an SM, 4-warp blocks, 10 and 27 chunks a split),
 8 (3B down: 4-warp blocks where 8 warps would hold 1-2 chunks), 16 (7B k/v: 8 tiles; a gate/up pair of 2 tiles), 2
 (gate/up tiles past one wave: the 32B's 864 at K = 1024), uneven splits (7 chunks over 2 blocks, 28 over 16, 148 over
@@ -50,8 +50,9 @@ STORE_SHAPES = [("tiny-q", 256, 256), ("tiny-gate", 768, 256), ("tiny-down", 256
 ADD_SHAPES = [("tiny-o", 256, 256), ("tiny-down", 256, 768), ("k128", 256, 128), ("7B-o", 3584, 3584),
               ("7B-down", 3584, 18944), ("14B-o", 5120, 5120), ("five-a-warp", 8192, 5120),
               ("14B-down", 5120, 13824), ("3B-down", 2048, 11008)]
-# frag_stage_x's RMSNorm paths: 7B-gate takes the whole-of-x pass (S = 1, K / 4 <= 8 float4s a thread), 14B-gate the
-# general one (S = 1, K = 5120: 10 a thread), 0.5B-gate and one-pair-tile the one-unit-a-thread pass (S > 1)
+# frag_stage_x's RMSNorm paths: 7B-gate takes the whole-of-x pass (S = 1, K / 4 <= 8 float4s a thread; at group 32
+# its 592 tiles are past one wave and split in 2), 14B-gate the general one (S = 1, K = 5120: 10 a thread), 0.5B-gate,
+# one-pair-tile and past-one-wave the one-unit-a-thread pass (S > 1)
 SWIGLU_SHAPES = [("tiny-gate", 768, 256), ("k128", 256, 128), ("one-pair-tile", 64, 2048), ("0.5B-gate", 4864, 896),
                  ("7B-gate", 18944, 3584), ("14B-gate", 13824, 5120), ("past-one-wave", 27648, 1024)]
 QKV_SHAPES = [("tiny-qkv", (256, 128, 128), 256), ("7B-qkv", (3584, 512, 512), 3584),
