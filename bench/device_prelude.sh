@@ -125,18 +125,11 @@ nq_attn_variant_call() {
   for p in 512 8192; do for rep in 1 2; do for v in "$base" "$new"; do nq_ab "$v" "$p" "$rep"; done; done; done
 }
 
-# nq_sizes LABEL: decode on every size's shapes (random files, INT4 g128, f16 lm_head; 512-token prompt, 64 tokens x
-# 2) with the product library, one line each to $OUT/summary.txt as "size SIZE (LABEL): ..."
+# nq_sizes LABEL: gpu_check.sh's sizes step (decode on every size's shapes at 512) with the product library, its lines
+# to $OUT/summary.txt as "size SIZE (LABEL): ..."
 nq_sizes() {
-  local size r
-  for size in 0.5B 1.5B 3B 14B 32B; do
-    timeout 150 python3 bench/make_7b_file.py /tmp/s.nanoqwen --shape $size --quiet > /dev/null 2>&1 \
-      || { echo "$size: make failed" | tee -a "$OUT/summary.txt"; continue; }
-    r=$(timeout 150 python3 -m nanoqwen_bench /tmp/s.nanoqwen --device cuda --no-peers \
-        --prompt-tokens 512 --new-tokens 64 --repeats 2 2>&1 | grep -E '^(decode|MBU|read-only)' | tr -s ' ' | tr '\n' ';')
-    echo "size $size ($1): $r" | tee -a "$OUT/summary.txt"
-    rm -f /tmp/s.nanoqwen
-  done
+  OUT=/tmp/nq_sizes bash bench/gpu_check.sh sizes > /dev/null 2>&1
+  grep '^size ' /tmp/nq_sizes/summary.txt | sed "s/^size \([^ ]*\) rc=[0-9]*:/size \1 ($1):/" | tee -a "$OUT/summary.txt"
 }
 # nq_ab_plan LABEL NAME SPEC PROMPT REP FILE: nq_ab's line for .v/$NQ_KNOB (a planknob build: NQ_FRAG_PLAN replaces the
 # plans of the decode GEMV launches it names) with NQ_FRAG_PLAN=SPEC, as variant NAME

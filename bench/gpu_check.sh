@@ -3,9 +3,9 @@
 # and end-to-end benchmarks, compute-sanitizer; full logs under $OUT, a short table last.
 #   device: run(command="bash bench/gpu_check.sh [STEPS]", carry=[".whl", "nanoqwen_rt/lib", "build/lib"])
 #   (nanoqwen_rt/lib: the product library; build/lib: the testing library the kernel tests and benches load)
-# STEPS: comma list of sass,tests,kbench,frag,lmhead,chain,layers,abench,bench,long,base,ab,ncu,sanitize,hf7b,asym (default:
-# all but lmhead, chain, layers, abench, long, base, ab and asym; ncu, long and base need bench; long: the bench at 2K, 8K and
-# 32K-token prompts; base: the bench again with an earlier tree carried in .base/, see the step; ab: decode at 512 / 8K /
+# STEPS: comma list of sass,tests,kbench,frag,lmhead,chain,layers,abench,bench,sizes,long,base,ab,ncu,sanitize,hf7b,asym
+# (default: all but lmhead, chain, layers, abench, sizes, long, base, ab and asym; ncu, long and base need bench; sizes:
+# decode at 512 on every size's shapes (~150 s); long: the bench at 2K, 8K and 32K-token prompts; base: the bench again with an earlier tree carried in .base/, see the step; ab: decode at 512 / 8K /
 # 32K-token prompts, this tree and .base/ alternated, twice (makes the 7B file itself); asym: int4g layout 2 against
 # layout 1, see the step).
 # The kernels that lost are timed by csrc/dev programs: `make -C csrc/dev` then build/dev/<name>. A one-off device
@@ -173,6 +173,18 @@ if has bench; then
     timeout 90 python3 bench/profile_kernels.py /tmp/q7b.nanoqwen $args 2>&1 | grep -v -i warn > "$LOG/prof_$name.log"
     note "profile ($args) rc=$?"; head -14 "$LOG/prof_$name.log" | tee -a "$summary"
     grep -E -A4 "^GPU time summed|^first to last" "$LOG/prof_$name.log" | tee -a "$summary"
+  done
+  save
+fi
+if has sizes; then   # #15's table: decode on every size's shapes (random files, INT4 g128, f16 lm_head; 512-token
+  # prompt, 64 tokens x 2), each against the read ceiling the bench measures in its run; "size SIZE: ..." lines
+  for size in 0.5B 1.5B 3B 7B 14B 32B; do
+    timeout 150 python3 bench/make_7b_file.py /tmp/size.nanoqwen --shape $size --quiet > "$LOG/make_$size.log" 2>&1 \
+      || { note "size $size: make_7b_file failed"; continue; }
+    timeout 150 python3 -m nanoqwen_bench /tmp/size.nanoqwen --device cuda --no-peers --prompt-tokens 512 \
+      --new-tokens 64 --repeats 2 --json "$LOG/size_$size.json" > "$LOG/size_$size.log" 2>&1
+    note "size $size rc=$?: $(grep -E '^(decode|MBU|read-only)' "$LOG/size_$size.log" | tr -s ' ' | tr '\n' ';')"
+    rm -f /tmp/size.nanoqwen
   done
   save
 fi

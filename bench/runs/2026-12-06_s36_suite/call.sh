@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The GPU suite (tests, the decode bench with peers, long prompts, sanitizers; ~550-600 s: session 33's call 3 ran the
-# same steps, tests 430 s) on libraries built here and carried packed, so no call builds on the device: main's
-# (owed since 1cff141; .v/main34 = main's product sources, sm_90a) or a branch's before it lands (both archs, built
-# with `JOBS=2 bash scripts/build_native.sh` in its checkout and copied into .v/NAME).
+# The GPU suite (tests, the decode bench with peers, long prompts, sanitizers) on libraries built here and carried
+# packed, so no call builds on the device: main's (.v/NAME = main's product sources, sm_90a, built by variants.sh's
+# nq_build_variant) or a branch's before it lands. Session 37: `tests` 176-222 s, `bench,long,sanitize` 179 s,
+# `tests,bench,sanitize` 420 s; `sizes` (every size at 512) ~150 s more.
 # Here: `source bench/variants.sh && nq_pack_libs NAME .out/libs.tar.xz`; carry [".whl", ".out/libs.tar.xz"];
 # command: `NQ_REV=<short commit> bash bench/runs/2026-12-06_s36_suite/call.sh [STEPS]` (default
-# tests,bench,long,sanitize; `tests` alone ~300 s). Record in bench/RESULTS.md with the peers.
+# tests,bench,long,sanitize). Record in bench/RESULTS.md with the peers.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 tar -xJf .out/libs.tar.xz   # nanoqwen_rt/lib/libnanoqwen.so, build/lib/libnanoqwen_testing.so
