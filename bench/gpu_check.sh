@@ -5,7 +5,7 @@
 #   (nanoqwen_rt/lib: the product library; build/lib: the testing library the kernel tests and benches load)
 # STEPS: comma list of sass,tests,kbench,frag,lmhead,chain,layers,abench,bench,sizes,long,base,ab,ncu,sanitize,hf7b,asym
 # (default: all but lmhead, chain, layers, abench, sizes, long, base, ab and asym; ncu, long and base need bench; sizes:
-# decode at 512 on every size's shapes (~150 s); long: the bench at 2K, 8K and 32K-token prompts; base: the bench again with an earlier tree carried in .base/, see the step; ab: decode at 512 / 8K /
+# decode at 512 on every size's shapes, the three smallest also per kernel (~200 s); long: the bench at 2K, 8K and 32K-token prompts; base: the bench again with an earlier tree carried in .base/, see the step; ab: decode at 512 / 8K /
 # 32K-token prompts, this tree and .base/ alternated, twice (makes the 7B file itself); asym: int4g layout 2 against
 # layout 1, see the step).
 # The kernels that lost are timed by csrc/dev programs: `make -C csrc/dev` then build/dev/<name>. A one-off device
@@ -184,6 +184,11 @@ if has sizes; then   # #15's table: decode on every size's shapes (random files,
     timeout 150 python3 -m nanoqwen_bench /tmp/size.nanoqwen --device cuda --no-peers --prompt-tokens 512 \
       --new-tokens 64 --repeats 2 --json "$LOG/size_$size.json" > "$LOG/size_$size.log" 2>&1
     note "size $size rc=$?: $(grep -E '^(decode|MBU|read-only)' "$LOG/size_$size.log" | tr -s ' ' | tr '\n' ';')"
+    case $size in 0.5B|1.5B|3B)   # where fixed costs dominate: GPU time per kernel of a decode step (lm_head share)
+      timeout 90 python3 bench/profile_kernels.py /tmp/size.nanoqwen decode --tokens 512 --steps 16 2>&1 |
+        grep -v -i warn > "$LOG/prof_decode_$size.log"
+      head -8 "$LOG/prof_decode_$size.log" | sed "s/^/size $size profile: /" | tee -a "$summary" ;;
+    esac
     rm -f /tmp/size.nanoqwen
   done
   save
