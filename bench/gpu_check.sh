@@ -5,9 +5,10 @@
 #   (nanoqwen_rt/lib: the product library; build/lib: the testing library the kernel tests and benches load)
 # STEPS: comma list of sass,tests,kbench,frag,lmhead,chain,layers,abench,bench,sizes,long,base,ab,ncu,sanitize,hf7b,asym
 # (default: all but lmhead, chain, layers, abench, sizes, long, base, ab and asym; ncu, long and base need bench; sizes:
-# decode at 512 on every size's shapes, the three smallest also per kernel (~200 s); long: the bench at 2K, 8K and 32K-token prompts; base: the bench again with an earlier tree carried in .base/, see the step; ab: decode at 512 / 8K /
-# 32K-token prompts, this tree and .base/ alternated, twice (makes the 7B file itself); asym: int4g layout 2 against
-# layout 1, see the step).
+# decode at 512 on every size's shapes, the three smallest also per kernel (~200 s); long: the bench at 2K, 8K and
+# 32K-token prompts; base: the bench again with an earlier tree carried in .base/, see the step; ab: decode at 512 /
+# 8K / 32K-token prompts, this tree and .base/ alternated, twice (makes the 7B file itself); asym: int4g layout 2
+# against layout 1, see the step).
 # The kernels that lost are timed by csrc/dev programs: `make -C csrc/dev` then build/dev/<name>. A one-off device
 # call (an A/B of variant libraries, a trace) is a script in bench/runs/<date>_<call>/ that sources
 # bench/device_prelude.sh (unpacks .out/*.tar.xz, installs .whl/, sets PYTHONPATH and OUT) and may call this script.

@@ -44,7 +44,7 @@ SWIGLU_REL = 8e-3
 STORE_SHAPES = [("tiny-q", 256, 256), ("tiny-gate", 768, 256), ("tiny-down", 256, 768), ("k128", 256, 128),
                 ("7B-q", 3584, 3584), ("7B-k", 512, 3584), ("7B-qkv", 4608, 3584), ("7B-gate", 18944, 3584),
                 ("7B-down", 3584, 18944)]
-# The 4-warp ADD builds of groups >= 128 keep 2 chunks a warp in flight (FragDepth): 7B-o's warps have at most 2
+# The 4-warp ADD builds of groups >= 128 keep 2 chunks a warp in flight (frag_depth): 7B-o's warps have at most 2
 # chunks (both issued before the wait, no refill); 14B-o (4 splits: 2 or 3 chunks a warp) and five-a-warp (128 tiles,
 # 2 splits: 5 a warp) refill the ring's slots and end on an odd chunk
 ADD_SHAPES = [("tiny-o", 256, 256), ("tiny-down", 256, 768), ("k128", 256, 128), ("7B-o", 3584, 3584),

@@ -32,7 +32,7 @@
 //   there): frag::unpack_word's exact codes times the f16 x pairs, f16 products summed two steps deep (4 products
 //   per f16 partial), then in f32 times the row's scale; the quad's 4 lanes hold 4 k subsets of the same 8 rows, two
 //   shuffles at the end.
-// * Prologue: the first chunk's weights and scales (FragDepth's first chunks: 2 in the 4-warp ADD builds) are issued
+// * Prologue: the first chunk's weights and scales (frag_depth's first chunks: 2 in the 4-warp ADD builds) are issued
 //   before pdl_wait() (they do not depend on the previous kernel; worth 8-9 % of a 7B decode step), then pdl_wait,
 //   pdl_trigger, then x is staged: only the split's k range, as f16 in k order, rounded as gemv_int4 stages it
 //   (stage_x_f16: f16 x as given; f32 x rounded once; with RMSNorm (x * inv) * norm_w rounded once, inv from
@@ -43,7 +43,7 @@
 //   more than 4 chunks and the blocks still fit one wave of the build's slots (frag_min_blocks x SMs), and gate/up
 //   tiles past one wave split in 2. On the 7B that is the old rule's plans; the 14B / 32B q/k/v and down and the 3B
 //   down changed (decode -9.5 / -9.8 / -6.7 %, bench/NOTES.md "Session 37" §2). Registers: __launch_bounds__ minimum
-//   per build (FragMinBlocks): a minimum of 1 let ptxas take 168 and cost the down projection a second wave (NOTES
+//   per build (frag_min_blocks): a minimum of 1 let ptxas take 168 and cost the down projection a second wave (NOTES
 //   "Session 12" §4).
 // The kernels are sm_90 code (clusters, distributed shared memory, PDL): the sm_80 build's bodies trap; gemv.cu
 // takes this path only where int4_fragment_order_available() (Hopper and the sm_90a build), the only GPUs on which
@@ -65,10 +65,6 @@ constexpr int kFragMaxSplits = 16;                              // the largest (
 // block fits beside a retiring down block's, not two) and for gate/up (SWIGLU: 4 blocks an SM, spills, +17 %); the
 // issue before the wait itself is worth 8-9 % (bench/NOTES.md "Session 28" §1-4).
 constexpr int frag_depth(int spg, int mode, int warps) { return spg >= 8 && mode == GEMV_ADD && warps == 4 ? 2 : 1; }
-template <int SPG, int MODE, int WARPS>
-struct FragDepth {
-  static constexpr int value = frag_depth(SPG, MODE, WARPS);
-};
 // Resident blocks per SM each build's registers are budgeted for (__launch_bounds__' minimum): 8 warps 2 and 4 warps
 // 4 (128 registers), SWIGLU 5 (96 registers: the 7B's 592 P tiles in one wave of 132 x 5 blocks, not two of 132 x 4),
 // a ring 2 deep 3 (168 registers). SWIGLU at group 32 (four scale vectors a chunk, twice) spilled at 96 registers
@@ -79,10 +75,6 @@ constexpr int frag_min_blocks(int spg, int mode, int warps) {
          : (mode == GEMV_SWIGLU && spg >= 4) ? 5
                                              : 4;
 }
-template <int SPG, int MODE, int WARPS>
-struct FragMinBlocks {
-  static constexpr int value = frag_min_blocks(SPG, MODE, WARPS);
-};
 
 // One warp's weights in flight: DEPTH chunks' 8 steps (16 bytes per lane each) and their scale vectors; chunk i of
 // the warp's lives in slot i % DEPTH.
@@ -437,7 +429,7 @@ __device__ __forceinline__ void frag_output(const GemvArgs& a, int b, int o, con
 }
 
 template <int SPG, int MODE, int WARPS>
-__global__ void __launch_bounds__(32 * WARPS, FragMinBlocks<SPG, MODE, WARPS>::value)
+__global__ void __launch_bounds__(32 * WARPS, frag_min_blocks(SPG, MODE, WARPS))
 gemv_frag_kernel(const GemvArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ uint4 xs_units[];   // the split's k range of x, f16 in k order
@@ -454,7 +446,7 @@ gemv_frag_kernel(const GemvArgs a) {
   const int c0 = frag::chunk_begin(KC, s, S), nc = frag::chunk_begin(KC, s + 1, S) - c0;       // the split's chunks
   const int w0 = frag::chunk_begin(nc, warp, WARPS), nw = frag::chunk_begin(nc, warp + 1, WARPS) - w0;   // the warp's
   const frag::Tile tile = MODE == GEMV_SWIGLU ? frag::pair_tile(a.seg[0], a.up, b) : frag_locate(a, b).tile;
-  FragRing<SPG, FragDepth<SPG, MODE, WARPS>::value> ring;
+  FragRing<SPG, frag_depth(SPG, MODE, WARPS)> ring;
   frag_prefetch(tile, c0 + w0, nw, ring);   // weights never depend on the previous kernel
   // the output this thread writes, if any: output o of the tile (S > 1: cluster rank s writes slice s of kOut / S)
   const int per = kOut / S, o = s * per + (int)threadIdx.x;   // S: a power of two <= 16, which divides 32 and 64
