@@ -52,9 +52,11 @@ ADD_SHAPES = [("tiny-o", 256, 256), ("tiny-down", 256, 768), ("k128", 256, 128),
               ("14B-down", 5120, 13824), ("3B-down", 2048, 11008)]
 # frag_stage_x's RMSNorm paths: 7B-gate takes the whole-of-x pass (S = 1, K / 4 <= 8 float4s a thread; at group 32
 # its 592 tiles are past one wave and split in 2), 14B-gate the general one (S = 1, K = 5120: 10 a thread), 0.5B-gate,
-# one-pair-tile and past-one-wave the one-unit-a-thread pass (S > 1)
+# one-pair-tile, 1.5B-gate (280 tiles in 2 splits within one wave: 12 chunks as 2, 2, 1, 1 a warp) and past-one-wave
+# the one-unit-a-thread pass (S > 1)
 SWIGLU_SHAPES = [("tiny-gate", 768, 256), ("k128", 256, 128), ("one-pair-tile", 64, 2048), ("0.5B-gate", 4864, 896),
-                 ("7B-gate", 18944, 3584), ("14B-gate", 13824, 5120), ("past-one-wave", 27648, 1024)]
+                 ("1.5B-gate", 8960, 1536), ("7B-gate", 18944, 3584), ("14B-gate", 13824, 5120),
+                 ("past-one-wave", 27648, 1024)]
 QKV_SHAPES = [("tiny-qkv", (256, 128, 128), 256), ("7B-qkv", (3584, 512, 512), 3584),
               ("14B-qkv", (5120, 1024, 1024), 5120)]
 

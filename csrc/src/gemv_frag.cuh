@@ -40,9 +40,10 @@
 // * Plan (frag_plan): S = the largest power of two <= ceil(2 SMs / tiles), at most 16 (a non-portable cluster size:
 //   gemv_frag_prepare allows it) and at most the chunk count; 8 warps where K >= 8192 (the down projection) if those
 //   blocks fit one wave (2 an SM) and a warp keeps >= 2 chunks, else 4 (SWIGLU 4). Then S doubles while a warp has
-//   more than 4 chunks and the blocks still fit one wave of the build's slots (frag_min_blocks x SMs), and gate/up
-//   tiles past one wave split in 2. On the 7B that is the old rule's plans; the 14B / 32B q/k/v and down and the 3B
-//   down changed (decode -9.5 / -9.8 / -6.7 %, bench/NOTES.md "Session 37" §2). Registers: __launch_bounds__ minimum
+//   more than 4 chunks and the blocks still fit one wave of the build's slots (frag_min_blocks x SMs; gate/up goes
+//   on down to a chunk a warp), and gate/up tiles past one wave split in 2. On the 7B that is the old rule's plans;
+//   the 14B / 32B q/k/v and down, the 3B down (decode -9.5 / -9.8 / -6.7 %, bench/NOTES.md "Session 37" §2) and the
+//   1.5B gate/up ("Session 38" §1) changed. Registers: __launch_bounds__ minimum
 //   per build (frag_min_blocks): a minimum of 1 let ptxas take 168 and cost the down projection a second wave (NOTES
 //   "Session 12" §4).
 // The kernels are sm_90 code (clusters, distributed shared memory, PDL): the sm_80 build's bodies trap; gemv.cu
@@ -522,6 +523,9 @@ inline FragPlan frag_plan(int tiles, int K, int mode, int spg, int sm_count) {
   // More than 4 chunks a warp (one round trip after another once the first is spent): split further while the
   // blocks still fit one wave
   while (KC > 4 * W * S && 2 * S <= kFragMaxSplits && 2 * tiles * S <= slots) S *= 2;
+  // Gate/up splits on while each warp keeps a chunk and the halves still fit one wave: the 1.5B's 280 tiles (3 chunks
+  // a warp) in 2, decode -6.1 % (bench/NOTES.md "Session 38" §1); the 0.5B's 304 blocks in 4 (0.4 a warp) lost 3.2 %
+  while (mode == GEMV_SWIGLU && KC >= 2 * W * S && 2 * S <= kFragMaxSplits && 2 * tiles * S <= slots) S *= 2;
   // Gate/up tiles alone past one wave (the 32B's: 864 for 660): halves, so the second wave is half as long
   // (measured there, bench/NOTES.md "Session 37" §2; at group 32, 4 blocks an SM, the 7B's 592 take it too, untimed:
   // §4; no other decode GEMV has more tiles than slots)
