@@ -9,9 +9,9 @@ Every call draws fresh random inputs; the entries poison their outputs (NaN), so
 finiteness check. Shapes: the embedded tiny-py model (hidden 256, intermediate 768, q/k/v 256/128/128), Qwen2.5-7B
 (hidden 3584, intermediate 18944, q 3584, k/v 512), K = 128 (one 128-k chunk: three of a block's four warps idle),
 groups 32/64/128/256 wherever K allows. On an H200 (132 SMs, gemv_frag.cuh frag_plan) they take every launch shape:
-no cluster (7B gate/up at groups >= 64 and gate-sized STORE, K = 128), clusters of 2 and 4 (tiny, 0.5B gate/up), 4 (7B q, o, q/k/v;
-7B down with 8-warp blocks; 14B q/k/v and down split past 2 blocks an SM, 4-warp blocks, 10 and 27 chunks a split),
-8 (3B down: 4-warp blocks where 8 warps would hold 1-2 chunks), 16 (7B k/v: 8 tiles; a gate/up pair of 2 tiles), 2
+no cluster (7B gate/up at groups >= 64 and gate-sized STORE, K = 128), clusters of 2 and 4 (tiny, 0.5B and 1.5B
+gate/up), 4 (7B q, o, q/k/v; 7B down with 8-warp blocks; 14B q/k/v and down split past 2 blocks an SM, 4-warp
+blocks, 10 and 27 chunks a split), 8 (3B down: 4-warp blocks where 8 warps would hold 1-2 chunks), 16 (7B k/v: 8 tiles; a gate/up pair of 2 tiles), 2
 (gate/up tiles past one wave: the 32B's 864 at K = 1024), uneven splits (7 chunks over 2 blocks, 28 over 16, 148 over
 4, 86 over 8) and warps without a chunk (K = 128, and 1-2 chunks a split over 4 warps).
 """

@@ -524,11 +524,11 @@ inline FragPlan frag_plan(int tiles, int K, int mode, int spg, int sm_count) {
   // blocks still fit one wave
   while (KC > 4 * W * S && 2 * S <= kFragMaxSplits && 2 * tiles * S <= slots) S *= 2;
   // Gate/up splits on while each warp keeps a chunk and the halves still fit one wave: the 1.5B's 280 tiles (3 chunks
-  // a warp) in 2, decode -6.1 % (bench/NOTES.md "Session 38" §1); the 0.5B's 304 blocks in 4 (0.4 a warp) lost 3.2 %
+  // a warp) in 2, decode -6.4 % (bench/NOTES.md "Session 38" §1-2); the 0.5B's 304 blocks in 4 (0.4 a warp) lost 3.2 %
   while (mode == GEMV_SWIGLU && KC >= 2 * W * S && 2 * S <= kFragMaxSplits && 2 * tiles * S <= slots) S *= 2;
   // Gate/up tiles alone past one wave (the 32B's: 864 for 660): halves, so the second wave is half as long
-  // (measured there, bench/NOTES.md "Session 37" §2; at group 32, 4 blocks an SM, the 7B's 592 take it too, untimed:
-  // §4; no other decode GEMV has more tiles than slots)
+  // (measured there, bench/NOTES.md "Session 37" §2; at group 32, 4 blocks an SM, the 7B's 592 take it too: a tie
+  // with one block a tile, "Session 38" §1; no other decode GEMV has more tiles than slots)
   if (mode == GEMV_SWIGLU && tiles > slots && 2 * S <= KC) S *= 2;
   return FragPlan{S, W};
 }
