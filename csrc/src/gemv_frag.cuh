@@ -43,9 +43,9 @@
 //   more than 4 chunks and the blocks still fit one wave of the build's slots (frag_min_blocks x SMs; gate/up goes
 //   on down to a chunk a warp), and gate/up tiles past one wave split in 2. On the 7B that is the old rule's plans;
 //   the 14B / 32B q/k/v and down, the 3B down (decode -9.5 / -9.8 / -6.7 %, bench/NOTES.md "Session 37" §2) and the
-//   1.5B gate/up ("Session 38" §1) changed. Registers: __launch_bounds__ minimum
-//   per build (frag_min_blocks): a minimum of 1 let ptxas take 168 and cost the down projection a second wave (NOTES
-//   "Session 12" §4).
+//   1.5B gate/up (-6.4 %, "Session 38" §1-2) changed. Registers: __launch_bounds__ minimum per build
+//   (frag_min_blocks): a minimum of 1 let ptxas take 168 and cost the down projection a second wave (NOTES "Session
+//   12" §4).
 // The kernels are sm_90 code (clusters, distributed shared memory, PDL): the sm_80 build's bodies trap; gemv.cu
 // takes this path only where int4_fragment_order_available() (Hopper and the sm_90a build), the only GPUs on which
 // the loader repacks.
@@ -457,7 +457,8 @@ gemv_frag_kernel(const GemvArgs a) {
   if (S > 1) {   // the mbarrier the cluster pushes into, initialised before any rank can push into it
     if (threadIdx.x == 0) {
       mbarrier_init(smem_u32(&slots_full), 1);
-      mbarrier_arrive_expect_tx(smem_u32(&slots_full), frag::kTileRows * sizeof(float));   // S splits x 64 / S rows each
+      // S splits x 64 / S rows each
+      mbarrier_arrive_expect_tx(smem_u32(&slots_full), frag::kTileRows * sizeof(float));
       fence_mbarrier_init_cluster();
     }
     cluster_arrive_relaxed();   // fence.mbarrier_init above orders the init before it (no MEMBAR.GPU)
