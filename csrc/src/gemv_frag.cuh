@@ -521,12 +521,12 @@ inline FragPlan frag_plan(int tiles, int K, int mode, int spg, int sm_count) {
   if (mode != GEMV_SWIGLU && K >= 8192 && tiles * S <= frag_min_blocks(spg, mode, 8) * sm_count && KC >= 16 * S)
     W = 8;
   const int slots = frag_min_blocks(spg, mode, W) * sm_count;   // blocks resident at once
-  // More than 4 chunks a warp (one round trip after another once the first is spent): split further while the
-  // blocks still fit one wave
-  while (KC > 4 * W * S && 2 * S <= kFragMaxSplits && 2 * tiles * S <= slots) S *= 2;
-  // Gate/up splits on while each warp keeps a chunk and the halves still fit one wave: the 1.5B's 280 tiles (3 chunks
-  // a warp) in 2, decode -6.4 % (bench/NOTES.md "Session 38" §1-2); the 0.5B's 304 blocks in 4 (0.4 a warp) lost 3.2 %
-  while (mode == GEMV_SWIGLU && KC >= 2 * W * S && 2 * S <= kFragMaxSplits && 2 * tiles * S <= slots) S *= 2;
+  // Split further while the halves still fit one wave and a warp has chunks to spare: more than 4 (one round trip
+  // after another once the first is spent); gate/up down to a chunk a warp after the halving (the 1.5B's 280 tiles
+  // at 3 chunks a warp in 2: decode -6.4 %, bench/NOTES.md "Session 38" §1-2; the 0.5B's 304 blocks in 4, 0.4 a
+  // warp, lost 3.2 %)
+  while ((mode == GEMV_SWIGLU ? KC >= 2 * W * S : KC > 4 * W * S) && 2 * S <= kFragMaxSplits && 2 * tiles * S <= slots)
+    S *= 2;
   // Gate/up tiles alone past one wave (the 32B's: 864 for 660): halves, so the second wave is half as long
   // (measured there, bench/NOTES.md "Session 37" §2; at group 32, 4 blocks an SM, the 7B's 592 take it too: a tie
   // with one block a tile, "Session 38" §1; no other decode GEMV has more tiles than slots)
