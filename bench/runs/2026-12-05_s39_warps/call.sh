@@ -7,7 +7,9 @@
 #    chunks; 7: 0.5B-gate); group 32 keeps the rule's plan;
 # 2. gate/up alone (gate_us.py: the product's gemv(), as frag_bench's "product" column) per size, default and the
 #    alternatives alternated x2;
-# 3. decode at 512 (64 tokens x 2): 14B, 3B, 1.5B, 0.5B, default and alternatives alternated x2.
+# 3. decode at 512 (64 tokens x 2): 14B, 3B, 1.5B, 0.5B, default and alternatives alternated x2;
+# 4. on the same 14B file, stage39 (main + stage39.patch: q/k/v's RMSNorm staging, two units a thread issued before
+#    rms_inv's pass) against main38 (main) alternated x2, and the 7B as its control (its q/k/v do not take the path).
 # Here: `bash bench/runs/2026-12-05_s39_warps/build.sh`; carry [".whl", ".out/warps39.tar.xz"].
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
@@ -32,7 +34,6 @@ gate 3B "w6s1=2:344:2048=w6s1 w5s1=2:344:2048=w5s1"
 gate 1.5B "w6s1=2:280:1536=w6s1"
 gate 0.5B "w7s1=2:152:896=w7s1"
 gate 32B "w5s1=2:864:5120=w5s1 w5s2=2:864:5120=w5s2"
-gate 7B "w5s1=2:592:3584=w5s1"
 nq_stamp gate
 # plans LABEL FILE "NAME=SPEC ...": the default and each NAME's plan alternated x2 on FILE at 512
 plans() {
@@ -43,11 +44,15 @@ plans() {
   done
 }
 f=/tmp/s.nanoqwen
-python3 bench/make_7b_file.py $f --shape 14B --quiet > /dev/null 2>&1 && plans 14B $f "w5s1=2:432:5120=w5s1"
+# ab2 LABEL FILE A B: nq_ab of A and B alternated x2 on FILE at 512
+ab2() { local rep v; for rep in 1 2; do for v in "$3" "$4"; do nq_left 560 && nq_ab "$v" 512 $rep "$2" "$1"; done; done; }
+python3 bench/make_7b_file.py $f --shape 14B --quiet > /dev/null 2>&1 && plans 14B $f "w5s1=2:432:5120=w5s1" &&
+  ab2 14B $f main38 stage39
 nq_stamp 14B
 python3 bench/make_7b_file.py $f --shape 3B --quiet > /dev/null 2>&1 &&
   plans 3B $f "w6s1=2:344:2048=w6s1 w5s1=2:344:2048=w5s1"
 python3 bench/make_7b_file.py $f --shape 1.5B --quiet > /dev/null 2>&1 && plans 1.5B $f "w6s1=2:280:1536=w6s1"
 python3 bench/make_7b_file.py $f --shape 0.5B --quiet > /dev/null 2>&1 && plans 0.5B $f "w7s1=2:152:896=w7s1"
+nq_left 500 && python3 bench/make_7b_file.py $f --quiet > /dev/null 2>&1 && ab2 7B $f main38 stage39
 rm -f $f; nq_stamp end
 nq_ab_table default
