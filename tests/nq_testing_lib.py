@@ -47,6 +47,7 @@ SIGNATURES = {
     "nq_test_attention_batch": (ctypes.c_int, [_F32P, _F32P, _F32P, _I32P] + [_I32] * 6 + [_F32P]),
     "nq_test_sample": (ctypes.c_int, [_F32P, _I32, ctypes.POINTER(NqSampling), ctypes.c_uint64, _I32P]),
     "nq_test_check_pages": (ctypes.c_int, [_I32, _I32, _I32, _I32P, _I32, _I32]),
+    "nq_test_frag_plan": (ctypes.c_int, [_I32] * 5 + [_I32P]),
     "nq_bench_gemv_int4": (ctypes.c_int, [_I32] * 4 + [_F32P]),
     "nq_bench_gemv_int4_mode": (ctypes.c_int, [_I32] * 5 + [_F32P]),
     "nq_bench_gemv_int4_layout": (ctypes.c_int, [_I32] * 6 + [_F32P]),

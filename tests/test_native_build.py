@@ -1,7 +1,8 @@
 """CPU test (runs in CI, no GPU needed): csrc/ compiles with nvcc, libnanoqwen.so exports the production C ABI and
-nothing else, libnanoqwen_testing.so the kernel test/bench entry points, and the C loader applies the spec's
-validation rules (it parses and validates before it looks for a device, so on a
-machine without a GPU a valid file gets NQ_E_NO_DEVICE and a corrupt one NQ_E_FORMAT naming the rule).
+nothing else, libnanoqwen_testing.so the kernel test/bench entry points, the host rules it exposes hold (the page
+table's argument rule, the decode GEMV's launch plans), and the C loader applies the spec's validation rules (it
+parses and validates before it looks for a device, so on a machine without a GPU a valid file gets NQ_E_NO_DEVICE
+and a corrupt one NQ_E_FORMAT naming the rule).
 Skipped when nvcc is not on PATH (the package then runs on the CPU backend only)."""
 from __future__ import annotations
 
@@ -225,3 +226,75 @@ def test_corrupt_files_are_rejected_by_name(lib, tmp_path, rule):
 def test_missing_file_is_io_error(lib, tmp_path):
     rc, msg = _open(lib, tmp_path / "nope.nanoqwen")
     assert rc == NQ_E_IO and "nope.nanoqwen" in msg
+
+
+# The decode GEMV's launch plans (gemv_frag.cuh frag_plan) for each Qwen2.5 size's four GEMVs at group 128 on 132 SMs
+# (H100 / H200), as measured and chosen in bench/NOTES.md "Session 37" §2 and "Session 38" §1-2: "wWsS" = W warps a
+# block, K in S splits. A change of frag_plan that moves one of them must come with its measurement, and this table.
+FRAG_PLANS_G128 = {
+    "0.5B": {"qkv": "w4s4", "o": "w4s4", "gate": "w4s2", "down": "w4s16"},
+    "1.5B": {"qkv": "w4s8", "o": "w4s8", "gate": "w4s2", "down": "w4s8"},
+    "3B": {"qkv": "w4s4", "o": "w4s8", "gate": "w4s1", "down": "w4s8"},
+    "7B": {"qkv": "w4s4", "o": "w4s4", "gate": "w4s1", "down": "w8s4"},
+    "14B": {"qkv": "w4s4", "o": "w4s4", "gate": "w4s1", "down": "w4s4"},
+    "32B": {"qkv": "w4s4", "o": "w4s4", "gate": "w4s2", "down": "w4s4"},
+}
+# Where group 32 differs (its SwiGLU build has 4 blocks an SM, not 5): the 7B's 592 gate/up tiles are past one wave
+# and split in 2, and the 1.5B's 280 stay whole (560 halves would pass 528 slots)
+FRAG_PLANS_G32 = {("7B", "gate"): "w4s2", ("1.5B", "gate"): "w4s1"}
+
+
+def _frag_plan(t, tiles, K, mode, group, sms=132):
+    plan = (ctypes.c_int32 * 3)()
+    assert t.nq_test_frag_plan(tiles, K, mode, group, sms, plan) == 0, t.nq_last_error()
+    return tuple(plan)
+
+
+@pytest.fixture(scope="module")
+def testing_lib(libpath):
+    from nq_testing_lib import SIGNATURES
+    t = ctypes.CDLL(str(libpath.parent / "libnanoqwen_testing.so"))
+    for name in ("nq_test_frag_plan", "nq_last_error"):
+        getattr(t, name).restype, getattr(t, name).argtypes = SIGNATURES[name]
+    return t
+
+
+@pytest.mark.parametrize("size", sorted(FRAG_PLANS_G128))
+def test_frag_plan_of_every_size(testing_lib, size):
+    """frag_plan's plans for a size's q/k/v (store), o (residual add), gate/up (SwiGLU pair: 32 outputs a tile) and
+    down at groups 32-256 (host code through the testing library: no device needed)."""
+    from nanoqwen_format.shapes import QWEN25_SHAPES
+    sh = QWEN25_SHAPES[size]
+    gemvs = {"qkv": (sh.qkv_rows // 64, sh.hidden, 0), "o": (sh.hidden // 64, sh.n_heads * sh.head_dim, 1),
+             "gate": (sh.intermediate // 32, sh.hidden, 2), "down": (sh.hidden // 64, sh.intermediate, 1)}
+    for group in (32, 64, 128, 256):
+        for name, (tiles, K, mode) in gemvs.items():
+            if K % group:
+                continue
+            splits, warps, _ = _frag_plan(testing_lib, tiles, K, mode, group)
+            want = FRAG_PLANS_G32.get((size, name), FRAG_PLANS_G128[size][name]) if group == 32 else \
+                FRAG_PLANS_G128[size][name]
+            assert f"w{warps}s{splits}" == want, f"{size} {name} group {group}"
+
+
+def test_frag_plan_is_always_a_built_launch(testing_lib):
+    """Every plan is one gemv_frag_spg launches: splits a power of two of at most 16 (the largest cluster) and at most
+    K's 128-k chunks; 4 or 8 warps (SwiGLU 4; 8 only for K >= 8192); a budget of >= 2 blocks an SM. Over tile counts,
+    K, modes and groups on 78-144 SMs; arguments gemv() never passes are refused."""
+    for sms in (78, 114, 132, 144):
+        for tiles in (1, 2, 7, 14, 56, 113, 280, 592, 864, 2000):
+            for K in (128, 896, 2048, 3584, 5120, 8192, 18944, 27648):
+                for mode in (0, 1, 2):
+                    for group in (32, 64, 128, 256):
+                        if K % group:
+                            continue
+                        splits, warps, blocks = _frag_plan(testing_lib, tiles, K, mode, group, sms)
+                        assert splits in (1, 2, 4, 8, 16) and splits <= K // 128, (tiles, K, mode, group, sms)
+                        assert warps == 4 or (warps == 8 and mode != 2 and K >= 8192), (tiles, K, mode, group, sms)
+                        assert blocks >= 2
+    plan = (ctypes.c_int32 * 3)()
+    for args in ((0, 4096, 0, 128, 132), (8, 4000, 0, 128, 132), (8, 4096, 3, 128, 132), (8, 4096, 0, 48, 132),
+                 (8, 4096, 0, 128, 0)):
+        assert testing_lib.nq_test_frag_plan(*args, plan) == -1
+        assert b"bad argument" in testing_lib.nq_last_error()
+    assert testing_lib.nq_test_frag_plan(8, 4096, 0, 128, 132, None) == -1

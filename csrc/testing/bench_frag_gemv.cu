@@ -72,6 +72,18 @@ int frag_gemv_setup(int32_t N, int32_t K, int32_t group, int32_t mode, Run run) 
 
 extern "C" {
 
+int nq_test_frag_plan(int32_t tiles, int32_t K, int32_t mode, int32_t group, int32_t sm_count, int32_t* plan) {
+  if (!plan || tiles <= 0 || K <= 0 || K % kFragChunkK || mode < GEMV_STORE || mode > GEMV_SWIGLU || sm_count <= 0 ||
+      (group != 32 && group != 64 && group != 128 && group != 256))
+    return fail(NQ_E_INVALID_ARG, "nq_test_frag_plan: bad argument");
+  const int spg = group / frag::kStepK;
+  const FragPlan p = frag_plan(tiles, K, mode, spg, sm_count);
+  plan[0] = p.splits;
+  plan[1] = p.warps;
+  plan[2] = frag_min_blocks(spg, mode, p.warps);
+  return NQ_OK;
+}
+
 int nq_bench_gemv_int4_frag(int32_t N, int32_t K, int32_t group, int32_t mode, int32_t iters, float* us) {
   if (!us || iters <= 0) return fail(NQ_E_INVALID_ARG, "nq_bench_gemv_int4_frag: bad argument");
   return frag_gemv_setup(N, K, group, mode, [&](const std::vector<GemvArgs>& args) -> int {
