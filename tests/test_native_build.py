@@ -294,7 +294,7 @@ def test_frag_plan_is_always_a_built_launch(testing_lib):
                         assert blocks >= 2
     plan = (ctypes.c_int32 * 3)()
     for args in ((0, 4096, 0, 128, 132), (8, 4000, 0, 128, 132), (8, 4096, 3, 128, 132), (8, 4096, 0, 48, 132),
-                 (8, 4096, 0, 128, 0)):
+                 (8, 128, 0, 256, 132), (8, 4096, 0, 128, 0)):
         assert testing_lib.nq_test_frag_plan(*args, plan) == -1
         assert b"bad argument" in testing_lib.nq_last_error()
     assert testing_lib.nq_test_frag_plan(8, 4096, 0, 128, 132, None) == -1

@@ -102,7 +102,8 @@ NQ_API int nq_test_check_pages(int32_t pool_pages, int32_t max_pages, int32_t ma
 /* The launch plan the decode GEMV in the fragment order takes (gemv_frag.cuh frag_plan; host only, no device
  * needed) for `tiles` tiles (64 rows; SwiGLU: 32 outputs of the gate/up pair) over K in `mode` (0 store, 1 residual
  * add, 2 SwiGLU) at `group` on sm_count SMs: plan[0] the splits of K, plan[1] the warps a block, plan[2] the blocks
- * an SM that build is budgeted for (frag_min_blocks). NQ_E_INVALID_ARG for arguments gemv() never passes. */
+ * an SM that build is budgeted for (frag_min_blocks). NQ_E_INVALID_ARG for arguments gemv() never passes (K not a
+ * multiple of 128 and of the group, a group other than 32-256, a mode past 2). */
 NQ_API int nq_test_frag_plan(int32_t tiles, int32_t K, int32_t mode, int32_t group, int32_t sm_count, int32_t* plan);
 
 /* ms per launch of `iters` int4 GEMV launches (> 512 MB of weight copies rotated, never L2-resident). mode 0: f32

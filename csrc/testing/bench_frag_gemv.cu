@@ -74,7 +74,7 @@ extern "C" {
 
 int nq_test_frag_plan(int32_t tiles, int32_t K, int32_t mode, int32_t group, int32_t sm_count, int32_t* plan) {
   if (!plan || tiles <= 0 || K <= 0 || K % kFragChunkK || mode < GEMV_STORE || mode > GEMV_SWIGLU || sm_count <= 0 ||
-      (group != 32 && group != 64 && group != 128 && group != 256))
+      (group != 32 && group != 64 && group != 128 && group != 256) || K % group)
     return fail(NQ_E_INVALID_ARG, "nq_test_frag_plan: bad argument");
   const int spg = group / frag::kStepK;
   const FragPlan p = frag_plan(tiles, K, mode, spg, sm_count);
