@@ -244,9 +244,9 @@ FRAG_PLANS_G128 = {
 FRAG_PLANS_G32 = {("7B", "gate"): "w4s2", ("1.5B", "gate"): "w4s1"}
 
 
-def _frag_plan(t, tiles, K, mode, group, sms=132):
+def _frag_plan(t, N, K, mode, group, sms=132):
     plan = (ctypes.c_int32 * 3)()
-    assert t.nq_test_frag_plan(tiles, K, mode, group, sms, plan) == 0, t.nq_last_error()
+    assert t.nq_test_frag_plan(N, K, mode, group, sms, plan) == 0, t.nq_last_error()
     return tuple(plan)
 
 
@@ -265,13 +265,13 @@ def test_frag_plan_of_every_size(testing_lib, size):
     down at groups 32-256 (host code through the testing library: no device needed)."""
     from nanoqwen_format.shapes import QWEN25_SHAPES
     sh = QWEN25_SHAPES[size]
-    gemvs = {"qkv": (sh.qkv_rows // 64, sh.hidden, 0), "o": (sh.hidden // 64, sh.n_heads * sh.head_dim, 1),
-             "gate": (sh.intermediate // 32, sh.hidden, 2), "down": (sh.hidden // 64, sh.intermediate, 1)}
+    gemvs = {"qkv": (sh.qkv_rows, sh.hidden, 0), "o": (sh.hidden, sh.n_heads * sh.head_dim, 1),
+             "gate": (sh.intermediate, sh.hidden, 2), "down": (sh.hidden, sh.intermediate, 1)}
     for group in (32, 64, 128, 256):
-        for name, (tiles, K, mode) in gemvs.items():
+        for name, (N, K, mode) in gemvs.items():
             if K % group:
                 continue
-            splits, warps, _ = _frag_plan(testing_lib, tiles, K, mode, group)
+            splits, warps, _ = _frag_plan(testing_lib, N, K, mode, group)
             want = FRAG_PLANS_G32.get((size, name), FRAG_PLANS_G128[size][name]) if group == 32 else \
                 FRAG_PLANS_G128[size][name]
             assert f"w{warps}s{splits}" == want, f"{size} {name} group {group}"
@@ -279,22 +279,22 @@ def test_frag_plan_of_every_size(testing_lib, size):
 
 def test_frag_plan_is_always_a_built_launch(testing_lib):
     """Every plan is one gemv_frag_spg launches: splits a power of two of at most 16 (the largest cluster) and at most
-    K's 128-k chunks; 4 or 8 warps (SwiGLU 4; 8 only for K >= 8192); a budget of >= 2 blocks an SM. Over tile counts,
-    K, modes and groups on 78-144 SMs; arguments gemv() never passes are refused."""
+    K's 128-k chunks; 4 or 8 warps (SwiGLU 4; 8 only for K >= 8192); a budget of >= 2 blocks an SM. Over output
+    counts (1-2,000 tiles), K, modes and groups on 78-144 SMs; arguments gemv() never passes are refused."""
     for sms in (78, 114, 132, 144):
-        for tiles in (1, 2, 7, 14, 56, 113, 280, 592, 864, 2000):
+        for N in (64, 128, 448, 896, 3584, 7232, 17920, 37888, 55296, 128000):
             for K in (128, 896, 2048, 3584, 5120, 8192, 18944, 27648):
                 for mode in (0, 1, 2):
                     for group in (32, 64, 128, 256):
                         if K % group:
                             continue
-                        splits, warps, blocks = _frag_plan(testing_lib, tiles, K, mode, group, sms)
-                        assert splits in (1, 2, 4, 8, 16) and splits <= K // 128, (tiles, K, mode, group, sms)
-                        assert warps == 4 or (warps == 8 and mode != 2 and K >= 8192), (tiles, K, mode, group, sms)
+                        splits, warps, blocks = _frag_plan(testing_lib, N, K, mode, group, sms)
+                        assert splits in (1, 2, 4, 8, 16) and splits <= K // 128, (N, K, mode, group, sms)
+                        assert warps == 4 or (warps == 8 and mode != 2 and K >= 8192), (N, K, mode, group, sms)
                         assert blocks >= 2
     plan = (ctypes.c_int32 * 3)()
-    for args in ((0, 4096, 0, 128, 132), (8, 4000, 0, 128, 132), (8, 4096, 3, 128, 132), (8, 4096, 0, 48, 132),
-                 (8, 128, 0, 256, 132), (8, 4096, 0, 128, 0)):
+    for args in ((0, 4096, 0, 128, 132), (96, 4096, 0, 128, 132), (512, 4000, 0, 128, 132), (512, 4096, 3, 128, 132),
+                 (512, 4096, 0, 48, 132), (512, 128, 0, 256, 132), (512, 4096, 0, 128, 0)):
         assert testing_lib.nq_test_frag_plan(*args, plan) == -1
         assert b"bad argument" in testing_lib.nq_last_error()
-    assert testing_lib.nq_test_frag_plan(8, 4096, 0, 128, 132, None) == -1
+    assert testing_lib.nq_test_frag_plan(512, 4096, 0, 128, 132, None) == -1

@@ -99,12 +99,12 @@ NQ_API int nq_test_sample(const float* logits, int32_t V, const nq_sampling* sp,
 NQ_API int nq_test_check_pages(int32_t pool_pages, int32_t max_pages, int32_t max_context, const int32_t* pages,
                                int32_t n_pages, int32_t position);
 
-/* The launch plan the decode GEMV in the fragment order takes (gemv_frag.cuh frag_plan; host only, no device
- * needed) for `tiles` tiles (64 rows; SwiGLU: 32 outputs of the gate/up pair) over K in `mode` (0 store, 1 residual
- * add, 2 SwiGLU) at `group` on sm_count SMs: plan[0] the splits of K, plan[1] the warps a block, plan[2] the blocks
- * an SM that build is budgeted for (frag_min_blocks). NQ_E_INVALID_ARG for arguments gemv() never passes (K not a
- * multiple of 128 and of the group, a group other than 32-256, a mode past 2). */
-NQ_API int nq_test_frag_plan(int32_t tiles, int32_t K, int32_t mode, int32_t group, int32_t sm_count, int32_t* plan);
+/* The launch plan the decode GEMV in the fragment order takes (gemv_frag.cuh: frag_plan of gemv_frag_tiles; host
+ * only, no device needed) for N outputs (SwiGLU: gate's N) over K in `mode` (0 store, 1 residual add, 2 SwiGLU) at
+ * `group` on sm_count SMs: plan[0] the splits of K, plan[1] the warps a block, plan[2] the blocks an SM that build is
+ * budgeted for (frag_min_blocks). NQ_E_INVALID_ARG for arguments gemv() never passes (a shape without the fragment
+ * order, a group other than 32-256, a mode past 2). */
+NQ_API int nq_test_frag_plan(int32_t N, int32_t K, int32_t mode, int32_t group, int32_t sm_count, int32_t* plan);
 
 /* ms per launch of `iters` int4 GEMV launches (> 512 MB of weight copies rotated, never L2-resident). mode 0: f32
  * input with the RMSNorm prologue (qkv-like), 1: f16 input + residual add (o/down-like), 2: SwiGLU over two N x K

@@ -72,12 +72,12 @@ int frag_gemv_setup(int32_t N, int32_t K, int32_t group, int32_t mode, Run run) 
 
 extern "C" {
 
-int nq_test_frag_plan(int32_t tiles, int32_t K, int32_t mode, int32_t group, int32_t sm_count, int32_t* plan) {
-  if (!plan || tiles <= 0 || K <= 0 || K % kFragChunkK || mode < GEMV_STORE || mode > GEMV_SWIGLU || sm_count <= 0 ||
-      (group != 32 && group != 64 && group != 128 && group != 256) || K % group)
+int nq_test_frag_plan(int32_t N, int32_t K, int32_t mode, int32_t group, int32_t sm_count, int32_t* plan) {
+  if (!plan || !frag::shape_ok(N, K, group) || (group != 32 && group != 64 && group != 128 && group != 256) ||
+      mode < GEMV_STORE || mode > GEMV_SWIGLU || sm_count <= 0)
     return fail(NQ_E_INVALID_ARG, "nq_test_frag_plan: bad argument");
-  const int spg = group / frag::kStepK;
-  const FragPlan p = frag_plan(tiles, K, mode, spg, sm_count);
+  const int spg = group / frag::kStepK;   // as gemv_frag
+  const FragPlan p = frag_plan(gemv_frag_tiles(N, mode), K, mode, spg, sm_count);
   plan[0] = p.splits;
   plan[1] = p.warps;
   plan[2] = frag_min_blocks(spg, mode, p.warps);
