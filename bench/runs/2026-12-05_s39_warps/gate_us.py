@@ -10,15 +10,15 @@ import os
 import sys
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests")]
+sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests"), os.path.join(_ROOT, "bench")]
 
-from nanoqwen_format.shapes import QWEN25_SHAPES  # noqa: E402
+from frag_bench import MODES, gemv_rows  # noqa: E402
 from nq_testing_lib import load_testing_library  # noqa: E402
 
 shape, label = sys.argv[1], sys.argv[2]
-sh = QWEN25_SHAPES[shape]
+N, K = gemv_rows(shape)["gate"]
 lib = load_testing_library()
 us = ctypes.c_float()
-if lib.nq_bench_gemv_int4_frag(sh.intermediate, sh.hidden, 128, 2, 200, ctypes.byref(us)) != 0:
+if lib.nq_bench_gemv_int4_frag(N, K, 128, MODES["gate"], 200, ctypes.byref(us)) != 0:
     sys.exit(f"gate_us: {lib.nq_last_error().decode()}")
 print(f"gate {shape} {label} ({os.environ.get('NQ_FRAG_PLAN', '') or 'rule'}): {us.value:.2f} us")
