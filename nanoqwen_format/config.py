@@ -78,6 +78,14 @@ def _fits_f32(x) -> bool:
         return False
 
 
+def _finite_f64(x) -> bool:
+    """True if x is finite as the binary64 the file stores (a Python int past 2^1024 has no binary64)."""
+    try:
+        return math.isfinite(float(x))
+    except (OverflowError, TypeError, ValueError):
+        return False
+
+
 def _f32(x: float) -> float:
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
@@ -102,7 +110,7 @@ def validate_config(c: ModelConfig) -> None:
         bad("head_dim", "an even number (rotary pairs)", c.head_dim)
     if c.arch == "qwen2" and c.head_dim * c.n_heads != c.hidden_size:
         bad("head_dim", f"hidden_size/n_heads = {c.hidden_size}/{c.n_heads} for qwen2", c.head_dim)
-    if not (_is_real(c.rope_theta) and math.isfinite(c.rope_theta) and c.rope_theta > 0):
+    if not (_is_real(c.rope_theta) and _finite_f64(c.rope_theta) and c.rope_theta > 0):
         bad("rope_theta", "a finite number > 0", c.rope_theta)
     if c.rope_scaling_type not in _ROPE_BY_NAME:
         bad("rope_scaling_type", "'none', 'linear' or 'yarn'", c.rope_scaling_type)
@@ -117,8 +125,8 @@ def validate_config(c: ModelConfig) -> None:
         if c.rope_original_max_positions != 0:
             bad("rope_original_max_positions", "0 when rope_scaling_type is 'none'", c.rope_original_max_positions)
     elif c.rope_scaling_type == "linear":
-        if not f > 0:
-            bad("rope_scaling_factor", "> 0 for linear scaling", f)
+        if not (f > 0 and _f32(f) > 0):   # the stored binary32 value is what the reader checks (a tiny f rounds to 0)
+            bad("rope_scaling_factor", "> 0 for linear scaling, also in binary32", f)
     else:  # yarn
         if not f >= 1.0:
             bad("rope_scaling_factor", ">= 1 for yarn", f)

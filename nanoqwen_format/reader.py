@@ -12,7 +12,7 @@ from .constants import FILE_HEADER_SIZE, LAYOUT_INT4_ROWMAJOR_K8, LAYOUT_INT4_RO
 from .errors import NanoqwenFormatError
 from .int4_layout import dequantize_int4_asym_reference, dequantize_int4_reference
 from .tensors import TensorInfo, int4_parts
-from .validate import decode_blob_text, parse_blob_json, parse_file, verify_items
+from .validate import check_int4_scales, check_int4_zeros, decode_blob_text, parse_blob_json, parse_file, verify_items
 
 _NP_DTYPE = {DType.F32: np.dtype("<f4"), DType.F16: np.dtype("<f2"), DType.BF16: np.dtype("<u2")}
 
@@ -124,7 +124,11 @@ class NanoqwenFile:
         §9.5 for layout 2)."""
         t = self._info(name)
         if t.dtype == DType.INT4G:
+            # rules 39-39b (BadScale, BadZero) for this tensor even where open skipped them (verify_checksums=False),
+            # so the reference dequantization never returns a NaN or raises anything but a named error
+            check_int4_scales(self._buf(), t)
             if t.layout_id == LAYOUT_INT4_ROWMAJOR_K8_ASYM:
+                check_int4_zeros(self._buf(), t)
                 q, s, z = self.int4_asym(name)
                 return dequantize_int4_asym_reference(q, s, z, t.group_size)
             q, s = self.int4(name)

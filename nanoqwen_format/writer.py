@@ -2,9 +2,10 @@
 last (seek to 0) with every CRC; temp file beside the target, fsync, os.replace. Any exception or
 KeyboardInterrupt inside the `with` removes the temp file and leaves nothing at the target path.
 
-The temp file is named `.<target name>.tmp-<pid>-<8 hex digits>` (temp_path; TEMP_NAME matches it) and starts
-with MAGIC from its first write, so a process killed outright (SIGKILL, power cut) leaves a file that
-stale_temp_files can attribute: our pattern, our content, our uid, a PID that is no longer alive."""
+The temp file is named `.<target name>.tmp-<pid>-<8 hex digits>` (temp_path, which cuts a long target name to fit
+255 bytes; TEMP_NAME matches it) and starts with MAGIC from its first write, so a process killed outright (SIGKILL,
+power cut) leaves a file that stale_temp_files can attribute: our pattern, our content, our uid, a PID that is no
+longer alive."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,7 +21,8 @@ from .config import ModelConfig, pack_config
 from .constants import (BLOB_KIND_ENCODING, FORMAT_VERSION, INT4_MAX_CODE, LAYOUT_INT4_ROWMAJOR_K8_ASYM, MAGIC,
                         MAX_BLOBS, MAX_HEADER_SIZE, MAX_TENSORS, TENSOR_NAME_SIZE, BlobKind, DType, align128)
 from .crc import crc32c
-from .errors import BadScale, BadTensorName, BadZero, DuplicateName, HeaderTooLarge, WriterUsageError
+from .errors import (BadScale, BadTensorName, BadZero, DuplicateName, HeaderTooLarge, UnknownBlobKind,
+                     WriterUsageError)
 from .header import RawHeader, header_crc, pack_blob_entry, pack_header, pack_tensor_entry
 from .tensors import TensorSpec, int4_parts
 from .validate import (check_blob_content, check_names_against_config, check_tensor_meta, decode_name,
@@ -40,10 +42,25 @@ def file_kind(mode: int) -> str:
     return next((what for test, what in _FILE_KINDS if test(mode)), "a special file")
 
 
+_NAME_MAX = 255   # bytes of one file name (ext4, xfs, btrfs, tmpfs)
+
+
 def temp_path(path, pid: Optional[int] = None) -> str:
-    """The hidden temp file NanoqwenWriter writes before renaming it to `path` (same directory)."""
+    """The hidden temp file NanoqwenWriter writes before renaming it to `path` (same directory). Its <name> is the
+    target's name, cut to its first bytes where the whole temp name would pass _NAME_MAX (a valid long target name
+    must not make the write fail)."""
     d, base = os.path.split(os.path.abspath(os.fspath(path)))
-    return os.path.join(d, f".{base}.tmp-{os.getpid() if pid is None else pid}-{secrets.token_hex(4)}")
+    tail = f".tmp-{os.getpid() if pid is None else pid}-{secrets.token_hex(4)}"
+    name = os.fsencode(base)[:_NAME_MAX - 1 - len(tail)]
+    return os.path.join(d, "." + os.fsdecode(name) + tail)
+
+
+def _blob_kind(k, where: str) -> BlobKind:
+    """k as a BlobKind, or UnknownBlobKind (rule 30's error) naming the caller's value."""
+    try:
+        return BlobKind(int(k))
+    except (TypeError, ValueError, OverflowError):
+        raise UnknownBlobKind(f"{where}: kind expected one of {[int(b) for b in BlobKind]}, found {k!r}") from None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -112,7 +129,7 @@ class NanoqwenWriter:
         self.config = config
         self._config_block = pack_config(config)          # validates the config (ConfigMismatch)
         self.specs: List[TensorSpec] = list(tensor_specs)
-        self.blob_kinds: List[BlobKind] = [BlobKind(int(k)) for k in blob_kinds]
+        self.blob_kinds: List[BlobKind] = [_blob_kind(k, "blob_kinds") for k in blob_kinds]
         if len(self.specs) > MAX_TENSORS:
             raise HeaderTooLarge(f"n_tensors: expected <= {MAX_TENSORS}, found {len(self.specs)}")
         if len(self.blob_kinds) > MAX_BLOBS:
@@ -145,10 +162,14 @@ class NanoqwenWriter:
         self._end = self.data_offset           # end of the last item written
         self._fh = None
         self._tmp: Optional[str] = None
-        self._done = False
+        self._used = False                     # a writer writes one file: its first `with` sets it
 
     # ---- lifetime -------------------------------------------------------------------------------------------
     def __enter__(self) -> "NanoqwenWriter":
+        if self._used:   # a second `with` (or a nested one) would commit the first one's counts over the target
+            raise WriterUsageError("writer: expected a fresh writer (one `with` a file), found one entered before; "
+                                   "make a new NanoqwenWriter")
+        self._used = True
         self._tmp = temp_path(self.path)
         fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -227,7 +248,6 @@ class NanoqwenWriter:
                 os.close(dfd)
         except OSError:
             pass
-        self._done = True
 
     # ---- items ----------------------------------------------------------------------------------------------
     def _require_open(self):
@@ -341,7 +361,7 @@ class NanoqwenWriter:
         """A metadata blob, after all tensors, in blob_kinds order. JSON kinds must be valid UTF-8 JSON,
         text kinds valid UTF-8."""
         self._require_open()
-        kind = BlobKind(int(kind))
+        kind = _blob_kind(kind, "write_blob")
         if self._next_tensor != len(self.specs):
             raise WriterUsageError(f"blob {kind.name}: expected after all tensors, found "
                                    f"{len(self.specs) - self._next_tensor} tensors still unwritten")

@@ -74,6 +74,18 @@ def test_checksum_skipped_then_verified(base, tmp_path):
             f.verify_checksums()
 
 
+@pytest.mark.parametrize("vector,error", [("39-scale-nan", E.BadScale), ("39-scale-negative", E.BadScale),
+                                          ("39b-asym-zero-16", E.BadZero)])
+def test_float32_checks_values_open_skipped(vector, error):
+    """verify_checksums=False skips rules 38-39b at open; float32 still applies 39-39b to the tensor it dequantizes,
+    so it raises the named error instead of returning NaN or raising the reference's ValueError."""
+    with open_file(CORRUPT_DIR / f"{vector}.nanoqwen", verify_checksums=False) as f:
+        int4 = [t.name for t in f.tensors.values() if t.dtype.name == "INT4G"]
+        with pytest.raises(error):
+            for name in int4:
+                f.float32(name)
+
+
 def test_empty_and_missing_files(tmp_path):
     empty = tmp_path / "empty.nanoqwen"
     empty.write_bytes(b"")

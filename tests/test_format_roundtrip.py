@@ -150,6 +150,8 @@ def test_writer_rejects_bad_usage(tmp_path):
                                      for i, s in enumerate(specs)], [])
     with pytest.raises(E.DuplicateName):
         NanoqwenWriter(path, TINY, specs, [BlobKind.PROVENANCE, BlobKind.PROVENANCE])
+    with pytest.raises(E.UnknownBlobKind, match="found 6"):
+        NanoqwenWriter(path, TINY, specs, [6])
     with pytest.raises(E.BadBlobEncoding):
         with NanoqwenWriter(path, TINY, specs_for(TINY), [BlobKind.GENERATION_CONFIG]) as w:
             for s in specs_for(TINY):
@@ -261,3 +263,50 @@ def test_writer_rejects_bad_int4_scales(tmp_path, bad):
                 else:
                     w.write_tensor(s.name, p)
     assert os.listdir(tmp_path) == []
+
+
+def test_writer_rejects_config_values_the_file_cannot_hold(tmp_path):
+    """A linear factor that rounds to 0 in binary32 (the reader would reject the stored 0.0) and a rope_theta past
+    binary64 (math.isfinite would raise OverflowError): ConfigMismatch at construction, nothing written."""
+    for fields in ({"rope_scaling_type": "linear", "rope_scaling_factor": 1e-50}, {"rope_theta": 10**400}):
+        cfg = ModelConfig(**{**TINY.to_dict(), **fields})
+        with pytest.raises(E.ConfigMismatch, match=next(f for f in fields if f != "rope_scaling_type")):
+            NanoqwenWriter(tmp_path / "m.nanoqwen", cfg, specs_for(TINY), [])
+    assert os.listdir(tmp_path) == []
+
+
+def test_writer_writes_one_file(tmp_path):
+    """A second `with` on a writer (after a commit, or nested inside the first) is WriterUsageError: it would
+    commit the first run's counts over the target with only a placeholder behind them."""
+    path = tmp_path / "m.nanoqwen"
+    rng = np.random.default_rng(4)
+    specs = specs_for(TINY)
+    w = NanoqwenWriter(path, TINY, specs, [])
+    with w:
+        for s in specs:
+            w.write_tensor(s.name, random_payload(s, rng))
+    good = path.read_bytes()
+    with pytest.raises(E.WriterUsageError, match="fresh writer"):
+        with w:
+            pass
+    assert path.read_bytes() == good and os.listdir(tmp_path) == ["m.nanoqwen"]
+    nested = NanoqwenWriter(tmp_path / "n.nanoqwen", TINY, specs, [])
+    with pytest.raises(E.WriterUsageError, match="fresh writer"):
+        with nested:
+            with nested:
+                pass
+    assert sorted(os.listdir(tmp_path)) == ["m.nanoqwen"]
+
+
+def test_writer_takes_a_target_name_of_255_bytes(tmp_path):
+    """The temp file's name adds ~20 bytes to the target's: a valid long target name still writes (temp_path cuts
+    its copy of the name), and the temp name stays one TEMP_NAME matches."""
+    from nanoqwen_format.writer import TEMP_NAME, temp_path
+    name = "m" * 246 + ".nanoqwen"
+    assert len(name) == 255
+    tmp = os.path.basename(temp_path(tmp_path / name))
+    assert len(os.fsencode(tmp)) <= 255 and TEMP_NAME.match(tmp)
+    make_random_file(tmp_path / name, seed=3)
+    assert os.listdir(tmp_path) == [name]
+    with open_file(tmp_path / name) as f:
+        assert len(f.tensors) > 0
