@@ -1,8 +1,10 @@
 """Memory-mapped reader: open_file(path) validates everything (spec §Validation) and hands out zero-copy views."""
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import stat
 from typing import Dict, Optional, Tuple
 
 import numpy as np
@@ -28,6 +30,8 @@ class NanoqwenFile:
         self._mv: Optional[memoryview] = None
         self.config: ModelConfig
         self.tensors: Dict[str, TensorInfo]
+        if not stat.S_ISREG(os.stat(self.path).st_mode):   # open() would block on a FIFO until a writer came
+            raise OSError(errno.EINVAL, "not a regular file", self.path)
         with open(self.path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
             if size < FILE_HEADER_SIZE:

@@ -110,7 +110,9 @@ class GenerationChunk:
     text: str                      # new text (never contains a stop string or a stop token's text)
     token_ids: list[int]           # ids generated in this step (a stop id is listed; its text is not emitted)
     finish_reason: str | None = None   # None | "stop" | "length"
-    #: with generate(logprobs=N): one TokenLogprob per generated token whose text is emitted (a stop id has none)
+    #: with generate(logprobs=N): a TokenLogprob for each generated token whose text is emitted (in part), in the
+    #: chunk whose text holds the token's first character (a token of held-back text comes with a later chunk, and
+    #: one cut off wholly by a stop string never comes); a stop id has none
     logprobs: list[TokenLogprob] | None = None
 
 
@@ -645,19 +647,38 @@ class Engine:
         emitted = 0       # chars of acc already yielded
         finish = None
         t_first = t_last = None
+        # Logprobs travel with their token's text: (where the token's text starts in acc, its TokenLogprob) of the
+        # tokens whose text is not yet emitted (held back as a possible stop prefix, or an incomplete character).
+        # A chunk carries those whose text starts before the end of its text; a stop string's cut drops the tokens
+        # wholly after it. None while logprobs are off (every lp is None).
+        held: list[tuple[int, TokenLogprob]] | None = None
+
+        def release(upto: int | None) -> list[TokenLogprob] | None:
+            """The held logprobs of tokens whose text starts before char `upto` of acc (None: all of them)."""
+            nonlocal held
+            if held is None:
+                return None
+            k = len(held) if upto is None else sum(1 for start, _ in held if start < upto)
+            out, held = [lp for _, lp in held[:k]], held[k:]
+            return out
+
         try:
             for tok, lp, complete in token_iter:
-                lps = [lp] if lp is not None else None
+                if lp is not None and held is None:
+                    held = []
                 t_last = time.perf_counter()
                 if t_first is None:
                     t_first = t_last
                     st.ttft_s = t_first - t0
                 st.completion_tokens += 1
-                if tok in stop_ids:
+                if tok in stop_ids:      # a stop id has no logprob entry and no text of its own
                     finish = "stop"
                     text = acc[emitted:] if dec is None else acc[emitted:] + dec.flush()
-                    yield GenerationChunk(_cut_stop(text, stops_s)[0], [tok], finish, [] if lps else None)
+                    cut, hit = _cut_stop(text, stops_s)
+                    yield GenerationChunk(cut, [tok], finish, release(emitted + len(cut) if hit else None))
                     return
+                if lp is not None:
+                    held.append((len(acc), lp))
                 if dec is not None:
                     acc += dec.push([tok])
                 end_now = (st.completion_tokens >= max_new
@@ -666,19 +687,20 @@ class Engine:
                     j = _find_stop(acc, emitted, stops_s)
                     if j >= 0:
                         finish = "stop"
-                        yield GenerationChunk(acc[emitted:j], [tok], finish, lps)
+                        yield GenerationChunk(acc[emitted:j], [tok], finish, release(j))
                         return
                 if end_now or complete:
                     finish = "stop" if complete else "length"
                     rest = acc[emitted:] + (dec.flush() if dec is not None else "")
                     cut, hit = _cut_stop(rest, stops_s)
-                    yield GenerationChunk(cut, [tok], "stop" if hit else finish, lps)
+                    yield GenerationChunk(cut, [tok], "stop" if hit else finish,
+                                          release(emitted + len(cut) if hit else None))
                     finish = "stop" if hit else finish
                     return
                 safe = len(acc) - _held_back(acc, emitted, stops_s)
                 text = acc[emitted:safe]
                 emitted = safe
-                yield GenerationChunk(text, [tok], None, lps)
+                yield GenerationChunk(text, [tok], None, release(safe if dec is not None else None))
         finally:
             if hasattr(token_iter, "close"):
                 token_iter.close()

@@ -294,6 +294,42 @@ def test_server_n_and_echo(qclient, qeng):
         assert [c.choices[0].finish_reason for c in streamed if c.choices[0].index == i][-1] == "length"
 
 
+def test_server_echo_of_token_ids_keeps_special_tokens(qclient, qeng):
+    """echo of a token-id prompt is the prompt's text as given, special tokens included (as a text prompt's echo)."""
+    tok = qeng.tokenizer
+    ids = [tok.token_to_id("<|im_start|>"), *tok.encode("x"), tok.token_to_id("<|im_end|>")]
+    assert None not in ids
+    r = qclient.completions.create(model=MODEL, prompt=ids, max_tokens=1, temperature=0, echo=True)
+    assert r.choices[0].text.startswith("<|im_start|>x<|im_end|>")
+
+
+def test_logprobs_follow_the_text_a_stop_string_cuts(qeng):
+    """A stop string that begins inside token k and ends two tokens later: the text ends inside token k, and the
+    logprobs are those of tokens 0..k, the tokens whose text is emitted (in part); the two after the cut, whose
+    text was held back as a stop prefix, are not reported (they were)."""
+    tok = qeng.tokenizer
+    for seed in range(20):   # random weights: find a run of three ASCII tokens, the first of two chars or more
+        kw = dict(max_new_tokens=32, temperature=1.0, seed=seed, stop_token_ids=[], logprobs=0)
+        text, chunks = _run(qeng.generate("x", **kw))
+        ids = [lp.token_id for c in chunks for lp in c.logprobs]
+        pieces = [tok.decode([i]) for i in ids]
+        starts = np.cumsum([0] + [len(p) for p in pieces])
+        ok = [k for k in range(len(ids) - 2) if len(pieces[k]) >= 2 and all(
+            p.isascii() and p.isprintable() and p for p in pieces[k:k + 3])]
+        for k in ok:
+            stop = pieces[k][1:] + pieces[k + 1] + pieces[k + 2][:1]
+            if "".join(pieces) == text and text.find(stop) == starts[k] + 1:
+                break
+        else:
+            continue
+        cut_text, cut_chunks = _run(qeng.generate("x", **{**kw, "stop": [stop]}))
+        assert cut_text == text[:starts[k] + 1]
+        assert [lp.token_id for c in cut_chunks for lp in c.logprobs] == ids[:k + 1]
+        assert cut_chunks[-1].finish_reason == "stop"
+        return
+    pytest.fail("no seed gave three ASCII tokens in a row")
+
+
 def test_server_penalties_and_bias_equal_engine(qclient, qeng):
     target = qeng.tokenizer.encode(" banana")[0]
     kw = dict(max_new_tokens=5, logit_bias={target: 6.0}, presence_penalty=1.5, frequency_penalty=0.5)

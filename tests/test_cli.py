@@ -131,13 +131,15 @@ def bad_files(tmp_path_factory, model_path):
     (d / "notes.txt").write_text("this is not a model\n" * 20)
     raw = open(model_path, "rb").read()
     (d / "truncated.nanoqwen").write_bytes(raw[: len(raw) // 2])
+    os.mkfifo(d / "fifo.nanoqwen")   # open() would block on it until a writer came: refused before any open
     return d
 
 
-@pytest.mark.parametrize("case", ["missing", "directory", "text", "truncated"])
+@pytest.mark.parametrize("case", ["missing", "directory", "text", "truncated", "fifo"])
 def test_bad_model_files(case, bad_files, model_path):
     path = {"missing": str(bad_files / "nope.nanoqwen"), "directory": str(bad_files),
-            "text": str(bad_files / "notes.txt"), "truncated": str(bad_files / "truncated.nanoqwen")}[case]
+            "text": str(bad_files / "notes.txt"), "truncated": str(bad_files / "truncated.nanoqwen"),
+            "fifo": str(bad_files / "fifo.nanoqwen")}[case]
     for args in (["run", path, "-p", "x"], ["info", path], ["chat", path], ["serve", path, "--port", "1"]):
         r = _invoke(*args)
         assert r.exit_code == 1, (args, r.stderr)
@@ -433,6 +435,21 @@ def test_every_command_with_bad_input_prints_one_line_and_fails(model_path, bad_
         assert p.returncode == code, (args, p.returncode, err)
         if to_full:
             assert "cannot write the output" in lines[0], (args, err)
+
+
+@pytest.mark.parametrize("args,closed,what", [
+    (["chat", "{model}"], 0, "stdin"), (["run", "{model}", "-p", "-"], 0, "stdin"),
+    (["run", "{model}", "-p", "x", "--suffix", "-"], 0, "stdin"), (["run", "{model}", "-p", "x"], 1, "stdout"),
+    (["chat", "{model}"], 1, "stdout"), (["info", "{model}"], 1, "stdout")])
+def test_closed_stdin_or_stdout_is_one_line(args, closed, what, model_path):
+    """A shell's `<&-` / `>&-` leaves Python's sys.stdin / sys.stdout None: a command that needs the stream says
+    so in one line (it raised AttributeError / RuntimeError, or `info` printed nothing and exited 0)."""
+    argv = [sys.executable, "-m", "nanoqwen_rt.cli", *[a.format(model=model_path) for a in args]]
+    p = subprocess.run(argv, stdin=subprocess.DEVNULL if closed != 0 else None, stderr=subprocess.PIPE,
+                       stdout=subprocess.DEVNULL if closed != 1 else None, preexec_fn=lambda: os.close(closed),
+                       timeout=HANG_GUARD_S, text=True)
+    line = _one_line_error(p.stderr)
+    assert p.returncode == 1 and f"{what} is closed" in line, (p.returncode, p.stderr)
 
 
 def _wait_for_mapped(pid: int, needle: str, timeout: float) -> bool:

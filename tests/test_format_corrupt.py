@@ -3,6 +3,7 @@ spec/vectors/corrupt/): each raises its specific error class, with a message tha
 expected vs found values; the shipped manifest covers every rule of the spec text."""
 import dataclasses
 import json
+import os
 import re
 
 import pytest
@@ -84,6 +85,14 @@ def test_float32_checks_values_open_skipped(vector, error):
         with pytest.raises(error):
             for name in int4:
                 f.float32(name)
+
+
+def test_fifo_is_refused_without_blocking(tmp_path):
+    """open() of a FIFO blocks until a writer opens it: the reader refuses anything but a regular file first."""
+    fifo = tmp_path / "m.nanoqwen"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        open_file(fifo)
 
 
 def test_empty_and_missing_files(tmp_path):

@@ -236,6 +236,10 @@ def test_models_health_metrics(client):
     ({"model": MODEL, "prompt": [1, 2], "suffix": "x"}, 400, "invalid_value", "suffix"),
     ({"model": MODEL, "prompt": "p", "suffix": "x", "echo": True}, 400, "unsupported_value", "echo"),
     ({"model": MODEL, "prompt": "p", "logit_bias": {"100": 1}}, 400, "invalid_value", "logit_bias"),
+    # str.isdigit() digits that are not ASCII: '²' made int() raise (a 500), '١' read as token 1
+    ({"model": MODEL, "prompt": "p", "logit_bias": {"\u00b2": 1}}, 400, "invalid_value", "logit_bias"),
+    ({"model": MODEL, "prompt": "p", "logit_bias": {"\u0661": 1}}, 400, "invalid_value", "logit_bias"),
+    ({"model": MODEL, "prompt": "p", "logit_bias": {"1" * 5000: 1}}, 400, "invalid_value", "logit_bias"),
     ({"model": MODEL, "prompt": "p", "logit_bias": {"1": 101}}, 400, "invalid_value", "logit_bias"),
     ({"model": MODEL, "prompt": "p", "logit_bias": [1]}, 400, "invalid_type", "logit_bias"),
     ({"model": MODEL, "prompt": "p", "presence_penalty": 2.5}, 400, "invalid_value", "presence_penalty"),
@@ -327,10 +331,13 @@ def test_api_key(fake):
 
 
 def test_queue_full_gets_429_and_all_others_complete(fake):
-    """queue_size=2: one running (held by the gate) + 2 waiting; the 4th is refused with 429 + Retry-After."""
+    """max_batch=4 (the fake's), queue_size=2: one running (held by the gate inside the worker's round), 3 more that
+    the batch's free slots take at the next step boundary, and 2 in the FIFO; the 7th is refused with 429 +
+    Retry-After (the README: only requests beyond --max-batch wait in the FIFO)."""
     fake.gate = threading.Semaphore(0)
     app = create_app(fake, model_name=MODEL, queue_size=2)
     results: dict[int, object] = {}
+    accepted = fake.max_batch + 2
     with TestClient(app) as c:
         def post(i):
             # prompt i is one word of i + 1 letters: the fake tokenizer encodes it to the id list [i + 1]
@@ -338,26 +345,29 @@ def test_queue_full_gets_429_and_all_others_complete(fake):
 
         threads = [threading.Thread(target=post, args=(0,))]
         threads[0].start()
-        assert fake.started.wait(30)                        # request 0 is generating (blocked on the gate)
-        srv = app.state.server
-        for i in (1, 2):                                    # one at a time, so the arrival order is known
-            threads.append(threading.Thread(target=post, args=(i,)))
-            threads[-1].start()
-            for _ in range(3000):                           # wait (bounded) until it is queued
-                if srv.worker.depth == i:
-                    break
-                threading.Event().wait(0.01)
-            assert srv.worker.depth == i
-        r = c.post("/v1/completions", json={"model": MODEL, "prompt": "late", "max_tokens": 2})
-        _err(r, 429, "queue_full")
-        assert r.headers["retry-after"].isdigit()
-        for _ in range(3 * 2):
-            fake.gate.release()
-        for t in threads:
-            t.join(60)
-        assert all(results[i].status_code == 200 for i in range(3))
+        try:
+            assert fake.started.wait(30)                    # request 0 is generating (blocked on the gate)
+            srv = app.state.server
+            for i in range(1, accepted):                    # one at a time, so the arrival order is known
+                threads.append(threading.Thread(target=post, args=(i,)))
+                threads[-1].start()
+                for _ in range(3000):                       # wait (bounded) until it is queued
+                    if srv.worker.depth == i or i in results:
+                        break
+                    threading.Event().wait(0.01)
+                assert i not in results, f"request {i} was answered {results[i].status_code} instead of queued"
+                assert srv.worker.depth == i
+            r = c.post("/v1/completions", json={"model": MODEL, "prompt": "late", "max_tokens": 2})
+            _err(r, 429, "queue_full")
+            assert r.headers["retry-after"].isdigit()
+        finally:                                            # pass or fail, let every held generation finish
+            for _ in range(accepted * 2):
+                fake.gate.release()
+            for t in threads:
+                t.join(60)
+        assert all(results[i].status_code == 200 for i in range(accepted))
         # FIFO: the engine saw the prompts in arrival order
-        assert [call["prompt"] for call in fake.calls] == [[1], [2], [3]]
+        assert [call["prompt"] for call in fake.calls] == [[i + 1] for i in range(accepted)]
         assert "nanoqwen_queue_rejected_total 1" in c.get("/metrics").text
 
 

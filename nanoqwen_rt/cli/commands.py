@@ -92,6 +92,15 @@ def _output_failed(e: OSError) -> click.ClickException:
     return _fail(f"cannot write the output: {_os_error_text(e)}")
 
 
+def _require_stdio(stdin: bool = False, stdout: bool = False) -> None:
+    """A standard stream the command needs was closed by the shell (`<&-`, `>&-`: Python then sets it to None):
+    one line now, before any work, instead of an AttributeError later or output silently dropped."""
+    if stdin and sys.stdin is None:
+        raise _fail("stdin is closed: there is nothing to read the input from")
+    if stdout and sys.stdout is None:
+        raise _fail("stdout is closed: the output would have nowhere to go")
+
+
 def _flat(text: str) -> str:
     return " ".join(str(text).split())
 
@@ -275,6 +284,7 @@ def run(file, prompt, as_chat, system, suffix, max_new_tokens, temperature, top_
         raise click.UsageError("--suffix (fill in the middle) and --chat cannot be combined")
     if prompt == "-" and suffix == "-":
         raise click.UsageError("only one of --prompt and --suffix can read stdin")
+    _require_stdio(stdin="-" in (prompt, suffix), stdout=True)
     if prompt == "-":
         prompt = _read_stdin_text()
     if suffix == "-":
@@ -364,6 +374,7 @@ def chat(file, system, max_new_tokens, temperature, top_k, top_p, seed, stop, de
     Ctrl-C stops the current answer (the program keeps running).
     /reset   forget the conversation      /exit   quit (Ctrl-D too)
     """
+    _require_stdio(stdin=True, stdout=True)
     kwargs = _gen_kwargs(max_new_tokens, temperature, top_k, top_p, seed, stop)
     eng = _open(file, device, max_context)
     try:
@@ -380,6 +391,7 @@ def chat(file, system, max_new_tokens, temperature, top_k, top_p, seed, stop, de
 @click.option("--no-verify", is_flag=True, help="Skip the CRC32C checks (faster on big files).")
 def info(file, as_json, no_verify):
     """Show what FILE holds: model config, tensors (dtype, shape, size), blobs, provenance."""
+    _require_stdio(stdout=True)
     try:
         data = file_info(file, verify_checksums=not no_verify)
     except LoadError as e:
@@ -426,6 +438,7 @@ def bench(file, prompt_tokens, new_tokens, repeats, no_peers, device, json_out, 
         if plot_out:
             _bench_fail("--plot draws the single-stream run; it does not combine with --concurrency")
     _require_file(file)
+    _require_stdio(stdout=json_out is None)   # with --json the result has a place to go
     if json_out:
         _check_output_path(json_out, "'--json'")
     try:

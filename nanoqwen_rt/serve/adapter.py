@@ -4,6 +4,7 @@ server's 4xx `ApiError`s (server side) or into one-line messages (CLI side, via 
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import dataclass
 
@@ -31,6 +32,12 @@ def require_file(path: str) -> None:
     if os.path.isdir(path):
         raise LoadError(f"{path}: is a directory, expected a {FILE_SUFFIX} file "
                         f"(convert a checkpoint folder with nanoqwen-convert first)")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise LoadError(f"{path}: cannot stat: {e.strerror}") from None
+    if not stat.S_ISREG(mode):   # a FIFO would block open() until some writer came; a device is no model file
+        raise LoadError(f"{path}: not a regular file, expected a {FILE_SUFFIX} file")
 
 
 def open_model_file(path: str, verify_checksums: bool = True):

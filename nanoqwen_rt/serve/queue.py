@@ -146,8 +146,11 @@ class GenerationWorker:
         with self._cv:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
-            if len(self._waiting) >= self.queue_size:
-                raise QueueFull(f"{len(self._waiting)} requests are already waiting")
+            # jobs that free batch slots will take at the next step boundary are not waiting for a slot: only those
+            # beyond them count against the FIFO (a burst of max_batch requests on an idle server all run)
+            free = max(0, self.max_batch - len(self.running))
+            if len(self._waiting) >= self.queue_size + free:
+                raise QueueFull(f"{len(self._waiting) - free} requests are already waiting")
             self._waiting.append(job)
             self.metrics.queue_depth.set(len(self._waiting))
             self._cv.notify()

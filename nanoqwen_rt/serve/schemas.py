@@ -195,7 +195,9 @@ def _logit_bias(body: dict, vocab_rows: int) -> dict[int, float]:
         raise bad_param("logit_bias", f"'logit_bias' has {len(v)} entries, at most {MAX_LOGIT_BIAS}")
     out = {}
     for k, b in v.items():
-        if not (isinstance(k, str) and k.isdigit() and int(k) < vocab_rows):
+        # ASCII digits only (str.isdigit also takes '²' and '١', which int() rejects or reads as another id), and few
+        # enough that int() takes them (it refuses strings of more than 4,300 digits)
+        if not (isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 10 and int(k) < vocab_rows):
             raise bad_param("logit_bias", f"'logit_bias' key {k!r} is not a token id in [0, {vocab_rows})")
         if not _is_number(b) or not LOGIT_BIAS_RANGE[0] <= b <= LOGIT_BIAS_RANGE[1]:
             raise bad_param("logit_bias", f"'logit_bias' value for {k} must be a number in "
