@@ -10,6 +10,7 @@
 * convert.py   convert_checkpoint(...) and the `nanoqwen-convert` CLI
 * errstats.py  one-pass error statistics (numba) + numpy references, for verify
 * verify.py    the `nanoqwen-verify` CLI: structure, checksums, tokenizer, per-tensor error vs the source
+* entry.py     the two console scripts' entry points (their imports under a Ctrl-C handler)
 
 Public API: `from nanoqwen_quant.convert import convert_checkpoint`,
 `from nanoqwen_quant.quantize import quantize, dequantize, quantize_reference`.

@@ -33,7 +33,7 @@ from nanoqwen_format.writer import file_kind, remove_stale_temp_files
 from .hf import EXTRA_FILES, Checkpoint, ConvertError
 from .load import load_checkpoint
 from .cast import to_f16_bits
-from .one_line_errors import OneLineErrorCommand
+from .one_line_errors import EXIT_INTERNAL, OneLineErrorCommand
 from .quantize import K_MULTIPLE, QuantizationError, can_quantize, check_shape, quantize
 from .sources import ImportedCheckpoint
 
@@ -232,37 +232,52 @@ def _provenance_bytes(provenance: dict) -> bytes:
     return json.dumps(provenance, indent=1, sort_keys=True).encode()
 
 
+def _read_extra(path: Path) -> bytes:
+    """A checkpoint's side file (tokenizer, configs, template) as bytes; a directory or an unreadable file is a
+    one-line ConvertError."""
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ConvertError(f"{path}: cannot read: {e.strerror or e}") from None
+
+
 def _blobs(ckpt: Checkpoint, provenance: dict) -> list[tuple[BlobKind, bytes]]:
     out = []
     tok = ckpt.extras.get("tokenizer.json")
     if tok is not None:
-        data = tok.read_bytes()
+        data = _read_extra(tok)
         try:
             json.loads(data)
         except ValueError as e:
             raise ConvertError(f"{tok}: not valid JSON ({e})") from None
         out.append((BlobKind.TOKENIZER_JSON, data))
     tcfg_path = ckpt.extras.get("tokenizer_config.json")
+    tcfg_bytes = _read_extra(tcfg_path) if tcfg_path is not None else None
     tmpl = None
-    if tcfg_path is not None:
+    jinja = ckpt.dir / "chat_template.jinja"
+    if jinja.exists():   # transformers >= 4.50 saves it apart, and a template file takes priority over the config's
         try:
-            tcfg = json.loads(tcfg_path.read_text(encoding="utf-8"))
+            tmpl = _read_extra(jinja).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConvertError(f"{jinja}: not valid UTF-8 ({e})") from None
+    if tcfg_bytes is not None:
+        try:
+            tcfg = json.loads(tcfg_bytes.decode("utf-8"))
         except (ValueError, UnicodeDecodeError) as e:
             raise ConvertError(f"{tcfg_path}: not valid JSON ({e})") from None
-        tmpl = tcfg.get("chat_template") if isinstance(tcfg, dict) else None
-        if isinstance(tmpl, list):   # named templates: [{"name": "default", "template": ...}, ...]
-            named = {t.get("name"): t.get("template") for t in tmpl if isinstance(t, dict)}
-            tmpl = named.get("default")
-    if tmpl is None and (ckpt.dir / "chat_template.jinja").exists():   # transformers >= 4.50 saves it apart
-        tmpl = (ckpt.dir / "chat_template.jinja").read_text(encoding="utf-8")
+        if tmpl is None:
+            tmpl = tcfg.get("chat_template") if isinstance(tcfg, dict) else None
+            if isinstance(tmpl, list):   # named templates: [{"name": "default", "template": ...}, ...]
+                named = {t.get("name"): t.get("template") for t in tmpl if isinstance(t, dict)}
+                tmpl = named.get("default")
     if isinstance(tmpl, str):
         out.append((BlobKind.CHAT_TEMPLATE, tmpl.encode("utf-8")))
     gen = ckpt.extras.get("generation_config.json")
     if gen is not None:
-        out.append((BlobKind.GENERATION_CONFIG, gen.read_bytes()))
+        out.append((BlobKind.GENERATION_CONFIG, _read_extra(gen)))
     out.append((BlobKind.PROVENANCE, _provenance_bytes(provenance)))
-    if tcfg_path is not None:
-        out.append((BlobKind.TOKENIZER_CONFIG, tcfg_path.read_bytes()))
+    if tcfg_bytes is not None:
+        out.append((BlobKind.TOKENIZER_CONFIG, tcfg_bytes))
     return out
 
 
@@ -555,7 +570,7 @@ def main(src, out, force, quant, group_size, mode, lm_head, revision, fallback_f
     except MemoryError:
         fail("out of memory")
     except Exception as e:  # a bug: still one line, but say so
-        fail(f"internal error: {type(e).__name__}: {e}".splitlines()[0], 3)
+        fail(f"internal error: {type(e).__name__}: {e}".splitlines()[0], EXIT_INTERNAL)
     if not quiet:
         from nanoqwen_format import open_file
         with open_file(path, verify_checksums=False) as f:

@@ -132,8 +132,12 @@ def _rope(cfg: dict, max_positions: int) -> tuple[float, str, float, int]:
     if isinstance(params, dict) and "full_attention" in params and isinstance(params["full_attention"], dict):
         params = params["full_attention"]     # per-layer-type form (transformers 5.x)
     theta = cfg.get("rope_theta")
-    if theta is None and isinstance(params, dict):
-        theta = params.get("rope_theta")
+    inner = params.get("rope_theta") if isinstance(params, dict) else None
+    if theta is not None and inner is not None and theta != inner:
+        # transformers 5 reads rope_parameters' value, 4.x the top-level one: the file would follow one of them
+        raise ConvertError(f"config.json: rope_theta {theta!r} and rope_parameters.rope_theta {inner!r} disagree")
+    if theta is None:
+        theta = inner
     if theta is None:
         theta = 10000.0                        # transformers' default for Qwen2Config and LlamaConfig
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 0:
@@ -168,6 +172,8 @@ def _rope(cfg: dict, max_positions: int) -> tuple[float, str, float, int]:
         for k in ("attention_factor", "mscale", "mscale_all_dim"):
             if spec.get(k) is not None:
                 raise ConvertError(f"config.json: yarn {k} is not supported")
+        if spec.get("truncate", True) is not True:   # the runtime rounds the correction range (transformers' default)
+            raise ConvertError(f"config.json: yarn truncate={spec['truncate']!r} is not supported (only true)")
         return float(theta), "yarn", float(factor), orig
     raise ConvertError(f"config.json: unsupported rope scaling type {kind!r} (supported: none, linear, yarn)")
 
@@ -314,6 +320,9 @@ def discover_tensors(d: Path) -> dict[str, SourceTensor]:
         wm = idx.get("weight_map") if isinstance(idx, dict) else None
         if not isinstance(wm, dict) or not wm:
             raise ConvertError(f"{index}: missing or empty weight_map")
+        bad = next(((k, v) for k, v in wm.items() if not isinstance(v, str) or not v), None)
+        if bad is not None:
+            raise ConvertError(f"{index}: weight_map[{bad[0]!r}] must be a shard file name, found {bad[1]!r}")
         files = sorted(set(wm.values()))
         for fname in files:
             fp = d / fname
@@ -334,6 +343,39 @@ def discover_tensors(d: Path) -> dict[str, SourceTensor]:
                 raise ConvertError(f"{d}: tensor {name!r} appears in two files")
             tensors[name] = t
     return tensors
+
+
+def read_source_rows(t: SourceTensor, start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop) of a source tensor in its dtype (uint16 bf16 bits / float16 / float32), shape (rows, ...).
+    Reads only those bytes."""
+    dt, item = SOURCE_DTYPES[t.dtype]
+    inner = tuple(t.shape[1:])
+    per_row = int(np.prod(inner, dtype=np.int64)) if inner else 1
+    raw = np.empty((stop - start) * per_row, dtype=dt)          # (rows * per_row,)
+    off = t.offset + start * per_row * item
+    try:
+        with open(t.file, "rb") as fh:
+            fh.seek(off)
+            got = fh.readinto(memoryview(raw).cast("B"))
+    except OSError as e:
+        raise ConvertError(f"{t.file}: cannot read tensor {t.name!r}: {e}") from None
+    if got != raw.nbytes:
+        raise ConvertError(f"{t.file}: tensor {t.name!r} is truncated (read {got} of {raw.nbytes} bytes)")
+    return raw.reshape((stop - start,) + inner)
+
+
+def same_values(a: SourceTensor, b: SourceTensor, chunk_bytes: int = 64 << 20) -> bool:
+    """Whether two source tensors hold the same values (shape, then float32 values), read in row chunks."""
+    if tuple(a.shape) != tuple(b.shape) or a.dtype not in SOURCE_DTYPES or b.dtype not in SOURCE_DTYPES:
+        return False
+    rows = a.shape[0] if a.shape else 1
+    step = max(1, chunk_bytes // max(1, a.row_bytes))
+    for r in range(0, rows, step):
+        e = min(rows, r + step)
+        if not np.array_equal(to_float32(read_source_rows(a, r, e), a.dtype),
+                              to_float32(read_source_rows(b, r, e), b.dtype)):
+            return False
+    return True
 
 
 def to_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
@@ -358,21 +400,7 @@ class Checkpoint:
     def read_raw_rows(self, name: str, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) in the source dtype (uint16 bf16 bits / float16 / float32), shape (rows, ...).
         Reads only those bytes."""
-        t = self.tensors[name]
-        dt, item = SOURCE_DTYPES[t.dtype]
-        inner = tuple(t.shape[1:])
-        per_row = int(np.prod(inner, dtype=np.int64)) if inner else 1
-        raw = np.empty((stop - start) * per_row, dtype=dt)          # (rows * per_row,)
-        off = t.offset + start * per_row * item
-        try:
-            with open(t.file, "rb") as fh:
-                fh.seek(off)
-                got = fh.readinto(memoryview(raw).cast("B"))
-        except OSError as e:
-            raise ConvertError(f"{t.file}: cannot read tensor {name!r}: {e}") from None
-        if got != raw.nbytes:
-            raise ConvertError(f"{t.file}: tensor {name!r} is truncated (read {got} of {raw.nbytes} bytes)")
-        return raw.reshape((stop - start,) + inner)
+        return read_source_rows(self.tensors[name], start, stop)
 
     def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) of a tensor as float32 (a 1-D tensor: elements)."""
@@ -439,6 +467,12 @@ def load_hf(source: Source, cfg: dict) -> Checkpoint:
     tensors = {}
     for name, shape in want.items():
         tensors[name] = checked_tensor(d, found, name, shape)
+    head, embed = found.get("lm_head.weight"), found.get("model.embed_tokens.weight")
+    if mc.tied_embeddings and head is not None and not (embed is not None and same_values(head, embed)):
+        # transformers warns and keeps the two apart: tying them here would change the logits without a word
+        raise ConvertError(f"{d}: config.json ties the embeddings (tie_word_embeddings: true), but the checkpoint's "
+                           f"lm_head.weight differs from model.embed_tokens.weight; transformers would use them "
+                           f"untied: set tie_word_embeddings to false to convert them so")
     extra = [n for n in found if n not in want and not IGNORED_TENSOR.match(n)
              and not (mc.tied_embeddings and n == "lm_head.weight")]
     if extra:

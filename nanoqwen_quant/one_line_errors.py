@@ -1,13 +1,16 @@
 """A click command whose failures print as ONE line on stderr: `PROG: error: ...` and exit 2 for usage errors
-(unknown option, bad value), 130 after Ctrl-C. No usage dump, no traceback."""
+(unknown option, bad value), 130 after Ctrl-C, 3 for an unexpected exception (`PROG: internal error: ...`). No
+usage dump, no traceback."""
 from __future__ import annotations
 
 import sys
 
 import click
 
+from .entry import EXIT_INTERRUPTED
+
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130       # 128 + SIGINT, the shell convention
+EXIT_INTERNAL = 3
 
 
 class OneLineErrorCommand(click.Command):
@@ -25,6 +28,9 @@ class OneLineErrorCommand(click.Command):
         except (click.exceptions.Abort, KeyboardInterrupt):
             click.echo(f"{self.name}: interrupted", err=True)
             sys.exit(EXIT_INTERRUPTED)
+        except Exception as e:   # a bug of ours, or an input no check foresaw: still one line, and its own code
+            click.echo(f"{self.name}: internal error: {type(e).__name__}: {_flat(e)}", err=True)
+            sys.exit(EXIT_INTERNAL)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 

@@ -293,6 +293,10 @@ def main(file, source, revision, as_json, eval_text, eval_tokens):
             click.echo(f"nanoqwen-verify: error: {file}: is {kind}, expected a .nanoqwen file", err=True)
             sys.exit(2)
         src_is_file = source is not None and str(source).endswith(".nanoqwen") and Path(source).is_file()
+        if src_is_file and eval_text is None:   # a .nanoqwen holds no source weights: only --eval compares with it
+            click.echo(f"nanoqwen-verify: error: --source {source} is a .nanoqwen file, which only --eval compares "
+                       f"with; add --eval, or give the checkpoint FILE was converted from", err=True)
+            sys.exit(2)
         report = verify_file(file, None if src_is_file else source, revision)   # a file source: --eval only
         if eval_text is not None and report["valid"]:
             report["eval"] = evaluate(file, source, eval_text or None, revision=revision,

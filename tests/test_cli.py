@@ -24,6 +24,7 @@ import nanoqwen_rt.cli.commands as cli
 from nanoqwen_rt.cli.line_reader import LineReader
 from nanoqwen_format import open_file
 from nanoqwen_rt import Engine
+from process_helpers import as_from_a_terminal, wait_for_mapped
 from test_server_model import HANG_GUARD_S, PROMPT
 
 
@@ -308,19 +309,11 @@ def test_chat_ctrl_c_stops_the_answer_not_the_program(model_path, engine, monkey
     assert a[1] == _ref(engine, messages=history, max_new_tokens=10, temperature=0.0)
 
 
-def _as_from_a_terminal():
-    """preexec_fn of the SIGINT tests' children: SIGINT unblocked and at its default disposition, as a shell in a
-    terminal starts a command. Both are inherited through fork and exec, and within a full test session the
-    runner's state is not that (the fresh-clone CI saw children ignore SIGINT there, never in a lone run)."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_chat_sigint_at_the_prompt_keeps_running(model_path):
     """A real SIGINT while chat waits for input: a hint, then the next command still works."""
     proc = subprocess.Popen([sys.executable, "-m", "nanoqwen_rt.cli", "chat", model_path, "--device", "cpu"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=_as_from_a_terminal)
+                            preexec_fn=as_from_a_terminal)
     out = bytearray()
 
     def pump():
@@ -452,20 +445,6 @@ def test_closed_stdin_or_stdout_is_one_line(args, closed, what, model_path):
     assert p.returncode == 1 and f"{what} is closed" in line, (p.returncode, p.stderr)
 
 
-def _wait_for_mapped(pid: int, needle: str, timeout: float) -> bool:
-    """True once a shared object whose path contains `needle` is mapped into process `pid` (Linux /proc)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/maps") as fh:
-                if needle in fh.read():
-                    return True
-        except OSError:
-            return False
-        time.sleep(0.01)
-    return False
-
-
 def test_ctrl_c_during_start_up_has_no_traceback(model_path):
     """SIGINT while the command is still importing / loading the model: one line and exit 130, never a
     traceback. (A SIGINT before the interpreter has finished its own start-up, the `site` import, is Python's
@@ -473,8 +452,8 @@ def test_ctrl_c_during_start_up_has_no_traceback(model_path):
     for needle in ("_multiarray_umath", "numba"):      # numpy's and numba's extension modules: engine imports
         for _attempt in range(3):
             p = subprocess.Popen([sys.executable, "-m", "nanoqwen_rt.cli", "run", model_path, "-p", "x", "-n", "2000"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_as_from_a_terminal)
-            assert _wait_for_mapped(p.pid, needle, HANG_GUARD_S), needle
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=as_from_a_terminal)
+            assert wait_for_mapped(p.pid, needle, HANG_GUARD_S), needle
             if p.poll() is not None:     # this test's own process was descheduled past the child's whole run
                 p.communicate()
                 continue

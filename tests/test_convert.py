@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from nanoqwen_format import BlobKind, DType, open_file
 from nanoqwen_quant import convert as convert_mod
 from nanoqwen_quant.convert import convert_checkpoint, main as convert_main
+from nanoqwen_quant.hf import ConvertError
 from nanoqwen_quant.quantize import quantize_reference
 from nanoqwen_quant.verify import main as verify_main
 from synth import load_source_f32, make_checkpoint
@@ -328,6 +329,35 @@ def test_chat_template_from_jinja_file(tmp_path):
     out = convert_checkpoint(src, tmp_path / "m.nanoqwen")
     with open_file(out) as f:
         assert f.blob_text(BlobKind.CHAT_TEMPLATE) == tmpl
+
+
+def test_chat_template_file_takes_priority(tmp_path):
+    """Where both tokenizer_config.json and chat_template.jinja hold a template, transformers uses the file's
+    (its tokenizer loading: separate template files take priority); so does the converter."""
+    src = make_checkpoint(tmp_path / "src")
+    tmpl = "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}"
+    (src / "chat_template.jinja").write_text(tmpl)
+    out = convert_checkpoint(src, tmp_path / "m.nanoqwen")
+    with open_file(out) as f:
+        assert f.blob_text(BlobKind.CHAT_TEMPLATE) == tmpl
+
+
+def test_tied_config_with_a_different_lm_head_is_refused(tmp_path):
+    """tie_word_embeddings: true beside an lm_head.weight: the same values convert tied (the extra tensor is the
+    embedding's copy); other values are refused (transformers would run them untied)."""
+    from safetensors.numpy import load_file, save_file
+    src = make_checkpoint(tmp_path / "src", tied=True, dtype="f16")
+    (st,) = src.glob("*.safetensors")
+    tensors = load_file(st)
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
+    save_file(tensors, st)
+    with open_file(convert_checkpoint(src, tmp_path / "same.nanoqwen")) as f:
+        assert f.config.tied_embeddings and "lm_head.weight" not in f.tensors
+    tensors["lm_head.weight"][5, 7] += np.float16(0.5)   # one value differs
+    save_file(tensors, st)
+    with pytest.raises(ConvertError, match="tie_word_embeddings"):
+        convert_checkpoint(src, tmp_path / "diff.nanoqwen")
+    assert not (tmp_path / "diff.nanoqwen").exists()
 
 
 @pytest.mark.parametrize("bad_name, value, needle", [

@@ -40,6 +40,8 @@ def test_rope_scaling(style, scaling, want):
     ({"rope_type": "longrope", "factor": 8.0}, "'longrope'"),
     ({"type": "yarn", "factor": 4.0, "beta_fast": 16}, "beta_fast"),
     ({"type": "yarn", "factor": 4.0, "attention_factor": 0.5}, "attention_factor"),
+    # transformers' truncate=False keeps the correction range unrounded; the runtime rounds it (its default)
+    ({"type": "yarn", "factor": 4.0, "truncate": False}, "truncate"),
     ({"type": "linear"}, "numeric factor"),
 ])
 def test_rope_refusals(scaling, msg):
@@ -103,3 +105,15 @@ def test_llama_head_dim_128_converts(tmp_path):
     out = convert_checkpoint(src, tmp_path / "m.nanoqwen")
     r = CliRunner().invoke(verify_main, [str(out), "--source", str(src)])
     assert r.exit_code == 0, r.output
+
+
+def test_rope_theta_in_two_places_must_agree():
+    """transformers 5 reads rope_parameters.rope_theta, 4.x the top-level rope_theta: where both are given and
+    differ, the file would silently follow one of them, so the converter refuses; where they agree it converts."""
+    cfg = _cfg("hf5")
+    cfg["rope_parameters"] = {**(cfg.get("rope_parameters") or {}), "rope_type": "default", "rope_theta": 10000.0}
+    cfg["rope_theta"] = 500000.0
+    with pytest.raises(ConvertError, match="disagree"):
+        model_config_from_hf(cfg)
+    cfg["rope_theta"] = 10000
+    assert model_config_from_hf(cfg).rope_theta == 10000.0

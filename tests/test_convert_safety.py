@@ -3,6 +3,7 @@ directories, devices, FIFOs, existing files without --force, read-only files), c
 SIGHUP / SIGINT with exit 128 + signum, removes the temp files of converters that were killed outright, fails on a
 full disk with one line; nanoqwen-convert and nanoqwen-verify answer bad input with one line on stderr."""
 import errno
+import json
 import os
 import shutil
 import signal
@@ -461,6 +462,14 @@ def _bad_inputs(tmp_path, src, good_file):
     fifo = tmp_path / "fifo.nanoqwen"
     os.mkfifo(fifo)
     out = tmp_path / "out.nanoqwen"
+    bad_index = tmp_path / "bad_index"                  # a weight_map value that is no file name
+    bad_index.mkdir()
+    shutil.copy(src / "config.json", bad_index / "config.json")
+    (bad_index / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x.weight": 5}}))
+    tok_dir = tmp_path / "tok_dir"                      # tokenizer.json is a directory
+    shutil.copytree(src, tok_dir)
+    (tok_dir / "tokenizer.json").unlink(missing_ok=True)
+    (tok_dir / "tokenizer.json").mkdir()
     conv, ver = "nanoqwen_quant.convert", "nanoqwen_quant.verify"
     two = (lambda c: c == 2)
     nonzero = (lambda c: c != 0)
@@ -479,6 +488,8 @@ def _bad_inputs(tmp_path, src, good_file):
         "convert_unknown_option": (conv, [src, "-o", out, "--bogus"], two, "--bogus"),
         "convert_revision_for_local_dir": (conv, [src, "-o", out, "--revision", "v1"], two, "--revision"),
         "convert_output_dir_missing": (conv, [src, "-o", tmp_path / "nodir" / "m.nanoqwen"], two, "does not exist"),
+        "convert_index_value_not_a_name": (conv, [bad_index, "-o", out], two, "weight_map"),
+        "convert_tokenizer_json_is_a_directory": (conv, [tok_dir, "-o", out], two, "tokenizer.json"),
         "verify_missing_path": (ver, [tmp_path / "missing.nanoqwen"], two, "no such file"),
         "verify_directory": (ver, [empty_dir], two, "is a directory"),
         "verify_fifo": (ver, [fifo], two, "is a FIFO"),
@@ -489,6 +500,9 @@ def _bad_inputs(tmp_path, src, good_file):
         "verify_source_not_a_checkpoint": (ver, [good_file, "--source", empty_dir], two, "config.json"),
         "verify_unknown_option": (ver, [good_file, "--bogus"], two, "--bogus"),
         "verify_no_file": (ver, [], two, "FILE"),
+        "verify_index_value_not_a_name": (ver, [good_file, "--source", bad_index], two, "weight_map"),
+        # a .nanoqwen source holds no source weights: without --eval nothing would be compared (it printed OK)
+        "verify_nanoqwen_source_without_eval": (ver, [good_file, "--source", good_file], two, "--eval"),
     }
 
 
@@ -498,7 +512,9 @@ BAD_INPUT_CASES = ["convert_missing_path", "convert_dir_not_a_checkpoint", "conv
                    "convert_bad_lm_head", "convert_unknown_option", "convert_revision_for_local_dir",
                    "convert_output_dir_missing", "verify_missing_path", "verify_directory", "verify_fifo",
                    "verify_crc_mismatch", "verify_truncated", "verify_garbage", "verify_source_missing",
-                   "verify_source_not_a_checkpoint", "verify_unknown_option", "verify_no_file"]
+                   "verify_source_not_a_checkpoint", "verify_unknown_option", "verify_no_file",
+                   "convert_index_value_not_a_name", "convert_tokenizer_json_is_a_directory",
+                   "verify_index_value_not_a_name", "verify_nanoqwen_source_without_eval"]
 
 
 @pytest.mark.parametrize("case", BAD_INPUT_CASES)
@@ -541,3 +557,49 @@ def test_unwinding_debris_stays_quiet(monkeypatch):
         except Terminated:
             Debris()                                # the unwinding's debris: quiet
     assert len(seen) == 1 and sys.unraisablehook is hook
+
+
+def test_unexpected_exception_is_one_line_internal_error(monkeypatch, good_file):
+    """An exception no check foresaw (a bug, or an input nobody thought of) still ends in one line, exit 3."""
+    from nanoqwen_quant import verify as verify_mod
+    from nanoqwen_quant.one_line_errors import EXIT_INTERNAL
+
+    def boom(*a, **k):
+        raise RuntimeError("no check\nforesaw this")
+
+    monkeypatch.setattr(verify_mod, "verify_file", boom)
+    code, _, stderr = _cli(verify_main, [good_file])
+    assert code == EXIT_INTERNAL
+    assert _one_stderr_line(stderr) == "nanoqwen-verify: internal error: RuntimeError: no check foresaw this"
+
+
+@pytest.mark.parametrize("command", ["convert", "verify"])
+def test_ctrl_c_while_the_entry_point_imports(tmp_path, src, command):
+    """The console scripts (pyproject.toml -> nanoqwen_quant.entry) import numpy and numba inside their Ctrl-C
+    handler: a SIGINT during those imports is one line and exit 130, not an import traceback."""
+    from process_helpers import as_from_a_terminal, wait_for_mapped
+    from nanoqwen_quant.entry import EXIT_INTERRUPTED
+    args = [str(src), "-o", str(tmp_path / "m.nanoqwen")] if command == "convert" else [str(tmp_path / "x")]
+    for _attempt in range(3):
+        p = subprocess.Popen([sys.executable, "-c", f"from nanoqwen_quant.entry import {command}; {command}()",
+                              *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+                             preexec_fn=as_from_a_terminal)
+        assert wait_for_mapped(p.pid, "_multiarray_umath", SIGNAL_WAIT_S)   # numpy's extension: imports under way
+        if p.poll() is not None:       # descheduled past the child's whole run: not the case under test
+            p.communicate()
+            continue
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=SIGNAL_WAIT_S)
+        break
+    else:
+        raise AssertionError("the child finished three times before it could be signalled")
+    assert p.returncode == EXIT_INTERRUPTED, (p.returncode, err)
+    assert "interrupted" in _one_stderr_line(err.decode("utf-8", "replace"))
+    assert _temps(tmp_path) == [] and not (tmp_path / "m.nanoqwen").exists()
+
+
+def test_console_scripts_start_through_the_entry_module():
+    """pyproject.toml's scripts name nanoqwen_quant.entry (the Ctrl-C-safe importers), not the commands."""
+    text = (Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8")   # (tomllib: Python >= 3.11)
+    assert 'nanoqwen-convert = "nanoqwen_quant.entry:convert"' in text
+    assert 'nanoqwen-verify = "nanoqwen_quant.entry:verify"' in text
