@@ -32,7 +32,7 @@ from .backends.base import Backend, BackendError, ContextFull, InvalidMaxContext
 from .fim import NoFimTokens, fim_prompt_ids, fim_stop_ids
 from .logits import InvalidLogitsSettings, LogitsPipeline, LogitsSettings, TokenConstraint, TokenLogprob
 from .kv_pool import PoolTooSmall
-from .sampling import InvalidSamplingParams, SamplingParams
+from .sampling import InvalidSamplingParams, SamplingParams, is_real
 from .scheduler import DEFAULT_MAX_BATCH, BatchStats, Scheduler, _Seq
 from .tokenizer import ChatTemplateError, Tokenizer, TokenizerError
 from .tools import (TOOL_CALL_CLOSE, TOOL_CALL_OPEN, InvalidTools, check_tools, forced_tool_name,
@@ -232,7 +232,8 @@ class Engine:
     # -- lifetime -------------------------------------------------------------------------------------
     def close(self) -> None:
         """Free the backend and unmap the file. Idempotent. Waits for a step another thread is computing (one
-        token); a generator still live afterwards raises EngineClosed on its next step."""
+        token). A generate() iterator still live is closed: it ends (StopIteration) without a finish_reason; a
+        submit() handle raises EngineClosed on its next step."""
         if getattr(self, "_closed", True) and self.backend is None and getattr(self, "_file", None) is None:
             return
         if getattr(self, "_loop", None) is not None:
@@ -301,8 +302,12 @@ class Engine:
                 ids = self.tokenizer.encode(prompt, add_bos=True)
             except TokenizerError as e:
                 raise InvalidArgument(f"prompt: {e}") from None
-        elif isinstance(prompt, np.ndarray) and prompt.ndim == 1 and prompt.dtype.kind in "iu":
+        elif isinstance(prompt, np.ndarray) and prompt.ndim != 1:
+            raise InvalidArgument(f"token ids must be a 1-D array, got shape {prompt.shape}")
+        elif isinstance(prompt, np.ndarray) and prompt.dtype.kind in "iu":
             ids = prompt                                 # integer array: no per-element check needed
+            if prompt.dtype.kind == "u" and prompt.size and int(prompt.max()) > np.iinfo(np.int64).max:
+                raise TokenIdOutOfRange(f"token id {int(prompt.max())} is outside the vocabulary")
         elif isinstance(prompt, (list, tuple)) and set(map(type, prompt)) == {int}:
             ids = prompt                                 # plain ints (the common case: ~2x faster than the loop below)
         elif isinstance(prompt, (list, tuple, np.ndarray)):
@@ -314,7 +319,11 @@ class Engine:
             raise InvalidArgument(f"prompt must be str or a list of token ids, got {type(prompt).__name__}")
         if len(ids) == 0:
             raise EmptyPrompt("the prompt is empty (0 tokens)")
-        return np.asarray(ids, dtype=np.int64)      # ids are range-checked once, by the backend edge
+        try:
+            return np.asarray(ids, dtype=np.int64)  # ids are range-checked once, by the backend edge
+        except OverflowError:                       # an int past int64 is no token id either
+            big = next(int(i) for i in ids if not -2**63 <= int(i) < 2**63)
+            raise TokenIdOutOfRange(f"token id {big} is outside the vocabulary") from None
 
     # -- API ------------------------------------------------------------------------------------------
     def logits(self, ids: Sequence[int]) -> np.ndarray:
@@ -348,7 +357,8 @@ class Engine:
         be = self._check_open()
         params, stop_ids, stops_s, settings = self._request_settings(
             max_new_tokens, temperature, top_k, top_p, seed, stop, stop_token_ids, logprobs, logit_bias,
-            presence_penalty, frequency_penalty)
+            presence_penalty, frequency_penalty, constraint)
+        max_new_tokens = min(int(max_new_tokens), be.max_context)   # what can fit (the C ABI takes an int32)
         ids = self.encode(prompt)
         self._claim_sequence()
         try:
@@ -368,21 +378,26 @@ class Engine:
         return gen
 
     def _request_settings(self, max_new_tokens, temperature, top_k, top_p, seed, stop, stop_token_ids, logprobs,
-                          logit_bias, presence_penalty, frequency_penalty):
+                          logit_bias, presence_penalty, frequency_penalty, constraint):
         """generate()/submit()'s argument checks, one place: (SamplingParams, stop ids, stop strings,
         LogitsSettings), or a named InvalidArgument / NoTokenizer."""
+        if constraint is not None and not all(hasattr(constraint, a) for a in ("fill_bitmask", "accept", "complete")):
+            raise InvalidArgument(f"constraint must be a TokenConstraint (json_constraint(), lark_constraint()), got "
+                                  f"{type(constraint).__name__}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
                 or max_new_tokens < 1:
             raise InvalidArgument(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        try:
-            params = SamplingParams(float(temperature) if isinstance(temperature, (int, float)) else temperature,
-                                    top_k, float(top_p) if isinstance(top_p, (int, float)) else top_p, seed)
+        try:   # numbers become floats; anything else (a bool, a string) reaches the check as it is
+            params = SamplingParams(float(temperature) if is_real(temperature) else temperature,
+                                    top_k, float(top_p) if is_real(top_p) else top_p, seed)
         except InvalidSamplingParams as e:
             raise InvalidArgument(str(e)) from None
         stops_s: list[str] = []
         if stop is not None:
             if isinstance(stop, str):
                 stop = [stop]
+            if not isinstance(stop, (list, tuple, set, frozenset)):
+                raise InvalidArgument(f"stop must be a str or a list of str, got {type(stop).__name__}")
             for s in stop:
                 if not isinstance(s, str) or s == "":
                     raise InvalidArgument(f"stop strings must be non-empty str, got {s!r}")
@@ -392,14 +407,20 @@ class Engine:
         if stop_token_ids is None:
             stop_ids = set(self.stop_token_ids)
         else:
+            if not isinstance(stop_token_ids, (list, tuple, set, frozenset, np.ndarray)):
+                raise InvalidArgument(f"stop_token_ids must be a list of token ids, got "
+                                      f"{type(stop_token_ids).__name__}")
             stop_ids = set()
+            vocab = int(self.config.vocab_rows)
             for t in stop_token_ids:
                 if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
                     raise InvalidArgument(f"stop_token_ids must be integers, found {t!r}")
+                if not 0 <= t < vocab:   # one that can never be sampled would never stop anything
+                    raise TokenIdOutOfRange(f"stop_token_ids: {int(t)} is outside [0, {vocab})")
                 stop_ids.add(int(t))
         try:
-            settings = LogitsSettings(int(self.config.vocab_rows), dict(logit_bias or {}), presence_penalty,
-                                      frequency_penalty, logprobs)
+            settings = LogitsSettings(int(self.config.vocab_rows), {} if logit_bias is None else logit_bias,
+                                      presence_penalty, frequency_penalty, logprobs)
         except InvalidLogitsSettings as e:
             raise InvalidArgument(str(e)) from None
         return params, stop_ids, stops_s, settings
@@ -493,6 +514,8 @@ class Engine:
     def lark_constraint(self, grammar: str):
         """A constraint from a Lark grammar (llguidance's dialect; `%json {...}` embeds a JSON Schema)."""
         from .grammar import GrammarError
+        if not isinstance(grammar, str):
+            raise InvalidGrammar(f"grammar must be a str (a Lark grammar), got {type(grammar).__name__}")
         try:
             return self._grammars().lark(grammar)
         except GrammarError as e:
@@ -544,7 +567,8 @@ class Engine:
         be = self._check_open()
         params, stop_ids, stops_s, settings = self._request_settings(
             max_new_tokens, temperature, top_k, top_p, seed, stop, stop_token_ids, logprobs, logit_bias,
-            presence_penalty, frequency_penalty)
+            presence_penalty, frequency_penalty, constraint)
+        max_new_tokens = min(int(max_new_tokens), be.max_context)   # what can fit (the C ABI takes an int32)
         with _named_input_errors():
             ids = check_token_ids(self.encode(prompt), int(self.config.vocab_rows))
         if ids.shape[0] >= be.max_context:
@@ -628,11 +652,15 @@ class Engine:
         with self._batch_lock:
             if self._scheduler is None:
                 be = self._check_open()
+                n_pages = self._kv_pages
                 try:
-                    n_pages = self._kv_pages or be.default_kv_pages(self._max_batch)
+                    n_pages = n_pages or be.default_kv_pages(self._max_batch)
                     self._scheduler = Scheduler(be, self._max_batch, n_pages, self._step)
                 except BackendError as e:
                     raise DeviceUnavailable(str(e)) from None
+                except (MemoryError, ValueError, OverflowError) as e:   # the CPU pool is numpy arrays
+                    raise InvalidArgument(f"kv_pages={n_pages}: the KV pool cannot be allocated "
+                                          f"({type(e).__name__}: {e})") from None
             return self._scheduler
 
     # -- streaming ------------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ from typing import Mapping, Protocol
 
 import numpy as np
 
+from .sampling import is_real
+
 __all__ = ["LogitsSettings", "InvalidLogitsSettings", "TokenLogprob", "TokenConstraint", "LogitsPipeline",
            "apply_token_bitmask", "apply_token_bitmask_reference", "log_softmax", "token_logprob",
            "MAX_TOP_LOGPROBS", "LOGIT_BIAS_RANGE", "PENALTY_RANGE", "MAX_LOGIT_BIAS"]
@@ -48,19 +50,20 @@ class LogitsSettings:
     top_logprobs: int | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.logit_bias, Mapping):
+            raise InvalidLogitsSettings(f"logit_bias must be a mapping {{token id: bias}}, got "
+                                        f"{type(self.logit_bias).__name__}")
         if len(self.logit_bias) > MAX_LOGIT_BIAS:
             raise InvalidLogitsSettings(f"logit_bias has {len(self.logit_bias)} entries, at most {MAX_LOGIT_BIAS}")
         for k, v in self.logit_bias.items():
             if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < self.vocab_rows:
                 raise InvalidLogitsSettings(f"logit_bias: token id {k!r} outside [0, {self.vocab_rows})")
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                    or not LOGIT_BIAS_RANGE[0] <= v <= LOGIT_BIAS_RANGE[1]:
+            if not is_real(v) or not math.isfinite(v) or not LOGIT_BIAS_RANGE[0] <= v <= LOGIT_BIAS_RANGE[1]:
                 raise InvalidLogitsSettings(f"logit_bias: value {v!r} for token {k} outside "
                                             f"[{LOGIT_BIAS_RANGE[0]:g}, {LOGIT_BIAS_RANGE[1]:g}]")
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                    or not PENALTY_RANGE[0] <= v <= PENALTY_RANGE[1]:
+            if not is_real(v) or not math.isfinite(v) or not PENALTY_RANGE[0] <= v <= PENALTY_RANGE[1]:
                 raise InvalidLogitsSettings(f"{name} must be in [{PENALTY_RANGE[0]:g}, {PENALTY_RANGE[1]:g}], "
                                             f"got {v!r}")
         n = self.top_logprobs

@@ -9,9 +9,22 @@ Order of operations (the same order the CUDA backend's device sampler follows):
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
+
+#: The smallest positive temperature: below it sampling is argmax in all but name, and x / t overflows (1e-308 gave
+#: NaN probabilities, and the sampler then returned the last id every step); 0 is greedy decoding.
+MIN_TEMPERATURE = 1e-4
+#: top_k crosses the C ABI as an int32 (nq_sampling.top_k); any value >= the vocabulary means "every token".
+MAX_TOP_K = 2**31 - 1
+_F32_MAX = float(np.finfo(np.float32).max)   # the CUDA sampler takes the temperature as a float32
+
+
+def is_real(v) -> bool:
+    """A Python or numpy real number (np.float32 included), not a bool."""
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
 
 __all__ = ["SamplingParams", "Sampler", "InvalidSamplingParams", "sample_reference"]
 
@@ -38,11 +51,13 @@ class SamplingParams:
 
     def validate(self) -> "SamplingParams":
         t, k, p = self.temperature, self.top_k, self.top_p
-        if not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
-            raise InvalidSamplingParams(f"temperature must be a finite number >= 0, got {t!r}")
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-            raise InvalidSamplingParams(f"top_k must be an integer >= 0, got {k!r}")
-        if not isinstance(p, (int, float)) or not np.isfinite(p) or not (0.0 < p <= 1.0):
+        if not is_real(t) or not np.isfinite(t) or t < 0 or float(t) > _F32_MAX:
+            raise InvalidSamplingParams(f"temperature must be a number >= 0 and finite in float32, got {t!r}")
+        if 0 < t < MIN_TEMPERATURE:
+            raise InvalidSamplingParams(f"temperature {t!r} is below {MIN_TEMPERATURE:g}: use 0 for greedy decoding")
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= MAX_TOP_K:
+            raise InvalidSamplingParams(f"top_k must be an integer in [0, {MAX_TOP_K}], got {k!r}")
+        if not is_real(p) or not np.isfinite(p) or not (0.0 < p <= 1.0):
             raise InvalidSamplingParams(f"top_p must be in (0, 1], got {p!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))
                                       or self.seed < 0):

@@ -243,6 +243,8 @@ class Tokenizer:
                                         f"{type(m).__name__}")
             if "role" not in m:
                 raise ChatTemplateError(f"message {i} has no 'role'")
+            if not isinstance(m["role"], str):
+                raise ChatTemplateError(f"message {i}: 'role' must be a str, got {type(m['role']).__name__}")
             # transformers drops keys whose value is None before rendering
             msgs.append({k: v for k, v in m.items() if v is not None})
         if not msgs:
@@ -259,6 +261,10 @@ class Tokenizer:
                                          add_generation_prompt=add_generation_prompt, **kw)
         except jinja2.exceptions.TemplateError as e:
             raise ChatTemplateError(f"chat template raised: {e}") from None
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+            # what the template's own expressions raise on values it cannot take (a content of 5, a list of parts
+            # where it concatenates strings): the messages do not fit this template
+            raise ChatTemplateError(f"chat template cannot render these messages: {type(e).__name__}: {e}") from None
 
     @property
     def renders_tools(self) -> bool:

@@ -147,12 +147,63 @@ def test_early_close_then_reuse(eng):
     ({"seed": -1}, InvalidArgument),
     ({"stop": [""]}, InvalidArgument),
     ({"stop_token_ids": ["x"]}, InvalidArgument),
+    # each of these escaped as a bare TypeError / OverflowError / ValueError, or was accepted and misbehaved later
+    ({"prompt": [2**63]}, TokenIdOutOfRange),
+    ({"prompt": [5, 10**30]}, TokenIdOutOfRange),
+    ({"prompt": np.array([5, 2**64 - 1], dtype=np.uint64)}, TokenIdOutOfRange),
+    ({"prompt": np.array(5)}, InvalidArgument),
+    ({"stop": 5}, InvalidArgument),
+    ({"stop_token_ids": 2}, InvalidArgument),
+    ({"stop_token_ids": [-1]}, TokenIdOutOfRange),
+    ({"stop_token_ids": [10**30]}, TokenIdOutOfRange),
+    ({"logit_bias": [1, 2]}, InvalidArgument),
+    ({"logit_bias": 5}, InvalidArgument),
+    ({"constraint": 5}, InvalidArgument),
+    ({"temperature": 1e-308}, InvalidArgument),      # x / t overflowed: NaN probabilities, the last id every step
+    ({"temperature": 1e308}, InvalidArgument),       # not finite as the float32 the CUDA sampler takes
+    ({"temperature": True}, InvalidArgument),
+    ({"top_p": True}, InvalidArgument),
+    ({"top_k": 2**32 + 5}, InvalidArgument),          # the C ABI's int32 would wrap it to 5
 ])
 def test_bad_arguments_raise_named_errors_at_call_time(eng, kw, err):
     kw = {"prompt": PROMPT, **kw}
     with pytest.raises(err):
         eng.generate(**kw)           # raised by the call itself, before iterating
+    with pytest.raises(err):
+        eng.submit(**kw)             # the batched API checks the same way
     assert issubclass(err, EngineError)
+
+
+def test_numpy_float_arguments_are_numbers(eng):
+    """np.float32 / np.float16 are real numbers like np.float64 (they were refused as 'not a number')."""
+    want = "".join(c.text for c in eng.generate(PROMPT, max_new_tokens=4, temperature=0.5, top_p=0.75, seed=3,
+                                               presence_penalty=0.5, logit_bias={7: 1.5}))
+    got = "".join(c.text for c in eng.generate(PROMPT, max_new_tokens=4, temperature=np.float32(0.5),
+                                              top_p=np.float16(0.75), seed=3, presence_penalty=np.float32(0.5),
+                                              logit_bias={7: np.float32(1.5)}))
+    assert got == want
+
+
+def test_chat_with_values_the_template_cannot_render_is_chat_error(eng):
+    """A content of 5, content parts, or a role that is not a str: ChatError (a bare TypeError came out of the
+    template before)."""
+    for messages in ([{"role": "user", "content": 5}], [{"role": 5, "content": "hi"}],
+                     [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]):
+        with pytest.raises(ChatError):
+            eng.chat(messages, max_new_tokens=2)
+
+
+def test_huge_max_new_tokens_is_what_fits(eng):
+    """max_new_tokens past the context (and past int32) is what fits: the stream ends with 'length' there."""
+    chunks = list(eng.generate(PROMPT, max_new_tokens=2**32 + 5, stop_token_ids=[]))
+    assert chunks[-1].finish_reason == "length"
+    assert eng.stats.prompt_tokens + eng.stats.completion_tokens == CTX
+
+
+def test_kv_pages_that_cannot_be_allocated_is_a_named_error(model_file):
+    with Engine(model_file, device="cpu", max_context=CTX, kv_pages=10**30) as e:
+        with pytest.raises(InvalidArgument, match="kv_pages"):
+            e.submit(PROMPT, max_new_tokens=2)
 
 
 def test_devices_and_close(model_file):

@@ -240,6 +240,7 @@ def test_models_health_metrics(client):
     ({"model": MODEL, "prompt": "p", "logit_bias": {"\u00b2": 1}}, 400, "invalid_value", "logit_bias"),
     ({"model": MODEL, "prompt": "p", "logit_bias": {"\u0661": 1}}, 400, "invalid_value", "logit_bias"),
     ({"model": MODEL, "prompt": "p", "logit_bias": {"1" * 5000: 1}}, 400, "invalid_value", "logit_bias"),
+    ({"model": MODEL, "prompt": "p", "temperature": 1e-308}, 400, "invalid_value", "temperature"),
     ({"model": MODEL, "prompt": "p", "logit_bias": {"1": 101}}, 400, "invalid_value", "logit_bias"),
     ({"model": MODEL, "prompt": "p", "logit_bias": [1]}, 400, "invalid_type", "logit_bias"),
     ({"model": MODEL, "prompt": "p", "presence_penalty": 2.5}, 400, "invalid_value", "presence_penalty"),

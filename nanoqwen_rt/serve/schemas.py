@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..logits import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, PENALTY_RANGE
+from ..sampling import MIN_TEMPERATURE
 
 # OpenAI allows at most 4 stop sequences; we keep the same limit so clients behave identically everywhere.
 MAX_STOP_SEQUENCES = 4
@@ -239,9 +240,12 @@ def _sampling(body: dict, default_max_tokens: int | None, endpoint: str, vocab_r
     top_p = _opt_number(body, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0.0:
         raise bad_param("top_p", "'top_p' must be > 0 (use temperature=0 for greedy decoding)")
+    temperature = _opt_number(body, "temperature", 1.0, *TEMPERATURE_RANGE)
+    if 0.0 < temperature < MIN_TEMPERATURE:   # the engine's floor (nanoqwen_rt.sampling): 0 is greedy
+        raise bad_param("temperature", f"'temperature' must be 0 (greedy) or >= {MIN_TEMPERATURE:g}")
     return SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
-        temperature=_opt_number(body, "temperature", 1.0, *TEMPERATURE_RANGE),
+        temperature=temperature,
         top_p=top_p,
         top_k=max(top_k or 0, 0),
         seed=seed,
