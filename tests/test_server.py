@@ -371,7 +371,7 @@ def test_disconnect_non_streaming_cancels_generation(server, client, engine):
                        "ignore_eos": True}).encode()
     host, port = server.rsplit("/", 1)[1].split(":")
     sock = socket.create_connection((host, int(port)), timeout=HANG_GUARD_S)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n".encode()
                  + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
     _wait_for(lambda: _metric(server, "nanoqwen_requests_running") == 1, "the generation to start")
     sock.close()
@@ -485,11 +485,11 @@ def test_slow_clients_time_out_and_open_bind_warns(model_path, tmp_path):
                 return False, got
 
         with socket.create_connection(("127.0.0.1", port)) as s:        # headers never finish
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             closed, _ = closed_within(s, 20)
             assert closed
         with socket.create_connection(("127.0.0.1", port)) as s:        # body never finishes
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                       b"Content-Length: 100\r\n\r\n{\"model\":")
             closed, got = closed_within(s, 20)
             assert got.startswith(b"HTTP/1.1 408"), got[:200]

@@ -575,3 +575,78 @@ def test_tool_calls_parsed_never_500(text, calls, content, n_errors):
         assert streamed.strip() == (content if content is not None else ("" if calls else text))
         assert chunks[-1]["choices"][0]["finish_reason"] == ("tool_calls" if calls else "stop")
         assert len(chunks[-1]["choices"][0].get("tool_call_errors", [])) == n_errors
+
+
+# ------------------------------------------------------------------ other web pages, clients that never read
+
+
+def test_loopback_server_answers_only_its_host_names(fake):
+    """allowed_hosts (what serve passes on a loopback address): another Host is a 403, so a page whose DNS name
+    was rebound to 127.0.0.1 cannot use the server; the loopback names with any port are served."""
+    from nanoqwen_rt.serve.app import LOOPBACK_HOSTS
+    with TestClient(create_app(fake, model_name=MODEL, allowed_hosts=LOOPBACK_HOSTS)) as c:
+        for host in ("127.0.0.1:8000", "localhost:8000", "[::1]:8000", "LOCALHOST"):
+            assert c.get("/v1/models", headers={"host": host}).status_code == 200, host
+        for host in ("attacker.example:8000", "attacker.example", "127.0.0.1.attacker.example"):
+            _err(c.get("/v1/models", headers={"host": host}), 403, "forbidden")
+            _err(c.get("/", headers={"host": host}), 403, "forbidden")
+    assert fake.calls == []
+
+
+def test_post_from_another_sites_page_is_refused(client, fake):
+    """A POST whose Origin is not the server's own (a page on another site submitting a form-like request) is a
+    403 before anything runs; the server's own page, and clients that send no Origin, are served; a GET from
+    another origin is not refused (the browser keeps its answer from that page: no CORS headers)."""
+    body = {"model": MODEL, "prompt": "p", "max_tokens": 2}
+    for origin in ("http://attacker.example", "null", "http://testserver.attacker.example"):
+        _err(client.post("/v1/completions", json=body, headers={"origin": origin}), 403, "forbidden")
+    assert fake.calls == []
+    assert client.post("/v1/completions", json=body, headers={"origin": "http://testserver"}).status_code == 200
+    assert client.post("/v1/completions", json=body).status_code == 200
+    assert client.get("/v1/models", headers={"origin": "http://attacker.example"}).status_code == 200
+
+
+def test_stream_to_a_client_that_never_reads_is_dropped(fake):
+    """A streaming client that takes no bytes for body_timeout_s (--read-timeout) is dropped and its generation
+    withdrawn; without the send timeout the response waited on it forever, holding its answer in memory."""
+    import asyncio
+    app = create_app(fake, model_name=MODEL, body_timeout_s=0.5)
+    body = json.dumps({"model": MODEL, "prompt": "p", "max_tokens": 40, "stream": True}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"testserver"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
+
+    async def call():
+        sent = asyncio.Event()
+        requests = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            if requests:
+                return requests.pop()
+            await asyncio.Event().wait()            # the client never hangs up
+
+        async def send(message):
+            if message["type"] == "http.response.body" and message.get("body"):
+                sent.set()
+                await asyncio.Event().wait()        # the client never reads: this send never completes
+
+        task = asyncio.ensure_future(app(scope, receive, send))
+        done, _ = await asyncio.wait({task}, timeout=30)
+        if not done:
+            task.cancel()
+            return "hung"
+        task.exception()                            # the send timeout surfaces as the app's exception: fine
+        assert sent.is_set()
+        return "ended"
+
+    with TestClient(app) as c:
+        outcome = c.portal.call(call)
+        srv = app.state.server
+        for _ in range(3000):                       # bounded wait for the worker to retire the withdrawn job
+            if not srv.worker.running:
+                break
+            threading.Event().wait(0.01)
+        assert outcome != "hung"
+        assert not srv.worker.running

@@ -515,11 +515,15 @@ def serve(file, host, port, api_key, queue_size, max_batch, kv_pages, model_name
     import uvicorn
 
     from ..engine import EngineError
-    from ..serve.app import GRACEFUL_SHUTDOWN_S, create_app
+    from ..serve.app import GRACEFUL_SHUTDOWN_S, LOOPBACK_HOSTS, create_app
     from ..serve.adapter import default_model_name
     from ..serve.protocol import HeaderDeadlineH11Protocol
     if api_key is not None and not api_key.strip():
         raise click.BadParameter("must not be empty", param_hint="'--api-key'")
+    if api_key is not None and (api_key != api_key.strip() or not api_key.isascii() or not api_key.isprintable()):
+        # clients trim a header's spaces and send other characters as bytes the key would never match
+        raise click.BadParameter("must be printable ASCII with no spaces around it (it travels in an HTTP header)",
+                                 param_hint="'--api-key'")
     if model_name is not None and not model_name.strip():
         raise click.BadParameter("must not be empty", param_hint="'--model-name'")
     _require_file(file)
@@ -528,7 +532,8 @@ def serve(file, host, port, api_key, queue_size, max_batch, kv_pages, model_name
     try:
         eng.open_batch()                   # the KV pages now, so a pool that does not fit fails at start
         app = create_app(eng, model_name=model_name or default_model_name(file), api_key=api_key,
-                         queue_size=queue_size, body_timeout_s=read_timeout)
+                         queue_size=queue_size, body_timeout_s=read_timeout,
+                         allowed_hosts=LOOPBACK_HOSTS | {host.strip("[]").lower()} if _is_loopback(host) else None)
     except (LoadError, EngineError, MemoryError) as e:
         eng.close()
         raise _fail(f"{type(e).__name__}: {e}" if not isinstance(e, LoadError) else str(e)) from None

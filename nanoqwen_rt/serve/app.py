@@ -30,6 +30,7 @@ import anyio.to_thread
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -71,6 +72,46 @@ def _error_response(err: ApiError, headers: dict | None = None) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
+#: the Host names a server bound to a loopback address answers to (serve passes them as allowed_hosts)
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def _host_name(host: str) -> str:
+    """'name:port' / '[v6]:port' / 'name' → the name, lower case."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class BrowserGuard:
+    """ASGI middleware against other web sites in the user's browser (the server needs no key on loopback):
+    * allowed_hosts (a loopback server's LOOPBACK_HOSTS): a request whose Host header names another host is a
+      403, so a page that rebinds its own DNS name to 127.0.0.1 cannot use the server;
+    * a request other than GET / HEAD whose Origin header is not the server's own origin (scheme://Host) is a 403,
+      so a page on another site cannot start generations with a form-like POST. Command-line clients send no
+      Origin; the chat page is the server's own origin."""
+
+    def __init__(self, app, allowed_hosts: frozenset[str] | None = None):
+        self.app, self.allowed_hosts = app, allowed_hosts
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            headers = {k.lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            host = headers.get(b"host", "")
+            origin = headers.get(b"origin")
+            why = None
+            if self.allowed_hosts is not None and _host_name(host) not in self.allowed_hosts:
+                why = f"Host {host!r} is not this server's (it answers to {', '.join(sorted(self.allowed_hosts))})"
+            elif origin is not None and scope["method"] not in ("GET", "HEAD") \
+                    and origin.partition("://")[2].lower() != host.lower():
+                why = f"a request from the web page at {origin!r} (not this server's own page)"
+            if why is not None:
+                await _error_response(ApiError(403, f"refused: {why}", code="forbidden"))(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 class _Server:
     """State shared by the route handlers: the engine adapter, the worker, metrics and settings."""
 
@@ -96,7 +137,10 @@ class _Server:
             return True
         auth = request.headers.get("authorization", "")
         scheme, _, token = auth.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+        # starlette decodes header bytes as latin-1: encode back to the bytes the client sent (the key is ASCII:
+        # serve refuses any other, which no HTTP client could send as typed)
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode("latin-1"),
+                                                                  self.api_key.encode("latin-1"))
 
     async def read_json(self, request: Request):
         declared = request.headers.get("content-length")
@@ -236,8 +280,12 @@ class _Server:
     def event_source(self, job: Job, events: asyncio.Queue, on_piece, on_finish, usage_chunk, role_chunk=None):
         """The SSE response of one streaming request: `stream` below, told when the server shuts down."""
         shutdown = anyio.Event()
+        # send_timeout: a client that takes no bytes for body_timeout_s (--read-timeout) is dropped, its job withdrawn
+        # (`stream`'s finally); without it a client that never reads held its whole answer in memory for as long as
+        # it kept the connection open
         return EventSourceResponse(self.stream(job, events, on_piece, on_finish, usage_chunk, role_chunk, shutdown),
-                                   shutdown_event=shutdown, shutdown_grace_period=STREAM_SHUTDOWN_GRACE_S)
+                                   shutdown_event=shutdown, shutdown_grace_period=STREAM_SHUTDOWN_GRACE_S,
+                                   send_timeout=self.body_timeout_s)
 
     async def stream(self, job: Job, events: asyncio.Queue, on_piece, on_finish, usage_chunk, role_chunk=None,
                      shutdown: anyio.Event | None = None):
@@ -359,8 +407,10 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def create_app(engine, *, model_name: str, api_key: str | None = None,
-               queue_size: int = DEFAULT_QUEUE_SIZE, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> Starlette:
-    """Build the ASGI app around `engine` (a `nanoqwen_rt.Engine`, or anything with the same API)."""
+               queue_size: int = DEFAULT_QUEUE_SIZE, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+               allowed_hosts: frozenset[str] | None = None) -> Starlette:
+    """Build the ASGI app around `engine` (a `nanoqwen_rt.Engine`, or anything with the same API). allowed_hosts:
+    the Host names it answers to (None: any; see BrowserGuard)."""
     srv = _Server(engine if isinstance(engine, EngineAdapter) else EngineAdapter(engine), model_name, api_key,
                   queue_size, body_timeout_s)
 
@@ -555,6 +605,7 @@ def create_app(engine, *, model_name: str, api_key: str | None = None,
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error},
+                    middleware=[Middleware(BrowserGuard, allowed_hosts=allowed_hosts)])
     app.state.server = srv
     return app
