@@ -186,13 +186,20 @@ def group_size_that_fits(shapes) -> int | None:
     return next((g for g in sorted(GROUP_SIZES, reverse=True) if all(can_quantize(sh, g) for sh in shapes)), None)
 
 
-def plan_tensors(ckpt: Checkpoint, *, quant: str, group_size: int, lm_head: str, fallback_f16: bool
-                 ) -> list[TensorSpec]:
-    """TensorSpec per tensor, in expected_tensors order. Shapes that int4 cannot hold raise ConvertError, or
-    stay f16 with fallback_f16."""
+def plan_tensors(ckpt: Checkpoint, *, quant: str, group_size: int, lm_head: str, fallback_f16: bool,
+                 layouts=INT4_LAYOUTS) -> list[TensorSpec]:
+    """TensorSpec per tensor, in expected_tensors order. An int4 tensor the source already stores as an int4
+    layout in disguise (GPTQ / AWQ 4-bit: symmetric as layout 1, asymmetric as layout 2, among `layouts`) keeps
+    the source's group size, whatever --group-size says, and takes that layout: repacking is lossless,
+    requantizing to another group only adds error (so --group-size's shape rule does not apply to it). Other
+    shapes that int4 cannot hold at group_size raise ConvertError, or stay f16 with fallback_f16."""
     specs = []
     for name, shape in expected_tensors(ckpt.config).items():
         want_int4 = quant == "int4" and (is_int4_linear(name) or (name == "lm_head.weight" and lm_head == "int4"))
+        exact = ckpt.exact_int4(name, layouts) if want_int4 else None
+        if exact:
+            specs.append(TensorSpec(name, DType.INT4G, shape, group_size=exact[0], layout_id=exact[1]))
+            continue
         if want_int4 and not can_quantize(shape, group_size):
             if not fallback_f16:
                 try:
@@ -314,8 +321,8 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
     out = check_output(out, force=force)
     ckpt = load_checkpoint(src, revision)
     check_output_not_source(out, _source_paths(ckpt))      # a hub snapshot, files that are links elsewhere
-    specs = keep_source_groups(ckpt, plan_tensors(ckpt, quant=quant, group_size=group_size, lm_head=lm_head,
-                                                  fallback_f16=fallback_f16), layouts)
+    specs = plan_tensors(ckpt, quant=quant, group_size=group_size, lm_head=lm_head, fallback_f16=fallback_f16,
+                         layouts=layouts)
     n_int4 = sum(s.dtype == DType.INT4G for s in specs)
     provenance = {
         "source": ckpt.source.source,
@@ -369,17 +376,6 @@ def convert_checkpoint(src, out, *, quant: str = "int4", group_size: int = 128, 
     if progress and log is not None:
         for line in conversion_notes(ckpt, specs, quant, mode, provenance.get("import"), group_size):
             log(line)
-    return out
-
-
-def keep_source_groups(ckpt: Checkpoint, specs: list[TensorSpec], layouts=INT4_LAYOUTS) -> list[TensorSpec]:
-    """An int4 tensor the source already stores as an int4 layout in disguise (GPTQ / AWQ 4-bit: symmetric as
-    layout 1, asymmetric as layout 2, among `layouts`) keeps the source's group size, whatever --group-size says,
-    and takes that layout: repacking is lossless, requantizing to another group only adds error."""
-    out = []
-    for s in specs:
-        exact = ckpt.exact_int4(s.name, layouts) if s.dtype == DType.INT4G else None
-        out.append(TensorSpec(s.name, s.dtype, s.shape, group_size=exact[0], layout_id=exact[1]) if exact else s)
     return out
 
 
@@ -437,7 +433,7 @@ def _convert_tensor(ckpt: Checkpoint, spec: TensorSpec, w: NanoqwenWriter, mode:
                     hessians: dict | None = None, layouts=INT4_LAYOUTS) -> None:
     """Read one source tensor in row blocks and write it as spec says. bufs: reusable f16 buffers by shape.
     hessians (mode gptq): input Hessian by weight name; a tensor without one (lm_head) is quantized with mse.
-    layouts: the int4g layouts an exact import may use (keep_source_groups chose spec's)."""
+    layouts: the int4g layouts an exact import may use (plan_tensors chose spec's)."""
     t = ckpt.tensors[spec.name]
     rows = t.shape[0]
     step = _rows_per_block(t.shape)
@@ -524,8 +520,7 @@ def fail(msg: str, code: int = 2) -> None:
 @click.option("--lm-head", type=click.Choice(["fp16", "int4"]), default="fp16", show_default=True)
 @click.option("--int4-layout", type=click.Choice(list(INT4_LAYOUT_CHOICES)), default="auto", show_default=True,
               help="auto: an asymmetric GPTQ / AWQ source keeps its codes and zero points exactly (int4 layout 2); "
-              "1: requantize such sources into the symmetric layout 1 (for a runtime that runs layout 1 only: the "
-              "CUDA backend until its layout-2 kernels land)")
+              "1: requantize such sources into the symmetric layout 1 (for a runtime that reads layout 1 only)")
 @click.option("--revision", default=None, help="hub revision (branch, tag or commit) when SRC is a repo id")
 @click.option("--fallback-f16", is_flag=True, help="store linears whose shape int4 cannot hold as f16 "
               "instead of refusing")

@@ -18,12 +18,14 @@ _WHERE = {
     **{name: ".engine" for name in (
         "ChatError", "DeviceUnavailable", "EmptyPrompt", "Engine", "EngineBusy", "EngineClosed", "EngineError",
         "GenerationChunk", "GenerationStats", "InvalidArgument", "NoTokenizer", "PromptTooLong",
-        "TokenIdOutOfRange", "FimUnsupported", "ToolsUnsupported", "TokenLogprob", "InvalidGrammar")},
+        "TokenIdOutOfRange", "FimUnsupported", "ToolsUnsupported", "TokenLogprob", "InvalidGrammar",
+        "KvPoolTooSmall")},
 }
 
 __all__ = ["Engine", "GenerationChunk", "GenerationStats", "EngineError", "InvalidArgument", "PromptTooLong",
            "EmptyPrompt", "TokenIdOutOfRange", "DeviceUnavailable", "EngineClosed", "EngineBusy", "NoTokenizer",
-           "ChatError", "FimUnsupported", "ToolsUnsupported", "TokenLogprob", "InvalidGrammar", "Backend",
+           "ChatError", "FimUnsupported", "ToolsUnsupported", "TokenLogprob", "InvalidGrammar", "KvPoolTooSmall",
+           "Backend",
            "BackendError", "ContextFull", "SamplingParams", "demo_model_path", "DemoModelUnavailable"]
 
 
@@ -43,6 +45,6 @@ if TYPE_CHECKING:
     from .backends.base import Backend, BackendError, ContextFull
     from .engine import (ChatError, DeviceUnavailable, EmptyPrompt, Engine, EngineBusy, EngineClosed,
                          EngineError, FimUnsupported, GenerationChunk, GenerationStats, InvalidArgument, InvalidGrammar,
-                         NoTokenizer, PromptTooLong, TokenIdOutOfRange, TokenLogprob, ToolsUnsupported)
+                         KvPoolTooSmall, NoTokenizer, PromptTooLong, TokenIdOutOfRange, TokenLogprob, ToolsUnsupported)
     from .demo import DemoModelUnavailable, demo_model_path
     from .sampling import SamplingParams

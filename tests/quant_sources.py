@@ -186,12 +186,13 @@ def random_k_quant_blocks(rows: int, cols: int, qtype_name: str, rng) -> np.ndar
 
 
 def write_gguf(src: Path, out: Path, *, linear_type: str = "F32", embed_type: str = "F16", arch: str = "qwen2",
-               tokenizer: bool = True, seed: int = 0, spm_model: bytes | None = None) -> dict:
+               tokenizer: bool = True, seed: int = 0, spm_model: bytes | None = None, meta=None) -> dict:
     """The synthetic HF checkpoint at `src` → a GGUF file like llama.cpp's convert_hf_to_gguf writes (llama q/k
     rows permuted; 1-D tensors F32). Linears stored as `linear_type` (quantized by gguf.quants where the package
     can; K-quants get random blocks, then their meaning is the package's dequantization). spm_model: a
     SentencePiece model (serialized proto) written as a "llama" vocabulary instead of the checkpoint's tokenizer,
-    as convert_hf_to_gguf's _create_vocab_sentencepiece does. Returns {hf name: float32 values the file means}."""
+    as convert_hf_to_gguf's _create_vocab_sentencepiece does. meta(writer): adds more metadata keys. Returns
+    {hf name: float32 values the file means}."""
     import gguf
     T = gguf.GGMLQuantizationType
     cfg = json.loads((src / "config.json").read_text())
@@ -279,6 +280,8 @@ def write_gguf(src: Path, out: Path, *, linear_type: str = "F32", embed_type: st
             rows = permute_qk(np.arange(w.shape[0]), h)          # stored row r holds HF row rows[r]
             back = back[np.argsort(rows)]
         meaning[name] = back
+    if meta is not None:
+        meta(wr)
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()

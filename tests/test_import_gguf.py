@@ -242,3 +242,25 @@ def test_sentencepiece_vocabulary_without_scores_is_not_rebuilt():
             return type("F", (), {"contents": lambda self, v=vals[key]: v})()
     text, why = tokenizer_json_from_gguf(Fake())
     assert text is None and "scores" in why
+
+
+@pytest.mark.parametrize("meta, want", [
+    (lambda wr: wr.add_float32("llama.rope.scale_linear", 4.0), ("linear", 4.0)),   # llama.cpp's first convert.py
+    (lambda wr: wr.add_rope_scaling_factor(4.0), ("linear", 4.0)),                  # no type key: linear
+    (lambda wr: wr.add_rope_scaling_factor(1.0), ("none", 1.0)),
+    (lambda wr: (wr.add_rope_scaling_type(gguf.RopeScalingType.NONE), wr.add_rope_scaling_factor(4.0)), None),
+], ids=["scale_linear", "factor-without-type", "factor-1", "none-with-a-factor"])
+def test_rope_scaling_read_as_llama_cpp_reads_it(tmp_path, meta, want):
+    """llama.cpp runs a factor without a type key, or the older rope.scale_linear key, as linear scaling: so does
+    the file (they converted as no scaling before, a wrong rotary angle at every position past 0); a type 'none'
+    beside a factor, which llama.cpp would still scale by, is refused."""
+    src = make_checkpoint(tmp_path / "src", **LLAMA)
+    write_gguf(src, tmp_path / "m.gguf", arch="llama", meta=meta)
+    r = CliRunner().invoke(convert_main, [str(tmp_path / "m.gguf"), "-o", str(tmp_path / "m.nanoqwen"), "-q",
+                                          "--quant", "none"])
+    if want is None:
+        assert r.exit_code == 2 and "rope scaling type 'none'" in r.output and "Traceback" not in r.output, r.output
+        return
+    assert r.exit_code == 0, r.output
+    with open_file(tmp_path / "m.nanoqwen") as f:
+        assert (f.config.rope_scaling_type, f.config.rope_scaling_factor) == want

@@ -87,6 +87,20 @@ def test_lossless_repack(tmp_path, fmt):
     assert r.exit_code == 0 and "exact" in r.output, r.output
 
 
+def test_source_group_size_decides_for_exact_tensors(tmp_path):
+    """A g32 source whose down_proj has K = 352 (a multiple of 32, not of the default --group-size 128): the
+    lossless g32 repack is taken (it was refused, or stored f16 with --fallback-f16, by --group-size's rule)."""
+    src = make_checkpoint(tmp_path / "src", **{**SMALL, "intermediate": 352})
+    meaning = make_quantized(src, tmp_path / "gptq", "gptq", g=32)
+    out = tmp_path / "m.nanoqwen"
+    r = CliRunner().invoke(convert_main, [str(tmp_path / "gptq"), "-o", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    with open_file(out) as f:
+        name = "model.layers.0.mlp.down_proj.weight"
+        assert f.tensors[name].dtype == DType.INT4G and f.tensors[name].group_size == 32
+        np.testing.assert_array_equal(f.float32(name), meaning[name])
+
+
 @pytest.mark.parametrize("fmt", [None, "gptq_v2"])
 def test_asymmetric_exact_in_layout_2(tmp_path, fmt):
     """sym: false, no act-order: every int4 tensor in layout 2 with the source's codes, scales and zero points, its
@@ -154,6 +168,24 @@ def test_requantized_paths(tmp_path, kw, args, reason):
             np.testing.assert_array_equal(s.view(np.uint16), rs.view(np.uint16), err_msg=name)
     rep = verify_file(out, d)
     assert rep["ok"], rep
+
+
+def test_act_order_without_g_idx_is_refused(tmp_path):
+    """desc_act: true with no g_idx: the permutation is lost, and k // group_size would be another weight (it was
+    repacked and called lossless)."""
+    from safetensors.numpy import load_file, save_file
+    _, d, _ = _gptq(tmp_path, desc_act=True)
+    for st in d.glob("*.safetensors"):
+        tensors = load_file(st)
+        save_file({k: v for k, v in tensors.items() if not k.endswith(".g_idx")}, st)
+    index = d / "model.safetensors.index.json"
+    if index.exists():
+        idx = json.loads(index.read_text())
+        idx["weight_map"] = {k: v for k, v in idx["weight_map"].items() if not k.endswith(".g_idx")}
+        index.write_text(json.dumps(idx))
+    r = CliRunner().invoke(convert_main, [str(d), "-o", str(tmp_path / "x.nanoqwen"), "-q"])
+    assert r.exit_code == 2 and "desc_act is true" in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "x.nanoqwen").exists()
 
 
 def test_refusals(tmp_path):

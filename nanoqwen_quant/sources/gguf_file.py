@@ -108,12 +108,22 @@ def hf_config_from_gguf(reader, arch: str, vocab_rows: int, tied: bool, has_qkv_
         cfg["head_dim"] = key_len
     if arch == "llama":
         cfg["attention_bias"] = has_qkv_bias
-    kind = _field(reader, f"{arch}.rope.scaling.type", "none")
+    # llama.cpp's rule (llama-model.cpp): the factor is rope.scaling.factor, else the older rope.scale_linear
+    # (written by its first convert.py); without a type key the scaling is linear, and a factor of 0 or 1 is none
+    factor = _field(reader, f"{arch}.rope.scaling.factor")
+    if factor is None:
+        factor = _field(reader, f"{arch}.rope.scale_linear")
+    scales = factor is not None and float(factor) not in (0.0, 1.0)
+    kind = _field(reader, f"{arch}.rope.scaling.type", "linear" if scales else "none")
     if kind not in ROPE_TYPES:
         raise ConvertError(f"GGUF metadata {arch}.rope.scaling.type {kind!r} is not supported "
                            f"(supported: {', '.join(ROPE_TYPES)})")
+    if kind == "none" and scales:   # llama.cpp would still scale the frequencies by 1 / factor
+        raise ConvertError(f"GGUF metadata: rope scaling type 'none' with a factor of {float(factor)!r}")
     if ROPE_TYPES[kind]:
-        rs = {"rope_type": ROPE_TYPES[kind], "factor": float(need("rope.scaling.factor"))}
+        if factor is None:
+            raise ConvertError(f"GGUF metadata {arch}.rope.scaling.factor is missing")
+        rs = {"rope_type": ROPE_TYPES[kind], "factor": float(factor)}
         if kind == "yarn":
             rs["original_max_position_embeddings"] = need("rope.scaling.original_context_length")
         cfg["rope_scaling"] = rs

@@ -130,6 +130,9 @@ class GPTQLinear:
         for part in ("qweight", "qzeros", "scales"):
             if part not in parts:
                 raise ConvertError(f"gptq tensor {name!r}: {name[:-len('.weight')]}.{part} is missing")
+        if params.desc_act and "g_idx" not in parts:   # act-order permutes K: k // g would be another weight
+            raise ConvertError(f"gptq tensor {name!r}: desc_act is true but {name[:-len('.weight')]}.g_idx is "
+                               f"missing (the act-order permutation cannot be recovered)")
         want = {"qweight": ((k // per, n), ("I32",)), "qzeros": ((n_groups, n // per), ("I32",)),
                 "scales": ((n_groups, n), ("F16", "BF16", "F32")), "g_idx": ((k,), ("I32", "I64"))}
         if k % per or n % per:

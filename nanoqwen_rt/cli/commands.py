@@ -254,7 +254,7 @@ def main():
     nanoqwen chat FILE                         interactive chat with the model's chat template
     nanoqwen info FILE                         config, tensors, sizes, provenance
     nanoqwen serve FILE --port 8000            OpenAI-compatible HTTP server
-    nanoqwen bench FILE                        GPU benchmark (needs the CUDA build)
+    nanoqwen bench FILE                        load, TTFT, decode speed (GPU: MBU, torch peers)
 
     --demo in place of FILE runs the embedded model: nanoqwen run --demo -p "def fibonacci(n):"
     """
