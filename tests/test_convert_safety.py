@@ -593,7 +593,9 @@ def test_ctrl_c_while_the_entry_point_imports(tmp_path, src, command):
         break
     else:
         raise AssertionError("the child finished three times before it could be signalled")
-    assert p.returncode == EXIT_INTERRUPTED, (p.returncode, err)
+    # 130, or death by SIGINT itself after the handler's line (a shell shows 130 for both: see test_cli's
+    # test_ctrl_c_during_start_up_has_no_traceback)
+    assert p.returncode in (EXIT_INTERRUPTED, -signal.SIGINT), (p.returncode, err)
     assert "interrupted" in _one_stderr_line(err.decode("utf-8", "replace"))
     assert _temps(tmp_path) == [] and not (tmp_path / "m.nanoqwen").exists()
 
