@@ -33,7 +33,7 @@ from nanoqwen_format.writer import file_kind, remove_stale_temp_files
 from .hf import EXTRA_FILES, Checkpoint, ConvertError
 from .load import load_checkpoint
 from .cast import to_f16_bits
-from .one_line_errors import EXIT_INTERNAL, OneLineErrorCommand
+from .one_line_errors import OneLineErrorCommand
 from .quantize import K_MULTIPLE, QuantizationError, can_quantize, check_shape, quantize
 from .sources import ImportedCheckpoint
 
@@ -564,8 +564,6 @@ def main(src, out, force, quant, group_size, mode, lm_head, revision, fallback_f
         fail(str(e))
     except MemoryError:
         fail("out of memory")
-    except Exception as e:  # a bug: still one line, but say so
-        fail(f"internal error: {type(e).__name__}: {e}".splitlines()[0], EXIT_INTERNAL)
     if not quiet:
         from nanoqwen_format import open_file
         with open_file(path, verify_checksums=False) as f:

@@ -355,32 +355,32 @@ class Engine:
         """
         t0 = time.perf_counter()
         be = self._check_open()
-        params, stop_ids, stops_s, settings = self._request_settings(
+        max_new_tokens, params, stop_ids, stops_s, settings = self._request_settings(
             max_new_tokens, temperature, top_k, top_p, seed, stop, stop_token_ids, logprobs, logit_bias,
             presence_penalty, frequency_penalty, constraint)
-        max_new_tokens = min(int(max_new_tokens), be.max_context)   # what can fit (the C ABI takes an int32)
         ids = self.encode(prompt)
         self._claim_sequence()
         try:
             with _named_input_errors():      # the backend checks ids and the context (eagerly, at this call)
                 if settings.changes_logits or settings.top_logprobs is not None or constraint is not None:
-                    token_iter = be.generate_steered(ids, params, int(max_new_tokens), stop_ids,
+                    token_iter = be.generate_steered(ids, params, max_new_tokens, stop_ids,
                                                      LogitsPipeline(settings, constraint))
                 else:
-                    token_iter = _plain_steps(be.generate_ids(ids, params, int(max_new_tokens), stop_ids))
+                    token_iter = _plain_steps(be.generate_ids(ids, params, max_new_tokens, stop_ids))
         except BaseException:
             self._sequence.release()
             raise
         self.stats = GenerationStats(prompt_tokens=int(ids.shape[0]))
-        gen = _Generation(self, self._stream(token_iter, ids.shape[0], int(max_new_tokens), be.max_context,
+        gen = _Generation(self, self._stream(token_iter, ids.shape[0], max_new_tokens, be.max_context,
                                              stop_ids, stops_s, t0))
         self._live_generation = weakref.ref(gen)
         return gen
 
     def _request_settings(self, max_new_tokens, temperature, top_k, top_p, seed, stop, stop_token_ids, logprobs,
                           logit_bias, presence_penalty, frequency_penalty, constraint):
-        """generate()/submit()'s argument checks, one place: (SamplingParams, stop ids, stop strings,
-        LogitsSettings), or a named InvalidArgument / NoTokenizer."""
+        """generate()/submit()'s argument checks, one place: (max_new_tokens capped at what the context can hold
+        (the C ABI takes an int32), SamplingParams, stop ids, stop strings, LogitsSettings), or a named
+        InvalidArgument / NoTokenizer."""
         if constraint is not None and not all(hasattr(constraint, a) for a in ("fill_bitmask", "accept", "complete")):
             raise InvalidArgument(f"constraint must be a TokenConstraint (json_constraint(), lark_constraint()), got "
                                   f"{type(constraint).__name__}")
@@ -423,7 +423,7 @@ class Engine:
                                       presence_penalty, frequency_penalty, logprobs)
         except InvalidLogitsSettings as e:
             raise InvalidArgument(str(e)) from None
-        return params, stop_ids, stops_s, settings
+        return min(int(max_new_tokens), self._check_open().max_context), params, stop_ids, stops_s, settings
 
     def chat(self, messages: Sequence[dict], tools: Sequence[dict] | None = None,
              tool_choice: str | dict | None = None, **kw) -> Iterator[GenerationChunk]:
@@ -565,10 +565,9 @@ class Engine:
         """
         t0 = time.perf_counter()
         be = self._check_open()
-        params, stop_ids, stops_s, settings = self._request_settings(
+        max_new_tokens, params, stop_ids, stops_s, settings = self._request_settings(
             max_new_tokens, temperature, top_k, top_p, seed, stop, stop_token_ids, logprobs, logit_bias,
             presence_penalty, frequency_penalty, constraint)
-        max_new_tokens = min(int(max_new_tokens), be.max_context)   # what can fit (the C ABI takes an int32)
         with _named_input_errors():
             ids = check_token_ids(self.encode(prompt), int(self.config.vocab_rows))
         if ids.shape[0] >= be.max_context:
@@ -577,9 +576,9 @@ class Engine:
         pipeline = LogitsPipeline(settings, constraint) if (settings.changes_logits or constraint is not None
                                                             or settings.top_logprobs is not None) else None
         sched = self._batch()
-        handle = BatchGeneration(self, sched, int(ids.shape[0]), int(max_new_tokens), be.max_context, stop_ids,
+        handle = BatchGeneration(self, sched, int(ids.shape[0]), max_new_tokens, be.max_context, stop_ids,
                                  stops_s, t0)
-        seq = _Seq(ids, params, int(max_new_tokens), stop_ids, pipeline, handle._push)
+        seq = _Seq(ids, params, max_new_tokens, stop_ids, pipeline, handle._push)
         handle._seq = seq
         try:
             sched.add(seq)

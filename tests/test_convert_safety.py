@@ -559,8 +559,9 @@ def test_unwinding_debris_stays_quiet(monkeypatch):
     assert len(seen) == 1 and sys.unraisablehook is hook
 
 
-def test_unexpected_exception_is_one_line_internal_error(monkeypatch, good_file):
-    """An exception no check foresaw (a bug, or an input nobody thought of) still ends in one line, exit 3."""
+def test_unexpected_exception_is_one_line_internal_error(monkeypatch, tmp_path, src, good_file):
+    """An exception no check foresaw (a bug, or an input nobody thought of) still ends in one line, exit 3, in
+    both commands (one handler: OneLineErrorCommand's)."""
     from nanoqwen_quant import verify as verify_mod
     from nanoqwen_quant.one_line_errors import EXIT_INTERNAL
 
@@ -568,9 +569,12 @@ def test_unexpected_exception_is_one_line_internal_error(monkeypatch, good_file)
         raise RuntimeError("no check\nforesaw this")
 
     monkeypatch.setattr(verify_mod, "verify_file", boom)
-    code, _, stderr = _cli(verify_main, [good_file])
-    assert code == EXIT_INTERNAL
-    assert _one_stderr_line(stderr) == "nanoqwen-verify: internal error: RuntimeError: no check foresaw this"
+    monkeypatch.setattr(convert_mod, "convert_checkpoint", boom)
+    for prog, cmd, args in (("nanoqwen-verify", verify_main, [good_file]),
+                            ("nanoqwen-convert", convert_main, [src, "-o", tmp_path / "m.nanoqwen"])):
+        code, _, stderr = _cli(cmd, args)
+        assert code == EXIT_INTERNAL
+        assert _one_stderr_line(stderr) == f"{prog}: internal error: RuntimeError: no check foresaw this"
 
 
 @pytest.mark.parametrize("command", ["convert", "verify"])

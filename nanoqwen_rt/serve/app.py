@@ -231,7 +231,8 @@ class _Server:
             else:
                 ids = eng.prompt_ids(req.prompt, param)
             if req.echo:
-                echo = req.prompt if isinstance(req.prompt, str) else eng.engine.tokenizer.decode(req.prompt, skip_special_tokens=False)
+                echo = req.prompt if isinstance(req.prompt, str) else \
+                    eng.engine.tokenizer.decode(req.prompt, skip_special_tokens=False)
         n_prompt = len(ids)
         if n_prompt == 0:
             raise ApiError(400, f"'{param}' is empty: the prompt must encode to at least one token", param=param,
