@@ -46,9 +46,8 @@
 //   432 tiles 5 warps (8 chunks, not 10), the 3B's 344 6 (3, not 4). On the 7B that is the old rule's plans; the
 //   14B / 32B q/k/v and down, the 3B down (decode -9.5 / -9.8 / -6.7 %, bench/NOTES.md "Session 37" §2), the 1.5B
 //   gate/up (-6.4 %, "Session 38" §1-2) and the 14B / 3B gate/up ("Session 39" §1) changed. Registers:
-//   __launch_bounds__ minimum per build
-//   (frag_min_blocks): a minimum of 1 let ptxas take 168 and cost the down projection a second wave (NOTES "Session
-//   12" §4).
+//   __launch_bounds__ minimum per build (frag_min_blocks): a minimum of 1 let ptxas take 168 and cost the down
+//   projection a second wave (NOTES "Session 12" §4).
 // The kernels are sm_90 code (clusters, distributed shared memory, PDL): the sm_80 build's bodies trap; gemv.cu
 // takes this path only where int4_fragment_order_available() (Hopper and the sm_90a build), the only GPUs on which
 // the loader repacks.
