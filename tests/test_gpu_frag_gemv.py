@@ -14,8 +14,8 @@ gate/up), 4 (7B q, o, q/k/v; 7B down with 8-warp blocks; 14B q/k/v and down spli
 blocks, 10 and 27 chunks a split), 8 (3B down: 4-warp blocks where 8 warps would hold 1-2 chunks), 16 (7B k/v: 8
 tiles; a gate/up pair of 2 tiles), 2 (gate/up tiles past one wave: the 32B's 864 at K = 1024), uneven splits (7
 chunks over 2 blocks, 28 over 16, 148 over 4, 86 over 8), warps without a chunk (K = 128, and 1-2 chunks a split
-over 4 warps), and gate/up's wider blocks at groups >= 64: 5 warps (14B-gate, 8 chunks a warp) and 6 (3B-gate,
-uneven: 16 chunks as 2, 3, 3, 2, 3, 3).
+over 4 warps), and gate/up's 5-warp blocks at groups >= 64 (14B-gate, 8 chunks a warp; 3B-gate stays at 4 warps,
+4 chunks each).
 """
 from __future__ import annotations
 
