@@ -13,8 +13,9 @@ no cluster (7B gate/up at groups >= 64 and gate-sized STORE, K = 128), clusters 
 gate/up), 4 (7B q, o, q/k/v; 7B down with 8-warp blocks; 14B q/k/v and down split past 2 blocks an SM, 4-warp
 blocks, 10 and 27 chunks a split), 8 (3B down: 4-warp blocks where 8 warps would hold 1-2 chunks), 16 (7B k/v: 8
 tiles; a gate/up pair of 2 tiles), 2 (gate/up tiles past one wave: the 32B's 864 at K = 1024), uneven splits (7
-chunks over 2 blocks, 28 over 16, 148 over 4, 86 over 8) and warps without a chunk (K = 128, and 1-2 chunks a split
-over 4 warps).
+chunks over 2 blocks, 28 over 16, 148 over 4, 86 over 8), warps without a chunk (K = 128, and 1-2 chunks a split
+over 4 warps), and gate/up's 5-warp blocks at groups >= 64 (14B-gate, 8 chunks a warp; 3B-gate stays at 4 warps,
+4 chunks each).
 """
 from __future__ import annotations
 
@@ -51,13 +52,14 @@ STORE_SHAPES = [("tiny-q", 256, 256), ("tiny-gate", 768, 256), ("tiny-down", 256
 ADD_SHAPES = [("tiny-o", 256, 256), ("tiny-down", 256, 768), ("k128", 256, 128), ("7B-o", 3584, 3584),
               ("7B-down", 3584, 18944), ("14B-o", 5120, 5120), ("five-a-warp", 8192, 5120),
               ("14B-down", 5120, 13824), ("3B-down", 2048, 11008)]
-# frag_stage_x's RMSNorm paths: 7B-gate takes the whole-of-x pass (S = 1, K / 4 <= 8 float4s a thread; at group 32
-# its 592 tiles are past one wave and split in 2), 14B-gate the general one (S = 1, K = 5120: 10 a thread), 0.5B-gate,
-# one-pair-tile, 1.5B-gate (groups >= 64: 280 tiles in 2 splits within one wave, 12 chunks as 2, 2, 1, 1 a warp; group
-# 32: one block a tile, its 560 halves would pass 528 slots) and past-one-wave the one-unit-a-thread pass (S > 1)
+# frag_stage_x's RMSNorm paths: 7B-gate and 3B-gate take the whole-of-x pass (S = 1, K / 4 <= 8 float4s a thread; at
+# group 32 the 7B's 592 tiles are past one wave and split in 2), and so does 14B-gate at groups >= 64 (5 warps: K / 4 =
+# 1,280 = 8 x 160 threads), at group 32 (4 warps) the general one; 0.5B-gate, one-pair-tile, 1.5B-gate (groups >= 64:
+# 280 tiles in 2 splits within one wave, 12 chunks as 2, 2, 1, 1 a warp; group 32: one block a tile, its 560 halves
+# would pass 528 slots) and past-one-wave the one-unit-a-thread pass (S > 1)
 SWIGLU_SHAPES = [("tiny-gate", 768, 256), ("k128", 256, 128), ("one-pair-tile", 64, 2048), ("0.5B-gate", 4864, 896),
-                 ("1.5B-gate", 8960, 1536), ("7B-gate", 18944, 3584), ("14B-gate", 13824, 5120),
-                 ("past-one-wave", 27648, 1024)]
+                 ("1.5B-gate", 8960, 1536), ("3B-gate", 11008, 2048), ("7B-gate", 18944, 3584),
+                 ("14B-gate", 13824, 5120), ("past-one-wave", 27648, 1024)]
 QKV_SHAPES = [("tiny-qkv", (256, 128, 128), 256), ("7B-qkv", (3584, 512, 512), 3584),
               ("14B-qkv", (5120, 1024, 1024), 5120)]
 

@@ -41,11 +41,13 @@
 //   gemv_frag_prepare allows it) and at most the chunk count; 8 warps where K >= 8192 (the down projection) if those
 //   blocks fit one wave (2 an SM) and a warp keeps >= 2 chunks, else 4 (SWIGLU 4). Then S doubles while a warp has
 //   more than 4 chunks and the blocks still fit one wave of the build's slots (frag_min_blocks x SMs; gate/up goes
-//   on down to a chunk a warp), and gate/up tiles past one wave split in 2. On the 7B that is the old rule's plans;
-//   the 14B / 32B q/k/v and down, the 3B down (decode -9.5 / -9.8 / -6.7 %, bench/NOTES.md "Session 37" §2) and the
-//   1.5B gate/up (-6.4 %, "Session 38" §1-2) changed. Registers: __launch_bounds__ minimum per build
-//   (frag_min_blocks): a minimum of 1 let ptxas take 168 and cost the down projection a second wave (NOTES "Session
-//   12" §4).
+//   on down to a chunk a warp), and gate/up tiles past one wave split in 2. Gate/up left at one block a tile takes 5
+//   warps (groups >= 64) where those blocks still fit one wave and give a warp fewer chunks: the 14B's 432 tiles (8
+//   chunks a warp, not 10). On the 7B that is the old rule's plans; the 14B / 32B q/k/v and down, the 3B down (decode
+//   -9.5 / -9.8 / -6.7 %, bench/NOTES.md "Session 37" §2), the 1.5B gate/up (-6.4 %, "Session 38" §1-2) and the 14B
+//   gate/up (-2.8 %, "Session 40" §2) changed. Registers:
+//   __launch_bounds__ minimum per build (frag_min_blocks): a minimum of 1 let ptxas take 168 and cost the down
+//   projection a second wave (NOTES "Session 12" §4).
 // The kernels are sm_90 code (clusters, distributed shared memory, PDL): the sm_80 build's bodies trap; gemv.cu
 // takes this path only where int4_fragment_order_available() (Hopper and the sm_90a build), the only GPUs on which
 // the loader repacks.
@@ -69,11 +71,12 @@ constexpr int frag_depth(int spg, int mode, int warps) { return spg >= 8 && mode
 // Resident blocks per SM each build's registers are budgeted for (__launch_bounds__' minimum): 8 warps 2 and 4 warps
 // 4 (128 registers), SWIGLU 5 (96 registers: the 7B's 592 P tiles in one wave of 132 x 5 blocks, not two of 132 x 4),
 // a ring 2 deep 3 (168 registers). SWIGLU at group 32 (four scale vectors a chunk, twice) spilled at 96 registers
-// (ptxas, sm_90a): that build takes 4. frag_plan reads the same numbers as the build's slots an SM.
+// (ptxas, sm_90a): that build takes 4, and has no wider block. SWIGLU's 5-warp block (groups >= 64) keeps 96
+// registers at 4 an SM (20 warps, as 4 warps' 5). frag_plan reads the same numbers as the build's slots an SM.
 constexpr int frag_min_blocks(int spg, int mode, int warps) {
   return warps == 8                          ? 2
          : frag_depth(spg, mode, warps) > 1  ? 3
-         : (mode == GEMV_SWIGLU && spg >= 4) ? 5
+         : mode == GEMV_SWIGLU && spg >= 4   ? (warps == 5 ? 4 : 5)
                                              : 4;
 }
 
@@ -531,6 +534,13 @@ inline FragPlan frag_plan(int tiles, int K, int mode, int spg, int sm_count) {
   // (measured there, bench/NOTES.md "Session 37" §2; at group 32, 4 blocks an SM, the 7B's 592 take it too: a tie
   // with one block a tile, "Session 38" §1; no other decode GEMV has more tiles than slots)
   if (mode == GEMV_SWIGLU && tiles > slots && 2 * S <= KC) S *= 2;
+  // Gate/up at one block a tile: 5 warps where those blocks still fit one wave and give a warp fewer chunks than 4
+  // warps do (the 14B's 432 tiles: 8 chunks a warp instead of 10, 16 warps an SM instead of 13, and its x fits the
+  // one-pass RMSNorm staging; decode -2.8 %, bench/NOTES.md "Session 40" §2). 6 warps (the 3B's 344 tiles at 3
+  // chunks, not 4) gained only 0.8 / 1.5 % there and are not built; 7 lost on the 0.5B.
+  if (mode == GEMV_SWIGLU && S == 1 && spg >= 4 && tiles <= frag_min_blocks(spg, mode, 5) * sm_count &&
+      (KC + 4) / 5 < (KC + W - 1) / W)
+    W = 5;
   return FragPlan{S, W};
 }
 
@@ -555,7 +565,11 @@ int gemv_frag_spg(const GemvArgs& a, int tiles, const FragPlan& p, cudaStream_t 
     case GEMV_ADD:
       return p.warps == 8 ? launch_gemv_frag<SPG, GEMV_ADD, 8>(a, tiles, p.splits, st)
                           : launch_gemv_frag<SPG, GEMV_ADD, 4>(a, tiles, p.splits, st);
-    case GEMV_SWIGLU: return launch_gemv_frag<SPG, GEMV_SWIGLU, 4>(a, tiles, p.splits, st);
+    case GEMV_SWIGLU:
+      if constexpr (SPG >= 4) {   // the wider block (frag_min_blocks)
+        if (p.warps == 5) return launch_gemv_frag<SPG, GEMV_SWIGLU, 5>(a, tiles, p.splits, st);
+      }
+      return launch_gemv_frag<SPG, GEMV_SWIGLU, 4>(a, tiles, p.splits, st);
   }
   return fail(NQ_E_INVALID_ARG, "gemv: unknown mode %d", a.mode);
 }
@@ -594,6 +608,8 @@ cudaError_t gemv_frag_attrs_spg() {
   if ((e = gemv_frag_attrs<SPG, GEMV_STORE, 8>())) return e;
   if ((e = gemv_frag_attrs<SPG, GEMV_ADD, 4>())) return e;
   if ((e = gemv_frag_attrs<SPG, GEMV_ADD, 8>())) return e;
+  if constexpr (SPG >= 4)
+    if ((e = gemv_frag_attrs<SPG, GEMV_SWIGLU, 5>())) return e;
   return gemv_frag_attrs<SPG, GEMV_SWIGLU, 4>();
 }
 // Only where the path runs (int4_fragment_order_available(): the cluster attribute needs sm_90).
