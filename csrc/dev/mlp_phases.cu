@@ -19,7 +19,8 @@
 //              fewer atomics, one cluster launch.
 // S_b = sum over j < kX of uint(x[(b kX + j) mod K]) x m(p, k) (mod 2^32), one round trip for x. Every value a chain
 // keeps is an integer below 2^24 held in float32, so the sums are exact whatever the atomics' order: split, atomic and
-// cluster must equal the CPU's final x exactly (validated before timing, fresh buffers, outputs poisoned).
+// cluster must equal the CPU's final x exactly (validated before timing: split's outputs and h poisoned with NaN /
+// all-ones words, the fused ways' targets zeroed, since they add into them).
 // Grids 1, 2 and 4 blocks an SM of 128 threads (today's gate/up: 592 blocks on the 7B).
 //
 //   make -C csrc/dev && build/dev/mlp_phases [layers (28) [hidden intermediate heads kv_heads head_dim]]
