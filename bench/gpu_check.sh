@@ -178,8 +178,9 @@ if has bench; then
   save
 fi
 if has sizes; then   # #15's table: decode on every size's shapes (random files, INT4 g128, f16 lm_head; 512-token
-  # prompt, 64 tokens x 2), each against the read ceiling the bench measures in its run; "size SIZE: ..." lines
-  for size in 0.5B 1.5B 3B 7B 14B 32B; do
+  # prompt, 64 tokens x 2), each against the read ceiling the bench measures in its run; "size SIZE: ..." lines.
+  # NQ_SIZES: which sizes, in that order (a short call puts the ones it needs most first)
+  for size in ${NQ_SIZES:-0.5B 1.5B 3B 7B 14B 32B}; do
     timeout 150 python3 bench/make_7b_file.py /tmp/size.nanoqwen --shape $size --quiet > "$LOG/make_$size.log" 2>&1 \
       || { note "size $size: make_7b_file failed"; continue; }
     timeout 150 python3 -m nanoqwen_bench /tmp/size.nanoqwen --device cuda --no-peers --prompt-tokens 512 \

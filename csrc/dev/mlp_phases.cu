@@ -25,7 +25,6 @@
 //
 //   make -C csrc/dev && build/dev/mlp_phases [layers (28) [hidden intermediate heads kv_heads head_dim]]
 //   e.g. the 0.5B: build/dev/mlp_phases 24 896 4864 14 2 64
-#include <algorithm>
 #include "dev_common.cuh"
 #include "device_util.cuh"
 #include "launch.h"

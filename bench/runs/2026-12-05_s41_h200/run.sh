@@ -1,27 +1,20 @@
 #!/usr/bin/env bash
 # Session 41's last call: #15's H200 table on main, only if the lent machine is an H200 (an H100's were measured
-# earlier in the session). In order of use, so that a short call still returns the first ones (each line is appended
-# to $OUT/h200.txt as it comes): the 7B with its peers, the 14B (its gate/up's 5 warps have no H200 number), the 7B
-# at 8K, the 32B, then the 3B / 1.5B / 0.5B. carry [".whl", ".out/libs.tar.xz"]; ~25-40 s a size.
+# earlier in the session). In order of use, so that a short call still returns the first ones: the 7B with its peers
+# and at 8K, then gpu_check.sh's sizes step on the 14B (its gate/up's 5 warps have no H200 number), the 32B, the 3B,
+# 1.5B and 0.5B. carry [".whl", ".out/libs.tar.xz"]; ~25-40 s a size.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-echo "GPU: $gpu" | tee "$OUT/h200.txt"
+echo "GPU: $gpu"
 case "$gpu" in *H200*) ;; *) echo "not an H200: nothing to measure"; exit 0 ;; esac
 tar -xJf .out/libs.tar.xz
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl > /dev/null 2>&1
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 NANOQWEN_COMMIT="${NQ_REV:-unknown}"
-keep='^(GPU|read-only|TTFT|decode|bytes read|MBU|torch|cuBLAS)'
+keep='^(read-only|TTFT|decode|bytes read|MBU|torch|cuBLAS)'
 timeout 60 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet
-timeout 60 python3 -m nanoqwen_bench /tmp/q7b.nanoqwen --device cuda 2>&1 | grep -E "$keep" | sed 's/^/7B: /' | tee -a "$OUT/h200.txt"
-size() {   # size SHAPE: decode at 512 against the ceiling measured in its run
-  timeout 90 python3 bench/make_7b_file.py /tmp/size.nanoqwen --shape "$1" --quiet &&
-    timeout 60 python3 -m nanoqwen_bench /tmp/size.nanoqwen --device cuda --no-peers --prompt-tokens 512 --new-tokens 64 \
-      --repeats 2 2>&1 | grep -E "$keep" | sed "s/^/$1: /" | tee -a "$OUT/h200.txt"
-  rm -f /tmp/size.nanoqwen
-}
-size 14B
+timeout 60 python3 -m nanoqwen_bench /tmp/q7b.nanoqwen --device cuda 2>&1 | grep -E "$keep" | sed 's/^/7B: /'
 timeout 60 python3 -m nanoqwen_bench /tmp/q7b.nanoqwen --device cuda --no-peers --prompt-tokens 8192 --new-tokens 64 \
-  --repeats 2 2>&1 | grep -E "$keep" | sed 's/^/7B 8K: /' | tee -a "$OUT/h200.txt"
+  --repeats 2 2>&1 | grep -E "$keep" | sed 's/^/7B 8K: /'
 rm -f /tmp/q7b.nanoqwen
-for s in 32B 3B 1.5B 0.5B; do size $s; done
+NQ_SIZES="14B 32B 3B 1.5B 0.5B" bash bench/gpu_check.sh sizes
