@@ -3,11 +3,11 @@
 # 60-80 % MBU; session 34 §1's nowait (every PDL wait removed: the kernels race, the output is garbage, timing only)
 # reached 80.0-80.3 % on the 7B with session 34's plans, and no other size was measured that way. That bound is what
 # any dependency mechanism (PDL, counts, a persistent grid) could at best reach with these kernels. Per size, at a
-# 512-token prompt: main42 (= main's product, HEAD's csrc) and nowait42 (the same + nowait.patch, session 34's patch,
+# 512-token prompt: main42 (= main's product, HEAD's csrc) and nowait42 (the same + session 34's bench/runs/2026-12-04_s34_prep/nowait.patch,
 # applying unchanged), alternated x2; the 7B also with its peers (main's library) and at 8K. Most used first, so a
 # short call still returns the 7B. Either GPU is useful (an H100's bound was measured only on the 7B too).
 # Build here: `source bench/variants.sh && nq_build_variant main42 0 && nq_build_variant nowait42 0
-# bench/runs/2026-12-05_s42_ceiling/nowait.patch && NQ_PACK=.out/ceiling42.tar.xz nq_pack_variants main42 main42 nowait42`;
+# bench/runs/2026-12-04_s34_prep/nowait.patch && NQ_PACK=.out/ceiling42.tar.xz nq_pack_variants main42 main42 nowait42`;
 # carry [".whl", ".out/ceiling42.tar.xz"] (and no other .out/*.tar.xz: the prelude unpacks every one).
 set -uo pipefail
 source "$(dirname "$0")/../../device_prelude.sh"
