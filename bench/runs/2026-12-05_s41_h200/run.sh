@@ -4,13 +4,11 @@
 # and at 8K, then gpu_check.sh's sizes step on the 14B (its gate/up's 5 warps have no H200 number), the 32B, the 3B,
 # 1.5B and 0.5B. carry [".whl", ".out/libs.tar.xz"]; ~25-40 s a size.
 set -uo pipefail
-cd "$(dirname "$0")/../../.."
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "GPU: $gpu"
 case "$gpu" in *H200*) ;; *) echo "not an H200: nothing to measure"; exit 0 ;; esac
-tar -xJf .out/libs.tar.xz
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl > /dev/null 2>&1
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 NANOQWEN_COMMIT="${NQ_REV:-unknown}"
+source "$(dirname "$0")/../../device_prelude.sh"   # unpacks .out/libs.tar.xz, installs .whl/, PYTHONPATH
+export NANOQWEN_COMMIT="${NQ_REV:-unknown}"
 keep='^(read-only|TTFT|decode|bytes read|MBU|torch|cuBLAS)'
 timeout 60 python3 bench/make_7b_file.py /tmp/q7b.nanoqwen --quiet
 timeout 60 python3 -m nanoqwen_bench /tmp/q7b.nanoqwen --device cuda 2>&1 | grep -E "$keep" | sed 's/^/7B: /'
